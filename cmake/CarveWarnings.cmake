@@ -1,0 +1,18 @@
+# carve_warnings(<target>): the warning flags carve's own tests, benchmarks and examples build with.
+function(carve_warnings target)
+  set(common -Wall -Wextra -Wshadow -Wconversion -Wsign-conversion)
+  set(cxx_flags ${common} -Wpedantic)
+  if(CARVE_WERROR)
+    list(APPEND cxx_flags -Werror)
+  endif()
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${cxx_flags}>)
+  if(CARVE_ENABLE_CUDA)
+    # No -Wpedantic for nvcc's host pass: the code nvcc generates uses GNU line directives.
+    list(JOIN common "," host_flags)
+    set(cuda_flags -Xcompiler=${host_flags})
+    if(CARVE_WERROR)
+      list(APPEND cuda_flags -Werror=all-warnings -Xcompiler=-Werror)
+    endif()
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${cuda_flags}>)
+  endif()
+endfunction()

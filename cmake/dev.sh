@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# carve's developer entry points. Each first installs what a fresh Debian 12 machine with the
+# CUDA Toolkit lacks (apt-get, as root or through sudo), then builds under build/ and runs.
+#
+#   bash cmake/dev.sh demo    build and run the examples
+#   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
+#                             device builds for sm_80 and sm_90 when nvcc is present),
+#                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
+#                             and a clang-format check
+#   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+jobs=$(nproc)
+packages=(cmake g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev)
+
+say() { printf '\n== %s\n' "$*"; }
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  say "installing ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# nvcc is used when it can be found; the toolkit's usual home need not be on PATH.
+find_nvcc() {
+  if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export CUDACXX=/usr/local/cuda/bin/nvcc
+  fi
+}
+
+build() { # build <dir> <cmake args...>
+  local dir=$1
+  shift
+  cmake -S "$root" -B "$root/build/$dir" "$@" >/dev/null
+  cmake --build "$root/build/$dir" -j "$jobs"
+}
+
+run_tests() { # run_tests <dir>
+  ctest --test-dir "$root/build/$1" -j "$jobs" --output-on-failure
+}
+
+demo() {
+  build demo -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF
+  cmake --build "$root/build/demo" --target run_examples
+}
+
+format_check() {
+  say "clang-format"
+  (cd "$root" && git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' '*.cu' |
+    xargs clang-format --dry-run --Werror)
+}
+
+tests() {
+  find_nvcc
+  say "g++, warnings as errors (device code with nvcc if present)"
+  build release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON
+  run_tests release
+
+  say "clang++, AddressSanitizer + UndefinedBehaviorSanitizer"
+  local sanitize="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1"
+  build asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
+    -DCARVE_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 run_tests asan
+
+  format_check
+}
+
+bench() {
+  build bench -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_EXAMPLES=OFF
+  for b in "$root"/build/bench/benchmarks/bench_*; do
+    say "$(basename "$b")"
+    "$b" "$@"
+  done
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+demo) install_missing && demo ;;
+test) install_missing && tests ;;
+bench) install_missing && bench "$@" ;;
+*)
+  echo "usage: bash cmake/dev.sh demo|test|bench [benchmark flags]" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,57 @@
+// carve/core/errc.hpp — the error values every carve operation reports.
+//
+// Paths that can run on a device return `cuda::std::expected<T, carve::Errc>`; host-only layers
+// may turn an Errc into a std::error_code (or throw a std::system_error carrying it).
+#pragma once
+
+#include <carve/core/config.hpp>
+
+#include <string>
+#include <system_error>
+
+namespace carve {
+
+enum class Errc {
+  no_space = 1,      // no run of free slots (or bytes) large enough for the request
+  invalid_size,      // a size of zero, or larger than the resource can ever hold
+  out_of_range,      // a range that ends past the resource or wraps around
+  not_allocated,     // releasing something that is (partly) free already
+  invalid_placement, // a fit policy proposed a run that is not free: a bug in that policy
+};
+
+// A short, stable, lowercase description; never null.
+CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
+  switch (e) {
+  case Errc::no_space:
+    return "no space";
+  case Errc::invalid_size:
+    return "invalid size";
+  case Errc::out_of_range:
+    return "out of range";
+  case Errc::not_allocated:
+    return "not allocated";
+  case Errc::invalid_placement:
+    return "fit policy proposed a run that is not free";
+  }
+  return "unknown carve error";
+}
+
+namespace detail {
+class ErrcCategory final : public std::error_category {
+public:
+  const char* name() const noexcept override { return "carve"; }
+  std::string message(int value) const override { return to_string(static_cast<Errc>(value)); }
+};
+} // namespace detail
+
+inline const std::error_category& error_category() noexcept {
+  static const detail::ErrcCategory category;
+  return category;
+}
+
+inline std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), error_category()}; }
+
+} // namespace carve
+
+template <>
+struct std::is_error_code_enum<carve::Errc> : std::true_type {};

@@ -1,0 +1,47 @@
+// carve/slot/fit_policy.hpp — the concept every fit policy models.
+//
+// A fit policy chooses where a request for m contiguous slots goes:
+//
+//   struct MyFit {
+//     template <std::uint32_t N>
+//     CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t>
+//     find(const carve::SlotBitmap<N>& bitmap, std::uint32_t m) const;
+//   };
+//
+// Semantic requirements (not checkable by the compiler; the policy tests check carve's own):
+// - for 1 <= m <= N, find returns a start s with slots [s, s + m) all free, and returns
+//   nullopt only when no such run exists;
+// - for m == 0 or m > N it returns nullopt;
+// - it reads the bitmap and its own members only, so one policy object may serve many threads.
+// A policy may also carry `static constexpr const char* name` for reports and tools.
+#pragma once
+
+#include <carve/slot/slot_bitmap.hpp>
+
+#include <cuda/std/concepts>
+#include <cuda/std/cstdint>
+#include <cuda/std/optional>
+
+namespace carve {
+
+template <class F, std::uint32_t N>
+concept FitPolicyFor = cuda::std::copyable<F> && requires(const F& fit, const SlotBitmap<N>& bitmap, std::uint32_t m) {
+  { fit.find(bitmap, m) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
+};
+
+// A policy that works for any bitmap size; probed on one word, exactly one full word, and
+// several words with a partial last one.
+template <class F>
+concept FitPolicy = FitPolicyFor<F, 1> && FitPolicyFor<F, 64> && FitPolicyFor<F, 130>;
+
+// The policy's display name, or "custom" when it has none.
+template <class F>
+CARVE_HOST_DEVICE constexpr const char* policy_name() noexcept {
+  if constexpr (requires { F::name; }) {
+    return F::name;
+  } else {
+    return "custom";
+  }
+}
+
+} // namespace carve

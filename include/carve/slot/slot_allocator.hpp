@@ -1,0 +1,87 @@
+// carve/slot/slot_allocator.hpp — checked allocation of contiguous slots under a fit policy.
+//
+//   carve::SlotAllocator<128> slots;                 // boundary-nearest by default
+//   auto r = slots.allocate(4);                      // expected<SlotRange, Errc>
+//   if (r) { ...; slots.deallocate(*r); }
+//
+// Every call either succeeds or returns an Errc and leaves the state exactly as it was. The
+// allocator is a value (no pointers, no heap), so it can live in shared memory, in a constexpr
+// context, or be copied as a snapshot. It is not synchronised: one thread owns it (see
+// ConcurrentSlotAllocator for shared use).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/slot/boundary_nearest_fit.hpp>
+#include <carve/slot/fit_policy.hpp>
+#include <carve/slot/slot_bitmap.hpp>
+#include <carve/slot/slot_range.hpp>
+
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+
+namespace carve {
+
+template <std::uint32_t N, class Fit = BoundaryNearestFit>
+requires FitPolicyFor<Fit, N>
+class SlotAllocator {
+public:
+  using policy_type = Fit;
+
+  constexpr SlotAllocator() noexcept = default;
+  CARVE_HOST_DEVICE constexpr explicit SlotAllocator(Fit fit) noexcept : fit_(fit) {}
+
+  // m contiguous slots placed by the policy.
+  // Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
+  // invalid_placement when the policy breaks its contract (only possible with user policies).
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    const cuda::std::optional<std::uint32_t> start = fit_.find(bitmap_, m);
+    if (!start) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    const SlotRange range{*start, m};
+    // A policy written outside carve could return a run that is not free; taking it would hand
+    // the same slot out twice, so the choice is checked before it is applied.
+    if (range.end() > N || bitmap_.free_count(range) != m) {
+      return cuda::std::unexpected(Errc::invalid_placement);
+    }
+    bitmap_.occupy(range);
+    return range;
+  }
+
+  // Returns a range to the free pool. It may be any taken range: a whole allocation, or part of
+  // one (e.g. shrinking a workgroup's scratch).
+  // Errors: invalid_size for an empty range; out_of_range when it ends past N or wraps;
+  // not_allocated when any slot in it is already free (a double free).
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+    if (r.count == 0) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (r.end() > N) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    if (bitmap_.free_count(r) != 0) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    bitmap_.release(r);
+    return {};
+  }
+
+  // Frees every slot (e.g. when a persistent kernel starts a new round).
+  CARVE_HOST_DEVICE constexpr void reset() noexcept { bitmap_.reset(); }
+
+  CARVE_HOST_DEVICE constexpr const SlotBitmap<N>& bitmap() const noexcept { return bitmap_; }
+  CARVE_HOST_DEVICE constexpr const Fit& policy() const noexcept { return fit_; }
+  CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
+  CARVE_HOST_DEVICE constexpr std::uint32_t free_count() const noexcept { return bitmap_.free_count(); }
+  CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept { return bitmap_.largest_free_run(); }
+
+private:
+  SlotBitmap<N> bitmap_{};
+  [[no_unique_address]] Fit fit_{};
+};
+
+} // namespace carve
