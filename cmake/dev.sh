@@ -6,7 +6,8 @@
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
 #                             device builds for sm_80 and sm_90 when nvcc is present),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
-#                             and a clang-format check
+#                             the tests labelled `concurrent` under ThreadSanitizer, and a
+#                             clang-format check
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
 set -euo pipefail
 
@@ -69,6 +70,13 @@ tests() {
   build asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 run_tests asan
+
+  say "clang++, ThreadSanitizer (tests labelled concurrent)"
+  build tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
+    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
+    --output-on-failure
 
   format_check
 }
