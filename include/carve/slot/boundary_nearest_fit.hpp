@@ -11,23 +11,31 @@
 
 #include <carve/core/config.hpp>
 #include <carve/slot/fit_policy.hpp>
+#include <carve/slot/run_search.hpp>
 #include <carve/slot/slot_bitmap.hpp>
+#include <carve/slot/word_source.hpp>
 
 namespace carve {
 
 struct BoundaryNearestFit {
   static constexpr const char* name = "boundary-nearest";
 
-  template <std::uint32_t N>
-  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
-                                                                      std::uint32_t m) const noexcept {
-    const runs::StartBounds b = bitmap.run_start_bounds(m);
+  template <WordSource Words>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots,
+                                                                         std::uint32_t m) const noexcept {
+    const runs::StartBounds b = runs::start_bounds(words, m);
     if (!b.found) {
       return cuda::std::nullopt;
     }
-    return b.lowest + b.highest <= N - m ? b.lowest : b.highest;
+    return b.lowest + b.highest <= slots - m ? b.lowest : b.highest;
+  }
+
+  template <std::uint32_t N>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
+                                                                      std::uint32_t m) const noexcept {
+    return find_in(bitmap.words(), N, m);
   }
 };
-static_assert(FitPolicy<BoundaryNearestFit>);
+static_assert(WordSearchingFitPolicy<BoundaryNearestFit>);
 
 } // namespace carve

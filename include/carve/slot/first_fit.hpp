@@ -3,19 +3,27 @@
 
 #include <carve/core/config.hpp>
 #include <carve/slot/fit_policy.hpp>
+#include <carve/slot/run_search.hpp>
 #include <carve/slot/slot_bitmap.hpp>
+#include <carve/slot/word_source.hpp>
 
 namespace carve {
 
 struct FirstFit {
   static constexpr const char* name = "first-fit";
 
+  template <WordSource Words>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t /*slots*/,
+                                                                         std::uint32_t m) const noexcept {
+    return runs::lowest_start(words, m);
+  }
+
   template <std::uint32_t N>
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
                                                                       std::uint32_t m) const noexcept {
-    return bitmap.lowest_run_start(m);
+    return find_in(bitmap.words(), N, m);
   }
 };
-static_assert(FitPolicy<FirstFit>);
+static_assert(WordSearchingFitPolicy<FirstFit>);
 
 } // namespace carve

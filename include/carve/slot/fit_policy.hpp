@@ -13,9 +13,12 @@
 //   nullopt only when no such run exists;
 // - for m == 0 or m > N it returns nullopt;
 // - it reads the bitmap and its own members only, so one policy object may serve many threads.
-// A policy may also carry `static constexpr const char* name` for reports and tools.
+// A policy may also carry `static constexpr const char* name` for reports and tools, and a
+// `find_in(words, slots, m)` that searches any WordSource directly (WordSearchingFitPolicy):
+// ConcurrentSlotAllocator then reads a live bitmap word by word instead of copying it first.
 #pragma once
 
+#include <carve/core/bits.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 
 #include <cuda/std/concepts>
@@ -33,6 +36,12 @@ concept FitPolicyFor = cuda::std::copyable<F> && requires(const F& fit, const Sl
 // several words with a partial last one.
 template <class F>
 concept FitPolicy = FitPolicyFor<F, 1> && FitPolicyFor<F, 64> && FitPolicyFor<F, 130>;
+
+template <class F>
+concept WordSearchingFitPolicy =
+    FitPolicy<F> && requires(const F& fit, cuda::std::span<const bits::word> words, std::uint32_t m) {
+      { fit.find_in(words, m, m) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
+    };
 
 // The policy's display name, or "custom" when it has none.
 template <class F>

@@ -1,9 +1,8 @@
 // carve/slot/run_search.hpp — finding runs of free slots in a bitmap held as 64-bit words.
 //
-// These functions work on any span of words (a SlotBitmap's own storage, a snapshot of a
-// concurrently updated bitmap, words in shared memory), which is why they are free functions.
-// Bits past the last slot must be zero (taken), so no search ever reports a slot that does
-// not exist.
+// These functions work on any WordSource (a SlotBitmap's own storage, a snapshot, a live
+// bitmap read atomically word by word), which is why they are free functions. Bits past the
+// last slot must be zero (taken), so no search ever reports a slot that does not exist.
 //
 // Cost: one pass over the words from one end, O(log m) work per word, and the search stops at
 // the first word that settles the answer. A run longer than a word is tracked by a carry: the
@@ -12,6 +11,7 @@
 
 #include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
+#include <carve/slot/word_source.hpp>
 
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
@@ -24,8 +24,8 @@ template <cuda::std::size_t Extent>
 using words_view = cuda::std::span<const bits::word, Extent>;
 
 // Lowest start s such that slots [s, s + m) are all free.
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(words_view<Extent> words,
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(const Words& words,
                                                                             std::uint32_t m) noexcept {
   if (m == 0) {
     return cuda::std::nullopt;
@@ -48,8 +48,8 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(word
 }
 
 // Highest start s such that slots [s, s + m) are all free.
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(words_view<Extent> words,
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(const Words& words,
                                                                              std::uint32_t m) noexcept {
   if (m == 0) {
     return cuda::std::nullopt;
@@ -81,24 +81,28 @@ struct StartBounds {
   bool found;
 };
 
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr StartBounds start_bounds(words_view<Extent> words, std::uint32_t m) noexcept {
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr StartBounds start_bounds(const Words& words, std::uint32_t m) noexcept {
+  constexpr cuda::std::size_t extent = static_word_count<Words>;
   if (m == 0) {
     return {0, 0, false};
   }
-  if constexpr (Extent == 1 || Extent == 2) {
+  if constexpr (extent == 1 || extent == 2) {
     // Up to 128 slots, the usual shared-memory case: compute both words' in-word starts up
     // front and pick the candidates with selects. Two early-exit scans would compute the same
     // masks with branches that mispredict on most calls.
     const bits::word w0 = words[0];
-    const bits::word w1 = Extent == 2 ? words.back() : 0;
+    bits::word w1 = 0;
+    if constexpr (extent == 2) {
+      w1 = words[1];
+    }
     const bool in_word = m <= bits::word_bits;
     const bits::word s0 = in_word ? bits::run_starts(w0, m) : 0;
     const bits::word s1 = in_word ? bits::run_starts(w1, m) : 0;
     // A run across the word boundary: free slots at the top of w0 plus those at the bottom of w1.
     const std::uint32_t h0 = bits::high_run(w0);
     const std::uint32_t l1 = bits::low_run(w1);
-    const bool across = Extent == 2 && h0 + l1 >= m;
+    const bool across = extent == 2 && h0 + l1 >= m;
     constexpr std::uint32_t top = bits::word_bits;
     const std::uint32_t lowest = s0 != 0 ? bits::lowest_set(s0) : across ? top - h0 : top + bits::lowest_set(s1);
     const std::uint32_t highest = s1 != 0 ? top + bits::highest_set(s1) : across ? top + l1 - m : bits::highest_set(s0);
@@ -108,15 +112,17 @@ CARVE_HOST_DEVICE constexpr StartBounds start_bounds(words_view<Extent> words, s
     if (!lowest) {
       return {0, 0, false};
     }
-    return {*lowest, *highest_start(words, m), true}; // the highest exists: the lowest run fits
+    // On a live source the words may change between the two scans; the lowest run was seen free,
+    // so it stands in for a highest one that vanished.
+    return {*lowest, highest_start(words, m).value_or(*lowest), true};
   }
 }
 
 namespace detail {
 // First slot at or after `from` whose bit equals `free`; `slots` when there is none. Bits past
 // the end read as taken, hence the clamp.
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr std::uint32_t next_with(words_view<Extent> words, std::uint32_t slots, std::uint32_t from,
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr std::uint32_t next_with(const Words& words, std::uint32_t slots, std::uint32_t from,
                                                     bool free) noexcept {
   if (from >= slots) {
     return slots;
@@ -136,15 +142,15 @@ CARVE_HOST_DEVICE constexpr std::uint32_t next_with(words_view<Extent> words, st
 } // namespace detail
 
 // First free slot at or after `from`; `slots` (the bitmap's size) when there is none.
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr std::uint32_t next_free(words_view<Extent> words, std::uint32_t slots,
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr std::uint32_t next_free(const Words& words, std::uint32_t slots,
                                                     std::uint32_t from) noexcept {
   return detail::next_with(words, slots, from, true);
 }
 
 // First taken slot at or after `from`; `slots` when the bitmap is free from there to the end.
-template <cuda::std::size_t Extent>
-CARVE_HOST_DEVICE constexpr std::uint32_t next_taken(words_view<Extent> words, std::uint32_t slots,
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr std::uint32_t next_taken(const Words& words, std::uint32_t slots,
                                                      std::uint32_t from) noexcept {
   return detail::next_with(words, slots, from, false);
 }

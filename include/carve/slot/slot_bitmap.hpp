@@ -156,21 +156,12 @@ public:
 private:
   static constexpr word_type tail_mask = bits::low_mask(N - (word_count - 1) * bits::word_bits);
 
-  // Calls f(word index, mask of r's bits in that word) for each word r touches.
+  // for_each_word_mask over a range that must lie within the bitmap.
   template <class F>
   CARVE_HOST_DEVICE constexpr void for_each_word(SlotRange r, F&& f) const noexcept {
     CARVE_EXPECTS(r.end() <= N);
-    if (r.end() > N) {
-      return;
-    }
-    std::uint32_t slot = r.first;
-    std::uint32_t left = r.count;
-    while (left != 0) {
-      const std::uint32_t bit = slot % bits::word_bits;
-      const std::uint32_t n = left < bits::word_bits - bit ? left : bits::word_bits - bit;
-      f(slot / bits::word_bits, bits::range_mask(bit, n));
-      slot += n;
-      left -= n;
+    if (r.end() <= N) {
+      for_each_word_mask(r, f);
     }
   }
 

@@ -1,0 +1,63 @@
+// carve/slot/slot_words.hpp — where a concurrent slot bitmap's words live.
+//
+// ConcurrentSlotAllocator works on words it owns (OwnedSlotWords: a member array, constant-
+// initialised to all free, so the allocator can be a __device__ global) or on words it does not
+// own (BorrowedSlotWords: e.g. dynamic shared memory that a block sets up, or a device buffer).
+// Either way the words follow SlotBitmap's layout: slot s is bit s % 64 of word s / 64, 1 = free,
+// bits past slot N - 1 zero.
+#pragma once
+
+#include <carve/core/bits.hpp>
+#include <carve/core/config.hpp>
+
+#include <cuda/std/concepts>
+#include <cuda/std/cstdint>
+
+namespace carve {
+
+// Storage concept: gives the word array, and is cheap to hold by value.
+template <class S>
+concept SlotWords = requires(S& s) {
+  { s.data() } -> cuda::std::same_as<bits::word*>;
+};
+
+template <std::uint32_t N>
+class OwnedSlotWords {
+public:
+  static constexpr std::uint32_t word_count = bits::word_count(N);
+
+  // All slots free: constant initialisation, so `__device__ OwnedSlotWords<N> w;` needs no kernel.
+  CARVE_HOST_DEVICE constexpr OwnedSlotWords() noexcept : words_{} {
+    for (std::uint32_t k = 0; k + 1 < word_count; ++k) {
+      words_[k] = bits::all_ones;
+    }
+    words_[word_count - 1] = bits::low_mask(N - (word_count - 1) * bits::word_bits);
+  }
+
+  // Live words are updated atomically by many threads; a plain copy would tear.
+  OwnedSlotWords(const OwnedSlotWords&) = delete;
+  OwnedSlotWords& operator=(const OwnedSlotWords&) = delete;
+
+  CARVE_HOST_DEVICE constexpr bits::word* data() noexcept { return words_; }
+
+private:
+  alignas(8) bits::word words_[word_count];
+};
+
+template <std::uint32_t N>
+class BorrowedSlotWords {
+public:
+  static constexpr std::uint32_t word_count = bits::word_count(N);
+
+  // `words` must hold word_count 8-byte-aligned words laid out as above (reset() writes them).
+  CARVE_HOST_DEVICE constexpr explicit BorrowedSlotWords(bits::word* words) noexcept : words_(words) {}
+
+  CARVE_HOST_DEVICE constexpr bits::word* data() const noexcept { return words_; }
+
+private:
+  bits::word* words_;
+};
+
+static_assert(SlotWords<OwnedSlotWords<130>> && SlotWords<BorrowedSlotWords<130>>);
+
+} // namespace carve
