@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   carve::bench::MedianCollector c;
   carve::bench::run_with_medians(argc, argv, c);
   std::printf("\nallocate+free stream, N = 128, boundary-nearest, medians (per thread per iteration):\n");
-  carve::bench::print_ratio(c, "1 thread: concurrent / slot allocator (want <= 2x, shown as slot/conc >= 0.5)",
+  carve::bench::print_ratio(c, "1 thread: slot allocator / concurrent (concurrent within 2x)",
                             "stream/1-thread/slot-allocator/real_time/threads:1",
                             "stream/1-thread/concurrent/real_time/threads:1", 0.5);
   carve::bench::print_ratio(c, "2 threads: mutex+slot allocator / concurrent",

@@ -55,7 +55,7 @@ demo() {
 
 format_check() {
   say "clang-format"
-  (cd "$root" && git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' '*.cu' |
+  (cd "$root" && git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' '*.cu' '*.cuh' |
     xargs clang-format --dry-run --Werror)
 }
 

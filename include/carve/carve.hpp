@@ -11,17 +11,27 @@
 #include <carve/core/errc.hpp>
 
 #include <carve/slot/atomic_words.hpp>
+#include <carve/slot/batch_placement.hpp>
 #include <carve/slot/best_fit.hpp>
 #include <carve/slot/boundary_nearest_fit.hpp>
 #include <carve/slot/concurrent_slot_allocator.hpp>
+#include <carve/slot/cu_choice.hpp>
 #include <carve/slot/first_fit.hpp>
 #include <carve/slot/fit_policy.hpp>
 #include <carve/slot/free_runs.hpp>
 #include <carve/slot/last_fit.hpp>
 #include <carve/slot/lazy_snapshot.hpp>
 #include <carve/slot/run_search.hpp>
+#include <carve/slot/run_segment.hpp>
 #include <carve/slot/slot_allocator.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
 #include <carve/slot/slot_words.hpp>
+#include <carve/slot/warp_allocate.hpp>
+#include <carve/slot/warp_scan.hpp>
 #include <carve/slot/word_source.hpp>
+
+// Kernels and their launchers: only under a CUDA compiler.
+#if defined(__CUDACC__)
+#include <carve/cuda/batch_kernels.cuh>
+#endif

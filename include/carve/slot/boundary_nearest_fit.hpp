@@ -20,14 +20,19 @@ namespace carve {
 struct BoundaryNearestFit {
   static constexpr const char* name = "boundary-nearest";
 
-  template <WordSource Words>
-  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots,
-                                                                         std::uint32_t m) const noexcept {
-    const runs::StartBounds b = runs::start_bounds(words, m);
+  // The seed's rule, given both extreme candidates.
+  CARVE_HOST_DEVICE static constexpr cuda::std::optional<std::uint32_t> pick(runs::StartBounds b, std::uint32_t slots,
+                                                                             std::uint32_t m) noexcept {
     if (!b.found) {
       return cuda::std::nullopt;
     }
     return b.lowest + b.highest <= slots - m ? b.lowest : b.highest;
+  }
+
+  template <WordSource Words>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots,
+                                                                         std::uint32_t m) const noexcept {
+    return pick(runs::start_bounds(words, m), slots, m);
   }
 
   template <std::uint32_t N>
@@ -36,6 +41,6 @@ struct BoundaryNearestFit {
     return find_in(bitmap.words(), N, m);
   }
 };
-static_assert(WordSearchingFitPolicy<BoundaryNearestFit>);
+static_assert(WordSearchingFitPolicy<BoundaryNearestFit> && BoundsFitPolicy<BoundaryNearestFit>);
 
 } // namespace carve

@@ -44,7 +44,7 @@ namespace carve {
 
 template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device,
           SlotWords Words = OwnedSlotWords<N>>
-  requires FitPolicyFor<Fit, N>
+requires FitPolicyFor<Fit, N>
 class ConcurrentSlotAllocator {
 public:
   using policy_type = Fit;
@@ -73,10 +73,11 @@ public:
         continue; // the words moved under the search: look again
       }
       const SlotRange range{*start, m};
-      if (range.end() > N || !seen.all_free(range)) {
+      const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
+      if (seen_run == SeenRun::not_free) {
         return cuda::std::unexpected(Errc::invalid_placement);
       }
-      if (claim(range)) {
+      if (seen_run == SeenRun::free && claim(range)) {
         return range;
       }
     }
@@ -92,23 +93,23 @@ public:
       return cuda::std::unexpected(Errc::out_of_range);
     }
     const AtomicWords<N, Scope> words = live();
-    const bool all_taken = for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
-      return (words[k] & mask) == 0;
-    });
+    const bool all_taken =
+        for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) { return (words[k] & mask) == 0; });
     // Release word by word, each with a compare-exchange that refuses if any of its bits is free
     // by now. Racing frees of one range all start at its lowest word, so exactly one of them gets
     // past it; the others stop there having changed nothing.
-    const bool released = all_taken && for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
-      auto word = words.atomic(k);
-      bits::word current = word.load(cuda::std::memory_order_relaxed);
-      do {
-        if ((current & mask) != 0) {
-          return false;
-        }
-      } while (!word.compare_exchange_weak(current, current | mask, cuda::std::memory_order_release,
-                                           cuda::std::memory_order_relaxed));
-      return true;
-    });
+    const bool released =
+        all_taken && for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
+          auto word = words.atomic(k);
+          bits::word current = word.load(cuda::std::memory_order_relaxed);
+          do {
+            if ((current & mask) != 0) {
+              return false;
+            }
+          } while (!word.compare_exchange_weak(current, current | mask, cuda::std::memory_order_release,
+                                               cuda::std::memory_order_relaxed));
+          return true;
+        });
     if (!released) {
       return cuda::std::unexpected(Errc::not_allocated);
     }

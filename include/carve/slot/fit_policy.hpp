@@ -19,6 +19,7 @@
 #pragma once
 
 #include <carve/core/bits.hpp>
+#include <carve/slot/run_search.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 
 #include <cuda/std/concepts>
@@ -38,10 +39,18 @@ template <class F>
 concept FitPolicy = FitPolicyFor<F, 1> && FitPolicyFor<F, 64> && FitPolicyFor<F, 130>;
 
 template <class F>
-concept WordSearchingFitPolicy =
-    FitPolicy<F> && requires(const F& fit, cuda::std::span<const bits::word> words, std::uint32_t m) {
-      { fit.find_in(words, m, m) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
-    };
+concept WordSearchingFitPolicy = FitPolicy<F> &&
+    requires(const F& fit, cuda::std::span<const bits::word> words, std::uint32_t m) {
+  { fit.find_in(words, m, m) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
+};
+
+// A policy that decides from the lowest and highest candidate alone (first, last, boundary-
+// nearest fit) through `pick(bounds, slots, m)`; the cooperative searches in warp_scan.hpp
+// compute exactly those two, so such policies run there too.
+template <class F>
+concept BoundsFitPolicy = FitPolicy<F> && requires(const F& fit, runs::StartBounds b, std::uint32_t m) {
+  { fit.pick(b, m, m) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
+};
 
 // The policy's display name, or "custom" when it has none.
 template <class F>

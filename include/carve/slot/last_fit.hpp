@@ -18,12 +18,18 @@ struct LastFit {
     return runs::highest_start(words, m);
   }
 
+  // The choice given both extreme candidates (for the cooperative searches in warp_scan.hpp).
+  CARVE_HOST_DEVICE static constexpr cuda::std::optional<std::uint32_t> pick(runs::StartBounds b, std::uint32_t,
+                                                                             std::uint32_t) noexcept {
+    return b.found ? cuda::std::optional<std::uint32_t>(b.highest) : cuda::std::nullopt;
+  }
+
   template <std::uint32_t N>
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
                                                                       std::uint32_t m) const noexcept {
     return find_in(bitmap.words(), N, m);
   }
 };
-static_assert(WordSearchingFitPolicy<LastFit>);
+static_assert(WordSearchingFitPolicy<LastFit> && BoundsFitPolicy<LastFit>);
 
 } // namespace carve

@@ -1,13 +1,14 @@
 // carve/slot/lazy_snapshot.hpp — the words of a live bitmap that one search has seen.
 //
 // A fit policy searching a live bitmap reads words while other threads change them. LazySnapshot
-// loads each word the first time the search asks for it and returns that same value afterwards,
-// so the search sees one fixed (if not simultaneous) picture, and the caller can afterwards
-//   - check the proposed run against exactly what the policy saw (a run that was not free there
-//     is a policy bug, not a race), and
+// loads a word the first time the search asks for it and answers later reads of it from that
+// copy, so the search sees one fixed (if not simultaneous) picture, and the caller can afterwards
+//   - check the proposed run against what the policy saw (a run that was not free there is a
+//     policy bug, not a race), and
 //   - re-read the words the search used to confirm a "nothing fits" answer (double collect).
-// Only words the search touches are loaded, so first/last/boundary-nearest fit on a large
-// bitmap read a few words, not all of them.
+// Only words the search touches are loaded. The copies live in a direct-mapped cache of at most
+// 64 words (512 bytes), so a bitmap of up to 4096 slots is held whole; on larger ones a word can
+// be evicted and is then simply read again.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -21,22 +22,29 @@
 
 namespace carve {
 
+// What a snapshot can say about a run.
+enum class SeenRun {
+  free,     // every slot of it was free in the words the search saw
+  not_free, // a word the search saw has one of its slots taken
+  unknown,  // free as far as the search saw, but a word it never kept shows a slot taken now
+};
+
 template <std::uint32_t N, cuda::thread_scope Scope>
 class LazySnapshot {
 public:
   static constexpr cuda::std::size_t extent = bits::word_count(N);
 
-  CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), seen_{} {}
+  CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), tag_{} {}
 
   CARVE_HOST_DEVICE static constexpr cuda::std::size_t size() noexcept { return extent; }
 
   CARVE_HOST_DEVICE bits::word operator[](cuda::std::size_t k) const noexcept {
-    const bits::word flag = bits::word{1} << (k % bits::word_bits);
-    if ((seen_[k / bits::word_bits] & flag) == 0) {
-      words_[k] = live_[k];
-      seen_[k / bits::word_bits] |= flag;
+    const cuda::std::size_t line = k % cache_words;
+    if (tag_[line] != k + 1) {
+      words_[line] = live_[k];
+      tag_[line] = static_cast<std::uint32_t>(k + 1);
     }
-    return words_[k];
+    return words_[line];
   }
 
   // Every word, as a SlotBitmap (for policies that only search SlotBitmaps).
@@ -48,17 +56,25 @@ public:
     return SlotBitmap<N>::from_words(all);
   }
 
-  // Whether every slot of `r` (within the bitmap) was free in the words as seen.
-  CARVE_HOST_DEVICE bool all_free(SlotRange r) const noexcept {
-    return for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) { return ((*this)[k] & mask) == mask; });
+  // `r` must lie within the bitmap.
+  CARVE_HOST_DEVICE SeenRun check(SlotRange r) const noexcept {
+    SeenRun verdict = SeenRun::free;
+    for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
+      const bool kept = tag_[k % cache_words] == k + 1;
+      if (((*this)[k] & mask) != mask) {
+        verdict = kept ? SeenRun::not_free : SeenRun::unknown;
+        return false;
+      }
+      return true;
+    });
+    return verdict;
   }
 
-  // Whether every word seen still holds the value seen: then an answer drawn from them (such as
+  // Whether every word still kept holds the value seen: then an answer drawn from them (such as
   // "no run fits") holds for a state the bitmap was in.
   CARVE_HOST_DEVICE bool unchanged() const noexcept {
-    for (cuda::std::size_t k = 0; k < extent; ++k) {
-      const bool seen = (seen_[k / bits::word_bits] >> (k % bits::word_bits) & 1) != 0;
-      if (seen && live_[k] != words_[k]) {
+    for (cuda::std::size_t line = 0; line < cache_words; ++line) {
+      if (tag_[line] != 0 && live_[tag_[line] - 1] != words_[line]) {
         return false;
       }
     }
@@ -66,11 +82,11 @@ public:
   }
 
 private:
-  static constexpr cuda::std::size_t flag_words = bits::word_count(extent);
+  static constexpr cuda::std::size_t cache_words = extent < 64 ? extent : 64;
 
   AtomicWords<N, Scope> live_;
-  mutable bits::word seen_[flag_words];
-  mutable bits::word words_[extent];
+  mutable std::uint32_t tag_[cache_words]; // word index + 1 held in each line; 0 = empty
+  mutable bits::word words_[cache_words];
 };
 
 } // namespace carve

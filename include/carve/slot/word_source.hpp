@@ -27,7 +27,7 @@ concept WordSource = requires(const S& source, std::uint32_t k) {
 template <WordSource S>
 inline constexpr cuda::std::size_t static_word_count = cuda::std::dynamic_extent;
 template <WordSource S>
-  requires requires { S::extent; }
+requires requires { S::extent; }
 inline constexpr cuda::std::size_t static_word_count<S> = S::extent;
 
 static_assert(WordSource<cuda::std::span<const bits::word, 2>>);

@@ -1,0 +1,120 @@
+// carve/cuda/batch_kernels.cuh — kernels for schedulers that place many workgroups at once.
+// CUDA only (nvcc); <carve/carve.hpp> includes it when compiled by a CUDA compiler.
+//
+//   launch_place_batch: K slot bitmaps (one per SM/CU) in device memory and R requests; each
+//     request gets a placement (unit and start) under a fit policy and a CU-choice rule, in
+//     request order, exactly as carve::place_batch computes it on the host. One block; one
+//     thread per unit, so a request costs one fit search per thread plus a block reduction.
+//   launch_run_start_masks: the run-start mask ("avail mask") of K bitmaps for one size m, for
+//     callers that decide placement themselves.
+#pragma once
+
+#include <carve/slot/batch_placement.hpp>
+#include <carve/slot/boundary_nearest_fit.hpp>
+#include <carve/slot/cu_choice.hpp>
+#include <carve/slot/fit_policy.hpp>
+#include <carve/slot/slot_bitmap.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cuda/std/cstdint>
+
+namespace carve {
+namespace kernels {
+
+__device__ inline CuCandidate shuffle(const CuCandidate& c, int src) {
+  constexpr unsigned all = 0xffff'ffffu;
+  return {__shfl_sync(all, c.cu, src), __shfl_sync(all, c.fits, src) != 0, __shfl_sync(all, c.start, src),
+          __shfl_sync(all, c.free, src), __shfl_sync(all, c.distance, src)};
+}
+
+// The best candidate of the block under `rule`, in every thread. `scratch`: one per warp.
+template <CuChoiceRule Rule>
+__device__ CuCandidate block_best(const Rule& rule, CuCandidate mine, CuCandidate* scratch) {
+  for (int d = 16; d > 0; d /= 2) {
+    const CuCandidate other = shuffle(mine, static_cast<int>(threadIdx.x % 32) ^ d);
+    mine = rule.better(other, mine) ? other : mine;
+  }
+  if (threadIdx.x % 32 == 0) {
+    scratch[threadIdx.x / 32] = mine;
+  }
+  __syncthreads();
+  CuCandidate best = scratch[0];
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) {
+    best = rule.better(scratch[w], best) ? scratch[w] : best;
+  }
+  __syncthreads(); // scratch is reused by the next call
+  return best;
+}
+
+template <std::uint32_t N, class Fit, CuChoiceRule Rule>
+__global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const std::uint32_t* sizes,
+                            std::uint32_t requests, Placement* out, Fit fit, Rule rule) {
+  __shared__ CuCandidate scratch[32];
+  for (std::uint32_t r = 0; r < requests; ++r) {
+    const std::uint32_t m = sizes[r];
+    if (m == 0 || m > N || units == 0) {
+      if (threadIdx.x == 0) {
+        out[r] = cuda::std::unexpected(m == 0 || m > N ? Errc::invalid_size : Errc::no_space);
+      }
+      continue;
+    }
+    // Thread t weighs units t, t + blockDim.x, ...; threads without a unit offer a non-fit.
+    CuCandidate mine{threadIdx.x, false, 0, 0, 0};
+    for (std::uint32_t cu = threadIdx.x; cu < units; cu += blockDim.x) {
+      const CuCandidate c = evaluate_cu(fit, bitmaps[cu], cu, m);
+      mine = cu == threadIdx.x || rule.better(c, mine) ? c : mine;
+    }
+    const CuCandidate best = block_best(rule, mine, scratch);
+    if (threadIdx.x == 0) {
+      out[r] = placement_of(best, m);
+      if (best.fits) {
+        bitmaps[best.cu].occupy({best.start, m});
+      }
+    }
+    __syncthreads(); // the next request sees the update
+  }
+}
+
+template <std::uint32_t N>
+__global__ void run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t count, std::uint32_t m,
+                                SlotBitmap<N>* out) {
+  for (std::uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < count; k += gridDim.x * blockDim.x) {
+    out[k] = bitmaps[k].run_starts(m);
+  }
+}
+
+} // namespace kernels
+
+// Places `requests` requests (sizes[r] slots each) on `units` bitmaps, updating them; out[r]
+// receives each request's placement or error. All pointers are device memory. Returns the
+// launch error, if any; the work completes in stream order.
+template <std::uint32_t N, class Fit = BoundaryNearestFit, CuChoiceRule Rule = FirstFittingCu>
+requires FitPolicyFor<Fit, N> cudaError_t launch_place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units,
+                                                             const std::uint32_t* sizes, std::uint32_t requests,
+                                                             Placement* out, cudaStream_t stream = nullptr,
+                                                             Fit fit = {}, Rule rule = {}) {
+  if (requests == 0) {
+    return cudaSuccess;
+  }
+  // One thread per unit, whole warps, at most one block's worth (threads then take several units).
+  const std::uint32_t wanted = (units + 31) / 32 * 32;
+  const std::uint32_t threads = wanted == 0 ? 32 : wanted > 1024 ? 1024 : wanted;
+  kernels::place_batch<N><<<1, threads, 0, stream>>>(bitmaps, units, sizes, requests, out, fit, rule);
+  return cudaGetLastError();
+}
+
+// out[k] = bitmaps[k].run_starts(m) for k < count (device memory).
+template <std::uint32_t N>
+cudaError_t launch_run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t count, std::uint32_t m,
+                                   SlotBitmap<N>* out, cudaStream_t stream = nullptr) {
+  if (count == 0) {
+    return cudaSuccess;
+  }
+  const std::uint32_t threads = 256;
+  const std::uint32_t blocks = (count + threads - 1) / threads < 1024 ? (count + threads - 1) / threads : 1024;
+  kernels::run_start_masks<N><<<blocks, threads, 0, stream>>>(bitmaps, count, m, out);
+  return cudaGetLastError();
+}
+
+} // namespace carve

@@ -1,0 +1,77 @@
+// carve/slot/cu_choice.hpp — which compute unit gets a workgroup when several could take it.
+//
+// A scheduler with K compute units asks each unit's fit policy where m slots would go, then a
+// CU-choice rule picks among the units that can take the request. A rule is an ordering:
+//
+//   struct MyRule {
+//     CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const;
+//   };
+//
+// `better` must be a strict weak ordering in which a unit that fits beats one that does not;
+// carve's rules break every tie by the lower unit index, so the choice is the same whatever order
+// the candidates are compared in (a sequential loop, a block-wide reduction).
+#pragma once
+
+#include <carve/core/config.hpp>
+
+#include <cuda/std/concepts>
+#include <cuda/std/cstdint>
+
+namespace carve {
+
+struct CuCandidate {
+  std::uint32_t cu;       // the unit's index
+  bool fits;              // the policy found room
+  std::uint32_t start;    // where the policy would put the request (when it fits)
+  std::uint32_t free;     // free slots on the unit before the request
+  std::uint32_t distance; // slots between the run and the nearer end of the unit (when it fits)
+};
+
+template <class R>
+concept CuChoiceRule = requires(const R& rule, const CuCandidate& a, const CuCandidate& b) {
+  { rule.better(a, b) } -> cuda::std::same_as<bool>;
+};
+
+// The lowest-numbered unit that fits.
+struct FirstFittingCu {
+  static constexpr const char* name = "first-cu";
+  CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
+    if (a.fits != b.fits) {
+      return a.fits;
+    }
+    return a.cu < b.cu;
+  }
+};
+
+// The unit with the most free slots (spreads load), ties to the lower index.
+struct LeastLoadedCu {
+  static constexpr const char* name = "least-loaded";
+  CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
+    if (a.fits != b.fits) {
+      return a.fits;
+    }
+    if (a.free != b.free) {
+      return a.free > b.free;
+    }
+    return a.cu < b.cu;
+  }
+};
+
+// The unit where the policy's run lands nearest an end of the slot space (packs tightest),
+// ties to the lower index.
+struct NearestBoundaryCu {
+  static constexpr const char* name = "nearest-boundary";
+  CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
+    if (a.fits != b.fits) {
+      return a.fits;
+    }
+    if (a.fits && a.distance != b.distance) {
+      return a.distance < b.distance;
+    }
+    return a.cu < b.cu;
+  }
+};
+
+static_assert(CuChoiceRule<FirstFittingCu> && CuChoiceRule<LeastLoadedCu> && CuChoiceRule<NearestBoundaryCu>);
+
+} // namespace carve
