@@ -73,6 +73,30 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
   }
 }
 
+// A device-scope allocator as a __device__ global (constant-initialised: no setup kernel), shared
+// by every thread of the grid; owner stamps live in global memory.
+constexpr std::uint32_t grid_slots = 4096;
+__device__ carve::ConcurrentSlotAllocator<grid_slots, carve::FirstFit, cuda::thread_scope_device> grid_allocator;
+
+__global__ void grid_storm(int rounds, int* owner, unsigned* violations) {
+  const int me = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) + 1;
+  unsigned bad = 0;
+  for (int i = 0; i < rounds; ++i) {
+    const auto r = grid_allocator.allocate(1 + static_cast<std::uint32_t>(me + i) % 3);
+    if (!r) {
+      continue;
+    }
+    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
+      bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
+    }
+    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
+      bad += atomicExch(&owner[s], 0) != me ? 1u : 0u;
+    }
+    bad += grid_allocator.deallocate(*r) ? 0u : 1u;
+  }
+  atomicAdd(violations, bad);
+}
+
 // One warp per bitmap: warp_find with three policies; one block per bitmap: block_find.
 template <std::uint32_t N>
 __global__ void cooperative_find(const carve::SlotBitmap<N>* bitmaps, const std::uint32_t* ms, std::uint32_t* out) {
@@ -113,6 +137,25 @@ int check_storm() {
   cudaFree(final_free);
   if (bad != 0 || free != storm_slots) {
     std::fprintf(stderr, "storm: %u ownership violations, %u of %u slots free at the end\n", bad, free, storm_slots);
+    return 1;
+  }
+  return 0;
+}
+
+int check_grid_storm() {
+  int* owner = nullptr;
+  unsigned* violations = nullptr;
+  check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
+  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
+  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  grid_storm<<<64, 256>>>(50, owner, violations);
+  check(cudaGetLastError(), "grid_storm launch");
+  const auto bad = to_host(violations, 1)[0];
+  cudaFree(owner);
+  cudaFree(violations);
+  if (bad != 0) {
+    std::fprintf(stderr, "grid storm: %u ownership violations\n", bad);
     return 1;
   }
   return 0;
@@ -213,7 +256,8 @@ int main() {
     return 77;
   }
   std::mt19937_64 rng(99);
-  const int failures = check_storm() + check_cooperative<4096>(rng) + check_cooperative<70000>(rng) + check_batch(rng);
+  const int failures = check_storm() + check_grid_storm() + check_cooperative<4096>(rng) +
+                       check_cooperative<70000>(rng) + check_batch(rng);
   std::printf("%s: %d failures\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }
