@@ -31,6 +31,12 @@
 #include <carve/slot/warp_scan.hpp>
 #include <carve/slot/word_source.hpp>
 
+#include <carve/tier/spill_tier.hpp>
+#include <carve/tier/tier_discovery.hpp>
+#include <carve/tier/tier_planner.hpp>
+#include <carve/tier/tier_report.hpp>
+#include <carve/tier/tier_resources.hpp> // NumaNodeResource needs libnuma (carve::numa) when used
+
 // Kernels and their launchers: only under a CUDA compiler.
 #if defined(__CUDACC__)
 #include <carve/cuda/batch_kernels.cuh>

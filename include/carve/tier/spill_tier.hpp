@@ -1,0 +1,40 @@
+// carve/tier/spill_tier.hpp — the inputs of tier planning: GPUs, tasks and spill tiers.
+//
+// Host-only. Sizes are bytes. A spill tier is memory a GPU's overflow can live in, in priority
+// order: system DRAM first, then CXL (far) memory, then a disk directory; more tiers are allowed.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+// Bad planner input, bad discovery data, or a failure to back a plan with memory.
+class TierError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TierGpu {
+  int ordinal;
+  std::uint64_t capacity; // device memory available to the tasks
+};
+
+struct TierTask {
+  std::uint64_t need;                       // total memory the task needs
+  std::vector<std::uint64_t> subtasks = {}; // one size per GPU, summing to need; empty: split evenly
+  std::string name = {};
+};
+
+struct SpillTier {
+  std::string name;
+  std::uint64_t capacity;
+  int priority;                     // strictly increasing along the tier list: 1 is used first
+  double bandwidth_gbps = 0;        // 0 when unknown
+  std::vector<int> numa_nodes = {}; // memory tiers: the NUMA nodes that back them
+  std::string directory = {};       // a disk tier: where its files go
+};
+
+} // namespace carve

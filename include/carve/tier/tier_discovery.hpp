@@ -1,0 +1,170 @@
+// carve/tier/tier_discovery.hpp — this machine's spill tiers, read from Linux sysfs.
+//
+// NUMA nodes are listed in <sysfs>/devices/system/node/node<N>; a node whose cpulist is empty
+// has memory but no CPUs, which is how CXL memory expanders (and other far memory) appear. When
+// the kernel groups nodes into memory tiers (<sysfs>/devices/virtual/memory_tiering/
+// memory_tier<K>/nodelist, a lower K being faster), those tiers are used; otherwise nodes with
+// CPUs form the DRAM tier and CPU-less nodes the CXL tier. A disk tier is a directory, sized by
+// statvfs. The sysfs root is a parameter so tests can point it at a fake tree.
+#pragma once
+
+#include <carve/tier/spill_tier.hpp>
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+struct MemoryNode {
+  int id;
+  bool has_cpus;
+  std::uint64_t total_bytes;
+  std::uint64_t free_bytes;
+  int memory_tier; // the kernel's memory_tier<K>, or -1 when the kernel does not say
+};
+
+namespace detail {
+
+inline std::string read_text(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) {
+    throw TierError("cannot read " + file.string());
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// "0-3,8,10-11\n" -> {0, 1, 2, 3, 8, 10, 11}; "" or "\n" -> {}.
+inline std::vector<int> parse_list(const std::string& text, const std::filesystem::path& file) {
+  std::vector<int> ids;
+  std::stringstream parts(text);
+  std::string part;
+  while (std::getline(parts, part, ',')) {
+    part.erase(std::remove_if(part.begin(), part.end(), [](char c) { return c == '\n' || c == ' '; }), part.end());
+    if (part.empty()) {
+      continue;
+    }
+    const std::size_t dash = part.find('-');
+    try {
+      std::size_t used = 0;
+      const int lo = std::stoi(part.substr(0, dash), &used);
+      const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+      if (lo < 0 || hi < lo || (dash == std::string::npos && used != part.size())) {
+        throw TierError("");
+      }
+      for (int id = lo; id <= hi; ++id) {
+        ids.push_back(id);
+      }
+    } catch (const std::exception&) {
+      throw TierError("malformed id list '" + part + "' in " + file.string());
+    }
+  }
+  return ids;
+}
+
+// The value of "Node <n> <key>: <value> kB" in a node's meminfo, in bytes.
+inline std::uint64_t meminfo_bytes(const std::string& text, const std::string& key, const std::filesystem::path& file) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string node, id, name, unit;
+    unsigned long long value = 0;
+    if (words >> node >> id >> name >> value >> unit && name == key + ":" && unit == "kB") {
+      return value * 1024;
+    }
+  }
+  throw TierError("no " + key + " in " + file.string());
+}
+
+} // namespace detail
+
+// Every NUMA node with memory. Throws TierError when the node directory is missing or a file in
+// it cannot be read or parsed.
+inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path& sysfs = "/sys") {
+  const std::filesystem::path nodes_dir = sysfs / "devices/system/node";
+  if (!std::filesystem::is_directory(nodes_dir)) {
+    throw TierError("no NUMA node directory at " + nodes_dir.string());
+  }
+  std::map<int, int> tier_of;
+  const std::filesystem::path tiering = sysfs / "devices/virtual/memory_tiering";
+  if (std::filesystem::is_directory(tiering)) {
+    for (const auto& entry : std::filesystem::directory_iterator(tiering)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("memory_tier", 0) != 0 || !std::filesystem::exists(entry.path() / "nodelist")) {
+        continue;
+      }
+      const int tier = std::stoi(name.substr(11));
+      for (const int node : detail::parse_list(detail::read_text(entry.path() / "nodelist"), entry.path())) {
+        tier_of[node] = tier;
+      }
+    }
+  }
+  std::vector<MemoryNode> nodes;
+  for (const auto& entry : std::filesystem::directory_iterator(nodes_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= 4 || name.rfind("node", 0) != 0 ||
+        !std::all_of(name.begin() + 4, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const int id = std::stoi(name.substr(4));
+    const std::filesystem::path meminfo = entry.path() / "meminfo";
+    const std::string info = detail::read_text(meminfo);
+    const std::uint64_t total = detail::meminfo_bytes(info, "MemTotal", meminfo);
+    if (total == 0) {
+      continue; // a node without memory (CPUs only) holds no spill
+    }
+    const bool cpus =
+        !detail::parse_list(detail::read_text(entry.path() / "cpulist"), entry.path() / "cpulist").empty();
+    const auto tier = tier_of.find(id);
+    nodes.push_back(
+        {id, cpus, total, detail::meminfo_bytes(info, "MemFree", meminfo), tier == tier_of.end() ? -1 : tier->second});
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const MemoryNode& a, const MemoryNode& b) { return a.id < b.id; });
+  return nodes;
+}
+
+// A directory as a spill tier, sized by the space free to unprivileged users.
+inline SpillTier disk_tier(const std::filesystem::path& directory, int priority, std::string name = "disk") {
+  if (!std::filesystem::is_directory(directory)) {
+    throw TierError("disk tier: " + directory.string() + " is not a directory");
+  }
+  struct statvfs fs {};
+  if (::statvfs(directory.c_str(), &fs) != 0) {
+    throw TierError("disk tier: cannot statvfs " + directory.string());
+  }
+  return {std::move(name), static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize, priority, 0, {}, directory.string()};
+}
+
+// Memory tiers from nodes, fastest first, sized by free memory: the kernel's memory tiers when
+// every node has one, else "dram" (nodes with CPUs) then "cxl" (CPU-less nodes). Priorities
+// start at 1.
+inline std::vector<SpillTier> memory_tiers(const std::vector<MemoryNode>& nodes) {
+  std::map<std::pair<int, std::string>, SpillTier> groups; // ordered fastest first
+  const bool kernel_tiers =
+      !nodes.empty() && std::all_of(nodes.begin(), nodes.end(), [](const MemoryNode& n) { return n.memory_tier >= 0; });
+  for (const MemoryNode& n : nodes) {
+    const auto key = kernel_tiers ? std::pair{n.memory_tier, "memory_tier" + std::to_string(n.memory_tier)}
+                                  : std::pair{n.has_cpus ? 0 : 1, std::string(n.has_cpus ? "dram" : "cxl")};
+    SpillTier& tier = groups.try_emplace(key, SpillTier{key.second, 0, 0}).first->second;
+    tier.capacity += n.free_bytes;
+    tier.numa_nodes.push_back(n.id);
+  }
+  std::vector<SpillTier> tiers;
+  for (auto& [key, tier] : groups) {
+    tier.priority = static_cast<int>(tiers.size()) + 1;
+    tiers.push_back(std::move(tier));
+  }
+  return tiers;
+}
+
+} // namespace carve
