@@ -32,3 +32,13 @@ function(carve_no_spill_test name)
       "-DARCHS=${CMAKE_CUDA_ARCHITECTURES}" "-DSOURCES=${sources}" -P ${PROJECT_SOURCE_DIR}/cmake/CarveCheckSpills.cmake)
   set_tests_properties(${name}_no_register_spills PROPERTIES LABELS cuda)
 endfunction()
+
+# carve_expect_failure(<name> EXPECT <regex> COMMAND <program> <args>...): a test that passes
+# when the command exits non-zero and its output matches the regex (a clear error message).
+function(carve_expect_failure name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXPECT" "COMMAND")
+  list(POP_FRONT arg_COMMAND program)
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} "-DEXPECT=${arg_EXPECT}" "-DCOMMAND=$<TARGET_FILE:${program}>;${arg_COMMAND}"
+      -P ${PROJECT_SOURCE_DIR}/cmake/CarveExpectFailure.cmake)
+endfunction()

@@ -1,63 +1,130 @@
-// Plans spill tiers for 8 GPUs of 80 GiB running a mixed set of tasks, and compares fair,
-// pre-reserved shares with first come, first served. Also lists the memory tiers of the machine
-// it runs on (`tier_plan --json` prints the fair plan as JSON instead).
+// Plans spill tiers for a set of GPUs and tasks, and compares fair, pre-reserved shares with
+// first come, first served. Without arguments: 8 GPUs of 80 GiB, DRAM/CXL/NVMe tiers and twelve
+// tasks whose first subtasks are the largest; then the memory tiers of this machine.
+//
+//   tier_plan [--gpus 8x80GiB] [--tier dram:1TiB:200]... [--task 300GiB[:sub,sub,...]]...
+//             [--hand-back] [--json]
 #include <carve/carve.hpp>
 
 #include <cstdio>
-#include <cstring>
 #include <exception>
+#include <sstream>
+#include <string>
 #include <vector>
 
-int main(int argc, char** argv) try {
-  constexpr std::uint64_t gib = 1ull << 30;
-  std::vector<carve::TierGpu> gpus;
-  for (int i = 0; i < 8; ++i) {
-    gpus.push_back({i, 80 * gib});
-  }
-  // DRAM 1 TiB at 200 GB/s, CXL 2 TiB at 60 GB/s, NVMe 16 TiB at 12 GB/s.
-  const std::vector<carve::SpillTier> tiers = {
-      {"dram", 1024 * gib, 1, 200}, {"cxl", 2048 * gib, 2, 60}, {"disk", 16384 * gib, 3, 12}};
-  // Twelve tasks (more than GPUs, so directions alternate), from 160 GiB to 1.9 TiB each, whose
-  // first subtasks are the largest (subtask k weighs 8 - k).
-  std::vector<carve::TierTask> tasks;
-  for (std::uint64_t i = 1; i <= 12; ++i) {
-    carve::TierTask task{0};
-    for (std::uint64_t k = 0; k < 8; ++k) {
-      task.subtasks.push_back(i * (8 - k) * 4 * gib);
-      task.need += task.subtasks.back();
-    }
-    tasks.push_back(task);
-  }
+namespace {
 
-  const carve::TierPlanner seed(gpus, tiers);
-  const carve::TierPlanner hand_back(gpus, tiers, {.hand_back_unused = true});
-  const auto fair = seed.plan(tasks);
-  if (argc > 1 && std::strcmp(argv[1], "--json") == 0) {
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, sep);) {
+    parts.push_back(part);
+  }
+  return parts;
+}
+
+void default_setup(std::vector<carve::TierGpu>& gpus, std::vector<carve::SpillTier>& tiers,
+                   std::vector<carve::TierTask>& tasks) {
+  constexpr std::uint64_t gib = 1ull << 30;
+  if (gpus.empty()) {
+    for (int i = 0; i < 8; ++i) {
+      gpus.push_back({i, 80 * gib});
+    }
+  }
+  if (tiers.empty()) {
+    tiers = {{"dram", 1024 * gib, 1, 200}, {"cxl", 2048 * gib, 2, 60}, {"disk", 16384 * gib, 3, 12}};
+  }
+  if (tasks.empty()) {
+    for (std::uint64_t i = 1; i <= 12; ++i) {
+      carve::TierTask task{0};
+      for (std::uint64_t k = 0; k < gpus.size(); ++k) {
+        task.subtasks.push_back(i * (gpus.size() - k) * 4 * gib);
+        task.need += task.subtasks.back();
+      }
+      tasks.push_back(task);
+    }
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  std::vector<carve::TierGpu> gpus;
+  std::vector<carve::SpillTier> tiers;
+  std::vector<carve::TierTask> tasks;
+  bool hand_back = false;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        throw carve::TierError(arg + " needs a value");
+      }
+      return argv[++i];
+    };
+    if (arg == "--gpus") {
+      const auto parts = split(next(), 'x');
+      if (parts.size() != 2) {
+        throw carve::TierError("--gpus wants COUNTxSIZE, e.g. 8x80GiB");
+      }
+      const int count = std::stoi(parts[0]);
+      for (int g = 0; g < count; ++g) {
+        gpus.push_back({g, carve::parse_bytes(parts[1])});
+      }
+    } else if (arg == "--tier") {
+      const auto parts = split(next(), ':');
+      if (parts.size() < 2 || parts.size() > 3) {
+        throw carve::TierError("--tier wants NAME:SIZE[:GBPS], e.g. cxl:2TiB:60");
+      }
+      tiers.push_back({parts[0], carve::parse_bytes(parts[1]), static_cast<int>(tiers.size()) + 1,
+                       parts.size() == 3 ? std::stod(parts[2]) : 0.0});
+    } else if (arg == "--task") {
+      const auto parts = split(next(), ':');
+      carve::TierTask task{carve::parse_bytes(parts[0])};
+      if (parts.size() > 1) {
+        for (const auto& sub : split(parts[1], ',')) {
+          task.subtasks.push_back(carve::parse_bytes(sub));
+        }
+      }
+      tasks.push_back(task);
+    } else if (arg == "--hand-back") {
+      hand_back = true;
+    } else if (arg == "--json") {
+      json = true;
+    } else {
+      throw carve::TierError("unknown argument " + arg);
+    }
+  }
+  const bool built_in = gpus.empty() && tiers.empty() && tasks.empty();
+  default_setup(gpus, tiers, tasks);
+
+  const carve::TierPlanner planner(gpus, tiers, {.hand_back_unused = hand_back});
+  const auto fair = planner.plan(tasks);
+  if (json) {
     std::puts(carve::to_json(fair).c_str());
     return 0;
   }
-  const auto shared = hand_back.plan(tasks);
-  const auto fcfs = seed.first_come_first_served(tasks);
+  const auto fcfs = planner.first_come_first_served(tasks);
   std::fputs(carve::format_table(fair).c_str(), stdout);
   std::fputs("\n", stdout);
   std::fputs(carve::format_table(fcfs).c_str(), stdout);
-
-  std::puts("\nworst spilling GPU          tier-1 share   extra on tier 1   spill read once");
-  for (const auto* p : {&fair, &shared, &fcfs}) {
+  std::puts("\nworst spilling GPU                     tier-1 share   extra on tier 1   spill read once");
+  for (const auto* p : {&fair, &fcfs}) {
     const carve::TierFairness f = carve::fairness(*p);
-    std::printf("%-26s %9.1f %%   %13.1f %%   %12.1f s   unmet %s\n",
+    std::printf("%-37s %9.1f %%   %13.1f %%   %12.1f s   unmet %s\n",
                 (p->method + (p->options.hand_back_unused ? " + hand-back" : "")).c_str(), 100 * f.worst_tier1_share,
                 100 * f.worst_tier1_coverage, f.worst_spill_read_seconds, carve::format_bytes(p->unmet()).c_str());
   }
-
-  std::puts("\nmemory tiers on this machine:");
-  try {
-    for (const auto& t : carve::memory_tiers(carve::discover_memory_nodes())) {
-      std::printf("  %-14s %10s free on %zu node(s)\n", t.name.c_str(), carve::format_bytes(t.capacity).c_str(),
-                  t.numa_nodes.size());
+  if (built_in) {
+    std::puts("\nmemory tiers on this machine:");
+    try {
+      for (const auto& t : carve::memory_tiers(carve::discover_memory_nodes())) {
+        std::printf("  %-14s %10s free on %zu node(s)\n", t.name.c_str(), carve::format_bytes(t.capacity).c_str(),
+                    t.numa_nodes.size());
+      }
+    } catch (const carve::TierError& e) {
+      std::printf("  (none found: %s)\n", e.what());
     }
-  } catch (const carve::TierError& e) {
-    std::printf("  (none found: %s)\n", e.what());
   }
   return 0;
 } catch (const std::exception& e) {

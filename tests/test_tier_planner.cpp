@@ -210,3 +210,16 @@ TEST_CASE("bad input is refused with a clear error") {
   CHECK_THROWS_WITH_AS(planner.plan({{10, {4, 5}}}), "tier planner: task 0's subtasks add up to 9 bytes, not 10",
                        TierError);
 }
+
+TEST_CASE("sizes as people write them") {
+  CHECK(carve::parse_bytes("4096") == 4096);
+  CHECK(carve::parse_bytes("80GiB") == 80ull << 30);
+  CHECK(carve::parse_bytes(" 1.5 TiB ") == 3ull << 39);
+  CHECK(carve::parse_bytes("512MB") == 512'000'000);
+  CHECK(carve::parse_bytes("0") == 0);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("-5GiB"), "size '-5GiB': a size cannot be negative", TierError);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("GiB"), "size 'GiB': expected a number", TierError);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("1.2.3GB"), "size '1.2.3GB': malformed number", TierError);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("5 parsecs"), doctest::Contains("unknown unit"), TierError);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("99999999999TiB"), "size '99999999999TiB': too large", TierError);
+}

@@ -31,6 +31,7 @@
 #include <carve/slot/warp_scan.hpp>
 #include <carve/slot/word_source.hpp>
 
+#include <carve/tier/byte_size.hpp>
 #include <carve/tier/spill_tier.hpp>
 #include <carve/tier/tier_discovery.hpp>
 #include <carve/tier/tier_planner.hpp>
