@@ -20,3 +20,9 @@
 #include <carve/slot/slot_allocator.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
+
+#include <carve/topology/description.hpp>
+#include <carve/topology/graph.hpp>
+#include <carve/topology/nvidia_smi.hpp>
+#include <carve/topology/parse_error.hpp>
+#include <carve/topology/topology.hpp>

@@ -1,0 +1,342 @@
+// carve/topology/topology.hpp — a machine's cards and links, with the best path between any two.
+//
+//   auto topo = carve::Topology::from_nvidia_smi(text);          // or TopologyBuilder, or
+//   double gbps = topo.path_bandwidth(topo.gpu(0), topo.gpu(7));  // from_description(text)
+//
+// A path's bandwidth is that of its narrowest link. Between two nodes the widest path wins, and
+// among equally wide paths the one with fewer links. Paths have at most PathOptions::max_hops
+// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths). What may relay
+// traffic: CPUs, PCIe switches and NVSwitches relay anything; a GPU relays only from NVLink to
+// NVLink (it forwards with its copy engines, not its PCIe port); a NIC never relays.
+//
+// Every pair is computed once when the topology is built, so queries are table look-ups.
+// Host-only code: bad input throws (std::invalid_argument from the builder, ParseError from
+// the readers).
+#pragma once
+
+#include <carve/topology/graph.hpp>
+#include <carve/topology/parse_error.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+struct PathOptions {
+  int max_hops = 2; // links on a path, >= 1; longer indirect paths need a larger value
+};
+
+class TopologyBuilder;
+
+class Topology {
+public:
+  // Reads the matrix printed by `nvidia-smi topo -m` (see carve/topology/nvidia_smi.hpp).
+  static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw = {});
+  static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw, PathOptions options);
+  // Reads carve's small machine description (see carve/topology/description.hpp).
+  static Topology from_description(std::string_view text);
+
+  // GB/s over the best path; 0 when no path of at most max_hops links exists; +infinity from a
+  // node to itself (local memory is not a link).
+  double path_bandwidth(NodeId from, NodeId to) const { return pair(from, to).bandwidth; }
+  // Links on that path: 0 from a node to itself, -1 when there is no path.
+  int hops(NodeId from, NodeId to) const { return pair(from, to).hops; }
+  // The nodes along that path, `from` first and `to` last; empty when there is none.
+  std::span<const NodeId> path(NodeId from, NodeId to) const {
+    const Pair& p = pair(from, to);
+    return std::span<const NodeId>(path_nodes_).subspan(p.path_offset, p.path_length);
+  }
+
+  // The node of the GPU with this CUDA ordinal. Throws std::out_of_range for an unknown one.
+  NodeId gpu(int ordinal) const {
+    if (ordinal < 0 || static_cast<std::size_t>(ordinal) >= gpus_.size() || !gpus_[static_cast<std::size_t>(ordinal)]) {
+      throw std::out_of_range("carve::Topology: no GPU with ordinal " + std::to_string(ordinal));
+    }
+    return *gpus_[static_cast<std::size_t>(ordinal)];
+  }
+  // Ordinals run from 0 to gpu_count() - 1 without gaps (the builder checks).
+  int gpu_count() const noexcept { return static_cast<int>(gpus_.size()); }
+
+  std::size_t node_count() const noexcept { return nodes_.size(); }
+  const Node& node(NodeId id) const { return nodes_.at(id.value); }
+  std::span<const Node> nodes() const noexcept { return nodes_; }
+  std::span<const Link> links() const noexcept { return links_; }
+  std::optional<NodeId> find(std::string_view name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].name == name) {
+        return NodeId{static_cast<std::uint32_t>(i)};
+      }
+    }
+    return std::nullopt;
+  }
+
+  const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
+  const PathOptions& options() const noexcept { return options_; }
+
+  // The same machine with another path length limit (all pairs are recomputed).
+  Topology with_max_hops(int max_hops) const {
+    Topology t = *this;
+    t.options_.max_hops = max_hops;
+    t.compute_paths();
+    return t;
+  }
+
+private:
+  friend class TopologyBuilder;
+
+  struct Pair {
+    double bandwidth = 0.0;
+    int hops = -1;
+    std::uint32_t path_offset = 0;
+    std::uint32_t path_length = 0;
+  };
+
+  Topology() = default;
+
+  const Pair& pair(NodeId from, NodeId to) const {
+    const std::size_t n = nodes_.size();
+    if (from.value >= n || to.value >= n) {
+      throw std::out_of_range("carve::Topology: node id out of range");
+    }
+    return pairs_[std::size_t{from.value} * n + to.value];
+  }
+
+  // Whether traffic that arrived at `via` over a link of type `in` may leave over `out`.
+  bool relays(NodeId via, LinkType in, LinkType out) const {
+    switch (nodes_[via.value].kind) {
+    case NodeKind::cpu:
+    case NodeKind::pcie_switch:
+    case NodeKind::nvswitch:
+      return true;
+    case NodeKind::gpu:
+      return in == LinkType::nvlink && out == LinkType::nvlink;
+    case NodeKind::nic:
+      return false;
+    }
+    return false;
+  }
+
+  // Exhaustive search of simple paths of at most max_hops links from every node: machines have
+  // tens of nodes and only CPUs, switches and NVLink-connected GPUs relay, so this is cheap and
+  // exact (a dynamic programme over hop counts cannot forbid revisiting a node).
+  void compute_paths() {
+    if (options_.max_hops < 1) {
+      throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
+    }
+    const std::size_t n = nodes_.size();
+    std::vector<std::vector<std::size_t>> incident(n);
+    for (std::size_t l = 0; l < links_.size(); ++l) {
+      incident[links_[l].a.value].push_back(l);
+      incident[links_[l].b.value].push_back(l);
+    }
+    pairs_.assign(n * n, Pair{});
+    path_nodes_.clear();
+    std::vector<std::vector<NodeId>> best_path(n);
+    std::vector<NodeId> stack;
+    std::vector<bool> on_path(n, false);
+    for (std::size_t s = 0; s < n; ++s) {
+      std::vector<Pair> best(n);
+      for (auto& p : best_path) {
+        p.clear();
+      }
+      const NodeId source{static_cast<std::uint32_t>(s)};
+      stack.assign(1, source);
+      on_path.assign(n, false);
+      on_path[s] = true;
+      // Depth-first over (node, type of the link it was reached by, narrowest link so far).
+      auto visit = [&](auto&& self, NodeId at, std::optional<LinkType> arrived_by, double width) -> void {
+        if (stack.size() > static_cast<std::size_t>(options_.max_hops)) {
+          return;
+        }
+        for (const std::size_t l : incident[at.value]) {
+          const Link& link = links_[l];
+          const NodeId next = link.a == at ? link.b : link.a;
+          if (on_path[next.value] || (arrived_by && !relays(at, *arrived_by, link.type))) {
+            continue;
+          }
+          const double w = std::min(width, link.bandwidth());
+          const int hops = static_cast<int>(stack.size());
+          Pair& b = best[next.value];
+          if (w > b.bandwidth || (w == b.bandwidth && hops < b.hops)) {
+            b.bandwidth = w;
+            b.hops = hops;
+            best_path[next.value] = stack;
+            best_path[next.value].push_back(next);
+          }
+          stack.push_back(next);
+          on_path[next.value] = true;
+          self(self, next, link.type, w);
+          on_path[next.value] = false;
+          stack.pop_back();
+        }
+      };
+      visit(visit, source, std::nullopt, std::numeric_limits<double>::infinity());
+      best[s] = Pair{std::numeric_limits<double>::infinity(), 0, 0, 0};
+      best_path[s].assign(1, source);
+      for (std::size_t t = 0; t < n; ++t) {
+        Pair p = best[t];
+        if (p.hops >= 0) {
+          p.path_offset = static_cast<std::uint32_t>(path_nodes_.size());
+          p.path_length = static_cast<std::uint32_t>(best_path[t].size());
+          path_nodes_.insert(path_nodes_.end(), best_path[t].begin(), best_path[t].end());
+        }
+        pairs_[s * n + t] = p;
+      }
+    }
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<Link> links_;
+  std::vector<std::optional<NodeId>> gpus_; // by ordinal
+  LinkBandwidths bandwidths_;
+  PathOptions options_;
+  std::vector<Pair> pairs_; // n x n, row = from
+  std::vector<NodeId> path_nodes_;
+};
+
+// Builds a Topology node by node and link by link. Every mistake (unknown node, duplicate
+// name or ordinal, non-positive bandwidth or count, a link from a node to itself) throws
+// std::invalid_argument and leaves the builder unchanged.
+class TopologyBuilder {
+public:
+  explicit TopologyBuilder(LinkBandwidths bw = {}) : bandwidths_(bw) {
+    check_bandwidth(bw.nvlink);
+    check_bandwidth(bw.pcie);
+    check_bandwidth(bw.inter_socket);
+  }
+
+  // A GPU gets the next free ordinal unless one is given.
+  NodeId add_gpu(std::string name, int ordinal = -1) {
+    if (ordinal < 0) {
+      ordinal = 0;
+      while (ordinal_taken(ordinal)) {
+        ++ordinal;
+      }
+    } else if (ordinal_taken(ordinal)) {
+      throw std::invalid_argument("carve::TopologyBuilder: GPU ordinal " + std::to_string(ordinal) + " used twice");
+    }
+    const NodeId id = add_node(NodeKind::gpu, std::move(name));
+    nodes_.back().ordinal = ordinal;
+    return id;
+  }
+  NodeId add_cpu(std::string name) { return add(NodeKind::cpu, std::move(name)); }
+  NodeId add_pcie_switch(std::string name) { return add(NodeKind::pcie_switch, std::move(name)); }
+  NodeId add_nvswitch(std::string name) { return add(NodeKind::nvswitch, std::move(name)); }
+  NodeId add_nic(std::string name) { return add(NodeKind::nic, std::move(name)); }
+  NodeId add(NodeKind kind, std::string name) {
+    if (kind == NodeKind::gpu) {
+      return add_gpu(std::move(name));
+    }
+    return add_node(kind, std::move(name));
+  }
+
+  // `count` parallel links of `type`, each `per_link_gbps` wide (default: the LinkBandwidths
+  // figure for the type).
+  void add_link(NodeId a, NodeId b, LinkType type, int count = 1, std::optional<double> per_link_gbps = {},
+                std::string label = {}) {
+    check_node(a);
+    check_node(b);
+    if (a == b) {
+      throw std::invalid_argument("carve::TopologyBuilder: link from " + nodes_[a.value].name + " to itself");
+    }
+    if (count < 1) {
+      throw std::invalid_argument("carve::TopologyBuilder: link count must be at least 1");
+    }
+    const double per_link = per_link_gbps ? *per_link_gbps : bandwidths_.of(type);
+    check_bandwidth(per_link);
+    if (label.empty()) {
+      label = std::string(to_string(type));
+    }
+    links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
+  }
+
+  Node& node(NodeId id) {
+    check_node(id);
+    return nodes_[id.value];
+  }
+  std::optional<NodeId> find(std::string_view name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].name == name) {
+        return NodeId{static_cast<std::uint32_t>(i)};
+      }
+    }
+    return std::nullopt;
+  }
+  std::size_t node_count() const noexcept { return nodes_.size(); }
+  const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
+
+  // Computes every pair's best path. GPU ordinals must run 0..count-1 without gaps.
+  Topology build(PathOptions options = {}) const {
+    Topology t;
+    t.nodes_ = nodes_;
+    t.links_ = links_;
+    t.bandwidths_ = bandwidths_;
+    t.options_ = options;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      const int ordinal = nodes_[i].ordinal;
+      if (nodes_[i].kind != NodeKind::gpu) {
+        continue;
+      }
+      if (static_cast<std::size_t>(ordinal) >= t.gpus_.size()) {
+        t.gpus_.resize(static_cast<std::size_t>(ordinal) + 1);
+      }
+      t.gpus_[static_cast<std::size_t>(ordinal)] = NodeId{static_cast<std::uint32_t>(i)};
+    }
+    for (std::size_t o = 0; o < t.gpus_.size(); ++o) {
+      if (!t.gpus_[o]) {
+        throw std::invalid_argument("carve::TopologyBuilder: GPU ordinals have a gap at " + std::to_string(o));
+      }
+    }
+    t.compute_paths();
+    return t;
+  }
+
+private:
+  NodeId add_node(NodeKind kind, std::string name) {
+    if (name.empty()) {
+      throw std::invalid_argument("carve::TopologyBuilder: a node needs a name");
+    }
+    if (find(name)) {
+      throw std::invalid_argument("carve::TopologyBuilder: node name " + name + " used twice");
+    }
+    nodes_.push_back(Node{kind, std::move(name), -1, std::nullopt, {}});
+    return NodeId{static_cast<std::uint32_t>(nodes_.size() - 1)};
+  }
+  bool ordinal_taken(int ordinal) const {
+    for (const Node& n : nodes_) {
+      if (n.kind == NodeKind::gpu && n.ordinal == ordinal) {
+        return true;
+      }
+    }
+    return false;
+  }
+  void check_node(NodeId id) const {
+    if (id.value >= nodes_.size()) {
+      throw std::invalid_argument("carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
+    }
+  }
+  static void check_bandwidth(double gbps) {
+    if (!(gbps > 0.0) || !std::isfinite(gbps)) {
+      throw std::invalid_argument("carve::TopologyBuilder: a bandwidth must be a positive finite number of GB/s");
+    }
+  }
+
+  LinkBandwidths bandwidths_;
+  std::vector<Node> nodes_;
+  std::vector<Link> links_;
+};
+
+} // namespace carve
+
+// The readers define Topology::from_nvidia_smi and Topology::from_description.
+#include <carve/topology/description.hpp>
+#include <carve/topology/nvidia_smi.hpp>
