@@ -26,3 +26,10 @@
 #include <carve/topology/nvidia_smi.hpp>
 #include <carve/topology/parse_error.hpp>
 #include <carve/topology/topology.hpp>
+
+#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/cuda_device_resource.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/simulated_card.hpp>
+#include <carve/mr/upstream.hpp>
