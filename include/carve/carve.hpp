@@ -33,3 +33,9 @@
 #include <carve/mr/pool_stats.hpp>
 #include <carve/mr/simulated_card.hpp>
 #include <carve/mr/upstream.hpp>
+
+#include <carve/borrow/bandwidth_weighted_picker.hpp>
+#include <carve/borrow/borrow_history.hpp>
+#include <carve/borrow/borrowing_allocator.hpp>
+#include <carve/borrow/pick_strategy.hpp>
+#include <carve/borrow/strategies.hpp>
