@@ -49,7 +49,7 @@ TEST_CASE("the requester itself when it has room") {
   CHECK(picker.pick(5, 3 * GiB, cards(16, {{5, 3}}))->card == 5);
 }
 
-TEST_CASE("(a) largest bandwidth; equal bandwidth goes to more free memory, then the lower ordinal") {
+TEST_CASE("(a) largest bandwidth; equal bandwidth goes to fewer hops, more free memory, the lower ordinal") {
   const BandwidthWeightedPicker<LargestBandwidth> picker(dgx1());
   // GPU0 full. GPU2, 3, 4, 7 are all 40 GB/s away; with equal free memory the direct links
   // (GPU3, GPU4) beat the two-hop paths, and of those the lower ordinal wins.
@@ -58,9 +58,11 @@ TEST_CASE("(a) largest bandwidth; equal bandwidth goes to more free memory, then
   CHECK(p->card == 3);
   CHECK(p->bandwidth_gbps == 40.0);
   CHECK(p->hops == 1);
-  // More free memory comes before hops.
-  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {7, 20}}))->card == 7);
+  // Fewer hops come before free memory; free memory before the ordinal.
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {7, 20}}))->card == 3);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {4, 20}}))->card == 4);
   CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}}))->card == 4);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}, {4, 2}, {7, 20}}))->card == 7);
   // A card without room is never chosen, however fast.
   p = picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {2, 3}, {3, 3}, {4, 3}, {7, 3}}));
   REQUIRE(p);

@@ -6,7 +6,7 @@
 // The requester itself when its largest free block holds the request. Otherwise every other
 // card that can hold it and has a path to the requester (within the topology's max_hops)
 // becomes a Candidate, and the strategy (carve/borrow/strategies.hpp, or any PickStrategy)
-// chooses; equal scores go to the wider path, then more free memory, then fewer hops, then the
+// chooses; equal scores go to the wider path, then fewer hops, then more free memory, then the
 // lower ordinal. A card without room is never chosen.
 //
 // Cards are GPU ordinals 0..topology.gpu_count()-1. Path bandwidths between them are copied out
@@ -131,7 +131,8 @@ private:
     return card != requester && cards[static_cast<std::size_t>(card)].largest_free_block >= bytes &&
            bandwidth(requester, card) > 0.0;
   }
-  // Strategy score first; then wider, more free, fewer hops, lower ordinal (ordinals ascend).
+  // Strategy score first; then wider, fewer hops (a relay's links stay free for its own
+  // traffic), more free memory, lower ordinal (ordinals ascend, so the first seen wins).
   static bool preferred(const PickScore& s, const Candidate& c, const PickScore& best_s, const Candidate& best) {
     if (s != best_s) {
       return s > best_s;
@@ -139,10 +140,10 @@ private:
     if (c.bandwidth_gbps != best.bandwidth_gbps) {
       return c.bandwidth_gbps > best.bandwidth_gbps;
     }
-    if (c.free_bytes != best.free_bytes) {
-      return c.free_bytes > best.free_bytes;
+    if (c.hops != best.hops) {
+      return c.hops < best.hops;
     }
-    return c.hops < best.hops;
+    return c.free_bytes > best.free_bytes;
   }
 
   int cards_;

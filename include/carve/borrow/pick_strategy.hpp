@@ -9,7 +9,7 @@
 //   };
 //
 // Scores compare lexicographically (primary, then secondary). Equal scores are broken the same
-// way for every strategy: wider path, then more free memory, then fewer hops, then the lower
+// way for every strategy: wider path, then fewer hops, then more free memory, then the lower
 // card ordinal; so a decision never depends on iteration order or on floating-point noise in
 // the strategy. Semantic requirements: both functions are pure (same candidate, same answer)
 // and cheap, since a pick is meant to take well under a microsecond.

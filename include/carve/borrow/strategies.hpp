@@ -5,7 +5,7 @@
 
 namespace carve {
 
-// (a) The card with the widest path to the requester. Equally wide: the one with more free memory.
+// (a) The card with the widest path to the requester (equally wide: fewer hops, more free memory).
 struct LargestBandwidth {
   static constexpr const char* name = "largest-bandwidth";
   constexpr bool eligible(const Candidate&) const noexcept { return true; }
