@@ -4,9 +4,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using carve::LinkType;
 using carve::NodeId;
@@ -148,4 +154,100 @@ TEST_CASE("description mistakes give ParseError with the line") {
   CHECK(t.node(t.gpu(1)).name == "A");
   CHECK(t.node(t.gpu(0)).name == "B");
   CHECK(t.path_bandwidth(t.gpu(0), t.gpu(1)) == 150.0);
+}
+
+namespace {
+
+// Brute force: every simple path of at most `max_hops` links, with the relay rules spelled out.
+struct BruteForce {
+  const Topology& t;
+  int max_hops;
+  std::vector<double> bw;
+  std::vector<int> hops;
+  std::vector<bool> on_path;
+
+  bool relays(NodeId at, LinkType in, LinkType out) const {
+    switch (t.node(at).kind) {
+    case carve::NodeKind::gpu:
+      return in == LinkType::nvlink && out == LinkType::nvlink;
+    case carve::NodeKind::nic:
+      return false;
+    default:
+      return true;
+    }
+  }
+  void walk(NodeId at, std::optional<LinkType> in, double width, int depth) {
+    if (depth == max_hops) {
+      return;
+    }
+    on_path[at.value] = true;
+    for (const carve::Link& l : t.links()) {
+      if (l.a != at && l.b != at) {
+        continue;
+      }
+      const NodeId next = l.a == at ? l.b : l.a;
+      if (on_path[next.value] || (in && !relays(at, *in, l.type))) {
+        continue;
+      }
+      const double w = std::min(width, l.bandwidth());
+      if (w > bw[next.value] || (w == bw[next.value] && depth + 1 < hops[next.value])) {
+        bw[next.value] = w;
+        hops[next.value] = depth + 1;
+      }
+      walk(next, l.type, w, depth + 1);
+    }
+    on_path[at.value] = false;
+  }
+};
+
+} // namespace
+
+TEST_CASE("all-pairs paths match a brute-force search on random machines") {
+  std::mt19937 rng(42);
+  const carve::NodeKind kinds[] = {carve::NodeKind::cpu,     carve::NodeKind::gpu,         carve::NodeKind::gpu,
+                                   carve::NodeKind::gpu,     carve::NodeKind::pcie_switch, carve::NodeKind::nic,
+                                   carve::NodeKind::nvswitch};
+  const LinkType types[] = {LinkType::nvlink, LinkType::nvlink, LinkType::pcie, LinkType::system,
+                            LinkType::inter_socket};
+  for (int round = 0; round < 300; ++round) {
+    TopologyBuilder b;
+    const int nodes = 3 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < nodes; ++i) {
+      b.add(kinds[rng() % std::size(kinds)], "N" + std::to_string(i));
+    }
+    const int links = static_cast<int>(rng() % 14);
+    for (int l = 0; l < links; ++l) {
+      const auto a = static_cast<std::uint32_t>(rng() % static_cast<unsigned>(nodes));
+      const auto z = static_cast<std::uint32_t>(rng() % static_cast<unsigned>(nodes));
+      if (a != z) {
+        b.add_link(NodeId{a}, NodeId{z}, types[rng() % std::size(types)], 1 + static_cast<int>(rng() % 3),
+                   static_cast<double>(5 * (1 + rng() % 4)));
+      }
+    }
+    const int max_hops = 1 + static_cast<int>(rng() % 4);
+    const Topology t = b.build({max_hops});
+    for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(nodes); ++s) {
+      BruteForce bf{t, max_hops, std::vector<double>(t.node_count(), 0.0), std::vector<int>(t.node_count(), -1),
+                    std::vector<bool>(t.node_count(), false)};
+      bf.walk(NodeId{s}, std::nullopt, std::numeric_limits<double>::infinity(), 0);
+      for (std::uint32_t d = 0; d < static_cast<std::uint32_t>(nodes); ++d) {
+        if (d == s) {
+          continue;
+        }
+        CHECK(t.path_bandwidth(NodeId{s}, NodeId{d}) == bf.bw[d]);
+        CHECK(t.hops(NodeId{s}, NodeId{d}) == bf.hops[d]);
+        const auto path = t.path(NodeId{s}, NodeId{d});
+        if (bf.hops[d] >= 0) {
+          REQUIRE(path.size() == static_cast<std::size_t>(bf.hops[d]) + 1);
+          CHECK(path.front() == NodeId{s});
+          CHECK(path.back() == NodeId{d});
+          std::vector<bool> seen(t.node_count(), false);
+          for (const NodeId n : path) {
+            CHECK_FALSE(seen[n.value]); // a simple path
+            seen[n.value] = true;
+          }
+        }
+      }
+    }
+  }
 }

@@ -9,7 +9,8 @@
 // traffic: CPUs, PCIe switches and NVSwitches relay anything; a GPU relays only from NVLink to
 // NVLink (it forwards with its copy engines, not its PCIe port); a NIC never relays.
 //
-// Every pair is computed once when the topology is built, so queries are table look-ups.
+// Every pair is computed once when the topology is built (O(nodes x links x layers), where the
+// layers stop once no path widens), so queries are table look-ups.
 // Host-only code: bad input throws (std::invalid_argument from the builder, ParseError from
 // the readers).
 #pragma once
@@ -17,6 +18,7 @@
 #include <carve/topology/graph.hpp>
 #include <carve/topology/parse_error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -110,84 +112,101 @@ private:
     return pairs_[std::size_t{from.value} * n + to.value];
   }
 
-  // Whether traffic that arrived at `via` over a link of type `in` may leave over `out`.
-  bool relays(NodeId via, LinkType in, LinkType out) const {
+  // Whether traffic that arrived at `via` (over NVLink or not) may leave over `out`.
+  bool relays(NodeId via, bool arrived_by_nvlink, LinkType out) const {
     switch (nodes_[via.value].kind) {
     case NodeKind::cpu:
     case NodeKind::pcie_switch:
     case NodeKind::nvswitch:
       return true;
     case NodeKind::gpu:
-      return in == LinkType::nvlink && out == LinkType::nvlink;
+      return arrived_by_nvlink && out == LinkType::nvlink;
     case NodeKind::nic:
       return false;
     }
     return false;
   }
 
-  // Exhaustive search of simple paths of at most max_hops links from every node: machines have
-  // tens of nodes and only CPUs, switches and NVLink-connected GPUs relay, so this is cheap and
-  // exact (a dynamic programme over hop counts cannot forbid revisiting a node).
+  // Widest path per source by hop count: layer h holds, for every (node, how it was reached)
+  // state, the widest walk of exactly h links. Allowing walks (not just simple paths) loses
+  // nothing: cutting a cycle out of a walk keeps every relay legal (a GPU relays NVLink to
+  // NVLink on both visits, so also across the cut) and never narrows it, so the widest walk
+  // with the fewest links is a simple path. A layer that widens nothing ends the search early,
+  // so a large max_hops costs only as many layers as the machine needs.
   void compute_paths() {
     if (options_.max_hops < 1) {
       throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
     }
     const std::size_t n = nodes_.size();
-    std::vector<std::vector<std::size_t>> incident(n);
-    for (std::size_t l = 0; l < links_.size(); ++l) {
-      incident[links_[l].a.value].push_back(l);
-      incident[links_[l].b.value].push_back(l);
-    }
+    const std::size_t states = 3 * n; // state = node * 3 + arrival (0 start, 1 other link, 2 NVLink)
+    constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
+    struct Step {
+      double width = 0.0;
+      std::uint32_t from = none; // previous state
+    };
     pairs_.assign(n * n, Pair{});
     path_nodes_.clear();
-    std::vector<std::vector<NodeId>> best_path(n);
-    std::vector<NodeId> stack;
-    std::vector<bool> on_path(n, false);
+    std::vector<std::vector<Step>> layers;
+    std::vector<Pair> best(n);
+    std::vector<std::uint32_t> best_state(n);
+    std::vector<NodeId> walk;
     for (std::size_t s = 0; s < n; ++s) {
-      std::vector<Pair> best(n);
-      for (auto& p : best_path) {
-        p.clear();
-      }
-      const NodeId source{static_cast<std::uint32_t>(s)};
-      stack.assign(1, source);
-      on_path.assign(n, false);
-      on_path[s] = true;
-      // Depth-first over (node, type of the link it was reached by, narrowest link so far).
-      auto visit = [&](auto&& self, NodeId at, std::optional<LinkType> arrived_by, double width) -> void {
-        if (stack.size() > static_cast<std::size_t>(options_.max_hops)) {
-          return;
-        }
-        for (const std::size_t l : incident[at.value]) {
-          const Link& link = links_[l];
-          const NodeId next = link.a == at ? link.b : link.a;
-          if (on_path[next.value] || (arrived_by && !relays(at, *arrived_by, link.type))) {
-            continue;
-          }
-          const double w = std::min(width, link.bandwidth());
-          const int hops = static_cast<int>(stack.size());
-          Pair& b = best[next.value];
-          if (w > b.bandwidth || (w == b.bandwidth && hops < b.hops)) {
-            b.bandwidth = w;
-            b.hops = hops;
-            best_path[next.value] = stack;
-            best_path[next.value].push_back(next);
-          }
-          stack.push_back(next);
-          on_path[next.value] = true;
-          self(self, next, link.type, w);
-          on_path[next.value] = false;
-          stack.pop_back();
-        }
-      };
-      visit(visit, source, std::nullopt, std::numeric_limits<double>::infinity());
+      layers.assign(1, std::vector<Step>(states));
+      layers[0][3 * s] = Step{std::numeric_limits<double>::infinity(), none};
+      std::fill(best.begin(), best.end(), Pair{});
       best[s] = Pair{std::numeric_limits<double>::infinity(), 0, 0, 0};
-      best_path[s].assign(1, source);
+      best_state[s] = static_cast<std::uint32_t>(3 * s);
+      std::vector<double> widest(states, 0.0); // over all layers so far, per state
+      widest[3 * s] = std::numeric_limits<double>::infinity();
+      for (int h = 1; h <= options_.max_hops; ++h) {
+        std::vector<Step> next(states);
+        const std::vector<Step>& prev = layers.back();
+        for (const Link& link : links_) {
+          for (int dir = 0; dir < 2; ++dir) {
+            const NodeId at = dir == 0 ? link.a : link.b;
+            const NodeId to = dir == 0 ? link.b : link.a;
+            for (std::uint32_t arrival = 0; arrival < 3; ++arrival) {
+              const std::uint32_t from = static_cast<std::uint32_t>(3 * at.value) + arrival;
+              if (prev[from].width <= 0.0 || (arrival != 0 && !relays(at, arrival == 2, link.type))) {
+                continue;
+              }
+              const double w = std::min(prev[from].width, link.bandwidth());
+              const std::uint32_t into = 3 * to.value + (link.type == LinkType::nvlink ? 2u : 1u);
+              if (w > next[into].width) {
+                next[into] = Step{w, from};
+              }
+            }
+          }
+        }
+        bool widened = false;
+        for (std::size_t st = 0; st < states; ++st) {
+          if (next[st].width > widest[st]) {
+            widest[st] = next[st].width;
+            widened = true;
+          }
+          const std::size_t node = st / 3;
+          if (next[st].width > best[node].bandwidth) { // strictly wider only: earlier layers had fewer links
+            best[node] = Pair{next[st].width, h, 0, 0};
+            best_state[node] = static_cast<std::uint32_t>(st);
+          }
+        }
+        layers.push_back(std::move(next));
+        if (!widened) {
+          break;
+        }
+      }
       for (std::size_t t = 0; t < n; ++t) {
         Pair p = best[t];
         if (p.hops >= 0) {
+          walk.clear();
+          std::uint32_t st = best_state[t];
+          for (int h = p.hops; h >= 0; --h) {
+            walk.push_back(NodeId{st / 3});
+            st = layers[static_cast<std::size_t>(h)][st].from;
+          }
           p.path_offset = static_cast<std::uint32_t>(path_nodes_.size());
-          p.path_length = static_cast<std::uint32_t>(best_path[t].size());
-          path_nodes_.insert(path_nodes_.end(), best_path[t].begin(), best_path[t].end());
+          p.path_length = static_cast<std::uint32_t>(walk.size());
+          path_nodes_.insert(path_nodes_.end(), walk.rbegin(), walk.rend());
         }
         pairs_[s * n + t] = p;
       }
