@@ -69,8 +69,12 @@ fuzz_check() {
   local corpus
   corpus=$(mktemp -d)
   cp "$root"/tests/data/topology/*.txt "$corpus"/
-  "$root/build/fuzz/fuzz/fuzz_topology" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
-    -print_final_stats=1 "$corpus" 2>&1 | tail -n 4
+  if ! "$root/build/fuzz/fuzz/fuzz_topology" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
+    -print_final_stats=1 "$corpus" >"$corpus/log" 2>&1; then
+    cat "$corpus/log"
+    return 1
+  fi
+  grep -E "^Done|stat::number_of_executed_units" "$corpus/log"
   rm -rf "$corpus"
 }
 
