@@ -66,16 +66,17 @@ fuzz_check() {
   build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g"
-  local corpus
+  local corpus log
   corpus=$(mktemp -d)
+  log=$(mktemp)
   cp "$root"/tests/data/topology/*.txt "$corpus"/
   if ! "$root/build/fuzz/fuzz/fuzz_topology" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
-    -print_final_stats=1 "$corpus" >"$corpus/log" 2>&1; then
-    cat "$corpus/log"
+    -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+    cat "$log"
     return 1
   fi
-  grep -E "^Done|stat::number_of_executed_units" "$corpus/log"
-  rm -rf "$corpus"
+  grep -E "^Done|stat::number_of_executed_units" "$log"
+  rm -rf "$corpus" "$log"
 }
 
 tests() {
