@@ -1,7 +1,10 @@
 // <carve/carve.hpp> — every carve component.
 //
 // Compiles with any C++20 compiler given CCCL's libcu++ headers. Formatting support for fmt is
-// separate: include <carve/fmt.hpp> (and link fmt) to print bitmaps, ranges and errors.
+// separate: include <carve/fmt.hpp> (and link fmt) to print bitmaps, ranges and errors. Parts
+// that need the CUDA runtime (CudaDeviceResource, discover_topology) appear only where
+// <cuda_runtime_api.h> is on the include path; CCCL memory-resource properties only when
+// LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is defined (see carve/mr/cuda_mr.hpp).
 #pragma once
 
 #include <carve/version.hpp>
@@ -21,6 +24,7 @@
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
 
+#include <carve/topology/cuda_discovery.hpp>
 #include <carve/topology/description.hpp>
 #include <carve/topology/graph.hpp>
 #include <carve/topology/nvidia_smi.hpp>

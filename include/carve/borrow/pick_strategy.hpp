@@ -36,7 +36,16 @@ struct Candidate {
 struct PickScore {
   double primary = 0.0;
   double secondary = 0.0;
-  friend constexpr auto operator<=>(const PickScore&, const PickScore&) = default;
+  // Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
+  friend constexpr bool operator==(const PickScore& a, const PickScore& b) noexcept {
+    return a.primary == b.primary && a.secondary == b.secondary;
+  }
+  friend constexpr std::partial_ordering operator<=>(const PickScore& a, const PickScore& b) noexcept {
+    if (const auto c = a.primary <=> b.primary; c != 0) {
+      return c;
+    }
+    return a.secondary <=> b.secondary;
+  }
 };
 
 template <class S>

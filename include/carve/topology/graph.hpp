@@ -17,7 +17,9 @@ namespace carve {
 // device) is never mistaken for a node index: Topology::gpu(ordinal) converts.
 struct NodeId {
   std::uint32_t value = 0;
-  friend constexpr auto operator<=>(NodeId, NodeId) = default;
+  // Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
+  friend constexpr bool operator==(NodeId a, NodeId b) noexcept { return a.value == b.value; }
+  friend constexpr auto operator<=>(NodeId a, NodeId b) noexcept { return a.value <=> b.value; }
 };
 
 enum class NodeKind : std::uint8_t {
