@@ -20,14 +20,11 @@ using carve::PoolOptions;
 using carve::SimulatedCard;
 using carve::Topology;
 
+using carve::test::dgx1;
+
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-const Topology& dgx1() {
-  static const Topology t = Topology::from_nvidia_smi(carve::test::topology_text("dgx1_v100.txt"));
-  return t;
-}
 
 std::vector<SimulatedCard> distinct_cards(std::size_t each) {
   std::vector<SimulatedCard> c;

@@ -16,16 +16,11 @@ using carve::ThresholdMostFree;
 using carve::Topology;
 using carve::WeightedScore;
 
+using carve::test::dgx1;
+
 namespace {
 
 constexpr std::size_t GiB = std::size_t{1} << 30;
-
-// DGX-1 V100 at 20 GB/s per NVLink. From GPU0: GPU3, GPU4, GPU7, GPU2 at 40; GPU1, GPU5, GPU6
-// at 20.
-const Topology& dgx1() {
-  static const Topology t = Topology::from_nvidia_smi(carve::test::topology_text("dgx1_v100.txt"));
-  return t;
-}
 
 // Every card with `free` GiB in one piece, except those listed.
 std::vector<CardState> cards(std::size_t free_gib, std::vector<std::pair<int, std::size_t>> except = {}) {

@@ -23,7 +23,7 @@
 
 namespace carve {
 
-class CudaDeviceResource {
+class CudaDeviceResource : public CcclSpellings<CudaDeviceResource> {
 public:
   explicit CudaDeviceResource(int device) : device_(device) {
     int count = 0;
@@ -54,15 +54,6 @@ public:
     cudaFree(p);
     cudaGetLastError();
   }
-
-  void* allocate(std::size_t bytes, std::size_t alignment) {
-    if (void* p = try_allocate(bytes, alignment)) {
-      return p;
-    }
-    throw std::bad_alloc();
-  }
-  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return allocate(bytes, alignment); }
-  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment) noexcept { deallocate(p, bytes, alignment); }
 
   // The driver's figures (cudaMemGetInfo); 0 if the query fails.
   std::size_t free_bytes() const noexcept { return info().first; }

@@ -19,7 +19,8 @@
 #endif
 #endif
 
-#include <type_traits>
+#include <cstddef>
+#include <new>
 
 namespace carve {
 
@@ -28,6 +29,26 @@ inline constexpr bool cuda_mr_available = true;
 #else
 inline constexpr bool cuda_mr_available = false;
 #endif
+
+// Gives a resource with try_allocate (nullptr when out of memory) and deallocate the CCCL
+// spellings: allocate throwing std::bad_alloc, and the newer allocate_sync / deallocate_sync.
+template <class Derived>
+class CcclSpellings {
+public:
+  void* allocate(std::size_t bytes, std::size_t alignment) {
+    if (void* p = self().try_allocate(bytes, alignment)) {
+      return p;
+    }
+    throw std::bad_alloc();
+  }
+  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return allocate(bytes, alignment); }
+  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    self().deallocate(p, bytes, alignment);
+  }
+
+private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
 
 namespace detail {
 // Whether `R` declares the stateless property `P` (a get_property(const R&, P) found by ADL).

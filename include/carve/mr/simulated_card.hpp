@@ -18,7 +18,7 @@
 
 namespace carve {
 
-class SimulatedCard {
+class SimulatedCard : public CcclSpellings<SimulatedCard> {
 public:
   explicit SimulatedCard(std::size_t capacity_bytes) : state_(std::make_shared<State>(capacity_bytes)) {}
 
@@ -48,16 +48,6 @@ public:
     state_->used.fetch_sub(bytes, std::memory_order_relaxed);
     state_->allocations.fetch_sub(1, std::memory_order_relaxed);
   }
-
-  // The CCCL memory-resource spelling: throws std::bad_alloc instead of returning nullptr.
-  void* allocate(std::size_t bytes, std::size_t alignment) {
-    if (void* p = try_allocate(bytes, alignment)) {
-      return p;
-    }
-    throw std::bad_alloc();
-  }
-  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return allocate(bytes, alignment); }
-  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment) noexcept { deallocate(p, bytes, alignment); }
 
   std::size_t capacity() const noexcept { return state_->capacity; }
   std::size_t used_bytes() const noexcept { return state_->used.load(std::memory_order_relaxed); }
