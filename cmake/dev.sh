@@ -6,8 +6,8 @@
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
 #                             device builds for sm_80 and sm_90 when nvcc is present),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
-#                             the tests labelled `concurrent` under ThreadSanitizer, and a
-#                             clang-format check
+#                             the tests labelled `concurrent` under ThreadSanitizer, the
+#                             libFuzzer targets for a short run each, and a clang-format check
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
 set -euo pipefail
 
@@ -59,6 +59,26 @@ format_check() {
     xargs clang-format --dry-run --Werror)
 }
 
+# Each libFuzzer target runs for a few seconds from the shipped test data (a scratch copy, so
+# the corpus it grows stays out of the tree); a crash fails the test command.
+fuzz_check() {
+  say "clang++ libFuzzer (ASan + UBSan)"
+  build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
+    -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
+    -DCMAKE_CXX_FLAGS="-O1 -g"
+  local corpus log
+  corpus=$(mktemp -d)
+  log=$(mktemp)
+  cp "$root"/tests/data/topology/*.txt "$corpus"/
+  if ! "$root/build/fuzz/tests/fuzz/fuzz_topology" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
+    -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+    cat "$log"
+    return 1
+  fi
+  grep -E "^Done|stat::number_of_executed_units" "$log"
+  rm -rf "$corpus" "$log"
+}
+
 tests() {
   find_nvcc
   say "g++, warnings as errors (device code with nvcc if present)"
@@ -78,6 +98,7 @@ tests() {
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
     --output-on-failure
 
+  fuzz_check
   format_check
 }
 

@@ -113,11 +113,11 @@ TEST_CASE("a disk tier is a directory") {
   CHECK_THROWS_WITH_AS(carve::disk_tier(dir.path / "missing", 3), doctest::Contains("is not a directory"), TierError);
 }
 
-TEST_CASE("a mapped file holds what is written to it") {
+TEST_CASE("a mapped file holds what is written to it, within its budget") {
   TempDir dir;
-  carve::MappedFileResource file(dir.path);
   constexpr std::size_t bytes = 3 << 20;
-  auto* p = static_cast<unsigned char*>(file.allocate(bytes));
+  carve::MappedFileResource file(dir.path, bytes + 4096);
+  auto* p = static_cast<unsigned char*>(file.allocate(bytes, 64));
   for (std::size_t i = 0; i < bytes; ++i) {
     p[i] = static_cast<unsigned char>(i * 7);
   }
@@ -127,10 +127,26 @@ TEST_CASE("a mapped file holds what is written to it") {
   }
   CHECK(same);
   CHECK(fs::is_empty(dir.path)); // unlinked at once: nothing left behind
-  file.deallocate(p, bytes);
-  CHECK_THROWS_AS(file.allocate(0), TierError);
-  CHECK_THROWS_AS(file.allocate(64, 1u << 20), TierError);
-  CHECK_THROWS_AS(carve::MappedFileResource(dir.path / "missing"), TierError);
+  CHECK(file.free_bytes() == 4096);
+  CHECK(file.try_allocate(8192, 64) == nullptr); // past the budget
+  CHECK(file.try_allocate(0, 64) == nullptr);
+  CHECK(file.try_allocate(64, 1u << 20) == nullptr); // alignment beyond a page
+  CHECK_THROWS_AS(file.allocate(8192, 64), std::bad_alloc);
+  file.deallocate(p, bytes, 64);
+  CHECK(file.free_bytes() == bytes + 4096);
+  CHECK_THROWS_AS(carve::MappedFileResource(dir.path / "missing", 1), TierError);
+}
+
+TEST_CASE("a caching pool on a disk tier") {
+  TempDir dir;
+  carve::CachingPool pool(carve::MappedFileResource(dir.path, 8 << 20));
+  void* a = pool.allocate(1 << 20, 256);
+  void* b = pool.allocate(2 << 20, 256);
+  std::memset(a, 1, 1 << 20);
+  std::memset(b, 2, 2 << 20);
+  CHECK(static_cast<unsigned char*>(b)[(2 << 20) - 1] == 2);
+  pool.deallocate(a, 1 << 20, 256);
+  pool.deallocate(b, 2 << 20, 256);
 }
 
 #if __has_include(<numa.h>)
@@ -139,9 +155,9 @@ TEST_CASE("memory on NUMA node 0 round-trips and lives on node 0") {
     MESSAGE("NUMA is not available here");
     return;
   }
-  carve::NumaNodeResource node0(0);
   constexpr std::size_t bytes = 4 << 20;
-  auto* p = static_cast<std::uint64_t*>(node0.allocate(bytes));
+  carve::NumaNodeResource node0(0, bytes);
+  auto* p = static_cast<std::uint64_t*>(node0.allocate(bytes, 4096));
   for (std::size_t i = 0; i < bytes / 8; ++i) {
     p[i] = i * 0x9e3779b97f4a7c15ull;
   }
@@ -153,8 +169,10 @@ TEST_CASE("memory on NUMA node 0 round-trips and lives on node 0") {
   int where = -1;
   REQUIRE(::get_mempolicy(&where, nullptr, 0, p, MPOL_F_NODE | MPOL_F_ADDR) == 0);
   CHECK(where == 0);
-  node0.deallocate(p, bytes);
-  CHECK_THROWS_AS(carve::NumaNodeResource(::numa_max_node() + 1), TierError);
+  CHECK(node0.try_allocate(4096, 4096) == nullptr); // the budget is spent
+  node0.deallocate(p, bytes, 4096);
+  CHECK(node0.free_bytes() == bytes);
+  CHECK_THROWS_AS(carve::NumaNodeResource(::numa_max_node() + 1, 1), TierError);
 }
 
 TEST_CASE("a plan backed by real memory: DRAM on node 0 and a disk file") {

@@ -1,7 +1,10 @@
 // <carve/carve.hpp> — every carve component.
 //
 // Compiles with any C++20 compiler given CCCL's libcu++ headers. Formatting support for fmt is
-// separate: include <carve/fmt.hpp> (and link fmt) to print bitmaps, ranges and errors.
+// separate: include <carve/fmt.hpp> (and link fmt) to print bitmaps, ranges and errors. Parts
+// that need the CUDA runtime (CudaDeviceResource, discover_topology) appear only where
+// <cuda_runtime_api.h> is on the include path; CCCL memory-resource properties only when
+// LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is defined (see carve/mr/cuda_mr.hpp).
 #pragma once
 
 #include <carve/version.hpp>
@@ -37,6 +40,26 @@
 #include <carve/tier/tier_planner.hpp>
 #include <carve/tier/tier_report.hpp>
 #include <carve/tier/tier_resources.hpp> // NumaNodeResource needs libnuma (carve::numa) when used
+
+#include <carve/topology/cuda_discovery.hpp>
+#include <carve/topology/description.hpp>
+#include <carve/topology/graph.hpp>
+#include <carve/topology/nvidia_smi.hpp>
+#include <carve/topology/parse_error.hpp>
+#include <carve/topology/topology.hpp>
+
+#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/cuda_device_resource.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/simulated_card.hpp>
+#include <carve/mr/upstream.hpp>
+
+#include <carve/borrow/bandwidth_weighted_picker.hpp>
+#include <carve/borrow/borrow_history.hpp>
+#include <carve/borrow/borrowing_allocator.hpp>
+#include <carve/borrow/pick_strategy.hpp>
+#include <carve/borrow/strategies.hpp>
 
 // Kernels and their launchers: only under a CUDA compiler.
 #if defined(__CUDACC__)

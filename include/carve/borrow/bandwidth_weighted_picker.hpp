@@ -1,0 +1,176 @@
+// carve/borrow/bandwidth_weighted_picker.hpp — which card lends memory to a card that is full.
+//
+//   carve::BandwidthWeightedPicker picker(topology);              // LargestBandwidth
+//   auto pick = picker.pick(/*requester*/ 0, bytes, card_states); // expected<Pick, Errc>
+//
+// The requester itself when its largest free block holds the request. Otherwise every other
+// card that can hold it and has a path to the requester (within the topology's max_hops)
+// becomes a Candidate, and the strategy (carve/borrow/strategies.hpp, or any PickStrategy)
+// chooses; equal scores go to the wider path, then fewer hops, then more free memory, then the
+// lower ordinal. A card without room is never chosen.
+//
+// Cards are GPU ordinals 0..topology.gpu_count()-1. Path bandwidths between them are copied out
+// of the topology when the picker is built, so a pick reads one row of a small table and does
+// not allocate; 16 cards take well under a microsecond (benchmarks/picker.cpp).
+// Errors (as values): out_of_range for an unknown requester or a card list of the wrong length;
+// no_space when no card can hold the request (no_card_message() says what each card has).
+#pragma once
+
+#include <carve/borrow/borrow_history.hpp>
+#include <carve/borrow/pick_strategy.hpp>
+#include <carve/borrow/strategies.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/topology/topology.hpp>
+
+#include <cuda/std/expected>
+
+#include <cstddef>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+// What a card can give right now.
+struct CardState {
+  std::size_t free_bytes = 0;         // in total (cached plus what the card itself has free)
+  std::size_t largest_free_block = 0; // in one piece
+};
+
+struct Pick {
+  int card = -1;
+  bool local = false;          // the requester itself
+  double bandwidth_gbps = 0.0; // of the path from the requester (infinite when local)
+  int hops = 0;
+};
+
+template <PickStrategy Strategy = LargestBandwidth>
+class BandwidthWeightedPicker {
+public:
+  using strategy_type = Strategy;
+
+  explicit BandwidthWeightedPicker(const Topology& topology, Strategy strategy = {})
+      : cards_(topology.gpu_count()), strategy_(strategy) {
+    const auto n = static_cast<std::size_t>(cards_);
+    bandwidth_.resize(n * n);
+    hops_.resize(n * n);
+    for (int a = 0; a < cards_; ++a) {
+      for (int b = 0; b < cards_; ++b) {
+        const std::size_t i = static_cast<std::size_t>(a) * n + static_cast<std::size_t>(b);
+        bandwidth_[i] = topology.path_bandwidth(topology.gpu(a), topology.gpu(b));
+        hops_[i] = topology.hops(topology.gpu(a), topology.gpu(b));
+      }
+    }
+  }
+
+  // `cards[c]` is card c's state; `history` (optional) feeds Candidate::borrow_share.
+  cuda::std::expected<Pick, Errc> pick(int requester, std::size_t bytes, std::span<const CardState> cards,
+                                       const BorrowHistory* history = nullptr) const noexcept {
+    if (requester < 0 || requester >= cards_ || cards.size() != static_cast<std::size_t>(cards_)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    if (cards[static_cast<std::size_t>(requester)].largest_free_block >= bytes) {
+      return Pick{requester, true, bandwidth(requester, requester), 0};
+    }
+    // First pass: the best figures among the cards that could lend, for the relative shares.
+    std::size_t most_free = 0;
+    double widest = 0.0;
+    for (int c = 0; c < cards_; ++c) {
+      if (lendable(requester, c, bytes, cards)) {
+        const CardState& s = cards[static_cast<std::size_t>(c)];
+        most_free = s.free_bytes > most_free ? s.free_bytes : most_free;
+        widest = bandwidth(requester, c) > widest ? bandwidth(requester, c) : widest;
+      }
+    }
+    const double borrows = history != nullptr ? static_cast<double>(history->total(requester)) : 0.0;
+    int best = -1;
+    Candidate best_candidate;
+    PickScore best_score;
+    for (int c = 0; c < cards_; ++c) {
+      if (!lendable(requester, c, bytes, cards)) {
+        continue;
+      }
+      const CardState& s = cards[static_cast<std::size_t>(c)];
+      Candidate cand;
+      cand.card = c;
+      cand.bandwidth_gbps = bandwidth(requester, c);
+      cand.hops = hops(requester, c);
+      cand.free_bytes = s.free_bytes;
+      cand.largest_free_block = s.largest_free_block;
+      cand.free_share = most_free == 0 ? 1.0 : static_cast<double>(s.free_bytes) / static_cast<double>(most_free);
+      cand.bandwidth_share = cand.bandwidth_gbps / widest;
+      cand.borrow_share = borrows == 0.0 ? 0.0 : static_cast<double>(history->count(requester, c)) / borrows;
+      if (!strategy_.eligible(cand)) {
+        continue;
+      }
+      const PickScore score = strategy_.score(cand);
+      if (best < 0 || preferred(score, cand, best_score, best_candidate)) {
+        best = c;
+        best_candidate = cand;
+        best_score = score;
+      }
+    }
+    if (best < 0) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    return Pick{best, false, best_candidate.bandwidth_gbps, best_candidate.hops};
+  }
+
+  int card_count() const noexcept { return cards_; }
+  // GB/s between two cards as the picker sees them (from the topology).
+  double bandwidth(int from, int to) const noexcept { return bandwidth_[index(from, to)]; }
+  int hops(int from, int to) const noexcept { return hops_[index(from, to)]; }
+  const Strategy& strategy() const noexcept { return strategy_; }
+
+private:
+  std::size_t index(int from, int to) const noexcept {
+    return static_cast<std::size_t>(from) * static_cast<std::size_t>(cards_) + static_cast<std::size_t>(to);
+  }
+  bool lendable(int requester, int card, std::size_t bytes, std::span<const CardState> cards) const noexcept {
+    return card != requester && cards[static_cast<std::size_t>(card)].largest_free_block >= bytes &&
+           bandwidth(requester, card) > 0.0;
+  }
+  // Strategy score first; then wider, fewer hops (a relay's links stay free for its own
+  // traffic), more free memory, lower ordinal (ordinals ascend, so the first seen wins).
+  static bool preferred(const PickScore& s, const Candidate& c, const PickScore& best_s, const Candidate& best) {
+    if (s != best_s) {
+      return s > best_s;
+    }
+    if (c.bandwidth_gbps != best.bandwidth_gbps) {
+      return c.bandwidth_gbps > best.bandwidth_gbps;
+    }
+    if (c.hops != best.hops) {
+      return c.hops < best.hops;
+    }
+    return c.free_bytes > best.free_bytes;
+  }
+
+  int cards_;
+  Strategy strategy_;
+  std::vector<double> bandwidth_;
+  std::vector<int> hops_;
+};
+
+// "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
+inline std::string no_card_message(std::size_t bytes, std::span<const CardState> cards) {
+  const auto human = [](std::size_t b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(b);
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+      v /= 1024.0;
+      ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+    return std::string(buf);
+  };
+  std::string m = "no card can hold " + human(bytes) + " (largest free block per card:";
+  for (std::size_t c = 0; c < cards.size(); ++c) {
+    m += (c == 0 ? " GPU" : ", GPU") + std::to_string(c) + " " + human(cards[c].largest_free_block);
+  }
+  return m + ")";
+}
+
+} // namespace carve

@@ -1,0 +1,49 @@
+// carve/borrow/strategies.hpp — the three ways of choosing a lender that the seed describes.
+#pragma once
+
+#include <carve/borrow/pick_strategy.hpp>
+
+namespace carve {
+
+// (a) The card with the widest path to the requester (equally wide: fewer hops, more free memory).
+struct LargestBandwidth {
+  static constexpr const char* name = "largest-bandwidth";
+  constexpr bool eligible(const Candidate&) const noexcept { return true; }
+  constexpr PickScore score(const Candidate& c) const noexcept { return {c.bandwidth_gbps, 0.0}; }
+};
+
+// (b) Among cards whose path is at least `threshold_gbps` wide, the one with the most free
+// memory. When no card with room is that well connected: with `strict`, no card is chosen (the
+// request fails); otherwise the widest path wins, as in (a).
+struct ThresholdMostFree {
+  static constexpr const char* name = "threshold-most-free";
+  double threshold_gbps = 48.0; // the seed's example figure
+  bool strict = false;
+
+  constexpr bool eligible(const Candidate& c) const noexcept { return !strict || c.bandwidth_gbps >= threshold_gbps; }
+  constexpr PickScore score(const Candidate& c) const noexcept {
+    const bool fast = c.bandwidth_gbps >= threshold_gbps;
+    return {fast ? 1.0 : 0.0, fast ? static_cast<double>(c.free_bytes) : c.bandwidth_gbps};
+  }
+};
+
+// (c) A weighted score: grows with free memory and with bandwidth (each relative to the best
+// candidate, so the weights compare like with like), and shrinks with how much of this
+// requester's recent borrowing went to the card, which spreads repeated borrowing out.
+struct WeightedScore {
+  static constexpr const char* name = "weighted-score";
+  double free_weight = 1.0;
+  double bandwidth_weight = 1.0;
+  double history_weight = 0.5;
+
+  constexpr bool eligible(const Candidate&) const noexcept { return true; }
+  constexpr PickScore score(const Candidate& c) const noexcept {
+    return {free_weight * c.free_share + bandwidth_weight * c.bandwidth_share - history_weight * c.borrow_share, 0.0};
+  }
+};
+
+static_assert(PickStrategy<LargestBandwidth>);
+static_assert(PickStrategy<ThresholdMostFree>);
+static_assert(PickStrategy<WeightedScore>);
+
+} // namespace carve

@@ -1,0 +1,52 @@
+// carve/mr/byte_budget.hpp — a fixed number of bytes shared by every copy of a resource.
+//
+// Resources that stand for a bounded amount of memory (a simulated card, a GPU's share of a
+// spill tier) count their allocations against a ByteBudget. Copies of a ByteBudget are handles
+// to the same count, as copies of such a resource are handles to the same memory. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+
+namespace carve {
+
+class ByteBudget {
+public:
+  explicit ByteBudget(std::size_t capacity) : state_(std::make_shared<State>(capacity)) {}
+
+  // Takes `bytes` from the budget; false (and nothing taken) when they are not all there.
+  bool take(std::size_t bytes) noexcept {
+    std::size_t used = state_->used.load(std::memory_order_relaxed);
+    do {
+      if (bytes > state_->capacity - used) {
+        return false;
+      }
+    } while (!state_->used.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    state_->allocations.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  // Returns what one take() took.
+  void give_back(std::size_t bytes) noexcept {
+    state_->used.fetch_sub(bytes, std::memory_order_relaxed);
+    state_->allocations.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  std::size_t capacity() const noexcept { return state_->capacity; }
+  std::size_t used_bytes() const noexcept { return state_->used.load(std::memory_order_relaxed); }
+  std::size_t free_bytes() const noexcept { return capacity() - used_bytes(); }
+  std::size_t allocation_count() const noexcept { return state_->allocations.load(std::memory_order_relaxed); }
+
+  friend bool operator==(const ByteBudget& a, const ByteBudget& b) noexcept { return a.state_ == b.state_; }
+
+private:
+  struct State {
+    explicit State(std::size_t cap) : capacity(cap) {}
+    const std::size_t capacity;
+    std::atomic<std::size_t> used{0};
+    std::atomic<std::size_t> allocations{0};
+  };
+  std::shared_ptr<State> state_;
+};
+
+} // namespace carve

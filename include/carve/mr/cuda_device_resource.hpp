@@ -1,0 +1,104 @@
+// carve/mr/cuda_device_resource.hpp — cudaMalloc / cudaFree on one device, as a pool upstream.
+//
+//   carve::CudaDeviceResource gpu3(3);
+//   carve::CachingPool pool(gpu3);
+//
+// Needs the CUDA runtime: compiled only where <cuda_runtime_api.h> is on the include path (nvcc,
+// or a target linked to CUDA::cudart); elsewhere this header declares nothing, so <carve/carve.hpp>
+// still compiles with a plain host compiler. Link CUDA::cudart (or cudart_static) to use it.
+// Each call makes `device` current and restores the caller's device afterwards.
+#pragma once
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/upstream.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace carve {
+
+class CudaDeviceResource : public CcclSpellings<CudaDeviceResource> {
+public:
+  explicit CudaDeviceResource(int device) : device_(device) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+      cudaGetLastError();
+      throw std::invalid_argument("carve::CudaDeviceResource: no CUDA device " + std::to_string(device));
+    }
+  }
+
+  int device() const noexcept { return device_; }
+
+  // nullptr when cudaMalloc fails (the error is cleared, so it does not leak into later calls).
+  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (bytes == 0 || alignment == 0 || alignment > 256 || (alignment & (alignment - 1)) != 0) {
+      return nullptr; // cudaMalloc aligns to 256 bytes and no further
+    }
+    const Current current(device_);
+    void* p = nullptr;
+    if (!current.ok || cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+
+  void deallocate(void* p, std::size_t, std::size_t) noexcept {
+    const Current current(device_);
+    cudaFree(p);
+    cudaGetLastError();
+  }
+
+  // The driver's figures (cudaMemGetInfo); 0 if the query fails.
+  std::size_t free_bytes() const noexcept { return info().first; }
+  std::size_t capacity() const noexcept { return info().second; }
+
+  friend bool operator==(const CudaDeviceResource& a, const CudaDeviceResource& b) noexcept {
+    return a.device_ == b.device_;
+  }
+
+#if defined(CARVE_HAS_CUDA_MR)
+  friend constexpr void get_property(const CudaDeviceResource&, cuda::mr::device_accessible) noexcept {}
+#endif
+
+private:
+  // Makes a device current for one call and puts the caller's back.
+  struct Current {
+    explicit Current(int device) {
+      ok = cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
+    }
+    ~Current() {
+      if (ok) {
+        cudaSetDevice(previous);
+      }
+    }
+    Current(const Current&) = delete;
+    Current& operator=(const Current&) = delete;
+    int previous = 0;
+    bool ok = false;
+  };
+
+  std::pair<std::size_t, std::size_t> info() const noexcept {
+    const Current current(device_);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (!current.ok || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return {0, 0};
+    }
+    return {free, total};
+  }
+
+  int device_;
+};
+
+static_assert(UpstreamResource<CudaDeviceResource>);
+
+} // namespace carve
+#endif

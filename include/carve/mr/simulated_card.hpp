@@ -1,0 +1,62 @@
+// carve/mr/simulated_card.hpp — a GPU card's memory played by host memory with a fixed capacity.
+//
+//   carve::SimulatedCard card(64 << 20);   // a "card" with 64 MiB
+//   void* p = card.try_allocate(1 << 20, 256);
+//
+// For tests, demos and planning on machines without GPUs: allocations are real host memory
+// (so sanitizers see misuse), counted against the capacity. Copies are handles to the same
+// card (like two references to one device), and compare equal. Thread-safe.
+#pragma once
+
+#include <carve/mr/byte_budget.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/upstream.hpp>
+
+#include <cstddef>
+#include <new>
+
+namespace carve {
+
+class SimulatedCard : public CcclSpellings<SimulatedCard> {
+public:
+  explicit SimulatedCard(std::size_t capacity_bytes) : budget_(capacity_bytes) {}
+
+  // nullptr when `bytes` is 0, the alignment is not a power of two, the card is full, or the
+  // host itself is out of memory.
+  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
+      return nullptr;
+    }
+    if (!budget_.take(bytes)) {
+      return nullptr;
+    }
+    void* p = ::operator new (bytes, std::align_val_t{alignment}, std::nothrow);
+    if (p == nullptr) {
+      budget_.give_back(bytes);
+    }
+    return p;
+  }
+
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    ::operator delete (p, std::align_val_t{alignment});
+    budget_.give_back(bytes);
+  }
+
+  std::size_t capacity() const noexcept { return budget_.capacity(); }
+  std::size_t used_bytes() const noexcept { return budget_.used_bytes(); }
+  std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  std::size_t allocation_count() const noexcept { return budget_.allocation_count(); }
+
+  friend bool operator==(const SimulatedCard& a, const SimulatedCard& b) noexcept { return a.budget_ == b.budget_; }
+
+#if defined(CARVE_HAS_CUDA_MR)
+  friend constexpr void get_property(const SimulatedCard&, cuda::mr::host_accessible) noexcept {}
+#endif
+
+private:
+  ByteBudget budget_;
+};
+
+static_assert(UpstreamResource<SimulatedCard>);
+
+} // namespace carve

@@ -1,0 +1,361 @@
+// carve/topology/topology.hpp — a machine's cards and links, with the best path between any two.
+//
+//   auto topo = carve::Topology::from_nvidia_smi(text);          // or TopologyBuilder, or
+//   double gbps = topo.path_bandwidth(topo.gpu(0), topo.gpu(7));  // from_description(text)
+//
+// A path's bandwidth is that of its narrowest link. Between two nodes the widest path wins, and
+// among equally wide paths the one with fewer links. Paths have at most PathOptions::max_hops
+// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths). What may relay
+// traffic: CPUs, PCIe switches and NVSwitches relay anything; a GPU relays only from NVLink to
+// NVLink (it forwards with its copy engines, not its PCIe port); a NIC never relays.
+//
+// Every pair is computed once when the topology is built (O(nodes x links x layers), where the
+// layers stop once no path widens), so queries are table look-ups.
+// Host-only code: bad input throws (std::invalid_argument from the builder, ParseError from
+// the readers).
+#pragma once
+
+#include <carve/topology/graph.hpp>
+#include <carve/topology/parse_error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+struct PathOptions {
+  int max_hops = 2; // links on a path, >= 1; longer indirect paths need a larger value
+};
+
+class TopologyBuilder;
+
+class Topology {
+public:
+  // Reads the matrix printed by `nvidia-smi topo -m` (see carve/topology/nvidia_smi.hpp).
+  static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw = {});
+  static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw, PathOptions options);
+  // Reads carve's small machine description (see carve/topology/description.hpp).
+  static Topology from_description(std::string_view text);
+
+  // GB/s over the best path; 0 when no path of at most max_hops links exists; +infinity from a
+  // node to itself (local memory is not a link).
+  double path_bandwidth(NodeId from, NodeId to) const { return pair(from, to).bandwidth; }
+  // Links on that path: 0 from a node to itself, -1 when there is no path.
+  int hops(NodeId from, NodeId to) const { return pair(from, to).hops; }
+  // The nodes along that path, `from` first and `to` last; empty when there is none.
+  std::span<const NodeId> path(NodeId from, NodeId to) const {
+    const Pair& p = pair(from, to);
+    return std::span<const NodeId>(path_nodes_).subspan(p.path_offset, p.path_length);
+  }
+
+  // The node of the GPU with this CUDA ordinal. Throws std::out_of_range for an unknown one.
+  NodeId gpu(int ordinal) const {
+    if (ordinal < 0 || static_cast<std::size_t>(ordinal) >= gpus_.size() || !gpus_[static_cast<std::size_t>(ordinal)]) {
+      throw std::out_of_range("carve::Topology: no GPU with ordinal " + std::to_string(ordinal));
+    }
+    return *gpus_[static_cast<std::size_t>(ordinal)];
+  }
+  // Ordinals run from 0 to gpu_count() - 1 without gaps (the builder checks).
+  int gpu_count() const noexcept { return static_cast<int>(gpus_.size()); }
+
+  std::size_t node_count() const noexcept { return nodes_.size(); }
+  const Node& node(NodeId id) const { return nodes_.at(id.value); }
+  std::span<const Node> nodes() const noexcept { return nodes_; }
+  std::span<const Link> links() const noexcept { return links_; }
+  std::optional<NodeId> find(std::string_view name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].name == name) {
+        return NodeId{static_cast<std::uint32_t>(i)};
+      }
+    }
+    return std::nullopt;
+  }
+
+  const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
+  const PathOptions& options() const noexcept { return options_; }
+
+  // The same machine with another path length limit (all pairs are recomputed).
+  Topology with_max_hops(int max_hops) const {
+    Topology t = *this;
+    t.options_.max_hops = max_hops;
+    t.compute_paths();
+    return t;
+  }
+
+private:
+  friend class TopologyBuilder;
+
+  struct Pair {
+    double bandwidth = 0.0;
+    int hops = -1;
+    std::uint32_t path_offset = 0;
+    std::uint32_t path_length = 0;
+  };
+
+  Topology() = default;
+
+  const Pair& pair(NodeId from, NodeId to) const {
+    const std::size_t n = nodes_.size();
+    if (from.value >= n || to.value >= n) {
+      throw std::out_of_range("carve::Topology: node id out of range");
+    }
+    return pairs_[std::size_t{from.value} * n + to.value];
+  }
+
+  // Whether traffic that arrived at `via` (over NVLink or not) may leave over `out`.
+  bool relays(NodeId via, bool arrived_by_nvlink, LinkType out) const {
+    switch (nodes_[via.value].kind) {
+    case NodeKind::cpu:
+    case NodeKind::pcie_switch:
+    case NodeKind::nvswitch:
+      return true;
+    case NodeKind::gpu:
+      return arrived_by_nvlink && out == LinkType::nvlink;
+    case NodeKind::nic:
+      return false;
+    }
+    return false;
+  }
+
+  // Widest path per source by hop count: layer h holds, for every (node, how it was reached)
+  // state, the widest walk of exactly h links. Allowing walks (not just simple paths) loses
+  // nothing: cutting a cycle out of a walk keeps every relay legal (a GPU relays NVLink to
+  // NVLink on both visits, so also across the cut) and never narrows it, so the widest walk
+  // with the fewest links is a simple path. A layer that widens nothing ends the search early,
+  // so a large max_hops costs only as many layers as the machine needs.
+  void compute_paths() {
+    if (options_.max_hops < 1) {
+      throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
+    }
+    const std::size_t n = nodes_.size();
+    const std::size_t states = 3 * n; // state = node * 3 + arrival (0 start, 1 other link, 2 NVLink)
+    constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
+    struct Step {
+      double width = 0.0;
+      std::uint32_t from = none; // previous state
+    };
+    pairs_.assign(n * n, Pair{});
+    path_nodes_.clear();
+    std::vector<std::vector<Step>> layers;
+    std::vector<Pair> best(n);
+    std::vector<std::uint32_t> best_state(n);
+    std::vector<NodeId> walk;
+    for (std::size_t s = 0; s < n; ++s) {
+      layers.assign(1, std::vector<Step>(states));
+      layers[0][3 * s] = Step{std::numeric_limits<double>::infinity(), none};
+      std::fill(best.begin(), best.end(), Pair{});
+      best[s] = Pair{std::numeric_limits<double>::infinity(), 0, 0, 0};
+      best_state[s] = static_cast<std::uint32_t>(3 * s);
+      std::vector<double> widest(states, 0.0); // over all layers so far, per state
+      widest[3 * s] = std::numeric_limits<double>::infinity();
+      for (int h = 1; h <= options_.max_hops; ++h) {
+        std::vector<Step> next(states);
+        const std::vector<Step>& prev = layers.back();
+        for (const Link& link : links_) {
+          for (int dir = 0; dir < 2; ++dir) {
+            const NodeId at = dir == 0 ? link.a : link.b;
+            const NodeId to = dir == 0 ? link.b : link.a;
+            for (std::uint32_t arrival = 0; arrival < 3; ++arrival) {
+              const std::uint32_t from = static_cast<std::uint32_t>(3 * at.value) + arrival;
+              if (prev[from].width <= 0.0 || (arrival != 0 && !relays(at, arrival == 2, link.type))) {
+                continue;
+              }
+              const double w = std::min(prev[from].width, link.bandwidth());
+              const std::uint32_t into = 3 * to.value + (link.type == LinkType::nvlink ? 2u : 1u);
+              if (w > next[into].width) {
+                next[into] = Step{w, from};
+              }
+            }
+          }
+        }
+        bool widened = false;
+        for (std::size_t st = 0; st < states; ++st) {
+          if (next[st].width > widest[st]) {
+            widest[st] = next[st].width;
+            widened = true;
+          }
+          const std::size_t node = st / 3;
+          if (next[st].width > best[node].bandwidth) { // strictly wider only: earlier layers had fewer links
+            best[node] = Pair{next[st].width, h, 0, 0};
+            best_state[node] = static_cast<std::uint32_t>(st);
+          }
+        }
+        layers.push_back(std::move(next));
+        if (!widened) {
+          break;
+        }
+      }
+      for (std::size_t t = 0; t < n; ++t) {
+        Pair p = best[t];
+        if (p.hops >= 0) {
+          walk.clear();
+          std::uint32_t st = best_state[t];
+          for (int h = p.hops; h >= 0; --h) {
+            walk.push_back(NodeId{st / 3});
+            st = layers[static_cast<std::size_t>(h)][st].from;
+          }
+          p.path_offset = static_cast<std::uint32_t>(path_nodes_.size());
+          p.path_length = static_cast<std::uint32_t>(walk.size());
+          path_nodes_.insert(path_nodes_.end(), walk.rbegin(), walk.rend());
+        }
+        pairs_[s * n + t] = p;
+      }
+    }
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<Link> links_;
+  std::vector<std::optional<NodeId>> gpus_; // by ordinal
+  LinkBandwidths bandwidths_;
+  PathOptions options_;
+  std::vector<Pair> pairs_; // n x n, row = from
+  std::vector<NodeId> path_nodes_;
+};
+
+// Builds a Topology node by node and link by link. Every mistake (unknown node, duplicate
+// name or ordinal, non-positive bandwidth or count, a link from a node to itself) throws
+// std::invalid_argument and leaves the builder unchanged.
+class TopologyBuilder {
+public:
+  explicit TopologyBuilder(LinkBandwidths bw = {}) : bandwidths_(bw) {
+    check_bandwidth(bw.nvlink);
+    check_bandwidth(bw.pcie);
+    check_bandwidth(bw.inter_socket);
+  }
+
+  // A GPU gets the next free ordinal unless one is given.
+  NodeId add_gpu(std::string name, int ordinal = -1) {
+    if (ordinal < 0) {
+      ordinal = 0;
+      while (ordinal_taken(ordinal)) {
+        ++ordinal;
+      }
+    } else if (ordinal_taken(ordinal)) {
+      throw std::invalid_argument("carve::TopologyBuilder: GPU ordinal " + std::to_string(ordinal) + " used twice");
+    }
+    const NodeId id = add_node(NodeKind::gpu, std::move(name));
+    nodes_.back().ordinal = ordinal;
+    return id;
+  }
+  NodeId add_cpu(std::string name) { return add(NodeKind::cpu, std::move(name)); }
+  NodeId add_pcie_switch(std::string name) { return add(NodeKind::pcie_switch, std::move(name)); }
+  NodeId add_nvswitch(std::string name) { return add(NodeKind::nvswitch, std::move(name)); }
+  NodeId add_nic(std::string name) { return add(NodeKind::nic, std::move(name)); }
+  NodeId add(NodeKind kind, std::string name) {
+    if (kind == NodeKind::gpu) {
+      return add_gpu(std::move(name));
+    }
+    return add_node(kind, std::move(name));
+  }
+
+  // `count` parallel links of `type`, each `per_link_gbps` wide (default: the LinkBandwidths
+  // figure for the type).
+  void add_link(NodeId a, NodeId b, LinkType type, int count = 1, std::optional<double> per_link_gbps = {},
+                std::string label = {}) {
+    check_node(a);
+    check_node(b);
+    if (a == b) {
+      throw std::invalid_argument("carve::TopologyBuilder: link from " + nodes_[a.value].name + " to itself");
+    }
+    if (count < 1) {
+      throw std::invalid_argument("carve::TopologyBuilder: link count must be at least 1");
+    }
+    const double per_link = per_link_gbps ? *per_link_gbps : bandwidths_.of(type);
+    check_bandwidth(per_link);
+    if (label.empty()) {
+      label = std::string(to_string(type));
+    }
+    links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
+  }
+
+  Node& node(NodeId id) {
+    check_node(id);
+    return nodes_[id.value];
+  }
+  std::optional<NodeId> find(std::string_view name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].name == name) {
+        return NodeId{static_cast<std::uint32_t>(i)};
+      }
+    }
+    return std::nullopt;
+  }
+  std::size_t node_count() const noexcept { return nodes_.size(); }
+  const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
+
+  // Computes every pair's best path. GPU ordinals must run 0..count-1 without gaps.
+  Topology build(PathOptions options = {}) const {
+    Topology t;
+    t.nodes_ = nodes_;
+    t.links_ = links_;
+    t.bandwidths_ = bandwidths_;
+    t.options_ = options;
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      const int ordinal = nodes_[i].ordinal;
+      if (nodes_[i].kind != NodeKind::gpu) {
+        continue;
+      }
+      if (static_cast<std::size_t>(ordinal) >= t.gpus_.size()) {
+        t.gpus_.resize(static_cast<std::size_t>(ordinal) + 1);
+      }
+      t.gpus_[static_cast<std::size_t>(ordinal)] = NodeId{static_cast<std::uint32_t>(i)};
+    }
+    for (std::size_t o = 0; o < t.gpus_.size(); ++o) {
+      if (!t.gpus_[o]) {
+        throw std::invalid_argument("carve::TopologyBuilder: GPU ordinals have a gap at " + std::to_string(o));
+      }
+    }
+    t.compute_paths();
+    return t;
+  }
+
+private:
+  NodeId add_node(NodeKind kind, std::string name) {
+    if (name.empty()) {
+      throw std::invalid_argument("carve::TopologyBuilder: a node needs a name");
+    }
+    if (find(name)) {
+      throw std::invalid_argument("carve::TopologyBuilder: node name " + name + " used twice");
+    }
+    nodes_.push_back(Node{kind, std::move(name), -1, std::nullopt, {}});
+    return NodeId{static_cast<std::uint32_t>(nodes_.size() - 1)};
+  }
+  bool ordinal_taken(int ordinal) const {
+    for (const Node& n : nodes_) {
+      if (n.kind == NodeKind::gpu && n.ordinal == ordinal) {
+        return true;
+      }
+    }
+    return false;
+  }
+  void check_node(NodeId id) const {
+    if (id.value >= nodes_.size()) {
+      throw std::invalid_argument("carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
+    }
+  }
+  static void check_bandwidth(double gbps) {
+    if (!(gbps > 0.0) || !std::isfinite(gbps)) {
+      throw std::invalid_argument("carve::TopologyBuilder: a bandwidth must be a positive finite number of GB/s");
+    }
+  }
+
+  LinkBandwidths bandwidths_;
+  std::vector<Node> nodes_;
+  std::vector<Link> links_;
+};
+
+} // namespace carve
+
+// The readers define Topology::from_nvidia_smi and Topology::from_description.
+#include <carve/topology/description.hpp>
+#include <carve/topology/nvidia_smi.hpp>

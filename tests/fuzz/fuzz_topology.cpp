@@ -1,0 +1,62 @@
+// libFuzzer target for carve's topology readers. Every input goes to both readers; each must
+// either build a topology whose answers are sane or throw ParseError naming a line of the
+// input. Anything else (a crash, another exception, a sanitizer report) is a bug.
+#include <carve/carve.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace {
+
+void require(bool ok) {
+  if (!ok) {
+    __builtin_trap();
+  }
+}
+
+std::size_t line_count(std::string_view text) {
+  std::size_t lines = 1;
+  for (const char c : text) {
+    lines += c == '\n' ? 1 : 0;
+  }
+  return lines;
+}
+
+void check(const carve::Topology& t) {
+  const auto n = static_cast<std::uint32_t>(t.node_count());
+  for (std::uint32_t a = 0; a < n; ++a) {
+    for (std::uint32_t b = 0; b < n; ++b) {
+      const carve::NodeId x{a};
+      const carve::NodeId y{b};
+      const int hops = t.hops(x, y);
+      require(hops <= t.options().max_hops);
+      require(t.path_bandwidth(x, y) == t.path_bandwidth(y, x)); // links and relay rules are symmetric
+      require(t.path(x, y).size() == static_cast<std::size_t>(hops + 1));
+    }
+  }
+  for (int g = 0; g < t.gpu_count(); ++g) {
+    require(t.node(t.gpu(g)).ordinal == g);
+  }
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const std::size_t lines = line_count(text);
+  try {
+    check(carve::Topology::from_nvidia_smi(text));
+  } catch (const carve::ParseError& e) {
+    require(e.line() >= 1 && e.line() <= lines + 1);
+  }
+  try {
+    const carve::Topology t = carve::Topology::from_description(text);
+    if (t.node_count() <= 64) {
+      check(t);
+    }
+  } catch (const carve::ParseError& e) {
+    require(e.line() >= 1 && e.line() <= lines + 1);
+  }
+  return 0;
+}

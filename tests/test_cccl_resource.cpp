@@ -1,0 +1,48 @@
+// carve's pool plugs into CCCL's memory-resource machinery. CCCL 3.0 keeps it behind an opt-in
+// macro, which must come before the first CCCL include.
+#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#include <carve/carve.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cuda/memory_resource>
+
+using carve::CachingPool;
+using carve::SimulatedCard;
+using Pool = CachingPool<SimulatedCard>;
+
+static_assert(carve::cuda_mr_available);
+#if CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0
+static_assert(cuda::mr::resource<SimulatedCard>);
+static_assert(cuda::mr::resource<Pool>);
+static_assert(cuda::mr::resource_with<Pool, cuda::mr::host_accessible>);
+static_assert(!cuda::mr::resource_with<Pool, cuda::mr::device_accessible>);
+using HostRef = cuda::mr::resource_ref<cuda::mr::host_accessible>;
+#else
+static_assert(cuda::mr::synchronous_resource<Pool>);
+static_assert(cuda::mr::synchronous_resource_with<Pool, cuda::mr::host_accessible>);
+static_assert(!cuda::mr::synchronous_resource_with<Pool, cuda::mr::device_accessible>);
+using HostRef = cuda::mr::synchronous_resource_ref<cuda::mr::host_accessible>;
+#endif
+
+namespace {
+// Code written against CCCL that knows nothing about carve.
+int* make_ints(HostRef mr, int n) {
+  auto* p = static_cast<int*>(mr.allocate(sizeof(int) * static_cast<std::size_t>(n), alignof(int)));
+  for (int i = 0; i < n; ++i) {
+    p[i] = i;
+  }
+  return p;
+}
+} // namespace
+
+TEST_CASE("a CachingPool through a CCCL resource_ref") {
+  Pool pool(SimulatedCard(1 << 20), carve::PoolOptions{.granularity = 256, .segment_size = 64 << 10});
+  int* p = make_ints(HostRef(pool), 1000);
+  CHECK(p[999] == 999);
+  CHECK(pool.stats().bytes_in_use == 4096);
+  HostRef(pool).deallocate(p, sizeof(int) * 1000, alignof(int));
+  CHECK(pool.stats().bytes_in_use == 0);
+  CHECK(pool.stats().bytes_cached == 64 << 10);
+  CHECK(pool == pool);
+}

@@ -1,0 +1,149 @@
+#include "topology_data.hpp"
+
+#include <carve/carve.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using carve::BandwidthWeightedPicker;
+using carve::BorrowHistory;
+using carve::CardState;
+using carve::Errc;
+using carve::LargestBandwidth;
+using carve::ThresholdMostFree;
+using carve::Topology;
+using carve::WeightedScore;
+
+using carve::test::dgx1;
+
+namespace {
+
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+// Every card with `free` GiB in one piece, except those listed.
+std::vector<CardState> cards(std::size_t free_gib, std::vector<std::pair<int, std::size_t>> except = {}) {
+  std::vector<CardState> s(8, CardState{free_gib * GiB, free_gib * GiB});
+  for (const auto& [card, gib] : except) {
+    s[static_cast<std::size_t>(card)] = CardState{gib * GiB, gib * GiB};
+  }
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("the requester itself when it has room") {
+  const BandwidthWeightedPicker picker(dgx1());
+  const auto p = picker.pick(0, 4 * GiB, cards(16));
+  REQUIRE(p);
+  CHECK(p->card == 0);
+  CHECK(p->local);
+  CHECK(p->hops == 0);
+  // Exactly enough is enough.
+  CHECK(picker.pick(5, 3 * GiB, cards(16, {{5, 3}}))->card == 5);
+}
+
+TEST_CASE("(a) largest bandwidth; equal bandwidth goes to fewer hops, more free memory, the lower ordinal") {
+  const BandwidthWeightedPicker<LargestBandwidth> picker(dgx1());
+  // GPU0 full. GPU2, 3, 4, 7 are all 40 GB/s away; with equal free memory the direct links
+  // (GPU3, GPU4) beat the two-hop paths, and of those the lower ordinal wins.
+  auto p = picker.pick(0, 4 * GiB, cards(16, {{0, 1}}));
+  REQUIRE(p);
+  CHECK(p->card == 3);
+  CHECK(p->bandwidth_gbps == 40.0);
+  CHECK(p->hops == 1);
+  // Fewer hops come before free memory; free memory before the ordinal.
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {7, 20}}))->card == 3);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {4, 20}}))->card == 4);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}}))->card == 4);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}, {4, 2}, {7, 20}}))->card == 7);
+  // A card without room is never chosen, however fast.
+  p = picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {2, 3}, {3, 3}, {4, 3}, {7, 3}}));
+  REQUIRE(p);
+  CHECK(p->bandwidth_gbps == 20.0);
+  CHECK(p->card == 1);
+}
+
+TEST_CASE("(b) most free memory among cards at or above the threshold") {
+  const BandwidthWeightedPicker picker(dgx1(), ThresholdMostFree{30.0});
+  // GPU5 has the most memory but is only 20 GB/s away; of the 40 GB/s cards GPU7 has the most.
+  auto p = picker.pick(0, 4 * GiB, cards(8, {{0, 0}, {5, 30}, {7, 12}, {3, 10}}));
+  REQUIRE(p);
+  CHECK(p->card == 7);
+  // Nobody fast has room: non-strict falls back to the widest path that has room.
+  p = picker.pick(0, 4 * GiB, cards(2, {{0, 0}, {5, 30}, {6, 20}}));
+  REQUIRE(p);
+  CHECK(p->card == 5); // 20 GB/s both; GPU5 has more free
+  // Strict: no candidate.
+  const BandwidthWeightedPicker strict(dgx1(), ThresholdMostFree{30.0, true});
+  CHECK(strict.pick(0, 4 * GiB, cards(2, {{0, 0}, {5, 30}, {6, 20}})).error() == Errc::no_space);
+  // The seed's 48 GB/s threshold: with 25 GB/s per link, NV2 = 50 passes, NV1 = 25 does not.
+  const Topology fast = Topology::from_nvidia_smi(carve::test::topology_text("dgx1_v100.txt"), {25.0, 24.0, 10.0});
+  const BandwidthWeightedPicker seed(fast, ThresholdMostFree{});
+  CHECK(seed.pick(0, GiB, cards(8, {{0, 0}, {1, 30}, {4, 9}}))->card == 4);
+}
+
+TEST_CASE("(c) weighted score: free memory, bandwidth, and borrowing history") {
+  // Bandwidth only: like (a).
+  const BandwidthWeightedPicker bw_only(dgx1(), WeightedScore{0.0, 1.0, 0.0});
+  CHECK(bw_only.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 3);
+  // Free memory only: the roomiest.
+  const BandwidthWeightedPicker free_only(dgx1(), WeightedScore{1.0, 0.0, 0.0});
+  CHECK(free_only.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 5);
+  // Both: GPU5 has 30 GiB at 20 GB/s -> 1.0 + 0.5 = 1.5; GPU3 has 8 at 40 -> 0.27 + 1.0 = 1.27.
+  const BandwidthWeightedPicker both(dgx1(), WeightedScore{1.0, 1.0, 0.0});
+  CHECK(both.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 5);
+  // History: GPU0 keeps borrowing from GPU3; the next borrow goes elsewhere.
+  const BandwidthWeightedPicker with_history(dgx1(), WeightedScore{1.0, 1.0, 1.0});
+  BorrowHistory history(8, 16);
+  const auto state = cards(8, {{0, 0}});
+  CHECK(with_history.pick(0, GiB, state, &history)->card == 3);
+  history.record(0, 3, GiB);
+  history.record(0, 3, GiB);
+  CHECK(with_history.pick(0, GiB, state, &history)->card == 4); // GPU3 scores 2 - 1, GPU4 2
+  history.record(0, 4, GiB);
+  history.record(1, 2, GiB); // another requester's borrowing does not count against GPU2 for GPU0
+  CHECK(with_history.pick(0, GiB, state, &history)->card == 2); // GPU2 and GPU7 score 2 (two hops)
+}
+
+TEST_CASE("history window: old borrows fall out") {
+  BorrowHistory h(4, 3);
+  h.record(0, 1, 10);
+  h.record(0, 1, 20);
+  h.record(0, 2, 30);
+  CHECK(h.count(0, 1) == 2);
+  h.record(0, 3, 40); // evicts the first
+  CHECK(h.count(0, 1) == 1);
+  CHECK(h.total(0) == 3);
+  const auto records = h.records();
+  REQUIRE(records.size() == 3);
+  CHECK(records[0].bytes == 20);
+  CHECK(records[2].lender == 3);
+  CHECK_THROWS_AS(h.record(0, 4, 1), std::out_of_range);
+  CHECK_THROWS_AS(BorrowHistory(0, 3), std::invalid_argument);
+}
+
+TEST_CASE("no candidate: no_space, and a message with every card's largest free block") {
+  const BandwidthWeightedPicker picker(dgx1());
+  const auto state = cards(2, {{0, 1}, {6, 3}});
+  CHECK(picker.pick(0, 4 * GiB, state).error() == Errc::no_space);
+  CHECK(carve::no_card_message(4 * GiB, state) ==
+        "no card can hold 4.0 GiB (largest free block per card: GPU0 1.0 GiB, GPU1 2.0 GiB, GPU2 2.0 GiB, GPU3 2.0 "
+        "GiB, GPU4 2.0 GiB, GPU5 2.0 GiB, GPU6 3.0 GiB, GPU7 2.0 GiB)");
+  CHECK(picker.pick(8, GiB, state).error() == Errc::out_of_range);
+  CHECK(picker.pick(-1, GiB, state).error() == Errc::out_of_range);
+  CHECK(picker.pick(0, GiB, std::vector<CardState>(7)).error() == Errc::out_of_range);
+}
+
+TEST_CASE("an unreachable card is never a candidate") {
+  carve::TopologyBuilder b;
+  const auto g0 = b.add_gpu("GPU0");
+  const auto g1 = b.add_gpu("GPU1");
+  b.add_gpu("GPU2"); // no links at all
+  b.add_link(g0, g1, carve::LinkType::nvlink);
+  const BandwidthWeightedPicker picker(b.build());
+  const std::vector<CardState> state{{0, 0}, {GiB, GiB}, {8 * GiB, 8 * GiB}};
+  CHECK(picker.pick(0, GiB, state)->card == 1);
+  CHECK(picker.pick(0, 2 * GiB, state).error() == Errc::no_space);
+}
