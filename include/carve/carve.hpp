@@ -15,7 +15,9 @@
 #include <carve/slot/first_fit.hpp>
 #include <carve/slot/fit_policy.hpp>
 #include <carve/slot/free_runs.hpp>
+#include <carve/slot/hinted_fit_policy.hpp>
 #include <carve/slot/last_fit.hpp>
+#include <carve/slot/release_aligned_fit.hpp>
 #include <carve/slot/run_search.hpp>
 #include <carve/slot/slot_allocator.hpp>
 #include <carve/slot/slot_bitmap.hpp>
