@@ -22,3 +22,6 @@
 #include <carve/slot/slot_allocator.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
+
+// The workgroup scheduling simulator: host-only code over the standard library.
+#include <carve/sim.hpp>
