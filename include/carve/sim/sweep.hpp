@@ -60,7 +60,7 @@ PolicyRunner contiguous(Fit fit = Fit{}, std::string name = policy_name<Fit>()) 
 
 // The bound: the same dispatcher on slots that need not be contiguous.
 template <std::uint32_t N>
-PolicyRunner bound(std::string name = "bound (non-contiguous)") {
+PolicyRunner bound(std::string name = "bound") {
   return {std::move(name), true,
           [](const std::vector<Workgroup>& w, const DispatchOptions& options, bool, double& ns) {
             ns = 0.0;

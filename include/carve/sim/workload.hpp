@@ -76,6 +76,20 @@ public:
     return lo_;
   }
 
+  // The mean of a draw (for geometric: of the untruncated distribution).
+  double mean() const {
+    switch (kind_) {
+    case Kind::uniform:
+    case Kind::fixed:
+      return (lo_ + static_cast<double>(hi_)) / 2;
+    case Kind::bimodal:
+      return (1 - p_) * (lo_ + static_cast<double>(hi_)) / 2 + p_ * (lo2_ + static_cast<double>(hi2_)) / 2;
+    case Kind::geometric:
+      return p_;
+    }
+    return 0;
+  }
+
   // The smallest and largest value a draw can return.
   std::uint32_t min() const { return kind_ == Kind::bimodal ? std::min(lo_, lo2_) : lo_; }
   std::uint32_t max() const { return kind_ == Kind::bimodal ? std::max(hi_, hi2_) : hi_; }
