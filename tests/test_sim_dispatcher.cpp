@@ -234,3 +234,18 @@ TEST_CASE("the cost replay repeats the run's allocator calls") {
   CHECK(ns > 0.0);
   CHECK(std::isfinite(ns));
 }
+
+TEST_CASE("first fit and last fit are mirror images: the same makespan on every workload") {
+  WorkloadSpec spec;
+  spec.count = 300;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const auto w = generate(spec, seed);
+    const RunResult first = simulate(w, DispatchOptions{}, ContiguousCu<128, FirstFit>{});
+    const RunResult last = simulate(w, DispatchOptions{}, ContiguousCu<128, LastFit>{});
+    CHECK(first.makespan == last.makespan);
+    for (std::size_t g = 0; g < w.size(); ++g) {
+      REQUIRE(last.placements[g].range.first == 128 - first.placements[g].range.end());
+    }
+    CHECK(first.wear_low_half == doctest::Approx(1 - last.wear_low_half));
+  }
+}

@@ -115,7 +115,6 @@ Results run_sweep(const Config& c, const std::vector<carve::sim::Workgroup>& tra
   Results res;
   res.sample_every = c.dispatch.sample_every;
   res.slots = N;
-  res.cus = c.dispatch.cus;
   res.bound_name = policies.back().name;
   for (const auto& p : policies) {
     res.policies.push_back(p.name);
@@ -142,7 +141,7 @@ void report(const Results& res, const Config& c, const std::string& dir) {
   const auto summary = summarize(res);
   print_tables(summary, res.column(res.policies.front(), &RunRow::makespan).size());
   write_summary_csv(summary, dir + "/summary.csv");
-  write_figures(res, dir, describe_machine(c) + "; " + describe_workload(c));
+  write_figures(res, dir, describe_machine(c), describe_workload(c));
   fmt::print("\nWrote {0}/runs.csv (every run), {0}/summary.csv, {0}/series.csv, {0}/wear.csv and the figures "
              "{0}/fig12_remaining.svg, fig13_free_slots.svg, fig14_makespan_delta.svg, wear.svg.\n",
              dir);
@@ -155,9 +154,8 @@ int run(const std::vector<std::string>& args) {
     fmt::print("{}", usage());
     return 0;
   }
-  finish(c);
-
   if (!c.write_trace.empty()) {
+    finish(c, {});
     std::ofstream out(c.write_trace);
     if (!out) {
       throw InputError(c.write_trace, 0, "cannot write the trace");
@@ -170,6 +168,7 @@ int run(const std::vector<std::string>& args) {
   if (!c.trace.empty()) {
     trace = carve::sim::read_trace_file(c.trace, c.slots);
   }
+  finish(c, trace);
   std::filesystem::create_directories(c.out);
 
   const unsigned threads = c.threads != 0 ? c.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -267,6 +266,9 @@ int merge(const std::vector<std::string>& args) {
   const std::string config_path = args[2] + "/config.txt";
   parser.read_file(config_path);
   c.shard = {1, 1};
+  if (c.dispatch.sample_every == 0) {
+    throw InputError(config_path, 0, "no sample-every setting: not written by slot_sim");
+  }
   if (seen.size() != c.seeds) {
     throw InputError("merge", 0,
                      fmt::format("the shards hold {} of the sweep's {} seeds: some shards are missing", seen.size(),
@@ -275,7 +277,6 @@ int merge(const std::vector<std::string>& args) {
   all.bound_name = all.policies.back();
   all.sample_every = c.dispatch.sample_every;
   all.slots = c.slots;
-  all.cus = c.dispatch.cus;
   std::filesystem::create_directories(out);
   write_results(all, out, to_text(c));
   fmt::print("slot_sim: merged {} shards: {}\n          {}\n", args.size() - 2, describe_machine(c),

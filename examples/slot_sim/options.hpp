@@ -214,8 +214,9 @@ private:
   std::map<std::string, std::function<void(const std::string&, const std::string&, std::size_t)>> set_;
 };
 
-// Checks that need several settings at once, and fills in the automatic ones.
-inline void finish(Config& c) {
+// Checks that need several settings at once, and fills in the automatic ones. `trace` is the
+// loaded trace when there is one.
+inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
   if (c.trace.empty() && c.workload.sizes.max() > c.slots) {
     throw InputError("sizes", 0,
                      "'" + c.workload.sizes.to_string() + "' can draw " + std::to_string(c.workload.sizes.max()) +
@@ -230,7 +231,13 @@ inline void finish(Config& c) {
   }
   if (c.dispatch.sample_every == 0) {
     // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.
-    const double work = c.workload.count * c.workload.sizes.mean() * c.workload.durations.mean();
+    double work = c.workload.count * c.workload.sizes.mean() * c.workload.durations.mean();
+    if (!trace.empty()) {
+      work = 0;
+      for (const carve::sim::Workgroup& w : trace) {
+        work += static_cast<double>(w.size) * w.duration;
+      }
+    }
     const double cycles = work / (0.8 * c.slots * c.dispatch.cus);
     c.dispatch.sample_every = static_cast<std::uint32_t>(std::clamp(cycles / 400, 1.0, 1e6));
   }

@@ -154,24 +154,44 @@ inline std::string color_of(const std::string& policy, const Results& res) {
   return palette()[static_cast<std::size_t>(it - order.begin()) % palette().size()];
 }
 
-inline void write_figures(const Results& res, const std::string& dir, const std::string& workload) {
+inline void write_figures(const Results& res, const std::string& dir, const std::string& machine,
+                          const std::string& workload) {
   const auto runs_of = [&](const std::string& p) {
     return static_cast<double>(res.column(p, &RunRow::makespan).size());
   };
   const std::string& ref = res.policies.front();
 
-  Plot remaining{"Workgroups remaining (seed 001, figure 12)", workload, "cycle",
-                 "workgroups not yet finished (mean over runs)", {}, false, true};
+  const std::string run_count = fmt::format("{} runs", runs_of(ref));
+  Plot remaining{"Workgroups remaining (seed 001, figure 12)",
+                 {machine, workload + "; mean over " + run_count},
+                 "cycle",
+                 "workgroups not yet finished",
+                 {},
+                 false,
+                 true};
   Plot idle{"Free slots while workgroups wait (figure 13)",
-            workload + "; drawn while at least half of the runs still have workgroups waiting",
+            {machine, workload,
+             "mean over the runs with workgroups waiting, while at least half of the runs have some; from the first "
+             "sample after cycle 0"},
             "cycle",
-            "free slots per compute unit (mean over waiting runs)",
+            "free slots per compute unit",
             {},
             false,
             true};
-  Plot delta{"Paired makespan difference (figure 14)", workload + "; each run's " + ref + " makespan minus the policy's",
-             "share of runs (sorted by difference)", "cycles saved against " + ref, {}, true, false};
-  Plot wear{"Placements per slot (wear)", workload, "slot", "placements per slot per run (mean)", {}, false, true};
+  Plot delta{"Paired makespan difference (figure 14)",
+             {machine, workload, "each run's " + ref + " makespan minus the policy's on the same workload; " + run_count},
+             "share of runs (sorted by difference)",
+             "cycles saved against " + ref,
+             {},
+             true,
+             false};
+  Plot wear{"Placements per slot (wear)",
+            {machine, workload + "; mean over " + run_count + ", summed over compute units"},
+            "slot",
+            "placements per slot per run",
+            {},
+            false,
+            true};
 
   for (const std::string& p : res.policies) {
     const SeriesSums& s = res.series.at(p);
@@ -182,7 +202,7 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
       const double x = static_cast<double>(k) * res.sample_every;
       r.x.push_back(x);
       r.y.push_back(s.remaining[k] / runs);
-      if (s.runs_waiting[k] * 2 >= runs) {
+      if (k != 0 && s.runs_waiting[k] * 2 >= runs) {
         f.x.push_back(x);
         f.y.push_back(s.free_waiting[k] / s.runs_waiting[k]);
       }
@@ -209,7 +229,7 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
       PlotLine l{p, {}, {}, color_of(p, res), false};
       for (std::size_t slot = 0; slot < it->second.size(); ++slot) {
         l.x.push_back(static_cast<double>(slot));
-        l.y.push_back(it->second[slot] / (runs * res.cus));
+        l.y.push_back(it->second[slot] / runs);
       }
       wear.lines.push_back(l);
     }

@@ -96,7 +96,6 @@ struct Results {
   std::map<std::string, std::vector<double>> wear;
   std::uint32_t sample_every = 1;
   std::uint32_t slots = 0;
-  std::uint32_t cus = 1;
 
   // Makespans by policy, ordered by seed (the pairing).
   std::vector<double> column(const std::string& policy, double RunRow::*field) const {

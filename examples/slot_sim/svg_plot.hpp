@@ -21,7 +21,9 @@ struct PlotLine {
 };
 
 struct Plot {
-  std::string title, subtitle, x_label, y_label;
+  std::string title;
+  std::vector<std::string> subtitle; // one line each
+  std::string x_label, y_label;
   std::vector<PlotLine> lines;
   bool zero_line = false; // a horizontal rule at y = 0
   bool y_from_zero = true;
@@ -79,8 +81,9 @@ inline std::string number(double v) {
 
 } // namespace detail
 
-inline void write_svg(const Plot& plot, const std::string& path, int width = 820, int height = 500) {
-  const double left = 80, right = 210, top = 60, bottom = 60;
+inline void write_svg(const Plot& plot, const std::string& path, int width = 860, int height = 520) {
+  const double left = 80, right = 210, bottom = 60;
+  const double top = 40 + 16.0 * static_cast<double>(plot.subtitle.size());
   const double pw = width - left - right, ph = height - top - bottom;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const PlotLine& l : plot.lines) {
@@ -121,9 +124,11 @@ inline void write_svg(const Plot& plot, const std::string& path, int width = 820
   f.print(R"svg(<text x="{}" y="24" font-size="16" font-weight="bold">{}</text>)svg"
           "\n",
           left, detail::escape(plot.title));
-  f.print(R"svg(<text x="{}" y="42" fill="#555">{}</text>)svg"
-          "\n",
-          left, detail::escape(plot.subtitle));
+  for (std::size_t k = 0; k < plot.subtitle.size(); ++k) {
+    f.print(R"svg(<text x="{}" y="{}" fill="#555">{}</text>)svg"
+            "\n",
+            left, 42 + 16 * k, detail::escape(plot.subtitle[k]));
+  }
   for (const double y : yt) {
     f.print(R"svg(<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="#e5e5e5"/>)svg"
             R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="end" fill="#333">{}</text>)svg"
