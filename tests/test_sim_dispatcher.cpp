@@ -73,7 +73,7 @@ TEST_CASE("head-of-line blocking: a small workgroup waits behind a head that doe
   CHECK(r.placements[3].cycle == 11);
   CHECK(r.placements[3].range == SlotRange{6, 1});
   CHECK(r.last_dispatch == 11);
-  CHECK(r.blocked_cycles == 8); // W2 at the head from 2 to 10
+  CHECK(r.blocked_cycles == 8);               // W2 at the head from 2 to 10
   CHECK(r.fragmentation_blocked_cycles == 0); // never 6 free slots in total before 10
   // Decisions: one per cycle 0, 1, 11; W2 tried at 2, 4 and 10.
   CHECK(r.decisions == 6);

@@ -120,7 +120,8 @@ TEST_CASE("bad distributions say what is wrong and where") {
         "x: unknown distribution 'normal': expected uniform, bimodal, geometric or fixed");
   CHECK(error_of([] { Distribution::parse("bimodal 1 2 3 4 1.5", "x"); }) ==
         "x: 'bimodal 1 2 3 4 1.5': probability must lie in [0, 1]");
-  CHECK(error_of([] { Distribution::parse("geometric 0.5", "x"); }) == "x: 'geometric 0.5': the mean must be at least 1");
+  CHECK(error_of([] { Distribution::parse("geometric 0.5", "x"); }) ==
+        "x: 'geometric 0.5': the mean must be at least 1");
   CHECK(error_of([] { Distribution::parse("fixed 2x", "x"); }) == "x: value '2x' is not a whole number");
   CHECK(error_of([] { Distribution::parse("", "x"); }) ==
         "x: empty distribution: expected uniform, bimodal, geometric or fixed");

@@ -270,9 +270,9 @@ int merge(const std::vector<std::string>& args) {
     throw InputError(config_path, 0, "no sample-every setting: not written by slot_sim");
   }
   if (seen.size() != c.seeds) {
-    throw InputError("merge", 0,
-                     fmt::format("the shards hold {} of the sweep's {} seeds: some shards are missing", seen.size(),
-                                 c.seeds));
+    throw InputError(
+        "merge", 0,
+        fmt::format("the shards hold {} of the sweep's {} seeds: some shards are missing", seen.size(), c.seeds));
   }
   all.bound_name = all.policies.back();
   all.sample_every = c.dispatch.sample_every;

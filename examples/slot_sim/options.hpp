@@ -103,7 +103,9 @@ public:
     set_["sample-every"] = [this](auto& v, auto& w, auto l) {
       c_.dispatch.sample_every = count_value(v, "sample-every", w, l, 0);
     };
-    set_["workgroups"] = [this](auto& v, auto& w, auto l) { c_.workload.count = count_value(v, "workgroups", w, l, 1); };
+    set_["workgroups"] = [this](auto& v, auto& w, auto l) {
+      c_.workload.count = count_value(v, "workgroups", w, l, 1);
+    };
     set_["sizes"] = [this](auto& v, auto& w, auto l) { c_.workload.sizes = Distribution::parse(v, w, l); };
     set_["durations"] = [this](auto& v, auto& w, auto l) { c_.workload.durations = Distribution::parse(v, w, l); };
     set_["arrivals"] = [this](auto& v, auto& w, auto l) { c_.workload.arrivals = Arrivals::parse(v, w, l); };
@@ -227,7 +229,8 @@ inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
   }
   if (c.shard.count > c.seeds) {
     throw InputError("shard", 0,
-                     std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) + " seeds: some would be empty");
+                     std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) +
+                         " seeds: some would be empty");
   }
   if (c.dispatch.sample_every == 0) {
     // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.

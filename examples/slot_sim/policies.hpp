@@ -29,9 +29,9 @@ template <std::uint32_t N>
 std::vector<carve::sim::PolicyRunner> all_policies() {
   using namespace carve;
   return {
-      sim::contiguous<N, FirstFit>(),         sim::contiguous<N, LastFit>(),
-      sim::contiguous<N, BestFit>(),          sim::contiguous<N, BoundaryNearestFit>(),
-      sim::contiguous<N, SplitBySizeFit>(),   sim::contiguous<N, ReleaseAlignedFit<N>>(),
+      sim::contiguous<N, FirstFit>(),       sim::contiguous<N, LastFit>(),
+      sim::contiguous<N, BestFit>(),        sim::contiguous<N, BoundaryNearestFit>(),
+      sim::contiguous<N, SplitBySizeFit>(), sim::contiguous<N, ReleaseAlignedFit<N>>(),
   };
 }
 

@@ -107,8 +107,8 @@ inline void print_tables(const std::vector<PolicySummary>& summary, std::size_t 
              ref, ref);
 
   fmt::print("\nWhile workgroups wait (means over runs; per compute unit):\n");
-  fmt::print("{:<18} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "policy", "idle slots",
-             "free runs", "largest/free", "frag-block", "frag-blocked", "wear max", "wear", "low-half", "ns per");
+  fmt::print("{:<18} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "policy", "idle slots", "free runs",
+             "largest/free", "frag-block", "frag-blocked", "wear max", "wear", "low-half", "ns per");
   fmt::print("{:<18} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "", "", "", "", "cycles",
              "workgroups", "/mean", "CV", "share", "decision");
   for (const PolicySummary& s : summary) {
@@ -137,10 +137,10 @@ inline void write_summary_csv(const std::vector<PolicySummary>& summary, const s
     const auto& m = s.makespan;
     const auto& d = s.vs_reference.difference;
     f.print("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", s.name, m.n, m.mean,
-            m.median, m.ci_low, m.ci_high, d.mean, d.ci_low, d.ci_high, d.median, d.p2_5, d.p97_5,
-            s.vs_reference.wins, s.vs_reference.ties, s.vs_reference.losses, s.best_share, s.gap_recovered,
-            s.idle_slots, s.free_runs, s.largest_run_share, s.blocked_cycles, s.fragmentation_blocked_cycles,
-            s.fragmentation_blocked_groups, s.wear_max_over_mean, s.wear_cv, s.wear_low_half, s.ns_per_decision);
+            m.median, m.ci_low, m.ci_high, d.mean, d.ci_low, d.ci_high, d.median, d.p2_5, d.p97_5, s.vs_reference.wins,
+            s.vs_reference.ties, s.vs_reference.losses, s.best_share, s.gap_recovered, s.idle_slots, s.free_runs,
+            s.largest_run_share, s.blocked_cycles, s.fragmentation_blocked_cycles, s.fragmentation_blocked_groups,
+            s.wear_max_over_mean, s.wear_cv, s.wear_low_half, s.ns_per_decision);
   }
 }
 
@@ -178,13 +178,14 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
             {},
             false,
             true};
-  Plot delta{"Paired makespan difference (figure 14)",
-             {machine, workload, "each run's " + ref + " makespan minus the policy's on the same workload; " + run_count},
-             "share of runs (sorted by difference)",
-             "cycles saved against " + ref,
-             {},
-             true,
-             false};
+  Plot delta{
+      "Paired makespan difference (figure 14)",
+      {machine, workload, "each run's " + ref + " makespan minus the policy's on the same workload; " + run_count},
+      "share of runs (sorted by difference)",
+      "cycles saved against " + ref,
+      {},
+      true,
+      false};
   Plot wear{"Placements per slot (wear)",
             {machine, workload + "; mean over " + run_count + ", summed over compute units"},
             "slot",

@@ -52,9 +52,9 @@ inline const char* to_string(CuChoice c) {
 }
 
 struct DispatchOptions {
-  std::uint32_t cus = 1;          // compute units
-  std::uint32_t window = 1;       // workgroups the dispatcher looks at: 1 is a strict FIFO
-  std::uint32_t width = 1;        // dispatches per cycle; 0 for no limit
+  std::uint32_t cus = 1;    // compute units
+  std::uint32_t window = 1; // workgroups the dispatcher looks at: 1 is a strict FIFO
+  std::uint32_t width = 1;  // dispatches per cycle; 0 for no limit
   CuChoice choice = CuChoice::first;
   std::uint32_t sample_every = 0; // cycles between time-series samples; 0 for none
   bool record_ops = false;        // keep every allocator call in RunResult::ops

@@ -1,8 +1,8 @@
 // carve/sim/run_result.hpp — what one simulated run measures.
 #pragma once
 
-#include <carve/slot/slot_range.hpp>
 #include <carve/sim/compute_unit.hpp>
+#include <carve/slot/slot_range.hpp>
 
 #include <cstdint>
 #include <vector>
@@ -45,9 +45,9 @@ struct RunResult {
   double free_runs = 0;         // maximal free runs per compute unit
   double largest_run_share = 0; // largest free run / free slots, per compute unit with free slots
 
-  std::uint64_t blocked_cycles = 0;                // cycles the queue head could not be placed
-  std::uint64_t fragmentation_blocked_cycles = 0;  // ... although a compute unit had enough free slots
-  std::uint32_t fragmentation_blocked_groups = 0;  // workgroups that ever waited that way
+  std::uint64_t blocked_cycles = 0;               // cycles the queue head could not be placed
+  std::uint64_t fragmentation_blocked_cycles = 0; // ... although a compute unit had enough free slots
+  std::uint32_t fragmentation_blocked_groups = 0; // workgroups that ever waited that way
 
   // Placements per slot (contiguous units only; the bound has no slot identity).
   std::vector<std::uint64_t> wear; // per slot index, summed over compute units

@@ -84,7 +84,7 @@ inline Summary summarize(std::vector<double> values) {
 // a positive difference means the candidate finished sooner (the seed's "delta time").
 struct PairedComparison {
   Summary difference;
-  double wins = 0;   // share of runs where the candidate is strictly lower
+  double wins = 0; // share of runs where the candidate is strictly lower
   double ties = 0;
   double losses = 0;
 };

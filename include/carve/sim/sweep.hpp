@@ -44,8 +44,7 @@ struct PolicyRunner {
 
 // A carve fit policy (any FitPolicyFor<Fit, N>, hinted or not) on ContiguousCu<N, Fit>.
 template <std::uint32_t N, class Fit>
-requires FitPolicyFor<Fit, N>
-PolicyRunner contiguous(Fit fit = Fit{}, std::string name = policy_name<Fit>()) {
+requires FitPolicyFor<Fit, N> PolicyRunner contiguous(Fit fit = Fit{}, std::string name = policy_name<Fit>()) {
   return {std::move(name), false,
           [fit](const std::vector<Workgroup>& w, const DispatchOptions& options, bool measure_cost, double& ns) {
             DispatchOptions o = options;
@@ -61,8 +60,7 @@ PolicyRunner contiguous(Fit fit = Fit{}, std::string name = policy_name<Fit>()) 
 // The bound: the same dispatcher on slots that need not be contiguous.
 template <std::uint32_t N>
 PolicyRunner bound(std::string name = "bound") {
-  return {std::move(name), true,
-          [](const std::vector<Workgroup>& w, const DispatchOptions& options, bool, double& ns) {
+  return {std::move(name), true, [](const std::vector<Workgroup>& w, const DispatchOptions& options, bool, double& ns) {
             ns = 0.0;
             return simulate(w, options, PooledCu<N>{});
           }};
@@ -70,8 +68,8 @@ PolicyRunner bound(std::string name = "bound") {
 
 struct SweepOptions {
   DispatchOptions dispatch{};
-  unsigned threads = 0;      // 0: one per hardware thread
-  bool measure_cost = true;  // replay allocator calls to time them
+  unsigned threads = 0;     // 0: one per hardware thread
+  bool measure_cost = true; // replay allocator calls to time them
   bool keep_placements = false;
   // Called on the calling thread about ten times a second while the sweep runs.
   std::function<void(std::size_t done, std::size_t total)> progress;
@@ -83,9 +81,10 @@ struct SweepCell {
 };
 
 // result[s][p]: seed seeds[s] under policies[p]. Exceptions from a run are rethrown here.
-inline std::vector<std::vector<SweepCell>>
-sweep(const std::vector<PolicyRunner>& policies, const std::vector<std::uint64_t>& seeds,
-      const std::function<std::vector<Workgroup>(std::uint64_t)>& workload, const SweepOptions& options) {
+inline std::vector<std::vector<SweepCell>> sweep(const std::vector<PolicyRunner>& policies,
+                                                 const std::vector<std::uint64_t>& seeds,
+                                                 const std::function<std::vector<Workgroup>(std::uint64_t)>& workload,
+                                                 const SweepOptions& options) {
   std::vector<std::vector<SweepCell>> table(seeds.size(), std::vector<SweepCell>(policies.size()));
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};

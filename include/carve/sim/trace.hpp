@@ -74,8 +74,8 @@ inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& na
     w.arrival = detail::parse_count(fields[0], "arrival", name, line);
     w.size = detail::parse_count(fields[1], "size", name, line);
     w.duration = detail::parse_count(fields[2], "duration", name, line);
-    w.expected = fields.size() == 4 && !fields[3].empty() ? detail::parse_count(fields[3], "expected", name, line)
-                                                          : w.duration;
+    w.expected =
+        fields.size() == 4 && !fields[3].empty() ? detail::parse_count(fields[3], "expected", name, line) : w.duration;
     if (w.size == 0 || w.size > slots) {
       throw InputError(name, line,
                        "size " + std::to_string(w.size) + " is outside 1.." + std::to_string(slots) +

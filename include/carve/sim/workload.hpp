@@ -218,8 +218,9 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     const std::uint32_t lo = value(k);
     const std::uint32_t hi = value(k + 1);
     if (hi < lo) {
-      throw InputError(where, line, "'" + std::string(text) + "': range " + std::to_string(lo) + ".." +
-                                        std::to_string(hi) + " is empty");
+      throw InputError(where, line,
+                       "'" + std::string(text) + "': range " + std::to_string(lo) + ".." + std::to_string(hi) +
+                           " is empty");
     }
     return std::pair{lo, hi};
   };
@@ -254,7 +255,8 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     return fixed(value(1));
   }
   throw InputError(where, line,
-                   "unknown distribution '" + std::string(words[0]) + "': expected uniform, bimodal, geometric or fixed");
+                   "unknown distribution '" + std::string(words[0]) +
+                       "': expected uniform, bimodal, geometric or fixed");
 }
 
 inline std::string Distribution::to_string() const {
