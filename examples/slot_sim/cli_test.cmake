@@ -62,8 +62,9 @@ set(quick --workgroups 200 --cost off --sample-every 50)
 
 if(CASE STREQUAL "bad_input")
   expect_error("--sizes: value -3 is negative" --sizes "uniform -3 8")
-  expect_error("sizes: 'uniform 1 200' can draw 200 slots, more than the 128 slots of a compute unit"
+  expect_error("--sizes: 'uniform 1 200' can draw 200 slots, more than the 128 slots of a compute unit"
                --sizes "uniform 1 200")
+  expect_error("--shard: 5 shards for 4 seeds: some would be empty" --seeds 4 --shard 2/5)
   expect_error("--durations: 'uniform 10': expected 'uniform LO HI'" --durations "uniform 10")
   expect_error("--workgroups: workgroups -5 is negative" --workgroups -5)
   expect_error("--slots: slots must be one of 64, 128, 256, 512 (got 100)" --slots 100)
@@ -88,6 +89,9 @@ if(CASE STREQUAL "bad_input")
   expect_error("bad.conf:3: 'uniform 0 4': values must be at least 1" --config bad.conf)
   file(WRITE "${WORK}/noeq.conf" "seeds 10\n")
   expect_error("noeq.conf:1: expected 'key = value', found 'seeds 10'" --config noeq.conf)
+  file(WRITE "${WORK}/big.conf" "slots = 64\n\nsizes = uniform 1 100\n")
+  expect_error("big.conf:3: 'uniform 1 100' can draw 100 slots, more than the 64 slots of a compute unit"
+               --config big.conf)
   file(WRITE "${WORK}/neg.conf" "\nhint-noise = -1\n")
   expect_error("neg.conf:2: hint-noise must lie in [0, 5] (got -1)" --config neg.conf)
 

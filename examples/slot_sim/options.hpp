@@ -38,6 +38,14 @@ struct Config {
   bool cost = true;
   std::string write_trace; // write the first seed's workload as a trace and stop
 
+  // Where each setting came from ("--sizes", or a config file and line), for errors that
+  // involve several settings.
+  std::map<std::string, std::pair<std::string, std::size_t>> origin;
+  InputError error(const std::string& key, const std::string& what) const {
+    const auto it = origin.find(key);
+    return it == origin.end() ? InputError(key, 0, what) : InputError(it->second.first, it->second.second, what);
+  }
+
   // The seeds this process runs: every seed of the sweep, or this shard's share (seeds are dealt
   // round-robin, so shards take equal time).
   std::vector<std::uint64_t> shard_seeds() const {
@@ -167,6 +175,7 @@ public:
       throw InputError(where, line, "unknown setting '" + key + "' (see --help)");
     }
     it->second(detail::trim(value), where, line);
+    c_.origin[key] = {where, line};
   }
 
   void read_file(const std::string& path) {
@@ -220,17 +229,15 @@ private:
 // loaded trace when there is one.
 inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
   if (c.trace.empty() && c.workload.sizes.max() > c.slots) {
-    throw InputError("sizes", 0,
-                     "'" + c.workload.sizes.to_string() + "' can draw " + std::to_string(c.workload.sizes.max()) +
-                         " slots, more than the " + std::to_string(c.slots) + " slots of a compute unit");
+    throw c.error("sizes", "'" + c.workload.sizes.to_string() + "' can draw " + std::to_string(c.workload.sizes.max()) +
+                               " slots, more than the " + std::to_string(c.slots) + " slots of a compute unit");
   }
   if (!c.trace.empty()) {
     c.seeds = 1; // a trace is one workload
   }
   if (c.shard.count > c.seeds) {
-    throw InputError("shard", 0,
-                     std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) +
-                         " seeds: some would be empty");
+    throw c.error("shard", std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) +
+                               " seeds: some would be empty");
   }
   if (c.dispatch.sample_every == 0) {
     // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.
