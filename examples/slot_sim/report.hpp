@@ -117,9 +117,10 @@ inline void print_tables(const std::vector<PolicySummary>& summary, std::size_t 
                  "-", "-", "-", "-", "-", "-", "-");
       continue;
     }
-    fmt::print("{:<18} {:>10.2f} {:>9.2f} {:>12.2f} {:>11.1f} {:>12.1f} {:>9.2f} {:>7.2f} {:>8.2f} {:>11.1f}\n", s.name,
+    const std::string ns = s.ns_per_decision > 0 ? fmt::format("{:.1f}", s.ns_per_decision) : "-"; // --cost off
+    fmt::print("{:<18} {:>10.2f} {:>9.2f} {:>12.2f} {:>11.1f} {:>12.1f} {:>9.2f} {:>7.2f} {:>8.2f} {:>11}\n", s.name,
                s.idle_slots, s.free_runs, s.largest_run_share, s.fragmentation_blocked_cycles,
-               s.fragmentation_blocked_groups, s.wear_max_over_mean, s.wear_cv, s.wear_low_half, s.ns_per_decision);
+               s.fragmentation_blocked_groups, s.wear_max_over_mean, s.wear_cv, s.wear_low_half, ns);
   }
   fmt::print("frag-block: cycles the queue head waited although a compute unit had enough free slots, and how many "
              "workgroups did.\n"

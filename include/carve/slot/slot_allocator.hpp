@@ -54,8 +54,9 @@ public:
   // The same with a hint for a hinted policy (see hinted_fit_policy.hpp), e.g. when the request
   // is expected to be released. Same errors; only exists for hinted policies.
   template <class F = Fit>
-  requires HintedFitPolicyFor<F, N> CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
-  allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
+  requires cuda::std::same_as<F, Fit> && HintedFitPolicyFor<F, N>
+      CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
+      allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
     if (m == 0 || m > N) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
