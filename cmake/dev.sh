@@ -2,7 +2,8 @@
 # carve's developer entry points. Each first installs what a fresh Debian 12 machine with the
 # CUDA Toolkit lacks (apt-get, as root or through sudo), then builds under build/ and runs.
 #
-#   bash cmake/dev.sh demo    build and run the examples
+#   bash cmake/dev.sh demo    build and run the examples, then the workgroup scheduling simulator
+#                             on its built-in default (results in build/slot_sim_out/)
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
 #                             device builds for sm_80 and sm_90 when nvcc is present),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
@@ -51,6 +52,8 @@ run_tests() { # run_tests <dir>
 demo() {
   build demo -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF
   cmake --build "$root/build/demo" --target run_examples
+  say "slot_sim: seed 001's experiment, 200 seeds x every policy"
+  (cd "$root" && build/demo/examples/slot_sim --out build/slot_sim_out)
 }
 
 format_check() {

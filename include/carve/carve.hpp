@@ -22,8 +22,10 @@
 #include <carve/slot/first_fit.hpp>
 #include <carve/slot/fit_policy.hpp>
 #include <carve/slot/free_runs.hpp>
+#include <carve/slot/hinted_fit_policy.hpp>
 #include <carve/slot/last_fit.hpp>
 #include <carve/slot/lazy_snapshot.hpp>
+#include <carve/slot/release_aligned_fit.hpp>
 #include <carve/slot/run_search.hpp>
 #include <carve/slot/run_segment.hpp>
 #include <carve/slot/slot_allocator.hpp>
@@ -60,6 +62,9 @@
 #include <carve/borrow/borrowing_allocator.hpp>
 #include <carve/borrow/pick_strategy.hpp>
 #include <carve/borrow/strategies.hpp>
+
+// The workgroup scheduling simulator: host-only code over the standard library.
+#include <carve/sim.hpp>
 
 // Kernels and their launchers: only under a CUDA compiler.
 #if defined(__CUDACC__)

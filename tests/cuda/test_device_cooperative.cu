@@ -211,15 +211,15 @@ int check_batch(std::mt19937_64& rng) {
   }
   auto* d_bitmaps = to_device(bitmaps);
   auto* d_sizes = to_device(sizes);
-  carve::Placement* d_out = nullptr;
-  check(cudaMalloc(&d_out, requests * sizeof(carve::Placement)), "cudaMalloc");
+  carve::BatchPlacement* d_out = nullptr;
+  check(cudaMalloc(&d_out, requests * sizeof(carve::BatchPlacement)), "cudaMalloc");
   check(carve::launch_place_batch<N, carve::BoundaryNearestFit, carve::LeastLoadedCu>(d_bitmaps, units, d_sizes,
                                                                                       requests, d_out),
         "place_batch launch");
   const auto got = to_host(d_out, requests);
   const auto got_bitmaps = to_host(d_bitmaps, units);
 
-  std::vector<carve::Placement> want(requests);
+  std::vector<carve::BatchPlacement> want(requests);
   carve::place_batch<N, carve::BoundaryNearestFit, carve::LeastLoadedCu>(
       cuda::std::span<carve::SlotBitmap<N>>(bitmaps.data(), units),
       cuda::std::span<const std::uint32_t>(sizes.data(), requests), want.data());

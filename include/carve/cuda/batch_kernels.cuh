@@ -49,7 +49,7 @@ __device__ CuCandidate block_best(const Rule& rule, CuCandidate mine, CuCandidat
 
 template <std::uint32_t N, class Fit, CuChoiceRule Rule>
 __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const std::uint32_t* sizes,
-                            std::uint32_t requests, Placement* out, Fit fit, Rule rule) {
+                            std::uint32_t requests, BatchPlacement* out, Fit fit, Rule rule) {
   __shared__ CuCandidate scratch[32];
   for (std::uint32_t r = 0; r < requests; ++r) {
     const std::uint32_t m = sizes[r];
@@ -92,7 +92,7 @@ __global__ void run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t coun
 template <std::uint32_t N, class Fit = BoundaryNearestFit, CuChoiceRule Rule = FirstFittingCu>
 requires FitPolicyFor<Fit, N> cudaError_t launch_place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units,
                                                              const std::uint32_t* sizes, std::uint32_t requests,
-                                                             Placement* out, cudaStream_t stream = nullptr,
+                                                             BatchPlacement* out, cudaStream_t stream = nullptr,
                                                              Fit fit = {}, Rule rule = {}) {
   if (requests == 0) {
     return cudaSuccess;

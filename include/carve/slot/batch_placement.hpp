@@ -30,7 +30,7 @@ struct CuPlacement {
 };
 
 // A request's outcome: where it went, or invalid_size (m == 0 or m > N) / no_space (no unit fits).
-using Placement = cuda::std::expected<CuPlacement, Errc>;
+using BatchPlacement = cuda::std::expected<CuPlacement, Errc>;
 
 // What unit `cu` would do with a request for m slots.
 template <std::uint32_t N, class Fit>
@@ -43,7 +43,7 @@ evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::
 }
 
 // The outcome for the winning candidate (already chosen by a CuChoiceRule).
-CARVE_HOST_DEVICE constexpr Placement placement_of(const CuCandidate& best, std::uint32_t m) noexcept {
+CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best, std::uint32_t m) noexcept {
   if (!best.fits) {
     return cuda::std::unexpected(Errc::no_space);
   }
@@ -54,7 +54,7 @@ CARVE_HOST_DEVICE constexpr Placement placement_of(const CuCandidate& best, std:
 template <std::uint32_t N, class Fit, CuChoiceRule Rule>
 requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda::std::span<SlotBitmap<N>> bitmaps,
                                                                            cuda::std::span<const std::uint32_t> sizes,
-                                                                           Placement* out, const Fit& fit = {},
+                                                                           BatchPlacement* out, const Fit& fit = {},
                                                                            const Rule& rule = {}) noexcept {
   for (std::size_t r = 0; r < sizes.size(); ++r) {
     const std::uint32_t m = sizes[r];

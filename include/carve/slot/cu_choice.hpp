@@ -57,8 +57,8 @@ struct LeastLoadedCu {
   }
 };
 
-// The unit where the policy's run lands nearest an end of the slot space (packs tightest),
-// ties to the lower index.
+// The unit where the policy's run lands nearest an end of the slot space (packs tightest); ties
+// to the emptier unit, then the lower index.
 struct NearestBoundaryCu {
   static constexpr const char* name = "nearest-boundary";
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
@@ -67,6 +67,9 @@ struct NearestBoundaryCu {
     }
     if (a.fits && a.distance != b.distance) {
       return a.distance < b.distance;
+    }
+    if (a.free != b.free) {
+      return a.free > b.free;
     }
     return a.cu < b.cu;
   }

@@ -4,6 +4,9 @@
 //   auto r = slots.allocate(4);                      // expected<SlotRange, Errc>
 //   if (r) { ...; slots.deallocate(*r); }
 //
+//   carve::SlotAllocator<128, carve::ReleaseAlignedFit<128>> timed;   // a hinted policy
+//   timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});
+//
 // Every call either succeeds or returns an Errc and leaves the state exactly as it was. The
 // allocator is a value (no pointers, no heap), so it can live in shared memory, in a constexpr
 // context, or be copied as a snapshot. It is not synchronised: one thread owns it (see
@@ -14,6 +17,7 @@
 #include <carve/core/errc.hpp>
 #include <carve/slot/boundary_nearest_fit.hpp>
 #include <carve/slot/fit_policy.hpp>
+#include <carve/slot/hinted_fit_policy.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
 
@@ -38,18 +42,33 @@ public:
     if (m == 0 || m > N) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
-    const cuda::std::optional<std::uint32_t> start = fit_.find(bitmap_, m);
-    if (!start) {
-      return cuda::std::unexpected(Errc::no_space);
+    const auto taken = take(fit_.find(bitmap_, m), m);
+    if constexpr (TracksPlacements<Fit>) {
+      if (taken) {
+        fit_.placed(*taken);
+      }
     }
-    const SlotRange range{*start, m};
-    // A policy written outside carve could return a run that is not free; taking it would hand
-    // the same slot out twice, so the choice is checked before it is applied.
-    if (range.end() > N || bitmap_.free_count(range) != m) {
-      return cuda::std::unexpected(Errc::invalid_placement);
+    return taken;
+  }
+
+  // The same with a hint for a hinted policy (see hinted_fit_policy.hpp), e.g. when the request
+  // is expected to be released. Same errors; only exists for hinted policies.
+  template <class F = Fit>
+  requires cuda::std::same_as<F, Fit> && HintedFitPolicyFor<F, N>
+      CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
+      allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
     }
-    bitmap_.occupy(range);
-    return range;
+    const auto taken = take(fit_.find(bitmap_, m, hint), m);
+    if (taken) {
+      if constexpr (TracksHintedPlacements<Fit>) {
+        fit_.placed(*taken, hint);
+      } else if constexpr (TracksPlacements<Fit>) {
+        fit_.placed(*taken);
+      }
+    }
+    return taken;
   }
 
   // Returns a range to the free pool. It may be any taken range: a whole allocation, or part of
@@ -80,6 +99,22 @@ public:
   CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept { return bitmap_.largest_free_run(); }
 
 private:
+  // Occupies the run the policy chose, after checking it.
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> take(cuda::std::optional<std::uint32_t> start,
+                                                                        std::uint32_t m) noexcept {
+    if (!start) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    const SlotRange range{*start, m};
+    // A policy written outside carve could return a run that is not free; taking it would hand
+    // the same slot out twice, so the choice is checked before it is applied.
+    if (range.end() > N || bitmap_.free_count(range) != m) {
+      return cuda::std::unexpected(Errc::invalid_placement);
+    }
+    bitmap_.occupy(range);
+    return range;
+  }
+
   SlotBitmap<N> bitmap_{};
   [[no_unique_address]] Fit fit_{};
 };

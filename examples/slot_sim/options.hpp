@@ -1,0 +1,323 @@
+// slot_sim's settings: from the command line (--key value or --key=value) and from config
+// files (`key = value` lines, '#' comments), which take the same keys. Later settings win.
+// Every bad value is a carve::sim::InputError naming the option or the file and line.
+#pragma once
+
+#include "policies.hpp"
+
+#include <carve/sim.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace slot_sim {
+
+using carve::sim::InputError;
+
+struct Shard {
+  std::uint32_t index = 1; // 1-based
+  std::uint32_t count = 1;
+};
+
+struct Config {
+  std::uint32_t slots = 128;
+  carve::sim::WorkloadSpec workload{};
+  std::string trace; // replay this CSV trace instead of generating workloads
+  carve::sim::DispatchOptions dispatch{};
+  std::uint32_t seeds = 200;
+  std::uint64_t first_seed = 1;
+  std::vector<std::string> policies; // empty: all
+  std::string out = "slot_sim_out";
+  unsigned threads = 0;
+  Shard shard{};
+  bool cost = true;
+  std::string write_trace; // write the first seed's workload as a trace and stop
+
+  // Where each setting came from ("--sizes", or a config file and line), for errors that
+  // involve several settings.
+  std::map<std::string, std::pair<std::string, std::size_t>> origin;
+  InputError error(const std::string& key, const std::string& what) const {
+    const auto it = origin.find(key);
+    return it == origin.end() ? InputError(key, 0, what) : InputError(it->second.first, it->second.second, what);
+  }
+
+  // The seeds this process runs: every seed of the sweep, or this shard's share (seeds are dealt
+  // round-robin, so shards take equal time).
+  std::vector<std::uint64_t> shard_seeds() const {
+    std::vector<std::uint64_t> out_seeds;
+    for (std::uint32_t k = shard.index - 1; k < seeds; k += shard.count) {
+      out_seeds.push_back(first_seed + k);
+    }
+    return out_seeds;
+  }
+};
+
+inline const std::vector<std::uint32_t>& supported_slots() {
+  static const std::vector<std::uint32_t> n = {64, 128, 256, 512};
+  return n;
+}
+
+namespace detail {
+
+inline std::string trim(const std::string& s) {
+  const std::size_t a = s.find_first_not_of(" \t\r");
+  const std::size_t b = s.find_last_not_of(" \t\r");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+inline std::uint32_t count_value(const std::string& v, const std::string& key, const std::string& where,
+                                 std::size_t line, std::uint32_t min) {
+  const std::uint32_t n = carve::sim::detail::parse_count(v, key, where, line);
+  if (n < min) {
+    throw InputError(where, line, key + " must be at least " + std::to_string(min));
+  }
+  return n;
+}
+
+} // namespace detail
+
+class ConfigParser {
+public:
+  explicit ConfigParser(Config& config) : c_(config) {
+    using carve::sim::Arrivals;
+    using carve::sim::Distribution;
+    using detail::count_value;
+    set_["slots"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      const std::uint32_t n = count_value(v, "slots", w, l, 1);
+      const auto& ok = supported_slots();
+      if (std::find(ok.begin(), ok.end(), n) == ok.end()) {
+        throw InputError(w, l, "slots must be one of 64, 128, 256, 512 (got " + v + ")");
+      }
+      c_.slots = n;
+    };
+    set_["cus"] = [this](auto& v, auto& w, auto l) { c_.dispatch.cus = count_value(v, "cus", w, l, 1); };
+    set_["window"] = [this](auto& v, auto& w, auto l) { c_.dispatch.window = count_value(v, "window", w, l, 1); };
+    set_["width"] = [this](auto& v, auto& w, auto l) { c_.dispatch.width = count_value(v, "width", w, l, 0); };
+    set_["cu-choice"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      using carve::sim::CuChoice;
+      for (const CuChoice c : {CuChoice::first, CuChoice::least_loaded, CuChoice::nearest_boundary}) {
+        if (v == to_string(c)) {
+          c_.dispatch.choice = c;
+          return;
+        }
+      }
+      throw InputError(w, l, "cu-choice must be first, least-loaded or nearest-boundary (got '" + v + "')");
+    };
+    set_["sample-every"] = [this](auto& v, auto& w, auto l) {
+      c_.dispatch.sample_every = count_value(v, "sample-every", w, l, 0);
+    };
+    set_["workgroups"] = [this](auto& v, auto& w, auto l) {
+      c_.workload.count = count_value(v, "workgroups", w, l, 1);
+    };
+    set_["sizes"] = [this](auto& v, auto& w, auto l) { c_.workload.sizes = Distribution::parse(v, w, l); };
+    set_["durations"] = [this](auto& v, auto& w, auto l) { c_.workload.durations = Distribution::parse(v, w, l); };
+    set_["arrivals"] = [this](auto& v, auto& w, auto l) { c_.workload.arrivals = Arrivals::parse(v, w, l); };
+    set_["hint-noise"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      const double x = carve::sim::detail::parse_real(v, "hint-noise", w, l);
+      if (x < 0 || x > 5) {
+        throw InputError(w, l, "hint-noise must lie in [0, 5] (got " + v + ")");
+      }
+      c_.workload.hint_noise = x;
+    };
+    set_["trace"] = [this](auto& v, auto&, auto) { c_.trace = v; };
+    set_["seeds"] = [this](auto& v, auto& w, auto l) { c_.seeds = count_value(v, "seeds", w, l, 1); };
+    set_["seed"] = [this](auto& v, auto& w, auto l) { c_.first_seed = count_value(v, "seed", w, l, 0); };
+    set_["policies"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      c_.policies.clear();
+      const auto known = policy_names();
+      std::size_t start = 0;
+      while (start <= v.size()) {
+        const std::size_t comma = std::min(v.find(',', start), v.size());
+        const std::string name = detail::trim(v.substr(start, comma - start));
+        if (std::find(known.begin(), known.end(), name) == known.end()) {
+          std::string list;
+          for (const auto& k : known) {
+            list += (list.empty() ? "" : ", ") + k;
+          }
+          throw InputError(w, l, "unknown policy '" + name + "' (known: " + list + ")");
+        }
+        c_.policies.push_back(name);
+        start = comma + 1;
+      }
+    };
+    set_["out"] = [this](auto& v, auto&, auto) { c_.out = v; };
+    set_["threads"] = [this](auto& v, auto& w, auto l) { c_.threads = count_value(v, "threads", w, l, 0); };
+    set_["shard"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      const std::size_t slash = v.find('/');
+      if (slash == std::string::npos) {
+        throw InputError(w, l, "shard must be I/N, e.g. 3/8 for the third of eight (got '" + v + "')");
+      }
+      const std::uint32_t i = count_value(v.substr(0, slash), "shard index", w, l, 1);
+      const std::uint32_t n = count_value(v.substr(slash + 1), "shard count", w, l, 1);
+      if (i > n) {
+        throw InputError(w, l, "shard " + v + ": the index must lie in 1.." + std::to_string(n));
+      }
+      c_.shard = {i, n};
+    };
+    set_["cost"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      if (v != "on" && v != "off") {
+        throw InputError(w, l, "cost must be on or off (got '" + v + "')");
+      }
+      c_.cost = v == "on";
+    };
+    set_["write-trace"] = [this](auto& v, auto&, auto) { c_.write_trace = v; };
+    set_["config"] = [this](auto& v, auto&, auto) { read_file(v); };
+  }
+
+  void set(const std::string& key, const std::string& value, const std::string& where, std::size_t line = 0) {
+    const auto it = set_.find(key);
+    if (it == set_.end()) {
+      throw InputError(where, line, "unknown setting '" + key + "' (see --help)");
+    }
+    it->second(detail::trim(value), where, line);
+    c_.origin[key] = {where, line};
+  }
+
+  void read_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) {
+      throw InputError(path, 0, "cannot open the config file");
+    }
+    std::string text;
+    for (std::size_t line = 1; std::getline(in, text); ++line) {
+      const std::string t = detail::trim(text.substr(0, text.find('#')));
+      if (t.empty()) {
+        continue;
+      }
+      const std::size_t eq = t.find('=');
+      if (eq == std::string::npos) {
+        throw InputError(path, line, "expected 'key = value', found '" + t + "'");
+      }
+      set(detail::trim(t.substr(0, eq)), t.substr(eq + 1), path, line);
+    }
+  }
+
+  // argv without the program name. Returns false when --help was asked for.
+  bool parse_args(const std::vector<std::string>& args) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--help" || a == "-h") {
+        return false;
+      }
+      if (a.rfind("--", 0) != 0) {
+        throw InputError(a, 0, "expected an option (--key value); see --help");
+      }
+      const std::size_t eq = a.find('=');
+      const std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      if (eq != std::string::npos) {
+        set(key, a.substr(eq + 1), "--" + key);
+      } else if (i + 1 < args.size()) {
+        set(key, args[++i], "--" + key);
+      } else {
+        throw InputError("--" + key, 0, "needs a value");
+      }
+    }
+    return true;
+  }
+
+private:
+  Config& c_;
+  std::map<std::string, std::function<void(const std::string&, const std::string&, std::size_t)>> set_;
+};
+
+// Checks that need several settings at once, and fills in the automatic ones. `trace` is the
+// loaded trace when there is one.
+inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
+  if (c.trace.empty() && c.workload.sizes.max() > c.slots) {
+    throw c.error("sizes", "'" + c.workload.sizes.to_string() + "' can draw " + std::to_string(c.workload.sizes.max()) +
+                               " slots, more than the " + std::to_string(c.slots) + " slots of a compute unit");
+  }
+  if (!c.trace.empty()) {
+    c.seeds = 1; // a trace is one workload
+  }
+  if (c.shard.count > c.seeds) {
+    throw c.error("shard", std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) +
+                               " seeds: some would be empty");
+  }
+  if (c.dispatch.sample_every == 0) {
+    // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.
+    double work = c.workload.count * c.workload.sizes.mean() * c.workload.durations.mean();
+    if (!trace.empty()) {
+      work = 0;
+      for (const carve::sim::Workgroup& w : trace) {
+        work += static_cast<double>(w.size) * w.duration;
+      }
+    }
+    const double cycles = work / (0.8 * c.slots * c.dispatch.cus);
+    c.dispatch.sample_every = static_cast<std::uint32_t>(std::clamp(cycles / 400, 1.0, 1e6));
+  }
+}
+
+// The settings as a config file: read back with --config, it gives the same run.
+inline std::string to_text(const Config& c) {
+  std::string policies;
+  for (const auto& p : c.policies) {
+    policies += (policies.empty() ? "" : ",") + p;
+  }
+  std::string s;
+  const auto line = [&s](const std::string& k, const std::string& v) { s += k + " = " + v + "\n"; };
+  line("slots", std::to_string(c.slots));
+  line("cus", std::to_string(c.dispatch.cus));
+  line("window", std::to_string(c.dispatch.window));
+  line("width", std::to_string(c.dispatch.width));
+  line("cu-choice", to_string(c.dispatch.choice));
+  line("sample-every", std::to_string(c.dispatch.sample_every));
+  if (c.trace.empty()) {
+    line("workgroups", std::to_string(c.workload.count));
+    line("sizes", c.workload.sizes.to_string());
+    line("durations", c.workload.durations.to_string());
+    line("arrivals", c.workload.arrivals.to_string());
+    line("hint-noise", carve::sim::detail::format_real(c.workload.hint_noise));
+  } else {
+    line("trace", c.trace);
+  }
+  line("seeds", std::to_string(c.seeds));
+  line("seed", std::to_string(c.first_seed));
+  if (!policies.empty()) {
+    line("policies", policies);
+  }
+  line("cost", c.cost ? "on" : "off");
+  line("shard", std::to_string(c.shard.index) + "/" + std::to_string(c.shard.count));
+  return s;
+}
+
+inline const char* usage() {
+  return R"(slot_sim: seed 001's workgroup scheduling experiment, on any workload.
+
+usage: slot_sim [--key value]...        run a sweep and write its results to --out
+       slot_sim merge OUT DIR...        combine the results of shards run with --shard
+
+Workload (one per seed, the same for every policy):
+  --workgroups N       workgroups per run                          [1000]
+  --sizes DIST         slots per workgroup                         [uniform 1 32]
+  --durations DIST     cycles per workgroup                        [uniform 10 100]
+                       DIST: uniform LO HI | bimodal LO HI LO2 HI2 P | geometric MEAN [MAX] | fixed V
+  --arrivals A         at-once | poisson RATE (workgroups/cycle)   [at-once]
+  --hint-noise S       expected run time = real * exp(S * N(0,1))  [0: exact]
+  --trace FILE         replay a CSV trace (arrival,size,duration[,expected]) instead
+  --write-trace FILE   write the first seed's workload as a trace and stop
+Machine and dispatcher:
+  --slots N            slots per compute unit: 64, 128, 256, 512   [128]
+  --cus N              compute units                               [1]
+  --window N           workgroups the dispatcher looks at (1 = strict FIFO)   [1]
+  --width N            dispatches per cycle (0 = no limit)         [1]
+  --cu-choice C        first | least-loaded | nearest-boundary     [first]
+Sweep and output:
+  --seeds N  --seed S  runs on seeds S..S+N-1                      [200, 1]
+  --policies P,P,...   first-fit, last-fit, best-fit, boundary-nearest,
+                       split-by-size, release-aligned              [all]
+  --out DIR            CSV and SVG results                         [slot_sim_out]
+  --threads N          worker threads (0 = one per core)           [0]
+  --shard I/N          run only the I-th of N shares of the seeds; combine with merge
+  --cost on|off        time the allocator's decisions              [on]
+  --sample-every N     cycles between time-series samples          [automatic]
+  --config FILE        read settings from FILE (key = value lines, same keys)
+)";
+}
+
+} // namespace slot_sim

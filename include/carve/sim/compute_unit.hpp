@@ -1,0 +1,170 @@
+// carve/sim/compute_unit.hpp — the compute units the dispatcher places workgroups on.
+//
+// ContiguousCu<N, Fit> is a compute unit whose N slots are managed by carve's own
+// SlotAllocator<N, Fit>: the simulator drives the real library code, so what it measures is what
+// a user gets. PooledCu<N> is the bound: the same N slots without the need to be contiguous (a
+// workgroup fits whenever enough slots are free), which no contiguous policy can beat.
+//
+// Both model the ComputeUnit concept the dispatcher needs:
+//   probe(request)  where the unit would put the request (its start), without placing it
+//   place(request)  place it, or nullopt when it does not fit
+//   release(range)  return a placement
+//   free_count(), largest_free_run(), free_run_count()
+#pragma once
+
+#include <carve/slot/fit_policy.hpp>
+#include <carve/slot/hinted_fit_policy.hpp>
+#include <carve/slot/release_aligned_fit.hpp>
+#include <carve/slot/slot_allocator.hpp>
+#include <carve/slot/slot_range.hpp>
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace carve::sim {
+
+// What the dispatcher asks a compute unit to place.
+struct Request {
+  std::uint32_t size;     // slots
+  std::uint64_t now;      // the current cycle
+  std::uint32_t expected; // the run time the dispatcher expects, in cycles
+};
+
+// The hint a hinted policy is given for a request. ExpectedRelease is built in (the cycle the
+// workgroup is expected back, modulo 2^32); a user's hint type joins by being constructible from
+// a Request.
+template <class Hint>
+Hint make_hint(const Request& r) {
+  if constexpr (std::same_as<Hint, ExpectedRelease>) {
+    return ExpectedRelease{static_cast<std::uint32_t>(r.now + r.expected)};
+  } else {
+    static_assert(std::constructible_from<Hint, const Request&>,
+                  "a hinted policy's hint_type must be constructible from carve::sim::Request");
+    return Hint(r);
+  }
+}
+
+template <class Cu>
+concept ComputeUnit = requires(Cu& cu, const Cu& ccu, const Request& r, SlotRange range) {
+  { Cu::slots } -> std::convertible_to<std::uint32_t>;
+  { Cu::contiguous } -> std::convertible_to<bool>;
+  { ccu.probe(r) } -> std::same_as<std::optional<std::uint32_t>>;
+  { cu.place(r) } -> std::same_as<std::optional<SlotRange>>;
+  cu.release(range);
+  { ccu.free_count() } -> std::same_as<std::uint32_t>;
+  { ccu.largest_free_run() } -> std::same_as<std::uint32_t>;
+  { ccu.free_run_count() } -> std::same_as<std::uint32_t>;
+};
+
+template <std::uint32_t N, class Fit>
+requires FitPolicyFor<Fit, N>
+class ContiguousCu {
+public:
+  static constexpr std::uint32_t slots = N;
+  static constexpr bool contiguous = true;
+  static constexpr bool hinted = HintedFitPolicyFor<Fit, N>;
+  using allocator_type = SlotAllocator<N, Fit>;
+
+  ContiguousCu() = default;
+  explicit ContiguousCu(Fit fit) : allocator_(fit) {}
+
+  // The allocator's call for a request: with a hint when the policy takes one.
+  static cuda::std::expected<SlotRange, Errc> allocate(allocator_type& a, const Request& r) {
+    if constexpr (hinted) {
+      return a.allocate(r.size, make_hint<typename Fit::hint_type>(r));
+    } else {
+      return a.allocate(r.size);
+    }
+  }
+  static cuda::std::optional<std::uint32_t> find(const allocator_type& a, const Request& r) {
+    if constexpr (hinted) {
+      return a.policy().find(a.bitmap(), r.size, make_hint<typename Fit::hint_type>(r));
+    } else {
+      return a.policy().find(a.bitmap(), r.size);
+    }
+  }
+
+  std::optional<std::uint32_t> probe(const Request& r) const {
+    const auto start = find(allocator_, r);
+    return start ? std::optional<std::uint32_t>(*start) : std::nullopt;
+  }
+
+  std::optional<SlotRange> place(const Request& r) {
+    const auto range = allocate(allocator_, r);
+    if (!range) {
+      if (range.error() != Errc::no_space) {
+        throw std::logic_error(std::string("policy ") + policy_name<Fit>() + ": " + to_string(range.error()));
+      }
+      return std::nullopt;
+    }
+    for (std::uint32_t s = range->first; s < range->end(); ++s) {
+      ++wear_[s];
+    }
+    return *range;
+  }
+
+  void release(SlotRange range) {
+    if (const auto done = allocator_.deallocate(range); !done) {
+      throw std::logic_error(std::string("release: ") + to_string(done.error()));
+    }
+  }
+
+  std::uint32_t free_count() const { return allocator_.free_count(); }
+  std::uint32_t largest_free_run() const { return allocator_.largest_free_run(); }
+  std::uint32_t free_run_count() const {
+    std::uint32_t n = 0;
+    for ([[maybe_unused]] const SlotRange run : allocator_.bitmap().free_runs()) {
+      ++n;
+    }
+    return n;
+  }
+
+  // How many placements covered each slot: the seed's wear.
+  const std::array<std::uint64_t, N>& wear() const { return wear_; }
+  const allocator_type& allocator() const { return allocator_; }
+
+private:
+  allocator_type allocator_{};
+  std::array<std::uint64_t, N> wear_{};
+};
+
+template <std::uint32_t N>
+class PooledCu {
+public:
+  static constexpr std::uint32_t slots = N;
+  static constexpr bool contiguous = false;
+
+  // Any m <= free slots fits; the "start" is meaningless, so every fit reports 0.
+  std::optional<std::uint32_t> probe(const Request& r) const {
+    return r.size <= free_ ? std::optional<std::uint32_t>(0) : std::nullopt;
+  }
+  std::optional<SlotRange> place(const Request& r) {
+    if (r.size > free_) {
+      return std::nullopt;
+    }
+    free_ -= r.size;
+    return SlotRange{0, r.size}; // m slots somewhere: only the count matters
+  }
+  void release(SlotRange range) {
+    if (range.count > N - free_) {
+      throw std::logic_error("release: more slots than are taken");
+    }
+    free_ += range.count;
+  }
+  std::uint32_t free_count() const { return free_; }
+  std::uint32_t largest_free_run() const { return free_; } // as good as one run
+  std::uint32_t free_run_count() const { return free_ != 0 ? 1 : 0; }
+
+private:
+  std::uint32_t free_ = N;
+};
+
+static_assert(ComputeUnit<ContiguousCu<128, BoundaryNearestFit>>);
+static_assert(ComputeUnit<ContiguousCu<128, ReleaseAlignedFit<128>>>);
+static_assert(ComputeUnit<PooledCu<128>>);
+
+} // namespace carve::sim

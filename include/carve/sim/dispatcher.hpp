@@ -1,0 +1,313 @@
+// carve/sim/dispatcher.hpp — the workgroup dispatcher: a FIFO of workgroups over compute units.
+//
+// Time runs in cycles. At each cycle t:
+//   1. every workgroup that finishes at t releases its slots (releases come before allocations,
+//      as in seed 001);
+//   2. workgroups arriving at t join the back of the queue;
+//   3. up to `width` times, the first `window` queued workgroups are tried in order and the
+//      first that fits is dispatched (on the compute unit `choice` picks) and leaves the queue.
+//      With window 1 a head that fits nowhere blocks everything behind it (head-of-line
+//      blocking, the seed's allocate_fifo); a larger window backfills past it.
+// A workgroup dispatched at t is released at t + duration. The makespan is the cycle of the
+// last release. Nothing changes between releases and arrivals, so the simulation jumps from
+// one such event to the next: cost grows with the number of workgroups, not of cycles.
+#pragma once
+
+#include <carve/sim/compute_unit.hpp>
+#include <carve/sim/run_result.hpp>
+#include <carve/sim/workload.hpp>
+#include <carve/slot/cu_choice.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace carve::sim {
+
+// Which compute unit gets a workgroup that fits on several.
+enum class CuChoice {
+  first,           // the lowest-numbered unit where it fits
+  least_loaded,    // the unit with the most free slots
+  nearest_boundary // the unit where the policy's start lies nearest an end of the slots
+                   // (ties: most free slots, then lowest number)
+};
+
+inline const char* to_string(CuChoice c) {
+  switch (c) {
+  case CuChoice::first:
+    return "first";
+  case CuChoice::least_loaded:
+    return "least-loaded";
+  case CuChoice::nearest_boundary:
+    return "nearest-boundary";
+  }
+  return "?";
+}
+
+struct DispatchOptions {
+  std::uint32_t cus = 1;    // compute units
+  std::uint32_t window = 1; // workgroups the dispatcher looks at: 1 is a strict FIFO
+  std::uint32_t width = 1;  // dispatches per cycle; 0 for no limit
+  CuChoice choice = CuChoice::first;
+  std::uint32_t sample_every = 0; // cycles between time-series samples; 0 for none
+  bool record_ops = false;        // keep every allocator call in RunResult::ops
+};
+
+namespace detail {
+
+struct Running {
+  std::uint64_t finish;
+  std::uint32_t group;
+  std::uint32_t cu;
+  SlotRange range;
+
+  friend bool operator>(const Running& a, const Running& b) {
+    return a.finish != b.finish ? a.finish > b.finish : a.group > b.group;
+  }
+};
+
+// Per-slot wear statistics over every (unit, slot).
+template <class Cu>
+void wear_statistics(const std::vector<Cu>& units, RunResult& out) {
+  constexpr std::uint32_t n = Cu::slots;
+  out.wear.assign(n, 0);
+  double sum = 0;
+  double sum_sq = 0;
+  double max = 0;
+  double low = 0;
+  for (const Cu& cu : units) {
+    for (std::uint32_t s = 0; s < n; ++s) {
+      const auto w = static_cast<double>(cu.wear()[s]);
+      out.wear[s] += cu.wear()[s];
+      sum += w;
+      sum_sq += w * w;
+      max = std::max(max, w);
+      low += s < n / 2 ? w : 0.0;
+    }
+  }
+  const double count = static_cast<double>(units.size()) * n;
+  const double mean = sum / count;
+  if (mean > 0) {
+    out.wear_max_over_mean = max / mean;
+    out.wear_cv = std::sqrt(std::max(0.0, sum_sq / count - mean * mean)) / mean;
+    out.wear_low_half = low / sum;
+  }
+}
+
+} // namespace detail
+
+// Runs `workgroups` through the dispatcher on `options.cus` copies of `prototype`.
+// Throws std::invalid_argument for a workgroup that can never fit or never finishes.
+template <ComputeUnit Cu>
+RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptions& options,
+                   const Cu& prototype = Cu{}) {
+  if (options.cus == 0 || options.window == 0) {
+    throw std::invalid_argument("simulate: need at least one compute unit and a window of at least 1");
+  }
+  const auto count = static_cast<std::uint32_t>(workgroups.size());
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const Workgroup& w = workgroups[i];
+    if (w.size == 0 || w.size > Cu::slots || w.duration == 0) {
+      throw std::invalid_argument("simulate: workgroup " + std::to_string(i) + " has size " + std::to_string(w.size) +
+                                  " and duration " + std::to_string(w.duration) + "; need 1.." +
+                                  std::to_string(Cu::slots) + " slots and at least 1 cycle");
+    }
+  }
+
+  RunResult out;
+  out.placements.resize(count);
+  out.series.sample_every = options.sample_every;
+  std::vector<Cu> units(options.cus, prototype);
+
+  std::vector<std::uint32_t> arrival_order(count);
+  std::iota(arrival_order.begin(), arrival_order.end(), 0u);
+  std::stable_sort(arrival_order.begin(), arrival_order.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return workgroups[a].arrival < workgroups[b].arrival; });
+
+  std::deque<std::uint32_t> queue;
+  std::priority_queue<detail::Running, std::vector<detail::Running>, std::greater<>> running;
+  std::vector<bool> fragmentation_blocked(count, false);
+  std::size_t arrived = 0;
+  std::uint32_t finished = 0;
+  std::uint64_t next_sample = 0;
+  double idle_sum = 0;
+  double runs_sum = 0;
+  double share_sum = 0;
+  double share_weight = 0;
+
+  const auto request_for = [&](std::uint32_t g, std::uint64_t now) {
+    return Request{workgroups[g].size, now, workgroups[g].expected};
+  };
+  const auto record = [&](AllocatorOp::Kind kind, std::uint32_t cu, const Request& r, SlotRange range) {
+    if constexpr (Cu::contiguous) {
+      if (options.record_ops) {
+        out.ops.push_back(AllocatorOp{kind, cu, r, range});
+      }
+    }
+  };
+  const auto place_on = [&](std::uint32_t cu, const Request& r) -> std::optional<SlotRange> {
+    const auto range = units[cu].place(r);
+    record(AllocatorOp::Kind::allocate, cu, r, SlotRange{0, 0});
+    return range;
+  };
+  // Places a request on the unit the options choose (carve's CU-choice rules, cu_choice.hpp);
+  // returns the unit, or nullopt.
+  const auto place = [&](const Request& r) -> std::optional<std::pair<std::uint32_t, SlotRange>> {
+    if (options.choice == CuChoice::first) {
+      // FirstFittingCu's choice, without probing the units after the first that fits.
+      for (std::uint32_t c = 0; c < options.cus; ++c) {
+        if (const auto range = place_on(c, r)) {
+          return std::pair{c, *range};
+        }
+      }
+      return std::nullopt;
+    }
+    std::optional<CuCandidate> best;
+    for (std::uint32_t c = 0; c < options.cus; ++c) {
+      const auto start = units[c].probe(r);
+      record(AllocatorOp::Kind::probe, c, r, SlotRange{0, 0});
+      const std::uint32_t at = start.value_or(0);
+      const CuCandidate candidate{c, start.has_value(), at, units[c].free_count(),
+                                  start ? std::min(at, Cu::slots - at - r.size) : 0};
+      if (!best || (options.choice == CuChoice::least_loaded ? LeastLoadedCu{}.better(candidate, *best)
+                                                             : NearestBoundaryCu{}.better(candidate, *best))) {
+        best = candidate;
+      }
+    }
+    if (!best || !best->fits) {
+      return std::nullopt;
+    }
+    const auto range = place_on(best->cu, r);
+    if (!range) {
+      throw std::logic_error("simulate: a probed placement failed");
+    }
+    return std::pair{best->cu, *range};
+  };
+
+  std::uint64_t t = 0;
+  for (;;) {
+    // 1. Releases first.
+    while (!running.empty() && running.top().finish == t) {
+      const detail::Running done = running.top();
+      running.pop();
+      units[done.cu].release(done.range);
+      record(AllocatorOp::Kind::release, done.cu, Request{}, done.range);
+      ++finished;
+    }
+    // 2. Arrivals.
+    while (arrived < count && workgroups[arrival_order[arrived]].arrival <= t) {
+      queue.push_back(arrival_order[arrived++]);
+    }
+    // 3. Dispatch.
+    std::uint32_t dispatched = 0;
+    std::optional<std::uint32_t> failed_head;
+    while (!queue.empty() && (options.width == 0 || dispatched < options.width)) {
+      bool placed = false;
+      const std::size_t look = std::min<std::size_t>(options.window, queue.size());
+      for (std::size_t k = 0; k < look && !placed; ++k) {
+        const std::uint32_t g = queue[k];
+        const Request r = request_for(g, t);
+        ++out.decisions;
+        if (const auto where = place(r)) {
+          out.placements[g] = Placement{t, where->first, where->second};
+          running.push(detail::Running{t + workgroups[g].duration, g, where->first, where->second});
+          queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(k));
+          out.last_dispatch = t;
+          placed = true;
+        } else if (k == 0) {
+          failed_head = g;
+        }
+      }
+      if (!placed) {
+        break;
+      }
+      ++dispatched;
+    }
+
+    // The next cycle at which anything can change.
+    std::uint64_t next = std::numeric_limits<std::uint64_t>::max();
+    if (!running.empty()) {
+      next = running.top().finish;
+    }
+    if (arrived < count) {
+      next = std::min<std::uint64_t>(next, workgroups[arrival_order[arrived]].arrival);
+    }
+    if (!queue.empty() && options.width != 0 && dispatched == options.width) {
+      next = t + 1; // the dispatcher was busy, not blocked
+    }
+    if (next == std::numeric_limits<std::uint64_t>::max()) {
+      if (!queue.empty()) {
+        throw std::logic_error("simulate: workgroups wait with nothing left to release");
+      }
+      break;
+    }
+
+    // Measurements over [t, next), during which nothing changes.
+    const auto span = static_cast<double>(next - t);
+    std::uint32_t free_total = 0;
+    for (const Cu& cu : units) {
+      free_total += cu.free_count();
+    }
+    if (!queue.empty()) {
+      out.waiting_cycles += next - t;
+      double runs = 0;
+      double share = 0;
+      std::uint32_t with_free = 0;
+      for (const Cu& cu : units) {
+        runs += cu.free_run_count();
+        if (const std::uint32_t f = cu.free_count(); f != 0) {
+          share += static_cast<double>(cu.largest_free_run()) / f;
+          ++with_free;
+        }
+      }
+      idle_sum += span * free_total / options.cus;
+      runs_sum += span * runs / options.cus;
+      if (with_free != 0) {
+        share_sum += span * share / with_free;
+        share_weight += span;
+      }
+    }
+    if (failed_head && !queue.empty() && queue.front() == *failed_head) {
+      out.blocked_cycles += next - t;
+      const std::uint32_t m = workgroups[*failed_head].size;
+      if (std::any_of(units.begin(), units.end(), [&](const Cu& cu) { return cu.free_count() >= m; })) {
+        out.fragmentation_blocked_cycles += next - t;
+        if (!fragmentation_blocked[*failed_head]) {
+          fragmentation_blocked[*failed_head] = true;
+          ++out.fragmentation_blocked_groups;
+        }
+      }
+    }
+    if (options.sample_every != 0) {
+      for (; next_sample < next; next_sample += options.sample_every) {
+        out.series.remaining.push_back(count - finished);
+        out.series.free_slots.push_back(static_cast<float>(free_total) / static_cast<float>(options.cus));
+        out.series.waiting.push_back(queue.empty() ? 0 : 1);
+      }
+    }
+    t = next;
+  }
+
+  out.makespan = t;
+  if (out.waiting_cycles != 0) {
+    idle_sum /= static_cast<double>(out.waiting_cycles);
+    runs_sum /= static_cast<double>(out.waiting_cycles);
+  }
+  out.idle_slots = idle_sum;
+  out.free_runs = runs_sum;
+  out.largest_run_share = share_weight != 0 ? share_sum / share_weight : 1.0;
+  if constexpr (Cu::contiguous) {
+    detail::wear_statistics(units, out);
+  }
+  return out;
+}
+
+} // namespace carve::sim
