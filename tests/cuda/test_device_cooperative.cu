@@ -1,6 +1,8 @@
 // Device side of carve's concurrent and cooperative slot code, checked against the host:
 // a block-scope ConcurrentSlotAllocator in shared memory under every thread of a block (with
 // ownership stamps), warp-aggregated allocation, warp and block searches, and the batch kernels.
+#include "device_test.hpp"
+
 #include <carve/carve.hpp>
 
 #include <cuda_runtime.h>
@@ -12,26 +14,22 @@
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
+using carve::test::check;
+using carve::test::to_device;
+using carve::test::to_host;
+
+// Stamps every slot of `r` with `me` (each must have been unowned), checks and clears the stamps,
+// then frees `r`. Returns the violations seen: a slot owned twice, or a free refused.
+template <class Allocator>
+__device__ unsigned hold_and_free(Allocator& slots, carve::SlotRange r, int* owner, int me) {
+  unsigned bad = 0;
+  for (std::uint32_t s = r.first; s < r.first + r.count; ++s) {
+    bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
   }
-}
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-  T* p = nullptr;
-  check(cudaMalloc(&p, v.size() * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "copy to device");
-  return p;
-}
-
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
-  return v;
+  for (std::uint32_t s = r.first; s < r.first + r.count; ++s) {
+    bad += atomicExch(&owner[s], 0) != me ? 1u : 0u;
+  }
+  return bad + (slots.deallocate(r) ? 0u : 1u);
 }
 
 constexpr std::uint32_t storm_slots = 512;
@@ -58,13 +56,7 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
     if (!r) {
       continue;
     }
-    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
-      bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
-    }
-    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
-      bad += atomicExch(&owner[s], 0) != me ? 1u : 0u;
-    }
-    bad += slots.deallocate(*r) ? 0u : 1u;
+    bad += hold_and_free(slots, *r, owner, me);
   }
   atomicAdd(violations, bad);
   __syncthreads();
@@ -86,13 +78,7 @@ __global__ void grid_storm(int rounds, int* owner, unsigned* violations) {
     if (!r) {
       continue;
     }
-    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
-      bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
-    }
-    for (std::uint32_t s = r->first; s < r->first + r->count; ++s) {
-      bad += atomicExch(&owner[s], 0) != me ? 1u : 0u;
-    }
-    bad += grid_allocator.deallocate(*r) ? 0u : 1u;
+    bad += hold_and_free(grid_allocator, *r, owner, me);
   }
   atomicAdd(violations, bad);
 }
@@ -250,11 +236,7 @@ int check_batch(std::mt19937_64& rng) {
 } // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("SKIP: no CUDA device; the device code was compiled but not run");
-    return 77;
-  }
+  carve::test::skip_without_device();
   std::mt19937_64 rng(99);
   const int failures = check_storm() + check_grid_storm() + check_cooperative<4096>(rng) +
                        check_cooperative<70000>(rng) + check_batch(rng);

@@ -1,5 +1,7 @@
 // ReleaseAlignedFit on a GPU: an allocator in shared memory replays hinted allocations and
 // releases, and every answer matches the host's.
+#include "device_test.hpp"
+
 #include <carve/carve.hpp>
 
 #include <cuda_runtime.h>
@@ -11,6 +13,10 @@
 #include <vector>
 
 namespace {
+
+using carve::test::check;
+using carve::test::to_device;
+using carve::test::to_host;
 
 constexpr std::uint32_t no_fit = 0xffff'ffff;
 using Allocator = carve::SlotAllocator<128, carve::ReleaseAlignedFit<128>>;
@@ -52,21 +58,10 @@ __global__ void replay_in_shared_memory(const Op* ops, std::uint32_t count, carv
   }
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 } // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("SKIP: no CUDA device; the device code was compiled but not run");
-    return 77;
-  }
+  carve::test::skip_without_device();
   constexpr std::uint32_t count = 20000;
   std::mt19937_64 rng(7);
   std::vector<Op> ops(count);

@@ -1,5 +1,7 @@
 // The slot code on a GPU gives exactly the host's answers: every policy over many bitmaps, and
 // an allocator in shared memory replaying a random allocate/free sequence.
+#include "device_test.hpp"
+
 #include <carve/carve.hpp>
 
 #include <cuda_runtime.h>
@@ -10,6 +12,10 @@
 #include <vector>
 
 namespace {
+
+using carve::test::check;
+using carve::test::to_device;
+using carve::test::to_host;
 
 constexpr std::uint32_t no_fit = 0xffff'ffff;
 
@@ -59,28 +65,6 @@ __global__ void replay_in_shared_memory(const int* ops, std::uint32_t count, car
       out[k] = {0, 0};
     }
   }
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-template <class T>
-T* to_device(const std::vector<T>& v) {
-  T* p = nullptr;
-  check(cudaMalloc(&p, v.size() * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-  return p;
-}
-
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-  return v;
 }
 
 template <std::uint32_t N>
@@ -160,11 +144,7 @@ int check_replay(std::mt19937_64& rng) {
 } // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("SKIP: no CUDA device; the device code was compiled but not run");
-    return 77;
-  }
+  carve::test::skip_without_device();
   std::mt19937_64 rng(42);
   const int failures = check_policies<128>(rng) + check_policies<1000>(rng) + check_replay(rng);
   std::printf("%s: %d mismatches\n", failures == 0 ? "PASS" : "FAIL", failures);

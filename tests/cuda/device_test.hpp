@@ -1,0 +1,44 @@
+// What carve's device tests share: error checks, copies to and from the device, and the rule
+// that a test without a GPU reports itself skipped (exit code 77, ctest's SKIP_RETURN_CODE).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace carve::test {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <class T>
+T* to_device(const std::vector<T>& v) {
+  T* p = nullptr;
+  check(cudaMalloc(&p, v.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "copy to device");
+  return p;
+}
+
+template <class T>
+std::vector<T> to_host(const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
+  return v;
+}
+
+// Exits with 77 after saying so when there is no usable GPU.
+inline void skip_without_device() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::puts("SKIP: no CUDA device; the device code was compiled but not run");
+    std::exit(77);
+  }
+}
+
+} // namespace carve::test
