@@ -1,7 +1,8 @@
 // GPU throughput of carve's concurrent slot allocation: 100k threads of one kernel each
 // allocating m slots at once (m = 1, 4, 16, 64), per thread and warp-aggregated, under first fit
-// and boundary-nearest, beside a baseline that claims single bits at hashed positions (the shape
-// of the fastest published GPU heap allocators, which give up any placement policy).
+// and boundary-nearest, on one bitmap and sharded (1000 shards, each block at home in its own),
+// beside a baseline that claims single bits at hashed positions (the shape of the fastest
+// published GPU heap allocators, which give up any placement policy).
 // Kernel time by CUDA events, median of 7 launches; every result is checked for overlaps.
 // Needs a GPU; without one it says so and exits.
 #include <carve/carve.hpp>
@@ -22,6 +23,28 @@ constexpr std::uint32_t words = carve::bits::word_count(slots);
 
 template <class Fit>
 using Slots = carve::ConcurrentSlotAllocatorRef<slots, Fit, cuda::thread_scope_device>;
+
+constexpr std::uint32_t shards = 1000;
+template <class Fit>
+using Sharded = carve::ShardedSlotAllocator<slots / shards, shards, Fit, cuda::thread_scope_device>;
+
+template <class Fit>
+__global__ void reset_shards(carve::bits::word* storage) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < shards; i += gridDim.x * blockDim.x) {
+    Sharded<Fit>(storage).shard(i).reset();
+  }
+}
+
+template <class Fit, bool Aggregated>
+__global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t m, carve::SlotRange* out) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= threads_total) {
+    return;
+  }
+  const Sharded<Fit> s(storage);
+  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
+  out[i] = r ? *r : carve::SlotRange{0xffff'ffffu, 0};
+}
 
 template <class Fit, bool Aggregated>
 __global__ void allocate_once(carve::bits::word* bitmap, std::uint32_t m, carve::SlotRange* out) {
@@ -70,17 +93,17 @@ struct Run {
   bool disjoint;
 };
 
-template <class Launch>
-Run measure(Launch launch, carve::bits::word* d_bitmap, carve::SlotRange* d_out) {
-  const carve::SlotBitmap<slots>* all_free = new carve::SlotBitmap<slots>();
+// Times `launch` 7 times, calling `reset` (which must leave every slot free) before each.
+template <class Reset, class Launch>
+Run measure(Reset reset, Launch launch, carve::SlotRange* d_out) {
   std::vector<float> times;
   std::vector<carve::SlotRange> out(threads_total);
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
   for (int rep = 0; rep < 7; ++rep) {
-    check(cudaMemcpy(d_bitmap, all_free->words().data(), words * sizeof(carve::bits::word), cudaMemcpyHostToDevice),
-          "reset bitmap");
+    reset();
+    check(cudaDeviceSynchronize(), "reset");
     check(cudaEventRecord(start), "event");
     launch();
     check(cudaGetLastError(), "launch");
@@ -90,7 +113,6 @@ Run measure(Launch launch, carve::bits::word* d_bitmap, carve::SlotRange* d_out)
     check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
     times.push_back(ms * 1000);
   }
-  delete all_free;
   check(cudaMemcpy(out.data(), d_out, threads_total * sizeof(carve::SlotRange), cudaMemcpyDeviceToHost), "copy");
   std::vector<std::uint8_t> owner(slots, 0);
   Run run{0, 0, true};
@@ -110,7 +132,7 @@ Run measure(Launch launch, carve::bits::word* d_bitmap, carve::SlotRange* d_out)
 }
 
 void report(const char* what, std::uint32_t m, const Run& r) {
-  std::printf("  %-34s m=%2u  %10.1f us  %s%s\n", what, m, static_cast<double>(r.median_us),
+  std::printf("  %-36s m=%2u  %10.1f us  %s%s\n", what, m, static_cast<double>(r.median_us),
               r.disjoint ? "disjoint" : "OVERLAP", r.failed != 0 ? "  (some failed)" : "");
 }
 
@@ -118,13 +140,31 @@ template <class Fit>
 void sweep(const char* name, carve::bits::word* d_bitmap, carve::SlotRange* d_out) {
   constexpr unsigned block = 256;
   constexpr unsigned grid = (threads_total + block - 1) / block;
+  const auto* all_free = new carve::SlotBitmap<slots>();
+  const auto reset_bitmap = [&] {
+    check(cudaMemcpy(d_bitmap, all_free->words().data(), words * sizeof(carve::bits::word), cudaMemcpyHostToDevice),
+          "reset bitmap");
+  };
+  carve::bits::word* d_sharded = nullptr;
+  check(cudaMalloc(&d_sharded, Sharded<Fit>::word_count * sizeof(carve::bits::word)), "cudaMalloc");
+  const auto reset_sharded = [&] { reset_shards<Fit><<<(shards + 255) / 256, 256>>>(d_sharded); };
+  std::printf("%s\n", name);
   for (const std::uint32_t m : {1u, 4u, 16u, 64u}) {
-    const Run each = measure([&] { allocate_once<Fit, false><<<grid, block>>>(d_bitmap, m, d_out); }, d_bitmap, d_out);
-    const Run warp = measure([&] { allocate_once<Fit, true><<<grid, block>>>(d_bitmap, m, d_out); }, d_bitmap, d_out);
-    std::printf("%s\n", name);
-    report("per thread", m, each);
-    report("warp-aggregated", m, warp);
+    report("one bitmap, per thread", m,
+           measure(
+               reset_bitmap, [&] { allocate_once<Fit, false><<<grid, block>>>(d_bitmap, m, d_out); }, d_out));
+    report("one bitmap, warp-aggregated", m,
+           measure(
+               reset_bitmap, [&] { allocate_once<Fit, true><<<grid, block>>>(d_bitmap, m, d_out); }, d_out));
+    report("sharded, per thread", m,
+           measure(
+               reset_sharded, [&] { allocate_sharded<Fit, false><<<grid, block>>>(d_sharded, m, d_out); }, d_out));
+    report("sharded, warp-aggregated", m,
+           measure(
+               reset_sharded, [&] { allocate_sharded<Fit, true><<<grid, block>>>(d_sharded, m, d_out); }, d_out));
   }
+  delete all_free;
+  cudaFree(d_sharded);
 }
 
 } // namespace
@@ -144,8 +184,14 @@ int main() {
   check(cudaMalloc(&d_bitmap, words * sizeof(carve::bits::word)), "cudaMalloc");
   check(cudaMalloc(&d_out, threads_total * sizeof(carve::SlotRange)), "cudaMalloc");
 
-  const Run hashed =
-      measure([&] { hashed_single_bit<<<(threads_total + 255) / 256, 256>>>(d_bitmap, d_out); }, d_bitmap, d_out);
+  const auto* all_free = new carve::SlotBitmap<slots>();
+  const Run hashed = measure(
+      [&] {
+        check(cudaMemcpy(d_bitmap, all_free->words().data(), words * sizeof(carve::bits::word), cudaMemcpyHostToDevice),
+              "reset bitmap");
+      },
+      [&] { hashed_single_bit<<<(threads_total + 255) / 256, 256>>>(d_bitmap, d_out); }, d_out);
+  delete all_free;
   std::printf("baseline\n");
   report("hashed single-bit claim (no policy)", 1, hashed);
   sweep<carve::FirstFit>("first-fit", d_bitmap, d_out);

@@ -255,3 +255,74 @@ TEST_CASE("two threads freeing the same range at once: one succeeds, one is told
     REQUIRE(slots.free_count() == 256);
   }
 }
+
+TEST_CASE("a sharded allocator serves the home shard first and falls back in order") {
+  using Sharded = carve::ShardedSlotAllocator<64, 4, carve::FirstFit, cuda::thread_scope_system>;
+  static_assert(Sharded::size() == 256 && Sharded::word_count == 4);
+  std::vector<std::uint64_t> words(Sharded::word_count, 0);
+  const Sharded slots(words.data());
+  CHECK(slots.allocate(1, 0).error() == Errc::no_space); // not reset yet: all taken
+  slots.reset();
+  CHECK(*slots.allocate(10, 2) == SlotRange{128, 10});        // shard 2 starts at slot 128
+  CHECK(*slots.allocate(60, 2) == SlotRange{192, 60});        // shard 2 has 54 left: shard 3
+  CHECK(*slots.allocate(54, 6) == SlotRange{138, 54});        // home 6 % 4 = 2
+  CHECK(*slots.allocate(64, 3) == SlotRange{0, 64});          // 3 has 4 left, then wrap to shard 0
+  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size); // larger than a shard
+  CHECK(slots.allocate(0, 0).error() == Errc::invalid_size);
+  CHECK(slots.free_count() == 256 - 188);
+  CHECK(slots.deallocate({60, 10}).error() == Errc::not_allocated); // spans shards 0 and 1
+  CHECK(slots.deallocate({250, 10}).error() == Errc::out_of_range);
+  CHECK(slots.deallocate({64, 1}).error() == Errc::not_allocated); // free
+  CHECK(slots.deallocate({128, 10}));
+  CHECK(slots.deallocate({138, 54}));
+  CHECK(slots.shard(2).free_count() == 64);
+  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size);
+}
+
+TEST_CASE("threads with their own home shards never share a slot") {
+  constexpr int threads = 4;
+  using Sharded = carve::ShardedSlotAllocator<130, threads, carve::BoundaryNearestFit, cuda::thread_scope_system>;
+  std::vector<std::uint64_t> words(Sharded::word_count);
+  const Sharded slots(words.data());
+  slots.reset();
+  std::vector<int> owner(Sharded::size(), 0);
+  std::atomic<int> violations{0};
+  std::vector<std::thread> pool;
+  std::barrier start(threads);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 11);
+      std::vector<SlotRange> mine;
+      start.arrive_and_wait();
+      for (int step = 0; step < 20000; ++step) {
+        if (!mine.empty() && rng() % 2 == 0) {
+          const SlotRange r = mine.back();
+          mine.pop_back();
+          for (std::uint32_t s = r.first; s < r.end(); ++s) {
+            violations += owner[s] != t + 1 ? 1 : 0;
+            owner[s] = 0;
+          }
+          violations += slots.deallocate(r) ? 0 : 1;
+        } else if (const auto r =
+                       slots.allocate(static_cast<std::uint32_t>(1 + rng() % 40), static_cast<std::uint32_t>(t))) {
+          for (std::uint32_t s = r->first; s < r->end(); ++s) {
+            violations += owner[s] != 0 ? 1 : 0;
+            owner[s] = t + 1;
+          }
+          mine.push_back(*r);
+        }
+      }
+      for (const SlotRange r : mine) {
+        for (std::uint32_t s = r.first; s < r.end(); ++s) {
+          owner[s] = 0;
+        }
+        violations += slots.deallocate(r) ? 0 : 1;
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  CHECK(violations.load() == 0);
+  CHECK(slots.free_count() == Sharded::size());
+}

@@ -28,6 +28,7 @@
 #include <carve/slot/release_aligned_fit.hpp>
 #include <carve/slot/run_search.hpp>
 #include <carve/slot/run_segment.hpp>
+#include <carve/slot/sharded_slot_allocator.hpp>
 #include <carve/slot/slot_allocator.hpp>
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>

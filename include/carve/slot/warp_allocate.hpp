@@ -23,10 +23,11 @@ CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_
 }
 
 #if defined(__CUDACC__)
-// Call from any subset of a warp's lanes (one-dimensional blocks); `Allocator` is any carve slot
-// allocator shared by those lanes (e.g. ConcurrentSlotAllocator).
-template <class Allocator>
-__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, std::uint32_t m) {
+// Call from any subset of a warp's lanes (one-dimensional blocks); `slots` is a carve slot
+// allocator shared by those lanes, and `args` follow m in its allocate (e.g. the home shard of a
+// ShardedSlotAllocator).
+template <class Allocator, class... Args>
+__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, std::uint32_t m, Args... args) {
   const unsigned active = __activemask();
   const unsigned group = __match_any_sync(active, m);
   const int leader = __ffs(static_cast<int>(group)) - 1;
@@ -36,8 +37,8 @@ __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, 
 
   std::uint32_t first = 0;
   int whole = 0;
-  if (static_cast<int>(lane) == leader && lanes > 1 && m != 0 && m <= Allocator::size() / lanes) {
-    if (const auto run = slots.allocate(lanes * m)) {
+  if (static_cast<int>(lane) == leader && lanes > 1 && m != 0 && m <= 0xffff'ffffu / lanes) {
+    if (const auto run = slots.allocate(lanes * m, args...)) {
       first = run->first;
       whole = 1;
     }
@@ -47,7 +48,7 @@ __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, 
   if (whole != 0) {
     return share_of({first, lanes * m}, m, rank);
   }
-  return slots.allocate(m);
+  return slots.allocate(m, args...);
 }
 #endif
 
