@@ -14,6 +14,10 @@
 // Requests must also be move-assignable: a failed enqueue hands the request back by assignment.
 #pragma once
 
+// <linux/fs.h> (pulled in by liburing, among others) defines a BLOCK_SIZE macro that would
+// rewrite moodycamel's member of that name; it is set aside while moodycamel is read.
+#pragma push_macro("BLOCK_SIZE")
+#undef BLOCK_SIZE
 #if __has_include(<concurrentqueue/moodycamel/concurrentqueue.h>)
 #include <concurrentqueue/moodycamel/concurrentqueue.h>
 #define CARVE_HAS_MOODYCAMEL_LANE 1
@@ -21,6 +25,7 @@
 #include <concurrentqueue/concurrentqueue.h>
 #define CARVE_HAS_MOODYCAMEL_LANE 1
 #endif
+#pragma pop_macro("BLOCK_SIZE")
 
 #if defined(CARVE_HAS_MOODYCAMEL_LANE)
 #include <carve/queue/lane.hpp>
