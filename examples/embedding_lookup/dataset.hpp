@@ -204,8 +204,8 @@ inline std::string shard_name(std::uint32_t table, std::size_t copy, std::size_t
   return "table" + std::to_string(table) + ".copy" + std::to_string(copy) + ".shard" + std::to_string(shard) + ".f32";
 }
 
-// Writes every table's files under cfg.root and returns the map.
-inline std::unique_ptr<DeviceMap> generate_dataset(const DatasetConfig& cfg) {
+// The map of the dataset cfg describes; with `write`, the table files are written first.
+inline std::unique_ptr<DeviceMap> build_dataset(const DatasetConfig& cfg, bool write) {
   if (cfg.devices < 2) {
     throw std::invalid_argument("the dataset needs at least 2 storage devices");
   }
@@ -221,7 +221,9 @@ inline std::unique_ptr<DeviceMap> generate_dataset(const DatasetConfig& cfg) {
       for (std::uint32_t c = 0; c < 2; ++c) {
         const std::uint32_t device = (t + c) % cfg.devices;
         const auto path = device_dir(cfg.root, device) / shard_name(t, c, 0);
-        write_rows(path, spec, 0, spec.rows);
+        if (write) {
+          write_rows(path, spec, 0, spec.rows);
+        }
         placement.copies.push_back({Shard{device, 0, spec.rows, std::make_shared<ShardFile>(path, cfg.direct_io)}});
       }
     } else {
@@ -232,7 +234,9 @@ inline std::unique_ptr<DeviceMap> generate_dataset(const DatasetConfig& cfg) {
         const std::uint64_t first = s * per;
         const std::uint64_t rows = std::min(per, spec.rows - first);
         const auto path = device_dir(cfg.root, device) / shard_name(t, 0, s);
-        write_rows(path, spec, first, rows);
+        if (write) {
+          write_rows(path, spec, first, rows);
+        }
         shards.push_back(Shard{device, first, rows, std::make_shared<ShardFile>(path, cfg.direct_io)});
       }
       placement.copies.push_back(std::move(shards));
@@ -242,31 +246,42 @@ inline std::unique_ptr<DeviceMap> generate_dataset(const DatasetConfig& cfg) {
   return map;
 }
 
+// Writes every table's files under cfg.root and returns the map.
+inline std::unique_ptr<DeviceMap> generate_dataset(const DatasetConfig& cfg) { return build_dataset(cfg, true); }
+
+// The map of a dataset generate_dataset wrote earlier with the same layout (e.g. to read it
+// again with or without O_DIRECT).
+inline std::unique_ptr<DeviceMap> open_dataset(const DatasetConfig& cfg) { return build_dataset(cfg, false); }
+
 // Page cache control for the cold and warm runs.
-inline void drop_page_cache(const DeviceMap& map) {
+// Every shard of every table, as the map holds them now.
+inline std::vector<Shard> all_shards(const DeviceMap& map) {
+  std::vector<Shard> out;
   for (const TableSpec& spec : map.specs()) {
-    for (const auto& copy : map.find(spec.id)->copies) {
-      for (const Shard& s : copy) {
-        ::posix_fadvise(s.file->fd(), 0, 0, POSIX_FADV_DONTNEED);
-      }
+    const std::optional<TablePlacement> placement = map.find(spec.id);
+    for (const auto& copy : placement->copies) {
+      out.insert(out.end(), copy.begin(), copy.end());
     }
+  }
+  return out;
+}
+
+inline void drop_page_cache(const DeviceMap& map) {
+  for (const Shard& s : all_shards(map)) {
+    ::posix_fadvise(s.file->fd(), 0, 0, POSIX_FADV_DONTNEED);
   }
 }
 
 inline void warm_page_cache(const DeviceMap& map) {
   std::vector<char> buffer(1 << 20);
-  for (const TableSpec& spec : map.specs()) {
-    for (const auto& copy : map.find(spec.id)->copies) {
-      for (const Shard& s : copy) {
-        const int fd = ::open(s.file->path().c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-          continue;
-        }
-        while (::read(fd, buffer.data(), buffer.size()) > 0) {
-        }
-        ::close(fd);
-      }
+  for (const Shard& s : all_shards(map)) {
+    const int fd = ::open(s.file->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      continue;
     }
+    while (::read(fd, buffer.data(), buffer.size()) > 0) {
+    }
+    ::close(fd);
   }
 }
 

@@ -3,8 +3,12 @@
 //   submit(query) -> request queue (sorted into tiers by #vectors)
 //     -> manager: takes a query when the I/O stage has room, looks its table up in the device
 //        map, splits it per storage device (choosing the least busy copy of a replicated table)
-//        and hands each part to the device's loader with the fewest rows queued
-//     -> loaders (>= 1 per device): read the rows (pread / io_uring) and add them up
+//        into parts of at most chunk_rows rows, and hands each part to the device's loader with
+//        the fewest rows queued
+//     -> loaders (>= 1 per device): read the rows (pread / io_uring) and add them up. Each
+//        loader's queue is a queue of the same kind as the request queue (same thresholds, same
+//        drain policy, classifying a part by its query's size), so a small query's parts do
+//        not wait behind a large query's either
 //     -> compute scheduler: per-processing-element queues, a ready queue on which elements
 //        report completion, the next request always to an element that said it is idle
 //     -> processing elements: post-processing (mean, a dense layer, ReLU) -> result
@@ -92,7 +96,8 @@ struct PipelineConfig {
   std::uint32_t processing_elements = 2;
   std::uint32_t outputs = 16; // width of the post-processing layer
   IoMode io = IoMode::pread;
-  std::size_t part_queue_capacity = 64;
+  std::size_t part_queue_capacity = 256;
+  std::uint32_t chunk_rows = 64; // rows per part at most: large queries spread over the loaders
 };
 
 template <class RequestQueue>
@@ -103,13 +108,13 @@ public:
   Pipeline(std::unique_ptr<RequestQueue> queue, DeviceMap& map, std::uint32_t devices, PipelineConfig cfg, Sink sink)
       : queue_(std::move(queue)), map_(map), cfg_(cfg), sink_(std::move(sink)), in_flight_(cfg.in_flight),
         compute_(*this) {
-    if (cfg_.loaders_per_device == 0 || cfg_.in_flight == 0 || cfg_.processing_elements == 0) {
-      throw std::invalid_argument("a pipeline needs at least one loader per device, one query in flight and one "
-                                  "processing element");
+    if (cfg_.loaders_per_device == 0 || cfg_.in_flight == 0 || cfg_.processing_elements == 0 || cfg_.chunk_rows == 0) {
+      throw std::invalid_argument("a pipeline needs at least one loader per device, one query in flight, one "
+                                  "processing element and parts of at least one row");
     }
     for (std::uint32_t d = 0; d < devices; ++d) {
       for (std::uint32_t k = 0; k < cfg_.loaders_per_device; ++k) {
-        loaders_.push_back(std::make_unique<Loader>(d, cfg_.part_queue_capacity));
+        loaders_.push_back(std::make_unique<Loader>(d, *queue_, cfg_.part_queue_capacity));
       }
     }
     for (auto& loader : loaders_) {
@@ -185,15 +190,18 @@ private:
     std::shared_ptr<Lookup> lookup;
     Shard shard;
     std::vector<std::uint64_t> rows;
+    std::uint64_t query_vectors = 0;
   };
-  struct PartRows {
-    std::uint64_t operator()(const Part& p) const noexcept { return p.rows.size(); }
+  // A part is classified by the size of its query, with the request queue's thresholds.
+  struct PartQueryVectors {
+    std::uint64_t operator()(const Part& p) const noexcept { return p.query_vectors; }
   };
-  using PartQueue = carve::SizeTieredQueue<Part, PartRows>; // one FIFO per loader
+  using PartQueue = carve::SizeTieredQueue<Part, PartQueryVectors, carve::RingLanes<>,
+                                           typename RequestQueue::drain_policy, typename RequestQueue::clock>;
 
   struct Loader {
-    Loader(std::uint32_t d, std::size_t capacity)
-        : device(d), parts(std::make_unique<PartQueue>(fifo_thresholds(), capacity)) {}
+    Loader(std::uint32_t d, const RequestQueue& like, std::size_t capacity)
+        : device(d), parts(std::make_unique<PartQueue>(like.thresholds(), capacity, like.drain())) {}
     std::uint32_t device;
     std::unique_ptr<PartQueue> parts;
     std::atomic<std::uint64_t> queued_rows{0};
@@ -369,10 +377,15 @@ private:
     }
     std::vector<Part> parts;
     for (const Shard& s : *copy) {
-      Part part{lookup, s, {}};
+      Part part{lookup, s, {}, query.rows.size()};
       for (const std::uint64_t r : query.rows) {
-        if (s.holds(r)) {
-          part.rows.push_back(r);
+        if (!s.holds(r)) {
+          continue;
+        }
+        part.rows.push_back(r);
+        if (part.rows.size() == cfg_.chunk_rows) {
+          parts.push_back(part);
+          part.rows.clear();
         }
       }
       if (!part.rows.empty()) {
@@ -382,7 +395,12 @@ private:
     std::vector<Loader*> chosen;
     for (const Part& part : parts) {
       chosen.push_back(least_loaded(part.shard.device));
-      if (chosen.back() == nullptr) {
+      if (chosen.back() != nullptr) {
+        chosen.back()->queued_rows += part.rows.size(); // so the next part sees this one
+      } else {
+        for (std::size_t i = 0; i + 1 < chosen.size(); ++i) {
+          chosen[i]->queued_rows -= parts[i].rows.size();
+        }
         fail(*lookup, "no loader serves device " + std::to_string(part.shard.device));
         in_flight_.release();
         return;
@@ -390,7 +408,6 @@ private:
     }
     lookup->parts_left.store(static_cast<std::uint32_t>(parts.size()));
     for (std::size_t i = 0; i < parts.size(); ++i) {
-      chosen[i]->queued_rows += parts[i].rows.size();
       (void)chosen[i]->parts->push(std::move(parts[i]));
     }
   }
