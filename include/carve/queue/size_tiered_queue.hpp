@@ -153,10 +153,9 @@ public:
   // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
   // On error the request is still in `request`.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
-    const auto r = push_quietly(request);
-    if (r || r.error() == Errc::closed) {
-      wake_readers();
-    }
+    std::uint64_t gate = 0;
+    const auto r = push_quietly(request, gate);
+    wake_readers(gate);
     return r;
   }
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
@@ -295,9 +294,19 @@ public:
   };
 
 private:
-  // gate_: the closed flag and the number of pushes in flight. A consumer that finds the lanes
-  // empty, the flag set and no push in flight knows nothing more can arrive.
+  // gate_: the closed flag, the threads sleeping in blocking calls, and the pushes in flight.
+  // A consumer that finds the lanes empty, the flag set and no push in flight knows nothing more
+  // can arrive. A thread about to sleep announces itself here with a read-modify-write and then
+  // looks at the lanes again; a push (pop) makes its change visible and then does a
+  // read-modify-write here too. Both RMWs are ordered in gate_'s modification order: either the
+  // waker sees the announcement and wakes the sleeper, or the sleeper's RMW synchronizes with
+  // the waker's and its second look sees the change. No fence on the fast path.
   static constexpr std::uint64_t closed_bit = std::uint64_t{1} << 63;
+  static constexpr std::uint64_t in_flight_mask = 0xffff'ffffULL;
+  static constexpr std::uint64_t reader = std::uint64_t{1} << 32; // a sleeping consumer
+  static constexpr std::uint64_t readers_mask = 0xffffULL << 32;
+  static constexpr std::uint64_t writer = std::uint64_t{1} << 48; // a sleeping producer
+  static constexpr std::uint64_t writers_mask = 0x7fffULL << 48;
 
   union LaneSlot {
     CARVE_HOST_DEVICE LaneSlot() noexcept {}
@@ -360,13 +369,14 @@ private:
   CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
   CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
 
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request) noexcept {
+  // `gate` receives gate_ as this push left it, for wake_readers.
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, std::uint64_t& gate) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
     const std::uint32_t tier = tier_of(request);
     if ((gate_.fetch_add(1, cuda::std::memory_order_acq_rel) & closed_bit) != 0) {
-      gate_.fetch_sub(1, cuda::std::memory_order_acq_rel);
+      gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel);
       return cuda::std::unexpected(Errc::closed);
     }
     bool pushed = true;
@@ -384,8 +394,9 @@ private:
         }
       }
     }
-    gate_.fetch_sub(1, cuda::std::memory_order_acq_rel); // after the lane published the request
+    gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel); // after the lane published the request
     if (!pushed) {
+      gate &= ~readers_mask; // nothing new for sleeping consumers
       rejected_[tier].fetch_add(1, cuda::std::memory_order_relaxed);
       return cuda::std::unexpected(Errc::full);
     }
@@ -400,7 +411,7 @@ private:
       return cuda::std::move(got->value);
     }
     const std::uint64_t gate = gate_.load(cuda::std::memory_order_acquire);
-    if (gate == closed_bit) {
+    if ((gate & (closed_bit | in_flight_mask)) == closed_bit) {
       // Closed with no push in flight: every accepted request is visible now; one more look.
       if (auto got = pop_one()) {
         return cuda::std::move(got->value);
@@ -451,19 +462,17 @@ private:
     return n;
   }
 
-  // After a push (or a push refused because the queue closed): wake a waiting consumer, or all
-  // of them once the queue is closed (they wait for the last in-flight push). The fence pairs
-  // with the one a waiter issues after announcing itself: either it sees our request, or we see it.
-  CARVE_HOST_DEVICE void wake_readers() noexcept {
-    NV_IF_TARGET(NV_IS_HOST, (cuda::std::atomic_thread_fence(cuda::std::memory_order_seq_cst);
-                              if (readers_waiting_.load(cuda::std::memory_order_relaxed) != 0) {
-                                waiters_->wake_readers(closed());
-                              }))
+  // After a push (or a push refused because the queue closed), given gate_ as the push left it:
+  // wake a sleeping consumer, or all of them once the queue is closed (they wait for the last
+  // in-flight push).
+  CARVE_HOST_DEVICE void wake_readers(std::uint64_t gate) noexcept {
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate & readers_mask) != 0) { waiters_->wake_readers((gate & closed_bit) != 0); }))
   }
+  // After a pop: the read-modify-write that pairs with a sleeping producer's announcement.
   CARVE_HOST_DEVICE void wake_writers() noexcept {
-    NV_IF_TARGET(NV_IS_HOST,
-                 (cuda::std::atomic_thread_fence(cuda::std::memory_order_seq_cst);
-                  if (writers_waiting_.load(cuda::std::memory_order_relaxed) != 0) { waiters_->wake_writers(); }))
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.fetch_or(0, cuda::std::memory_order_acq_rel) & writers_mask) != 0) {
+                   waiters_->wake_writers();
+                 }))
   }
 
 #if !defined(__CUDA_ARCH__)
@@ -471,16 +480,15 @@ private:
 
   // Retries `attempt` until it gives something other than `busy`, sleeping on `cv` in between.
   template <class Attempt>
-  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv,
-                       cuda::atomic<std::uint32_t, Lanes::scope>& waiting, const Deadline& deadline) {
+  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, std::uint64_t announce,
+                       const Deadline& deadline) {
     auto r = attempt();
     if (r || r.error() != busy) {
       return r;
     }
     CARVE_EXPECTS(waiters_ != nullptr); // a queue built in device code has no host waiters
     std::unique_lock lock(waiters_->mutex);
-    waiting.fetch_add(1, cuda::std::memory_order_seq_cst);
-    cuda::std::atomic_thread_fence(cuda::std::memory_order_seq_cst);
+    gate_.fetch_add(announce, cuda::std::memory_order_acq_rel);
     for (;;) {
       r = attempt();
       if (r || r.error() != busy) {
@@ -496,19 +504,18 @@ private:
         break;
       }
     }
-    waiting.fetch_sub(1, cuda::std::memory_order_relaxed);
+    gate_.fetch_sub(announce, cuda::std::memory_order_relaxed);
     return r;
   }
 
   cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
+    std::uint64_t gate = 0;
     if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
-      return push_quietly(request);
+      return push_quietly(request, gate);
     }
-    const auto r = wait_for_change([&] { return push_quietly(request); }, Errc::full, waiters_->writable,
-                                   writers_waiting_, deadline);
-    if (r || r.error() == Errc::closed) {
-      wake_readers();
-    }
+    const auto r =
+        wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable, writer, deadline);
+    wake_readers(gate);
     return r;
   }
 
@@ -517,7 +524,7 @@ private:
     if (waiters_ == nullptr) {
       return attempt();
     }
-    auto r = wait_for_change(attempt, Errc::empty, waiters_->readable, readers_waiting_, deadline);
+    auto r = wait_for_change(attempt, Errc::empty, waiters_->readable, reader, deadline);
     if (r) {
       wake_writers();
     }
@@ -536,8 +543,6 @@ private:
 
   cuda::atomic<std::uint64_t, Lanes::scope> gate_{0};
   cuda::atomic<std::uint64_t, Lanes::scope> total_{0}; // requests held, for shared capacity
-  cuda::atomic<std::uint32_t, Lanes::scope> readers_waiting_{0};
-  cuda::atomic<std::uint32_t, Lanes::scope> writers_waiting_{0};
   cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
   WaitHistogram<Lanes::scope> waits_[max_tiers];
   LaneSlot lanes_[max_tiers];
