@@ -14,7 +14,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
-packages=(cmake g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev)
+packages=(cmake g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev
+  libconcurrentqueue-dev libboost-dev liburing-dev)
 
 say() { printf '\n== %s\n' "$*"; }
 

@@ -37,6 +37,20 @@
 #include <carve/slot/warp_scan.hpp>
 #include <carve/slot/word_source.hpp>
 
+#include <carve/queue/deficit_round_robin.hpp>
+#include <carve/queue/drain_policy.hpp>
+#include <carve/queue/lane.hpp>
+#include <carve/queue/moodycamel_lane.hpp> // only when moodycamel's header is found (CARVE_HAS_MOODYCAMEL_LANE)
+#include <carve/queue/mpmc_ring.hpp>
+#include <carve/queue/priority_tag.hpp>
+#include <carve/queue/queue_clock.hpp>
+#include <carve/queue/queue_stats.hpp>
+#include <carve/queue/round_robin.hpp>
+#include <carve/queue/size_tiered_queue.hpp>
+#include <carve/queue/strict_priority.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+#include <carve/queue/weighted_round_robin.hpp>
+
 #include <carve/tier/byte_size.hpp>
 #include <carve/tier/spill_tier.hpp>
 #include <carve/tier/tier_discovery.hpp>

@@ -12,11 +12,17 @@
 namespace carve {
 
 enum class Errc {
-  no_space = 1,      // no run of free slots (or bytes) large enough for the request
-  invalid_size,      // a size of zero, or larger than the resource can ever hold
-  out_of_range,      // a range that ends past the resource or wraps around
-  not_allocated,     // releasing something that is (partly) free already
-  invalid_placement, // a fit policy proposed a run that is not free: a bug in that policy
+  no_space = 1,       // no run of free slots (or bytes) large enough for the request
+  invalid_size,       // a size of zero, or larger than the resource can ever hold
+  out_of_range,       // a range that ends past the resource or wraps around
+  not_allocated,      // releasing something that is (partly) free already
+  invalid_placement,  // a fit policy proposed a run that is not free: a bug in that policy
+  invalid_thresholds, // tier thresholds that are empty, unsorted, repeated or too many
+  full,               // a bounded queue (or the tier a request belongs to) has no room
+  empty,              // nothing to take from a queue
+  closed,             // the queue was closed: no more pushes; pops end once it has drained
+  timed_out,          // a blocking call's deadline passed first
+  invalid_argument,   // a parameter outside its documented domain (a zero capacity, a weight list of the wrong length)
 };
 
 // A short, stable, lowercase description; never null.
@@ -32,6 +38,18 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "not allocated";
   case Errc::invalid_placement:
     return "fit policy proposed a run that is not free";
+  case Errc::invalid_thresholds:
+    return "invalid tier thresholds";
+  case Errc::full:
+    return "full";
+  case Errc::empty:
+    return "empty";
+  case Errc::closed:
+    return "closed";
+  case Errc::timed_out:
+    return "timed out";
+  case Errc::invalid_argument:
+    return "invalid argument";
   }
   return "unknown carve error";
 }

@@ -1,0 +1,114 @@
+// carve/queue/deficit_round_robin.hpp — DeficitRoundRobin: tiers share the drain by size
+// (bytes, or whatever unit the queue's size function returns), not by request count.
+//
+//   carve::DeficitRoundRobin drr({64 << 10, 64 << 10, 64 << 10});   // equal bytes per round
+//
+// Each visit adds the tier's quantum to its deficit; the tier is served while its deficit is
+// positive, and every request served is charged its size afterwards (so a deficit can go
+// negative and the overdraft is carried into the next round). A tier found empty drops its
+// credit, as in Shreedhar and Varghese's DRR. Over time every busy tier gets bytes in
+// proportion to its quantum, whatever the mix of sizes; a quantum at least as large as the
+// largest request keeps each visit to one round. One quantum per tier, each at least 1
+// (Errc::invalid_argument otherwise).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/drain_policy.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+#include <cuda/std/span>
+
+namespace carve {
+
+class DeficitRoundRobin {
+public:
+  static constexpr const char* name = "deficit round-robin";
+
+  CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(cuda::std::span<const std::uint64_t> quanta) noexcept
+      : count_(static_cast<std::uint32_t>(quanta.size())) {
+    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
+      quanta_[t] = quanta[t];
+    }
+  }
+  template <cuda::std::size_t K>
+  CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(const std::uint64_t (&quanta)[K]) noexcept
+      : DeficitRoundRobin(cuda::std::span<const std::uint64_t>(quanta, K)) {}
+
+  template <class Clock>
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+    if (count_ != tiers) {
+      return cuda::std::unexpected(Errc::invalid_argument);
+    }
+    for (std::uint32_t t = 0; t < tiers; ++t) {
+      if (quanta_[t] == 0 || quanta_[t] > max_quantum) {
+        return cuda::std::unexpected(Errc::invalid_argument);
+      }
+      deficit_[t] = 0;
+    }
+    cursor_ = 0;
+    deficit_[0] = static_cast<std::int64_t>(quanta_[0]); // the first visit has begun
+    return {};
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+    // Each step either finds a tier with credit or moves the cursor one tier on (adding that
+    // tier's quantum). Overdrafts larger than a quantum take extra rounds; the bound keeps a
+    // pathological configuration from spinning, falling back to plain round-robin.
+    const std::uint32_t n = view.tier_count();
+    for (std::uint32_t step = 0; step < 64 * n; ++step) {
+      std::uint32_t current = cursor<View>().load(cuda::std::memory_order_relaxed);
+      if (!view.known_empty(current) && deficit<View>(current).load(cuda::std::memory_order_relaxed) > 0) {
+        return current;
+      }
+      if (view.known_empty(current)) {
+        deficit<View>(current).store(0, cuda::std::memory_order_relaxed);
+      }
+      const cuda::std::optional<std::uint32_t> next = detail::next_untried(view, (current + 1) % n);
+      if (!next) {
+        return cuda::std::nullopt;
+      }
+      if (cursor<View>().compare_exchange_strong(current, *next, cuda::std::memory_order_relaxed)) {
+        deficit<View>(*next).fetch_add(static_cast<std::int64_t>(quanta_[*next]), cuda::std::memory_order_relaxed);
+      }
+    }
+    return detail::next_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed));
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE void served(const View&, std::uint32_t tier, std::uint64_t size) noexcept {
+    const std::uint64_t charge = size < max_quantum ? size : max_quantum;
+    deficit<View>(tier).fetch_sub(static_cast<std::int64_t>(charge), cuda::std::memory_order_relaxed);
+  }
+
+  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint64_t> quanta() const noexcept {
+    return {quanta_, count_ < max_tiers ? count_ : max_tiers};
+  }
+
+  // Larger quanta (and sizes) would risk overflowing the signed deficits.
+  static constexpr std::uint64_t max_quantum = std::uint64_t{1} << 48;
+
+private:
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> cursor() noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(cursor_);
+  }
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::int64_t, View::scope> deficit(std::uint32_t tier) noexcept {
+    return cuda::atomic_ref<std::int64_t, View::scope>(deficit_[tier]);
+  }
+
+  std::uint64_t quanta_[max_tiers]{};
+  alignas(8) std::int64_t deficit_[max_tiers]{};
+  std::uint32_t count_ = 0;
+  alignas(4) std::uint32_t cursor_ = 0;
+};
+
+static_assert(DrainPolicy<DeficitRoundRobin>);
+
+} // namespace carve

@@ -1,0 +1,107 @@
+// carve/queue/drain_policy.hpp — the concept every drain policy models: which tier the next pop
+// of a SizeTieredQueue serves.
+//
+//   struct MyDrain {
+//     static constexpr const char* name = "mine";                 // optional, for reports
+//     template <class Clock>
+//     CARVE_HOST_DEVICE cuda::std::expected<void, carve::Errc> prepare(std::uint32_t tiers);
+//     template <class View>
+//     CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view);
+//     template <class View>
+//     CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t size);
+//   };
+//
+// prepare() runs once when the queue is built: it checks the policy's parameters against the
+// tier count (Errc::invalid_argument when, say, a weight list has the wrong length) and turns
+// nanosecond bounds into the clock's ticks. For every pop the queue calls pick() until a tier it
+// names yields a request, then served() with that tier and the request's size. The View is:
+//   static constexpr cuda::thread_scope scope;      // for the policy's own atomics
+//   std::uint32_t tier_count() const;
+//   bool known_empty(std::uint32_t tier) const;     // this pop already found the tier empty
+//   cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const;  // oldest request's stamp
+//   std::uint64_t now() const;                      // clock ticks when this pop began
+// pick() returns a tier that is not known_empty, or nullopt when every tier is; the queue tries
+// at most one pop per tier per call, so a pop costs at most tier_count() picks.
+//
+// Many threads pop at once, so pick() and served() may run concurrently on one policy object:
+// a policy keeps its mutable state in members accessed only through cuda::atomic_ref at
+// View::scope (which also lets the whole queue live in device memory). With one consumer the
+// order is exactly the policy's; with several, each pop is valid and the shares hold on average.
+//
+// Optional traits: `static constexpr bool needs_head_stamps = true` (the queue then requires a
+// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/queue/queue_clock.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/concepts>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+
+namespace carve {
+
+namespace detail {
+// The smallest View a policy may rely on; only used to check the concept.
+struct DrainViewArchetype {
+  static constexpr cuda::thread_scope scope = cuda::thread_scope_system;
+  CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return 1; }
+  CARVE_HOST_DEVICE bool known_empty(std::uint32_t) const noexcept { return false; }
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t) const noexcept { return {}; }
+  CARVE_HOST_DEVICE std::uint64_t now() const noexcept { return 0; }
+};
+
+// The first tier at or after `from` (cyclically) that the view has not found empty.
+template <class View>
+CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> next_untried(const View& view, std::uint32_t from) noexcept {
+  const std::uint32_t n = view.tier_count();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const std::uint32_t t = (from + i) % n;
+    if (!view.known_empty(t)) {
+      return t;
+    }
+  }
+  return cuda::std::nullopt;
+}
+} // namespace detail
+
+template <class D>
+concept DrainPolicy = cuda::std::copy_constructible<D> &&
+    requires(D& drain, const detail::DrainViewArchetype& view, std::uint32_t tier, std::uint64_t size) {
+  { drain.template prepare<QueueClock>(tier) } -> cuda::std::same_as<cuda::std::expected<void, Errc>>;
+  { drain.pick(view) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
+  { drain.served(view, tier, size) } -> cuda::std::same_as<void>;
+};
+
+template <class D>
+inline constexpr bool drain_needs_head_stamps = [] {
+  if constexpr (requires { D::needs_head_stamps; }) {
+    return D::needs_head_stamps;
+  } else {
+    return false;
+  }
+}();
+
+template <class D>
+inline constexpr bool drain_shares_capacity = [] {
+  if constexpr (requires { D::shared_capacity; }) {
+    return D::shared_capacity;
+  } else {
+    return false;
+  }
+}();
+
+// The policy's display name, or "custom".
+template <class D>
+CARVE_HOST_DEVICE constexpr const char* drain_name() noexcept {
+  if constexpr (requires { D::name; }) {
+    return D::name;
+  } else {
+    return "custom";
+  }
+}
+
+} // namespace carve

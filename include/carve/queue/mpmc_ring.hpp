@@ -1,0 +1,199 @@
+// carve/queue/mpmc_ring.hpp — a bounded multi-producer multi-consumer FIFO on cuda::atomic,
+// the default lane of SizeTieredQueue, usable from host threads and from kernels.
+//
+//   carve::MpmcRing<Request, cuda::thread_scope_device> ring(1024);   // in a kernel or on the host
+//   ring.try_push(request, stamp);   // false when full; `request` is moved from only on success
+//   auto r = ring.try_pop();         // cuda::std::optional<Stamped<Request>>
+//
+// The array-of-turns design (D. Vyukov's bounded MPMC queue, with E. Rigtorp's turn numbers so
+// that a capacity of 1 works too): position p lives in cell p % capacity on lap p / capacity,
+// and each cell holds a turn number telling who may use it next. A producer claims p by a
+// compare-exchange of the enqueue counter when the cell's turn is 2 * lap (free), writes the
+// item and publishes 2 * lap + 1; a consumer claims p when the turn is 2 * lap + 1, moves the
+// item out and frees the cell for the next lap with 2 * lap + 2. So items leave in the order
+// their positions were claimed: FIFO across all producers. Each operation is one
+// compare-exchange on a counter that lives in its own cache line, plus one release store.
+//
+// Not strictly lock-free: a producer stopped between its claim and its publish holds back the
+// consumer of that one cell (others go on). Positions are 64-bit and never wrap in practice.
+// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize);
+// capacity() is 0 when that failed, and then every push fails.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/lane.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+#include <cuda/std/optional>
+#include <cuda/std/utility>
+
+#include <new>
+
+namespace carve {
+
+template <class T, cuda::thread_scope Scope = cuda::thread_scope_system>
+class MpmcRing {
+public:
+  using value_type = T;
+
+  CARVE_HOST_DEVICE explicit MpmcRing(cuda::std::size_t capacity)
+      : cells_(capacity == 0 ? nullptr : new Cell[capacity]) {
+    if (cells_ == nullptr) {
+      return;
+    }
+    capacity_ = capacity;
+    mask_ = capacity - 1;
+    power_of_two_ = (capacity & mask_) == 0;
+    for (cuda::std::size_t i = 0; i < capacity; ++i) {
+      cells_[i].turn.store(0, cuda::std::memory_order_relaxed);
+    }
+    while ((cuda::std::size_t{1} << shift_) < capacity) {
+      ++shift_;
+    }
+  }
+
+  MpmcRing(const MpmcRing&) = delete;
+  MpmcRing& operator=(const MpmcRing&) = delete;
+
+  // Destroys what is left. Not safe against concurrent calls, like any destructor.
+  CARVE_HOST_DEVICE ~MpmcRing() {
+    while (try_pop()) {
+    }
+    delete[] cells_;
+  }
+
+  CARVE_HOST_DEVICE bool try_push(T& item, std::uint64_t stamp) noexcept(noexcept(T(cuda::std::move(item)))) {
+    std::uint64_t pos = enqueue_.value.load(cuda::std::memory_order_relaxed);
+    Cell* cell = nullptr;
+    for (;;) {
+      if (capacity_ == 0) {
+        return false;
+      }
+      const Place at = place(pos);
+      cell = &cells_[at.index];
+      const std::uint64_t turn = cell->turn.load(cuda::std::memory_order_acquire);
+      const auto ahead = static_cast<std::int64_t>(turn - 2 * at.lap);
+      if (ahead == 0) {
+        if (enqueue_.value.compare_exchange_weak(pos, pos + 1, cuda::std::memory_order_relaxed)) {
+          break;
+        }
+      } else if (ahead < 0) {
+        return false; // the cell still holds the item of an earlier lap: full
+      } else {
+        pos = enqueue_.value.load(cuda::std::memory_order_relaxed);
+      }
+    }
+    ::new (static_cast<void*>(&cell->slot.item)) T(cuda::std::move(item));
+    cell->stamp.store(stamp, cuda::std::memory_order_relaxed);
+    cell->turn.store(2 * place(pos).lap + 1, cuda::std::memory_order_release);
+    return true;
+  }
+
+  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> try_pop() noexcept(noexcept(T(cuda::std::declval<T&&>()))) {
+    std::uint64_t pos = dequeue_.value.load(cuda::std::memory_order_relaxed);
+    Cell* cell = nullptr;
+    for (;;) {
+      if (capacity_ == 0) {
+        return cuda::std::nullopt;
+      }
+      const Place at = place(pos);
+      cell = &cells_[at.index];
+      const std::uint64_t turn = cell->turn.load(cuda::std::memory_order_acquire);
+      const auto ahead = static_cast<std::int64_t>(turn - (2 * at.lap + 1));
+      if (ahead == 0) {
+        if (dequeue_.value.compare_exchange_weak(pos, pos + 1, cuda::std::memory_order_relaxed)) {
+          break;
+        }
+      } else if (ahead < 0) {
+        return cuda::std::nullopt; // not written yet: empty (or a push still in flight)
+      } else {
+        pos = dequeue_.value.load(cuda::std::memory_order_relaxed);
+      }
+    }
+    T* item = &cell->slot.item;
+    cuda::std::optional<Stamped<T>> out(
+        cuda::std::in_place, Stamped<T>{cuda::std::move(*item), cell->stamp.load(cuda::std::memory_order_relaxed)});
+    item->~T();
+    cell->turn.store(2 * place(pos).lap + 2, cuda::std::memory_order_release); // free for the next lap
+    return out;
+  }
+
+  // The stamp of the item at the head, or nullopt when the head is not written yet. A hint: by
+  // the time the caller looks, that item may be gone.
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> front_stamp() const noexcept {
+    if (capacity_ == 0) {
+      return cuda::std::nullopt;
+    }
+    const std::uint64_t pos = dequeue_.value.load(cuda::std::memory_order_acquire);
+    const Place at = place(pos);
+    const Cell& cell = cells_[at.index];
+    if (cell.turn.load(cuda::std::memory_order_acquire) != 2 * at.lap + 1) {
+      return cuda::std::nullopt;
+    }
+    return cell.stamp.load(cuda::std::memory_order_relaxed);
+  }
+
+  CARVE_HOST_DEVICE cuda::std::size_t capacity() const noexcept { return capacity_; }
+  CARVE_HOST_DEVICE std::uint64_t pushed() const noexcept {
+    return enqueue_.value.load(cuda::std::memory_order_acquire);
+  }
+  CARVE_HOST_DEVICE std::uint64_t popped() const noexcept {
+    return dequeue_.value.load(cuda::std::memory_order_acquire);
+  }
+  // Items held, counting pushes that have claimed a cell but not yet published it.
+  CARVE_HOST_DEVICE cuda::std::size_t size() const noexcept {
+    const std::uint64_t out = popped(); // first: a later `pushed` can only be larger
+    return static_cast<cuda::std::size_t>(pushed() - out);
+  }
+
+private:
+  // Raw room for one T: the ring starts and ends each item's lifetime itself.
+  union Slot {
+    CARVE_HOST_DEVICE Slot() noexcept {}
+    CARVE_HOST_DEVICE ~Slot() {}
+    T item;
+  };
+  struct Cell {
+    cuda::atomic<std::uint64_t, Scope> turn{0}; // 2 * lap: free for that lap; 2 * lap + 1: written in it
+    cuda::atomic<std::uint64_t, Scope> stamp{0};
+    Slot slot;
+  };
+  // Producers and consumers each hammer their own counter: keep them a cache line apart.
+  struct alignas(64) Counter {
+    cuda::atomic<std::uint64_t, Scope> value{0};
+  };
+
+  struct Place {
+    cuda::std::size_t index; // the cell
+    std::uint64_t lap;       // how many times the ring has wrapped before this position
+  };
+  CARVE_HOST_DEVICE Place place(std::uint64_t pos) const noexcept {
+    if (power_of_two_) {
+      return {static_cast<cuda::std::size_t>(pos & mask_), pos >> shift_};
+    }
+    return {static_cast<cuda::std::size_t>(pos % capacity_), pos / capacity_}; // one division
+  }
+
+  Cell* cells_ = nullptr;
+  cuda::std::size_t capacity_ = 0;
+  cuda::std::size_t mask_ = 0;
+  bool power_of_two_ = false; // then pos % capacity is pos & mask, and pos / capacity is pos >> shift
+  std::uint32_t shift_ = 0;
+  Counter enqueue_;
+  Counter dequeue_;
+};
+
+// The default lane policy: MpmcRing at `Scope` (system for host threads, device for a queue in
+// global memory shared by a grid, block for shared memory).
+template <cuda::thread_scope Scope = cuda::thread_scope_system>
+struct RingLanes {
+  template <class T>
+  using lane = MpmcRing<T, Scope>;
+  static constexpr cuda::thread_scope scope = Scope;
+};
+
+static_assert(PeekableLane<MpmcRing<int>, int> && LanePolicyFor<RingLanes<>, int>);
+
+} // namespace carve

@@ -1,0 +1,95 @@
+// carve/queue/priority_tag.hpp — PriorityTag: the single-queue variant, where a request's size
+// becomes a priority tag.
+//
+// The queue behaves as one queue: one capacity bound shared by all requests (the capacity
+// given to the SizeTieredQueue is the total), and requests leave in order of (tag, arrival):
+// the lowest tag first, and among requests with equal tags the one that arrived first, whatever
+// tier it sits in. By default a tier's tag is its index (tier 0, the smallest requests, first);
+// tags of your own regroup tiers:
+//
+//   carve::PriorityTag{}                  // tags 0, 1, 2: smallest first
+//   carve::PriorityTag({0, 0, 1})         // small and medium by arrival, then large
+//   carve::PriorityTag({0, 0, 0})         // one FIFO by arrival (up to clock resolution)
+//
+// Arrival order between tiers comes from the push stamps, so it needs a PeekableLane, and is
+// exact to the clock's resolution (requests stamped in the same tick go lowest tier first).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/drain_policy.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+#include <cuda/std/span>
+
+namespace carve {
+
+class PriorityTag {
+public:
+  static constexpr const char* name = "priority tag (one queue)";
+  static constexpr bool needs_head_stamps = true;
+  static constexpr bool shared_capacity = true;
+
+  constexpr PriorityTag() noexcept = default;
+  CARVE_HOST_DEVICE constexpr explicit PriorityTag(cuda::std::span<const std::uint32_t> tags) noexcept
+      : count_(static_cast<std::uint32_t>(tags.size())), custom_(true) {
+    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
+      tags_[t] = tags[t];
+    }
+  }
+  template <cuda::std::size_t K>
+  CARVE_HOST_DEVICE constexpr explicit PriorityTag(const std::uint32_t (&tags)[K]) noexcept
+      : PriorityTag(cuda::std::span<const std::uint32_t>(tags, K)) {}
+
+  template <class Clock>
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+    if (!custom_) {
+      for (std::uint32_t t = 0; t < tiers; ++t) {
+        tags_[t] = t;
+      }
+      count_ = tiers;
+    }
+    if (count_ != tiers) {
+      return cuda::std::unexpected(Errc::invalid_argument);
+    }
+    return {};
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
+    cuda::std::optional<std::uint32_t> best;
+    std::uint64_t best_stamp = 0;
+    for (std::uint32_t t = 0; t < view.tier_count(); ++t) {
+      if (view.known_empty(t)) {
+        continue;
+      }
+      const cuda::std::optional<std::uint64_t> stamp = view.head_stamp(t);
+      if (!stamp) {
+        continue; // empty, or its head is still being written
+      }
+      if (!best || tags_[t] < tags_[*best] || (tags_[t] == tags_[*best] && *stamp < best_stamp)) {
+        best = t;
+        best_stamp = *stamp;
+      }
+    }
+    // No head visible: let the queue try the tiers in order (each try settles one of them).
+    return best ? best : detail::next_untried(view, 0);
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE void served(const View&, std::uint32_t, std::uint64_t) const noexcept {}
+
+  CARVE_HOST_DEVICE constexpr std::uint32_t tag(std::uint32_t tier) const noexcept { return tags_[tier]; }
+
+private:
+  std::uint32_t tags_[max_tiers]{};
+  std::uint32_t count_ = 0;
+  bool custom_ = false;
+};
+
+static_assert(DrainPolicy<PriorityTag>);
+
+} // namespace carve

@@ -1,0 +1,98 @@
+// carve/queue/queue_clock.hpp — the time stamps a SizeTieredQueue puts on requests.
+//
+// Every push stamps its request and every pop reads the clock again: the difference feeds the
+// wait-time histogram and lets StrictPriority age requests. Two clock reads sit on the hot path
+// of every request, so the default clock is the cheapest monotonic counter each side has:
+//   - host, x86-64: the time-stamp counter (about 4x cheaper than steady_clock here; invariant on
+//     every CPU of the last decade), converted to nanoseconds with a rate measured once;
+//   - host, elsewhere: std::chrono::steady_clock, in nanoseconds;
+//   - device: the %globaltimer register, in nanoseconds.
+// Host and device ticks are not comparable: a queue is stamped and drained on one side.
+//
+// A clock is any type with (StampClock):
+//   static std::uint64_t now() noexcept;             // monotonic ticks, callable where the queue runs
+//   static std::uint64_t ticks_from_ns(std::uint64_t); // for bounds given in nanoseconds
+//   static double ns_per_tick();                      // host: for reports
+// Tests use a manual clock to script time.
+#pragma once
+
+#include <carve/core/config.hpp>
+
+#include <cuda/std/concepts>
+#include <cuda/std/cstdint>
+#include <nv/target>
+
+#if !defined(__CUDA_ARCH__)
+#include <chrono>
+#include <thread>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+#endif
+
+namespace carve {
+
+template <class C>
+concept StampClock = requires(std::uint64_t ns) {
+  { C::now() } -> cuda::std::same_as<std::uint64_t>;
+  { C::ticks_from_ns(ns) } -> cuda::std::same_as<std::uint64_t>;
+  { C::ns_per_tick() } -> cuda::std::same_as<double>;
+};
+
+struct QueueClock {
+  CARVE_HOST_DEVICE static std::uint64_t now() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_DEVICE,
+                      (std::uint64_t t; asm volatile("mov.u64 %0, %%globaltimer;"
+                                                     : "=l"(t));
+                       return t;),
+                      (return host_now();))
+  }
+
+  // Host: measured on first use (about 5 ms, once per process). Device: 1.
+  CARVE_HOST_DEVICE static double ns_per_tick() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return 1.0;), (return host_ns_per_tick();))
+  }
+
+  CARVE_HOST_DEVICE static std::uint64_t ticks_from_ns(std::uint64_t ns) noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return ns;),
+                      (return static_cast<std::uint64_t>(static_cast<double>(ns) / host_ns_per_tick());))
+  }
+
+private:
+#if !defined(__CUDA_ARCH__)
+  static std::uint64_t steady_ns() noexcept {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  }
+
+  static std::uint64_t host_now() noexcept {
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    return steady_ns();
+#endif
+  }
+
+  static double host_ns_per_tick() noexcept {
+#if defined(__x86_64__)
+    static const double rate = [] {
+      // Both clocks read twice, 5 ms apart; the first pair is taken tightly together.
+      const std::uint64_t ns0 = steady_ns();
+      const std::uint64_t t0 = __rdtsc();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const std::uint64_t ns1 = steady_ns();
+      const std::uint64_t t1 = __rdtsc();
+      return t1 > t0 ? static_cast<double>(ns1 - ns0) / static_cast<double>(t1 - t0) : 1.0;
+    }();
+    return rate;
+#else
+    return 1.0;
+#endif
+  }
+#endif
+};
+
+static_assert(StampClock<QueueClock>);
+
+} // namespace carve

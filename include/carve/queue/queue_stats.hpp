@@ -1,0 +1,128 @@
+// carve/queue/queue_stats.hpp — what a SizeTieredQueue reports about itself.
+//
+// Per tier: depth, capacity, requests taken in, handed out and refused because the tier was
+// full, and a histogram of the time requests waited (push to pop). The histogram has a bucket
+// per power of two clock ticks, so recording is one relaxed fetch_add and any wait from a few
+// ticks to days fits; quantiles are read back within a factor of two, interpolated inside the
+// bucket.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/bit>
+#include <cuda/std/cstdint>
+
+#include <cstdio>
+#include <string>
+
+namespace carve {
+
+// Bucket 0 holds waits of 0 ticks, bucket b >= 1 waits in [2^(b-1), 2^b); the last bucket also
+// holds everything longer (2^46 ticks: hours at any clock rate).
+inline constexpr std::uint32_t wait_buckets = 48;
+
+struct WaitHistogramSnapshot {
+  std::uint64_t counts[wait_buckets]{};
+  double ns_per_tick = 1.0;
+
+  CARVE_HOST_DEVICE constexpr std::uint64_t count() const noexcept {
+    std::uint64_t n = 0;
+    for (const std::uint64_t c : counts) {
+      n += c;
+    }
+    return n;
+  }
+
+  // The wait (ns) below which a fraction q of the recorded waits fall; 0 when nothing was recorded.
+  CARVE_HOST_DEVICE constexpr double quantile_ns(double q) const noexcept {
+    const std::uint64_t n = count();
+    if (n == 0) {
+      return 0.0;
+    }
+    const double rank = q <= 0 ? 1.0 : (q >= 1 ? static_cast<double>(n) : q * static_cast<double>(n));
+    double below = 0;
+    for (std::uint32_t b = 0; b < wait_buckets; ++b) {
+      const double here = static_cast<double>(counts[b]);
+      if (here > 0 && below + here >= rank) {
+        const double lo = b == 0 ? 0.0 : static_cast<double>(std::uint64_t{1} << (b - 1));
+        const double hi = b == 0 ? 1.0 : 2.0 * lo;
+        return (lo + (hi - lo) * ((rank - below) / here)) * ns_per_tick;
+      }
+      below += here;
+    }
+    return static_cast<double>(std::uint64_t{1} << (wait_buckets - 1)) * ns_per_tick;
+  }
+};
+
+template <cuda::thread_scope Scope>
+class WaitHistogram {
+public:
+  CARVE_HOST_DEVICE static constexpr std::uint32_t bucket(std::uint64_t ticks) noexcept {
+    const auto b = static_cast<std::uint32_t>(cuda::std::bit_width(ticks));
+    return b < wait_buckets ? b : wait_buckets - 1;
+  }
+
+  CARVE_HOST_DEVICE void record(std::uint64_t ticks) noexcept {
+    counts_[bucket(ticks)].fetch_add(1, cuda::std::memory_order_relaxed);
+  }
+
+  CARVE_HOST_DEVICE WaitHistogramSnapshot snapshot(double ns_per_tick) const noexcept {
+    WaitHistogramSnapshot s;
+    for (std::uint32_t b = 0; b < wait_buckets; ++b) {
+      s.counts[b] = counts_[b].load(cuda::std::memory_order_relaxed);
+    }
+    s.ns_per_tick = ns_per_tick;
+    return s;
+  }
+
+private:
+  cuda::atomic<std::uint64_t, Scope> counts_[wait_buckets]{};
+};
+
+struct TierStats {
+  std::uint64_t depth = 0;    // requests waiting now
+  std::uint64_t capacity = 0; // the tier's bound (the queue's, when tiers share one)
+  std::uint64_t enqueued = 0; // pushes accepted so far
+  std::uint64_t dequeued = 0; // pops so far
+  std::uint64_t rejected = 0; // pushes refused because the tier was full
+  WaitHistogramSnapshot wait;
+};
+
+struct QueueStats {
+  std::uint32_t tiers = 0;
+  TierStats tier[max_tiers];
+
+  CARVE_HOST_DEVICE constexpr std::uint64_t depth() const noexcept {
+    std::uint64_t n = 0;
+    for (std::uint32_t t = 0; t < tiers; ++t) {
+      n += tier[t].depth;
+    }
+    return n;
+  }
+};
+
+// Host: one line per tier, e.g. for a monitoring log.
+inline std::string format_stats(const QueueStats& s, const TierThresholds& thresholds) {
+  std::string out = "tier  sizes                  depth   enqueued   dequeued  rejected   wait p50     p99\n";
+  for (std::uint32_t t = 0; t < s.tiers; ++t) {
+    const TierStats& ts = s.tier[t];
+    char range[48];
+    if (t + 1 == s.tiers) {
+      std::snprintf(range, sizeof range, "> %llu", static_cast<unsigned long long>(thresholds.smallest(t) - 1));
+    } else {
+      std::snprintf(range, sizeof range, "%llu..%llu", static_cast<unsigned long long>(thresholds.smallest(t)),
+                    static_cast<unsigned long long>(thresholds.largest(t)));
+    }
+    char line[192];
+    std::snprintf(line, sizeof line, "%-5u %-20s %7llu %10llu %10llu %9llu %8.1f us %7.1f us\n", t, range,
+                  static_cast<unsigned long long>(ts.depth), static_cast<unsigned long long>(ts.enqueued),
+                  static_cast<unsigned long long>(ts.dequeued), static_cast<unsigned long long>(ts.rejected),
+                  ts.wait.quantile_ns(0.5) / 1e3, ts.wait.quantile_ns(0.99) / 1e3);
+    out += line;
+  }
+  return out;
+}
+
+} // namespace carve

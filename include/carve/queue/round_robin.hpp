@@ -1,0 +1,48 @@
+// carve/queue/round_robin.hpp — RoundRobin: serve the tiers in turn, skipping empty ones.
+//
+// The manager of the scheme this follows: one request from tier 0, then tier 1, then tier 2,
+// then tier 0 again; an empty tier is passed over. A small request therefore waits for at most
+// one request of every other tier, however many large ones are queued.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/drain_policy.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+
+namespace carve {
+
+class RoundRobin {
+public:
+  static constexpr const char* name = "round-robin";
+
+  template <class Clock>
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
+    return {};
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+    return detail::next_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed));
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
+    cursor<View>().store((tier + 1) % view.tier_count(), cuda::std::memory_order_relaxed);
+  }
+
+private:
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> cursor() noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(next_);
+  }
+
+  alignas(4) std::uint32_t next_ = 0; // the tier served next, if it has anything
+};
+
+static_assert(DrainPolicy<RoundRobin>);
+
+} // namespace carve

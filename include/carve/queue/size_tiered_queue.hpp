@@ -1,0 +1,551 @@
+// carve/queue/size_tiered_queue.hpp — SizeTieredQueue: requests sorted into per-size tiers, so
+// that small requests are not held up behind large ones.
+//
+//   struct Lookup { std::uint32_t table; std::vector<std::uint32_t> rows; };
+//   struct Rows { std::uint64_t operator()(const Lookup& q) const { return q.rows.size(); } };
+//
+//   using Queue = carve::SizeTieredQueue<Lookup, Rows>;          // MpmcRing lanes, round-robin
+//   auto q = Queue::make({128, 512}, 4096);                       // host: throws on bad input
+//   q->try_push(std::move(lookup));       // expected<void, Errc>: full or closed; never blocks
+//   q->push(std::move(lookup));           // waits while the request's tier is full
+//   auto r = q->pop(std::chrono::milliseconds(5));  // expected<Lookup, Errc>: timed_out, closed
+//
+// Template parameters: the request type T (move-only is fine; its move must not throw), a size
+// function (T -> bytes or any unit the thresholds use), the lane policy (a bounded MPMC queue
+// per tier: RingLanes<Scope> by default, MoodycamelLanes, or your own; see lane.hpp), the
+// drain policy (which tier the next pop serves: RoundRobin, WeightedRoundRobin,
+// DeficitRoundRobin, StrictPriority with optional aging, PriorityTag; see drain_policy.hpp) and
+// the clock that stamps requests (queue_clock.hpp).
+//
+// Host and device: everything that does not block (try_push, try_pop, try_pop_bulk, close,
+// size, stats) is CARVE_HOST_DEVICE and lock-free apart from the lanes' own guarantees, so with
+// RingLanes<cuda::thread_scope_device> the queue can serve a GPU-resident scheduler. On a
+// device, build it with the constructor from a TierThresholds (thresholds are checked by
+// TierThresholds::create, which returns Errc::invalid_thresholds) and check status(), which
+// reports a capacity of zero, a drain policy that does not fit the tiers, or lane storage that
+// could not be allocated; a queue whose status() is an error refuses every call with it.
+// Blocking calls (push, pop, pop_bulk, with or without timeout) are host-only.
+//
+// Guarantees: a request whose push succeeded is popped exactly once, also across close();
+// within a tier, requests leave in push order across all producers (with FIFO lanes); a failed
+// push leaves the request with the caller. close() refuses further pushes, wakes every waiter
+// and lets consumers drain what is queued: pops then fail with Errc::closed only once nothing
+// is left and no push is still in flight. size() and the stats are exact when no call is in
+// flight.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/queue/drain_policy.hpp>
+#include <carve/queue/lane.hpp>
+#include <carve/queue/mpmc_ring.hpp>
+#include <carve/queue/queue_clock.hpp>
+#include <carve/queue/queue_stats.hpp>
+#include <carve/queue/queue_waiters.hpp>
+#include <carve/queue/round_robin.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/concepts>
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+#include <cuda/std/span>
+#include <cuda/std/type_traits>
+#include <cuda/std/utility>
+#include <nv/target>
+
+#if !defined(__CUDA_ARCH__)
+#include <chrono>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#endif
+
+namespace carve {
+
+template <class F, class T>
+concept SizeFunction = cuda::std::copy_constructible<F> && requires(const F& size, const T& request) {
+  { size(request) } -> cuda::std::convertible_to<std::uint64_t>;
+};
+
+template <class T, class SizeFn, class Lanes = RingLanes<>, class Drain = RoundRobin, class Clock = QueueClock>
+requires SizeFunction<SizeFn, T> && LanePolicyFor<Lanes, T> && DrainPolicy<Drain> && StampClock<Clock>
+class SizeTieredQueue {
+public:
+  using value_type = T;
+  using size_function = SizeFn;
+  using lane_type = typename Lanes::template lane<T>;
+  using drain_policy = Drain;
+  using clock = Clock;
+  static constexpr cuda::thread_scope scope = Lanes::scope;
+  // PriorityTag-like policies: the capacity given is one bound for the whole queue.
+  static constexpr bool shared_capacity = drain_shares_capacity<Drain>;
+
+  static_assert(cuda::std::is_nothrow_move_constructible_v<T>,
+                "a request is moved into a claimed lane cell: its move constructor must not throw");
+  static_assert(!drain_needs_head_stamps<Drain> || PeekableLane<lane_type, T>,
+                "this drain policy reads the oldest request of each tier: its lanes must model PeekableLane");
+
+  // `capacity` requests per tier (or in all, for a shared-capacity policy).
+  CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, Drain drain = Drain{},
+                                    SizeFn size = SizeFn{})
+      : thresholds_(thresholds), size_(size), drain_(drain) {
+    build({}, capacity);
+  }
+  // One capacity per tier (not for shared-capacity policies: Errc::invalid_argument).
+  CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds,
+                                    cuda::std::span<const cuda::std::size_t> capacities, Drain drain = Drain{},
+                                    SizeFn size = SizeFn{})
+      : thresholds_(thresholds), size_(size), drain_(drain) {
+    build(capacities, 0);
+  }
+
+  SizeTieredQueue(const SizeTieredQueue&) = delete;
+  SizeTieredQueue& operator=(const SizeTieredQueue&) = delete;
+
+  // Destroys the requests still queued. No other call may be running.
+  CARVE_HOST_DEVICE ~SizeTieredQueue() { release(); }
+
+#if !defined(__CUDA_ARCH__)
+  // Host: builds a queue on the heap, or throws std::system_error carrying the Errc with a
+  // message saying what is wrong (thresholds, capacity, drain parameters).
+  static std::unique_ptr<SizeTieredQueue> make(std::initializer_list<std::uint64_t> thresholds,
+                                               cuda::std::size_t capacity, Drain drain = Drain{},
+                                               SizeFn size = SizeFn{}) {
+    return make(cuda::std::span<const std::uint64_t>(thresholds.begin(), thresholds.size()), capacity, drain, size);
+  }
+  static std::unique_ptr<SizeTieredQueue> make(cuda::std::span<const std::uint64_t> thresholds,
+                                               cuda::std::size_t capacity, Drain drain = Drain{},
+                                               SizeFn size = SizeFn{}) {
+    const auto t = TierThresholds::create(thresholds);
+    if (!t) {
+      throw std::system_error(t.error(), describe_threshold_error(thresholds));
+    }
+    auto q = std::make_unique<SizeTieredQueue>(*t, capacity, drain, size);
+    if (const auto s = q->status(); !s) {
+      const std::string what = s.error() == Errc::invalid_argument && capacity == 0
+                                   ? std::string("a queue needs a capacity of at least 1")
+                                   : std::string("drain policy '") + drain_name<Drain>() + "' does not fit " +
+                                         std::to_string(t->tier_count()) + " tiers";
+      throw std::system_error(s.error(), what);
+    }
+    return q;
+  }
+#endif
+
+  // Errc::invalid_argument (zero capacity, capacities or drain parameters not matching the
+  // tiers) or Errc::no_space (lane storage could not be allocated); otherwise success.
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
+    if (status_ != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(status_));
+    }
+    return {};
+  }
+
+  CARVE_HOST_DEVICE std::uint32_t tier_of(const T& request) const noexcept {
+    return thresholds_.tier_of(static_cast<std::uint64_t>(size_(request)));
+  }
+
+  // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
+  // On error the request is still in `request`.
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
+    std::uint64_t gate = 0;
+    const auto r = push_quietly(request, gate);
+    wake_readers(gate);
+    return r;
+  }
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
+    T copy(request);
+    return try_push(cuda::std::move(copy));
+  }
+
+  // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
+  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> try_pop() noexcept {
+    auto r = pop_quietly();
+    if (r) {
+      wake_writers();
+    }
+    return r;
+  }
+
+  // Up to `max` requests into `out` (an output iterator), in drain order; never blocks.
+  template <class Out>
+  CARVE_HOST_DEVICE cuda::std::size_t try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
+    const cuda::std::size_t n = pop_many(out, max);
+    if (n != 0) {
+      wake_writers();
+    }
+    return n;
+  }
+
+  // No more pushes; wakes every waiting thread. Requests already queued can still be popped.
+  CARVE_HOST_DEVICE void close() noexcept {
+    gate_.fetch_or(closed_bit, cuda::std::memory_order_acq_rel);
+    NV_IF_TARGET(NV_IS_HOST, (if (waiters_ != nullptr) {
+                   waiters_->wake_readers(true);
+                   waiters_->wake_writers();
+                 }))
+  }
+  CARVE_HOST_DEVICE bool closed() const noexcept {
+    return (gate_.load(cuda::std::memory_order_acquire) & closed_bit) != 0;
+  }
+
+#if !defined(__CUDA_ARCH__)
+  // Host only: blocking calls. A timeout of zero behaves like the try_ call.
+  cuda::std::expected<void, Errc> push(T&& request) { return push_waiting(request, std::nullopt); }
+  template <class Rep, class Period>
+  cuda::std::expected<void, Errc> push(T&& request, std::chrono::duration<Rep, Period> timeout) {
+    return push_waiting(request, std::chrono::steady_clock::now() + timeout);
+  }
+
+  cuda::std::expected<T, Errc> pop() {
+    return pop_waiting([this] { return pop_quietly(); }, std::nullopt);
+  }
+  template <class Rep, class Period>
+  cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
+    return pop_waiting([this] { return pop_quietly(); }, std::chrono::steady_clock::now() + timeout);
+  }
+
+  // Waits for at least one request, then takes up to `max` without waiting further.
+  template <class Out, class Rep, class Period>
+  cuda::std::expected<cuda::std::size_t, Errc> pop_bulk(Out out, cuda::std::size_t max,
+                                                        std::chrono::duration<Rep, Period> timeout) {
+    if (max == 0) {
+      return cuda::std::size_t{0};
+    }
+    auto first = pop_waiting([this] { return pop_quietly(); }, std::chrono::steady_clock::now() + timeout);
+    if (!first) {
+      return cuda::std::unexpected(first.error());
+    }
+    *out = cuda::std::move(*first);
+    ++out;
+    const cuda::std::size_t n = 1 + pop_many(out, max - 1);
+    wake_writers();
+    return n;
+  }
+#endif
+
+  CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return tiers_; }
+  CARVE_HOST_DEVICE const TierThresholds& thresholds() const noexcept { return thresholds_; }
+  CARVE_HOST_DEVICE const Drain& drain() const noexcept { return drain_; }
+  CARVE_HOST_DEVICE cuda::std::size_t capacity(std::uint32_t tier) const noexcept {
+    return tier < built_ ? capacity_[shared_capacity ? 0 : tier] : 0;
+  }
+
+  CARVE_HOST_DEVICE cuda::std::size_t size(std::uint32_t tier) const noexcept {
+    if (tier >= built_) {
+      return 0;
+    }
+    const std::uint64_t out = lane(tier).popped(); // first: `pushed` read later is never smaller
+    return static_cast<cuda::std::size_t>(lane(tier).pushed() - out);
+  }
+  CARVE_HOST_DEVICE cuda::std::size_t size() const noexcept {
+    cuda::std::size_t n = 0;
+    for (std::uint32_t t = 0; t < built_; ++t) {
+      n += size(t);
+    }
+    return n;
+  }
+  CARVE_HOST_DEVICE bool empty(std::uint32_t tier) const noexcept { return size(tier) == 0; }
+  CARVE_HOST_DEVICE bool empty() const noexcept { return size() == 0; }
+
+  CARVE_HOST_DEVICE QueueStats stats() const noexcept {
+    QueueStats s;
+    s.tiers = built_;
+    const double ns_per_tick = Clock::ns_per_tick();
+    for (std::uint32_t t = 0; t < built_; ++t) {
+      TierStats& ts = s.tier[t];
+      ts.dequeued = lane(t).popped();
+      ts.enqueued = lane(t).pushed();
+      ts.depth = ts.enqueued - ts.dequeued;
+      ts.capacity = capacity(t);
+      ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
+      ts.wait = waits_[t].snapshot(ns_per_tick);
+    }
+    return s;
+  }
+
+  // What a drain policy sees during one pop (see drain_policy.hpp).
+  class View {
+  public:
+    static constexpr cuda::thread_scope scope = Lanes::scope;
+    CARVE_HOST_DEVICE View(const SizeTieredQueue& q, const std::uint32_t& tried, std::uint64_t now) noexcept
+        : q_(q), tried_(tried), now_(now) {}
+    CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return q_.built_; }
+    CARVE_HOST_DEVICE bool known_empty(std::uint32_t tier) const noexcept { return ((tried_ >> tier) & 1U) != 0; }
+    CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const noexcept {
+      if constexpr (PeekableLane<lane_type, T>) {
+        return q_.lane(tier).front_stamp();
+      } else {
+        return cuda::std::nullopt;
+      }
+    }
+    CARVE_HOST_DEVICE std::uint64_t now() const noexcept { return now_; }
+
+  private:
+    const SizeTieredQueue& q_;
+    const std::uint32_t& tried_;
+    std::uint64_t now_;
+  };
+
+private:
+  // gate_: the closed flag, the threads sleeping in blocking calls, and the pushes in flight.
+  // A consumer that finds the lanes empty, the flag set and no push in flight knows nothing more
+  // can arrive. A thread about to sleep announces itself here with a read-modify-write and then
+  // looks at the lanes again; a push (pop) makes its change visible and then does a
+  // read-modify-write here too. Both RMWs are ordered in gate_'s modification order: either the
+  // waker sees the announcement and wakes the sleeper, or the sleeper's RMW synchronizes with
+  // the waker's and its second look sees the change. No fence on the fast path.
+  static constexpr std::uint64_t closed_bit = std::uint64_t{1} << 63;
+  static constexpr std::uint64_t in_flight_mask = 0xffff'ffffULL;
+  static constexpr std::uint64_t reader = std::uint64_t{1} << 32; // a sleeping consumer
+  static constexpr std::uint64_t readers_mask = 0xffffULL << 32;
+  static constexpr std::uint64_t writer = std::uint64_t{1} << 48; // a sleeping producer
+  static constexpr std::uint64_t writers_mask = 0x7fffULL << 48;
+
+  union LaneSlot {
+    CARVE_HOST_DEVICE LaneSlot() noexcept {}
+    CARVE_HOST_DEVICE ~LaneSlot() {}
+    lane_type lane;
+  };
+
+  // Destroys the lanes built so far unless dismissed (a lane constructor may throw on the host).
+  struct BuildGuard {
+    SizeTieredQueue& q;
+    bool dismissed = false;
+    CARVE_HOST_DEVICE ~BuildGuard() {
+      if (!dismissed) {
+        q.release();
+      }
+    }
+  };
+
+  CARVE_HOST_DEVICE void build(cuda::std::span<const cuda::std::size_t> capacities, cuda::std::size_t single) {
+    tiers_ = thresholds_.tier_count();
+    Errc error{};
+    if (!capacities.empty() && (shared_capacity || capacities.size() != tiers_)) {
+      error = Errc::invalid_argument;
+    }
+    for (std::uint32_t t = 0; t < tiers_ && error == Errc{}; ++t) {
+      capacity_[t] = capacities.empty() ? single : capacities[t];
+      if (capacity_[t] == 0) {
+        error = Errc::invalid_argument;
+      }
+    }
+    if (error == Errc{}) {
+      if (const auto p = drain_.template prepare<Clock>(tiers_); !p) {
+        error = p.error();
+      }
+    }
+    if (error != Errc{}) {
+      status_ = static_cast<std::uint32_t>(error);
+      return;
+    }
+    BuildGuard guard{*this};
+    NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
+    for (std::uint32_t t = 0; t < tiers_; ++t) {
+      ::new (static_cast<void*>(&lanes_[t].lane)) lane_type(capacity_[shared_capacity ? 0 : t]);
+      ++built_;
+      if (lanes_[t].lane.capacity() != capacity_[shared_capacity ? 0 : t]) {
+        status_ = static_cast<std::uint32_t>(Errc::no_space);
+      }
+    }
+    guard.dismissed = true;
+  }
+
+  CARVE_HOST_DEVICE void release() noexcept {
+    for (std::uint32_t t = 0; t < built_; ++t) {
+      lanes_[t].lane.~lane_type();
+    }
+    built_ = 0;
+    NV_IF_TARGET(NV_IS_HOST, (delete waiters_; waiters_ = nullptr;))
+  }
+
+  CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
+  CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
+
+  // `gate` receives gate_ as this push left it, for wake_readers.
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, std::uint64_t& gate) noexcept {
+    if (status_ != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(status_));
+    }
+    const std::uint32_t tier = tier_of(request);
+    if ((gate_.fetch_add(1, cuda::std::memory_order_acq_rel) & closed_bit) != 0) {
+      gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel);
+      return cuda::std::unexpected(Errc::closed);
+    }
+    bool pushed = true;
+    if constexpr (shared_capacity) {
+      if (total_.fetch_add(1, cuda::std::memory_order_relaxed) >= capacity_[0]) {
+        total_.fetch_sub(1, cuda::std::memory_order_relaxed);
+        pushed = false;
+      }
+    }
+    if (pushed) {
+      pushed = lane(tier).try_push(request, Clock::now());
+      if constexpr (shared_capacity) {
+        if (!pushed) {
+          total_.fetch_sub(1, cuda::std::memory_order_relaxed);
+        }
+      }
+    }
+    gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel); // after the lane published the request
+    if (!pushed) {
+      gate &= ~readers_mask; // nothing new for sleeping consumers
+      rejected_[tier].fetch_add(1, cuda::std::memory_order_relaxed);
+      return cuda::std::unexpected(Errc::full);
+    }
+    return {};
+  }
+
+  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly() noexcept {
+    if (status_ != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(status_));
+    }
+    if (auto got = pop_one()) {
+      return cuda::std::move(got->value);
+    }
+    const std::uint64_t gate = gate_.load(cuda::std::memory_order_acquire);
+    if ((gate & (closed_bit | in_flight_mask)) == closed_bit) {
+      // Closed with no push in flight: every accepted request is visible now; one more look.
+      if (auto got = pop_one()) {
+        return cuda::std::move(got->value);
+      }
+      return cuda::std::unexpected(Errc::closed);
+    }
+    return cuda::std::unexpected(Errc::empty);
+  }
+
+  // At most one pop attempt per tier: each failed attempt marks its tier as found empty.
+  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one() noexcept {
+    std::uint32_t tried = 0;
+    const std::uint64_t now = Clock::now();
+    const View view(*this, tried, now);
+    for (std::uint32_t attempt = 0; attempt < built_; ++attempt) {
+      cuda::std::optional<std::uint32_t> pick = drain_.pick(view);
+      if (pick && (*pick >= built_ || view.known_empty(*pick))) {
+        pick = detail::next_untried(view, 0); // a policy that names a spent tier gets the next one
+      }
+      if (!pick) {
+        return cuda::std::nullopt;
+      }
+      if (auto got = lane(*pick).try_pop()) {
+        if constexpr (shared_capacity) {
+          total_.fetch_sub(1, cuda::std::memory_order_relaxed);
+        }
+        drain_.served(view, *pick, static_cast<std::uint64_t>(size_(got->value)));
+        waits_[*pick].record(now > got->stamp ? now - got->stamp : 0);
+        return got;
+      }
+      tried |= 1U << *pick;
+    }
+    return cuda::std::nullopt;
+  }
+
+  template <class Out>
+  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max) noexcept {
+    cuda::std::size_t n = 0;
+    while (n < max) {
+      auto r = pop_quietly();
+      if (!r) {
+        break;
+      }
+      *out = cuda::std::move(*r);
+      ++out;
+      ++n;
+    }
+    return n;
+  }
+
+  // After a push (or a push refused because the queue closed), given gate_ as the push left it:
+  // wake a sleeping consumer, or all of them once the queue is closed (they wait for the last
+  // in-flight push).
+  CARVE_HOST_DEVICE void wake_readers(std::uint64_t gate) noexcept {
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate & readers_mask) != 0) { waiters_->wake_readers((gate & closed_bit) != 0); }))
+  }
+  // After a pop: the read-modify-write that pairs with a sleeping producer's announcement.
+  CARVE_HOST_DEVICE void wake_writers() noexcept {
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.fetch_or(0, cuda::std::memory_order_acq_rel) & writers_mask) != 0) {
+                   waiters_->wake_writers();
+                 }))
+  }
+
+#if !defined(__CUDA_ARCH__)
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+  // Retries `attempt` until it gives something other than `busy`, sleeping on `cv` in between.
+  template <class Attempt>
+  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, std::uint64_t announce,
+                       const Deadline& deadline) {
+    auto r = attempt();
+    if (r || r.error() != busy) {
+      return r;
+    }
+    CARVE_EXPECTS(waiters_ != nullptr); // a queue built in device code has no host waiters
+    std::unique_lock lock(waiters_->mutex);
+    gate_.fetch_add(announce, cuda::std::memory_order_acq_rel);
+    for (;;) {
+      r = attempt();
+      if (r || r.error() != busy) {
+        break;
+      }
+      if (!deadline) {
+        cv.wait(lock);
+      } else if (cv.wait_until(lock, *deadline) == std::cv_status::timeout) {
+        r = attempt();
+        if (!r && r.error() == busy) {
+          r = cuda::std::unexpected(Errc::timed_out);
+        }
+        break;
+      }
+    }
+    gate_.fetch_sub(announce, cuda::std::memory_order_relaxed);
+    return r;
+  }
+
+  cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
+    std::uint64_t gate = 0;
+    if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
+      return push_quietly(request, gate);
+    }
+    const auto r =
+        wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable, writer, deadline);
+    wake_readers(gate);
+    return r;
+  }
+
+  template <class Attempt>
+  cuda::std::expected<T, Errc> pop_waiting(Attempt attempt, const Deadline& deadline) {
+    if (waiters_ == nullptr) {
+      return attempt();
+    }
+    auto r = wait_for_change(attempt, Errc::empty, waiters_->readable, reader, deadline);
+    if (r) {
+      wake_writers();
+    }
+    return r;
+  }
+#endif
+
+  TierThresholds thresholds_;
+  [[no_unique_address]] SizeFn size_;
+  Drain drain_;
+  std::uint32_t tiers_ = 0;
+  std::uint32_t built_ = 0;  // lanes constructed (tiers_ once the queue is usable)
+  std::uint32_t status_ = 0; // an Errc, or 0
+  cuda::std::size_t capacity_[max_tiers]{};
+  detail::QueueWaiters* waiters_ = nullptr; // host only
+
+  cuda::atomic<std::uint64_t, Lanes::scope> gate_{0};
+  cuda::atomic<std::uint64_t, Lanes::scope> total_{0}; // requests held, for shared capacity
+  cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
+  WaitHistogram<Lanes::scope> waits_[max_tiers];
+  LaneSlot lanes_[max_tiers];
+};
+
+} // namespace carve

@@ -1,0 +1,80 @@
+// carve/queue/strict_priority.hpp — StrictPriority: the lowest non-empty tier first, with an
+// optional age bound past which a request is served whatever its tier.
+//
+//   carve::StrictPriority{}                                 // pure priority: can starve large requests
+//   carve::StrictPriority::with_aging(2'000'000)            // nothing waits (much) past 2 ms
+//
+// Without aging, a steady stream of small requests keeps tier 0 busy and the other tiers are
+// never served. With aging, every pop first looks at the head of each tier (the oldest request
+// there): if any has waited longer than the bound, the one that has waited longest is served.
+// So a request waits at most about the bound plus the time to serve the requests that became
+// overdue before it. Needs a PeekableLane (the default MpmcRing is one).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/drain_policy.hpp>
+
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+
+namespace carve {
+
+class StrictPriority {
+public:
+  static constexpr const char* name = "strict priority";
+  static constexpr bool needs_head_stamps = true;
+
+  constexpr StrictPriority() noexcept = default;
+
+  CARVE_HOST_DEVICE static constexpr StrictPriority with_aging(std::uint64_t bound_ns) noexcept {
+    StrictPriority p;
+    p.aging_ = true;
+    p.bound_ns_ = bound_ns;
+    return p;
+  }
+
+  template <class Clock>
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
+    bound_ticks_ = aging_ ? Clock::ticks_from_ns(bound_ns_) : 0;
+    return {};
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
+    if (aging_) {
+      cuda::std::optional<std::uint32_t> overdue;
+      std::uint64_t oldest = 0;
+      const std::uint64_t now = view.now();
+      for (std::uint32_t t = 0; t < view.tier_count(); ++t) {
+        if (view.known_empty(t)) {
+          continue;
+        }
+        const cuda::std::optional<std::uint64_t> stamp = view.head_stamp(t);
+        if (stamp && now > *stamp && now - *stamp > bound_ticks_ && (!overdue || *stamp < oldest)) {
+          overdue = t;
+          oldest = *stamp;
+        }
+      }
+      if (overdue) {
+        return overdue;
+      }
+    }
+    return detail::next_untried(view, 0);
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE void served(const View&, std::uint32_t, std::uint64_t) const noexcept {}
+
+  CARVE_HOST_DEVICE constexpr bool aging() const noexcept { return aging_; }
+  CARVE_HOST_DEVICE constexpr std::uint64_t aging_bound_ns() const noexcept { return bound_ns_; }
+
+private:
+  bool aging_ = false;
+  std::uint64_t bound_ns_ = 0;
+  std::uint64_t bound_ticks_ = 0;
+};
+
+static_assert(DrainPolicy<StrictPriority>);
+
+} // namespace carve

@@ -1,0 +1,92 @@
+// carve/queue/weighted_round_robin.hpp — WeightedRoundRobin: tier t is served up to w[t] times
+// in a row before the next non-empty tier's turn.
+//
+//   carve::WeightedRoundRobin wrr({4, 2, 1});   // per round: 4 small, 2 medium, 1 large
+//
+// Weights count requests, not bytes (DeficitRoundRobin shares bytes). One weight per tier, each
+// at least 1; prepare() refuses anything else with Errc::invalid_argument. An empty tier gives
+// its turn away, so the policy never idles while requests wait.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/queue/drain_policy.hpp>
+#include <carve/queue/tier_thresholds.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+#include <cuda/std/optional>
+#include <cuda/std/span>
+
+namespace carve {
+
+class WeightedRoundRobin {
+public:
+  static constexpr const char* name = "weighted round-robin";
+
+  CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(cuda::std::span<const std::uint32_t> weights) noexcept
+      : count_(static_cast<std::uint32_t>(weights.size())) {
+    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
+      weights_[t] = weights[t];
+    }
+  }
+  template <cuda::std::size_t K>
+  CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(const std::uint32_t (&weights)[K]) noexcept
+      : WeightedRoundRobin(cuda::std::span<const std::uint32_t>(weights, K)) {}
+
+  template <class Clock>
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+    if (count_ != tiers) {
+      return cuda::std::unexpected(Errc::invalid_argument);
+    }
+    for (std::uint32_t t = 0; t < tiers; ++t) {
+      if (weights_[t] == 0) {
+        return cuda::std::unexpected(Errc::invalid_argument);
+      }
+    }
+    return {};
+  }
+
+  template <class View>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+    const std::uint64_t s = state<View>().load(cuda::std::memory_order_relaxed);
+    const auto current = static_cast<std::uint32_t>(s >> 32);
+    const auto used = static_cast<std::uint32_t>(s);
+    if (current < view.tier_count() && !view.known_empty(current) && used < weights_[current]) {
+      return current;
+    }
+    return detail::next_untried(view, (current + 1) % view.tier_count());
+  }
+
+  // Counts the request against its tier's turn; a tier that was not the current one starts a turn.
+  template <class View>
+  CARVE_HOST_DEVICE void served(const View&, std::uint32_t tier, std::uint64_t) noexcept {
+    auto s = state<View>();
+    std::uint64_t seen = s.load(cuda::std::memory_order_relaxed);
+    std::uint64_t next = 0;
+    do {
+      const bool same_turn =
+          static_cast<std::uint32_t>(seen >> 32) == tier && static_cast<std::uint32_t>(seen) < weights_[tier];
+      next = same_turn ? seen + 1 : (std::uint64_t{tier} << 32 | 1U);
+    } while (!s.compare_exchange_weak(seen, next, cuda::std::memory_order_relaxed));
+  }
+
+  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint32_t> weights() const noexcept {
+    return {weights_, count_ < max_tiers ? count_ : max_tiers};
+  }
+
+private:
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> state() noexcept {
+    return cuda::atomic_ref<std::uint64_t, View::scope>(turn_);
+  }
+
+  std::uint32_t weights_[max_tiers]{};
+  std::uint32_t count_ = 0;
+  alignas(8) std::uint64_t turn_ = 0; // current tier << 32 | requests served in its turn
+};
+
+static_assert(DrainPolicy<WeightedRoundRobin>);
+
+} // namespace carve

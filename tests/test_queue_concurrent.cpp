@@ -1,0 +1,320 @@
+// SizeTieredQueue under real threads (also run under ThreadSanitizer): every accepted request
+// popped exactly once under every drain policy and both lane types, per-producer FIFO within a
+// tier, blocking pushes and pops, close() waking every waiter, and pushes racing close().
+#include "queue_helpers.hpp"
+
+#include <carve/carve.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <iterator>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+using carve::Errc;
+using carve::test::Request;
+using carve::test::RequestSize;
+using carve::test::thresholds;
+using namespace std::chrono_literals;
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CARVE_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define CARVE_TSAN 1
+#endif
+
+namespace {
+
+constexpr std::uint64_t id_of(std::uint64_t producer, std::uint64_t seq) { return producer << 32 | seq; }
+
+// Producers push `per_producer` requests of random sizes (blocking when their tier is full),
+// consumers pop until the queue is closed and drained, mixing single, timed and bulk pops.
+// Checks conservation (each id exactly once) and that each consumer sees every producer's
+// requests of one tier in push order.
+template <class Queue>
+void conservation(Queue& q, int producers, int consumers, std::uint64_t per_producer) {
+  std::vector<std::vector<std::uint64_t>> seen(static_cast<std::size_t>(consumers));
+  std::atomic<int> order_violations{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < consumers; ++c) {
+    threads.emplace_back([&, c] {
+      auto& mine = seen[static_cast<std::size_t>(c)];
+      // last seq seen per (producer, tier)
+      std::vector<std::int64_t> last(static_cast<std::size_t>(producers) * carve::max_tiers, -1);
+      const auto note = [&](const Request& r) {
+        if (*r.payload != r.id) {
+          ++order_violations;
+        }
+        mine.push_back(r.id);
+        const std::size_t key = (r.id >> 32) * carve::max_tiers + q.tier_of(r);
+        const auto seq = static_cast<std::int64_t>(r.id & 0xffff'ffff);
+        if (seq <= last[key]) {
+          ++order_violations;
+        }
+        last[key] = seq;
+      };
+      std::vector<Request> batch;
+      for (std::uint64_t round = 0;; ++round) {
+        if (round % 3 == 2) {
+          batch.clear();
+          const auto n = q.pop_bulk(std::back_inserter(batch), 7, 1ms);
+          if (!n && n.error() == Errc::closed) {
+            return;
+          }
+          for (const auto& r : batch) {
+            note(r);
+          }
+          continue;
+        }
+        auto r = round % 3 == 0 ? q.pop(1ms) : q.try_pop();
+        if (r) {
+          note(*r);
+        } else if (r.error() == Errc::closed) {
+          return;
+        }
+      }
+    });
+  }
+  std::vector<std::thread> makers;
+  for (int p = 0; p < producers; ++p) {
+    makers.emplace_back([&, p] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(p));
+      for (std::uint64_t i = 0; i < per_producer; ++i) {
+        const std::uint64_t size = rng() % 3 == 0 ? 1 + rng() % 1024 : 1 + rng() % 128;
+        auto r = Request::make(size, id_of(static_cast<std::uint64_t>(p), i));
+        const auto pushed = i % 2 == 0 ? q.push(std::move(r)) : q.push(std::move(r), 10s);
+        CHECK(pushed);
+      }
+    });
+  }
+  for (auto& t : makers) {
+    t.join();
+  }
+  q.close();
+  for (auto& t : threads) {
+    t.join();
+  }
+  CHECK(order_violations == 0);
+  std::vector<std::uint8_t> count(static_cast<std::size_t>(producers) * per_producer, 0);
+  std::size_t total = 0;
+  for (const auto& ids : seen) {
+    for (const std::uint64_t id : ids) {
+      ++count[(id >> 32) * per_producer + (id & 0xffff'ffff)];
+      ++total;
+    }
+  }
+  CHECK(total == count.size());
+  CHECK(std::count(count.begin(), count.end(), 1) == static_cast<std::ptrdiff_t>(count.size()));
+  CHECK(q.empty());
+  const auto s = q.stats();
+  std::uint64_t in = 0, out = 0;
+  for (std::uint32_t t = 0; t < s.tiers; ++t) {
+    in += s.tier[t].enqueued;
+    out += s.tier[t].dequeued;
+    CHECK(s.tier[t].wait.count() == s.tier[t].dequeued);
+  }
+  CHECK(in == count.size());
+  CHECK(out == count.size());
+}
+
+template <class Drain, class Lanes = carve::RingLanes<>>
+using Queue = carve::SizeTieredQueue<Request, RequestSize, Lanes, Drain>;
+
+} // namespace
+
+TEST_CASE("every accepted request is popped exactly once, under every drain policy") {
+  const auto t = thresholds({128, 512});
+  SUBCASE("round-robin") {
+    Queue<carve::RoundRobin> q(t, 16);
+    conservation(q, 3, 2, 4000);
+  }
+  SUBCASE("weighted round-robin") {
+    Queue<carve::WeightedRoundRobin> q(t, 16, carve::WeightedRoundRobin({4, 2, 1}));
+    conservation(q, 2, 3, 4000);
+  }
+  SUBCASE("deficit round-robin") {
+    Queue<carve::DeficitRoundRobin> q(t, 16, carve::DeficitRoundRobin({4096, 4096, 4096}));
+    conservation(q, 3, 3, 4000);
+  }
+  SUBCASE("strict priority with aging") {
+    Queue<carve::StrictPriority> q(t, 16, carve::StrictPriority::with_aging(200'000));
+    conservation(q, 2, 2, 4000);
+  }
+  SUBCASE("priority tag") {
+    Queue<carve::PriorityTag> q(t, 24);
+    conservation(q, 2, 2, 4000);
+  }
+#if defined(CARVE_HAS_MOODYCAMEL_LANE) && !defined(CARVE_TSAN)
+  // Not under ThreadSanitizer: moodycamel hides its own synchronisation from TSan
+  // (MOODYCAMEL_NO_TSAN), which then reports false races on the element slots it hands over.
+  SUBCASE("moodycamel lanes") {
+    Queue<carve::RoundRobin, carve::MoodycamelLanes> q(t, 16);
+    conservation(q, 3, 2, 4000);
+  }
+#endif
+}
+
+TEST_CASE("close wakes consumers blocked on an empty queue and producers blocked on a full tier") {
+  Queue<carve::RoundRobin> q(thresholds({128}), 1);
+  REQUIRE(q.try_push(Request::make(1, 0))); // tier 0 is now full
+  std::atomic<int> woken_readers{0}, woken_writers{0}, kept{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&] {
+      auto r = Request::make(1, 1);
+      const auto pushed = q.push(std::move(r)); // no timeout: only close() can end this
+      if (!pushed && pushed.error() == Errc::closed) {
+        ++woken_writers;
+        kept += r.payload != nullptr ? 1 : 0;
+      }
+    });
+  }
+  // Consumers wait on tier 1, which stays empty; the tier 0 request is taken after close.
+  Queue<carve::RoundRobin> empty(thresholds({128}), 4);
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&] {
+      const auto r = empty.pop();
+      if (!r && r.error() == Errc::closed) {
+        ++woken_readers;
+      }
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  q.close();
+  empty.close();
+  for (auto& t : threads) {
+    t.join();
+  }
+  CHECK(woken_writers == 2);
+  CHECK(kept == 2);
+  CHECK(woken_readers == 2);
+  CHECK(q.try_pop()->id == 0); // what was queued before close still drains
+  CHECK(q.try_pop().error() == Errc::closed);
+}
+
+TEST_CASE("a blocked push resumes when a consumer makes room, a blocked pop when a request arrives") {
+  Queue<carve::RoundRobin> q(thresholds({128}), 2);
+  REQUIRE(q.try_push(Request::make(1, 0)));
+  REQUIRE(q.try_push(Request::make(1, 1)));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread consumer([&] {
+    std::this_thread::sleep_for(20ms);
+    CHECK(q.try_pop());
+  });
+  CHECK(q.push(Request::make(1, 2))); // waits for the consumer
+  CHECK(std::chrono::steady_clock::now() - t0 >= 20ms);
+  consumer.join();
+  CHECK(q.size() == 2);
+
+  Queue<carve::RoundRobin> e(thresholds({128}), 2);
+  std::thread producer([&] {
+    std::this_thread::sleep_for(20ms);
+    CHECK(e.try_push(Request::make(600, 9)));
+  });
+  const auto r = e.pop();
+  REQUIRE(r);
+  CHECK(r->id == 9);
+  producer.join();
+}
+
+TEST_CASE("pushes racing close: accepted == popped, and late pushes keep their request") {
+  for (int round = 0; round < 20; ++round) {
+    Queue<carve::RoundRobin> q(thresholds({128, 512}), 64);
+    std::atomic<std::uint64_t> accepted{0}, refused_intact{0}, refused{0};
+    std::atomic<std::uint64_t> popped{0};
+    std::barrier start(4);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 2; ++p) {
+      threads.emplace_back([&, p] {
+        start.arrive_and_wait();
+        for (std::uint64_t i = 0;; ++i) {
+          auto r = Request::make(1 + (i * 37) % 900, id_of(static_cast<std::uint64_t>(p), i));
+          const auto pushed = q.try_push(std::move(r));
+          if (pushed) {
+            ++accepted;
+          } else if (pushed.error() == Errc::closed) {
+            ++refused;
+            refused_intact += r.payload != nullptr ? 1 : 0;
+            return;
+          }
+        }
+      });
+    }
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      for (;;) {
+        const auto r = q.pop(1ms);
+        if (r) {
+          ++popped;
+        } else if (r.error() == Errc::closed) {
+          return;
+        }
+      }
+    });
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      std::this_thread::sleep_for(std::chrono::microseconds(200 + 100 * round));
+      q.close();
+    });
+    for (auto& t : threads) {
+      t.join();
+    }
+    CHECK(refused == 2);
+    CHECK(refused_intact == 2);
+    CHECK(popped == accepted);
+    CHECK(q.empty());
+  }
+}
+
+TEST_CASE("MpmcRing alone: producers and consumers on one ring, FIFO per producer") {
+  carve::MpmcRing<std::uint64_t> ring(37); // not a power of two: the index wraps by modulo
+  constexpr std::uint64_t per = 20000;
+  std::atomic<std::uint64_t> sum{0}, count{0};
+  std::atomic<int> violations{0};
+  std::vector<std::thread> threads;
+  for (std::uint64_t p = 0; p < 2; ++p) {
+    threads.emplace_back([&, p] {
+      for (std::uint64_t i = 0; i < per; ++i) {
+        std::uint64_t v = p << 32 | i;
+        while (!ring.try_push(v, i)) {
+          std::this_thread::yield();
+        }
+      }
+    });
+  }
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&] {
+      std::int64_t last[2] = {-1, -1};
+      while (count.load() < 2 * per) {
+        if (const auto got = ring.try_pop()) {
+          const auto p = got->value >> 32;
+          const auto i = static_cast<std::int64_t>(got->value & 0xffff'ffff);
+          if (i <= last[p] || got->stamp != static_cast<std::uint64_t>(i)) {
+            ++violations;
+          }
+          last[p] = i;
+          sum += got->value & 0xffff'ffff;
+          ++count;
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  CHECK(violations == 0);
+  CHECK(count == 2 * per);
+  CHECK(sum == 2 * (per * (per - 1) / 2));
+  CHECK(ring.size() == 0);
+}
