@@ -17,6 +17,7 @@ enum class Errc {
   out_of_range,      // a range that ends past the resource or wraps around
   not_allocated,     // releasing something that is (partly) free already
   invalid_placement, // a fit policy proposed a run that is not free: a bug in that policy
+  device_error,      // a device (or its copy engine) failed an operation
 };
 
 // A short, stable, lowercase description; never null.
@@ -32,6 +33,8 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "not allocated";
   case Errc::invalid_placement:
     return "fit policy proposed a run that is not free";
+  case Errc::device_error:
+    return "device error";
   }
   return "unknown carve error";
 }
