@@ -3,7 +3,8 @@
 //   carve::CudaMirrorBackend gpus({.bytes_per_device = 8ull << 30});   // 8 GiB of every GPU
 //   carve::PagedMirror mirror(gpus, {.page_size = 2 << 20, .tracking = carve::WriteTracking::automatic});
 //   ...
-//   for (const carve::MirrorSegment& s : *mirror.segments(p, n))       // a kernel per device
+//   const auto parts = mirror.segments(p, n);                            // a kernel per device
+//   for (const carve::MirrorSegment& s : *parts)
 //     kernel<<<grid, block, 0, gpus.stream(s.device)>>>(gpus.device_pointer(s.device, s.device_offset), s.bytes);
 //
 // Construction queries each device (cudaGetDeviceCount, cudaMemGetInfo, the SM count and compute

@@ -6,8 +6,11 @@
 // and succeeds. Any other fault — outside every target, or on a page of a target that is not
 // allocated — goes to the handler that was installed before carve's (sigaction with SA_SIGINFO or
 // a plain handler), or, when there was none, gets the default action: the program's usual crash.
-// The handler is installed once, by the first target, and stays: a handler installed after it may
-// chain to it, so taking it away could break that one. Up to max_fault_targets at a time.
+// The handler is installed by the first target and stays: a handler installed after it may chain
+// to it, so taking it away could break that one. Code that later replaces the SIGSEGV action
+// without chaining (a test framework between test cases, say) takes carve's out of the way: every
+// new target puts carve's handler back in front, chaining to the one it displaces. Up to
+// max_fault_targets targets at a time.
 //
 // What runs inside the handler, and why each is safe there:
 //   - atomic loads, fetch_or and fetch_add on lock-free 64-bit atomics (AtomicPageBits, the
@@ -65,8 +68,11 @@ struct FaultSlot {
 
 struct FaultRegistry {
   std::array<FaultSlot, max_fault_targets> slots;
-  struct sigaction previous {};
-  std::once_flag installed;
+  // The handler carve's displaced, double-buffered: installing again writes the other entry and
+  // then flips `current`, so a handler chaining at that moment reads a complete one.
+  std::array<struct sigaction, 2> previous{};
+  std::atomic<int> current{0};
+  std::mutex installing;
   std::atomic<std::uint64_t> faults_resolved{0};
 };
 
@@ -111,7 +117,8 @@ inline bool resolve_fault(const FaultTarget& t, std::uint32_t page) noexcept {
 }
 
 inline void chain_fault(int sig, siginfo_t* info, void* context) noexcept {
-  const struct sigaction& prev = fault_registry().previous;
+  const FaultRegistry& r = fault_registry();
+  const struct sigaction& prev = r.previous[static_cast<std::size_t>(r.current.load(std::memory_order_acquire))];
   if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
     prev.sa_sigaction(sig, info, context);
     return;
@@ -159,17 +166,27 @@ inline void on_fault(int sig, siginfo_t* info, void* context) noexcept {
   }
 }
 
+// Puts carve's handler in front unless it is there already, chaining to whatever it displaces.
 inline void install_fault_handler() {
   FaultRegistry& r = fault_registry();
-  std::call_once(r.installed, [&] {
-    struct sigaction action {};
-    action.sa_sigaction = on_fault;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    ::sigemptyset(&action.sa_mask);
-    if (::sigaction(SIGSEGV, &action, &r.previous) != 0) {
-      throw std::runtime_error("carve: cannot install the SIGSEGV handler for write tracking");
-    }
-  });
+  const std::lock_guard lock(r.installing);
+  struct sigaction now {};
+  if (::sigaction(SIGSEGV, nullptr, &now) != 0) {
+    throw std::runtime_error("carve: cannot read the SIGSEGV handler");
+  }
+  if ((now.sa_flags & SA_SIGINFO) != 0 && now.sa_sigaction == on_fault) {
+    return;
+  }
+  const int next = 1 - r.current.load(std::memory_order_relaxed);
+  r.previous[static_cast<std::size_t>(next)] = now;
+  r.current.store(next, std::memory_order_release);
+  struct sigaction action {};
+  action.sa_sigaction = on_fault;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  ::sigemptyset(&action.sa_mask);
+  if (::sigaction(SIGSEGV, &action, nullptr) != 0) {
+    throw std::runtime_error("carve: cannot install the SIGSEGV handler for write tracking");
+  }
 }
 
 } // namespace detail
