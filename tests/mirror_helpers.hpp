@@ -12,6 +12,20 @@
 
 namespace carve::test {
 
+// Whether this build runs under AddressSanitizer, whose shadow memory and own mappings change what
+// some tests measure.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool under_asan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool under_asan = true;
+#else
+inline constexpr bool under_asan = false;
+#endif
+#else
+inline constexpr bool under_asan = false;
+#endif
+
 using HostBackend = HostMirrorBackend<>;
 
 // One simulated card per entry: `bytes` of device memory and `units` compute units.
@@ -38,8 +52,7 @@ inline void wait_all(HostBackend& backend) {
 
 // The bytes of [p, p + n) as the devices hold them, gathered through the mirror's page table.
 template <class Mirror>
-std::vector<unsigned char> device_view(const Mirror& mirror, const HostBackend& backend, const void* p,
-                                       std::size_t n) {
+std::vector<unsigned char> device_view(const Mirror& mirror, const HostBackend& backend, const void* p, std::size_t n) {
   std::vector<unsigned char> out;
   out.reserve(n);
   const auto segments = mirror.segments(p, n);

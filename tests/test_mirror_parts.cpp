@@ -138,7 +138,7 @@ TEST_CASE("AtomicPageBits: set, clear, take and count across word boundaries") {
   CHECK(bits.count({60, 10}) == 7);
   bits.clear({150, 25});
   CHECK(bits.count({0, 200}) == 32);
-  CHECK(bits.take(3) == carve::bits::low_mask(200 - 192) ); // pages 192-199
+  CHECK(bits.take(3) == carve::bits::low_mask(200 - 192)); // pages 192-199
   CHECK(bits.count({0, 200}) == 24);
 }
 
@@ -203,7 +203,7 @@ TEST_CASE("PriorityDispatcher: priority order, strict or backfilling, partitions
   CHECK(g[1].device == 1); // device 1 has 4 free, device 0 only 2: least loaded
 
   carve::PriorityDispatcher backfill(devices, carve::DispatchOrder::backfill);
-  const auto big = *backfill.submit({.priority = 5, .compute_units = 0});   // a whole device
+  const auto big = *backfill.submit({.priority = 5, .compute_units = 0}); // a whole device
   const auto small = *backfill.submit({.priority = 1, .compute_units = 3});
   // The head is refused (say its memory does not fit): backfilling serves the next one anyway.
   g = backfill.dispatch([&](const carve::ComputeGrant& grant) { return grant.ticket != big; });

@@ -189,7 +189,7 @@ public:
     }
     FetchReport report;
     report.mechanism = tracker_.mechanism();
-    report.devices.resize(devices_.size());
+    report.device_count = static_cast<std::uint32_t>(devices_.size());
     if (n == 0) {
       return report;
     }
@@ -400,6 +400,9 @@ private:
   }
   static std::vector<std::optional<DynamicSlotAllocator<Fit>>> make_device_pages(const std::vector<DeviceInfo>& devices,
                                                                                  std::size_t page_size) {
+    if (devices.size() > max_mirror_devices) {
+      throw std::invalid_argument("carve::PagedMirror: more than " + std::to_string(max_mirror_devices) + " devices");
+    }
     std::vector<std::optional<DynamicSlotAllocator<Fit>>> out;
     for (const DeviceInfo& d : devices) {
       const std::size_t pages = d.available ? d.capacity / page_size : 0;
@@ -594,7 +597,7 @@ private:
     const std::shared_lock lock(allocations_mutex_);
     SyncReport report;
     report.mechanism = tracker_.mechanism();
-    report.devices.resize(devices_.size());
+    report.device_count = static_cast<std::uint32_t>(devices_.size());
     // Higher priority first, so their copies are queued (and land) first on every stream.
     std::vector<const Allocation*> order;
     order.reserve(allocations_.size());

@@ -16,6 +16,7 @@
 #include <carve/borrow/borrow_history.hpp>
 #include <carve/mirror/placement.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <span>

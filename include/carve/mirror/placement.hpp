@@ -22,6 +22,7 @@
 
 #include <cuda/std/expected>
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
