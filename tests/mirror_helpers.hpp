@@ -28,6 +28,19 @@ inline constexpr bool under_asan = false;
 
 using HostBackend = HostMirrorBackend<>;
 
+inline constexpr std::size_t KiB = 1024;
+inline constexpr std::size_t MiB = 1024 * KiB;
+
+// Every tracking mode this machine offers: explicit calls, mprotect, and userfaultfd where the
+// kernel has asynchronous write-protection.
+inline std::vector<WriteTracking> tracking_modes() {
+  std::vector<WriteTracking> modes{WriteTracking::explicit_calls, WriteTracking::automatic_mprotect};
+  if (userfaultfd_tracking_available()) {
+    modes.push_back(WriteTracking::automatic_userfaultfd);
+  }
+  return modes;
+}
+
 // One simulated card per entry: `bytes` of device memory and `units` compute units.
 struct CardSpec {
   std::size_t bytes = 0;

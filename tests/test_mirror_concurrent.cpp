@@ -24,22 +24,12 @@ using namespace carve::test;
 
 namespace {
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
 constexpr unsigned threads = 4;
-
-std::vector<WriteTracking> modes() {
-  std::vector<WriteTracking> m{WriteTracking::explicit_calls, WriteTracking::automatic_mprotect};
-  if (carve::userfaultfd_tracking_available()) {
-    m.push_back(WriteTracking::automatic_userfaultfd);
-  }
-  return m;
-}
 
 } // namespace
 
 TEST_CASE("concurrent writers: every written page is dirty exactly once, and the devices match") {
-  for (const WriteTracking mode : modes()) {
+  for (const WriteTracking mode : tracking_modes()) {
     CAPTURE(static_cast<int>(mode));
     HostBackend devices;
     add_cards(devices, {{2 * MiB, 1}, {2 * MiB, 1}});
@@ -91,7 +81,7 @@ TEST_CASE("concurrent writers: every written page is dirty exactly once, and the
 }
 
 TEST_CASE("writers keep storing while another thread allocates and frees") {
-  for (const WriteTracking mode : modes()) {
+  for (const WriteTracking mode : tracking_modes()) {
     CAPTURE(static_cast<int>(mode));
     HostBackend devices;
     add_cards(devices, {{4 * MiB, 1}});

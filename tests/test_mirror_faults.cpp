@@ -25,9 +25,6 @@ using namespace carve::test;
 
 namespace {
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
-
 // Runs `body` in a child process and returns its wait status.
 template <class Body>
 int in_child(Body body) {
@@ -86,11 +83,10 @@ TEST_CASE("faults outside the mirror go to the handler installed before carve's"
 }
 
 TEST_CASE("a store outside every allocation is the program's usual fault") {
-  std::vector<WriteTracking> modes{WriteTracking::automatic_mprotect};
-  if (carve::userfaultfd_tracking_available()) {
-    modes.push_back(WriteTracking::automatic_userfaultfd);
-  }
-  for (const WriteTracking mode : modes) {
+  for (const WriteTracking mode : tracking_modes()) {
+    if (mode == WriteTracking::explicit_calls) {
+      continue;
+    }
     CAPTURE(static_cast<int>(mode));
     const int status = in_child([mode] {
       ::signal(SIGSEGV, SIG_DFL); // no test framework's crash report: the plain default

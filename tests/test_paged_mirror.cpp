@@ -26,19 +26,6 @@ using namespace carve::test;
 
 namespace {
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
-
-std::vector<WriteTracking> tracking_modes() {
-  std::vector<WriteTracking> modes{WriteTracking::explicit_calls, WriteTracking::automatic_mprotect};
-  if (carve::userfaultfd_tracking_available()) {
-    modes.push_back(WriteTracking::automatic_userfaultfd);
-  } else {
-    MESSAGE("userfaultfd write-protection is not available here: that mechanism is not tested");
-  }
-  return modes;
-}
-
 // Three GPUs: 0-1 joined by NVLink, 2 reached over PCIe only.
 carve::Topology three_gpus() {
   return carve::Topology::from_description("cpu CPU0\n"

@@ -15,14 +15,8 @@
 
 namespace {
 
-int failures = 0;
-
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using carve::test::expect;
+using carve::test::failures;
 
 __global__ void add_one(unsigned char* p, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
