@@ -163,8 +163,9 @@ public:
     return {};
   }
 
-  // Copies every dirty page to its device page and waits for the copies. On device_error the pages
-  // whose copies failed are dirty again, so a later sync retries them.
+  // Copies every dirty page to its device page and waits until every device has finished all the
+  // work queued so far. On device_error the pages whose copies failed are dirty again, so a later
+  // sync retries them.
   cuda::std::expected<SyncReport, Errc> sync() {
     const std::lock_guard control(control_);
     return sync_locked(/*everything=*/false);
@@ -640,8 +641,10 @@ private:
         }
       }
     }
+    // Every device, not only those copied to now: earlier work on a stream (an allocation's
+    // zeroing) must be finished too when sync() says the devices hold what the host holds.
     for (std::uint32_t d = 0; d < devices_.size(); ++d) {
-      if (queued[d].empty()) {
+      if (!device_pages_[d]) {
         continue;
       }
       if (auto w = backend_.wait(d); !w) {
