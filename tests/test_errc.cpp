@@ -10,7 +10,7 @@ TEST_CASE("every error has a message and a std::error_code") {
   for (carve::Errc e :
        {carve::Errc::no_space, carve::Errc::invalid_size, carve::Errc::out_of_range, carve::Errc::not_allocated,
         carve::Errc::invalid_placement, carve::Errc::invalid_thresholds, carve::Errc::full, carve::Errc::empty,
-        carve::Errc::closed, carve::Errc::timed_out, carve::Errc::invalid_argument}) {
+        carve::Errc::closed, carve::Errc::timed_out, carve::Errc::invalid_argument, carve::Errc::device_error}) {
     const std::error_code ec = e; // implicit, through is_error_code_enum
     CHECK(ec);
     CHECK(ec.category().name() == std::string("carve"));

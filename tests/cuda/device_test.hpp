@@ -32,6 +32,16 @@ std::vector<T> to_host(const T* p, std::size_t n) {
   return v;
 }
 
+// Checks that do not stop the test: each failure is printed and counted; main returns
+// `failures == 0 ? 0 : 1`.
+inline int failures = 0;
+inline void expect(bool ok, const char* what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what);
+    ++failures;
+  }
+}
+
 // Exits with 77 after saying so when there is no usable GPU.
 inline void skip_without_device() {
   int devices = 0;

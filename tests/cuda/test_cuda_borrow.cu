@@ -1,5 +1,7 @@
 // On a machine with GPUs: the topology the CUDA runtime reports, a CachingPool over cudaMalloc,
 // and a BorrowingAllocator across every device. Exit code 77 (skipped) without a GPU.
+#include "device_test.hpp"
+
 #include <carve/carve.hpp>
 #include <carve/topology/cuda_discovery.hpp>
 
@@ -11,14 +13,8 @@
 
 namespace {
 
-int failures = 0;
-
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED: %s\n", what);
-    ++failures;
-  }
-}
+using carve::test::expect;
+using carve::test::failures;
 
 __global__ void fill(unsigned char* p, std::size_t n, unsigned char v) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {

@@ -23,6 +23,7 @@ enum class Errc {
   closed,             // the queue was closed: no more pushes; pops end once it has drained
   timed_out,          // a blocking call's deadline passed first
   invalid_argument,   // a parameter outside its documented domain (a zero capacity, a weight list of the wrong length)
+  device_error,       // a device (or its copy engine) failed an operation
 };
 
 // A short, stable, lowercase description; never null.
@@ -50,6 +51,8 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "timed out";
   case Errc::invalid_argument:
     return "invalid argument";
+  case Errc::device_error:
+    return "device error";
   }
   return "unknown carve error";
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #if __has_include(<cuda_runtime_api.h>)
+#include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/upstream.hpp>
 
@@ -40,9 +41,9 @@ public:
     if (bytes == 0 || alignment == 0 || alignment > 256 || (alignment & (alignment - 1)) != 0) {
       return nullptr; // cudaMalloc aligns to 256 bytes and no further
     }
-    const Current current(device_);
+    const detail::CudaCurrentDevice current(device_);
     void* p = nullptr;
-    if (!current.ok || cudaMalloc(&p, bytes) != cudaSuccess) {
+    if (!current.ok() || cudaMalloc(&p, bytes) != cudaSuccess) {
       cudaGetLastError();
       return nullptr;
     }
@@ -50,7 +51,7 @@ public:
   }
 
   void deallocate(void* p, std::size_t, std::size_t) noexcept {
-    const Current current(device_);
+    const detail::CudaCurrentDevice current(device_);
     cudaFree(p);
     cudaGetLastError();
   }
@@ -68,27 +69,11 @@ public:
 #endif
 
 private:
-  // Makes a device current for one call and puts the caller's back.
-  struct Current {
-    explicit Current(int device) {
-      ok = cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device) == cudaSuccess;
-    }
-    ~Current() {
-      if (ok) {
-        cudaSetDevice(previous);
-      }
-    }
-    Current(const Current&) = delete;
-    Current& operator=(const Current&) = delete;
-    int previous = 0;
-    bool ok = false;
-  };
-
   std::pair<std::size_t, std::size_t> info() const noexcept {
-    const Current current(device_);
+    const detail::CudaCurrentDevice current(device_);
     std::size_t free = 0;
     std::size_t total = 0;
-    if (!current.ok || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    if (!current.ok() || cudaMemGetInfo(&free, &total) != cudaSuccess) {
       cudaGetLastError();
       return {0, 0};
     }

@@ -21,6 +21,19 @@ struct SlotRange {
   }
 };
 
+// One step of a walk over the words a range touches: the word holding `slot`, the mask of the
+// range's bits in it (at most `left` of them), and how many slots that covers.
+struct WordMask {
+  std::uint32_t word;
+  bits::word mask;
+  std::uint32_t slots;
+};
+CARVE_HOST_DEVICE constexpr WordMask word_mask_at(std::uint32_t slot, std::uint32_t left) noexcept {
+  const std::uint32_t bit = slot % bits::word_bits;
+  const std::uint32_t n = left < bits::word_bits - bit ? left : bits::word_bits - bit;
+  return {slot / bits::word_bits, bits::range_mask(bit, n), n};
+}
+
 // Calls f(word index, mask of the range's bits in that word) for each 64-bit word the range
 // touches, lowest first. When f returns bool, false stops the walk and the call returns false.
 template <class F>
@@ -28,21 +41,52 @@ CARVE_HOST_DEVICE constexpr bool for_each_word_mask(SlotRange r, F&& f) noexcept
   std::uint32_t slot = r.first;
   std::uint32_t left = r.count;
   while (left != 0) {
-    const std::uint32_t bit = slot % bits::word_bits;
-    const std::uint32_t n = left < bits::word_bits - bit ? left : bits::word_bits - bit;
-    const std::uint32_t k = slot / bits::word_bits;
-    const bits::word mask = bits::range_mask(bit, n);
-    if constexpr (cuda::std::is_same_v<decltype(f(k, mask)), bool>) {
-      if (!f(k, mask)) {
+    const WordMask w = word_mask_at(slot, left);
+    if constexpr (cuda::std::is_same_v<decltype(f(w.word, w.mask)), bool>) {
+      if (!f(w.word, w.mask)) {
         return false;
       }
     } else {
-      f(k, mask);
+      f(w.word, w.mask);
     }
-    slot += n;
-    left -= n;
+    slot += w.slots;
+    left -= w.slots;
   }
   return true;
 }
+
+// The same walk as a range, for host code whose loop body cannot be a device lambda (nvcc treats
+// a lambda passed to a __host__ __device__ function as both):
+//   for (const carve::WordMask w : carve::word_masks(r)) { ... w.word, w.mask ... }
+class WordMasks {
+public:
+  class iterator {
+  public:
+    constexpr iterator() noexcept = default;
+    CARVE_HOST_DEVICE constexpr iterator(std::uint32_t slot, std::uint32_t left) noexcept : slot_(slot), left_(left) {}
+    CARVE_HOST_DEVICE constexpr WordMask operator*() const noexcept { return word_mask_at(slot_, left_); }
+    CARVE_HOST_DEVICE constexpr iterator& operator++() noexcept {
+      const std::uint32_t n = word_mask_at(slot_, left_).slots;
+      slot_ += n;
+      left_ -= n;
+      return *this;
+    }
+    friend CARVE_HOST_DEVICE constexpr bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.left_ == b.left_;
+    }
+
+  private:
+    std::uint32_t slot_ = 0;
+    std::uint32_t left_ = 0;
+  };
+
+  CARVE_HOST_DEVICE constexpr explicit WordMasks(SlotRange r) noexcept : r_(r) {}
+  CARVE_HOST_DEVICE constexpr iterator begin() const noexcept { return {r_.first, r_.count}; }
+  CARVE_HOST_DEVICE constexpr iterator end() const noexcept { return {0, 0}; } // compares by slots left
+
+private:
+  SlotRange r_;
+};
+CARVE_HOST_DEVICE constexpr WordMasks word_masks(SlotRange r) noexcept { return WordMasks(r); }
 
 } // namespace carve

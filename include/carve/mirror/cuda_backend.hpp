@@ -1,0 +1,233 @@
+// carve/mirror/cuda_backend.hpp — PagedMirror over the CUDA devices of this machine.
+//
+//   carve::CudaMirrorBackend gpus({.bytes_per_device = 8ull << 30});   // 8 GiB of every GPU
+//   carve::PagedMirror mirror(gpus, {.page_size = 2 << 20, .tracking = carve::WriteTracking::automatic});
+//   ...
+//   const auto parts = mirror.segments(p, n);                            // a kernel per device
+//   for (const carve::MirrorSegment& s : *parts)
+//     kernel<<<grid, block, 0, gpus.stream(s.device)>>>(gpus.device_pointer(s.device, s.device_offset), s.bytes);
+//
+// Construction queries each device (cudaGetDeviceCount, cudaMemGetInfo, the SM count and compute
+// mode), takes its share of device memory in one cudaMalloc, and creates one non-blocking stream
+// and one event per device. Copies are cudaMemcpyAsync on the device's stream; wait(d) records the
+// event and waits for it. Mirror memory is pinned with cudaHostRegister as allocations appear, so
+// copies are real DMA that overlap across devices (when pinning fails the copies still work, staged
+// by the driver). A device whose compute mode is "prohibited" or whose memory cannot be had is
+// reported unavailable, and the mirror leaves it alone.
+//
+// Needs the CUDA runtime: declared only where <cuda_runtime_api.h> is on the include path (nvcc, or
+// a target linked to CUDA::cudart), so <carve/carve.hpp> compiles without it. Construction throws
+// std::runtime_error when there is no CUDA device; the copy calls report Errc::device_error.
+#pragma once
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <carve/core/errc.hpp>
+#include <carve/mirror/device_info.hpp>
+#include <carve/mirror/mirror_backend.hpp>
+#include <carve/mr/cuda_current_device.hpp>
+
+#include <cuda/std/expected>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace carve {
+
+struct CudaMirrorOptions {
+  std::vector<int> devices{};       // CUDA ordinals to use; empty: every device
+  std::size_t bytes_per_device = 0; // 0: free_fraction of what each device has free
+  double free_fraction = 0.5;
+  bool pin_host_memory = true; // cudaHostRegister mirror memory as allocations appear
+};
+
+class CudaMirrorBackend {
+public:
+  explicit CudaMirrorBackend(CudaMirrorOptions options = {}) : pin_(options.pin_host_memory) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      throw std::runtime_error("carve::CudaMirrorBackend: no CUDA device");
+    }
+    if (options.devices.empty()) {
+      for (int d = 0; d < count; ++d) {
+        options.devices.push_back(d);
+      }
+    }
+    devices_.reserve(options.devices.size());
+    try {
+      for (const int ordinal : options.devices) {
+        if (ordinal < 0 || ordinal >= count) {
+          throw std::runtime_error("carve::CudaMirrorBackend: no CUDA device " + std::to_string(ordinal));
+        }
+        devices_.push_back(open(ordinal, options));
+      }
+    } catch (...) {
+      close_all();
+      throw;
+    }
+  }
+  ~CudaMirrorBackend() { close_all(); }
+  CudaMirrorBackend(const CudaMirrorBackend&) = delete;
+  CudaMirrorBackend& operator=(const CudaMirrorBackend&) = delete;
+
+  std::vector<DeviceInfo> devices() const {
+    std::vector<DeviceInfo> out;
+    for (const Device& d : devices_) {
+      out.push_back(d.info);
+    }
+    return out;
+  }
+
+  cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
+                                                 std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    const detail::CudaCurrentDevice current(devices_[d].ordinal);
+    return check(current.ok() ? cudaMemcpyAsync(devices_[d].memory + offset, src, bytes, cudaMemcpyHostToDevice,
+                                                devices_[d].stream)
+                              : cudaErrorInvalidDevice);
+  }
+  cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
+                                               std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    const detail::CudaCurrentDevice current(devices_[d].ordinal);
+    return check(current.ok() ? cudaMemcpyAsync(dst, devices_[d].memory + offset, bytes, cudaMemcpyDeviceToHost,
+                                                devices_[d].stream)
+                              : cudaErrorInvalidDevice);
+  }
+  cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    const detail::CudaCurrentDevice current(devices_[d].ordinal);
+    return check(current.ok() ? cudaMemsetAsync(devices_[d].memory + offset, 0, bytes, devices_[d].stream)
+                              : cudaErrorInvalidDevice);
+  }
+  cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
+    if (d >= devices_.size() || devices_[d].memory == nullptr) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    const detail::CudaCurrentDevice current(devices_[d].ordinal);
+    if (!current.ok()) {
+      return cuda::std::unexpected(Errc::device_error);
+    }
+    if (auto r = check(cudaEventRecord(devices_[d].done, devices_[d].stream)); !r) {
+      return r;
+    }
+    return check(cudaEventSynchronize(devices_[d].done));
+  }
+
+  void host_committed(void* p, std::size_t bytes) noexcept {
+    if (pin_ && cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+      cudaGetLastError(); // pageable memory still copies, only slower
+    }
+  }
+  void host_released(void* p, std::size_t) noexcept {
+    if (pin_ && cudaHostUnregister(p) != cudaSuccess) {
+      cudaGetLastError(); // it was never pinned
+    }
+  }
+
+  // Device memory behind a mirror segment, for kernels; its stream, to order them after copies.
+  void* device_pointer(std::size_t d, std::size_t offset) const { return devices_.at(d).memory + offset; }
+  cudaStream_t stream(std::size_t d) const { return devices_.at(d).stream; }
+  int cuda_ordinal(std::size_t d) const { return devices_.at(d).ordinal; }
+
+private:
+  struct Device {
+    int ordinal = 0;
+    DeviceInfo info;
+    std::byte* memory = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+
+  static Device open(int ordinal, const CudaMirrorOptions& options) {
+    Device d;
+    d.ordinal = ordinal;
+    const detail::CudaCurrentDevice current(ordinal);
+    cudaDeviceProp prop{};
+    int sms = 0;
+    int mode = 0;
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (!current.ok() || cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess ||
+        cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, ordinal) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("carve::CudaMirrorBackend: cannot query CUDA device " + std::to_string(ordinal));
+    }
+    d.info.name = "GPU" + std::to_string(ordinal) + " (" + prop.name + ")";
+    d.info.compute_units = static_cast<std::uint32_t>(sms);
+    d.info.available = false;
+    if (mode == cudaComputeModeProhibited || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return d;
+    }
+    std::size_t bytes = options.bytes_per_device != 0
+                            ? options.bytes_per_device
+                            : static_cast<std::size_t>(static_cast<double>(free) * options.free_fraction);
+    bytes = bytes / (std::size_t{2} << 20) * (std::size_t{2} << 20); // whole 2 MiB, the largest page
+    void* memory = nullptr;
+    if (bytes == 0 || cudaMalloc(&memory, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return d;
+    }
+    if (cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      if (d.stream != nullptr) {
+        cudaStreamDestroy(d.stream);
+      }
+      cudaFree(memory);
+      throw std::runtime_error("carve::CudaMirrorBackend: cannot create a stream on CUDA device " +
+                               std::to_string(ordinal));
+    }
+    d.memory = static_cast<std::byte*>(memory);
+    d.info.capacity = bytes;
+    d.info.available = true;
+    return d;
+  }
+
+  void close_all() noexcept {
+    for (Device& d : devices_) {
+      if (d.memory == nullptr) {
+        continue;
+      }
+      const detail::CudaCurrentDevice current(d.ordinal);
+      cudaStreamSynchronize(d.stream);
+      cudaEventDestroy(d.done);
+      cudaStreamDestroy(d.stream);
+      cudaFree(d.memory);
+      d.memory = nullptr;
+    }
+    cudaGetLastError();
+  }
+
+  bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
+    return d < devices_.size() && devices_[d].memory != nullptr && offset <= devices_[d].info.capacity &&
+           bytes <= devices_[d].info.capacity - offset;
+  }
+  static cuda::std::expected<void, Errc> check(cudaError_t e) noexcept {
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda::std::unexpected(Errc::device_error);
+    }
+    return {};
+  }
+
+  std::vector<Device> devices_;
+  bool pin_;
+};
+
+static_assert(MirrorBackend<CudaMirrorBackend>);
+static_assert(HostMemoryObserver<CudaMirrorBackend>);
+
+} // namespace carve
+#endif

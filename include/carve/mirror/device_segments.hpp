@@ -1,0 +1,48 @@
+// carve/mirror/device_segments.hpp — a run of host pages cut into pieces that are contiguous on
+// one device.
+//
+// Adjacent host pages become one copy when the page table puts them on the same device at
+// consecutive device pages; that is all coalescing needs, and why the placement policies and the
+// device page allocator try to give an allocation long runs.
+#pragma once
+
+#include <carve/mirror/page_table.hpp>
+#include <carve/slot/slot_range.hpp>
+
+#include <cstdint>
+
+namespace carve {
+
+struct DeviceSegment {
+  std::uint32_t device = 0;
+  std::uint32_t host_page = 0;
+  std::uint32_t device_page = 0;
+  std::uint32_t pages = 0;
+  friend bool operator==(const DeviceSegment&, const DeviceSegment&) = default;
+};
+
+// Calls f(DeviceSegment) for each maximal piece of `host_pages` (all mapped) in address order.
+template <class F>
+void for_each_device_segment(const PageTable& table, SlotRange host_pages, F&& f) {
+  DeviceSegment seg;
+  for (std::uint32_t p = host_pages.first; p < host_pages.end(); ++p) {
+    const auto at = table.find(p);
+    if (!at) {
+      continue; // unmapped: not part of any allocation (callers pass mapped ranges)
+    }
+    if (seg.pages != 0 && at->device == seg.device && at->page == seg.device_page + seg.pages &&
+        p == seg.host_page + seg.pages) {
+      ++seg.pages;
+      continue;
+    }
+    if (seg.pages != 0) {
+      f(seg);
+    }
+    seg = {at->device, p, at->page, 1};
+  }
+  if (seg.pages != 0) {
+    f(seg);
+  }
+}
+
+} // namespace carve

@@ -1,0 +1,148 @@
+// carve/mirror/host_backend.hpp — devices played by host memory: PagedMirror without a GPU.
+//
+//   carve::HostMirrorBackend<> devices;
+//   devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 0", .compute_units = 108});
+//   devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 1", .compute_units = 108});
+//   carve::PagedMirror mirror(devices);
+//
+// Devices register themselves: each brings a card (any UpstreamResource; SimulatedCard by default)
+// from which the backend takes the device's memory once, and a description. Every device has its
+// own HostCopyStream, so copies to different devices run at the same time, each in order, as on
+// GPUs. device_memory(d) shows what a device holds, which is how tests compare it with the host.
+// Not copyable or movable (the streams' threads refer to it). Registration is not thread-safe;
+// the copy calls are, per the MirrorBackend contract.
+#pragma once
+
+#include <carve/core/errc.hpp>
+#include <carve/mirror/device_info.hpp>
+#include <carve/mirror/host_copy_stream.hpp>
+#include <carve/mirror/mirror_backend.hpp>
+#include <carve/mr/simulated_card.hpp>
+#include <carve/mr/upstream.hpp>
+
+#include <cuda/std/expected>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+struct HostDeviceSpec {
+  std::string name{};              // default: "card <index>"
+  std::size_t bytes = 0;           // taken from the card; 0 for all of its free memory
+  std::uint32_t compute_units = 0; // what the dispatcher may hand out
+  bool available = true;           // false: registered, but the mirror must not use it
+};
+
+template <UpstreamResource Card = SimulatedCard>
+class HostMirrorBackend {
+public:
+  // Device memory is aligned for the largest page size PagedMirror takes.
+  static constexpr std::size_t alignment = std::size_t{2} << 20;
+
+  HostMirrorBackend() = default;
+  HostMirrorBackend(const HostMirrorBackend&) = delete;
+  HostMirrorBackend& operator=(const HostMirrorBackend&) = delete;
+
+  // Adds a device and returns its index. Throws std::invalid_argument when the card cannot give
+  // the bytes (nothing is registered then).
+  std::size_t register_device(Card card, HostDeviceSpec spec = {}) {
+    const std::size_t index = devices_.size();
+    const std::size_t bytes = spec.bytes != 0 ? spec.bytes : static_cast<std::size_t>(card.free_bytes());
+    auto* memory = bytes == 0 ? nullptr : static_cast<std::byte*>(card.try_allocate(bytes, alignment));
+    if (memory == nullptr) {
+      throw std::invalid_argument("carve::HostMirrorBackend: card " + std::to_string(index) + " cannot give " +
+                                  std::to_string(bytes) + " bytes");
+    }
+    auto device = std::make_unique<Device>(std::move(card), memory, bytes);
+    device->info.name = spec.name.empty() ? "card " + std::to_string(index) : std::move(spec.name);
+    device->info.capacity = bytes;
+    device->info.compute_units = spec.compute_units;
+    device->info.available = spec.available;
+    devices_.push_back(std::move(device));
+    return index;
+  }
+
+  std::vector<DeviceInfo> devices() const {
+    std::vector<DeviceInfo> out;
+    for (const auto& d : devices_) {
+      out.push_back(d->info);
+    }
+    return out;
+  }
+
+  cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
+                                                 std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.copy(devices_[d]->memory + offset, src, bytes));
+  }
+  cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
+                                               std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.copy(dst, devices_[d]->memory + offset, bytes));
+  }
+  cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.zero(devices_[d]->memory + offset, bytes));
+  }
+  cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
+    if (d >= devices_.size()) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    devices_[d]->stream.wait();
+    return {};
+  }
+
+  // What device d holds (call wait(d) first to see the effect of queued copies).
+  std::span<const std::byte> device_memory(std::size_t d) const {
+    return {devices_.at(d)->memory, devices_.at(d)->info.capacity};
+  }
+  std::size_t device_count() const noexcept { return devices_.size(); }
+
+private:
+  // The card's memory, given back when the device goes.
+  struct Arena {
+    Arena(Card c, std::byte* m, std::size_t bytes) : card(std::move(c)), memory(m), size(bytes) {}
+    ~Arena() { card.deallocate(memory, size, alignment); }
+    Arena(const Arena&) = delete;
+    Arena& operator=(const Arena&) = delete;
+    Card card;
+    std::byte* memory;
+    std::size_t size;
+  };
+  struct Device {
+    Device(Card c, std::byte* m, std::size_t bytes) : arena(std::move(c), m, bytes), memory(m), size(bytes) {}
+    Arena arena;
+    std::byte* memory;
+    std::size_t size;
+    DeviceInfo info;
+    HostCopyStream stream; // declared last: drained and joined before the arena goes back
+  };
+
+  bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
+    return d < devices_.size() && offset <= devices_[d]->size && bytes <= devices_[d]->size - offset;
+  }
+  static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
+    if (!ok) {
+      return cuda::std::unexpected(Errc::device_error);
+    }
+    return {};
+  }
+
+  std::vector<std::unique_ptr<Device>> devices_;
+};
+
+static_assert(MirrorBackend<HostMirrorBackend<>>);
+
+} // namespace carve

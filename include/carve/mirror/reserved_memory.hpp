@@ -1,0 +1,118 @@
+// carve/mirror/reserved_memory.hpp — address space that costs nothing until it is used.
+//
+//   ReservedRange   a range of virtual addresses reserved PROT_NONE (MAP_NORESERVE): no memory,
+//                   no swap, only page-table bookkeeping in the kernel. Parts of it are committed
+//                   (made accessible) and decommitted (memory handed back) page by page.
+//   LazyArray<T>    an array of zero-initialised T whose memory the kernel provides when a page of
+//                   it is first written; reading an untouched part reads the shared zero page.
+//
+// A PagedMirror over 1 TiB of device memory reserves 1 TiB of host addresses and a page table for
+// 1 TiB worth of pages, and both cost nothing until allocations use them. Host-only (POSIX mmap);
+// construction throws std::system_error when the kernel refuses the reservation.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+namespace carve {
+
+// The operating system's page size: the granularity of every protection change.
+inline std::size_t os_page_size() noexcept {
+  static const auto size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+namespace detail {
+inline void* map_anonymous(std::size_t bytes, int prot, const char* what) {
+  void* p = ::mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw std::system_error(errno, std::generic_category(), what);
+  }
+  return p;
+}
+} // namespace detail
+
+class ReservedRange {
+public:
+  // Reserves `bytes` (a multiple of os_page_size()), inaccessible.
+  explicit ReservedRange(std::size_t bytes)
+      : base_(static_cast<std::byte*>(detail::map_anonymous(bytes, PROT_NONE, "carve: reserving address space"))),
+        bytes_(bytes) {}
+  ~ReservedRange() {
+    if (base_ != nullptr) {
+      ::munmap(base_, bytes_);
+    }
+  }
+  ReservedRange(ReservedRange&& other) noexcept
+      : base_(std::exchange(other.base_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  ReservedRange& operator=(ReservedRange&&) = delete;
+  ReservedRange(const ReservedRange&) = delete;
+  ReservedRange& operator=(const ReservedRange&) = delete;
+
+  std::byte* data() const noexcept { return base_; }
+  std::size_t size() const noexcept { return bytes_; }
+  bool contains(const void* p) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const auto b = reinterpret_cast<std::uintptr_t>(base_);
+    return a >= b && a - b < bytes_;
+  }
+
+  // Makes [offset, offset + bytes) accessible with `prot`; its pages read as zero until written.
+  // Returns the errno on failure (e.g. ENOMEM when the process runs out of memory mappings).
+  int commit(std::size_t offset, std::size_t bytes, int prot) noexcept {
+    return ::mprotect(base_ + offset, bytes, prot) == 0 ? 0 : errno;
+  }
+  // Hands the memory of [offset, offset + bytes) back and makes it inaccessible again.
+  void decommit(std::size_t offset, std::size_t bytes) noexcept {
+    ::madvise(base_ + offset, bytes, MADV_DONTNEED);
+    ::mprotect(base_ + offset, bytes, PROT_NONE);
+  }
+
+private:
+  std::byte* base_;
+  std::size_t bytes_;
+};
+
+template <class T>
+class LazyArray {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>,
+                "LazyArray holds plain values whose all-zero bytes are their initial state");
+
+public:
+  explicit LazyArray(std::size_t count)
+      : bytes_(round_up(count * sizeof(T))),
+        data_(static_cast<T*>(detail::map_anonymous(bytes_, PROT_READ | PROT_WRITE, "carve: reserving a table"))),
+        count_(count) {}
+  ~LazyArray() {
+    if (data_ != nullptr) {
+      ::munmap(data_, bytes_);
+    }
+  }
+  LazyArray(const LazyArray&) = delete;
+  LazyArray& operator=(const LazyArray&) = delete;
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return count_; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+private:
+  static std::size_t round_up(std::size_t bytes) noexcept {
+    const std::size_t page = os_page_size();
+    return bytes == 0 ? page : (bytes + page - 1) / page * page;
+  }
+
+  std::size_t bytes_;
+  T* data_;
+  std::size_t count_;
+};
+
+} // namespace carve

@@ -1,0 +1,128 @@
+// carve/mirror/write_tracking.hpp — how a PagedMirror learns which pages were written.
+//
+// WriteTracking::explicit_calls   only write() and mark_dirty() make pages dirty; plain stores
+//                                 into the mirror are not seen (the cheapest mode, and the only
+//                                 one that needs nothing from the kernel).
+// WriteTracking::automatic        any store marks its page dirty: the best mechanism the kernel
+//                                 offers, chosen when the mirror is built (mechanism() says which):
+//   TrackingMechanism::userfaultfd   userfaultfd write-protection in asynchronous mode (Linux >=
+//                                 6.7: UFFD_FEATURE_WP_ASYNC with PAGEMAP_SCAN). The kernel
+//                                 resolves the first store to a clean page itself and records it
+//                                 in the page table entry; sync() collects the written pages and
+//                                 write-protects them again in one ioctl. No signal, no thread.
+//   TrackingMechanism::mprotect      clean pages are read-only; the first store raises SIGSEGV, and
+//                                 carve's handler marks the page dirty and makes it writable
+//                                 (carve/mirror/fault_handler.hpp); sync() makes it read-only again.
+// WriteTracking::automatic_mprotect / automatic_userfaultfd force one mechanism (the constructor
+// throws when the kernel lacks it), for tests and measurements.
+//
+// Either way, a store outside any allocation of the mirror is the program's usual fault: the
+// reserved range is PROT_NONE there, and the handler passes such faults on untouched.
+#pragma once
+
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cstdint>
+
+namespace carve {
+
+enum class WriteTracking { explicit_calls, automatic, automatic_mprotect, automatic_userfaultfd };
+enum class TrackingMechanism { explicit_calls, mprotect, userfaultfd };
+
+inline const char* to_string(TrackingMechanism m) noexcept {
+  switch (m) {
+  case TrackingMechanism::explicit_calls:
+    return "explicit calls";
+  case TrackingMechanism::mprotect:
+    return "mprotect + SIGSEGV";
+  case TrackingMechanism::userfaultfd:
+    return "userfaultfd write-protect (async)";
+  }
+  return "?";
+}
+
+namespace uffd {
+// The parts of the Linux UAPI that asynchronous write-protection needs. They entered the kernel's
+// headers in 6.7; spelled out here (the values are ABI and never change) so that carve builds
+// against older headers and decides at run time.
+inline constexpr std::uint64_t feature_wp_unpopulated = std::uint64_t{1} << 13;
+inline constexpr std::uint64_t feature_wp_async = std::uint64_t{1} << 15;
+inline constexpr std::uint64_t page_is_written = std::uint64_t{1} << 1;
+inline constexpr std::uint64_t scan_wp_matching = std::uint64_t{1} << 0;
+inline constexpr std::uint64_t scan_check_wpasync = std::uint64_t{1} << 1;
+
+struct PageRegion {
+  std::uint64_t start;
+  std::uint64_t end;
+  std::uint64_t categories;
+};
+struct ScanArg {
+  std::uint64_t size;
+  std::uint64_t flags;
+  std::uint64_t start;
+  std::uint64_t end;
+  std::uint64_t walk_end;
+  std::uint64_t vec;
+  std::uint64_t vec_len;
+  std::uint64_t max_pages;
+  std::uint64_t category_inverted;
+  std::uint64_t category_mask;
+  std::uint64_t category_anyof_mask;
+  std::uint64_t return_mask;
+};
+inline constexpr unsigned long pagemap_scan = _IOWR('f', 16, ScanArg);
+
+// A userfaultfd set up for asynchronous write-protection, or -1 when the kernel cannot (too old,
+// userfaultfd disabled for this user, or seccomp forbids it).
+inline int open_async_wp() noexcept {
+  // User-mode faults only: allowed to unprivileged processes even where
+  // vm.unprivileged_userfaultfd is 0. Asynchronous write faults never reach the descriptor anyway.
+  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+  if (fd < 0) {
+    fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)); // kernels before 5.11
+  }
+  if (fd < 0) {
+    return -1;
+  }
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = feature_wp_async | feature_wp_unpopulated;
+  if (::ioctl(fd, UFFDIO_API, &api) != 0 || (api.features & feature_wp_async) == 0) {
+    ::close(fd);
+    return -1;
+  }
+  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) {
+    ::close(fd);
+    return -1;
+  }
+  // PAGEMAP_SCAN arrived with WP_ASYNC, but a kernel may have one without the other: an empty
+  // scan tells.
+  ScanArg probe{};
+  probe.size = sizeof probe;
+  const bool scan = ::ioctl(pagemap, pagemap_scan, &probe) >= 0;
+  ::close(pagemap);
+  if (!scan) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+} // namespace uffd
+
+// Whether this process can use TrackingMechanism::userfaultfd.
+inline bool userfaultfd_tracking_available() noexcept {
+  const int fd = uffd::open_async_wp();
+  if (fd < 0) {
+    return false;
+  }
+  ::close(fd);
+  return true;
+}
+
+} // namespace carve
