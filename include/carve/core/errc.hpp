@@ -17,6 +17,12 @@ enum class Errc {
   out_of_range,      // a range that ends past the resource or wraps around
   not_allocated,     // releasing something that is (partly) free already
   invalid_placement, // a fit policy proposed a run that is not free: a bug in that policy
+
+  // Talking to a server (carve/service/).
+  permission_denied,   // the thing named belongs to another client
+  bad_message,         // a message that does not decode: malformed, truncated, oversized or unknown
+  unsupported_version, // the other side speaks a protocol version this build does not
+  disconnected,        // the connection is gone (the server stopped, restarted or timed out)
 };
 
 // A short, stable, lowercase description; never null.
@@ -32,6 +38,14 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "not allocated";
   case Errc::invalid_placement:
     return "fit policy proposed a run that is not free";
+  case Errc::permission_denied:
+    return "permission denied";
+  case Errc::bad_message:
+    return "bad message";
+  case Errc::unsupported_version:
+    return "unsupported protocol version";
+  case Errc::disconnected:
+    return "disconnected";
   }
   return "unknown carve error";
 }
