@@ -8,7 +8,8 @@
 
 TEST_CASE("every error has a message and a std::error_code") {
   for (carve::Errc e : {carve::Errc::no_space, carve::Errc::invalid_size, carve::Errc::out_of_range,
-                        carve::Errc::not_allocated, carve::Errc::invalid_placement}) {
+                        carve::Errc::not_allocated, carve::Errc::invalid_placement, carve::Errc::permission_denied,
+                        carve::Errc::bad_message, carve::Errc::unsupported_version, carve::Errc::disconnected}) {
     const std::error_code ec = e; // implicit, through is_error_code_enum
     CHECK(ec);
     CHECK(ec.category().name() == std::string("carve"));
@@ -16,6 +17,7 @@ TEST_CASE("every error has a message and a std::error_code") {
     CHECK(ec == e);
   }
   CHECK(std::string(carve::to_string(carve::Errc::not_allocated)) == "not allocated");
+  CHECK(std::string(carve::to_string(carve::Errc::unsupported_version)) == "unsupported protocol version");
 }
 
 TEST_CASE("a carve error travels in a std::system_error") {

@@ -35,6 +35,7 @@
 #include <carve/topology/parse_error.hpp>
 #include <carve/topology/topology.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -173,37 +174,45 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
   }
 }
 
-// Applies a configuration file's settings (its text); `name` names it in errors.
+// Applies a configuration file's settings (its text); `name` names it in errors. A line is a key,
+// then spaces or '=' (or both), then the value, which has no spaces.
 inline void apply_config_text(ServerConfig& c, std::string_view text, const std::string& name) {
+  const auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; };
   std::size_t line_number = 0;
   std::istringstream in{std::string(text)};
   for (std::string line; std::getline(in, line);) {
     ++line_number;
-    if (const auto hash = line.find('#'); hash != std::string::npos) {
-      line.erase(hash);
+    std::string_view rest(line);
+    rest = rest.substr(0, rest.find('#'));
+    while (!rest.empty() && space(rest.front())) {
+      rest.remove_prefix(1);
     }
-    for (char& ch : line) {
-      ch = ch == '=' || ch == '\t' || ch == '\r' ? ' ' : ch;
+    while (!rest.empty() && space(rest.back())) {
+      rest.remove_suffix(1);
     }
-    std::istringstream words(line);
-    std::string key;
-    std::string value;
-    std::string extra;
-    if (!(words >> key)) {
+    if (rest.empty()) {
       continue;
     }
-    words >> value >> extra;
-    // card-memory N=SIZE and bandwidth TYPE=GBPS keep their '=' (turned into a space above)
-    if ((key == "card-memory" || key == "bandwidth") && !extra.empty()) {
-      value += "=" + extra;
-      extra.clear();
-      words >> extra;
+    std::size_t k = 0;
+    while (k < rest.size() && !space(rest[k]) && rest[k] != '=') {
+      ++k;
+    }
+    const std::string key(rest.substr(0, k));
+    rest.remove_prefix(k);
+    while (!rest.empty() && space(rest.front())) {
+      rest.remove_prefix(1);
+    }
+    if (!rest.empty() && rest.front() == '=') {
+      rest.remove_prefix(1);
+      while (!rest.empty() && space(rest.front())) {
+        rest.remove_prefix(1);
+      }
     }
     try {
-      if (value.empty() || !extra.empty()) {
+      if (rest.empty() || std::any_of(rest.begin(), rest.end(), space)) {
         throw ServerSetupError("expected: " + key + " VALUE");
       }
-      apply_setting(c, key, value);
+      apply_setting(c, key, rest);
     } catch (const ServerSetupError& e) {
       throw ServerSetupError(name + " line " + std::to_string(line_number) + ": " + e.what());
     }
