@@ -161,7 +161,7 @@ private:
         pid_ = -1;
         return;
       }
-      if (read_text(log_).find("listening on") != std::string::npos) {
+      if (read_text(log_).find("carve-served: listening on") != std::string::npos) {
         listening_ = true;
         return;
       }

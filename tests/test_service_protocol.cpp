@@ -214,7 +214,9 @@ TEST_CASE("the fuzz corpus is the encoding of the samples") {
     seeds.emplace_back("reply_" + std::to_string(seq) + ".bin", encode(r, seq));
     ++seq;
   }
-  for (const auto& [name, bytes] : seeds) {
+  for (const auto& seed : seeds) {
+    const std::string& name = seed.first;
+    const Bytes& bytes = seed.second;
     CAPTURE(name);
     if (write) {
       std::ofstream(dir / name, std::ios::binary)
