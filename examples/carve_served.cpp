@@ -5,6 +5,7 @@
 //
 // SIGTERM or SIGINT stops it cleanly: every client is disconnected, every region reclaimed,
 // the memory returned to the cards and the socket removed.
+#include <carve/mr/cuda_device_resource.hpp>
 #include <carve/service/server_config.hpp>
 #include <carve/topology/cuda_discovery.hpp>
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   try {
     const auto config = carve::service::parse_server_args(args);
     if (config.backend == carve::service::Backend::cuda) {
-#if defined(CARVE_SERVICE_HAS_CUDA)
+#if __has_include(<cuda_runtime_api.h>) // built with the CUDA runtime (CUDA::cudart)
       const carve::Topology topology =
           config.topology == "cuda" ? carve::discover_topology() : carve::service::load_topology(config);
       std::vector<carve::CudaDeviceResource> gpus;
