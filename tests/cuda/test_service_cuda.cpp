@@ -1,12 +1,12 @@
 // On a machine with GPUs: carve-served lends real device memory (--backend cuda, topology from
 // the CUDA runtime) and this process maps it through CUDA IPC handles, opened once per segment.
 // Exit code 77 (skipped) without a GPU.
+#include "cuda/device_test.hpp"
 #include "service_process.hpp"
 
 #include <carve/carve.hpp>
 
-#include <cuda_runtime_api.h>
-
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -23,26 +23,16 @@ void expect(bool ok, const char* what) {
 }
 
 bool holds(const void* device_ptr, std::size_t n, unsigned char v) {
-  std::vector<unsigned char> host(n);
-  if (cudaMemcpy(host.data(), device_ptr, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    return false;
-  }
-  for (const unsigned char c : host) {
-    if (c != v) {
-      return false;
-    }
-  }
-  return true;
+  const auto host = carve::test::to_host(static_cast<const unsigned char*>(device_ptr), n);
+  return std::all_of(host.begin(), host.end(), [v](unsigned char c) { return c == v; });
 }
 
 } // namespace
 
 int main() {
+  carve::test::skip_without_device();
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  carve::test::check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   using namespace carve::service;
   carve::test::ServedProcess server({"--backend", "cuda", "--segment-size", "2MiB"});
   if (!server.listening()) {

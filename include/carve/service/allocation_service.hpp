@@ -36,7 +36,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -309,10 +308,7 @@ private:
   }
 
   void handle(ClientId id, Client& c, std::uint32_t seq, const Allocate& m, std::vector<Outgoing>& out) {
-    if (m.bytes > std::numeric_limits<std::size_t>::max()) {
-      ++counters_.failed;
-      return send(out, id, error(Errc::invalid_size, "cannot allocate " + std::to_string(m.bytes) + " bytes"), seq);
-    }
+    static_assert(sizeof(std::size_t) == sizeof(m.bytes), "sizes travel as 64-bit values");
     auto h = allocator_.allocate(static_cast<std::size_t>(m.bytes), m.card);
     if (!h) {
       ++counters_.failed;
