@@ -575,6 +575,16 @@ TEST_CASE("server restart: clients get a clear error and reconnect") {
   CHECK(c.reconnect());
 }
 
+TEST_CASE("a server at its client limit refuses more, with a reason") {
+  ServedProcess server(dgx1({"--max-clients", "1"}));
+  AllocationClient first = connect(server);
+  auto second = AllocationClient::connect(ClientOptions{server.socket(), "second", 10s});
+  REQUIRE_FALSE(second);
+  CHECK(second.error().code == Errc::no_space);
+  CHECK(second.error().message == "carve-served closed the connection: the server has reached its limit of 1 clients");
+  CHECK(first.allocate(4096, 0));
+}
+
 TEST_CASE("a second server on a live socket is refused") {
   ServedProcess first(dgx1());
   ServedProcess second(dgx1(), first.socket());

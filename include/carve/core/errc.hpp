@@ -21,7 +21,7 @@ enum class Errc {
   // Talking to a server (carve/service/).
   permission_denied,   // the thing named belongs to another client
   bad_message,         // a message that does not decode: malformed, truncated, oversized or unknown
-  unsupported_version, // the other side speaks a protocol version this build does not
+  unsupported_version, // the other side speaks a protocol version (or needs a feature) this build lacks
   disconnected,        // the connection is gone (the server stopped, restarted or timed out)
 };
 

@@ -224,9 +224,11 @@ private:
         auto m = map_segment(a.kind, static_cast<std::size_t>(a.segment_size), a.device, a.handle,
                              fds.empty() ? UniqueFd() : std::move(fds.front()));
         if (!m) {
-          auto e = give_back(a.region.id, m.error().message);
-          e.error().code = m.error().code;
-          return e;
+          (void)give_back(a.region.id, m.error().message);
+          // The server counts the segment as mapped here: say it is not, so that a later region of
+          // it comes as a new mapping again.
+          unmapped({a.region.segment});
+          return service_error(m.error().code, m.error().message);
         }
         key = next_key++;
         segments.emplace(key, LocalSegment{*m, 0, false});
@@ -419,7 +421,7 @@ private:
     }
 
     std::size_t unmap_retired(const std::vector<SegmentId>& retired) {
-      Unmapped done;
+      std::vector<SegmentId> done;
       for (const SegmentId id : retired) {
         const auto it = by_segment.find(id);
         if (it == by_segment.end() || segments.at(it->second).live != 0) {
@@ -428,15 +430,21 @@ private:
         unmap_segment(segments.at(it->second).mapping);
         segments.erase(it->second);
         by_segment.erase(it);
-        done.segments.push_back(id);
+        done.push_back(id);
       }
-      if (!done.segments.empty()) {
-        sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
-        if (send_message(socket.get(), encode(Request{done}, sequence)) != 0) {
-          lose_connection();
-        }
+      unmapped(done);
+      return done.size();
+    }
+
+    // Tells the server these segments are not mapped here (no reply).
+    void unmapped(std::vector<SegmentId> ids) {
+      if (ids.empty() || !socket) {
+        return;
       }
-      return done.segments.size();
+      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
+      if (send_message(socket.get(), encode(Request{Unmapped{std::move(ids)}}, sequence)) != 0) {
+        lose_connection();
+      }
     }
 
     void release_segment_use(std::uint64_t key) {
