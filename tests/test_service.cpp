@@ -341,7 +341,6 @@ TEST_CASE("the socket is owner-only, in a directory the server checks") {
         if (c) {
           return 11;
         }
-        std::printf("%s\n", c.error().message.c_str());
         return c.error().code == Errc::permission_denied ? 0 : 12;
       });
     };

@@ -114,8 +114,9 @@ public:
     collect_retired(out);
   }
 
-  // Refuses `client` (an error reply, then the connection closes): for what the transport
-  // found wrong before decoding (an oversized message, descriptors sent to the server).
+  // Refuses `client`: an error reply, then the connection closes. For protocol violations, and
+  // for what the transport finds wrong (an oversized message, descriptors sent to the server, a
+  // peer of another user, one client too many).
   void reject(ClientId client, Errc code, std::string reason, std::vector<Outgoing>& out, std::uint32_t seq = 0) {
     ++counters_.rejected;
     send(out, client, ErrorReply{code, std::move(reason)}, seq, true);
