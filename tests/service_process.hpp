@@ -61,7 +61,8 @@ inline int wait_exit(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// Runs `body` in a forked child; the child exits with its return value (or 99 on an exception).
+// Runs `body` in a forked child; the child exits with its return value (or 99 on any exception:
+// nothing may unwind into the test runner's frames, which the child shares).
 inline pid_t fork_child(const std::function<int()>& body) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
@@ -71,6 +72,8 @@ inline pid_t fork_child(const std::function<int()>& body) {
       code = body();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "child: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "child: an exception that is not a std::exception\n");
     }
     std::fflush(nullptr);
     ::_exit(code);
