@@ -65,22 +65,29 @@ format_check() {
 
 # Each libFuzzer target runs for a few seconds from the shipped test data (a scratch copy, so
 # the corpus it grows stays out of the tree); a crash fails the test command.
+fuzz_run() { # fuzz_run <target> <seed files...>
+  local target=$1 corpus log
+  shift
+  corpus=$(mktemp -d)
+  log=$(mktemp)
+  cp "$@" "$corpus"/
+  if ! "$root/build/fuzz/tests/fuzz/$target" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
+    -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+    cat "$log"
+    return 1
+  fi
+  echo "$target:"
+  grep -E "^Done|stat::number_of_executed_units" "$log"
+  rm -rf "$corpus" "$log"
+}
+
 fuzz_check() {
   say "clang++ libFuzzer (ASan + UBSan)"
   build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g"
-  local corpus log
-  corpus=$(mktemp -d)
-  log=$(mktemp)
-  cp "$root"/tests/data/topology/*.txt "$corpus"/
-  if ! "$root/build/fuzz/tests/fuzz/fuzz_topology" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
-    -print_final_stats=1 "$corpus" >"$log" 2>&1; then
-    cat "$log"
-    return 1
-  fi
-  grep -E "^Done|stat::number_of_executed_units" "$log"
-  rm -rf "$corpus" "$log"
+  fuzz_run fuzz_topology "$root"/tests/data/topology/*.txt
+  fuzz_run fuzz_service_protocol "$root"/tests/data/service/*.bin
 }
 
 tests() {

@@ -11,6 +11,8 @@
 
 namespace carve {
 
+// The numeric values travel in the allocation service's wire protocol (carve/service/): add new
+// values at the end only.
 enum class Errc {
   no_space = 1,       // no run of free slots (or bytes) large enough for the request
   invalid_size,       // a size of zero, or larger than the resource can ever hold
@@ -24,6 +26,12 @@ enum class Errc {
   timed_out,          // a blocking call's deadline passed first
   invalid_argument,   // a parameter outside its documented domain (a zero capacity, a weight list of the wrong length)
   device_error,       // a device (or its copy engine) failed an operation
+
+  // Talking to a server (carve/service/).
+  permission_denied,   // the thing named belongs to another client
+  bad_message,         // a message that does not decode: malformed, truncated, oversized or unknown
+  unsupported_version, // the other side speaks a protocol version (or needs a feature) this build lacks
+  disconnected,        // the connection is gone (the server stopped, restarted or timed out)
 };
 
 // A short, stable, lowercase description; never null.
@@ -53,6 +61,14 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "invalid argument";
   case Errc::device_error:
     return "device error";
+  case Errc::permission_denied:
+    return "permission denied";
+  case Errc::bad_message:
+    return "bad message";
+  case Errc::unsupported_version:
+    return "unsupported protocol version";
+  case Errc::disconnected:
+    return "disconnected";
   }
   return "unknown carve error";
 }

@@ -12,12 +12,15 @@
 #if __has_include(<cuda_runtime_api.h>)
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/segment_export.hpp>
 #include <carve/mr/upstream.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstring>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -26,6 +29,9 @@ namespace carve {
 
 class CudaDeviceResource : public CcclSpellings<CudaDeviceResource> {
 public:
+  static constexpr ExportKind export_kind = ExportKind::cuda_ipc;
+  static constexpr bool release_while_mapped = false; // cudaFree before the importer closes is undefined
+
   explicit CudaDeviceResource(int device) : device_(device) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
@@ -60,6 +66,24 @@ public:
   std::size_t free_bytes() const noexcept { return info().first; }
   std::size_t capacity() const noexcept { return info().second; }
 
+  // A CUDA IPC handle for an allocation of this resource (`bytes` as allocated), for a server
+  // that lends it to other processes (carve/service/); nullopt when the runtime refuses.
+  std::optional<SegmentExport> export_segment(void* base, std::size_t bytes) const {
+    static_assert(sizeof(cudaIpcMemHandle_t) == SegmentExport::handle_bytes);
+    const detail::CudaCurrentDevice current(device_);
+    cudaIpcMemHandle_t handle{};
+    if (!current.ok() || cudaIpcGetMemHandle(&handle, base) != cudaSuccess) {
+      cudaGetLastError();
+      return std::nullopt;
+    }
+    SegmentExport e;
+    e.kind = ExportKind::cuda_ipc;
+    e.size = bytes;
+    e.device = device_;
+    std::memcpy(e.handle.data(), &handle, sizeof handle);
+    return e;
+  }
+
   friend bool operator==(const CudaDeviceResource& a, const CudaDeviceResource& b) noexcept {
     return a.device_ == b.device_;
   }
@@ -83,7 +107,7 @@ private:
   int device_;
 };
 
-static_assert(UpstreamResource<CudaDeviceResource>);
+static_assert(ExportableResource<CudaDeviceResource>);
 
 } // namespace carve
 #endif

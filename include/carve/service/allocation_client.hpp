@@ -1,0 +1,507 @@
+// carve/service/allocation_client.hpp — an application's side of carve's allocation service.
+//
+//   auto client = carve::service::AllocationClient::connect({.name = "trainer"});
+//   if (!client) { std::puts(client.error().message.c_str()); return 1; }
+//   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // expected<Region, ServiceError>
+//   if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
+//
+// allocate() asks the server, maps the region's segment into this process the first time a
+// region of it arrives (shared memory: mmap of the descriptor passed with the reply; CUDA: the
+// IPC handle opened once) and caches the mapping, so later regions of the same segment cost one
+// round trip and no system call. The client remembers pointer -> region id, so free() and
+// query() take the pointer. When the server retires a segment (its pool gave it back to the
+// card), the client unmaps it during its next call, or in process_notices().
+//
+// Errors are values (ServiceError: an Errc and a message): the server's (no_space naming every
+// card's largest free block, out_of_range for an unknown card, permission_denied, ...), and
+// disconnected when the server is gone: it stopped, restarted or did not answer within the
+// timeout. Regions from a lost connection are orphans: their memory stays mapped (so pointers
+// stay valid here) until free() drops them locally; reconnect() starts a new session. The
+// destructor hangs up, which makes the server reclaim every region of this client, and unmaps
+// everything: pointers from a destroyed client are invalid.
+//
+// Thread-safe: calls are serialised on the one connection (give each thread its own client
+// for parallel round trips). Host-only, Linux.
+#pragma once
+
+#include <carve/service/protocol.hpp>
+#include <carve/service/segment_mapping.hpp>
+#include <carve/service/service_error.hpp>
+#include <carve/service/unix_socket.hpp>
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace carve::service {
+
+struct ClientOptions {
+  std::filesystem::path socket_path = default_socket_path();
+  std::string name;                         // shown in the server's stats
+  std::chrono::milliseconds timeout{30000}; // for each reply; then the connection counts as lost
+};
+
+// A region as this process sees it.
+struct Region {
+  void* ptr = nullptr; // in this process
+  RegionInfo info;     // as the server keeps it: id, card, requester, segment, offset, size
+  bool borrowed() const noexcept { return info.card != info.requester; }
+};
+
+class AllocationClient {
+public:
+  // Connects and says Hello. Errors: disconnected (no server), permission_denied (a server of
+  // another user, or one that refuses this user), unsupported_version.
+  static ServiceResult<AllocationClient> connect(ClientOptions options = {}) {
+    AllocationClient client(std::move(options));
+    if (auto r = client.state_->open(); !r) {
+      return cuda::std::unexpected(std::move(r.error()));
+    }
+    return client;
+  }
+
+  AllocationClient(AllocationClient&&) noexcept = default;
+  AllocationClient& operator=(AllocationClient&&) noexcept = default;
+  ~AllocationClient() = default;
+
+  // `bytes` of memory for `card` (the requesting card), on that card or borrowed from another.
+  ServiceResult<Region> allocate(std::size_t bytes, int card) {
+    const std::lock_guard lock(state_->mutex);
+    return state_->allocate(bytes, card);
+  }
+
+  // Frees the region that starts at `p`. Errors: not_allocated when `p` is not the start of a
+  // region of this client (nothing is sent); the server's errors. A region orphaned by a lost
+  // connection is dropped locally (its server reclaimed it already).
+  ServiceResult<void> free(void* p) {
+    const std::lock_guard lock(state_->mutex);
+    return state_->free(p);
+  }
+
+  // The server's record of the region that holds `p` (any byte of it).
+  ServiceResult<RegionInfo> query(const void* p) {
+    const std::lock_guard lock(state_->mutex);
+    const auto r = state_->find(p);
+    if (r == state_->regions.end() || r->second.orphan) {
+      return service_error(Errc::not_allocated, "no region of this client holds that address");
+    }
+    return state_->query(r->second.info.id);
+  }
+
+  ServiceResult<StatsReply> stats() {
+    const std::lock_guard lock(state_->mutex);
+    return state_->call_for<StatsReply>(StatsRequest{});
+  }
+  ServiceResult<std::vector<CardInfo>> cards() {
+    const std::lock_guard lock(state_->mutex);
+    auto r = state_->call_for<CardsReply>(CardsRequest{});
+    if (!r) {
+      return cuda::std::unexpected(std::move(r.error()));
+    }
+    return std::move(r->cards);
+  }
+
+  // Hangs up (if still connected) and connects again: a new session, which owns none of the
+  // old regions (they become orphans).
+  ServiceResult<void> reconnect() {
+    const std::lock_guard lock(state_->mutex);
+    state_->lose_connection();
+    return state_->open();
+  }
+
+  // Handles notices that have arrived (segments to unmap) without waiting. Returns how many
+  // segments were unmapped.
+  std::size_t process_notices() {
+    const std::lock_guard lock(state_->mutex);
+    return state_->drain_notices();
+  }
+
+  // The region id of the region starting at `p`, from this process's table (no round trip).
+  std::optional<RegionId> region_of(const void* p) const {
+    const std::lock_guard lock(state_->mutex);
+    const auto it = state_->regions.find(address(p));
+    if (it == state_->regions.end() || it->second.orphan) {
+      return std::nullopt;
+    }
+    return it->second.info.id;
+  }
+
+  bool connected() const {
+    const std::lock_guard lock(state_->mutex);
+    return static_cast<bool>(state_->socket);
+  }
+  // The server's answer to Hello (its pid, this client's id, the backend, ...).
+  HelloReply server() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->hello;
+  }
+  std::size_t mapped_segments() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->segments.size();
+  }
+  std::size_t live_regions() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->regions.size();
+  }
+  const ClientOptions& options() const noexcept { return state_->options; }
+
+private:
+  static std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+  struct LocalSegment {
+    MappedSegment mapping;
+    std::size_t live = 0; // this process's regions in it
+    bool orphan = false;  // from a lost connection
+  };
+  struct LocalRegion {
+    RegionInfo info;
+    std::uint64_t segment_key = 0; // into State::segments
+    bool orphan = false;
+  };
+
+  struct State {
+    explicit State(ClientOptions o) : options(std::move(o)) {}
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    ~State() {
+      socket.reset();
+      for (const auto& [key, s] : segments) {
+        unmap_segment(s.mapping);
+      }
+    }
+
+    ServiceResult<void> open() {
+      auto fd = connect_to(options.socket_path);
+      if (!fd) {
+        return cuda::std::unexpected(std::move(fd.error()));
+      }
+      const auto peer = peer_credentials(fd->get());
+      if (!peer || (peer->uid != ::geteuid() && peer->uid != 0)) {
+        return service_error(Errc::permission_denied,
+                             options.socket_path.string() + " is served by another user; refusing to use it");
+      }
+      socket = std::move(*fd);
+      auto r = call_for<HelloReply>(Hello{options.name});
+      if (!r) {
+        lose_connection();
+        return cuda::std::unexpected(std::move(r.error()));
+      }
+      hello = *r;
+      return {};
+    }
+
+    ServiceResult<Region> allocate(std::size_t bytes, int card) {
+      std::vector<UniqueFd> fds;
+      auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
+      if (!r) {
+        return cuda::std::unexpected(std::move(r.error()));
+      }
+      const Allocated& a = *r;
+      const auto known = by_segment.find(a.region.segment);
+      std::uint64_t key = 0;
+      if (a.new_mapping == (known != by_segment.end())) {
+        return give_back(a.region.id, "the server's reply does not match this client's mappings");
+      }
+      if (a.new_mapping) {
+        if (a.kind == ExportKind::shared_memory && fds.size() != 1) {
+          return give_back(a.region.id, "a new shared-memory segment came without its descriptor");
+        }
+        auto m = map_segment(a.kind, static_cast<std::size_t>(a.segment_size), a.device, a.handle,
+                             fds.empty() ? UniqueFd() : std::move(fds.front()));
+        if (!m) {
+          (void)give_back(a.region.id, m.error().message);
+          // The server counts the segment as mapped here: say it is not, so that a later region of
+          // it comes as a new mapping again.
+          unmapped({a.region.segment});
+          return service_error(m.error().code, m.error().message);
+        }
+        key = next_key++;
+        segments.emplace(key, LocalSegment{*m, 0, false});
+        by_segment.emplace(a.region.segment, key);
+      } else {
+        key = known->second;
+      }
+      LocalSegment& s = segments.at(key);
+      if (a.region.offset > s.mapping.size || a.region.size > s.mapping.size - a.region.offset) {
+        return give_back(a.region.id, "the server placed a region outside its segment");
+      }
+      void* p = static_cast<std::uint8_t*>(s.mapping.base) + a.region.offset;
+      ++s.live;
+      regions[address(p)] = LocalRegion{a.region, key, false};
+      return Region{p, a.region};
+    }
+
+    // Frees a region this client cannot use (the reply was inconsistent) and reports why.
+    cuda::std::unexpected<ServiceError> give_back(RegionId id, const std::string& why) {
+      (void)call_for<Freed>(Free{id});
+      return service_error(Errc::bad_message, why);
+    }
+
+    ServiceResult<void> free(void* p) {
+      const auto it = regions.find(address(p));
+      if (it == regions.end()) {
+        return service_error(Errc::not_allocated, "this client holds no region starting at that address");
+      }
+      if (!it->second.orphan) {
+        const auto r = call_for<Freed>(Free{it->second.info.id});
+        if (!r && r.error().code != Errc::disconnected) {
+          return cuda::std::unexpected(r.error());
+        }
+        // disconnected: lose_connection() has made the region an orphan; drop it below
+      }
+      const auto again = regions.find(address(p));
+      release_segment_use(again->second.segment_key);
+      regions.erase(again);
+      return {};
+    }
+
+    ServiceResult<RegionInfo> query(RegionId id) {
+      auto r = call_for<QueryReply>(Query{id});
+      if (!r) {
+        return cuda::std::unexpected(std::move(r.error()));
+      }
+      return r->region;
+    }
+
+    std::map<std::uintptr_t, LocalRegion>::iterator find(const void* p) {
+      auto it = regions.upper_bound(address(p));
+      if (it == regions.begin()) {
+        return regions.end();
+      }
+      --it;
+      return address(p) - it->first < it->second.info.size ? it : regions.end();
+    }
+
+    // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
+    template <class M>
+    ServiceResult<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
+      auto reply = call(request, fds);
+      if (!reply) {
+        return cuda::std::unexpected(std::move(reply.error()));
+      }
+      if (auto* e = std::get_if<ErrorReply>(&*reply)) {
+        return service_error(e->code, std::move(e->message));
+      }
+      if (auto* m = std::get_if<M>(&*reply)) {
+        return std::move(*m);
+      }
+      lose_connection();
+      return service_error(Errc::bad_message, "carve-served answered with the wrong message type");
+    }
+
+    ServiceResult<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
+      if (!socket) {
+        return not_connected();
+      }
+      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
+      const std::uint32_t seq = sequence;
+      if (const int e = send_message(socket.get(), encode(request, seq)); e != 0) {
+        return e == EPIPE || e == ECONNRESET ? server_hung_up()
+                                             : lost("cannot send to carve-served: " + detail::errno_text(e));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+      for (;;) {
+        std::vector<UniqueFd> received;
+        auto message = next_message(deadline, received);
+        if (!message) {
+          return cuda::std::unexpected(std::move(message.error()));
+        }
+        if (auto* notice = std::get_if<SegmentsRetired>(&message->body); notice != nullptr && message->sequence == 0) {
+          unmap_retired(notice->segments);
+          continue;
+        }
+        if (auto* why = std::get_if<ErrorReply>(&message->body); why != nullptr && message->sequence == 0) {
+          return hung_up(*why); // refused, or the server is shutting down
+        }
+        if (message->sequence != seq) {
+          return lost("carve-served answered request " + std::to_string(message->sequence) + " while " +
+                      std::to_string(seq) + " was pending");
+        }
+        if (fds != nullptr) {
+          *fds = std::move(received);
+        }
+        return std::move(message->body);
+      }
+    }
+
+    ServiceResult<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline,
+                                               std::vector<UniqueFd>& fds) {
+      for (;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pollfd p{socket.get(), POLLIN, 0};
+        const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+        if (ready < 0 && errno == EINTR) {
+          continue;
+        }
+        if (ready == 0) {
+          return lost("no reply from carve-served within " + std::to_string(options.timeout.count()) + " ms");
+        }
+        const ReceivedMessage r = receive_message(socket.get(), buffer, fds);
+        if (r.closed || r.error == ECONNRESET) {
+          return server_hung_up();
+        }
+        if (r.error != 0 || r.truncated) {
+          return lost(r.error != 0 ? "cannot read from carve-served: " + detail::errno_text(r.error)
+                                   : "carve-served sent an oversized message");
+        }
+        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
+        if (!decoded) {
+          return lost("carve-served sent a message that does not decode: " + decoded.error().reason);
+        }
+        return std::move(*decoded);
+      }
+    }
+
+    // The connection is gone. A server that hangs up says why first (an ErrorReply with
+    // sequence 0) when it can; a reset is reported before the data that is still queued.
+    cuda::std::unexpected<ServiceError> server_hung_up() {
+      if (const auto why = goodbye()) {
+        return hung_up(*why);
+      }
+      return lost("carve-served closed the connection (it stopped or restarted)");
+    }
+    std::optional<ErrorReply> goodbye() {
+      for (int resets = 0;;) {
+        std::vector<UniqueFd> fds;
+        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
+        if (r.error == ECONNRESET && ++resets < 2) {
+          continue;
+        }
+        if (r.error != 0 || r.closed || r.truncated) {
+          return std::nullopt;
+        }
+        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
+        if (!decoded) {
+          return std::nullopt;
+        }
+        if (auto* why = std::get_if<ErrorReply>(&decoded->body); why != nullptr && decoded->sequence == 0) {
+          return *why;
+        }
+      }
+    }
+
+    // Reads notices that are already there, without waiting.
+    std::size_t drain_notices() {
+      std::size_t unmapped = 0;
+      while (socket) {
+        std::vector<UniqueFd> fds;
+        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
+        if (r.error == EAGAIN || r.error == EWOULDBLOCK) {
+          break;
+        }
+        if (r.closed || r.error != 0 || r.truncated) {
+          lose_connection();
+          break;
+        }
+        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
+        auto* notice = decoded ? std::get_if<SegmentsRetired>(&decoded->body) : nullptr;
+        if (notice == nullptr || decoded->sequence != 0) {
+          lose_connection(); // nothing but notices can be waiting between calls
+          break;
+        }
+        unmapped += unmap_retired(notice->segments);
+      }
+      return unmapped;
+    }
+
+    std::size_t unmap_retired(const std::vector<SegmentId>& retired) {
+      std::vector<SegmentId> done;
+      for (const SegmentId id : retired) {
+        const auto it = by_segment.find(id);
+        if (it == by_segment.end() || segments.at(it->second).live != 0) {
+          continue; // a retired segment holds no regions; ignore a notice that says otherwise
+        }
+        unmap_segment(segments.at(it->second).mapping);
+        segments.erase(it->second);
+        by_segment.erase(it);
+        done.push_back(id);
+      }
+      unmapped(done);
+      return done.size();
+    }
+
+    // Tells the server these segments are not mapped here (no reply).
+    void unmapped(std::vector<SegmentId> ids) {
+      if (ids.empty() || !socket) {
+        return;
+      }
+      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
+      if (send_message(socket.get(), encode(Request{Unmapped{std::move(ids)}}, sequence)) != 0) {
+        lose_connection();
+      }
+    }
+
+    void release_segment_use(std::uint64_t key) {
+      LocalSegment& s = segments.at(key);
+      if (--s.live == 0 && s.orphan) {
+        unmap_segment(s.mapping);
+        segments.erase(key);
+      }
+    }
+
+    // The server is gone (or this side hung up): regions become orphans, idle mappings go.
+    void lose_connection() {
+      socket.reset();
+      for (auto& [p, r] : regions) {
+        r.orphan = true;
+      }
+      by_segment.clear();
+      for (auto it = segments.begin(); it != segments.end();) {
+        if (it->second.live == 0) {
+          unmap_segment(it->second.mapping);
+          it = segments.erase(it);
+        } else {
+          it->second.orphan = true;
+          ++it;
+        }
+      }
+    }
+
+    // The server said why it closes the connection (an ErrorReply with sequence 0).
+    cuda::std::unexpected<ServiceError> hung_up(const ErrorReply& why) {
+      lose_connection();
+      return service_error(why.code, "carve-served closed the connection: " + why.message);
+    }
+    cuda::std::unexpected<ServiceError> lost(std::string why) {
+      lose_connection();
+      return service_error(Errc::disconnected, std::move(why));
+    }
+    cuda::std::unexpected<ServiceError> not_connected() const {
+      return service_error(Errc::disconnected,
+                           "not connected to carve-served at " + options.socket_path.string() + "; call reconnect()");
+    }
+
+    ClientOptions options;
+    mutable std::mutex mutex;
+    UniqueFd socket;
+    HelloReply hello;
+    std::uint32_t sequence = 0;
+    std::vector<std::uint8_t> buffer = std::vector<std::uint8_t>(max_message_size);
+    std::map<std::uintptr_t, LocalRegion> regions;            // by pointer in this process
+    std::unordered_map<std::uint64_t, LocalSegment> segments; // by local key
+    std::unordered_map<SegmentId, std::uint64_t> by_segment;  // this session's segment ids -> key
+    std::uint64_t next_key = 1;
+  };
+
+  explicit AllocationClient(ClientOptions options) : state_(std::make_unique<State>(std::move(options))) {}
+
+  std::unique_ptr<State> state_;
+};
+
+} // namespace carve::service

@@ -1,0 +1,472 @@
+// carve/service/allocation_service.hpp — the decisions of carve's allocation server, apart from
+// any socket: clients, their regions, the pools, the picker and the borrowing history.
+//
+//   carve::service::AllocationService<carve::SharedMemoryCard> service(topology, cards, options);
+//   auto id = service.connect(peer);                 // a client arrived
+//   service.receive(id, message_bytes, outgoing);    // its request; replies (and notices) queued
+//   service.disconnect(id, outgoing);                // it left or died: its regions are reclaimed
+//
+// One CachingPool per card and the BandwidthWeightedPicker, as a BorrowingAllocator over the
+// cards wrapped in LeasedUpstream (so segments can be lent out). The allocator's BorrowHistory
+// is the service's borrowing history: the weighted strategy reads it on every pick.
+//
+// Rules it enforces: the first message is Hello; a client frees and queries only the regions it
+// allocated (permission_denied otherwise; not_allocated for an id nobody holds); a message that
+// does not decode gets an ErrorReply and, unless it was merely of an unknown type, the
+// connection is closed after it; nothing a client sends can corrupt a pool or another client's
+// regions. A client that disconnects has all its regions freed and all its leases dropped.
+//
+// Not thread-safe: one thread drives it (AllocationServer's event loop does).
+#pragma once
+
+#include <carve/borrow/any_strategy.hpp>
+#include <carve/borrow/borrowing_allocator.hpp>
+#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/segment_export.hpp>
+#include <carve/service/leased_upstream.hpp>
+#include <carve/service/protocol.hpp>
+#include <carve/service/service_error.hpp>
+#include <carve/service/unix_socket.hpp>
+#include <carve/topology/topology.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace carve::service {
+
+struct ServiceOptions {
+  PoolOptions pool{};
+  AnyStrategy strategy{};
+  std::size_t history_window = 1024; // borrows the weighted strategy remembers
+};
+
+using ClientId = std::uint32_t;
+
+// A message for one client's connection.
+struct Outgoing {
+  ClientId to = 0;
+  std::vector<std::uint8_t> bytes;
+  int fd = -1;              // a segment's descriptor to attach (borrowed; kept alive by its lease)
+  bool close_after = false; // close the connection once this is sent
+};
+
+template <ExportableResource Upstream>
+class AllocationService {
+public:
+  using card_type = LeasedUpstream<Upstream>;
+  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>;
+
+  // Throws ServerSetupError when the cards do not match the topology's GPUs (or exceed
+  // max_cards), std::invalid_argument for bad pool options.
+  AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
+      : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
+    for (int c = 0; c < topology.gpu_count(); ++c) {
+      names_.push_back(topology.node(topology.gpu(c)).name);
+    }
+  }
+
+  AllocationService(const AllocationService&) = delete;
+  AllocationService& operator=(const AllocationService&) = delete;
+
+  ClientId connect(const PeerCredentials& peer) {
+    const ClientId id = next_client_++;
+    clients_[id].peer = peer;
+    return id;
+  }
+
+  // Handles one message from `client`; replies and notices go to `out`.
+  void receive(ClientId client, std::span<const std::uint8_t> message, std::vector<Outgoing>& out) {
+    const auto it = clients_.find(client);
+    if (it == clients_.end()) {
+      return;
+    }
+    Client& c = it->second;
+    auto decoded = decode_request(message);
+    if (!decoded) {
+      ++counters_.rejected;
+      send(out, client, ErrorReply{decoded.error().code, decoded.error().reason}, decoded.error().sequence,
+           decoded.error().fatal || !c.greeted);
+      return;
+    }
+    const std::uint32_t seq = decoded->sequence;
+    const Request& request = decoded->body;
+    if (!c.greeted && !std::holds_alternative<Hello>(request)) {
+      return reject(client, Errc::bad_message, "the first message must be Hello", out, seq);
+    }
+    if (seq == 0 && !std::holds_alternative<Unmapped>(request)) {
+      return reject(client, Errc::bad_message, "sequence 0 is reserved for notices", out, seq);
+    }
+    std::visit([&](const auto& m) { handle(client, c, seq, m, out); }, request);
+    collect_retired(out);
+  }
+
+  // Refuses `client`: an error reply, then the connection closes. For protocol violations, and
+  // for what the transport finds wrong (an oversized message, descriptors sent to the server, a
+  // peer of another user, one client too many).
+  void reject(ClientId client, Errc code, std::string reason, std::vector<Outgoing>& out, std::uint32_t seq = 0) {
+    ++counters_.rejected;
+    send(out, client, ErrorReply{code, std::move(reason)}, seq, true);
+  }
+
+  // The client is gone: frees its regions and drops its leases.
+  void disconnect(ClientId client, std::vector<Outgoing>& out) {
+    const auto it = clients_.find(client);
+    if (it == clients_.end()) {
+      return;
+    }
+    Client& c = it->second;
+    for (const RegionId r : c.regions) {
+      const auto region = regions_.find(r);
+      (void)allocator_.deallocate(region->second.handle);
+      regions_.erase(region);
+      ++counters_.reclaimed;
+    }
+    for (const auto& [segment, mapping] : c.mappings) {
+      drop_mapping(client, segment, mapping.card);
+    }
+    clients_.erase(it);
+    collect_retired(out);
+  }
+
+  StatsReply stats(ClientId asking = 0) const {
+    StatsReply s;
+    s.clients = clients_.size();
+    s.live_regions = regions_.size();
+    s.allocations = counters_.allocations;
+    s.frees = counters_.frees;
+    s.failed_allocations = counters_.failed;
+    s.reclaimed_regions = counters_.reclaimed;
+    s.rejected_messages = counters_.rejected;
+    s.open_descriptors = open_descriptors();
+    if (const auto me = clients_.find(asking); me != clients_.end()) {
+      s.my_regions = me->second.regions.size();
+      s.my_bytes = me->second.bytes;
+    }
+    const std::vector<CardState> states = allocator_.card_states();
+    for (int c = 0; c < card_count(); ++c) {
+      const PoolStats p = allocator_.pool(c).stats();
+      const card_type& card = cards_[static_cast<std::size_t>(c)];
+      s.leased_segments += card.leased_count();
+      s.retired_segments += card.retired_count();
+      s.cards.push_back(CardStats{card.capacity(), states[static_cast<std::size_t>(c)].free_bytes,
+                                  states[static_cast<std::size_t>(c)].largest_free_block, p.bytes_in_use,
+                                  p.bytes_cached, p.bytes_reserved, p.live_blocks, p.segments, p.cache_hits,
+                                  p.upstream_allocations, p.upstream_frees});
+    }
+    const auto now = std::chrono::steady_clock::now();
+    std::map<std::pair<int, int>, BorrowCount> pairs;
+    const std::vector<BorrowRecord> records = allocator_.history().records();
+    for (auto r = records.rbegin(); r != records.rend(); ++r) {
+      BorrowCount& b = pairs[{r->requester, r->lender}];
+      b.requester = r->requester;
+      b.lender = r->lender;
+      ++b.count;
+      b.bytes += r->bytes;
+      if (s.recent_borrows.size() < max_recent_borrows) {
+        const auto age = std::chrono::duration_cast<std::chrono::microseconds>(now - r->time).count();
+        s.recent_borrows.push_back(BorrowEvent{static_cast<std::uint64_t>(age), r->requester, r->lender, r->bytes});
+      }
+    }
+    for (const auto& [key, b] : pairs) {
+      s.borrows.push_back(b);
+    }
+    for (const auto& [id, c] : clients_) {
+      if (s.client_list.size() < max_client_entries) {
+        s.client_list.push_back(ClientSummary{id, c.peer.pid, c.peer.uid, c.regions.size(), c.bytes, c.name});
+      }
+    }
+    std::sort(s.client_list.begin(), s.client_list.end(),
+              [](const ClientSummary& a, const ClientSummary& b) { return a.client_id < b.client_id; });
+    s.consistent = consistent();
+    return s;
+  }
+
+  std::vector<CardInfo> cards() const {
+    const std::vector<CardState> states = allocator_.card_states();
+    std::vector<CardInfo> out;
+    for (int c = 0; c < card_count(); ++c) {
+      CardInfo info;
+      info.card = c;
+      info.name = names_[static_cast<std::size_t>(c)];
+      info.capacity = cards_[static_cast<std::size_t>(c)].capacity();
+      info.free_bytes = states[static_cast<std::size_t>(c)].free_bytes;
+      info.largest_free_block = states[static_cast<std::size_t>(c)].largest_free_block;
+      for (int to = 0; to < card_count(); ++to) {
+        info.bandwidth_gbps.push_back(allocator_.picker().bandwidth(c, to));
+      }
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
+  // Every pool's invariants hold, and the region table agrees with the pools and the leases.
+  bool consistent() const {
+    std::vector<std::size_t> in_use(static_cast<std::size_t>(card_count()), 0);
+    std::vector<std::size_t> blocks(in_use.size(), 0);
+    const std::size_t g = options_.pool.granularity;
+    for (const auto& [id, r] : regions_) {
+      const auto card = static_cast<std::size_t>(r.handle.card);
+      in_use[card] += (r.handle.size + g - 1) / g * g;
+      ++blocks[card];
+      const auto owner = clients_.find(r.owner);
+      if (owner == clients_.end() || owner->second.regions.count(id) != 1) {
+        return false;
+      }
+    }
+    std::size_t leased = 0;
+    for (int c = 0; c < card_count(); ++c) {
+      const auto& pool = allocator_.pool(c);
+      const PoolStats p = pool.stats();
+      if (!pool.consistent() || p.bytes_in_use != in_use[static_cast<std::size_t>(c)] ||
+          p.live_blocks != blocks[static_cast<std::size_t>(c)]) {
+        return false;
+      }
+      leased += cards_[static_cast<std::size_t>(c)].leased_count();
+    }
+    return leased == mappers_.size();
+  }
+
+  int card_count() const noexcept { return allocator_.card_count(); }
+  std::size_t client_count() const noexcept { return clients_.size(); }
+  std::size_t region_count() const noexcept { return regions_.size(); }
+  const allocator_type& allocator() const noexcept { return allocator_; }
+  const card_type& card(int c) const { return cards_.at(static_cast<std::size_t>(c)); }
+
+private:
+  struct Mapping {
+    int card = -1;
+    std::uint32_t live = 0; // the client's regions in this segment
+    bool retired = false;   // the client was told to unmap it
+  };
+  struct Client {
+    PeerCredentials peer;
+    std::string name;
+    bool greeted = false;
+    std::unordered_set<RegionId> regions;
+    std::uint64_t bytes = 0;
+    std::unordered_map<SegmentId, Mapping> mappings; // segments the client has mapped
+  };
+  struct Region {
+    ClientId owner = 0;
+    BorrowHandle handle;
+    SegmentId segment = 0;
+    std::uint64_t offset = 0;
+  };
+  struct Counters {
+    std::uint64_t allocations = 0;
+    std::uint64_t frees = 0;
+    std::uint64_t failed = 0;
+    std::uint64_t reclaimed = 0;
+    std::uint64_t rejected = 0;
+  };
+
+  allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options) {
+    if (topology.gpu_count() < 1 || topology.gpu_count() > max_cards) {
+      throw ServerSetupError("the topology has " + std::to_string(topology.gpu_count()) +
+                             " GPUs; a server serves 1 to " + std::to_string(max_cards));
+    }
+    if (cards.size() != static_cast<std::size_t>(topology.gpu_count())) {
+      throw ServerSetupError(std::to_string(cards.size()) + " cards for a topology with " +
+                             std::to_string(topology.gpu_count()) + " GPUs");
+    }
+    for (Upstream& u : cards) {
+      cards_.emplace_back(std::move(u));
+    }
+    return allocator_type(topology, cards_, options.strategy, options.pool, options.history_window);
+  }
+
+  template <class M>
+  void send(std::vector<Outgoing>& out, ClientId to, M message, std::uint32_t seq, bool close_after = false) {
+    out.push_back(Outgoing{to, encode(Reply{std::move(message)}, seq), -1, close_after});
+  }
+
+  static ErrorReply error(Errc code, std::string message) { return ErrorReply{code, std::move(message)}; }
+
+  void handle(ClientId id, Client& c, std::uint32_t seq, const Hello& m, std::vector<Outgoing>& out) {
+    if (c.greeted) {
+      return reject(id, Errc::bad_message, "Hello sent twice", out, seq);
+    }
+    c.greeted = true;
+    c.name = m.client_name;
+    send(out, id,
+         HelloReply{static_cast<std::uint32_t>(::getpid()), id, c.peer.pid, c.peer.uid, card_count(),
+                    Upstream::export_kind},
+         seq);
+  }
+
+  void handle(ClientId id, Client& c, std::uint32_t seq, const Allocate& m, std::vector<Outgoing>& out) {
+    static_assert(sizeof(std::size_t) == sizeof(m.bytes), "sizes travel as 64-bit values");
+    auto h = allocator_.allocate(static_cast<std::size_t>(m.bytes), m.card);
+    if (!h) {
+      ++counters_.failed;
+      return send(out, id, error(h.error().code, std::move(h.error().message)), seq);
+    }
+    card_type& card = cards_[static_cast<std::size_t>(h->card)];
+    const auto where = card.locate(h->address);
+    Allocated a;
+    a.kind = Upstream::export_kind;
+    int fd = -1;
+    auto mapping = c.mappings.find(where ? where->segment : 0);
+    if (where && mapping == c.mappings.end()) {
+      const auto e = card.lease(where->segment);
+      if (e) {
+        mapping = c.mappings.emplace(where->segment, Mapping{h->card, 0, false}).first;
+        mappers_[where->segment].push_back(id);
+        a.new_mapping = true;
+        a.device = e->device;
+        a.handle = e->handle;
+        fd = e->fd;
+      }
+    }
+    if (!where || mapping == c.mappings.end()) {
+      (void)allocator_.deallocate(*h);
+      ++counters_.failed;
+      return send(out, id, error(Errc::no_space, "card " + std::to_string(h->card) + " cannot export its memory"), seq);
+    }
+    const RegionId rid = next_region_++;
+    regions_.emplace(rid, Region{id, *h, where->segment, where->offset});
+    c.regions.insert(rid);
+    c.bytes += h->size;
+    ++mapping->second.live;
+    ++counters_.allocations;
+    a.region = info(rid, regions_.at(rid));
+    a.segment_size = where->segment_size;
+    out.push_back(Outgoing{id, encode(Reply{a}, seq), fd, false});
+  }
+
+  void handle(ClientId id, Client& c, std::uint32_t seq, const Free& m, std::vector<Outgoing>& out) {
+    const auto r = owned(id, m.region, seq, out);
+    if (r == regions_.end()) {
+      return;
+    }
+    if (const auto e = allocator_.deallocate(r->second.handle); !e) { // the table and the pools disagree
+      return send(out, id, error(e.error(), "region " + std::to_string(m.region) + " could not be freed"), seq);
+    }
+    --c.mappings.at(r->second.segment).live;
+    c.regions.erase(m.region);
+    c.bytes -= r->second.handle.size;
+    regions_.erase(r);
+    ++counters_.frees;
+    send(out, id, Freed{m.region}, seq);
+  }
+
+  void handle(ClientId id, Client&, std::uint32_t seq, const Query& m, std::vector<Outgoing>& out) {
+    const auto r = owned(id, m.region, seq, out);
+    if (r != regions_.end()) {
+      send(out, id, QueryReply{info(r->first, r->second)}, seq);
+    }
+  }
+
+  void handle(ClientId id, Client&, std::uint32_t seq, const StatsRequest&, std::vector<Outgoing>& out) {
+    send(out, id, stats(id), seq);
+  }
+
+  void handle(ClientId id, Client&, std::uint32_t seq, const CardsRequest&, std::vector<Outgoing>& out) {
+    send(out, id, CardsReply{cards()}, seq);
+  }
+
+  // No reply. Segments the client still holds regions in, or never mapped, are ignored.
+  void handle(ClientId id, Client& c, std::uint32_t, const Unmapped& m, std::vector<Outgoing>&) {
+    for (const SegmentId s : m.segments) {
+      const auto it = c.mappings.find(s);
+      if (it != c.mappings.end() && it->second.live == 0) {
+        const int card = it->second.card;
+        c.mappings.erase(it);
+        drop_mapping(id, s, card);
+      }
+    }
+  }
+
+  // The region if `client` holds it; otherwise an error reply and end().
+  typename std::unordered_map<RegionId, Region>::iterator owned(ClientId client, RegionId region, std::uint32_t seq,
+                                                                std::vector<Outgoing>& out) {
+    const auto r = regions_.find(region);
+    if (r == regions_.end()) {
+      send(out, client, error(Errc::not_allocated, "region " + std::to_string(region) + " is not allocated"), seq);
+    } else if (r->second.owner != client) {
+      send(out, client,
+           error(Errc::permission_denied, "region " + std::to_string(region) + " belongs to another client"), seq);
+      return regions_.end();
+    }
+    return r;
+  }
+
+  static RegionInfo info(RegionId id, const Region& r) {
+    return RegionInfo{id, r.handle.card, r.handle.requester, r.segment, r.offset, r.handle.size};
+  }
+
+  void drop_mapping(ClientId client, SegmentId segment, int card) {
+    const auto m = mappers_.find(segment);
+    if (m != mappers_.end()) {
+      std::erase(m->second, client);
+      if (m->second.empty()) {
+        mappers_.erase(m);
+      }
+    }
+    cards_[static_cast<std::size_t>(card)].unlease(segment);
+  }
+
+  // Segments the pools released while clients had them mapped: tell those clients to unmap.
+  void collect_retired(std::vector<Outgoing>& out) {
+    std::map<ClientId, std::vector<SegmentId>> notices;
+    for (card_type& card : cards_) {
+      for (const SegmentId s : card.take_retired()) {
+        const auto m = mappers_.find(s);
+        if (m == mappers_.end()) {
+          continue;
+        }
+        for (const ClientId client : m->second) {
+          auto& mapping = clients_.at(client).mappings.at(s);
+          if (!mapping.retired) {
+            mapping.retired = true;
+            notices[client].push_back(s);
+          }
+        }
+      }
+    }
+    for (auto& [client, segments] : notices) {
+      for (std::size_t i = 0; i < segments.size(); i += max_segment_list) {
+        const auto end = std::min(segments.size(), i + max_segment_list);
+        SegmentsRetired notice{
+            {segments.begin() + static_cast<std::ptrdiff_t>(i), segments.begin() + static_cast<std::ptrdiff_t>(end)}};
+        send(out, client, std::move(notice), 0);
+      }
+    }
+  }
+
+  static std::uint64_t open_descriptors() {
+    std::error_code ec;
+    std::uint64_t n = 0;
+    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
+      ++n;
+    }
+    return n > 0 ? n - 1 : 0; // the iterator's own descriptor
+  }
+
+  ServiceOptions options_;
+  std::vector<card_type> cards_; // filled by make_allocator, before allocator_ is built
+  allocator_type allocator_;
+  std::vector<std::string> names_;
+  std::unordered_map<ClientId, Client> clients_;
+  std::unordered_map<RegionId, Region> regions_;
+  std::unordered_map<SegmentId, std::vector<ClientId>> mappers_; // who maps each leased segment
+  ClientId next_client_ = 1;
+  RegionId next_region_ = 1;
+  Counters counters_;
+};
+
+} // namespace carve::service

@@ -1,0 +1,232 @@
+// carve/service/leased_upstream.hpp — an upstream adaptor whose segments can be lent to other
+// processes: it numbers every segment, exports it to each process that maps it (a lease), and
+// tells the server which leased segments its pool has released, so their mappers can unmap.
+//
+//   carve::service::LeasedUpstream<carve::SharedMemoryCard> card(carve::SharedMemoryCard(1 << 30));
+//   carve::CachingPool pool(card);                       // the pool sees an ordinary upstream
+//   auto where = card.locate(block);                     // segment id and offset of a block
+//   auto e = card.lease(where->segment);                 // export it to one more process
+//   ...
+//   card.unlease(where->segment);                        // that process has unmapped it
+//
+// Why: clients cache their mappings (a CUDA IPC handle is opened once), so a client may still map
+// a segment when its pool returns it to the card. Then deallocate() reports it (take_retired), and
+// what happens to the memory depends on the upstream:
+// - release_while_mapped (shared memory): it goes back to the card at once; the stale mapping
+//   holds host pages only until its client unmaps, and no one can reach them through the card.
+// - otherwise (CUDA IPC, where freeing before the importer closes is undefined): the segment
+//   stays allocated, and counted as used by free_bytes(), until the last lease ends.
+//
+// Segment ids are unique within the process and never reused, so a client can key its mappings
+// by them even when a new segment reuses an old address. Copies share one state. Thread-safe.
+#pragma once
+
+#include <carve/mr/segment_export.hpp>
+#include <carve/mr/upstream.hpp>
+#include <carve/service/protocol.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace carve::service {
+
+namespace detail {
+inline SegmentId next_segment_id() noexcept {
+  static std::atomic<SegmentId> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+} // namespace detail
+
+// Where a block lives: its segment and the offset from the segment's start.
+struct SegmentLocation {
+  SegmentId segment = 0;
+  std::size_t offset = 0;
+  std::size_t segment_size = 0;
+};
+
+template <ExportableResource Upstream>
+class LeasedUpstream {
+public:
+  explicit LeasedUpstream(Upstream upstream) : state_(std::make_shared<State>(std::move(upstream))) {}
+
+  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    void* p = state_->upstream.try_allocate(bytes, alignment);
+    if (p == nullptr) {
+      return nullptr;
+    }
+    const SegmentId id = detail::next_segment_id();
+    try {
+      const std::lock_guard lock(state_->mutex);
+      // Room for every segment that could retire before the next take_retired(), so that
+      // deallocate never allocates.
+      state_->retired_new.reserve(state_->retired_new.size() + state_->live.size() + 1);
+      state_->segments.emplace(id, Segment{address(p), bytes, alignment, 0, false, false});
+      try {
+        state_->live.emplace(address(p), id);
+      } catch (...) {
+        state_->segments.erase(id);
+        throw;
+      }
+      return p;
+    } catch (const std::bad_alloc&) {
+      state_->upstream.deallocate(p, bytes, alignment);
+      return nullptr;
+    }
+  }
+
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    {
+      const std::lock_guard lock(state_->mutex);
+      const auto at = state_->live.find(address(p));
+      if (at != state_->live.end()) {
+        const auto it = state_->segments.find(at->second);
+        state_->live.erase(at);
+        if (it->second.leases > 0) {
+          it->second.retired = true;
+          state_->retired_new.push_back(it->first); // capacity reserved in try_allocate
+          if constexpr (!Upstream::release_while_mapped) {
+            return; // the last unlease releases it
+          }
+          it->second.released = true;
+        } else {
+          state_->segments.erase(it);
+        }
+      }
+    }
+    state_->upstream.deallocate(p, bytes, alignment);
+  }
+
+  std::size_t free_bytes() const { return state_->upstream.free_bytes(); }
+  std::size_t capacity() const { return state_->upstream.capacity(); }
+
+  // The live segment holding `p`; nullopt when none does.
+  std::optional<SegmentLocation> locate(const void* p) const {
+    const std::lock_guard lock(state_->mutex);
+    auto at = state_->live.upper_bound(address(p));
+    if (at == state_->live.begin()) {
+      return std::nullopt;
+    }
+    --at;
+    const Segment& s = state_->segments.at(at->second);
+    const std::uintptr_t offset = address(p) - at->first;
+    if (offset >= s.size) {
+      return std::nullopt;
+    }
+    return SegmentLocation{at->second, offset, s.size};
+  }
+
+  // Exports the segment to one more process; nullopt (and no lease) when the segment is not
+  // live, or the upstream cannot export it.
+  std::optional<SegmentExport> lease(SegmentId id) {
+    const std::lock_guard lock(state_->mutex);
+    const auto it = state_->segments.find(id);
+    if (it == state_->segments.end() || it->second.retired) {
+      return std::nullopt;
+    }
+    Segment& s = it->second;
+    auto e = state_->upstream.export_segment(reinterpret_cast<void*>(s.base), s.size);
+    if (e) {
+      ++s.leases;
+    }
+    return e;
+  }
+
+  // One process has unmapped the segment. The last unlease of a retired segment releases it
+  // (unless that happened already). Returns false for a segment that is not leased.
+  bool unlease(SegmentId id) {
+    Segment done;
+    {
+      const std::lock_guard lock(state_->mutex);
+      const auto it = state_->segments.find(id);
+      if (it == state_->segments.end() || it->second.leases == 0) {
+        return false;
+      }
+      if (--it->second.leases > 0 || !it->second.retired) {
+        return true;
+      }
+      done = it->second;
+      state_->segments.erase(it);
+    }
+    if (!done.released) {
+      state_->upstream.deallocate(reinterpret_cast<void*>(done.base), done.size, done.alignment);
+    }
+    return true;
+  }
+
+  // Segments the pool released while they were leased, since the last call.
+  std::vector<SegmentId> take_retired() {
+    const std::lock_guard lock(state_->mutex);
+    std::vector<SegmentId> out(state_->retired_new.begin(), state_->retired_new.end());
+    state_->retired_new.clear();
+    return out;
+  }
+
+  // Segments whose memory is held from the upstream (live, or retired and kept for a lease).
+  std::size_t held_count() const {
+    return count([](const Segment& s) { return !s.released; });
+  }
+  // Segments at least one process maps.
+  std::size_t leased_count() const {
+    return count([](const Segment& s) { return s.leases > 0; });
+  }
+  // Segments the pool released that some process still maps.
+  std::size_t retired_count() const {
+    return count([](const Segment& s) { return s.retired; });
+  }
+
+  const Upstream& upstream() const noexcept { return state_->upstream; }
+
+  friend bool operator==(const LeasedUpstream& a, const LeasedUpstream& b) noexcept { return a.state_ == b.state_; }
+
+private:
+  struct Segment {
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    std::size_t alignment = 0;
+    std::uint32_t leases = 0; // processes that map it
+    bool retired = false;     // the pool released it; some process still maps it
+    bool released = false;    // and its memory went back to the upstream already
+  };
+  struct State {
+    explicit State(Upstream u) : upstream(std::move(u)) {}
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    // Memory still held for leases that die with their server goes back to the upstream.
+    ~State() {
+      for (const auto& [id, s] : segments) {
+        if (s.retired && !s.released) {
+          upstream.deallocate(reinterpret_cast<void*>(s.base), s.size, s.alignment);
+        }
+      }
+    }
+    Upstream upstream;
+    std::mutex mutex;
+    std::unordered_map<SegmentId, Segment> segments; // live ones, and retired ones still leased
+    std::map<std::uintptr_t, SegmentId> live;        // the pool's segments, by base address
+    std::vector<SegmentId> retired_new;
+  };
+
+  static std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+  template <class Pred>
+  std::size_t count(Pred pred) const {
+    const std::lock_guard lock(state_->mutex);
+    std::size_t n = 0;
+    for (const auto& [id, s] : state_->segments) {
+      n += pred(s) ? 1u : 0u;
+    }
+    return n;
+  }
+
+  std::shared_ptr<State> state_;
+};
+
+} // namespace carve::service

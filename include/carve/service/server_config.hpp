@@ -1,0 +1,294 @@
+// carve/service/server_config.hpp — carve-served's settings, from command-line flags and from a
+// configuration file with the same keys.
+//
+//   carve-served --topology nvidia-smi:/etc/carve/topo.txt --strategy weighted-score:history=1
+//   carve-served --config /etc/carve/served.conf --socket /run/carve/served.sock
+//
+// A file holds one `key value` (or `key = value`) per line; `#` starts a comment. Flags are
+// `--key value` or `--key=value` and apply in order, so a flag after --config overrides the file.
+//
+//   socket PATH            where to listen (default: default_socket_path())
+//   topology SOURCE        nvidia-smi:FILE | description:FILE | cuda (the CUDA runtime's view)
+//   bandwidth TYPE=GBPS    GB/s per link for nvidia-smi text: nvlink, pcie or inter_socket
+//   max-hops N             links on a path (default 2)
+//   backend NAME           shared-memory (simulated cards, the default) | cuda
+//   card-memory SIZE       capacity of every simulated card (default 1GiB);
+//   card-memory N=SIZE     of card N only
+//   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
+//   history-window N       borrows the weighted strategy remembers (default 1024)
+//   idle-threshold SIZE    cached bytes a card's pool keeps before giving segments back
+//   segment-size SIZE      segments small requests share (default 2MiB)
+//   granularity SIZE       block sizes are multiples of it (default 512)
+//   max-clients N          connections served at once (default 256)
+//
+// Sizes are written as in "64MiB", "1.5GiB", "4096". Any mistake throws ServerSetupError naming
+// the key, the value and, for a file, the line.
+#pragma once
+
+#include <carve/borrow/any_strategy.hpp>
+#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/shared_memory_card.hpp>
+#include <carve/service/allocation_server.hpp>
+#include <carve/service/service_error.hpp>
+#include <carve/service/unix_socket.hpp>
+#include <carve/tier/byte_size.hpp>
+#include <carve/topology/parse_error.hpp>
+#include <carve/topology/topology.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace carve::service {
+
+enum class Backend { shared_memory, cuda };
+
+struct ServerConfig {
+  std::filesystem::path socket_path = default_socket_path();
+  std::string topology; // SOURCE as above; empty: "cuda" for the cuda backend, else an error
+  LinkBandwidths bandwidths{};
+  std::optional<int> max_hops; // unset: the description's own, or 2
+  Backend backend = Backend::shared_memory;
+  std::uint64_t card_memory = std::uint64_t{1} << 30;
+  std::map<int, std::uint64_t> card_memory_of; // per-card capacities that differ
+  ServiceOptions service{};
+  std::size_t max_clients = 256;
+
+  // The capacity of simulated card `card`.
+  std::uint64_t capacity_of(int card) const {
+    const auto it = card_memory_of.find(card);
+    return it == card_memory_of.end() ? card_memory : it->second;
+  }
+  ServerOptions server_options() const { return ServerOptions{socket_path, service, max_clients}; }
+};
+
+namespace detail {
+
+inline std::uint64_t config_count(std::string_view key, std::string_view value, std::uint64_t min) {
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc{} || end != value.data() + value.size() || n < min) {
+    throw ServerSetupError(std::string(key) + ": '" + std::string(value) +
+                           "' is not a whole number >= " + std::to_string(min));
+  }
+  return n;
+}
+
+inline std::uint64_t config_size(std::string_view key, std::string_view value) {
+  try {
+    return parse_bytes(value);
+  } catch (const std::exception& e) {
+    throw ServerSetupError(std::string(key) + ": " + e.what());
+  }
+}
+
+inline std::string config_text(std::istream& in) {
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline std::string read_config_file(const std::filesystem::path& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw ServerSetupError(std::string(what) + " " + path.string() + " cannot be read");
+  }
+  return config_text(in);
+}
+
+} // namespace detail
+
+// Applies one setting. Throws ServerSetupError for an unknown key or a bad value.
+inline void apply_setting(ServerConfig& c, std::string_view key, std::string_view value) {
+  using detail::config_count;
+  using detail::config_size;
+  const std::string k(key);
+  if (key == "socket") {
+    if (value.empty()) {
+      throw ServerSetupError("socket: the path is empty");
+    }
+    c.socket_path = std::string(value);
+  } else if (key == "topology") {
+    if (value != "cuda" && value.rfind("nvidia-smi:", 0) != 0 && value.rfind("description:", 0) != 0) {
+      throw ServerSetupError("topology: '" + std::string(value) + "' is not nvidia-smi:FILE, description:FILE or cuda");
+    }
+    c.topology = std::string(value);
+  } else if (key == "bandwidth") {
+    const std::size_t eq = value.find('=');
+    const std::string_view type = value.substr(0, eq);
+    const auto gbps = eq == std::string_view::npos ? std::nullopt : carve::detail::parse_gbps(value.substr(eq + 1));
+    if (!gbps || (type != "nvlink" && type != "pcie" && type != "inter_socket")) {
+      throw ServerSetupError("bandwidth: '" + std::string(value) +
+                             "' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
+    }
+    (type == "nvlink" ? c.bandwidths.nvlink : type == "pcie" ? c.bandwidths.pcie : c.bandwidths.inter_socket) = *gbps;
+  } else if (key == "max-hops") {
+    c.max_hops = static_cast<int>(config_count(k, value, 1));
+  } else if (key == "backend") {
+    if (value == "shared-memory") {
+      c.backend = Backend::shared_memory;
+    } else if (value == "cuda") {
+      c.backend = Backend::cuda;
+    } else {
+      throw ServerSetupError("backend: '" + std::string(value) + "' is not shared-memory or cuda");
+    }
+  } else if (key == "card-memory") {
+    const std::size_t eq = value.find('=');
+    if (eq == std::string_view::npos) {
+      c.card_memory = config_size(k, value);
+    } else {
+      const auto card = config_count(k, value.substr(0, eq), 0);
+      if (card >= static_cast<std::uint64_t>(max_cards)) {
+        throw ServerSetupError("card-memory: card " + std::to_string(card) + " is past the limit of " +
+                               std::to_string(max_cards) + " cards");
+      }
+      c.card_memory_of[static_cast<int>(card)] = config_size(k, value.substr(eq + 1));
+    }
+  } else if (key == "strategy") {
+    try {
+      c.service.strategy = parse_strategy(value);
+    } catch (const std::invalid_argument& e) {
+      throw ServerSetupError(std::string("strategy: ") + e.what());
+    }
+  } else if (key == "history-window") {
+    c.service.history_window = config_count(k, value, 1);
+  } else if (key == "idle-threshold") {
+    c.service.pool.idle_threshold = config_size(k, value);
+  } else if (key == "segment-size") {
+    c.service.pool.segment_size = config_size(k, value);
+  } else if (key == "granularity") {
+    c.service.pool.granularity = config_size(k, value);
+  } else if (key == "max-clients") {
+    c.max_clients = config_count(k, value, 1);
+  } else {
+    throw ServerSetupError("unknown setting '" + std::string(key) + "'");
+  }
+}
+
+// Applies a configuration file's settings (its text); `name` names it in errors. A line is a key,
+// then spaces or '=' (or both), then the value, which has no spaces.
+inline void apply_config_text(ServerConfig& c, std::string_view text, const std::string& name) {
+  const auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; };
+  std::size_t line_number = 0;
+  std::istringstream in{std::string(text)};
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    std::string_view rest(line);
+    rest = rest.substr(0, rest.find('#'));
+    while (!rest.empty() && space(rest.front())) {
+      rest.remove_prefix(1);
+    }
+    while (!rest.empty() && space(rest.back())) {
+      rest.remove_suffix(1);
+    }
+    if (rest.empty()) {
+      continue;
+    }
+    std::size_t k = 0;
+    while (k < rest.size() && !space(rest[k]) && rest[k] != '=') {
+      ++k;
+    }
+    const std::string key(rest.substr(0, k));
+    rest.remove_prefix(k);
+    while (!rest.empty() && space(rest.front())) {
+      rest.remove_prefix(1);
+    }
+    if (!rest.empty() && rest.front() == '=') {
+      rest.remove_prefix(1);
+      while (!rest.empty() && space(rest.front())) {
+        rest.remove_prefix(1);
+      }
+    }
+    try {
+      if (rest.empty() || std::any_of(rest.begin(), rest.end(), space)) {
+        throw ServerSetupError("expected: " + key + " VALUE");
+      }
+      apply_setting(c, key, rest);
+    } catch (const ServerSetupError& e) {
+      throw ServerSetupError(name + " line " + std::to_string(line_number) + ": " + e.what());
+    }
+  }
+}
+
+// Reads flags (argv[1..]); --config FILE applies a file where it appears. `--help` is the
+// caller's to handle before. Throws ServerSetupError.
+inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
+  ServerConfig c;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      throw ServerSetupError("unexpected argument '" + std::string(arg) + "' (settings are --key value)");
+    }
+    arg.remove_prefix(2);
+    std::string_view key = arg;
+    std::string_view value;
+    if (const auto eq = arg.find('='); eq != std::string_view::npos) {
+      key = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw ServerSetupError("--" + std::string(key) + " needs a value");
+    }
+    if (key == "config") {
+      apply_config_text(c, detail::read_config_file(std::string(value), "config file"), std::string(value));
+    } else {
+      try {
+        apply_setting(c, key, value);
+      } catch (const ServerSetupError& e) {
+        throw ServerSetupError("--" + std::string(e.what()));
+      }
+    }
+  }
+  if (c.topology.empty() && c.backend == Backend::cuda) {
+    c.topology = "cuda";
+  }
+  return c;
+}
+
+// The machine the configuration names. "cuda" is the caller's to resolve (it needs the CUDA
+// runtime; see discover_topology). Throws ServerSetupError.
+inline Topology load_topology(const ServerConfig& c) {
+  if (c.topology.empty()) {
+    throw ServerSetupError("no topology: give --topology nvidia-smi:FILE, description:FILE or cuda");
+  }
+  const bool smi = c.topology.rfind("nvidia-smi:", 0) == 0;
+  const std::string file = c.topology.substr(c.topology.find(':') + 1);
+  const std::string text = detail::read_config_file(file, "topology file");
+  try {
+    const Topology t = smi ? Topology::from_nvidia_smi(text, c.bandwidths, PathOptions{c.max_hops.value_or(2)})
+                           : Topology::from_description(text);
+    return !smi && c.max_hops ? t.with_max_hops(*c.max_hops) : t;
+  } catch (const ParseError& e) {
+    throw ServerSetupError("topology file " + file + ": " + e.what());
+  }
+}
+
+// One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
+// ServerSetupError for a card-memory setting that names a card the topology lacks, or a card of
+// zero bytes.
+inline std::vector<SharedMemoryCard> shared_memory_cards(const ServerConfig& c, const Topology& topology) {
+  if (!c.card_memory_of.empty() && c.card_memory_of.rbegin()->first >= topology.gpu_count()) {
+    throw ServerSetupError("card-memory names card " + std::to_string(c.card_memory_of.rbegin()->first) +
+                           " but the topology has " + std::to_string(topology.gpu_count()) + " GPUs");
+  }
+  std::vector<SharedMemoryCard> cards;
+  for (int g = 0; g < topology.gpu_count(); ++g) {
+    if (c.capacity_of(g) == 0) {
+      throw ServerSetupError("card " + std::to_string(g) + " would have no memory");
+    }
+    cards.emplace_back(static_cast<std::size_t>(c.capacity_of(g)), "carve-" + topology.node(topology.gpu(g)).name);
+  }
+  return cards;
+}
+
+} // namespace carve::service

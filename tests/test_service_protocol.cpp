@@ -1,0 +1,229 @@
+// The service protocol's encoding: layout, round trips, and every way a message can be wrong.
+#include "service_samples.hpp"
+
+#include <carve/service/protocol.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace carve::service;
+using carve::Errc;
+using carve::test::sample_replies;
+using carve::test::sample_requests;
+
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+Bytes header(std::uint32_t magic, std::uint16_t version, std::uint16_t type, std::uint32_t length, std::uint32_t seq) {
+  Bytes b;
+  WireWriter w(b);
+  w(magic, version, type, length, seq);
+  return b;
+}
+
+// Re-encodes whatever decodes; for the canonical-form checks.
+Bytes reencode(const Bytes& b, bool request) {
+  if (request) {
+    const auto d = decode_request(b);
+    return d ? encode(d->body, d->sequence) : Bytes{};
+  }
+  const auto d = decode_reply(b);
+  return d ? encode(d->body, d->sequence) : Bytes{};
+}
+
+} // namespace
+
+TEST_CASE("the header and fields are little-endian with fixed widths") {
+  const Bytes b = encode(Request{Allocate{0x0102030405060708ull, -2}}, 0x0a0b0c0d);
+  const Bytes want{0x43, 0x52, 0x56, 0x45,                         // "CRVE"
+                   0x01, 0x00,                                     // version 1
+                   0x02, 0x00,                                     // allocate
+                   0x0c, 0x00, 0x00, 0x00,                         // 12 payload bytes
+                   0x0d, 0x0c, 0x0b, 0x0a,                         // sequence
+                   0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // bytes
+                   0xfe, 0xff, 0xff, 0xff};                        // card -2
+  CHECK(b == want);
+  const Bytes e = encode(Reply{ErrorReply{Errc::no_space, "ab"}}, 1);
+  CHECK(e.size() == header_size + 4 + 2 + 2); // i32 code, u16 length, the text
+  CHECK(e[6] == 0xff);
+  CHECK(e[7] == 0x80);
+  CHECK(e[16] == static_cast<std::uint8_t>(Errc::no_space));
+}
+
+TEST_CASE("every message survives a round trip and re-encodes to the same bytes") {
+  std::uint32_t seq = 1;
+  for (const Request& r : sample_requests()) {
+    const Bytes b = encode(r, seq);
+    const auto d = decode_request(b);
+    REQUIRE_MESSAGE(d, (d ? "" : d.error().reason));
+    CHECK(d->sequence == seq);
+    CHECK(d->body == r);
+    CHECK(encode(d->body, d->sequence) == b);
+    ++seq;
+  }
+  for (const Reply& r : sample_replies()) {
+    const Bytes b = encode(r, seq);
+    const auto d = decode_reply(b);
+    REQUIRE_MESSAGE(d, (d ? "" : d.error().reason));
+    CHECK(d->sequence == seq);
+    CHECK(d->body == r);
+    CHECK(encode(d->body, d->sequence) == b);
+    ++seq;
+  }
+}
+
+TEST_CASE("a truncated message never decodes") {
+  for (const Request& r : sample_requests()) {
+    const Bytes b = encode(r, 9);
+    for (std::size_t n = 0; n < b.size(); ++n) {
+      const auto d = decode_request(std::span<const std::uint8_t>(b.data(), n));
+      REQUIRE_FALSE(d);
+      CHECK(d.error().fatal);
+      CHECK(d.error().code == Errc::bad_message);
+    }
+  }
+  for (const Reply& r : sample_replies()) {
+    const Bytes b = encode(r, 9);
+    for (std::size_t n = 0; n < b.size(); ++n) {
+      CHECK_FALSE(decode_reply(std::span<const std::uint8_t>(b.data(), n)));
+    }
+  }
+  // A header whose length matches a cut payload: the fields themselves run out.
+  Bytes cut = encode(Request{Allocate{1, 1}}, 3);
+  cut.resize(cut.size() - 4);
+  cut[8] = static_cast<std::uint8_t>(cut.size() - header_size);
+  const auto d = decode_request(cut);
+  REQUIRE_FALSE(d);
+  CHECK(d.error().reason == "malformed payload: message ends inside a field");
+  CHECK(d.error().sequence == 3);
+}
+
+TEST_CASE("header errors name the problem") {
+  const auto reason = [](const Bytes& b) {
+    const auto d = decode_request(b);
+    REQUIRE_FALSE(d);
+    return d.error();
+  };
+  CHECK(reason(Bytes(8, 0)).reason == "truncated header (8 bytes)");
+  CHECK(reason(header(0xdeadbeef, 1, 1, 0, 1)).reason == "not a carve message (bad magic)");
+  const auto v = reason(header(protocol_magic, 7, 1, 0, 1));
+  CHECK(v.code == Errc::unsupported_version);
+  CHECK(v.reason == "protocol version 7 is not supported (this side speaks 1)");
+  CHECK(reason(header(protocol_magic, 1, 5, 4, 1)).reason == "header announces 4 payload bytes but 0 arrived");
+  Bytes trailing = encode(Request{StatsRequest{}}, 1);
+  trailing.push_back(0);
+  trailing[8] = 1;
+  CHECK(reason(trailing).reason == "malformed payload: trailing bytes");
+  Bytes big = header(protocol_magic, 1, 2, max_request_size, 1);
+  big.resize(header_size + max_request_size);
+  CHECK(reason(big).reason == "message of 4112 bytes exceeds the limit of 4096");
+  const auto unknown = reason(header(protocol_magic, 1, 0x8001, 0, 4)); // a reply type sent as a request
+  CHECK(unknown.reason == "unknown message type 32769");
+  CHECK_FALSE(unknown.fatal);
+  CHECK(unknown.sequence == 4);
+}
+
+TEST_CASE("out-of-range values are refused") {
+  const auto fails = [](Bytes b, std::size_t at, std::uint8_t value, const std::string& why) {
+    b[at] = value;
+    const auto d = decode_reply(b);
+    REQUIRE_FALSE(d);
+    CHECK(d.error().reason == "malformed payload: " + why);
+  };
+  const Bytes hello = encode(Reply{HelloReply{1, 2, 3, 4, 5, carve::ExportKind::shared_memory}}, 1);
+  fails(hello, hello.size() - 1, 9, "unknown export kind");
+  const Bytes error = encode(Reply{ErrorReply{Errc::no_space, "x"}}, 1);
+  fails(error, header_size, 0, "unknown error code");
+  fails(error, header_size, 200, "unknown error code");
+  Allocated a;
+  const Bytes allocated = encode(Reply{a}, 1);
+  fails(allocated, allocated.size() - 1, 2, "a flag that is neither 0 nor 1");
+}
+
+TEST_CASE("text and lists have limits, and a count cannot outrun the message") {
+  const Bytes long_name = encode(Request{Hello{std::string(500, 'n')}}, 1);
+  const auto clipped = decode_request(long_name); // the writer cuts to the limit
+  REQUIRE(clipped);
+  CHECK(std::get<Hello>(clipped->body).client_name == std::string(max_name_length, 'n'));
+
+  Bytes b = encode(Request{Hello{"x"}}, 1);
+  b[header_size] = 65; // one more than max_name_length
+  CHECK(decode_request(b).error().reason == "malformed payload: text longer than its limit");
+
+  Unmapped many;
+  many.segments.assign(max_segment_list + 10, 7);
+  const auto cut = decode_request(encode(Request{many}, 1));
+  REQUIRE(cut);
+  CHECK(std::get<Unmapped>(cut->body).segments.size() == max_segment_list);
+
+  Bytes count = encode(Request{Unmapped{{1}}}, 1);
+  count[header_size] = 0xff;
+  count[header_size + 1] = 0x01; // 511 entries announced, one present
+  CHECK(decode_request(count).error().reason == "malformed payload: list longer than its limit");
+  count[header_size] = 100; // within the limit, but 800 bytes do not follow
+  count[header_size + 1] = 0;
+  CHECK(decode_request(count).error().reason == "malformed payload: list count exceeds the message");
+}
+
+TEST_CASE("random damage: every result is an error or a message that re-encodes to itself") {
+  std::mt19937 rng(5);
+  std::vector<Bytes> valid;
+  for (const Request& r : sample_requests()) {
+    valid.push_back(encode(r, 1));
+  }
+  const std::size_t requests = valid.size();
+  for (const Reply& r : sample_replies()) {
+    valid.push_back(encode(r, 2));
+  }
+  int decoded = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const std::size_t which = rng() % valid.size();
+    Bytes b = valid[which];
+    for (int flips = 1 + static_cast<int>(rng() % 4); flips > 0; --flips) {
+      b[rng() % b.size()] = static_cast<std::uint8_t>(rng());
+    }
+    const bool request = which < requests;
+    const Bytes again = reencode(b, request);
+    if (!again.empty()) {
+      ++decoded;
+      CHECK(again == b);
+    }
+  }
+  CHECK(decoded > 100); // damage in values (not structure) still decodes
+}
+
+TEST_CASE("the fuzz corpus is the encoding of the samples") {
+  // CARVE_WRITE_SEEDS=1 rewrites the corpus after a protocol change.
+  const std::filesystem::path dir = std::filesystem::path(CARVE_TEST_DATA_DIR) / "service";
+  const bool write = std::getenv("CARVE_WRITE_SEEDS") != nullptr;
+  std::vector<std::pair<std::string, Bytes>> seeds;
+  std::uint32_t seq = 1;
+  for (const Request& r : sample_requests()) {
+    seeds.emplace_back("request_" + std::to_string(seq) + ".bin", encode(r, seq));
+    ++seq;
+  }
+  for (const Reply& r : sample_replies()) {
+    seeds.emplace_back("reply_" + std::to_string(seq) + ".bin", encode(r, seq));
+    ++seq;
+  }
+  for (const auto& seed : seeds) {
+    const std::string& name = seed.first;
+    const Bytes& bytes = seed.second;
+    CAPTURE(name);
+    if (write) {
+      std::ofstream(dir / name, std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    }
+    std::ifstream in(dir / name, std::ios::binary);
+    const Bytes stored{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    CHECK(stored == bytes);
+  }
+}
