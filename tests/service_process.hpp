@@ -3,6 +3,8 @@
 // for sending whatever bytes a test wants.
 #pragma once
 
+#include <carve/mr/segment_export.hpp>
+#include <carve/mr/simulated_card.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/unix_socket.hpp>
 
@@ -227,5 +229,30 @@ public:
 private:
   service::UniqueFd fd_;
 };
+
+// An exportable card whose exports must not outlive the memory and need the CUDA runtime to map
+// (as with CUDA IPC), played by host memory: the lease rules and a CUDA-less client's error path
+// without a GPU.
+class CudaIpcLikeCard {
+public:
+  static constexpr ExportKind export_kind = ExportKind::cuda_ipc;
+  static constexpr bool release_while_mapped = false;
+  explicit CudaIpcLikeCard(std::size_t capacity) : card_(capacity) {}
+  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept { return card_.try_allocate(bytes, alignment); }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept { card_.deallocate(p, bytes, alignment); }
+  std::size_t free_bytes() const noexcept { return card_.free_bytes(); }
+  std::size_t capacity() const noexcept { return card_.capacity(); }
+  std::optional<SegmentExport> export_segment(void*, std::size_t bytes) const {
+    SegmentExport e;
+    e.kind = export_kind;
+    e.size = bytes;
+    e.device = 0;
+    return e;
+  }
+
+private:
+  SimulatedCard card_;
+};
+static_assert(ExportableResource<CudaIpcLikeCard>);
 
 } // namespace carve::test

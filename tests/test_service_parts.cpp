@@ -23,30 +23,6 @@ namespace {
 constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-// An exportable card whose exports must not outlive the memory (as with CUDA IPC), played by
-// host memory: for the lease rules without a GPU.
-class StrictCard {
-public:
-  static constexpr carve::ExportKind export_kind = carve::ExportKind::cuda_ipc;
-  static constexpr bool release_while_mapped = false;
-  explicit StrictCard(std::size_t capacity) : card_(capacity) {}
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept { return card_.try_allocate(bytes, alignment); }
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept { card_.deallocate(p, bytes, alignment); }
-  std::size_t free_bytes() const noexcept { return card_.free_bytes(); }
-  std::size_t capacity() const noexcept { return card_.capacity(); }
-  std::optional<carve::SegmentExport> export_segment(void*, std::size_t bytes) const {
-    carve::SegmentExport e;
-    e.kind = export_kind;
-    e.size = bytes;
-    e.device = 0;
-    return e;
-  }
-
-private:
-  carve::SimulatedCard card_;
-};
-static_assert(carve::ExportableResource<StrictCard>);
-
 template <class M>
 M reply_as(const Outgoing& o) {
   const auto d = decode_reply(o.bytes);
@@ -201,7 +177,7 @@ TEST_CASE("LeasedUpstream: ids, locations, and a released segment's leases") {
 }
 
 TEST_CASE("LeasedUpstream keeps memory the upstream must not free while it is mapped") {
-  LeasedUpstream<StrictCard> card(StrictCard(4 * MiB));
+  LeasedUpstream<carve::test::CudaIpcLikeCard> card(carve::test::CudaIpcLikeCard(4 * MiB));
   carve::CachingPool pool(card, carve::PoolOptions{.granularity = 512, .segment_size = MiB, .idle_threshold = 0});
   auto p = pool.try_allocate(3 * MiB);
   REQUIRE(p);

@@ -115,44 +115,18 @@ TEST_CASE("a server thread and client threads") {
   CHECK(server.service().consistent());
 }
 
-namespace {
-
-// CUDA-kind exports played by host memory: what a client built without the CUDA runtime meets
-// when the server lends GPU memory.
-class CudaLikeCard {
-public:
-  static constexpr carve::ExportKind export_kind = carve::ExportKind::cuda_ipc;
-  static constexpr bool release_while_mapped = false;
-  explicit CudaLikeCard(std::size_t capacity) : card_(capacity) {}
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept { return card_.try_allocate(bytes, alignment); }
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept { card_.deallocate(p, bytes, alignment); }
-  std::size_t free_bytes() const noexcept { return card_.free_bytes(); }
-  std::size_t capacity() const noexcept { return card_.capacity(); }
-  std::optional<carve::SegmentExport> export_segment(void*, std::size_t bytes) const {
-    carve::SegmentExport e;
-    e.kind = export_kind;
-    e.size = bytes;
-    return e;
-  }
-
-private:
-  carve::SimulatedCard card_;
-};
-
-} // namespace
-
 TEST_CASE("a client that cannot map the server's kind of memory gets an error and leaks nothing") {
   if (cuda_ipc_available) {
     return; // this client could map it
   }
   carve::test::TempDir dir;
-  std::vector<CudaLikeCard> cards;
+  std::vector<carve::test::CudaIpcLikeCard> cards;
   for (int i = 0; i < 8; ++i) {
     cards.emplace_back(16 * MiB);
   }
   ServerOptions options;
   options.socket_path = dir.path() / "served.sock";
-  AllocationServer<CudaLikeCard> server(carve::test::dgx1(), cards, options);
+  AllocationServer<carve::test::CudaIpcLikeCard> server(carve::test::dgx1(), cards, options);
   std::thread serving([&] { server.run(); });
   {
     auto c = AllocationClient::connect(ClientOptions{options.socket_path, "host-only", 30s});
