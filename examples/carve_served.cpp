@@ -1,5 +1,5 @@
 // carve-served: one process owns the cards' memory; applications borrow it through
-// carve::service::AllocationClient. Settings: see carve/service/server_config.hpp, or --help.
+// carve::AllocationClient. Settings: see carve/service/server_config.hpp, or --help.
 //
 //   carve-served --topology nvidia-smi:topo.txt --card-memory 16GiB --strategy weighted-score
 //
@@ -45,9 +45,9 @@ extern "C" void on_signal(int) {
 
 template <class Upstream>
 int serve(const carve::service::ServerConfig& config, const carve::Topology& topology, std::vector<Upstream> cards) {
-  carve::service::AllocationServer<Upstream> server(topology, std::move(cards), config.server_options());
+  carve::AllocationServer<Upstream> server(topology, std::move(cards), config.server_options());
   running_server = &server;
-  stop_server = [](void* s) { static_cast<carve::service::AllocationServer<Upstream>*>(s)->request_stop(); };
+  stop_server = [](void* s) { static_cast<carve::AllocationServer<Upstream>*>(s)->request_stop(); };
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigaction(SIGTERM, &action, nullptr);

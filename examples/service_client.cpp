@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto client = carve::service::AllocationClient::connect(options);
+  auto client = carve::AllocationClient::connect(options);
   if (!client) {
     return fail(client.error());
   }

@@ -69,7 +69,7 @@ TEST_CASE("a server thread and client threads") {
   options.socket_path = dir.path() / "served.sock";
   options.service.pool.segment_size = MiB;
   options.service.strategy = carve::WeightedScore{};
-  AllocationServer<carve::SharedMemoryCard> server(carve::test::dgx1(), cards, options);
+  carve::AllocationServer<carve::SharedMemoryCard> server(carve::test::dgx1(), cards, options); // the pinned names
   std::thread serving([&] { server.run(); });
 
   std::atomic<int> failures{0};
@@ -77,7 +77,7 @@ TEST_CASE("a server thread and client threads") {
     std::vector<std::thread> own;
     for (unsigned t = 0; t < 3; ++t) {
       own.emplace_back([&, t] {
-        auto c = AllocationClient::connect(ClientOptions{options.socket_path, "own", 30s});
+        auto c = carve::AllocationClient::connect(ClientOptions{options.socket_path, "own", 30s});
         if (!c || !churn(*c, 11 + t, 400)) {
           ++failures;
         }

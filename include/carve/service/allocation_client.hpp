@@ -1,6 +1,6 @@
 // carve/service/allocation_client.hpp — an application's side of carve's allocation service.
 //
-//   auto client = carve::service::AllocationClient::connect({.name = "trainer"});
+//   auto client = carve::AllocationClient::connect({.name = "trainer"});
 //   if (!client) { std::puts(client.error().message.c_str()); return 1; }
 //   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // expected<Region, ServiceError>
 //   if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
@@ -505,3 +505,7 @@ private:
 };
 
 } // namespace carve::service
+
+namespace carve {
+using service::AllocationClient; // beside the other building blocks; its options stay in carve::service
+} // namespace carve

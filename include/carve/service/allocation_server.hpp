@@ -2,7 +2,7 @@
 // memory, and applications borrow it through AllocationClient.
 //
 //   carve::service::ServerOptions options{.socket_path = "/run/user/1000/carve/served.sock"};
-//   carve::service::AllocationServer<carve::SharedMemoryCard> server(topology, cards, options);
+//   carve::AllocationServer<carve::SharedMemoryCard> server(topology, cards, options);
 //   server.run();                      // until request_stop() (async-signal-safe) is called
 //
 // An AllocationService behind a Unix-domain SOCK_SEQPACKET socket (carve/service/unix_socket.hpp
@@ -292,3 +292,10 @@ private:
 };
 
 } // namespace carve::service
+
+namespace carve {
+// The server under carve's own namespace, beside the other building blocks; its options and
+// protocol stay in carve::service.
+template <ExportableResource Upstream>
+using AllocationServer = service::AllocationServer<Upstream>;
+} // namespace carve
