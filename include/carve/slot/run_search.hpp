@@ -23,10 +23,54 @@ namespace carve::runs {
 template <cuda::std::size_t Extent>
 using words_view = cuda::std::span<const bits::word, Extent>;
 
+// The lowest and highest start of m free slots: the two candidates boundary-nearest weighs.
+// `found` is false when no run of m fits (then the starts mean nothing). A flag rather than an
+// optional keeps this hottest path in registers: GCC tends to build an optional of a struct on
+// the stack.
+struct StartBounds {
+  std::uint32_t lowest;
+  std::uint32_t highest;
+  bool found;
+};
+
+namespace detail {
+// Both candidates in a bitmap of one or two words (up to 128 slots, the usual shared-memory
+// case): compute both words' in-word starts up front and pick the candidates with selects. Two
+// early-exit scans would compute the same masks with branches that mispredict on most calls.
+template <WordSource Words>
+CARVE_HOST_DEVICE constexpr StartBounds small_start_bounds(const Words& words, std::uint32_t m) noexcept {
+  constexpr cuda::std::size_t extent = static_word_count<Words>;
+  static_assert(extent == 1 || extent == 2);
+  const bits::word w0 = words[0];
+  bits::word w1 = 0;
+  if constexpr (extent == 2) {
+    w1 = words[1];
+  }
+  const bool in_word = m != 0 && m <= bits::word_bits;
+  const bits::word s0 = in_word ? bits::run_starts(w0, m) : 0;
+  const bits::word s1 = in_word ? bits::run_starts(w1, m) : 0;
+  // A run across the word boundary: free slots at the top of w0 plus those at the bottom of w1.
+  const std::uint32_t h0 = bits::high_run(w0);
+  const std::uint32_t l1 = bits::low_run(w1);
+  const bool across = extent == 2 && m != 0 && h0 + l1 >= m;
+  constexpr std::uint32_t top = bits::word_bits;
+  const std::uint32_t lowest = s0 != 0 ? bits::lowest_set(s0) : across ? top - h0 : top + bits::lowest_set(s1);
+  const std::uint32_t highest = s1 != 0 ? top + bits::highest_set(s1) : across ? top + l1 - m : bits::highest_set(s0);
+  return {lowest, highest, s0 != 0 || s1 != 0 || across};
+}
+
+template <WordSource Words>
+inline constexpr bool small_words = static_word_count<Words> == 1 || static_word_count<Words> == 2;
+} // namespace detail
+
 // Lowest start s such that slots [s, s + m) are all free.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(const Words& words,
                                                                             std::uint32_t m) noexcept {
+  if constexpr (detail::small_words<Words>) {
+    const StartBounds b = detail::small_start_bounds(words, m);
+    return b.found ? cuda::std::optional<std::uint32_t>(b.lowest) : cuda::std::nullopt;
+  }
   if (m == 0) {
     return cuda::std::nullopt;
   }
@@ -51,6 +95,10 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(cons
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(const Words& words,
                                                                              std::uint32_t m) noexcept {
+  if constexpr (detail::small_words<Words>) {
+    const StartBounds b = detail::small_start_bounds(words, m);
+    return b.found ? cuda::std::optional<std::uint32_t>(b.highest) : cuda::std::nullopt;
+  }
   if (m == 0) {
     return cuda::std::nullopt;
   }
@@ -71,42 +119,10 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(con
   return cuda::std::nullopt;
 }
 
-// The lowest and highest start of m free slots: the two candidates boundary-nearest weighs.
-// `found` is false when no run of m fits (then the starts mean nothing). A flag rather than an
-// optional keeps this hottest path in registers: GCC tends to build an optional of a struct on
-// the stack.
-struct StartBounds {
-  std::uint32_t lowest;
-  std::uint32_t highest;
-  bool found;
-};
-
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr StartBounds start_bounds(const Words& words, std::uint32_t m) noexcept {
-  constexpr cuda::std::size_t extent = static_word_count<Words>;
-  if (m == 0) {
-    return {0, 0, false};
-  }
-  if constexpr (extent == 1 || extent == 2) {
-    // Up to 128 slots, the usual shared-memory case: compute both words' in-word starts up
-    // front and pick the candidates with selects. Two early-exit scans would compute the same
-    // masks with branches that mispredict on most calls.
-    const bits::word w0 = words[0];
-    bits::word w1 = 0;
-    if constexpr (extent == 2) {
-      w1 = words[1];
-    }
-    const bool in_word = m <= bits::word_bits;
-    const bits::word s0 = in_word ? bits::run_starts(w0, m) : 0;
-    const bits::word s1 = in_word ? bits::run_starts(w1, m) : 0;
-    // A run across the word boundary: free slots at the top of w0 plus those at the bottom of w1.
-    const std::uint32_t h0 = bits::high_run(w0);
-    const std::uint32_t l1 = bits::low_run(w1);
-    const bool across = extent == 2 && h0 + l1 >= m;
-    constexpr std::uint32_t top = bits::word_bits;
-    const std::uint32_t lowest = s0 != 0 ? bits::lowest_set(s0) : across ? top - h0 : top + bits::lowest_set(s1);
-    const std::uint32_t highest = s1 != 0 ? top + bits::highest_set(s1) : across ? top + l1 - m : bits::highest_set(s0);
-    return {lowest, highest, s0 != 0 || s1 != 0 || across};
+  if constexpr (detail::small_words<Words>) {
+    return detail::small_start_bounds(words, m);
   } else {
     const cuda::std::optional<std::uint32_t> lowest = lowest_start(words, m);
     if (!lowest) {
