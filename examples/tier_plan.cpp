@@ -23,6 +23,32 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return parts;
 }
 
+// A whole number in [1, limit], or TierError naming the flag and the text.
+int parse_count(const std::string& text, const std::string& flag, int limit) {
+  const bool digits = !text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
+  const int value = digits ? std::stoi(text) : 0;
+  if (value < 1 || value > limit) {
+    throw carve::TierError(flag + " '" + text + "': the count must be a whole number from 1 to " +
+                           std::to_string(limit));
+  }
+  return value;
+}
+
+// GB/s, a finite number >= 0, or TierError naming the flag and the text.
+double parse_gbps(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(value >= 0) || value > 1e9) {
+    throw carve::TierError(flag + " bandwidth '" + text + "': want GB/s, a number >= 0");
+  }
+  return value;
+}
+
 void default_setup(std::vector<carve::TierGpu>& gpus, std::vector<carve::SpillTier>& tiers,
                    std::vector<carve::TierTask>& tasks) {
   constexpr std::uint64_t gib = 1ull << 30;
@@ -67,7 +93,7 @@ int main(int argc, char** argv) try {
       if (parts.size() != 2) {
         throw carve::TierError("--gpus wants COUNTxSIZE, e.g. 8x80GiB");
       }
-      const int count = std::stoi(parts[0]);
+      const int count = parse_count(parts[0], "--gpus", 4096);
       for (int g = 0; g < count; ++g) {
         gpus.push_back({g, carve::parse_bytes(parts[1])});
       }
@@ -77,7 +103,7 @@ int main(int argc, char** argv) try {
         throw carve::TierError("--tier wants NAME:SIZE[:GBPS], e.g. cxl:2TiB:60");
       }
       tiers.push_back({parts[0], carve::parse_bytes(parts[1]), static_cast<int>(tiers.size()) + 1,
-                       parts.size() == 3 ? std::stod(parts[2]) : 0.0});
+                       parts.size() == 3 ? parse_gbps(parts[2], "--tier") : 0.0});
     } else if (arg == "--task") {
       const auto parts = split(next(), ':');
       carve::TierTask task{carve::parse_bytes(parts[0])};
@@ -108,12 +134,13 @@ int main(int argc, char** argv) try {
   std::fputs(carve::format_table(fair).c_str(), stdout);
   std::fputs("\n", stdout);
   std::fputs(carve::format_table(fcfs).c_str(), stdout);
-  std::puts("\nworst spilling GPU                     tier-1 share   extra on tier 1   spill read once");
+  std::puts("\nworst spilling GPU             tier-1 share   tier-1 bandwidth   extra on tier 1   spill read once");
   for (const auto* p : {&fair, &fcfs}) {
     const carve::TierFairness f = carve::fairness(*p);
-    std::printf("%-37s %9.1f %%   %13.1f %%   %12.1f s   unmet %s\n",
+    std::printf("%-29s %9.1f %%   %14.1f %%   %13.1f %%   %12.1f s   unmet %s\n",
                 (p->method + (p->options.hand_back_unused ? " + hand-back" : "")).c_str(), 100 * f.worst_tier1_share,
-                100 * f.worst_tier1_coverage, f.worst_spill_read_seconds, carve::format_bytes(p->unmet()).c_str());
+                100 * f.worst_tier1_bandwidth_share, 100 * f.worst_tier1_coverage, f.worst_spill_read_seconds,
+                carve::format_bytes(p->unmet()).c_str());
   }
   if (built_in) {
     std::puts("\nmemory tiers on this machine:");

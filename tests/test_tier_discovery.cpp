@@ -92,6 +92,14 @@ TEST_CASE("broken sysfs data is reported with the file") {
   CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("cannot read"), TierError);
   write(sys.path / "devices/system/node/node0/meminfo", "Node 0 MemFree: 10 kB\n");
   CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("no MemTotal"), TierError);
+  fake_node(sys.path, 0, "0-3", 1 << 20, 1 << 20);
+  fs::remove(sys.path / "devices/system/node/node0/cpulist");
+  fs::create_directory(sys.path / "devices/system/node/node0/cpulist"); // unreadable as a file, even for root
+  CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("cannot read"), TierError);
+  fake_node(sys.path, 1, "", 1 << 20, 1 << 20);
+  fs::remove_all(sys.path / "devices/system/node/node0");
+  write(sys.path / "devices/virtual/memory_tiering/memory_tierX/nodelist", "1\n");
+  CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("want memory_tier<N>"), TierError);
 }
 
 TEST_CASE("this machine's nodes") {
@@ -130,11 +138,25 @@ TEST_CASE("a mapped file holds what is written to it, within its budget") {
   CHECK(file.free_bytes() == 4096);
   CHECK(file.try_allocate(8192, 64) == nullptr); // past the budget
   CHECK(file.try_allocate(0, 64) == nullptr);
-  CHECK(file.try_allocate(64, 1u << 20) == nullptr); // alignment beyond a page
+  CHECK(file.try_allocate(64, 3) == nullptr);                    // not a power of two
+  CHECK(file.try_allocate(64, std::size_t{2} << 30) == nullptr); // alignment beyond 1 GiB
   CHECK_THROWS_AS(file.allocate(8192, 64), std::bad_alloc);
   file.deallocate(p, bytes, 64);
   CHECK(file.free_bytes() == bytes + 4096);
   CHECK_THROWS_AS(carve::MappedFileResource(dir.path / "missing", 1), TierError);
+}
+
+TEST_CASE("large alignments: the slack is trimmed, the mapping is aligned and whole") {
+  TempDir dir;
+  carve::MappedFileResource file(dir.path, 64 << 20);
+  for (const std::size_t alignment : {std::size_t{4096}, std::size_t{64} << 10, std::size_t{2} << 20}) {
+    auto* p = static_cast<unsigned char*>(file.allocate(3 << 20, alignment));
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % alignment == 0);
+    std::memset(p, 0x5a, 3 << 20);
+    CHECK(p[(3 << 20) - 1] == 0x5a);
+    file.deallocate(p, 3 << 20, alignment);
+  }
+  CHECK(file.free_bytes() == (64u << 20));
 }
 
 TEST_CASE("a caching pool on a disk tier") {

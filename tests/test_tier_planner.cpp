@@ -157,6 +157,37 @@ TEST_CASE("first come, first served lets the first GPU take tier 1") {
   CHECK(u.worst_tier1_coverage == doctest::Approx(0.0));
 }
 
+TEST_CASE("the share of tier-1 bandwidth counts only what is reserved") {
+  // Hand-back: GPU0 spills 10 and reserves 10 of dram's 100; GPU1 spills 60 and gets a share of
+  // 90, reserving 60. Capacity shares 10 % and 60 %; bandwidth shares 10/70 and 60/70.
+  const TierPlanner planner(gpus(2, 100), three_tiers(100, 400, 10000), {.hand_back_unused = true});
+  const auto plan = planner.plan({{270, {110, 160}}});
+  REQUIRE(plan.gpus[0].tiers[0].reserved == 10);
+  REQUIRE(plan.gpus[1].tiers[0].reserved == 60);
+  const auto f = carve::fairness(plan);
+  CHECK(f.worst_tier1_share == doctest::Approx(0.10));
+  CHECK(f.worst_tier1_bandwidth_share == doctest::Approx(10.0 / 70.0));
+  CHECK(f.worst_tier1_bandwidth_gpu == 0);
+  // Without hand-back both reserve their whole share (50 each): half the bandwidth each.
+  const auto whole = carve::fairness(TierPlanner(gpus(2, 100), three_tiers(100, 400, 10000)).plan({{270, {110, 160}}}));
+  CHECK(whole.worst_tier1_share == doctest::Approx(0.5));
+  CHECK(whole.worst_tier1_bandwidth_share == doctest::Approx(0.5));
+}
+
+TEST_CASE("GPUs are planned in ordinal order whatever order they are given in") {
+  const TierPlanner planner({{3, 100}, {1, 100}, {2, 100}}, three_tiers(90, 400, 10000));
+  REQUIRE(planner.gpus().size() == 3);
+  CHECK(planner.gpus()[0].ordinal == 1);
+  CHECK(planner.gpus()[2].ordinal == 3);
+  const auto plan = planner.plan({{600, {300, 200, 100}}}); // subtask k goes to the k-th ordinal
+  CHECK(plan.gpus[0].ordinal == 1);
+  CHECK(plan.gpus[0].demand == 300);
+  CHECK(plan.gpus[2].ordinal == 3);
+  CHECK(plan.gpus[2].demand == 100);
+  CHECK(plan.gpus[0].tiers[0].share == 30); // GPU 1 is planned first: 90 / 3
+  CHECK(plan.gpus[2].extra == 0);
+}
+
 TEST_CASE("spill read time with known bandwidths") {
   const std::vector<SpillTier> tiers = {{"dram", 100, 1, 100}, {"cxl", 100, 2, 50}};
   const TierPlanner planner(gpus(2, 10), tiers);

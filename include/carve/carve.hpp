@@ -83,11 +83,13 @@
 
 // Spill tiers shared fairly among GPUs (host-only).
 #include <carve/tier/byte_size.hpp>
+#include <carve/tier/gpu_spill.hpp>
 #include <carve/tier/spill_tier.hpp>
 #include <carve/tier/tier_discovery.hpp>
 #include <carve/tier/tier_planner.hpp>
 #include <carve/tier/tier_report.hpp>
 #include <carve/tier/tier_resources.hpp> // NumaNodeResource needs libnuma (carve::numa) when used
+#include <carve/tier/tier_share_resource.hpp>
 
 // One virtual device over several: PagedMirror and its parts (host-only).
 #include <carve/mirror/atomic_page_bits.hpp>

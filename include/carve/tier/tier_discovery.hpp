@@ -35,7 +35,7 @@ namespace detail {
 
 inline std::string read_text(const std::filesystem::path& file) {
   std::ifstream in(file);
-  if (!in) {
+  if (!in || !std::filesystem::is_regular_file(file)) { // a directory opens, then reads as nothing
     throw TierError("cannot read " + file.string());
   }
   std::ostringstream text;
@@ -103,7 +103,12 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
       if (name.rfind("memory_tier", 0) != 0 || !std::filesystem::exists(entry.path() / "nodelist")) {
         continue;
       }
-      const int tier = std::stoi(name.substr(11));
+      const std::string number = name.substr(11);
+      if (number.empty() || number.size() > 6 ||
+          !std::all_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        throw TierError("unexpected memory tier directory " + entry.path().string() + " (want memory_tier<N>)");
+      }
+      const int tier = std::stoi(number);
       for (const int node : detail::parse_list(detail::read_text(entry.path() / "nodelist"), entry.path())) {
         tier_of[node] = tier;
       }

@@ -37,7 +37,7 @@ struct TierPlanOptions {
 struct SubtaskPlacement {
   std::size_t task;    // index into the task list as given
   std::size_t subtask; // k
-  std::size_t gpu;     // index into the GPU list as given
+  std::size_t gpu;     // index into the planner's GPU list (ordinal order)
   std::uint64_t bytes;
 };
 
@@ -74,13 +74,17 @@ struct TierPlan {
 
 class TierPlanner {
 public:
-  // Throws TierError for: no GPUs, a GPU without memory, a GPU ordinal given twice, no tiers, a
-  // tier without capacity, or tier priorities that do not strictly increase.
+  // GPUs are kept in ordinal order, whatever order they are given in: "GPU k" in the placement
+  // rules and the planning order both mean the k-th ordinal, and gpus() and every plan list them
+  // so. Throws TierError for: no GPUs, a GPU without memory, a GPU ordinal given twice, no tiers,
+  // a tier without capacity, or tier priorities that do not strictly increase.
   TierPlanner(std::vector<TierGpu> gpus, std::vector<SpillTier> tiers, TierPlanOptions options = {})
       : gpus_(std::move(gpus)), tiers_(std::move(tiers)), options_(options) {
     if (gpus_.empty()) {
       throw TierError("tier planner: no GPUs");
     }
+    std::stable_sort(gpus_.begin(), gpus_.end(),
+                     [](const TierGpu& a, const TierGpu& b) { return a.ordinal < b.ordinal; });
     std::unordered_set<int> ordinals;
     for (const TierGpu& g : gpus_) {
       if (g.capacity == 0) {

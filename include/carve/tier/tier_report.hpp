@@ -79,6 +79,11 @@ public:
   JsonWriter& value(std::uint64_t v) { return raw(std::to_string(v)); }
   JsonWriter& value(int v) { return raw(std::to_string(v)); }
   JsonWriter& value(bool v) { return raw(v ? "true" : "false"); }
+  JsonWriter& value(double v) { // finite values only: JSON has no infinity
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return raw(text);
+  }
   JsonWriter& value(const std::string& v) {
     separate();
     string(v);
@@ -127,7 +132,12 @@ inline std::string to_json(const TierPlan& plan) {
   json.key("tiers").open('[');
   for (const SpillTier& tier : plan.tiers) {
     json.open('{').key("name").value(tier.name).key("priority").value(tier.priority);
-    json.key("capacity").value(tier.capacity).close('}');
+    json.key("capacity").value(tier.capacity).key("bandwidth_gbps").value(tier.bandwidth_gbps);
+    json.key("numa_nodes").open('[');
+    for (const int node : tier.numa_nodes) {
+      json.value(node);
+    }
+    json.close(']').key("directory").value(tier.directory).close('}');
   }
   json.close(']').key("gpus").open('[');
   for (const GpuPlan& g : plan.gpus) {
@@ -149,13 +159,17 @@ inline std::string to_json(const TierPlan& plan) {
 }
 
 // How evenly a plan treats the GPUs that spill (extra > 0). A GPU's share of a tier is its
-// reservation there over the tier's capacity. For read times, a tier's bandwidth is split among
-// the GPUs holding reservations on it, in proportion to those reservations.
+// reservation there over the tier's capacity. A tier's bandwidth is split among the GPUs holding
+// reservations on it, in proportion to those reservations, so a GPU's share of tier-1 bandwidth
+// is its reservation over all reservations on tier 1 (the two shares differ when part of the
+// tier is left unreserved).
 struct TierFairness {
   int spilling_gpus = 0;
-  double worst_tier1_share = 0;    // the smallest share of tier 1 among spilling GPUs
-  int worst_tier1_gpu = -1;        // its ordinal
-  double worst_tier1_coverage = 0; // the smallest fraction of a spilling GPU's extra on tier 1
+  double worst_tier1_share = 0;           // the smallest share of tier 1's capacity among spilling GPUs
+  int worst_tier1_gpu = -1;               // its ordinal
+  double worst_tier1_bandwidth_share = 0; // the smallest share of tier 1's bandwidth among spilling GPUs
+  int worst_tier1_bandwidth_gpu = -1;     // its ordinal
+  double worst_tier1_coverage = 0;        // the smallest fraction of a spilling GPU's extra on tier 1
   // With bandwidths known: the longest time a spilling GPU needs to read its spill once, all
   // GPUs reading at the same time. 0 when bandwidths are unknown; infinite with unmet demand.
   double worst_spill_read_seconds = 0;
@@ -164,6 +178,7 @@ struct TierFairness {
 inline TierFairness fairness(const TierPlan& plan) {
   TierFairness f;
   f.worst_tier1_share = std::numeric_limits<double>::infinity();
+  f.worst_tier1_bandwidth_share = std::numeric_limits<double>::infinity();
   f.worst_tier1_coverage = std::numeric_limits<double>::infinity();
   bool bandwidth_known = true;
   std::vector<double> reserved_on(plan.tiers.size(), 0.0);
@@ -183,6 +198,11 @@ inline TierFairness fairness(const TierPlan& plan) {
       f.worst_tier1_share = share;
       f.worst_tier1_gpu = g.ordinal;
     }
+    const double bandwidth_share = reserved_on[0] > 0 ? static_cast<double>(g.tiers[0].reserved) / reserved_on[0] : 0;
+    if (bandwidth_share < f.worst_tier1_bandwidth_share) {
+      f.worst_tier1_bandwidth_share = bandwidth_share;
+      f.worst_tier1_bandwidth_gpu = g.ordinal;
+    }
     const double coverage = static_cast<double>(g.tiers[0].used) / static_cast<double>(g.extra);
     f.worst_tier1_coverage = coverage < f.worst_tier1_coverage ? coverage : f.worst_tier1_coverage;
     if (bandwidth_known) {
@@ -199,6 +219,7 @@ inline TierFairness fairness(const TierPlan& plan) {
   }
   if (f.spilling_gpus == 0) {
     f.worst_tier1_share = 0;
+    f.worst_tier1_bandwidth_share = 0;
     f.worst_tier1_coverage = 0;
   }
   return f;

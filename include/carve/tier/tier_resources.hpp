@@ -1,25 +1,23 @@
-// carve/tier/tier_resources.hpp — real memory behind a tier plan.
+// carve/tier/tier_resources.hpp — real memory for a spill tier.
 //
-//   NumaNodeResource   memory on one NUMA node (DRAM or CXL), through libnuma. Present when
-//                      <numa.h> is found (Debian: libnuma-dev); programs using it link libnuma
-//                      (CMake: carve::numa).
+//   NumaNodeResource   memory on one NUMA node (DRAM or CXL), bound there with libnuma. Works
+//                      when <numa.h> is found (Debian: libnuma-dev) and the program links
+//                      libnuma (CMake: carve::numa); otherwise constructing one throws TierError.
 //   MappedFileResource memory in files under a directory (a disk tier), mapped shared; each
 //                      file is unlinked at once, so nothing is left behind if the process dies.
-//   GpuSpill           a GPU's reservations from a TierPlan, allocated on their tiers up front
-//                      and released when it goes away.
 //
-// The two resources are UpstreamResources (carve/mr/upstream.hpp) with a byte budget — typically
-// a GPU's share of the tier — so a CachingPool can sit on top of them, and they have the CCCL
-// allocate/deallocate spellings. They hand out whole pages: try_allocate returns nullptr for zero
-// bytes, an alignment that is not a power of two up to the page size, a request past the budget,
-// or when the system refuses the memory.
+// Both are UpstreamResources (carve/mr/upstream.hpp) with a byte budget — typically a GPU's
+// share of the tier — so a CachingPool, a PagedMirror backend or a TierShareResource can sit on
+// top of them, and they have the CCCL allocate/deallocate spellings. They hand out whole pages
+// at any power-of-two alignment up to 1 GiB (PagedMirror's host backend asks for 2 MiB);
+// try_allocate returns nullptr for zero bytes, a bad alignment, a request past the budget, or
+// when the system refuses the memory.
 #pragma once
 
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/upstream.hpp>
 #include <carve/tier/spill_tier.hpp>
-#include <carve/tier/tier_planner.hpp>
 
 #if __has_include(<numa.h>)
 #include <numa.h>
@@ -33,44 +31,95 @@
 #include <filesystem>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace carve {
 
 namespace detail {
-inline bool page_request(std::size_t bytes, std::size_t alignment) noexcept {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  return bytes != 0 && alignment != 0 && (alignment & (alignment - 1)) == 0 && alignment <= page;
+inline std::size_t os_page_size() noexcept { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
+inline std::size_t whole_pages(std::size_t bytes) noexcept {
+  const std::size_t page = os_page_size();
+  return (bytes + page - 1) / page * page;
 }
+
+inline bool mappable_request(std::size_t bytes, std::size_t alignment) noexcept {
+  return bytes != 0 && bytes <= (std::size_t{1} << 62) && alignment != 0 && (alignment & (alignment - 1)) == 0 &&
+         alignment <= (std::size_t{1} << 30);
+}
+
+// Maps whole pages for `bytes` at an address aligned to `alignment`: anonymous private memory
+// when fd < 0, else the file from offset 0, shared. mmap aligns only to pages, so a larger
+// alignment reserves the slack first and trims it off around the mapping.
+inline void* map_aligned(std::size_t bytes, std::size_t alignment, int fd) noexcept {
+  const std::size_t page = os_page_size();
+  const std::size_t length = whole_pages(bytes);
+  const std::size_t align = alignment > page ? alignment : page;
+  const std::size_t span = length + align - page;
+  void* area = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (area == MAP_FAILED) {
+    return nullptr;
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(area);
+  const std::uintptr_t start = (base + align - 1) / align * align;
+  void* p = fd < 0
+                ? ::mmap(reinterpret_cast<void*>(start), length, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+                : ::mmap(reinterpret_cast<void*>(start), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::munmap(area, span);
+    return nullptr;
+  }
+  if (start > base) {
+    ::munmap(area, start - base);
+  }
+  if (base + span > start + length) {
+    ::munmap(reinterpret_cast<void*>(start + length), base + span - (start + length));
+  }
+  return p;
+}
+
+inline void unmap_pages(void* p, std::size_t bytes) noexcept { ::munmap(p, whole_pages(bytes)); }
 } // namespace detail
 
 #if __has_include(<numa.h>)
 inline constexpr bool numa_resource_available = true;
+#else
+inline constexpr bool numa_resource_available = false;
+#endif
 
 class NumaNodeResource : public CcclSpellings<NumaNodeResource> {
 public:
-  // Throws TierError when the system has no NUMA support or no such node.
+  // Throws TierError when this build has no libnuma, the system no NUMA support, or there is no
+  // such node.
   NumaNodeResource(int node, std::size_t budget) : node_(node), budget_(budget) {
+#if __has_include(<numa.h>)
     if (::numa_available() < 0) {
       throw TierError("NUMA is not available on this system");
     }
     if (node < 0 || node > ::numa_max_node()) {
       throw TierError("NUMA node " + std::to_string(node) + " does not exist");
     }
+#else
+    throw TierError("NUMA node " + std::to_string(node) + ": this build has no libnuma (<numa.h> not found)");
+#endif
   }
 
   void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!detail::page_request(bytes, alignment) || !budget_.take(bytes)) {
+    if (!detail::mappable_request(bytes, alignment) || !budget_.take(bytes)) {
       return nullptr;
     }
-    void* p = ::numa_alloc_onnode(bytes, node_);
+    void* p = detail::map_aligned(bytes, alignment, -1);
     if (p == nullptr) {
       budget_.give_back(bytes);
+      return nullptr;
     }
+#if __has_include(<numa.h>)
+    ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // pages land on the node when first touched
+#endif
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
-    ::numa_free(p, bytes);
+    detail::unmap_pages(p, bytes);
     budget_.give_back(bytes);
   }
 
@@ -89,9 +138,6 @@ private:
   ByteBudget budget_;
 };
 static_assert(UpstreamResource<NumaNodeResource>);
-#else
-inline constexpr bool numa_resource_available = false;
-#endif
 
 class MappedFileResource : public CcclSpellings<MappedFileResource> {
 public:
@@ -104,17 +150,17 @@ public:
   }
 
   void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!detail::page_request(bytes, alignment) || !budget_.take(bytes)) {
+    if (!detail::mappable_request(bytes, alignment) || !budget_.take(bytes)) {
       return nullptr;
     }
-    void* p = map_new_file(bytes);
+    void* p = map_new_file(bytes, alignment);
     if (p == nullptr) {
       budget_.give_back(bytes);
     }
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
-    ::munmap(p, bytes);
+    detail::unmap_pages(p, bytes);
     budget_.give_back(bytes);
   }
 
@@ -129,106 +175,23 @@ public:
 #endif
 
 private:
-  void* map_new_file(std::size_t bytes) const noexcept {
+  void* map_new_file(std::size_t bytes, std::size_t alignment) const noexcept {
     std::string path = (directory_ / "carve-spill-XXXXXX").string();
     const int fd = ::mkstemp(path.data());
     if (fd < 0) {
       return nullptr;
     }
     ::unlink(path.c_str());
-    void* p = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0
-                  ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
+    void* p = ::ftruncate(fd, static_cast<off_t>(detail::whole_pages(bytes))) == 0
+                  ? detail::map_aligned(bytes, alignment, fd)
+                  : nullptr;
     ::close(fd); // the mapping keeps the file alive
-    return p == MAP_FAILED ? nullptr : p;
+    return p;
   }
 
   std::filesystem::path directory_;
   ByteBudget budget_;
 };
 static_assert(UpstreamResource<MappedFileResource>);
-
-struct SpillRegion {
-  std::size_t tier;
-  void* data;
-  std::uint64_t bytes;
-  int numa_node; // -1 for a file
-};
-
-// A GPU's reservations, allocated: on a memory tier from one of its NUMA nodes (GPUs take the
-// tier's nodes in turn), on a disk tier from a file in its directory.
-class GpuSpill {
-public:
-  // Throws TierError when a tier cannot be backed (no NUMA support, no directory) or the system
-  // refuses the memory; whatever was allocated before is released.
-  GpuSpill(const TierPlan& plan, std::size_t gpu) {
-    try {
-      for (std::size_t t = 0; t < plan.tiers.size(); ++t) {
-        const std::uint64_t bytes = plan.gpus.at(gpu).tiers[t].reserved;
-        if (bytes != 0) {
-          allocate_on(plan.tiers[t], t, gpu, bytes);
-        }
-      }
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  GpuSpill(GpuSpill&& other) noexcept : regions_(std::exchange(other.regions_, {})) {}
-  GpuSpill& operator=(GpuSpill&& other) noexcept {
-    if (this != &other) {
-      release();
-      regions_ = std::exchange(other.regions_, {});
-    }
-    return *this;
-  }
-  ~GpuSpill() { release(); }
-
-  const std::vector<SpillRegion>& regions() const noexcept { return regions_; }
-
-private:
-  void allocate_on(const SpillTier& tier, std::size_t t, std::size_t gpu, std::uint64_t bytes) {
-    const auto failed = [&] {
-      return TierError("cannot allocate " + std::to_string(bytes) + " bytes on tier '" + tier.name + "'");
-    };
-    if (!tier.directory.empty()) {
-      void* p = MappedFileResource(tier.directory, bytes).try_allocate(bytes, 1);
-      if (p == nullptr) {
-        throw failed();
-      }
-      regions_.push_back({t, p, bytes, -1});
-      return;
-    }
-    if (tier.numa_nodes.empty()) {
-      throw TierError("tier '" + tier.name + "' has neither NUMA nodes nor a directory to allocate from");
-    }
-#if __has_include(<numa.h>)
-    const int node = tier.numa_nodes[gpu % tier.numa_nodes.size()];
-    void* p = NumaNodeResource(node, bytes).try_allocate(bytes, 1);
-    if (p == nullptr) {
-      throw failed();
-    }
-    regions_.push_back({t, p, bytes, node});
-#else
-    (void)gpu;
-    throw TierError("tier '" + tier.name + "' needs libnuma, which this build does not have");
-#endif
-  }
-
-  void release() noexcept {
-    for (const SpillRegion& r : regions_) {
-      if (r.numa_node < 0) {
-        ::munmap(r.data, r.bytes);
-      } else {
-#if __has_include(<numa.h>)
-        ::numa_free(r.data, r.bytes);
-#endif
-      }
-    }
-    regions_.clear();
-  }
-
-  std::vector<SpillRegion> regions_;
-};
 
 } // namespace carve

@@ -1,0 +1,84 @@
+// carve/tier/gpu_spill.hpp — a GPU's reservations from a TierPlan, allocated up front.
+//
+//   carve::GpuSpill spill(plan, /*gpu*/ 0, {.home = 0, .nodes = carve::discover_memory_nodes()});
+//   for (const carve::SpillRegion& r : spill.regions()) { ... r.data, r.bytes, r.numa_node ... }
+//
+// Every reserved byte is allocated when the GpuSpill is made, spread over each tier as
+// split_share() says (the GPU's own NUMA node first, then the tier's other nodes by free
+// memory; files for a disk tier), and released when it goes away. For memory drawn as it is
+// needed, use a TierShareResource per tier instead.
+#pragma once
+
+#include <carve/tier/spill_tier.hpp>
+#include <carve/tier/tier_planner.hpp>
+#include <carve/tier/tier_resources.hpp>
+#include <carve/tier/tier_share_resource.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+struct SpillRegion {
+  std::size_t tier;
+  void* data;
+  std::uint64_t bytes;
+  int numa_node; // -1 for a file
+};
+
+class GpuSpill {
+public:
+  // Throws TierError when a tier cannot be backed (no NUMA support, no directory, too little free
+  // memory on the tier's nodes) or the system refuses the memory; whatever was allocated before
+  // is released.
+  GpuSpill(const TierPlan& plan, std::size_t gpu, const SpillNodes& where = {}) {
+    if (gpu >= plan.gpus.size()) {
+      throw TierError("GPU spill: the plan has no GPU " + std::to_string(gpu));
+    }
+    try {
+      for (std::size_t t = 0; t < plan.tiers.size(); ++t) {
+        const SpillTier& tier = plan.tiers[t];
+        for (const SharePart& part : split_share(tier, plan.gpus[gpu].tiers[t].reserved, gpu, where)) {
+          void* p = part.node < 0 ? MappedFileResource(tier.directory, part.bytes).try_allocate(part.bytes, 1)
+                                  : NumaNodeResource(part.node, part.bytes).try_allocate(part.bytes, 1);
+          if (p == nullptr) {
+            throw TierError("cannot allocate " + std::to_string(part.bytes) + " bytes on tier '" + tier.name + "'" +
+                            (part.node < 0 ? "" : " (NUMA node " + std::to_string(part.node) + ")"));
+          }
+          regions_.push_back({t, p, part.bytes, part.node});
+        }
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  GpuSpill(GpuSpill&& other) noexcept : regions_(std::exchange(other.regions_, {})) {}
+  GpuSpill& operator=(GpuSpill&& other) noexcept {
+    if (this != &other) {
+      release();
+      regions_ = std::exchange(other.regions_, {});
+    }
+    return *this;
+  }
+  ~GpuSpill() { release(); }
+
+  const std::vector<SpillRegion>& regions() const noexcept { return regions_; }
+
+private:
+  // The resources above are only the way in: their budgets die with them, and the pages they
+  // mapped are returned directly.
+  void release() noexcept {
+    for (const SpillRegion& r : regions_) {
+      detail::unmap_pages(r.data, r.bytes);
+    }
+    regions_.clear();
+  }
+
+  std::vector<SpillRegion> regions_;
+};
+
+} // namespace carve
