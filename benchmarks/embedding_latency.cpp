@@ -7,13 +7,17 @@
 //                           [--qps N | --load 0.75] [--cache cold|warm|both] [--io pread|io_uring]
 //                           [--loaders-per-device 2] [--in-flight 4] [--aging-ms 100]
 //                           [--dir /var/tmp] [--svg latency.svg] [--csv latency.csv] [--seed 1]
+//                           [--median 100] [--sigma 1] [--max-vectors 1024]     (--help: all)
 //
+// The flags are parsed by examples/embedding_lookup/options.hpp, shared with the example; a bad
+// value exits with status 2 and a message naming the flag.
 // The dataset is generated under --dir and removed at exit. Without --qps the offered load is
 // --load times the capacity measured first (queries pushed as fast as possible through the FIFO
 // pipeline), separately for each cache state. Cold: files opened with O_DIRECT after
 // POSIX_FADV_DONTNEED, so every read goes to the device; warm: every file read once before the
 // run, then buffered reads. --benchmark_* flags (from `dev.sh bench`) are ignored.
 #include <latency_plot.hpp>
+#include <options.hpp>
 #include <pipeline.hpp>
 #include <workload.hpp>
 
@@ -24,7 +28,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,88 +41,27 @@ using Queue = carve::SizeTieredQueue<Query, QueryVectors>;
 using PriorityQueue = carve::SizeTieredQueue<Query, QueryVectors, carve::RingLanes<>, carve::StrictPriority>;
 
 struct Options {
-  std::uint32_t tables = 8;
-  std::uint64_t table_mib = 32;
-  std::uint32_t devices = 2;
+  WorkloadOptions w; // --tables --table-mib --devices --qps --median --sigma --max-vectors ... (options.hpp)
   double seconds = 10;
-  double qps = 0;
   double load = 0.75;
-  double aging_ms = 100;
-  bool cold = true, warm = true;
-  IoMode io = IoMode::pread;
-  std::uint32_t loaders_per_device = 2;
-  std::uint32_t in_flight = 4;
-  std::string dir = "/var/tmp";
+  std::string cache = "both";
   std::string svg, csv;
-  std::uint64_t seed = 1;
+  bool cold() const { return cache != "warm"; }
+  bool warm() const { return cache != "cold"; }
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--benchmark_", 0) == 0) {
-      continue;
-    }
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        throw std::invalid_argument(a + " needs a value");
-      }
-      return argv[++i];
-    };
-    const auto number = [&](double min) {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(x >= min)) {
-        throw std::invalid_argument(a + " " + v + ": expected a number >= " + std::to_string(min));
-      }
-      return x;
-    };
-    if (a == "--tables") {
-      o.tables = static_cast<std::uint32_t>(number(1));
-    } else if (a == "--table-mib") {
-      o.table_mib = static_cast<std::uint64_t>(number(1));
-    } else if (a == "--devices") {
-      o.devices = static_cast<std::uint32_t>(number(2));
-    } else if (a == "--seconds") {
-      o.seconds = number(0.1);
-    } else if (a == "--qps") {
-      o.qps = number(1);
-    } else if (a == "--load") {
-      o.load = number(0.01);
-    } else if (a == "--cache") {
-      const std::string v = value();
-      o.cold = v == "cold" || v == "both";
-      o.warm = v == "warm" || v == "both";
-      if (!o.cold && !o.warm) {
-        throw std::invalid_argument("--cache " + v + ": expected cold, warm or both");
-      }
-    } else if (a == "--io") {
-      const std::string v = value();
-      if (v != "pread" && v != "io_uring") {
-        throw std::invalid_argument("--io " + v + ": expected pread or io_uring");
-      }
-      o.io = v == "pread" ? IoMode::pread : IoMode::io_uring;
-    } else if (a == "--loaders-per-device") {
-      o.loaders_per_device = static_cast<std::uint32_t>(number(1));
-    } else if (a == "--in-flight") {
-      o.in_flight = static_cast<std::uint32_t>(number(1));
-    } else if (a == "--aging-ms") {
-      o.aging_ms = number(0);
-    } else if (a == "--dir") {
-      o.dir = value();
-    } else if (a == "--svg") {
-      o.svg = value();
-    } else if (a == "--csv") {
-      o.csv = value();
-    } else if (a == "--seed") {
-      o.seed = static_cast<std::uint64_t>(number(0));
-    } else {
-      throw std::invalid_argument("unknown argument " + a);
-    }
-  }
-  return o;
+Flags flags_for(Options& o) {
+  o.w.dir = "/var/tmp";
+  Flags flags("bench_embedding_latency", "Latency per query size of the embedding-lookup pipeline with one FIFO and "
+                                         "with SizeTieredQueue, at the same offered load, in one run.");
+  add_workload_flags(flags, o.w, "offered load in queries per second (0: --load times the measured capacity)");
+  flags.real("--seconds", o.seconds, 0.1, 3600, "length of each timed run");
+  flags.real("--load", o.load, 0.01, 10, "offered load as a fraction of the measured capacity (without --qps)");
+  flags.choice("--cache", o.cache, {"cold", "warm", "both"}, "page-cache state: cold (O_DIRECT) and/or warm");
+  flags.text("--svg", o.svg, "write the latency plot here");
+  flags.text("--csv", o.csv, "write the percentiles here");
+  flags.ignore_prefix("--benchmark_"); // from dev.sh bench
+  return flags;
 }
 
 // One run of `count` queries at `qps` (0: as fast as possible) through a fresh pipeline.
@@ -128,17 +71,13 @@ RunSummary run(const std::string& label, std::unique_ptr<Queue> queue, DeviceMap
   std::vector<Result> results;
   results.reserve(count);
   std::mutex mutex;
-  PipelineConfig pc;
-  pc.loaders_per_device = o.loaders_per_device;
-  pc.in_flight = o.in_flight;
-  pc.io = o.io;
   double seconds = 0;
   {
-    Pipeline<Queue> p(std::move(queue), map, o.devices, pc, [&](Result&& r) {
+    Pipeline<Queue> p(std::move(queue), map, o.w.devices, o.w.pipeline(), [&](Result&& r) {
       const std::lock_guard lock(mutex);
       results.push_back(std::move(r));
     });
-    QueryGenerator gen(map.specs(), QuerySizes{}, o.seed);
+    QueryGenerator gen(map.specs(), o.w.sizes, o.w.seed);
     const auto t0 = Clock::now();
     submit_poisson(gen, count, qps, [&](Query q) { (void)p.submit(std::move(q)); });
     p.finish();
@@ -158,26 +97,23 @@ std::unique_ptr<PriorityQueue> prioritised(double aging_ms) {
 
 int main(int argc, char** argv) {
   Options o;
-  try {
-    o = parse(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_embedding_latency: %s\n", e.what());
-    return 2;
+  const Flags flags = flags_for(o);
+  if (const std::optional<int> status = flags.parse_or_exit(argc, argv)) {
+    return *status;
   }
-  const TempDir dir(o.dir);
-  DatasetConfig cfg;
-  cfg.root = dir.path();
-  cfg.devices = o.devices;
-  cfg.tables = o.tables;
-  cfg.table_bytes = o.table_mib << 20;
+  const TempDir dir(o.w.dir);
+  DatasetConfig cfg = o.w.dataset(dir.path());
   std::printf("dataset: %u tables x %llu MiB (%.2f GiB) of float32 vectors (dim 64/96/128) on %u devices under %s\n",
-              o.tables, static_cast<unsigned long long>(o.table_mib),
-              static_cast<double>(o.tables * o.table_mib) / 1024.0, o.devices, dir.path().c_str());
+              o.w.tables, static_cast<unsigned long long>(o.w.table_mib),
+              static_cast<double>(o.w.tables * o.w.table_mib) / 1024.0, o.w.devices, dir.path().c_str());
+  std::printf("queries: vectors lognormal (median %s, sigma %s, at most %u), Poisson arrivals\n",
+              flag_number(o.w.sizes.median).c_str(), flag_number(o.w.sizes.sigma).c_str(), o.w.sizes.max);
   const auto g0 = Clock::now();
   (void)generate_dataset(cfg);
   std::printf("generated in %.1f s; loaders: %u per device, %u queries in flight, reads: %s%s\n",
-              std::chrono::duration<double>(Clock::now() - g0).count(), o.loaders_per_device, o.in_flight,
-              to_string(o.io), o.io == IoMode::io_uring && !io_uring_available() ? " (not available here: pread)" : "");
+              std::chrono::duration<double>(Clock::now() - g0).count(), o.w.loaders_per_device, o.w.in_flight,
+              to_string(o.w.io_mode()),
+              o.w.io_mode() == IoMode::io_uring && !io_uring_available() ? " (not available here: pread)" : "");
 
   const auto classes = *carve::TierThresholds::create({128, 512});
   std::vector<PlotPanel> panels;
@@ -188,7 +124,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Verdict> verdicts;
   for (const bool cold : {true, false}) {
-    if ((cold && !o.cold) || (!cold && !o.warm)) {
+    if ((cold && !o.cold()) || (!cold && !o.warm())) {
       continue;
     }
     const std::string cache = cold ? "cold (O_DIRECT)" : "warm (page cache)";
@@ -202,7 +138,7 @@ int main(int argc, char** argv) {
       }
     };
     prepare();
-    double qps = o.qps;
+    double qps = o.w.qps;
     if (qps <= 0) {
       // Capacity: queries pushed all at once; a short burst first sizes a burst of about 2 s.
       const RunSummary probe = run("capacity", fifo(), *map, o, 0, 200, classes);
@@ -224,8 +160,8 @@ int main(int argc, char** argv) {
     print_summary(t, classes);
     prepare();
     char label[96];
-    std::snprintf(label, sizeof label, "SizeTieredQueue, strict+aging %g ms", o.aging_ms);
-    const RunSummary sp = run(label, prioritised(o.aging_ms), *map, o, qps, count, classes);
+    std::snprintf(label, sizeof label, "SizeTieredQueue, strict+aging %g ms", o.w.aging_ms);
+    const RunSummary sp = run(label, prioritised(o.w.aging_ms), *map, o, qps, count, classes);
     print_summary(sp, classes);
     verdicts.push_back({cache, "round-robin", f.tiers[0].p99_ms, t.tiers[0].p99_ms, f.qps, t.qps});
     verdicts.push_back({cache, "strict priority + aging", f.tiers[0].p99_ms, sp.tiers[0].p99_ms, f.qps, sp.qps});

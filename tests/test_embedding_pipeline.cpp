@@ -2,7 +2,9 @@
 // accepted query gets exactly one result, sums and outputs equal those computed directly from
 // the table formula, bad queries (unknown table, empty, row past the end, truncated file) get an
 // error while the rest are served, a shard migrates mid-run; with pread, O_DIRECT, io_uring and
-// with one FIFO in place of the tiers.
+// with one FIFO in place of the tiers. Also the command-line flags the example and the latency
+// benchmark share (options.hpp).
+#include <options.hpp>
 #include <pipeline.hpp>
 #include <workload.hpp>
 
@@ -15,7 +17,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 using namespace embedding;
 
@@ -207,4 +211,65 @@ TEST_CASE("the dataset: formula values on disk, replicated and sharded tables, b
     CHECK(std::filesystem::exists(kept));
   }
   CHECK_FALSE(std::filesystem::exists(kept));
+}
+
+TEST_CASE("the example's and the benchmark's flags: values, forms, and errors that name the flag") {
+  const auto parse = [](WorkloadOptions& o, std::vector<const char*> args, std::string* policy = nullptr) {
+    Flags flags("prog", "test");
+    add_workload_flags(flags, o, "qps");
+    std::string ignored_policy = "strict-aging";
+    flags.choice("--policy", policy != nullptr ? *policy : ignored_policy, {"strict-aging", "round-robin", "fifo"},
+                 "policy");
+    flags.ignore_prefix("--benchmark_");
+    args.insert(args.begin(), "prog");
+    return flags.parse(static_cast<int>(args.size()), args.data());
+  };
+  const auto error = [&](std::vector<const char*> args) -> std::string {
+    WorkloadOptions o;
+    try {
+      (void)parse(o, std::move(args));
+    } catch (const FlagError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+
+  WorkloadOptions o;
+  std::string policy = "strict-aging";
+  CHECK(parse(o,
+              {"--tables", "3", "--table-mib=2048", "--devices", "4", "--qps", "1500.5", "--median", "60", "--sigma",
+               "0.5", "--max-vectors", "512", "--policy", "fifo", "--benchmark_filter=x", "--io", "io_uring"},
+              &policy));
+  CHECK(o.tables == 3);
+  CHECK(o.table_bytes() == std::uint64_t{2} << 30); // a 2 GiB table
+  CHECK(o.devices == 4);
+  CHECK(o.qps == 1500.5);
+  CHECK(o.sizes.median == 60);
+  CHECK(o.sizes.sigma == 0.5);
+  CHECK(o.sizes.max == 512);
+  CHECK(o.io_mode() == IoMode::io_uring);
+  CHECK(policy == "fifo");
+  CHECK(o.dataset("/x").table_bytes == std::uint64_t{2} << 30);
+  CHECK(o.pipeline().io == IoMode::io_uring);
+
+  WorkloadOptions help;
+  CHECK_FALSE(parse(help, {"--tables", "0", "--help"})); // --help wins, nothing is checked
+  CHECK(help.tables == 8);
+
+  CHECK(error({"--tables", "abc"}) == "--tables 'abc': expected a whole number from 1 to 1024");
+  CHECK(error({"--tables", "-1"}).find("--tables '-1'") == 0);
+  CHECK(error({"--tables", "2.5"}).find("--tables '2.5'") == 0);
+  CHECK(error({"--table-mib", "0"}).find("--table-mib '0'") == 0);
+  CHECK(error({"--devices", "1"}).find("--devices '1': expected a whole number from 2") == 0);
+  CHECK(error({"--qps", "-3"}).find("--qps '-3'") == 0);
+  CHECK(error({"--sigma", "inf"}).find("--sigma 'inf'") == 0);
+  CHECK(error({"--median", ""}).find("--median ''") == 0);
+  CHECK(error({"--max-vectors", "100000"}).find("--max-vectors '100000'") == 0);
+  CHECK(error({"--policy", "lifo"}) == "--policy 'lifo': expected one of strict-aging, round-robin, fifo");
+  CHECK(error({"--io", "mmap"}).find("--io 'mmap'") == 0);
+  CHECK(error({"--dir="}) == "--dir: expected a non-empty value");
+  CHECK(error({"--seed"}) == "--seed needs a value");
+  CHECK(error({"--frobnicate"}).find("unknown flag '--frobnicate'") == 0);
+  CHECK(error({"--max-vectors", "50"}) == "--median 100 is above --max-vectors 50");
+  CHECK(error({"--max-vectors", "50", "--median", "20"}) == "accepted");
 }

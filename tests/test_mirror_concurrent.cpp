@@ -2,9 +2,11 @@
 //
 // Writers store with plain stores (automatic tracking: first stores fault, or are caught by the
 // kernel, on many threads at once, often on the same page), call write() and mark_dirty(), while
-// another thread allocates and frees. Syncs happen between rounds: a sync that copies a page while
-// a thread stores to it is the race the protocol tolerates (tests/test_paged_mirror.cpp checks it
-// outside ThreadSanitizer), and ThreadSanitizer would rightly call it one.
+// another thread allocates and frees. Each writer also records what it wrote in a plain host
+// vector, the shadow, which never passes through the mirror; after a sync the devices (and the
+// host mirror) must equal it byte for byte. Syncs happen between rounds: a sync that copies a
+// page while a thread stores to it is the race the protocol tolerates (tests/test_paged_mirror.cpp
+// checks it outside ThreadSanitizer), and ThreadSanitizer would rightly call it one.
 #include "mirror_helpers.hpp"
 
 #include <carve/carve.hpp>
@@ -58,6 +60,7 @@ TEST_CASE("concurrent writers: every written page is dirty exactly once, and the
             } else {
               p[at] = value;
             }
+            shadow[at] = value; // only thread t writes this byte, here or in the mirror
             touched[t].insert(at / (4 * KiB));
           }
         });
@@ -69,13 +72,13 @@ TEST_CASE("concurrent writers: every written page is dirty exactly once, and the
       for (const auto& s : touched) {
         pages.insert(s.begin(), s.end());
       }
-      std::copy(p, p + bytes, shadow.begin());
       CHECK(mirror.dirty_pages() == pages.size());
       const auto r = mirror.sync();
       REQUIRE(r);
       CHECK(r->pages == pages.size());
       CHECK(r->bytes == pages.size() * 4 * KiB);
       CHECK(device_mismatches(mirror, devices, p, shadow) == 0);
+      CHECK(std::equal(shadow.begin(), shadow.end(), p)); // and the host copy reads the same
     }
   }
 }
@@ -90,6 +93,8 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
     for (auto& p : own) {
       p = static_cast<unsigned char*>(*mirror.allocate(256 * KiB));
     }
+    // What each writer stored in its allocation (which starts zeroed), kept apart from the mirror.
+    std::vector<std::vector<unsigned char>> shadow(threads, std::vector<unsigned char>(256 * KiB, 0));
     std::atomic<bool> stop{false};
     std::thread churn([&] {
       std::mt19937 rng(5);
@@ -121,6 +126,7 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
           } else {
             own[t][at] = value;
           }
+          shadow[t][at] = value;
         }
       });
     }
@@ -130,8 +136,10 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
     stop = true;
     churn.join();
     REQUIRE(mirror.sync());
-    for (unsigned char* p : own) {
-      CHECK(device_mismatches(mirror, devices, p, std::vector<unsigned char>(p, p + 256 * KiB)) == 0);
+    for (unsigned t = 0; t < threads; ++t) {
+      CAPTURE(t);
+      CHECK(device_mismatches(mirror, devices, own[t], shadow[t]) == 0);
+      CHECK(std::equal(shadow[t].begin(), shadow[t].end(), own[t]));
     }
     CHECK(mirror.allocation_count() == threads);
   }

@@ -62,12 +62,22 @@ struct Live {
   std::vector<unsigned char> shadow;
 };
 
+// Random bytes, eight at a time (writes of several 2 MiB pages stay cheap).
+void fill_random(std::vector<unsigned char>& data, std::mt19937_64& rng) {
+  for (std::size_t i = 0; i < data.size(); i += 8) {
+    const std::uint64_t word = rng();
+    std::memcpy(data.data() + i, &word, std::min<std::size_t>(8, data.size() - i));
+  }
+}
+
 // Random allocations and writes; after each sync every device page behind every allocation must
 // equal the shadow, and the report must count exactly the pages written since the last sync.
+// The cards hold 64, 96 and 32 pages of 64 KiB (4, 6 and 2 MiB), or of the page size if larger.
 template <class Placement>
 void shadow_workout(WriteTracking mode, std::size_t page_size, Placement placement, std::uint64_t seed) {
   HostBackend devices;
-  add_cards(devices, {{4 * MiB, 8}, {6 * MiB, 8}, {2 * MiB, 8}});
+  const std::size_t unit = std::max(page_size, 64 * KiB);
+  add_cards(devices, {{64 * unit, 8}, {96 * unit, 8}, {32 * unit, 8}});
   PagedMirror mirror(devices, MirrorOptions{.page_size = page_size, .tracking = mode}, std::move(placement));
   std::mt19937_64 rng(seed);
   std::vector<Live> live;
@@ -93,12 +103,17 @@ void shadow_workout(WriteTracking mode, std::size_t page_size, Placement placeme
     const int writes = std::uniform_int_distribution<int>(0, 40)(rng);
     for (int w = 0; w < writes; ++w) {
       Live& a = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
-      const std::size_t at = std::uniform_int_distribution<std::size_t>(0, a.bytes - 1)(rng);
-      const std::size_t n = std::uniform_int_distribution<std::size_t>(1, std::min(a.bytes - at, 2 * page_size))(rng);
-      std::vector<unsigned char> data(n);
-      for (auto& c : data) {
-        c = static_cast<unsigned char>(rng());
+      std::size_t at = std::uniform_int_distribution<std::size_t>(0, a.bytes - 1)(rng);
+      if (a.bytes > page_size && rng() % 4 == 0) { // start just before a page boundary: most cross it
+        const std::size_t boundary =
+            page_size * std::uniform_int_distribution<std::size_t>(1, (a.bytes - 1) / page_size)(rng);
+        at = boundary - std::uniform_int_distribution<std::size_t>(1, 4096)(rng);
       }
+      // Up to two pages, at most 512 KiB: 2 MiB pages are dirtied by small writes too.
+      const std::size_t n =
+          std::uniform_int_distribution<std::size_t>(1, std::min({a.bytes - at, 2 * page_size, 512 * KiB}))(rng);
+      std::vector<unsigned char> data(n);
+      fill_random(data, rng);
       if (automatic && (rng() & 1) != 0) {
         std::memcpy(a.p + at, data.data(), n); // plain stores: the tracker must notice
       } else {
@@ -177,7 +192,7 @@ TEST_CASE("page sizes must be powers of two, whole OS pages, at most 1 GiB") {
 TEST_CASE("random writes against a shadow copy, then sync: every device page equals the shadow") {
   std::uint64_t seed = 1;
   for (const WriteTracking mode : tracking_modes()) {
-    for (const std::size_t page : {4 * KiB, 64 * KiB}) {
+    for (const std::size_t page : {4 * KiB, 64 * KiB, 2 * MiB}) {
       CAPTURE(static_cast<int>(mode));
       CAPTURE(page);
       shadow_workout(mode, page, carve::FillPlacement{}, seed++);

@@ -1,6 +1,7 @@
 // SizeTieredQueue under real threads (also run under ThreadSanitizer): every accepted request
 // popped exactly once under every drain policy and both lane types, per-producer FIFO within a
-// tier, blocking pushes and pops, close() waking every waiter, and pushes racing close().
+// tier, FIFO within a tier across producers (the global push order, recorded under a sequencer),
+// blocking pushes and pops, close() waking every waiter, and pushes racing close().
 #include "queue_helpers.hpp"
 
 #include <carve/carve.hpp>
@@ -161,6 +162,122 @@ TEST_CASE("every accepted request is popped exactly once, under every drain poli
     conservation(q, 3, 2, 4000);
   }
 #endif
+}
+
+namespace {
+
+// FIFO within a tier across producers. Each push happens under a sequencer (a mutex held from
+// before the push starts until it returns), so the pushes of all producers have one known global
+// order, recorded per tier; consumers pop under another sequencer, recording the global pop order.
+// For every tier the pop order must be exactly the push order: not only per producer, but across
+// producers. Small tier capacities make producers block (under the sequencer) while consumers
+// drain, and consumers mix single, timed, non-blocking and bulk pops.
+template <class Queue>
+void global_fifo(Queue& q, int producers, int consumers, std::uint64_t per_producer, std::uint64_t max_size) {
+  const std::size_t tiers = q.thresholds().tier_count();
+  std::mutex push_sequencer, pop_sequencer;
+  std::vector<std::vector<std::uint64_t>> pushed(tiers), popped(tiers);
+  std::barrier start(producers + consumers);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < consumers; ++c) {
+    threads.emplace_back([&, c] {
+      start.arrive_and_wait();
+      std::vector<Request> batch;
+      for (std::uint64_t round = static_cast<std::uint64_t>(c);; ++round) {
+        const std::lock_guard lock(pop_sequencer);
+        if (round % 4 == 3) {
+          batch.clear();
+          const auto n = q.pop_bulk(std::back_inserter(batch), 5, 1ms);
+          if (!n && n.error() == Errc::closed) {
+            return;
+          }
+          for (const Request& r : batch) {
+            popped[q.tier_of(r)].push_back(r.id);
+          }
+          continue;
+        }
+        auto r = round % 4 == 1 ? q.try_pop() : q.pop(1ms);
+        if (r) {
+          popped[q.tier_of(*r)].push_back(r->id);
+        } else if (r.error() == Errc::closed) {
+          return;
+        }
+      }
+    });
+  }
+  std::vector<std::thread> makers;
+  for (int p = 0; p < producers; ++p) {
+    makers.emplace_back([&, p] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(p) + 11);
+      start.arrive_and_wait();
+      for (std::uint64_t i = 0; i < per_producer; ++i) {
+        auto r = Request::make(1 + rng() % max_size, id_of(static_cast<std::uint64_t>(p), i));
+        const std::uint32_t tier = q.tier_of(r);
+        const std::uint64_t id = r.id;
+        const std::lock_guard lock(push_sequencer);
+        const auto ok = i % 3 == 0 ? q.push(std::move(r), 10s) : q.push(std::move(r));
+        CHECK(ok);
+        if (ok) {
+          pushed[tier].push_back(id);
+        }
+        if (i % 16 == 0) {
+          std::this_thread::yield(); // let another producer take the sequencer
+        }
+      }
+    });
+  }
+  for (auto& t : makers) {
+    t.join();
+  }
+  q.close();
+  for (auto& t : threads) {
+    t.join();
+  }
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < tiers; ++t) {
+    CAPTURE(t);
+    total += pushed[t].size();
+    CHECK(popped[t].size() == pushed[t].size());
+    const auto diverged = std::mismatch(pushed[t].begin(), pushed[t].end(), popped[t].begin(), popped[t].end());
+    CHECK(diverged.first == pushed[t].end()); // the first pop out of global push order, if any
+    // The order really interleaves producers: consecutive pushes in a tier from different producers.
+    std::size_t switches = 0;
+    for (std::size_t i = 1; i < pushed[t].size(); ++i) {
+      switches += (pushed[t][i] >> 32) != (pushed[t][i - 1] >> 32) ? 1U : 0U;
+    }
+    if (pushed[t].size() > 100) {
+      CHECK(switches > 0);
+    }
+  }
+  CHECK(total == static_cast<std::size_t>(producers) * per_producer);
+  CHECK(q.empty());
+}
+
+} // namespace
+
+TEST_CASE("within a tier, requests leave in the global push order across producers") {
+  SUBCASE("all requests in one tier") {
+    Queue<carve::RoundRobin> q(thresholds({128, 512}), 8);
+    global_fifo(q, 4, 2, 3000, 128); // sizes 1..128: tier 0 only
+    CHECK(q.stats().tier[0].dequeued == 4 * 3000);
+    CHECK(q.stats().tier[1].dequeued == 0);
+  }
+  SUBCASE("every tier, round-robin") {
+    Queue<carve::RoundRobin> q(thresholds({128, 512}), 8);
+    global_fifo(q, 3, 2, 3000, 1024);
+  }
+  SUBCASE("every tier, strict priority with aging") {
+    Queue<carve::StrictPriority> q(thresholds({128, 512}), 8, carve::StrictPriority::with_aging(100'000));
+    global_fifo(q, 3, 2, 3000, 1024);
+  }
+  SUBCASE("every tier, deficit round-robin") {
+    Queue<carve::DeficitRoundRobin> q(thresholds({128, 512}), 8, carve::DeficitRoundRobin({1024, 1024, 1024}));
+    global_fifo(q, 3, 2, 3000, 1024);
+  }
+  SUBCASE("every tier, priority tag (one shared capacity)") {
+    Queue<carve::PriorityTag> q(thresholds({128, 512}), 12);
+    global_fifo(q, 3, 2, 3000, 1024);
+  }
 }
 
 TEST_CASE("close wakes consumers blocked on an empty queue and producers blocked on a full tier") {

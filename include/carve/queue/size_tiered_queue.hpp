@@ -10,6 +10,12 @@
 //   q->push(std::move(lookup));           // waits while the request's tier is full
 //   auto r = q->pop(std::chrono::milliseconds(5));  // expected<Lookup, Errc>: timed_out, closed
 //
+// Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
+// (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
+// 129..512 to tier 1, 513 and up to tier 2. For a latency target drain with
+// StrictPriority::with_aging(bound); RoundRobin, the default, gives the small tier one turn
+// in k + 1 while every tier is backlogged, so small requests can wait longer than in one FIFO.
+//
 // Template parameters: the request type T (move-only is fine; its move must not throw), a size
 // function (T -> bytes or any unit the thresholds use), the lane policy (a bounded MPMC queue
 // per tier: RingLanes<Scope> by default, MoodycamelLanes, or your own; see lane.hpp), the

@@ -1,11 +1,14 @@
 // carve/queue/tier_thresholds.hpp — size thresholds, and which tier a size belongs to.
 //
-// Thresholds t1 < t2 < ... < tk cut sizes into k + 1 tiers, each threshold the largest size of
-// its tier (as in the scheme this follows: with 128 and 512 vectors, tier 0 holds requests of
-// at most 128 vectors, tier 1 those of 129..512, tier 2 everything larger):
+// Thresholds t1 < t2 < ... < tk cut sizes into k + 1 tiers. Each threshold is an inclusive upper
+// bound, the largest size of its tier: a size s goes to tier_of(s) = the number of thresholds
+// strictly below s. Tier 0 holds sizes 0..t1 (t1 included), tier i holds t_i + 1 .. t_(i+1), the
+// last tier everything above tk. As in the scheme this follows, with 128 and 512 vectors tier 0
+// holds requests of at most 128 vectors (exactly 128 included), tier 1 those of 129..512, tier 2
+// everything from 513 up:
 //
 //   auto t = carve::TierThresholds::create({128, 512});   // cuda::std::expected<TierThresholds, Errc>
-//   t->tier_of(128) == 0, t->tier_of(129) == 1, t->tier_of(513) == 2
+//   t->tier_of(0) == 0, t->tier_of(128) == 0, t->tier_of(129) == 1, t->tier_of(512) == 1, t->tier_of(513) == 2
 //
 // create() refuses (Errc::invalid_thresholds) an empty list, a list that is not strictly
 // increasing (unsorted or repeated values) and more than max_tiers - 1 thresholds; a
