@@ -117,7 +117,7 @@ public:
     if (cards[static_cast<std::size_t>(requester)].largest_free_block >= bytes) {
       return Pick{requester, true, bandwidth(requester, requester), 0};
     }
-    const Shares shares = best_figures(requester, bytes, cards);
+    const Shares shares = best_figures(requester, bytes, cards, history);
     int best = -1;
     Candidate best_candidate;
     PickScore best_score;
@@ -171,7 +171,7 @@ public:
              " cards (the topology has " + std::to_string(cards_) + " GPUs)";
     }
     std::string why;
-    const Shares shares = best_figures(requester, bytes, cards);
+    const Shares shares = best_figures(requester, bytes, cards, history);
     for (int c = 0; c < cards_; ++c) {
       if (c == requester || cards[static_cast<std::size_t>(c)].largest_free_block < bytes) {
         continue;
@@ -202,7 +202,8 @@ public:
   const Strategy& strategy() const noexcept { return strategy_; }
 
 private:
-  // The best figures among the cards that could lend, for the relative shares.
+  // The best figures among the cards that could lend, and the requester's borrows in the
+  // history, for the relative shares.
   struct Shares {
     std::size_t most_free = 0;
     double widest = 0.0;
@@ -219,8 +220,10 @@ private:
   bool valid(int requester, std::span<const CardState> cards) const noexcept {
     return requester >= 0 && requester < cards_ && cards.size() == static_cast<std::size_t>(cards_);
   }
-  Shares best_figures(int requester, std::size_t bytes, std::span<const CardState> cards) const noexcept {
+  Shares best_figures(int requester, std::size_t bytes, std::span<const CardState> cards,
+                      const BorrowHistory* history) const noexcept {
     Shares s;
+    s.borrows = history != nullptr ? static_cast<double>(history->total(requester)) : 0.0;
     for (int c = 0; c < cards_; ++c) {
       if (lendable(requester, c, bytes, cards)) {
         const CardState& card = cards[static_cast<std::size_t>(c)];
@@ -233,7 +236,6 @@ private:
   Candidate candidate(int requester, int c, std::span<const CardState> cards, const BorrowHistory* history,
                       const Shares& shares) const noexcept {
     const CardState& s = cards[static_cast<std::size_t>(c)];
-    const double borrows = history != nullptr ? static_cast<double>(history->total(requester)) : 0.0;
     Candidate cand;
     cand.card = c;
     cand.bandwidth_gbps = bandwidth(requester, c);
@@ -243,7 +245,8 @@ private:
     cand.free_share =
         shares.most_free == 0 ? 1.0 : static_cast<double>(s.free_bytes) / static_cast<double>(shares.most_free);
     cand.bandwidth_share = cand.bandwidth_gbps / shares.widest;
-    cand.borrow_share = borrows == 0.0 ? 0.0 : static_cast<double>(history->count(requester, c)) / borrows;
+    cand.borrow_share =
+        shares.borrows == 0.0 ? 0.0 : static_cast<double>(history->count(requester, c)) / shares.borrows;
     return cand;
   }
 
