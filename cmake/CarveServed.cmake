@@ -17,5 +17,8 @@ function(carve_service_programs)
   if(CARVE_ENABLE_CUDA)
     find_package(CUDAToolkit REQUIRED)
     target_link_libraries(carve-served PRIVATE CUDA::cudart_static)
+    if(TARGET carve::nvml)
+      target_link_libraries(carve-served PRIVATE carve::nvml) # --topology cuda counts NVLinks
+    endif()
   endif()
 endfunction()

@@ -83,6 +83,19 @@ TEST_CASE("errors name the problem and allocate nothing") {
     CHECK(alloc.pool(c).stats().bytes_reserved == 0);
   }
   CHECK(alloc.deallocate(BorrowHandle{9, 0, nullptr, 1}).error() == Errc::out_of_range);
+
+  // Cards with room that the strategy rules out are named in the message, with the reason.
+  BorrowingAllocator strict(dgx1(), distinct_cards(4 * MiB), carve::ThresholdMostFree{100.0, true}, options);
+  const auto local = strict.allocate(3 * MiB, 0);
+  REQUIRE(local);
+  const auto declined = strict.allocate(3 * MiB, 0);
+  REQUIRE_FALSE(declined);
+  CHECK(declined.error().code == Errc::no_space);
+  CHECK(declined.error().message.starts_with("no card can lend 3.0 MiB to GPU0: GPU1 has room but the "
+                                             "threshold-most-free strategy declines it (20 GB/s); GPU2 has room"));
+  CHECK(declined.error().message.ends_with("(largest free block per card: GPU0 1.0 MiB, GPU1 4.0 MiB, GPU2 4.0 MiB, "
+                                           "GPU3 4.0 MiB, GPU4 4.0 MiB, GPU5 4.0 MiB, GPU6 4.0 MiB, GPU7 4.0 MiB)"));
+  CHECK(strict.deallocate(*local));
   CHECK_THROWS_AS(BorrowingAllocator(dgx1(), std::vector<SimulatedCard>(3, SimulatedCard(MiB))), std::invalid_argument);
 }
 

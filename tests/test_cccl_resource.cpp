@@ -12,7 +12,12 @@ using carve::SimulatedCard;
 using Pool = CachingPool<SimulatedCard>;
 
 static_assert(carve::cuda_mr_available);
-#if CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0
+// carve's statement of synchronous_resource, with CCCL's real property types.
+static_assert(carve::SynchronousResourceWith<Pool, cuda::mr::host_accessible>);
+static_assert(!carve::SynchronousResourceWith<Pool, cuda::mr::device_accessible>);
+static_assert(carve::SynchronousResourceWith<SimulatedCard, cuda::mr::host_accessible>);
+#if !defined(CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE)
+static_assert(CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0); // the last CCCL without it
 static_assert(cuda::mr::resource<SimulatedCard>);
 static_assert(cuda::mr::resource<Pool>);
 static_assert(cuda::mr::resource_with<Pool, cuda::mr::host_accessible>);

@@ -142,6 +142,32 @@ TEST_CASE("HGX H200 (NV18, GPU NUMA ID column)") {
   CHECK(bw(Topology::from_nvidia_smi(topology_text("hgx_h200.txt"), {25.0, 24.0, 10.0}), 3, 4) == 450.0);
 }
 
+TEST_CASE("HGX H100 (NV18 through NVSwitches, a shell prompt first, the legend cut short)") {
+  // Hand-checked against the matrix: every GPU pair is NV18 (18 bonded NVLinks), GPU0-3 on NUMA
+  // node 0 (cores 0-47,96-143), GPU4-7 on node 1 (48-95,144-191); no NICs.
+  const Topology t = Topology::from_nvidia_smi(topology_text("hgx_h100.txt"));
+  REQUIRE(t.gpu_count() == 8);
+  CHECK(t.node_count() == 8);
+  CHECK(t.links().size() == 28);
+  for (const carve::Link& l : t.links()) {
+    CHECK(l.type == carve::LinkType::nvlink);
+    CHECK(l.count == 18);
+    CHECK(l.label == "NV18");
+  }
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      if (a != b) {
+        CHECK(bw(t, a, b) == 360.0); // 18 x 20 GB/s, direct
+        CHECK(hops(t, a, b) == 1);
+      }
+    }
+    CHECK(*t.node(t.gpu(a)).numa_node == (a < 4 ? 0 : 1));
+    CHECK(t.node(t.gpu(a)).cpu_affinity == (a < 4 ? "0-47,96-143" : "48-95,144-191"));
+  }
+  // At the NVLink 4 figure, 25 GB/s per link: 450 GB/s, H100 SXM's one-way NVLink bandwidth.
+  CHECK(bw(Topology::from_nvidia_smi(topology_text("hgx_h100.txt"), {25.0, 24.0, 10.0}), 2, 6) == 450.0);
+}
+
 TEST_CASE("8-GPU PCIe box: every pair SYS, NICs without a legend keep their column names") {
   const Topology t = Topology::from_nvidia_smi(topology_text("pcie_8x_rtx4090.txt"));
   REQUIRE(t.gpu_count() == 8);

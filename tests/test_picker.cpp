@@ -136,6 +136,43 @@ TEST_CASE("no candidate: no_space, and a message with every card's largest free 
   CHECK(picker.pick(0, GiB, std::vector<CardState>(7)).error() == Errc::out_of_range);
 }
 
+TEST_CASE("pick_explained: the same decision, and an error that says why") {
+  const BandwidthWeightedPicker picker(dgx1());
+  const auto roomy = cards(8, {{0, 0}});
+  REQUIRE(picker.pick_explained(0, GiB, roomy));
+  CHECK(picker.pick_explained(0, GiB, roomy)->card == picker.pick(0, GiB, roomy)->card);
+  CHECK(picker.pick_explained(0, GiB, roomy)->bandwidth_gbps == 40.0);
+
+  // No card has room: every card's largest free block.
+  const auto full = cards(2, {{0, 1}, {6, 3}});
+  const auto none = picker.pick_explained(0, 4 * GiB, full);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == Errc::no_space);
+  CHECK(none.error().message == carve::no_card_message(4 * GiB, full));
+  CHECK(picker.explain_no_pick(0, 4 * GiB, full) == none.error().message);
+
+  // Cards with room that the strategy declines are named, with the bandwidth that did it.
+  const BandwidthWeightedPicker strict(dgx1(), ThresholdMostFree{30.0, true});
+  const auto slow = cards(2, {{0, 0}, {5, 8}, {6, 8}});
+  const auto declined = strict.pick_explained(0, 4 * GiB, slow);
+  REQUIRE_FALSE(declined);
+  CHECK(declined.error().code == Errc::no_space);
+  CHECK(declined.error().message ==
+        "no card can lend 4.0 GiB to GPU0: GPU5 has room but the threshold-most-free strategy declines it (20 GB/s); "
+        "GPU6 has room but the threshold-most-free strategy declines it (20 GB/s) (largest free block per card: GPU0 "
+        "0 B, GPU1 2.0 GiB, GPU2 2.0 GiB, GPU3 2.0 GiB, GPU4 2.0 GiB, GPU5 8.0 GiB, GPU6 8.0 GiB, GPU7 2.0 GiB)");
+  // Through AnyStrategy the name is that of the strategy it holds.
+  const BandwidthWeightedPicker<carve::AnyStrategy> any(dgx1(), carve::parse_strategy("threshold-most-free:strict"));
+  CHECK(any.pick_explained(0, 4 * GiB, slow).error().message.find("GPU5 has room but the threshold-most-free") !=
+        std::string::npos);
+
+  // Bad arguments.
+  CHECK(picker.pick_explained(8, GiB, roomy).error().code == Errc::out_of_range);
+  CHECK(picker.pick_explained(8, GiB, roomy).error().message == "no card 8 (the topology has GPUs 0..7)");
+  CHECK(picker.pick_explained(0, GiB, std::vector<CardState>(7)).error().message ==
+        "states for 7 cards, the topology has 8 GPUs");
+}
+
 TEST_CASE("an unreachable card is never a candidate") {
   carve::TopologyBuilder b;
   const auto g0 = b.add_gpu("GPU0");
@@ -146,4 +183,7 @@ TEST_CASE("an unreachable card is never a candidate") {
   const std::vector<CardState> state{{0, 0}, {GiB, GiB}, {8 * GiB, 8 * GiB}};
   CHECK(picker.pick(0, GiB, state)->card == 1);
   CHECK(picker.pick(0, 2 * GiB, state).error() == Errc::no_space);
+  CHECK(picker.pick_explained(0, 2 * GiB, state).error().message ==
+        "no card can lend 2.0 GiB to GPU0: GPU2 has room but no path to GPU0 within the topology's max_hops (largest "
+        "free block per card: GPU0 0 B, GPU1 1.0 GiB, GPU2 8.0 GiB)");
 }

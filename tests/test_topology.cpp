@@ -89,6 +89,38 @@ TEST_CASE("CPUs and switches relay PCIe; a GPU does not") {
   CHECK(t.path_bandwidth(cpu, g0) == 16.0);
 }
 
+TEST_CASE("GpuRelay::any_link: the seed's CPU0-GPU3-GPU0 path, which the default rule does not allow") {
+  // GPU0's own PCIe path is narrow (x8, 8 GB/s); GPU3 has a full one and a double NVLink to GPU0.
+  TopologyBuilder b({20.0, 16.0, 10.0});
+  const NodeId cpu0 = b.add_cpu("CPU0");
+  const NodeId g0 = b.add_gpu("GPU0");
+  b.add_gpu("GPU1");
+  b.add_gpu("GPU2");
+  const NodeId g3 = b.add_gpu("GPU3");
+  b.add_link(cpu0, g0, LinkType::pcie, 1, 8.0);
+  b.add_link(cpu0, g3, LinkType::pcie);
+  b.add_link(g3, g0, LinkType::nvlink, 2);
+  const Topology t = b.build();
+  CHECK(t.options().gpu_relay == carve::GpuRelay::nvlink_only);
+  CHECK(t.path_bandwidth(cpu0, g0) == 8.0); // GPU3 does not pass PCIe traffic on to NVLink
+  CHECK(t.hops(cpu0, g0) == 1);
+  const Topology relay = t.with_options({2, carve::GpuRelay::any_link});
+  CHECK(relay.path_bandwidth(cpu0, g0) == 16.0); // CPU0 -> GPU3 (PCIe 16) -> GPU0 (NVLink 40)
+  REQUIRE(relay.path(cpu0, g0).size() == 3);
+  CHECK(relay.path(cpu0, g0)[1] == g3);
+  CHECK(relay.path_bandwidth(g0, cpu0) == 16.0); // and back the same way
+  CHECK(relay.with_max_hops(1).path_bandwidth(cpu0, g0) == 8.0);
+  CHECK(relay.with_max_hops(1).options().gpu_relay == carve::GpuRelay::any_link);
+  // In a description.
+  const Topology d =
+      Topology::from_description("gpu_relay any\ncpu CPU0\ngpu GPU0\ngpu GPU3\n"
+                                 "link CPU0 GPU0 pcie 8\nlink CPU0 GPU3 pcie\nlink GPU3 GPU0 nvlink x2\n");
+  CHECK(d.options().gpu_relay == carve::GpuRelay::any_link);
+  CHECK(d.path_bandwidth(*d.find("CPU0"), d.gpu(0)) == 24.0);
+  CHECK(description_error_line("cpu CPU0\ngpu_relay sometimes\n") == 2);
+  CHECK(description_error_line("gpu_relay\n") == 1);
+}
+
 TEST_CASE("builder mistakes throw and change nothing") {
   TopologyBuilder b;
   const NodeId g0 = b.add_gpu("GPU0");
@@ -165,11 +197,12 @@ struct BruteForce {
   std::vector<double> bw;
   std::vector<int> hops;
   std::vector<bool> on_path;
+  bool gpu_relays_any = false;
 
   bool relays(NodeId at, LinkType in, LinkType out) const {
     switch (t.node(at).kind) {
     case carve::NodeKind::gpu:
-      return in == LinkType::nvlink && out == LinkType::nvlink;
+      return gpu_relays_any || (in == LinkType::nvlink && out == LinkType::nvlink);
     case carve::NodeKind::nic:
       return false;
     default:
@@ -227,10 +260,15 @@ TEST_CASE("all-pairs paths match a brute-force search on random machines") {
       }
     }
     const int max_hops = 1 + static_cast<int>(rng() % 4);
-    const Topology t = b.build({max_hops});
+    const bool any = round % 3 == 2;
+    const Topology t = b.build({max_hops, any ? carve::GpuRelay::any_link : carve::GpuRelay::nvlink_only});
     for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(nodes); ++s) {
-      BruteForce bf{t, max_hops, std::vector<double>(t.node_count(), 0.0), std::vector<int>(t.node_count(), -1),
-                    std::vector<bool>(t.node_count(), false)};
+      BruteForce bf{t,
+                    max_hops,
+                    std::vector<double>(t.node_count(), 0.0),
+                    std::vector<int>(t.node_count(), -1),
+                    std::vector<bool>(t.node_count(), false),
+                    any};
       bf.walk(NodeId{s}, std::nullopt, std::numeric_limits<double>::infinity(), 0);
       for (std::uint32_t d = 0; d < static_cast<std::uint32_t>(nodes); ++d) {
         if (d == s) {
@@ -252,4 +290,168 @@ TEST_CASE("all-pairs paths match a brute-force search on random machines") {
       }
     }
   }
+}
+
+// What discover_topology() does with the answers of the CUDA runtime and NVML, fed by hand.
+namespace {
+
+using carve::count_nvlinks;
+using carve::GpuLinkTable;
+using carve::GpuPairLinks;
+using carve::topology_from_gpu_links;
+constexpr int sw = carve::nvlink_to_switch;
+
+double gbps(const Topology& t, int a, int b) { return t.path_bandwidth(t.gpu(a), t.gpu(b)); }
+
+// The one link between two GPUs (topology_from_gpu_links makes one per pair).
+const carve::Link& link_between(const Topology& t, int a, int b) {
+  for (const carve::Link& l : t.links()) {
+    if ((l.a == t.gpu(a) && l.b == t.gpu(b)) || (l.a == t.gpu(b) && l.b == t.gpu(a))) {
+      return l;
+    }
+  }
+  throw std::logic_error("no link");
+}
+
+// A table where every pair with NVLinks also has peer access and native atomics, and every
+// other pair has no peer access (as across the sockets of a DGX).
+GpuLinkTable table_from_counts(const std::vector<std::vector<int>>& counts) {
+  GpuLinkTable t(static_cast<int>(counts.size()));
+  t.set_nvlinks(counts);
+  for (int a = 0; a < t.gpu_count(); ++a) {
+    for (int b = a + 1; b < t.gpu_count(); ++b) {
+      GpuPairLinks& p = t.pair(a, b);
+      p.peer_access = p.native_atomics = *p.nvlinks > 0;
+    }
+  }
+  return t;
+}
+
+} // namespace
+
+TEST_CASE("NVLink counts: bonded direct links, both ends agreeing, NVSwitch links as the smaller side") {
+  // Two GPUs joined by a bridge of two links.
+  CHECK(count_nvlinks({{1, 1}, {0, 0}}) == std::vector<std::vector<int>>{{0, 2}, {2, 0}});
+  // The ends disagree (one link reported down at one end): only links both ends report count.
+  CHECK(count_nvlinks({{1, 1}, {0}}) == std::vector<std::vector<int>>{{0, 1}, {1, 0}});
+  // DGX A100: every GPU has 12 NVLinks, all into the NVSwitches: NV12 between every pair.
+  std::vector<std::vector<int>> a100(8, std::vector<int>(12, sw));
+  auto counts = count_nvlinks(a100);
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      CHECK(counts[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] == (a == b ? 0 : 12));
+    }
+  }
+  // One of GPU3's links is down: its pairs are NV11, the rest stay NV12.
+  a100[3].pop_back();
+  counts = count_nvlinks(a100);
+  CHECK(counts[3][5] == 11);
+  CHECK(counts[5][3] == 11);
+  CHECK(counts[4][5] == 12);
+  // Direct links and switch links add: one direct, two and three into switches.
+  CHECK(count_nvlinks({{1, sw, sw}, {0, sw, sw, sw}})[0][1] == 3);
+  // A GPU with no NVLinks (NVML could not name it) has none with anyone.
+  CHECK(count_nvlinks({{sw, sw}, {}})[0][1] == 0);
+  CHECK_THROWS_AS(count_nvlinks({{2}, {0}}), std::invalid_argument); // no GPU 2
+  CHECK_THROWS_AS(count_nvlinks({{0}, {0}}), std::invalid_argument); // GPU0 to itself
+  CHECK_THROWS_AS(count_nvlinks({{-2}, {}}), std::invalid_argument);
+}
+
+TEST_CASE("GPU links -> Topology: DGX-1 V100 NVLink counts give the same paths as its nvidia-smi matrix") {
+  // Each GPU's NVLinks and the GPU at their far end, as NVML lists them (NV2 = two entries).
+  const std::vector<std::vector<int>> far_ends{
+      {1, 2, 3, 3, 4, 4}, {0, 2, 2, 3, 5, 5}, {0, 1, 1, 3, 3, 6}, {0, 0, 1, 2, 2, 7},
+      {0, 0, 5, 6, 7, 7}, {1, 1, 4, 6, 6, 7}, {2, 4, 5, 5, 7, 7}, {3, 4, 4, 5, 6, 6},
+  };
+  const Topology from_links = topology_from_gpu_links(table_from_counts(count_nvlinks(far_ends)));
+  const Topology& smi = carve::test::dgx1();
+  REQUIRE(from_links.gpu_count() == 8);
+  CHECK(from_links.node_count() == 8);
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      CAPTURE(a);
+      CAPTURE(b);
+      CHECK(gbps(from_links, a, b) == gbps(smi, a, b));
+      CHECK(from_links.hops(from_links.gpu(a), from_links.gpu(b)) == smi.hops(smi.gpu(a), smi.gpu(b)));
+    }
+  }
+  CHECK(gbps(from_links, 0, 3) == 40.0); // NV2
+  CHECK(gbps(from_links, 0, 7) == 40.0); // NV2 + NV2 through GPU4
+  CHECK(gbps(from_links, 0, 5) == 20.0);
+  CHECK(link_between(from_links, 0, 3).label == "NV2 rank 0");
+  CHECK(link_between(from_links, 0, 3).count == 2);
+  CHECK(link_between(from_links, 0, 5).type == LinkType::system);
+  CHECK(link_between(from_links, 0, 5).label == "no peer access");
+
+  // Without NVML the runtime only says "peer access with native atomics": every NVLink pair
+  // becomes one link, so NV2 pairs are undercounted (what counting with NVML fixes).
+  GpuLinkTable runtime_only = table_from_counts(count_nvlinks(far_ends));
+  for (int a = 0; a < 8; ++a) {
+    for (int b = a + 1; b < 8; ++b) {
+      runtime_only.pair(a, b).nvlinks.reset();
+    }
+  }
+  const Topology undercounted = topology_from_gpu_links(runtime_only);
+  CHECK(gbps(undercounted, 0, 3) == 20.0);
+  CHECK(link_between(undercounted, 0, 3).label == "NV1 rank 0");
+  CHECK(gbps(undercounted, 0, 5) == 20.0);
+}
+
+TEST_CASE("GPU links -> Topology: NV12 and NV18 through NVSwitches match the DGX A100 and HGX H100 matrices") {
+  const auto all_switch = [](std::size_t links) {
+    return std::vector<std::vector<int>>(8, std::vector<int>(links, sw));
+  };
+  const Topology a100 = topology_from_gpu_links(table_from_counts(count_nvlinks(all_switch(12))));
+  const Topology a100_smi = Topology::from_nvidia_smi(carve::test::topology_text("dgx_a100.txt"));
+  const Topology h100 = topology_from_gpu_links(table_from_counts(count_nvlinks(all_switch(18))), {25.0, 24.0, 10.0});
+  const Topology h100_smi = Topology::from_nvidia_smi(carve::test::topology_text("hgx_h100.txt"), {25.0, 24.0, 10.0});
+  for (int a = 0; a < 8; ++a) {
+    for (int b = 0; b < 8; ++b) {
+      if (a != b) {
+        CHECK(gbps(a100, a, b) == 240.0);
+        CHECK(gbps(a100, a, b) == gbps(a100_smi, a, b));
+        CHECK(gbps(h100, a, b) == 450.0); // 18 links x 25 GB/s (NVLink 4)
+        CHECK(gbps(h100, a, b) == gbps(h100_smi, a, b));
+        CHECK(h100.hops(h100.gpu(a), h100.gpu(b)) == 1);
+      }
+    }
+  }
+  CHECK(link_between(a100, 2, 6).label == "NV12 rank 0");
+  CHECK(link_between(h100, 7, 0).label == "NV18 rank 0");
+}
+
+TEST_CASE("GPU links -> Topology: NVLink-bridged pairs mixed with PCIe peers and no peer access") {
+  // Four PCIe cards in two NVLink-bridged pairs (0-1, 2-3, NV2 each); 0-2 and 1-3 share a PCIe
+  // switch (peer access, rank 1); 0-3 and 1-2 sit on different sockets (no peer access).
+  GpuLinkTable t(4);
+  t.pair(0, 1) = GpuPairLinks{true, true, 0, 2};
+  t.pair(2, 3) = GpuPairLinks{true, true, 0, 2};
+  t.pair(0, 2) = GpuPairLinks{true, false, 1, 0};
+  t.pair(1, 3) = GpuPairLinks{true, false, 1, 0};
+  t.pair(0, 3) = GpuPairLinks{false, false, 0, 0};
+  t.pair(1, 2) = GpuPairLinks{false, false, 0, 0};
+  CHECK(&t.pair(3, 0) == &t.pair(0, 3));
+  const Topology topo = topology_from_gpu_links(t); // 20 per NVLink, 24 per PCIe path, 10 across sockets
+  CHECK(link_between(topo, 0, 1).label == "NV2 rank 0");
+  CHECK(link_between(topo, 0, 2).type == LinkType::pcie);
+  CHECK(link_between(topo, 0, 2).label == "PCIe peer rank 1");
+  CHECK(link_between(topo, 0, 3).type == LinkType::system);
+  CHECK(gbps(topo, 0, 1) == 40.0);
+  CHECK(gbps(topo, 0, 2) == 24.0);
+  // 0-3: directly across the sockets (10); 0 -> 2 -> 3 would be 24, but GPU2 does not pass
+  // PCIe traffic on to NVLink, unless GPUs may relay any link.
+  CHECK(gbps(topo, 0, 3) == 10.0);
+  CHECK(topo.hops(topo.gpu(0), topo.gpu(3)) == 1);
+  const Topology relay = topology_from_gpu_links(t, {}, {2, carve::GpuRelay::any_link});
+  CHECK(gbps(relay, 0, 3) == 24.0);
+  CHECK(relay.hops(relay.gpu(0), relay.gpu(3)) == 2);
+
+  // Mistakes.
+  CHECK_THROWS_AS(GpuLinkTable(0), std::invalid_argument);
+  CHECK_THROWS_AS((void)t.pair(1, 1), std::out_of_range);
+  CHECK_THROWS_AS((void)t.pair(0, 4), std::out_of_range);
+  CHECK_THROWS_AS(t.set_nvlinks({{0, 1}, {1, 0}}), std::invalid_argument);
+  CHECK_THROWS_AS(t.set_nvlinks({{0}, {0}, {0}, {0}}), std::invalid_argument);
+  t.pair(1, 2).nvlinks = -1;
+  CHECK_THROWS_AS((void)topology_from_gpu_links(t), std::invalid_argument);
 }

@@ -58,6 +58,7 @@
 // Machine topology (host-only).
 #include <carve/topology/cuda_discovery.hpp>
 #include <carve/topology/description.hpp>
+#include <carve/topology/gpu_links.hpp>
 #include <carve/topology/graph.hpp>
 #include <carve/topology/nvidia_smi.hpp>
 #include <carve/topology/parse_error.hpp>

@@ -12,8 +12,16 @@
 // Cards are GPU ordinals 0..topology.gpu_count()-1. Path bandwidths between them are copied out
 // of the topology when the picker is built, so a pick reads one row of a small table and does
 // not allocate; 16 cards take well under a microsecond (benchmarks/picker.cpp).
-// Errors (as values): out_of_range for an unknown requester or a card list of the wrong length;
-// no_space when no card can hold the request (no_card_message() says what each card has).
+//
+// Two forms, the same decision:
+//   pick(...)            -> expected<Pick, Errc>       noexcept, never allocates: for hot paths.
+//   pick_explained(...)  -> expected<Pick, PickError>  the error carries a sentence for people:
+//     "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)",
+//     or, when cards had room but were ruled out, which ones and why (no path within
+//     max_hops, or the strategy declined them, e.g. ThresholdMostFree{.strict = true}).
+// Errors: out_of_range for an unknown requester or a card list of the wrong length; no_space
+// when no card can lend (explain_no_pick() gives pick_explained()'s sentence for a pick() that
+// failed, no_card_message() the first part alone).
 #pragma once
 
 #include <carve/borrow/borrow_history.hpp>
@@ -45,6 +53,42 @@ struct Pick {
   int hops = 0;
 };
 
+// A failed pick, explained: what pick_explained() returns instead of a bare Errc.
+struct PickError {
+  Errc code = Errc::no_space;
+  std::string message;
+};
+
+namespace detail {
+// "3.0 GiB", "512 B".
+inline std::string human_bytes(std::size_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return std::string(buf);
+}
+
+// "(largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
+inline std::string free_blocks_list(std::span<const CardState> cards) {
+  std::string m = "(largest free block per card:";
+  for (std::size_t c = 0; c < cards.size(); ++c) {
+    m += (c == 0 ? " GPU" : ", GPU") + std::to_string(c) + " " + human_bytes(cards[c].largest_free_block);
+  }
+  return m + ")";
+}
+} // namespace detail
+
+// "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
+inline std::string no_card_message(std::size_t bytes, std::span<const CardState> cards) {
+  return "no card can hold " + detail::human_bytes(bytes) + " " + detail::free_blocks_list(cards);
+}
+
 template <PickStrategy Strategy = LargestBandwidth>
 class BandwidthWeightedPicker {
 public:
@@ -67,23 +111,13 @@ public:
   // `cards[c]` is card c's state; `history` (optional) feeds Candidate::borrow_share.
   cuda::std::expected<Pick, Errc> pick(int requester, std::size_t bytes, std::span<const CardState> cards,
                                        const BorrowHistory* history = nullptr) const noexcept {
-    if (requester < 0 || requester >= cards_ || cards.size() != static_cast<std::size_t>(cards_)) {
+    if (!valid(requester, cards)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     if (cards[static_cast<std::size_t>(requester)].largest_free_block >= bytes) {
       return Pick{requester, true, bandwidth(requester, requester), 0};
     }
-    // First pass: the best figures among the cards that could lend, for the relative shares.
-    std::size_t most_free = 0;
-    double widest = 0.0;
-    for (int c = 0; c < cards_; ++c) {
-      if (lendable(requester, c, bytes, cards)) {
-        const CardState& s = cards[static_cast<std::size_t>(c)];
-        most_free = s.free_bytes > most_free ? s.free_bytes : most_free;
-        widest = bandwidth(requester, c) > widest ? bandwidth(requester, c) : widest;
-      }
-    }
-    const double borrows = history != nullptr ? static_cast<double>(history->total(requester)) : 0.0;
+    const Shares shares = best_figures(requester, bytes, cards, history);
     int best = -1;
     Candidate best_candidate;
     PickScore best_score;
@@ -91,16 +125,7 @@ public:
       if (!lendable(requester, c, bytes, cards)) {
         continue;
       }
-      const CardState& s = cards[static_cast<std::size_t>(c)];
-      Candidate cand;
-      cand.card = c;
-      cand.bandwidth_gbps = bandwidth(requester, c);
-      cand.hops = hops(requester, c);
-      cand.free_bytes = s.free_bytes;
-      cand.largest_free_block = s.largest_free_block;
-      cand.free_share = most_free == 0 ? 1.0 : static_cast<double>(s.free_bytes) / static_cast<double>(most_free);
-      cand.bandwidth_share = cand.bandwidth_gbps / widest;
-      cand.borrow_share = borrows == 0.0 ? 0.0 : static_cast<double>(history->count(requester, c)) / borrows;
+      const Candidate cand = candidate(requester, c, cards, history, shares);
       if (!strategy_.eligible(cand)) {
         continue;
       }
@@ -117,6 +142,59 @@ public:
     return Pick{best, false, best_candidate.bandwidth_gbps, best_candidate.hops};
   }
 
+  // The same decision as pick(), with an error that explains itself (see the top of this
+  // header). Allocates only to build the message of an error.
+  cuda::std::expected<Pick, PickError> pick_explained(int requester, std::size_t bytes,
+                                                      std::span<const CardState> cards,
+                                                      const BorrowHistory* history = nullptr) const {
+    if (const auto p = pick(requester, bytes, cards, history)) {
+      return *p;
+    } else if (p.error() == Errc::out_of_range) {
+      if (!valid(requester, cards) && cards.size() != static_cast<std::size_t>(cards_)) {
+        return cuda::std::unexpected(PickError{Errc::out_of_range, "states for " + std::to_string(cards.size()) +
+                                                                       " cards, the topology has " +
+                                                                       std::to_string(cards_) + " GPUs"});
+      }
+      return cuda::std::unexpected(PickError{Errc::out_of_range, "no card " + std::to_string(requester) +
+                                                                     " (the topology has GPUs 0.." +
+                                                                     std::to_string(cards_ - 1) + ")"});
+    }
+    return cuda::std::unexpected(PickError{Errc::no_space, explain_no_pick(requester, bytes, cards, history)});
+  }
+
+  // Why pick() found no card for (requester, bytes): no_card_message() when no other card has
+  // a free block that large; otherwise which cards had room and why each was ruled out.
+  std::string explain_no_pick(int requester, std::size_t bytes, std::span<const CardState> cards,
+                              const BorrowHistory* history = nullptr) const {
+    if (!valid(requester, cards)) {
+      return "no card " + std::to_string(requester) + " with states for " + std::to_string(cards.size()) +
+             " cards (the topology has " + std::to_string(cards_) + " GPUs)";
+    }
+    std::string why;
+    const Shares shares = best_figures(requester, bytes, cards, history);
+    for (int c = 0; c < cards_; ++c) {
+      if (c == requester || cards[static_cast<std::size_t>(c)].largest_free_block < bytes) {
+        continue;
+      }
+      why += why.empty() ? ": " : "; ";
+      if (!lendable(requester, c, bytes, cards)) {
+        why += "GPU" + std::to_string(c) + " has room but no path to GPU" + std::to_string(requester) +
+               " within the topology's max_hops";
+        continue;
+      }
+      const Candidate cand = candidate(requester, c, cards, history, shares);
+      char gbps[32];
+      std::snprintf(gbps, sizeof gbps, "%.0f GB/s", cand.bandwidth_gbps);
+      why +=
+          "GPU" + std::to_string(c) + " has room but the " + strategy_label() + " strategy declines it (" + gbps + ")";
+    }
+    if (why.empty()) {
+      return no_card_message(bytes, cards);
+    }
+    return "no card can lend " + detail::human_bytes(bytes) + " to GPU" + std::to_string(requester) + why + " " +
+           detail::free_blocks_list(cards);
+  }
+
   int card_count() const noexcept { return cards_; }
   // GB/s between two cards as the picker sees them (from the topology).
   double bandwidth(int from, int to) const noexcept { return bandwidth_[index(from, to)]; }
@@ -124,6 +202,54 @@ public:
   const Strategy& strategy() const noexcept { return strategy_; }
 
 private:
+  // The best figures among the cards that could lend, and the requester's borrows in the
+  // history, for the relative shares.
+  struct Shares {
+    std::size_t most_free = 0;
+    double widest = 0.0;
+    double borrows = 0.0;
+  };
+
+  const char* strategy_label() const noexcept {
+    if constexpr (requires { strategy_.name(); }) {
+      return strategy_.name(); // AnyStrategy: the strategy it holds
+    } else {
+      return strategy_name<Strategy>();
+    }
+  }
+  bool valid(int requester, std::span<const CardState> cards) const noexcept {
+    return requester >= 0 && requester < cards_ && cards.size() == static_cast<std::size_t>(cards_);
+  }
+  Shares best_figures(int requester, std::size_t bytes, std::span<const CardState> cards,
+                      const BorrowHistory* history) const noexcept {
+    Shares s;
+    s.borrows = history != nullptr ? static_cast<double>(history->total(requester)) : 0.0;
+    for (int c = 0; c < cards_; ++c) {
+      if (lendable(requester, c, bytes, cards)) {
+        const CardState& card = cards[static_cast<std::size_t>(c)];
+        s.most_free = card.free_bytes > s.most_free ? card.free_bytes : s.most_free;
+        s.widest = bandwidth(requester, c) > s.widest ? bandwidth(requester, c) : s.widest;
+      }
+    }
+    return s;
+  }
+  Candidate candidate(int requester, int c, std::span<const CardState> cards, const BorrowHistory* history,
+                      const Shares& shares) const noexcept {
+    const CardState& s = cards[static_cast<std::size_t>(c)];
+    Candidate cand;
+    cand.card = c;
+    cand.bandwidth_gbps = bandwidth(requester, c);
+    cand.hops = hops(requester, c);
+    cand.free_bytes = s.free_bytes;
+    cand.largest_free_block = s.largest_free_block;
+    cand.free_share =
+        shares.most_free == 0 ? 1.0 : static_cast<double>(s.free_bytes) / static_cast<double>(shares.most_free);
+    cand.bandwidth_share = cand.bandwidth_gbps / shares.widest;
+    cand.borrow_share =
+        shares.borrows == 0.0 ? 0.0 : static_cast<double>(history->count(requester, c)) / shares.borrows;
+    return cand;
+  }
+
   std::size_t index(int from, int to) const noexcept {
     return static_cast<std::size_t>(from) * static_cast<std::size_t>(cards_) + static_cast<std::size_t>(to);
   }
@@ -151,26 +277,5 @@ private:
   std::vector<double> bandwidth_;
   std::vector<int> hops_;
 };
-
-// "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
-inline std::string no_card_message(std::size_t bytes, std::span<const CardState> cards) {
-  const auto human = [](std::size_t b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = static_cast<double>(b);
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-      v /= 1024.0;
-      ++u;
-    }
-    char buf[32];
-    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-    return std::string(buf);
-  };
-  std::string m = "no card can hold " + human(bytes) + " (largest free block per card:";
-  for (std::size_t c = 0; c < cards.size(); ++c) {
-    m += (c == 0 ? " GPU" : ", GPU") + std::to_string(c) + " " + human(cards[c].largest_free_block);
-  }
-  return m + ")";
-}
 
 } // namespace carve

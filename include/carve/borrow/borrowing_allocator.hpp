@@ -81,8 +81,9 @@ public:
   }
 
   // Errors (nothing is allocated): invalid_size for 0 bytes or a size too large to round;
-  // out_of_range for an unknown requesting card; no_space when no card can hold the request,
-  // with a message giving each card's largest free block.
+  // out_of_range for an unknown requesting card; no_space when no card can lend the request,
+  // with the picker's explanation as the message (BandwidthWeightedPicker::explain_no_pick:
+  // each card's largest free block, and why cards with room were ruled out).
   cuda::std::expected<BorrowHandle, BorrowError> allocate(std::size_t bytes, int requesting_card) {
     const std::size_t g = options_.granularity;
     if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - g) {
@@ -120,7 +121,8 @@ public:
       }
       return BorrowHandle{pick->card, requesting_card, *block, bytes};
     }
-    return cuda::std::unexpected(BorrowError{Errc::no_space, no_card_message(bytes, card_states())});
+    return cuda::std::unexpected(
+        BorrowError{Errc::no_space, picker_.explain_no_pick(requesting_card, rounded, card_states(), &history_)});
   }
 
   // Errors (nothing changes): out_of_range for a handle naming no card; not_allocated or

@@ -13,18 +13,24 @@
 // Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 //
 // Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
-// segments, least recently used first: on every deallocation while the cache is over
-// PoolOptions::idle_threshold, and on demand with trim(). stats() reports what is held, used,
-// cached and how fragmented the cache is.
+// segments (segments none of whose bytes is handed out), least recently freed first: on every
+// deallocation while the cache is over PoolOptions::idle_threshold, and on demand with trim().
+// Releasing whole segments means the cache does not land exactly on the threshold: the last
+// segment released may take the cache below it, and free blocks in segments that still hold a
+// live block stay cached above it. stats() reports what is held, used, cached and how
+// fragmented the cache is.
 //
-// The pool is thread-safe (one mutex). It satisfies CCCL's memory-resource concept (resource in
-// CCCL 3.0, synchronous_resource later; see carve/mr/cuda_mr.hpp) and forwards its upstream's
-// properties (host_accessible for SimulatedCard, device_accessible for CudaDeviceResource).
+// The pool is thread-safe (one mutex). It satisfies carve::SynchronousResource (what CCCL's
+// cuda::mr::synchronous_resource requires, checked on every build) and CCCL's own concept where
+// <cuda/memory_resource> is available (resource in CCCL 3.0, synchronous_resource from 3.1; see
+// carve/mr/cuda_mr.hpp), and forwards its upstream's properties (host_accessible for
+// SimulatedCard, device_accessible for CudaDeviceResource).
 #pragma once
 
 #include <carve/core/errc.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/pool_stats.hpp>
+#include <carve/mr/simulated_card.hpp>
 #include <carve/mr/upstream.hpp>
 
 #include <cuda/std/expected>
@@ -149,8 +155,12 @@ public:
     deallocate(p, bytes, alignment);
   }
 
-  // Returns whole free segments to the upstream, least recently used first, until at most
-  // `keep_cached` bytes stay cached (or no whole free segment is left). Returns bytes released.
+  // Returns whole free segments (no byte of them handed out) to the upstream, least recently
+  // freed first, one at a time while more than `keep_cached` bytes are cached; stops when the
+  // cache is at or below `keep_cached` or no whole free segment is left. So it releases whole
+  // segments only, never part of one: the cache can end below `keep_cached` (by less than the
+  // last segment released) or above it (by free blocks in segments still partly in use).
+  // Returns the bytes released (the sizes of the segments returned).
   std::size_t trim(std::size_t keep_cached = 0) {
     const std::lock_guard lock(mutex_);
     return release_free_segments(keep_cached);
@@ -412,5 +422,12 @@ private:
   std::uint64_t tick_ = 0;
   PoolStats counters_; // the event counters and peaks; sizes are filled in by stats()
 };
+
+static_assert(SynchronousResource<CachingPool<SimulatedCard>>);
+static_assert(detail::cccl_accepts<CachingPool<SimulatedCard>>());
+#if defined(CARVE_HAS_CUDA_MR)
+static_assert(SynchronousResourceWith<CachingPool<SimulatedCard>, cuda::mr::host_accessible>);
+static_assert(!SynchronousResourceWith<CachingPool<SimulatedCard>, cuda::mr::device_accessible>);
+#endif
 
 } // namespace carve

@@ -108,6 +108,11 @@ private:
 };
 
 static_assert(ExportableResource<CudaDeviceResource>);
+static_assert(SynchronousResource<CudaDeviceResource>);
+static_assert(detail::cccl_accepts<CudaDeviceResource>());
+#if defined(CARVE_HAS_CUDA_MR)
+static_assert(SynchronousResourceWith<CudaDeviceResource, cuda::mr::device_accessible>);
+#endif
 
 } // namespace carve
 #endif

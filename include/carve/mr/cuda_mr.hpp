@@ -1,24 +1,38 @@
-// carve/mr/cuda_mr.hpp — whether CCCL's memory-resource concepts (<cuda/memory_resource>) are
-// available, so that carve's resources can declare their properties for them.
+// carve/mr/cuda_mr.hpp — carve's memory-resource concept, and whether CCCL's memory-resource
+// concepts (<cuda/memory_resource>) are available, so that carve's resources can declare their
+// properties for them.
 //
 // CCCL 3.0 ships cuda::mr::resource, resource_with, resource_ref and the host_accessible /
 // device_accessible properties, but only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is
-// defined before the first CCCL include; newer CCCL renames the synchronous concept to
-// cuda::mr::synchronous_resource. <cuda/memory_resource> also needs the CUDA runtime headers
+// defined before the first CCCL include; CCCL 3.1 and later call the synchronous concept
+// cuda::mr::synchronous_resource (allocate_sync / deallocate_sync) and give the name `resource`
+// to stream-ordered resources. <cuda/memory_resource> also needs the CUDA runtime headers
 // (cuda::stream_ref names cudaStream_t), so a plain host build without the toolkit's include
 // directory gets none of this. carve declares properties when that macro is defined, or when
-// CARVE_ENABLE_CUDA_MR is (for a CCCL whose memory resources need no opt-in). Either way
-// carve's resources offer allocate/deallocate(bytes, alignment) and the newer
-// allocate_sync/deallocate_sync spelling, so they satisfy whichever concept the CCCL in use has.
+// CARVE_ENABLE_CUDA_MR is (for a CCCL whose memory resources need no opt-in).
+//
+// So that the synchronous interface is checked on every build, whatever CCCL is installed,
+// carve states it itself: carve::SynchronousResource<R> requires what CCCL 3.1's
+// cuda::mr::synchronous_resource requires (allocate_sync(bytes, alignment) -> void*,
+// deallocate_sync(p, bytes, alignment) -> void, == and !=), and
+// carve::SynchronousResourceWith<R, Properties...> adds CCCL's has_property test for each
+// property (a get_property(const R&, Property) found by argument-dependent lookup). Every carve
+// resource static_asserts it. Where CCCL has synchronous_resource
+// (CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE), the resources are checked against CCCL's own concept
+// as well; with CCCL 3.0, against cuda::mr::resource (allocate / deallocate).
 #pragma once
 
 #if defined(LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE) || defined(CARVE_ENABLE_CUDA_MR)
 #if __has_include(<cuda/memory_resource>) && __has_include(<cuda_runtime_api.h>)
 #include <cuda/memory_resource>
 #define CARVE_HAS_CUDA_MR 1
+#if CCCL_MAJOR_VERSION > 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION >= 1)
+#define CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE 1
+#endif
 #endif
 #endif
 
+#include <concepts>
 #include <cstddef>
 #include <new>
 
@@ -56,6 +70,37 @@ template <class R, class P>
 concept declares_property = requires(const R& r, P p) {
   get_property(r, p);
 };
+} // namespace detail
+
+// What CCCL 3.1's cuda::mr::synchronous_resource requires, stated without CCCL so that every
+// build checks it. Semantic requirements (as CCCL's): allocate_sync returns memory of at least
+// `bytes` aligned to `alignment` or throws (std::bad_alloc when out of memory);
+// deallocate_sync takes back exactly what allocate_sync gave, with the same size and
+// alignment; two resources compare equal when one can free what the other allocated.
+template <class R>
+concept SynchronousResource = std::equality_comparable<R> &&
+    requires(R& r, void* p, std::size_t bytes, std::size_t alignment) {
+  { r.allocate_sync(bytes, alignment) } -> std::same_as<void*>;
+  { r.deallocate_sync(p, bytes, alignment) } -> std::same_as<void>;
+};
+
+// A SynchronousResource that declares every one of `Properties` (cuda::mr::synchronous_resource_with).
+template <class R, class... Properties>
+concept SynchronousResourceWith = SynchronousResource<R> &&(detail::declares_property<R, Properties>&&...);
+
+namespace detail {
+// CCCL's own concept for `R` where the CCCL in use has one: synchronous_resource from 3.1,
+// resource in 3.0 (with the opt-in macro); true where <cuda/memory_resource> is not available.
+template <class R>
+constexpr bool cccl_accepts() noexcept {
+#if defined(CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE)
+  return cuda::mr::synchronous_resource<R>;
+#elif defined(CARVE_HAS_CUDA_MR)
+  return cuda::mr::resource<R>;
+#else
+  return true;
+#endif
+}
 } // namespace detail
 
 } // namespace carve

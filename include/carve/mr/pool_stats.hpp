@@ -15,8 +15,10 @@ struct PoolOptions {
   // Requests smaller than this share segments of this size from the upstream (fewer upstream
   // calls, which cost ~100 us each on a GPU); larger ones get a segment of their own size.
   std::size_t segment_size = std::size_t{2} << 20;
-  // Cached bytes kept for reuse. When a deallocation pushes the cache past it, whole free
-  // segments go back to the upstream, least recently used first, until it is back under.
+  // Cached bytes kept for reuse. When a deallocation leaves the cache above it, whole free
+  // segments go back to the upstream, least recently freed first, until the cache is at or
+  // below it or no whole free segment is left (free blocks in a segment that still holds a live
+  // block cannot go back, so the cache may stay above it).
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
 };
 

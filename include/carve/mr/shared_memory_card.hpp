@@ -133,5 +133,10 @@ private:
 };
 
 static_assert(ExportableResource<SharedMemoryCard>);
+static_assert(SynchronousResource<SharedMemoryCard>);
+static_assert(detail::cccl_accepts<SharedMemoryCard>());
+#if defined(CARVE_HAS_CUDA_MR)
+static_assert(SynchronousResourceWith<SharedMemoryCard, cuda::mr::host_accessible>);
+#endif
 
 } // namespace carve

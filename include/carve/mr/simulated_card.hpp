@@ -58,5 +58,10 @@ private:
 };
 
 static_assert(UpstreamResource<SimulatedCard>);
+static_assert(SynchronousResource<SimulatedCard>);
+static_assert(detail::cccl_accepts<SimulatedCard>());
+#if defined(CARVE_HAS_CUDA_MR)
+static_assert(SynchronousResourceWith<SimulatedCard, cuda::mr::host_accessible>);
+#endif
 
 } // namespace carve

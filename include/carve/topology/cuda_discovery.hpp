@@ -6,24 +6,29 @@
 // Needs the CUDA runtime: declared only where <cuda_runtime_api.h> is on the include path
 // (nvcc, or a target linked to CUDA::cudart), so <carve/carve.hpp> still compiles without it.
 //
-// What each GPU pair becomes:
-// - with NVML (define CARVE_WITH_NVML and link NVML, e.g. CUDA::nvml): one nvlink link per
-//   active NVLink between the two; links into NVSwitches count for every pair of GPUs behind
-//   them, as min(links of one GPU, links of the other), which is what nvidia-smi reports (NV12
-//   on a DGX A100);
-// - otherwise, from the CUDA runtime alone: peer access with native atomics (the mark of an
-//   NVLink connection) becomes one nvlink link, since the runtime does not count links; peer
-//   access without atomics a pcie link; no peer access a system link.
-// Each link's label keeps the runtime's P2P performance rank ("NV2 rank 0"). Throws
-// std::runtime_error when there is no CUDA device or a query fails.
+// This header only asks: the runtime for peer access, native atomics and the P2P performance
+// rank of every pair, NVML (when enabled) for the far end of every active NVLink. Turning those
+// answers into links is plain host code, tested without a GPU: count_nvlinks() and
+// topology_from_gpu_links() in carve/topology/gpu_links.hpp, which also says what each pair
+// becomes.
+//
+// NVML: define CARVE_WITH_NVML and link NVML (the carve::nvml CMake target does both when the
+// toolkit has nvml.h and CUDA::nvml; see the README). Without it the runtime cannot count
+// NVLinks, so bonded links (NV2, NV12, NV18) are undercounted as one link each. Defining
+// CARVE_WITH_NVML where <nvml.h> is not on the include path is an error, not a silent fallback.
+// Throws std::runtime_error when there is no CUDA device or a query fails.
 #pragma once
 
 #if __has_include(<cuda_runtime_api.h>)
+#include <carve/topology/gpu_links.hpp>
 #include <carve/topology/topology.hpp>
 
 #include <cuda_runtime_api.h>
 
-#if defined(CARVE_WITH_NVML) && __has_include(<nvml.h>)
+#if defined(CARVE_WITH_NVML)
+#if !__has_include(<nvml.h>)
+#error "CARVE_WITH_NVML is defined but <nvml.h> is not on the include path (link the carve::nvml or CUDA::nvml target)"
+#endif
 #include <nvml.h>
 #endif
 
@@ -34,6 +39,14 @@
 #include <vector>
 
 namespace carve {
+
+// Whether discover_topology() counts NVLinks with NVML (true when built with CARVE_WITH_NVML).
+#if defined(CARVE_WITH_NVML)
+inline constexpr bool nvml_link_counts = true;
+#else
+inline constexpr bool nvml_link_counts = false;
+#endif
+
 namespace detail {
 
 inline void cuda_check(cudaError_t e, const char* what) {
@@ -43,6 +56,7 @@ inline void cuda_check(cudaError_t e, const char* what) {
   }
 }
 
+#if defined(CARVE_WITH_NVML)
 // A PCI address as numbers, so that CUDA's "0000:07:00.0" and NVML's "00000000:07:00.0" compare.
 using PciAddress = std::array<unsigned, 4>;
 
@@ -54,21 +68,19 @@ inline PciAddress pci_address(const char* bus_id) {
   return a;
 }
 
-#if defined(CARVE_WITH_NVML) && __has_include(<nvml.h>)
-// links[i][j]: active NVLinks from GPU i to GPU j, direct or (min of the two) through NVSwitches.
-inline std::vector<std::vector<int>> nvml_link_counts(const std::vector<PciAddress>& gpus) {
+// For each GPU, the far end of each active NVLink: a GPU ordinal, or nvlink_to_switch.
+inline std::vector<std::vector<int>> nvml_far_ends(const std::vector<PciAddress>& gpus) {
   const std::size_t n = gpus.size();
-  std::vector<std::vector<int>> links(n, std::vector<int>(n, 0));
+  std::vector<std::vector<int>> far_ends(n);
   if (nvmlInit() != NVML_SUCCESS) {
     throw std::runtime_error("carve::discover_topology: nvmlInit failed");
   }
-  std::vector<int> to_switches(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     char bus_id[32];
     std::snprintf(bus_id, sizeof bus_id, "%08x:%02x:%02x.%x", gpus[i][0], gpus[i][1], gpus[i][2], gpus[i][3]);
     nvmlDevice_t device;
     if (nvmlDeviceGetHandleByPciBusId(bus_id, &device) != NVML_SUCCESS) {
-      continue;
+      continue; // its links count as none
     }
     for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
       nvmlEnableState_t active;
@@ -78,25 +90,17 @@ inline std::vector<std::vector<int>> nvml_link_counts(const std::vector<PciAddre
         continue;
       }
       const PciAddress peer = pci_address(remote.busId);
-      bool gpu = false;
+      int end = nvlink_to_switch;
       for (std::size_t j = 0; j < n; ++j) {
-        if (gpus[j] == peer) {
-          ++links[i][j];
-          gpu = true;
+        if (j != i && gpus[j] == peer) {
+          end = static_cast<int>(j);
         }
       }
-      to_switches[i] += gpu ? 0 : 1;
+      far_ends[i].push_back(end);
     }
   }
   nvmlShutdown();
-  for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t j = 0; j < n; ++j) {
-      if (i != j) {
-        links[i][j] += to_switches[i] < to_switches[j] ? to_switches[i] : to_switches[j];
-      }
-    }
-  }
-  return links;
+  return far_ends;
 }
 #endif
 
@@ -109,18 +113,7 @@ inline Topology discover_topology(LinkBandwidths bw = {}, PathOptions options = 
   if (count == 0) {
     throw std::runtime_error("carve::discover_topology: no CUDA device");
   }
-  const auto n = static_cast<std::size_t>(count);
-  std::vector<detail::PciAddress> pci(n);
-  TopologyBuilder builder(bw);
-  for (int d = 0; d < count; ++d) {
-    char bus_id[32];
-    cuda_check(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, d), "cudaDeviceGetPCIBusId");
-    pci[static_cast<std::size_t>(d)] = detail::pci_address(bus_id);
-    builder.add_gpu("GPU" + std::to_string(d), d);
-  }
-#if defined(CARVE_WITH_NVML) && __has_include(<nvml.h>)
-  const std::vector<std::vector<int>> nvlinks = detail::nvml_link_counts(pci);
-#endif
+  GpuLinkTable links(count);
   for (int a = 0; a < count; ++a) {
     for (int b = a + 1; b < count; ++b) {
       int access = 0;
@@ -132,23 +125,19 @@ inline Topology discover_topology(LinkBandwidths bw = {}, PathOptions options = 
         cuda_check(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, a, b),
                    "cudaDeviceGetP2PAttribute");
       }
-      int links = access != 0 && atomics != 0 ? 1 : 0;
-#if defined(CARVE_WITH_NVML) && __has_include(<nvml.h>)
-      links = nvlinks[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)];
-#endif
-      const NodeId x{static_cast<std::uint32_t>(a)};
-      const NodeId y{static_cast<std::uint32_t>(b)};
-      const std::string rank_label = " rank " + std::to_string(rank);
-      if (links > 0) {
-        builder.add_link(x, y, LinkType::nvlink, links, std::nullopt, "NV" + std::to_string(links) + rank_label);
-      } else if (access != 0) {
-        builder.add_link(x, y, LinkType::pcie, 1, std::nullopt, "PCIe peer" + rank_label);
-      } else {
-        builder.add_link(x, y, LinkType::system, 1, std::nullopt, "no peer access");
-      }
+      links.pair(a, b) = GpuPairLinks{access != 0, atomics != 0, rank, std::nullopt};
     }
   }
-  return builder.build(options);
+#if defined(CARVE_WITH_NVML)
+  std::vector<detail::PciAddress> pci(static_cast<std::size_t>(count)); // how NVML names the same GPUs
+  for (int d = 0; d < count; ++d) {
+    char bus_id[32];
+    cuda_check(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, d), "cudaDeviceGetPCIBusId");
+    pci[static_cast<std::size_t>(d)] = detail::pci_address(bus_id);
+  }
+  links.set_nvlinks(count_nvlinks(detail::nvml_far_ends(pci)));
+#endif
+  return topology_from_gpu_links(links, bw, options);
 }
 
 } // namespace carve

@@ -4,6 +4,8 @@
 //   # the seed's Fig. 1 board, first socket       (everything after # is a comment)
 //   bandwidth nvlink 25          # GB/s per link of a type (before the first node)
 //   max_hops 3                   # links on a path (default 2)
+//   gpu_relay any                # a GPU relays between any links (default: nvlink, NVLink to
+//                                #   NVLink only; see carve/topology/topology.hpp)
 //   cpu CPU0
 //   pcie_switch PLX0             # also: nvswitch NAME, nic NAME
 //   gpu GPU0                     # ordinal 0, the next free one; or: gpu NAME ordinal 4
@@ -122,6 +124,11 @@ inline Topology Topology::from_description(std::string_view text) {
           throw fail("expected: max_hops N with N >= 1");
         }
         options.max_hops = hops;
+      } else if (t[0] == "gpu_relay") {
+        if (t.size() != 2 || (t[1] != "nvlink" && t[1] != "any")) {
+          throw fail("expected: gpu_relay nvlink (the default) or gpu_relay any");
+        }
+        options.gpu_relay = t[1] == "any" ? GpuRelay::any_link : GpuRelay::nvlink_only;
       } else if (const auto kind = node_kind_named(t[0])) {
         if (*kind == NodeKind::gpu && t.size() == 4 && t[2] == "ordinal") {
           const int ordinal = parse_small_uint(t[3]);

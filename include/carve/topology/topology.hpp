@@ -5,9 +5,18 @@
 //
 // A path's bandwidth is that of its narrowest link. Between two nodes the widest path wins, and
 // among equally wide paths the one with fewer links. Paths have at most PathOptions::max_hops
-// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths). What may relay
-// traffic: CPUs, PCIe switches and NVSwitches relay anything; a GPU relays only from NVLink to
-// NVLink (it forwards with its copy engines, not its PCIe port); a NIC never relays.
+// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths).
+//
+// What may relay traffic: CPUs, PCIe switches and NVSwitches relay anything; a NIC never does;
+// a GPU, by default (GpuRelay::nvlink_only), only from NVLink to NVLink. Why: a GPU's PCIe port
+// is an end point, not a switch. A PCIe transfer addressed to GPU3 ends in GPU3's memory; no
+// hardware forwards it onto GPU3's NVLinks. Traffic "through" a GPU is the GPU's copy engines
+// copying out of its own memory again: NCCL does that only from NVLink to NVLink (its
+// NVLink-through-an-intermediate-GPU paths), where both legs are many times wider than PCIe.
+// So the seed's example path CPU0-GPU3-GPU0 (SPEC §2) is not a path here by default: CPU0
+// reaches GPU0 over its own PCIe path. GpuRelay::any_link lets a GPU relay between any two of
+// its links (the seed's looser model, a store-and-forward through the relay's memory), for
+// users who do stage copies that way.
 //
 // Every pair is computed once when the topology is built (O(nodes x links x layers), where the
 // layers stop once no path widens), so queries are table look-ups.
@@ -33,8 +42,15 @@
 
 namespace carve {
 
+// Which links a GPU passes traffic between (see the top of this header).
+enum class GpuRelay : std::uint8_t {
+  nvlink_only, // NVLink in, NVLink out (the default; what NCCL does)
+  any_link,    // any link in, any link out, e.g. CPU0 -> GPU3 -> GPU0 over PCIe then NVLink
+};
+
 struct PathOptions {
   int max_hops = 2; // links on a path, >= 1; longer indirect paths need a larger value
+  GpuRelay gpu_relay = GpuRelay::nvlink_only;
 };
 
 class TopologyBuilder;
@@ -84,10 +100,16 @@ public:
   const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
   const PathOptions& options() const noexcept { return options_; }
 
-  // The same machine with another path length limit (all pairs are recomputed).
+  // The same machine with another path length limit, or other path options (all pairs are
+  // recomputed).
   Topology with_max_hops(int max_hops) const {
+    PathOptions o = options_;
+    o.max_hops = max_hops;
+    return with_options(o);
+  }
+  Topology with_options(PathOptions options) const {
     Topology t = *this;
-    t.options_.max_hops = max_hops;
+    t.options_ = options;
     t.compute_paths();
     return t;
   }
@@ -120,7 +142,7 @@ private:
     case NodeKind::nvswitch:
       return true;
     case NodeKind::gpu:
-      return arrived_by_nvlink && out == LinkType::nvlink;
+      return options_.gpu_relay == GpuRelay::any_link || (arrived_by_nvlink && out == LinkType::nvlink);
     case NodeKind::nic:
       return false;
     }
@@ -130,9 +152,9 @@ private:
   // Widest path per source by hop count: layer h holds, for every (node, how it was reached)
   // state, the widest walk of exactly h links. Allowing walks (not just simple paths) loses
   // nothing: cutting a cycle out of a walk keeps every relay legal (a GPU relays NVLink to
-  // NVLink on both visits, so also across the cut) and never narrows it, so the widest walk
-  // with the fewest links is a simple path. A layer that widens nothing ends the search early,
-  // so a large max_hops costs only as many layers as the machine needs.
+  // NVLink on both visits, so also across the cut; with GpuRelay::any_link it relays anything)
+  // and never narrows it, so the widest walk with the fewest links is a simple path. A layer that widens nothing ends
+  // the search early, so a large max_hops costs only as many layers as the machine needs.
   void compute_paths() {
     if (options_.max_hops < 1) {
       throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
