@@ -7,10 +7,13 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <functional>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using carve::ConcurrentSlotAllocator;
@@ -88,6 +91,9 @@ TEST_CASE("one thread gets exactly SlotAllocator's answers") {
     // Over 64 words: the snapshot's cache evicts, and searches from both ends collide in it.
     same_as_sequential<8192, carve::BoundaryNearestFit>(seed, 700, 300);
     same_as_sequential<8192, carve::BestFit>(seed, 300, 200);
+    same_as_sequential<10000, carve::FirstFit>(seed, 900, 300);
+    same_as_sequential<10000, carve::LastFit>(seed, 900, 300);
+    same_as_sequential<10000, SnapshotOnlyFirstFit>(seed, 900, 200);
   }
 }
 
@@ -325,4 +331,371 @@ TEST_CASE("threads with their own home shards never share a slot") {
   }
   CHECK(violations.load() == 0);
   CHECK(slots.free_count() == Sharded::size());
+}
+
+// ---------------------------------------------------------------------------------------------
+// "No space" on bitmaps larger than the snapshot's 64 cached words (4096 slots).
+
+TEST_CASE("the fingerprint's arithmetic modulo 2^61 - 1") {
+  namespace fp = carve::fingerprint_detail;
+  __extension__ typedef unsigned __int128 u128;
+  const auto mulmod = [](std::uint64_t a, std::uint64_t b) {
+    return static_cast<std::uint64_t>(static_cast<u128>(a) * b % fp::prime);
+  };
+  std::mt19937_64 rng(5);
+  std::vector<std::uint64_t> values = {0,
+                                       1,
+                                       2,
+                                       7,
+                                       8,
+                                       0xffff'ffffu,
+                                       0x1'0000'0000u,
+                                       fp::prime - 1,
+                                       fp::prime - 2,
+                                       (std::uint64_t{1} << 60),
+                                       (std::uint64_t{1} << 32) - 1};
+  for (int i = 0; i < 200; ++i) {
+    values.push_back(rng() % fp::prime);
+  }
+  for (const std::uint64_t a : values) {
+    for (const std::uint64_t b : values) {
+      REQUIRE(fp::multiply(a, b) == mulmod(a, b));
+    }
+  }
+  for (const std::uint64_t x : {std::uint64_t{0}, fp::prime - 1, fp::prime, fp::prime + 1, ~std::uint64_t{0}}) {
+    CHECK(fp::reduce(x) == x % fp::prime);
+  }
+  static_assert(fp::multiply(fp::prime - 1, fp::prime - 1) == 1); // (-1)^2
+
+  // Equal reads agree at every point; reads differing in any one word (or in two) disagree.
+  std::vector<std::uint64_t> words(300);
+  for (auto& w : words) {
+    w = rng();
+  }
+  const auto print = [](const std::vector<std::uint64_t>& w, std::uint64_t x) {
+    return carve::word_fingerprint(cuda::std::span<const std::uint64_t>(w.data(), w.size()), x);
+  };
+  for (int t = 0; t < 20; ++t) {
+    const std::uint64_t x = carve::fingerprint_point();
+    REQUIRE(x < fp::prime);
+    const std::uint64_t h = print(words, x);
+    CHECK(print(words, x) == h);
+    for (std::size_t k = 0; k < words.size(); ++k) {
+      auto changed = words;
+      changed[k] ^= std::uint64_t{1} << (rng() % 64);
+      CHECK(print(changed, x) != h);
+      changed[(k + 1 + rng() % 299) % 300] ^= rng() | 1;
+      CHECK(print(changed, x) != h);
+    }
+  }
+  // Points come from the clock: not all the same.
+  std::vector<std::uint64_t> points;
+  for (int i = 0; i < 50; ++i) {
+    points.push_back(carve::fingerprint_point());
+  }
+  std::sort(points.begin(), points.end());
+  CHECK(std::unique(points.begin(), points.end()) - points.begin() > 1);
+}
+
+TEST_CASE("a snapshot vouches for what it read only while it still holds every word") {
+  std::vector<std::uint64_t> small(carve::bits::word_count(4096), ~std::uint64_t{0});
+  const carve::LazySnapshot<4096, cuda::thread_scope_system> whole(
+      carve::AtomicWords<4096, cuda::thread_scope_system>(small.data()));
+  static_assert(carve::LazySnapshot<4096, cuda::thread_scope_system>::holds_all());
+  for (std::size_t k = 0; k < small.size(); ++k) {
+    (void)whole[k];
+  }
+  CHECK(whole.unchanged());
+  small[3] = 0;
+  CHECK(!whole.unchanged());
+
+  std::vector<std::uint64_t> large(carve::bits::word_count(10000), 0);
+  using Large = carve::LazySnapshot<10000, cuda::thread_scope_system>;
+  static_assert(!Large::holds_all());
+  const Large few(carve::AtomicWords<10000, cuda::thread_scope_system>(large.data()));
+  for (std::size_t k = 0; k < 64; ++k) {
+    (void)few[k];
+  }
+  CHECK(few.unchanged()); // 64 words: all still held
+  const Large all(carve::AtomicWords<10000, cuda::thread_scope_system>(large.data()));
+  for (std::size_t k = 0; k < large.size(); ++k) {
+    (void)all[k];
+  }
+  CHECK(!all.unchanged()); // word 0 was evicted by word 64: it can no longer be checked
+}
+
+TEST_CASE("reset writes every word, the tail bits taken") {
+  const auto check_reset = [](auto n_tag) {
+    constexpr std::uint32_t n = decltype(n_tag)::value;
+    std::vector<std::uint64_t> words(carve::bits::word_count(n), 0x1234);
+    carve::ConcurrentSlotAllocatorRef<n, carve::FirstFit, cuda::thread_scope_system> slots{
+        carve::BorrowedSlotWords<n>{words.data()}};
+    slots.reset();
+    const SlotBitmap<n> all_free;
+    CHECK(std::equal(words.begin(), words.end(), all_free.words().begin()));
+  };
+  check_reset(std::integral_constant<std::uint32_t, 1>{});
+  check_reset(std::integral_constant<std::uint32_t, 64>{});
+  check_reset(std::integral_constant<std::uint32_t, 130>{});
+  check_reset(std::integral_constant<std::uint32_t, 4096>{});
+  check_reset(std::integral_constant<std::uint32_t, 10000>{});
+}
+
+namespace {
+
+constexpr std::uint32_t big = 10000; // 157 words: a failed search keeps only words 93..156
+
+// Words with every slot taken except `free_runs`.
+std::vector<std::uint64_t> taken_except(std::initializer_list<SlotRange> free_runs) {
+  SlotBitmap<big> b = SlotBitmap<big>::all_taken();
+  for (const SlotRange r : free_runs) {
+    b.release(r);
+  }
+  return {b.words().begin(), b.words().end()};
+}
+
+template <class Fit>
+using BigRef = carve::ConcurrentSlotAllocatorRef<big, Fit, cuda::thread_scope_system>;
+
+// How a test's "other thread" takes exactly the run it means to: a policy that proposes *start
+// when that run is free (reading only its words), else nothing.
+struct Told {
+  const std::uint32_t* start;
+  template <carve::WordSource Words>
+  cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t, std::uint32_t m) const {
+    for (std::uint32_t s = *start; s < *start + m; ++s) {
+      if ((words[s / 64] >> (s % 64) & 1) == 0) {
+        return cuda::std::nullopt;
+      }
+    }
+    return *start;
+  }
+  template <std::uint32_t N>
+  cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& b, std::uint32_t m) const {
+    return find_in(b.words(), N, m);
+  }
+};
+
+} // namespace
+
+TEST_CASE("one thread, more than 4096 slots: the only run past word 64 is found, no_space only when none fits") {
+  const auto every_policy = [](auto&& body) {
+    body(carve::FirstFit{});
+    body(carve::LastFit{});
+    body(carve::BoundaryNearestFit{});
+    body(carve::BestFit{});
+    body(SnapshotOnlyFirstFit{});
+  };
+  for (const SlotRange run : {SlotRange{65 * 64, 64}, SlotRange{70 * 64 + 3, 100}, SlotRange{90 * 64 + 60, 10},
+                              SlotRange{130 * 64, 64}, SlotRange{big - 17, 17}}) {
+    CAPTURE(run.first);
+    every_policy([&](auto fit) {
+      using Fit = decltype(fit);
+      CAPTURE(carve::policy_name<Fit>());
+      auto words = taken_except({run});
+      const auto before = SlotBitmap<big>::from_words(
+          cuda::std::span<const std::uint64_t, SlotBitmap<big>::word_count>(words.data(), SlotBitmap<big>::word_count));
+      BigRef<Fit> slots{carve::BorrowedSlotWords<big>{words.data()}};
+      CHECK(slots.allocate(run.count + 1).error() == Errc::no_space);
+      const auto got = slots.allocate(run.count);
+      REQUIRE(got);
+      CHECK(*got == run);
+      CHECK(slots.allocate(1).error() == Errc::no_space);
+      REQUIRE(slots.deallocate(run));
+      const auto one = slots.allocate(1);
+      REQUIRE(one);
+      CHECK(one->first == *fit.find(before, 1)); // where the policy puts it on the same bitmap
+      CHECK(one->first >= run.first);
+      CHECK(one->end() <= run.end());
+    });
+  }
+  every_policy([](auto fit) {
+    auto words = taken_except({});
+    BigRef<decltype(fit)> slots{carve::BorrowedSlotWords<big>{words.data()}};
+    CHECK(slots.allocate(1).error() == Errc::no_space);
+  });
+}
+
+namespace {
+
+// A policy that lets a test act as another thread at chosen moments of a search:
+// script->after_read(search, k) runs right after the search reads word k (searches count from 1).
+struct Script {
+  std::function<void(int, std::uint32_t)> after_read;
+  int searches = 0;
+};
+
+template <class Inner>
+struct Interrupted {
+  Script* script;
+
+  template <class Words>
+  struct Watched {
+    const Words& words;
+    Script* script;
+    std::size_t size() const { return words.size(); }
+    std::uint64_t operator[](std::size_t k) const {
+      const std::uint64_t w = words[k];
+      script->after_read(script->searches, static_cast<std::uint32_t>(k));
+      return w;
+    }
+  };
+
+  template <carve::WordSource Words>
+  cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots, std::uint32_t m) const {
+    ++script->searches;
+    return Inner{}.find_in(Watched<Words>{words, script}, slots, m);
+  }
+  template <std::uint32_t N>
+  cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& b, std::uint32_t m) const {
+    return Inner{}.find(b, m);
+  }
+};
+static_assert(carve::WordSearchingFitPolicy<Interrupted<carve::FirstFit>>);
+
+} // namespace
+
+TEST_CASE("a search overtaken by another thread does not report no_space while a run stays free") {
+  // Two runs past word 64 that the search reads early, and another thread holding one of them.
+  // It frees `low` after the search has read it and takes `high` before the search gets there:
+  // the search sees neither free, yet one of them was free at every moment. Word 5's value was
+  // evicted from the snapshot long before the search ended, so only a re-read of every word can
+  // tell that the picture changed.
+  const SlotRange low{70 * 64, 32};
+  const SlotRange high{85 * 64 + 8, 32};
+  const auto run_case = [&](auto inner) {
+    using Inner = decltype(inner);
+    CAPTURE(carve::policy_name<Inner>());
+    auto words = taken_except({high});
+    BigRef<carve::LastFit> other{carve::BorrowedSlotWords<big>{words.data()}};
+    Script script;
+    script.after_read = [&](int search, std::uint32_t k) {
+      if (search == 1 && k == low.first / 64) {
+        REQUIRE(other.deallocate(low));
+        REQUIRE(*other.allocate(32) == high); // the highest run: the one the search has not reached
+      }
+    };
+    BigRef<Interrupted<Inner>> slots{carve::BorrowedSlotWords<big>{words.data()}, Interrupted<Inner>{&script}};
+    const auto got = slots.allocate(32);
+    REQUIRE(got);
+    CHECK(*got == low);
+    CHECK(script.searches >= 2);
+  };
+  run_case(carve::FirstFit{});
+  run_case(carve::BoundaryNearestFit{});
+  run_case(carve::BestFit{});
+}
+
+TEST_CASE("the confirming search is itself overtaken: it looks again rather than report no_space") {
+  // Runs a < b < c < d past word 64. At first only c is free; the other thread holds a, b, d.
+  // Search 1: after reading a, the other thread frees a and takes c; the search sees nothing.
+  // Search 2 (between two fingerprints): before it reads a, the other thread takes a back and
+  // frees d; after it has read b and before it reaches d, it takes d and frees b. Nothing seen
+  // again, but the words differ between the fingerprints (a, b, c changed), so a third search
+  // runs, undisturbed, and finds b.
+  const SlotRange a{66 * 64, 40};
+  const SlotRange b{72 * 64, 40};
+  const SlotRange c{80 * 64, 40};
+  const SlotRange d{88 * 64, 40};
+  auto words = taken_except({c});
+  std::uint32_t target = 0;
+  carve::ConcurrentSlotAllocatorRef<big, Told, cuda::thread_scope_system> other{
+      carve::BorrowedSlotWords<big>{words.data()}, Told{&target}};
+  const auto take = [&](SlotRange r) {
+    target = r.first;
+    REQUIRE(*other.allocate(r.count) == r);
+  };
+  Script script;
+  script.after_read = [&](int search, std::uint32_t k) {
+    if (search == 1 && k == a.first / 64) {
+      REQUIRE(other.deallocate(a));
+      take(c);
+    }
+    if (search == 2 && k == a.first / 64 - 1) {
+      take(a);
+      REQUIRE(other.deallocate(d));
+    }
+    if (search == 2 && k == b.first / 64) {
+      take(d);
+      REQUIRE(other.deallocate(b));
+    }
+  };
+  // `a`, `b` and `d` start taken (held by the other thread): only c is free in `words`.
+  BigRef<Interrupted<carve::FirstFit>> slots{carve::BorrowedSlotWords<big>{words.data()},
+                                             Interrupted<carve::FirstFit>{&script}};
+  const auto got = slots.allocate(40);
+  REQUIRE(got);
+  CHECK(*got == b);
+  CHECK(script.searches == 3);
+}
+
+TEST_CASE("threads, more than 4096 slots: a free run that moves under a search is never missed") {
+  // The only free slots are one run of 24 that a mover thread keeps moving between two places
+  // past word 64 (words 2 and 90: both evicted from a failed search's snapshot): it frees the
+  // low one, then takes the high one, so at every moment one is free, and a search passing
+  // between the two moments sees neither. A searching thread allocates and frees all the while;
+  // it must never be told no_space. After each move the mover waits until a search that began
+  // after the move has finished, so no search spans two moves (a word that changes and changes
+  // back between two reads looks unchanged to any check by value).
+  constexpr std::uint32_t m = 24;
+  const SlotRange low{2 * 64 + 20, m};
+  const SlotRange high{90 * 64 + 30, m};
+  auto words = taken_except({high});
+  std::uint32_t target = 0;
+  carve::ConcurrentSlotAllocatorRef<big, Told, cuda::thread_scope_system> mover{
+      carve::BorrowedSlotWords<big>{words.data()}, Told{&target}};
+  BigRef<carve::FirstFit> searcher{carve::BorrowedSlotWords<big>{words.data()}};
+
+  std::atomic<std::uint64_t> started{0};
+  std::atomic<std::uint64_t> finished{0};
+  std::atomic<bool> done{false};
+  std::atomic<int> no_space{0};
+  std::atomic<int> other_errors{0};
+  std::atomic<int> found{0};
+  std::thread search([&] {
+    while (!done.load()) {
+      started.fetch_add(1);
+      const auto r = searcher.allocate(m);
+      finished.fetch_add(1);
+      if (r) {
+        found.fetch_add(1);
+        if (!searcher.deallocate(*r)) {
+          other_errors.fetch_add(1);
+        }
+      } else {
+        (r.error() == Errc::no_space ? no_space : other_errors).fetch_add(1);
+      }
+      std::this_thread::yield(); // the mover may be waiting for this core
+    }
+  });
+  const auto take = [&](SlotRange r) {
+    target = r.first;
+    for (;;) {
+      const auto got = mover.allocate(m);
+      if (got || got.error() != Errc::no_space) {
+        return got && *got == r;
+      }
+      std::this_thread::yield(); // the searcher holds it for a moment
+    }
+  };
+  bool low_free = false;
+  bool mover_ok = true;
+  for (int move = 0; move < 4000 && mover_ok; ++move) {
+    if (low_free) { // back up: free the high run, take the low one (cannot hide a run)
+      mover_ok = mover.deallocate(high) && take(low);
+    } else { // free the low run behind the search, take the high run ahead of it
+      mover_ok = mover.deallocate(low) && take(high);
+    }
+    low_free = !low_free;
+    const std::uint64_t after = started.load();
+    while (finished.load() <= after) {
+      std::this_thread::yield();
+    }
+  }
+  done.store(true);
+  search.join();
+  CHECK(mover_ok);
+  CHECK(no_space.load() == 0);
+  CHECK(other_errors.load() == 0);
+  CHECK(found.load() > 0);
 }

@@ -38,6 +38,7 @@
 #include <carve/slot/slot_words.hpp>
 #include <carve/slot/warp_allocate.hpp>
 #include <carve/slot/warp_scan.hpp>
+#include <carve/slot/word_fingerprint.hpp>
 #include <carve/slot/word_source.hpp>
 
 // Requests queued by size (host and device lanes).

@@ -35,6 +35,7 @@
 #include <carve/slot/slot_bitmap.hpp>
 #include <carve/slot/slot_range.hpp>
 #include <carve/slot/slot_words.hpp>
+#include <carve/slot/word_fingerprint.hpp>
 
 #include <cuda/atomic>
 #include <cuda/std/cstdint>
@@ -57,20 +58,39 @@ public:
       : words_(words), fit_(fit) {}
 
   // m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
-  // (no run of m was free in two consecutive identical reads of the words the policy used);
+  // (the policy found no place in words that a second read showed unchanged, see below);
   // invalid_placement (the policy proposed a run that was not free in what it was shown).
+  //
+  // "No space" is confirmed by reading again every word the search read. Up to 4096 slots the
+  // snapshot still holds all of them and compares each. A larger bitmap does not fit in a
+  // thread's snapshot (and a copy per thread, N / 8 bytes, is too much on a device), so there the
+  // failed search is repeated between two reads of every word, compared by fingerprint
+  // (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
+  // with any check by value, a word that changes and changes back between the two reads passes.)
   CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     if (m == 0 || m > N) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
+    bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
+    std::uint64_t point = 0;
+    std::uint64_t before = 0;
     for (;;) {
+      if (bracketed) {
+        point = fingerprint_point();
+        before = word_fingerprint(live(), point);
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
+      }
       const LazySnapshot<N, Scope> seen(live());
       const cuda::std::optional<std::uint32_t> start = find(seen, m);
       if (!start) {
-        if (seen.unchanged()) {
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
+        if (seen.unchanged() || (bracketed && word_fingerprint(live(), point) == before)) {
           return cuda::std::unexpected(Errc::no_space);
         }
-        continue; // the words moved under the search: look again
+        // The words moved under the search, or (large bitmaps) the search could not keep them all
+        // to check: look again.
+        bracketed = !LazySnapshot<N, Scope>::holds_all();
+        continue;
       }
       const SlotRange range{*start, m};
       const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
@@ -119,11 +139,13 @@ public:
   // All slots free. Not safe against concurrent calls: use it before sharing the allocator
   // (e.g. by one thread of a block, followed by __syncthreads()).
   CARVE_HOST_DEVICE void reset() noexcept {
-    const SlotBitmap<N> all_free;
+    // Word by word (no SlotBitmap<N> on the stack: N / 8 bytes is a lot for a device thread).
+    constexpr std::uint32_t last = bits::word_count(N) - 1;
     const AtomicWords<N, Scope> words = live();
-    for (std::uint32_t k = 0; k < SlotBitmap<N>::word_count; ++k) {
-      words.atomic(k).store(all_free.words()[k], cuda::std::memory_order_relaxed);
+    for (std::uint32_t k = 0; k < last; ++k) {
+      words.atomic(k).store(bits::all_ones, cuda::std::memory_order_relaxed);
     }
+    words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);
   }
 
   // The bitmap as read word by word now (exact when no other thread is active).

@@ -7,8 +7,11 @@
 //     policy bug, not a race), and
 //   - re-read the words the search used to confirm a "nothing fits" answer (double collect).
 // Only words the search touches are loaded. The copies live in a direct-mapped cache of at most
-// 64 words (512 bytes), so a bitmap of up to 4096 slots is held whole; on larger ones a word can
-// be evicted and is then simply read again.
+// 64 words (512 bytes), so a bitmap of up to 4096 slots is held whole. On a larger one a word can
+// be evicted and is then read again — the search may see it twice, with different values — and
+// the words it read can no longer all be re-checked: unchanged() then answers false, and a caller
+// must confirm "nothing fits" some other way (ConcurrentSlotAllocator repeats the search between
+// two fingerprints of every word, see word_fingerprint.hpp).
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -36,11 +39,15 @@ public:
 
   CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), tag_{} {}
 
+  // Whether the cache holds every word of the bitmap, so that no word is ever evicted.
+  CARVE_HOST_DEVICE static constexpr bool holds_all() noexcept { return cache_words == extent; }
+
   CARVE_HOST_DEVICE static constexpr cuda::std::size_t size() noexcept { return extent; }
 
   CARVE_HOST_DEVICE bits::word operator[](cuda::std::size_t k) const noexcept {
     const cuda::std::size_t line = k % cache_words;
     if (tag_[line] != k + 1) {
+      evicted_ = evicted_ || tag_[line] != 0;
       words_[line] = live_[k];
       tag_[line] = static_cast<std::uint32_t>(k + 1);
     }
@@ -70,9 +77,13 @@ public:
     return verdict;
   }
 
-  // Whether every word still kept holds the value seen: then an answer drawn from them (such as
-  // "no run fits") holds for a state the bitmap was in.
+  // Whether every word read so far is still kept and still holds the value seen: then an answer
+  // drawn from them (such as "no run fits") holds for a state the bitmap was in. False once a word
+  // has been evicted (only possible past 4096 slots): the words read can no longer all be checked.
   CARVE_HOST_DEVICE bool unchanged() const noexcept {
+    if (evicted_) {
+      return false;
+    }
     for (cuda::std::size_t line = 0; line < cache_words; ++line) {
       if (tag_[line] != 0 && live_[tag_[line] - 1] != words_[line]) {
         return false;
@@ -87,6 +98,7 @@ private:
   AtomicWords<N, Scope> live_;
   mutable std::uint32_t tag_[cache_words]; // word index + 1 held in each line; 0 = empty
   mutable bits::word words_[cache_words];
+  mutable bool evicted_ = false; // a word read by the search has been dropped from the cache
 };
 
 } // namespace carve

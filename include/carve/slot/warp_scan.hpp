@@ -7,8 +7,10 @@
 //   - DeviceWarp (CUDA only): the calling lane's view; values are the lane's own, collectives
 //     are shuffles. All 32 lanes of the warp must call together.
 //   - HostWarp: all 32 lanes at once; values are arrays of the lanes' values.
-// and a block type (DeviceBlock / HostBlock), so the host runs exactly the reduction the device
-// runs and the tests check it here.
+// and a block type (DeviceBlock / HostBlock). A warp type's only collectives are 32-bit shuffles
+// (shfl_down, shfl); everything built on them, such as moving a RunSegment between lanes, is
+// written once here, so the host runs exactly the reduction the device runs, value for value,
+// and the tests check it here.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -26,7 +28,9 @@ namespace carve {
 
 inline constexpr std::uint32_t warp_lanes = 32;
 
-// All lanes of a warp, simulated on the host.
+// All lanes of a warp, simulated on the host. Its only collective is the device's: a 32-bit
+// shuffle with the same out-of-range rule, so code written over a warp type moves exactly the
+// same values between lanes here as on a GPU.
 struct HostWarp {
   template <class T>
   using lanes = cuda::std::array<T, warp_lanes>;
@@ -40,11 +44,13 @@ struct HostWarp {
     }
     return out;
   }
-  // Lane i receives lane i + delta's value, or its own when i + delta is past the warp.
-  static constexpr lanes<RunSegment> shuffle_down(const lanes<RunSegment>& v, std::uint32_t delta) {
+  // __shfl_down_sync over the full warp: lane i receives lane i + delta's value, or keeps its
+  // own when i + delta is past the warp.
+  static constexpr lanes<std::uint32_t> shfl_down(const lanes<std::uint32_t>& v, std::uint32_t delta) {
     return each([&](std::uint32_t lane) { return v[lane + delta < warp_lanes ? lane + delta : lane]; });
   }
-  static constexpr RunSegment from_first_lane(const lanes<RunSegment>& v) { return v[0]; }
+  // __shfl_sync: every lane receives lane `src`'s value.
+  static constexpr std::uint32_t shfl(const lanes<std::uint32_t>& v, std::uint32_t src) { return v[src]; }
   static constexpr bool leads() { return true; } // the one host thread plays every lane
 };
 
@@ -57,14 +63,11 @@ struct DeviceWarp {
   __device__ auto each(F&& f, const T&... v) const {
     return f(lane(), v...);
   }
-  // `length` is not exchanged: every lane's segment covers the same number of words.
-  __device__ RunSegment shuffle_down(const RunSegment& s, std::uint32_t delta) const {
-    return {s.length, __shfl_down_sync(all, s.low, delta), __shfl_down_sync(all, s.high, delta),
-            __shfl_down_sync(all, s.lowest, delta), __shfl_down_sync(all, s.highest, delta)};
+  __device__ std::uint32_t shfl_down(std::uint32_t v, std::uint32_t delta) const {
+    return __shfl_down_sync(all, v, delta);
   }
-  __device__ RunSegment from_first_lane(const RunSegment& s) const {
-    return {__shfl_sync(all, s.length, 0), __shfl_sync(all, s.low, 0), __shfl_sync(all, s.high, 0),
-            __shfl_sync(all, s.lowest, 0), __shfl_sync(all, s.highest, 0)};
+  __device__ std::uint32_t shfl(std::uint32_t v, std::uint32_t src) const {
+    return __shfl_sync(all, v, static_cast<int>(src));
   }
   __device__ bool leads() const { return lane() == 0; }
   __device__ static std::uint32_t lane() { return threadIdx.x % warp_lanes; }
@@ -73,18 +76,57 @@ struct DeviceWarp {
 };
 #endif
 
+namespace detail {
+// One field of every lane's segment.
+template <class Warp>
+CARVE_HOST_DEVICE auto segment_field(const Warp& warp, const typename Warp::template lanes<RunSegment>& s,
+                                     std::uint32_t RunSegment::*field) {
+  return warp.each([field](std::uint32_t, const RunSegment& x) { return x.*field; }, s);
+}
+} // namespace detail
+
+// Lane i receives lane i + delta's segment (its own when i + delta is past the warp). Every field
+// travels, `length` included: the segments a block reduces do not all cover the same number of
+// slots (lanes past the block's last warp hold empty ones), and a lane that kept its own length
+// would misplace every start above it. Written once over the warp type, so the host runs the
+// device's shuffles field for field.
+template <class Warp>
+CARVE_HOST_DEVICE auto shuffle_down(const Warp& warp, const typename Warp::template lanes<RunSegment>& s,
+                                    std::uint32_t delta) {
+  const auto moved = [&](std::uint32_t RunSegment::*field) {
+    return warp.shfl_down(detail::segment_field(warp, s, field), delta);
+  };
+  return warp.each(
+      [](std::uint32_t, std::uint32_t length, std::uint32_t low, std::uint32_t high, std::uint32_t lowest,
+         std::uint32_t highest) {
+        return RunSegment{length, low, high, lowest, highest};
+      },
+      moved(&RunSegment::length), moved(&RunSegment::low), moved(&RunSegment::high), moved(&RunSegment::lowest),
+      moved(&RunSegment::highest));
+}
+
+// Lane 0's segment, in every lane.
+template <class Warp>
+CARVE_HOST_DEVICE RunSegment from_first_lane(const Warp& warp, const typename Warp::template lanes<RunSegment>& s) {
+  const auto first = [&](std::uint32_t RunSegment::*field) {
+    return warp.shfl(detail::segment_field(warp, s, field), 0);
+  };
+  return {first(&RunSegment::length), first(&RunSegment::low), first(&RunSegment::high), first(&RunSegment::lowest),
+          first(&RunSegment::highest)};
+}
+
 // The segment of the lanes' segments, lane 0 lowest. After the step with distance d, lane i
 // holds lanes [i, i + 2d); lanes whose partner lies past the warp hold values no lower lane reads.
-// Every lane gets the result.
+// The lanes' segments may differ in length. Every lane gets the result.
 template <class Warp>
 CARVE_HOST_DEVICE RunSegment warp_reduce(const Warp& warp, typename Warp::template lanes<RunSegment> seg,
                                          std::uint32_t m) {
   for (std::uint32_t d = 1; d < warp_lanes; d *= 2) {
-    const auto above = warp.shuffle_down(seg, d);
+    const auto above = shuffle_down(warp, seg, d);
     seg = warp.each([m](std::uint32_t, const RunSegment& s, const RunSegment& a) { return combine(s, a, m); }, seg,
                     above);
   }
-  return warp.from_first_lane(seg);
+  return from_first_lane(warp, seg);
 }
 
 // The 32 words from `first` (words past `count` read as taken), reduced by one warp.
@@ -155,6 +197,8 @@ CARVE_HOST_DEVICE RunSegment block_summarize(const Block& block, RunSegment* scr
       if (w != 0) {
         return;
       }
+      // Lanes past the last warp hold empty segments (no slots), so here, unlike in warp_chunk,
+      // the lanes' lengths differ.
       const auto seg = warp.each([&](std::uint32_t lane) { return lane < warps ? scratch[lane] : empty_segment(); });
       const RunSegment round = warp_reduce(warp, seg, m);
       if (warp.leads()) {
