@@ -37,6 +37,7 @@ namespace detail {
 // Both candidates in a bitmap of one or two words (up to 128 slots, the usual shared-memory
 // case): compute both words' in-word starts up front and pick the candidates with selects. Two
 // early-exit scans would compute the same masks with branches that mispredict on most calls.
+// m >= 1.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr StartBounds small_start_bounds(const Words& words, std::uint32_t m) noexcept {
   constexpr cuda::std::size_t extent = static_word_count<Words>;
@@ -46,13 +47,13 @@ CARVE_HOST_DEVICE constexpr StartBounds small_start_bounds(const Words& words, s
   if constexpr (extent == 2) {
     w1 = words[1];
   }
-  const bool in_word = m != 0 && m <= bits::word_bits;
+  const bool in_word = m <= bits::word_bits;
   const bits::word s0 = in_word ? bits::run_starts(w0, m) : 0;
   const bits::word s1 = in_word ? bits::run_starts(w1, m) : 0;
   // A run across the word boundary: free slots at the top of w0 plus those at the bottom of w1.
   const std::uint32_t h0 = bits::high_run(w0);
   const std::uint32_t l1 = bits::low_run(w1);
-  const bool across = extent == 2 && m != 0 && h0 + l1 >= m;
+  const bool across = extent == 2 && h0 + l1 >= m;
   constexpr std::uint32_t top = bits::word_bits;
   const std::uint32_t lowest = s0 != 0 ? bits::lowest_set(s0) : across ? top - h0 : top + bits::lowest_set(s1);
   const std::uint32_t highest = s1 != 0 ? top + bits::highest_set(s1) : across ? top + l1 - m : bits::highest_set(s0);
@@ -68,27 +69,28 @@ template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(const Words& words,
                                                                             std::uint32_t m) noexcept {
   if constexpr (detail::small_words<Words>) {
-    const StartBounds b = detail::small_start_bounds(words, m);
+    const StartBounds b = m == 0 ? StartBounds{0, 0, false} : detail::small_start_bounds(words, m);
     return b.found ? cuda::std::optional<std::uint32_t>(b.lowest) : cuda::std::nullopt;
-  }
-  if (m == 0) {
+  } else {
+    if (m == 0) {
+      return cuda::std::nullopt;
+    }
+    std::uint64_t carry = 0; // free slots ending at the top of the words below
+    for (std::uint32_t k = 0; k < words.size(); ++k) {
+      const bits::word w = words[k];
+      const std::uint32_t base = k * bits::word_bits;
+      if (carry + bits::low_run(w) >= m) {
+        return static_cast<std::uint32_t>(base - carry);
+      }
+      if (m <= bits::word_bits) {
+        if (const bits::word starts = bits::run_starts(w, m)) {
+          return base + bits::lowest_set(starts);
+        }
+      }
+      carry = (w == bits::all_ones) ? carry + bits::word_bits : bits::high_run(w);
+    }
     return cuda::std::nullopt;
   }
-  std::uint64_t carry = 0; // free slots ending at the top of the words below
-  for (std::uint32_t k = 0; k < words.size(); ++k) {
-    const bits::word w = words[k];
-    const std::uint32_t base = k * bits::word_bits;
-    if (carry + bits::low_run(w) >= m) {
-      return static_cast<std::uint32_t>(base - carry);
-    }
-    if (m <= bits::word_bits) {
-      if (const bits::word starts = bits::run_starts(w, m)) {
-        return base + bits::lowest_set(starts);
-      }
-    }
-    carry = (w == bits::all_ones) ? carry + bits::word_bits : bits::high_run(w);
-  }
-  return cuda::std::nullopt;
 }
 
 // Highest start s such that slots [s, s + m) are all free.
@@ -96,31 +98,35 @@ template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(const Words& words,
                                                                              std::uint32_t m) noexcept {
   if constexpr (detail::small_words<Words>) {
-    const StartBounds b = detail::small_start_bounds(words, m);
+    const StartBounds b = m == 0 ? StartBounds{0, 0, false} : detail::small_start_bounds(words, m);
     return b.found ? cuda::std::optional<std::uint32_t>(b.highest) : cuda::std::nullopt;
-  }
-  if (m == 0) {
+  } else {
+    if (m == 0) {
+      return cuda::std::nullopt;
+    }
+    std::uint64_t carry = 0; // free slots starting at the bottom of the words above
+    for (std::uint32_t k = static_cast<std::uint32_t>(words.size()); k-- > 0;) {
+      const bits::word w = words[k];
+      const std::uint64_t top = std::uint64_t{k + 1} * bits::word_bits;
+      if (carry + bits::high_run(w) >= m) {
+        return static_cast<std::uint32_t>(top + carry - m);
+      }
+      if (m <= bits::word_bits) {
+        if (const bits::word starts = bits::run_starts(w, m)) {
+          return k * bits::word_bits + bits::highest_set(starts);
+        }
+      }
+      carry = (w == bits::all_ones) ? carry + bits::word_bits : bits::low_run(w);
+    }
     return cuda::std::nullopt;
   }
-  std::uint64_t carry = 0; // free slots starting at the bottom of the words above
-  for (std::uint32_t k = static_cast<std::uint32_t>(words.size()); k-- > 0;) {
-    const bits::word w = words[k];
-    const std::uint64_t top = std::uint64_t{k + 1} * bits::word_bits;
-    if (carry + bits::high_run(w) >= m) {
-      return static_cast<std::uint32_t>(top + carry - m);
-    }
-    if (m <= bits::word_bits) {
-      if (const bits::word starts = bits::run_starts(w, m)) {
-        return k * bits::word_bits + bits::highest_set(starts);
-      }
-    }
-    carry = (w == bits::all_ones) ? carry + bits::word_bits : bits::low_run(w);
-  }
-  return cuda::std::nullopt;
 }
 
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr StartBounds start_bounds(const Words& words, std::uint32_t m) noexcept {
+  if (m == 0) {
+    return {0, 0, false};
+  }
   if constexpr (detail::small_words<Words>) {
     return detail::small_start_bounds(words, m);
   } else {
