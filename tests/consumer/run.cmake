@@ -23,6 +23,9 @@ run(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/fetch ${common}
     -DCARVE_MODE=fetch -DCARVE_SOURCE_DIR=${CARVE_SOURCE_DIR})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/fetch)
 run(${WORK_DIR}/fetch/consumer)
+if(EXISTS ${WORK_DIR}/fetch/consumer_numa)
+  run(${WORK_DIR}/fetch/consumer_numa)
+endif()
 
 # 2. Install carve into a prefix, then find_package it.
 run(${CMAKE_COMMAND} -S ${CARVE_SOURCE_DIR} -B ${WORK_DIR}/carve ${common} -DCARVE_ENABLE_CUDA=OFF
@@ -33,3 +36,6 @@ run(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/package ${common}
     -DCARVE_MODE=package -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/package)
 run(${WORK_DIR}/package/consumer)
+if(EXISTS ${WORK_DIR}/fetch/consumer_numa) # libnuma is here: the installed package must offer carve::numa too
+  run(${WORK_DIR}/package/consumer_numa)
+endif()
