@@ -69,6 +69,8 @@ template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(const Words& words,
                                                                             std::uint32_t m) noexcept {
   if constexpr (detail::small_words<Words>) {
+    // m == 0 folded into the select: an early return before it makes g++ branch on every call
+    // (FirstFit at 128 slots: 1.8 -> 7.7 ns), while start_bounds needs the early return instead.
     const StartBounds b = m == 0 ? StartBounds{0, 0, false} : detail::small_start_bounds(words, m);
     return b.found ? cuda::std::optional<std::uint32_t>(b.lowest) : cuda::std::nullopt;
   } else {
@@ -98,6 +100,7 @@ template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(const Words& words,
                                                                              std::uint32_t m) noexcept {
   if constexpr (detail::small_words<Words>) {
+    // As in lowest_start: m == 0 stays in the select.
     const StartBounds b = m == 0 ? StartBounds{0, 0, false} : detail::small_start_bounds(words, m);
     return b.found ? cuda::std::optional<std::uint32_t>(b.highest) : cuda::std::nullopt;
   } else {
@@ -124,6 +127,8 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(con
 
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr StartBounds start_bounds(const Words& words, std::uint32_t m) noexcept {
+  // Returning early for m == 0 lets the inlined scans below drop their own check (boundary-nearest
+  // at 1024 slots: 13.6 -> 6.8 ns).
   if (m == 0) {
     return {0, 0, false};
   }
