@@ -17,6 +17,27 @@ namespace carve::bench {
 // timed. An empty asm that only reads a register costs nothing.
 inline void consume(std::uint32_t value) { asm volatile("" : : "r"(value)); }
 
+// The spin-wait hint for a thread waiting on another's progress.
+inline void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Retries `attempt` until it succeeds, pausing 1, 2, 4, ... 64 times in between: a thread that
+// polls a full or empty queue without backing off keeps taking the very cache line the other
+// side needs to make progress.
+template <class Attempt>
+inline void spin_until(Attempt attempt) {
+  for (unsigned pauses = 1; !attempt(); pauses = pauses < 64 ? 2 * pauses : 64) {
+    for (unsigned i = 0; i < pauses; ++i) {
+      pause();
+    }
+  }
+}
+
 // Store as state.counters["per_item"] when one iteration processes `items` items: it reports
 // seconds per item, and the collector below reads it (in ns) in place of the iteration time.
 inline benchmark::Counter per_item(std::size_t items) {

@@ -164,6 +164,14 @@ TEST_CASE("every accepted request is popped exactly once, under every drain poli
 #endif
 }
 
+TEST_CASE("more threads than the gate has shards: still exactly once, and close still exact") {
+  // 18 producers and 3 consumers hold numbers 0..21, so several threads count their pushes in
+  // the same shard and the last check of a closed queue must visit all of them.
+  static_assert(carve::detail::PushGate<cuda::thread_scope_system>::shards < 21);
+  Queue<carve::StrictPriority> q(thresholds({128, 512}), 32, carve::StrictPriority::with_aging(200'000));
+  conservation(q, 18, 3, 600);
+}
+
 namespace {
 
 // FIFO within a tier across producers. Each push happens under a sequencer (a mutex held from

@@ -13,6 +13,7 @@
 #include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
+#include <carve/core/thread_number.hpp>
 
 // Slots on a compute unit, alone or shared by many threads (host and device).
 #include <carve/slot/atomic_words.hpp>

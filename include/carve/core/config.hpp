@@ -17,3 +17,12 @@
 // function). A failed check is a hard error in debug builds, and makes a constant expression
 // ill-formed, so misuse in a static_assert is caught at compile time.
 #define CARVE_EXPECTS(cond) assert(cond)
+
+#include <cuda/std/cstddef>
+
+namespace carve {
+// How far apart two atomics written by different cores must be to stay out of each other's
+// way: two 64-byte lines, because x86 cores fetch lines in adjacent pairs (a neighbour's write
+// one line over still takes the pair away).
+inline constexpr cuda::std::size_t interference_size = 128;
+} // namespace carve

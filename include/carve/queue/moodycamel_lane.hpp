@@ -95,9 +95,10 @@ private:
 
   moodycamel::ConcurrentQueue<Stamped<T>> queue_;
   cuda::std::size_t capacity_;
-  std::atomic<std::uint64_t> held_{0};
-  std::atomic<std::uint64_t> pushed_{0};
-  std::atomic<std::uint64_t> popped_{0};
+  // Producers and consumers both move held_; only producers pushed_, only consumers popped_.
+  alignas(interference_size) std::atomic<std::uint64_t> held_{0};
+  alignas(interference_size) std::atomic<std::uint64_t> pushed_{0};
+  alignas(interference_size) std::atomic<std::uint64_t> popped_{0};
 };
 
 struct MoodycamelLanes {

@@ -160,8 +160,8 @@ private:
     cuda::atomic<std::uint64_t, Scope> stamp{0};
     Slot slot;
   };
-  // Producers and consumers each hammer their own counter: keep them a cache line apart.
-  struct alignas(64) Counter {
+  // Producers and consumers each hammer their own counter: keep them out of each other's lines.
+  struct alignas(interference_size) Counter {
     cuda::atomic<std::uint64_t, Scope> value{0};
   };
 

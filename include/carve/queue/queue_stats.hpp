@@ -70,11 +70,15 @@ public:
 
   CARVE_HOST_DEVICE WaitHistogramSnapshot snapshot(double ns_per_tick) const noexcept {
     WaitHistogramSnapshot s;
-    for (std::uint32_t b = 0; b < wait_buckets; ++b) {
-      s.counts[b] = counts_[b].load(cuda::std::memory_order_relaxed);
-    }
     s.ns_per_tick = ns_per_tick;
+    add_to(s);
     return s;
+  }
+  // For histograms kept in shards: sums this one into `s`.
+  CARVE_HOST_DEVICE void add_to(WaitHistogramSnapshot& s) const noexcept {
+    for (std::uint32_t b = 0; b < wait_buckets; ++b) {
+      s.counts[b] += counts_[b].load(cuda::std::memory_order_relaxed);
+    }
   }
 
 private:

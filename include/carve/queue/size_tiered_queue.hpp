@@ -45,6 +45,7 @@
 #include <carve/queue/drain_policy.hpp>
 #include <carve/queue/lane.hpp>
 #include <carve/queue/mpmc_ring.hpp>
+#include <carve/queue/push_gate.hpp>
 #include <carve/queue/queue_clock.hpp>
 #include <carve/queue/queue_stats.hpp>
 #include <carve/queue/queue_waiters.hpp>
@@ -159,7 +160,7 @@ public:
   // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
   // On error the request is still in `request`.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
-    std::uint64_t gate = 0;
+    typename Gate::word gate = 0;
     const auto r = push_quietly(request, gate);
     wake_readers(gate);
     return r;
@@ -172,9 +173,10 @@ public:
 
   // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
   CARVE_HOST_DEVICE cuda::std::expected<T, Errc> try_pop() noexcept {
-    auto r = pop_quietly();
+    const std::uint32_t shard = Gate::my_shard();
+    auto r = pop_quietly(shard);
     if (r) {
-      wake_writers();
+      wake_writers(shard);
     }
     return r;
   }
@@ -182,24 +184,23 @@ public:
   // Up to `max` requests into `out` (an output iterator), in drain order; never blocks.
   template <class Out>
   CARVE_HOST_DEVICE cuda::std::size_t try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
-    const cuda::std::size_t n = pop_many(out, max);
+    const std::uint32_t shard = Gate::my_shard();
+    const cuda::std::size_t n = pop_many(out, max, shard);
     if (n != 0) {
-      wake_writers();
+      wake_writers(shard);
     }
     return n;
   }
 
   // No more pushes; wakes every waiting thread. Requests already queued can still be popped.
   CARVE_HOST_DEVICE void close() noexcept {
-    gate_.fetch_or(closed_bit, cuda::std::memory_order_acq_rel);
+    gate_.close();
     NV_IF_TARGET(NV_IS_HOST, (if (waiters_ != nullptr) {
                    waiters_->wake_readers(true);
                    waiters_->wake_writers();
                  }))
   }
-  CARVE_HOST_DEVICE bool closed() const noexcept {
-    return (gate_.load(cuda::std::memory_order_acquire) & closed_bit) != 0;
-  }
+  CARVE_HOST_DEVICE bool closed() const noexcept { return gate_.closed(); }
 
 #if !defined(__CUDA_ARCH__)
   // Host only: blocking calls. A timeout of zero behaves like the try_ call.
@@ -209,12 +210,10 @@ public:
     return push_waiting(request, std::chrono::steady_clock::now() + timeout);
   }
 
-  cuda::std::expected<T, Errc> pop() {
-    return pop_waiting([this] { return pop_quietly(); }, std::nullopt);
-  }
+  cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_shard(), std::nullopt); }
   template <class Rep, class Period>
   cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
-    return pop_waiting([this] { return pop_quietly(); }, std::chrono::steady_clock::now() + timeout);
+    return pop_waiting(Gate::my_shard(), std::chrono::steady_clock::now() + timeout);
   }
 
   // Waits for at least one request, then takes up to `max` without waiting further.
@@ -224,14 +223,15 @@ public:
     if (max == 0) {
       return cuda::std::size_t{0};
     }
-    auto first = pop_waiting([this] { return pop_quietly(); }, std::chrono::steady_clock::now() + timeout);
+    const std::uint32_t shard = Gate::my_shard();
+    auto first = pop_waiting(shard, std::chrono::steady_clock::now() + timeout);
     if (!first) {
       return cuda::std::unexpected(first.error());
     }
     *out = cuda::std::move(*first);
     ++out;
-    const cuda::std::size_t n = 1 + pop_many(out, max - 1);
-    wake_writers();
+    const cuda::std::size_t n = 1 + pop_many(out, max - 1, shard);
+    wake_writers(shard);
     return n;
   }
 #endif
@@ -271,7 +271,10 @@ public:
       ts.depth = ts.enqueued - ts.dequeued;
       ts.capacity = capacity(t);
       ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
-      ts.wait = waits_[t].snapshot(ns_per_tick);
+      ts.wait.ns_per_tick = ns_per_tick;
+      for (std::uint32_t shard = 0; shard < Gate::shards; ++shard) {
+        waits(shard, t).add_to(ts.wait);
+      }
     }
     return s;
   }
@@ -300,19 +303,8 @@ public:
   };
 
 private:
-  // gate_: the closed flag, the threads sleeping in blocking calls, and the pushes in flight.
-  // A consumer that finds the lanes empty, the flag set and no push in flight knows nothing more
-  // can arrive. A thread about to sleep announces itself here with a read-modify-write and then
-  // looks at the lanes again; a push (pop) makes its change visible and then does a
-  // read-modify-write here too. Both RMWs are ordered in gate_'s modification order: either the
-  // waker sees the announcement and wakes the sleeper, or the sleeper's RMW synchronizes with
-  // the waker's and its second look sees the change. No fence on the fast path.
-  static constexpr std::uint64_t closed_bit = std::uint64_t{1} << 63;
-  static constexpr std::uint64_t in_flight_mask = 0xffff'ffffULL;
-  static constexpr std::uint64_t reader = std::uint64_t{1} << 32; // a sleeping consumer
-  static constexpr std::uint64_t readers_mask = 0xffffULL << 32;
-  static constexpr std::uint64_t writer = std::uint64_t{1} << 48; // a sleeping producer
-  static constexpr std::uint64_t writers_mask = 0x7fffULL << 48;
+  // The closed flag, the pushes in flight and the sleeping threads (push_gate.hpp).
+  using Gate = detail::PushGate<Lanes::scope>;
 
   union LaneSlot {
     CARVE_HOST_DEVICE LaneSlot() noexcept {}
@@ -354,6 +346,12 @@ private:
     }
     BuildGuard guard{*this};
     NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
+    waits_ = new WaitHistogram<Lanes::scope>[Gate::shards * tiers_]; // on a device: nullptr when the heap is full
+    if (waits_ == nullptr) {
+      status_ = static_cast<std::uint32_t>(Errc::no_space);
+      guard.dismissed = true;
+      return;
+    }
     for (std::uint32_t t = 0; t < tiers_; ++t) {
       ::new (static_cast<void*>(&lanes_[t].lane)) lane_type(capacity_[shared_capacity ? 0 : t]);
       ++built_;
@@ -369,20 +367,26 @@ private:
       lanes_[t].lane.~lane_type();
     }
     built_ = 0;
+    delete[] waits_;
+    waits_ = nullptr;
     NV_IF_TARGET(NV_IS_HOST, (delete waiters_; waiters_ = nullptr;))
   }
 
   CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
+  CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t shard, std::uint32_t tier) const noexcept {
+    return waits_[shard * tiers_ + tier];
+  }
   CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
 
   // `gate` receives gate_ as this push left it, for wake_readers.
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, std::uint64_t& gate) noexcept {
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, typename Gate::word& gate) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
     const std::uint32_t tier = tier_of(request);
-    if ((gate_.fetch_add(1, cuda::std::memory_order_acq_rel) & closed_bit) != 0) {
-      gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel);
+    const auto entry = gate_.enter();
+    if (!entry.open) {
+      gate = gate_.leave(entry);
       return cuda::std::unexpected(Errc::closed);
     }
     bool pushed = true;
@@ -400,26 +404,26 @@ private:
         }
       }
     }
-    gate = gate_.fetch_sub(1, cuda::std::memory_order_acq_rel); // after the lane published the request
+    gate = gate_.leave(entry); // after the lane published the request
     if (!pushed) {
-      gate &= ~readers_mask; // nothing new for sleeping consumers
+      gate &= ~Gate::readers_mask; // nothing new for sleeping consumers
       rejected_[tier].fetch_add(1, cuda::std::memory_order_relaxed);
       return cuda::std::unexpected(Errc::full);
     }
     return {};
   }
 
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly() noexcept {
+  // `shard`: the calling thread's (Gate::my_shard), for its share of the wait histograms.
+  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly(std::uint32_t shard) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
-    if (auto got = pop_one()) {
+    if (auto got = pop_one(shard)) {
       return cuda::std::move(got->value);
     }
-    const std::uint64_t gate = gate_.load(cuda::std::memory_order_acquire);
-    if ((gate & (closed_bit | in_flight_mask)) == closed_bit) {
+    if (gate_.drained()) {
       // Closed with no push in flight: every accepted request is visible now; one more look.
-      if (auto got = pop_one()) {
+      if (auto got = pop_one(shard)) {
         return cuda::std::move(got->value);
       }
       return cuda::std::unexpected(Errc::closed);
@@ -428,7 +432,7 @@ private:
   }
 
   // At most one pop attempt per tier: each failed attempt marks its tier as found empty.
-  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one() noexcept {
+  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one(std::uint32_t shard) noexcept {
     std::uint32_t tried = 0;
     const std::uint64_t now = Clock::now();
     const View view(*this, tried, now);
@@ -445,7 +449,7 @@ private:
           total_.fetch_sub(1, cuda::std::memory_order_relaxed);
         }
         drain_.served(view, *pick, static_cast<std::uint64_t>(size_(got->value)));
-        waits_[*pick].record(now > got->stamp ? now - got->stamp : 0);
+        waits(shard, *pick).record(now > got->stamp ? now - got->stamp : 0);
         return got;
       }
       tried |= 1U << *pick;
@@ -454,10 +458,10 @@ private:
   }
 
   template <class Out>
-  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max) noexcept {
+  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max, std::uint32_t shard) noexcept {
     cuda::std::size_t n = 0;
     while (n < max) {
-      auto r = pop_quietly();
+      auto r = pop_quietly(shard);
       if (!r) {
         break;
       }
@@ -471,14 +475,13 @@ private:
   // After a push (or a push refused because the queue closed), given gate_ as the push left it:
   // wake a sleeping consumer, or all of them once the queue is closed (they wait for the last
   // in-flight push).
-  CARVE_HOST_DEVICE void wake_readers(std::uint64_t gate) noexcept {
-    NV_IF_TARGET(NV_IS_HOST, (if ((gate & readers_mask) != 0) { waiters_->wake_readers((gate & closed_bit) != 0); }))
+  CARVE_HOST_DEVICE void wake_readers(typename Gate::word gate) noexcept {
+    NV_IF_TARGET(NV_IS_HOST,
+                 (if ((gate & Gate::readers_mask) != 0) { waiters_->wake_readers((gate & Gate::closed_bit) != 0); }))
   }
   // After a pop: the read-modify-write that pairs with a sleeping producer's announcement.
-  CARVE_HOST_DEVICE void wake_writers() noexcept {
-    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.fetch_or(0, cuda::std::memory_order_acq_rel) & writers_mask) != 0) {
-                   waiters_->wake_writers();
-                 }))
+  CARVE_HOST_DEVICE void wake_writers(std::uint32_t shard) noexcept {
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.touch(shard) & Gate::writers_mask) != 0) { waiters_->wake_writers(); }))
   }
 
 #if !defined(__CUDA_ARCH__)
@@ -486,7 +489,7 @@ private:
 
   // Retries `attempt` until it gives something other than `busy`, sleeping on `cv` in between.
   template <class Attempt>
-  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, std::uint64_t announce,
+  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, typename Gate::word announce,
                        const Deadline& deadline) {
     auto r = attempt();
     if (r || r.error() != busy) {
@@ -494,7 +497,7 @@ private:
     }
     CARVE_EXPECTS(waiters_ != nullptr); // a queue built in device code has no host waiters
     std::unique_lock lock(waiters_->mutex);
-    gate_.fetch_add(announce, cuda::std::memory_order_acq_rel);
+    gate_.announce(announce);
     for (;;) {
       r = attempt();
       if (r || r.error() != busy) {
@@ -510,47 +513,51 @@ private:
         break;
       }
     }
-    gate_.fetch_sub(announce, cuda::std::memory_order_relaxed);
+    gate_.withdraw(announce);
     return r;
   }
 
   cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
-    std::uint64_t gate = 0;
+    typename Gate::word gate = 0;
     if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
       return push_quietly(request, gate);
     }
-    const auto r =
-        wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable, writer, deadline);
+    const auto r = wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable,
+                                   Gate::writer, deadline);
     wake_readers(gate);
     return r;
   }
 
-  template <class Attempt>
-  cuda::std::expected<T, Errc> pop_waiting(Attempt attempt, const Deadline& deadline) {
+  cuda::std::expected<T, Errc> pop_waiting(std::uint32_t shard, const Deadline& deadline) {
     if (waiters_ == nullptr) {
-      return attempt();
+      return pop_quietly(shard);
     }
-    auto r = wait_for_change(attempt, Errc::empty, waiters_->readable, reader, deadline);
+    auto r = wait_for_change([this, shard] { return pop_quietly(shard); }, Errc::empty, waiters_->readable,
+                             Gate::reader, deadline);
     if (r) {
-      wake_writers();
+      wake_writers(shard);
     }
     return r;
   }
 #endif
 
+  // Read on every call: kept apart from everything that calls write, so that producers and
+  // consumers on different cores do not take the line from each other.
   TierThresholds thresholds_;
   [[no_unique_address]] SizeFn size_;
-  Drain drain_;
   std::uint32_t tiers_ = 0;
   std::uint32_t built_ = 0;  // lanes constructed (tiers_ once the queue is usable)
   std::uint32_t status_ = 0; // an Errc, or 0
   cuda::std::size_t capacity_[max_tiers]{};
   detail::QueueWaiters* waiters_ = nullptr; // host only
 
-  cuda::atomic<std::uint64_t, Lanes::scope> gate_{0};
-  cuda::atomic<std::uint64_t, Lanes::scope> total_{0}; // requests held, for shared capacity
-  cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
-  WaitHistogram<Lanes::scope> waits_[max_tiers];
+  alignas(interference_size) Drain drain_; // written by consumers
+  Gate gate_;
+  alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> total_{0}; // requests held, for shared capacity
+  alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
+  // Wait histograms, Gate::shards x tiers_: a consumer records in its own shard's, so that two
+  // consumers do not fight over the bucket both just hit.
+  WaitHistogram<Lanes::scope>* waits_ = nullptr;
   LaneSlot lanes_[max_tiers];
 };
 
