@@ -231,7 +231,9 @@ public:
     *out = cuda::std::move(*first);
     ++out;
     const cuda::std::size_t n = 1 + pop_many(out, max - 1, shard);
-    wake_writers(shard);
+    if (n > 1) { // pop_waiting already woke writers for the first one
+      wake_writers(shard);
+    }
     return n;
   }
 #endif
@@ -373,10 +375,11 @@ private:
   }
 
   CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
+  CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
+  // Mutable from const calls too: stats() reads the same histograms pops record into.
   CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t shard, std::uint32_t tier) const noexcept {
     return waits_[shard * tiers_ + tier];
   }
-  CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
 
   // `gate` receives gate_ as this push left it, for wake_readers.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, typename Gate::word& gate) noexcept {
@@ -541,7 +544,7 @@ private:
   }
 #endif
 
-  // Read on every call: kept apart from everything that calls write, so that producers and
+  // Read on every call: kept apart from everything the calls write, so that producers and
   // consumers on different cores do not take the line from each other.
   TierThresholds thresholds_;
   [[no_unique_address]] SizeFn size_;
