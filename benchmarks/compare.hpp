@@ -59,6 +59,9 @@ public:
         const auto per = run.counters.find("per_item");
         ns_[run.run_name.str()] =
             per != run.counters.end() ? per->second.value * 1e9 : run.GetAdjustedRealTime() * to_ns(run.time_unit);
+        for (const auto& [key, counter] : run.counters) {
+          counters_[run.run_name.str() + "#" + key] = counter.value;
+        }
       }
     }
   }
@@ -66,6 +69,15 @@ public:
   std::optional<double> ns(const std::string& name) const {
     const auto it = ns_.find(name);
     if (it == ns_.end()) {
+      return std::nullopt;
+    }
+    return it->second;
+  }
+
+  // A user counter of the same run (its median, with repetitions).
+  std::optional<double> counter(const std::string& name, const std::string& key) const {
+    const auto it = counters_.find(name + "#" + key);
+    if (it == counters_.end()) {
       return std::nullopt;
     }
     return it->second;
@@ -87,6 +99,7 @@ private:
   }
 
   std::map<std::string, double> ns_;
+  std::map<std::string, double> counters_;
 };
 
 // Prints "label: a / b = ratio (target >= t: met)"; skips quietly when either side was

@@ -8,8 +8,8 @@
 // <concurrentqueue/moodycamel/concurrentqueue.h>); CARVE_HAS_MOODYCAMEL_LANE is then defined.
 //
 // ConcurrentQueue is unbounded and keeps one sub-queue per producer; the adapter adds the
-// exact bound a lane must have (a counter reserved before each enqueue) and the pushed/popped
-// totals. Order: FIFO per producer, not across producers (moodycamel's own guarantee), and no
+// exact bound a lane must have and the pushed/popped totals (a BoundedCount, reserved before
+// each enqueue). Order: FIFO per producer, not across producers (moodycamel's own guarantee), and no
 // peek, so policies that read head stamps (StrictPriority, PriorityTag) do not accept it.
 // Requests must also be move-assignable: a failed enqueue hands the request back by assignment.
 #pragma once
@@ -28,6 +28,7 @@
 #pragma pop_macro("BLOCK_SIZE")
 
 #if defined(CARVE_HAS_MOODYCAMEL_LANE)
+#include <carve/queue/bounded_count.hpp>
 #include <carve/queue/lane.hpp>
 
 #include <cuda/atomic>
@@ -35,7 +36,6 @@
 #include <cuda/std/cstdint>
 #include <cuda/std/optional>
 
-#include <atomic>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -49,20 +49,16 @@ class MoodycamelLane {
 public:
   using value_type = T;
 
-  explicit MoodycamelLane(cuda::std::size_t capacity) : queue_(capacity), capacity_(capacity) {}
+  explicit MoodycamelLane(cuda::std::size_t capacity) : queue_(capacity), held_(capacity) {}
 
   bool try_push(T& item, std::uint64_t stamp) {
-    if (held_.fetch_add(1, std::memory_order_relaxed) >= capacity_) {
-      held_.fetch_sub(1, std::memory_order_relaxed);
+    if (!held_.try_acquire()) {
       return false;
     }
-    // Counted before it can be popped, so popped() never passes pushed().
-    pushed_.fetch_add(1, std::memory_order_release);
     Stamped<T> entry{std::move(item), stamp};
     if (!queue_.enqueue(std::move(entry))) { // only when memory runs out
       item = std::move(entry.value);
-      pushed_.fetch_sub(1, std::memory_order_relaxed);
-      held_.fetch_sub(1, std::memory_order_relaxed);
+      held_.cancel();
       return false;
     }
     return true;
@@ -73,14 +69,14 @@ public:
     if (!queue_.try_dequeue(out)) {
       return cuda::std::nullopt;
     }
-    popped_.fetch_add(1, std::memory_order_release);
-    held_.fetch_sub(1, std::memory_order_relaxed);
+    held_.release();
     return cuda::std::optional<Stamped<T>>(std::move(*out.entry));
   }
 
-  cuda::std::size_t capacity() const noexcept { return capacity_; }
-  std::uint64_t pushed() const noexcept { return pushed_.load(std::memory_order_acquire); }
-  std::uint64_t popped() const noexcept { return popped_.load(std::memory_order_acquire); }
+  cuda::std::size_t capacity() const noexcept { return static_cast<cuda::std::size_t>(held_.bound()); }
+  // Reserved before the enqueue, so popped() never passes pushed().
+  std::uint64_t pushed() const noexcept { return held_.acquired(); }
+  std::uint64_t popped() const noexcept { return held_.released(); }
 
 private:
   // try_dequeue assigns into an existing object; this one constructs on assignment, so T needs
@@ -94,11 +90,7 @@ private:
   };
 
   moodycamel::ConcurrentQueue<Stamped<T>> queue_;
-  cuda::std::size_t capacity_;
-  // Producers and consumers both move held_; only producers pushed_, only consumers popped_.
-  alignas(interference_size) std::atomic<std::uint64_t> held_{0};
-  alignas(interference_size) std::atomic<std::uint64_t> pushed_{0};
-  alignas(interference_size) std::atomic<std::uint64_t> popped_{0};
+  BoundedCount<cuda::thread_scope_system> held_; // the bound moodycamel's queue does not keep
 };
 
 struct MoodycamelLanes {

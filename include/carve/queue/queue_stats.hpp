@@ -67,6 +67,12 @@ public:
   CARVE_HOST_DEVICE void record(std::uint64_t ticks) noexcept {
     counts_[bucket(ticks)].fetch_add(1, cuda::std::memory_order_relaxed);
   }
+  // Only when no other thread records into this histogram at the same time: no
+  // read-modify-write, which costs a full fence on x86.
+  CARVE_HOST_DEVICE void record_alone(std::uint64_t ticks) noexcept {
+    auto& count = counts_[bucket(ticks)];
+    count.store(count.load(cuda::std::memory_order_relaxed) + 1, cuda::std::memory_order_relaxed);
+  }
 
   CARVE_HOST_DEVICE WaitHistogramSnapshot snapshot(double ns_per_tick) const noexcept {
     WaitHistogramSnapshot s;

@@ -37,11 +37,13 @@
 // push leaves the request with the caller. close() refuses further pushes, wakes every waiter
 // and lets consumers drain what is queued: pops then fail with Errc::closed only once nothing
 // is left and no push is still in flight. size() and the stats are exact when no call is in
-// flight.
+// flight. A queue used by host threads and a kernel at the same time must be closed from the
+// host (push_gate.hpp says why).
 #pragma once
 
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
+#include <carve/queue/bounded_count.hpp>
 #include <carve/queue/drain_policy.hpp>
 #include <carve/queue/lane.hpp>
 #include <carve/queue/mpmc_ring.hpp>
@@ -100,7 +102,7 @@ public:
   // `capacity` requests per tier (or in all, for a shared-capacity policy).
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, Drain drain = Drain{},
                                     SizeFn size = SizeFn{})
-      : thresholds_(thresholds), size_(size), drain_(drain) {
+      : thresholds_(thresholds), size_(size), drain_(drain), held_(capacity) {
     build({}, capacity);
   }
   // One capacity per tier (not for shared-capacity policies: Errc::invalid_argument).
@@ -173,10 +175,10 @@ public:
 
   // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
   CARVE_HOST_DEVICE cuda::std::expected<T, Errc> try_pop() noexcept {
-    const std::uint32_t shard = Gate::my_shard();
-    auto r = pop_quietly(shard);
+    const Seat seat = Gate::my_seat();
+    auto r = pop_quietly(seat);
     if (r) {
-      wake_writers(shard);
+      wake_writers(seat);
     }
     return r;
   }
@@ -184,10 +186,10 @@ public:
   // Up to `max` requests into `out` (an output iterator), in drain order; never blocks.
   template <class Out>
   CARVE_HOST_DEVICE cuda::std::size_t try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
-    const std::uint32_t shard = Gate::my_shard();
-    const cuda::std::size_t n = pop_many(out, max, shard);
+    const Seat seat = Gate::my_seat();
+    const cuda::std::size_t n = pop_many(out, max, seat);
     if (n != 0) {
-      wake_writers(shard);
+      wake_writers(seat);
     }
     return n;
   }
@@ -210,10 +212,10 @@ public:
     return push_waiting(request, std::chrono::steady_clock::now() + timeout);
   }
 
-  cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_shard(), std::nullopt); }
+  cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_seat(), std::nullopt); }
   template <class Rep, class Period>
   cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
-    return pop_waiting(Gate::my_shard(), std::chrono::steady_clock::now() + timeout);
+    return pop_waiting(Gate::my_seat(), std::chrono::steady_clock::now() + timeout);
   }
 
   // Waits for at least one request, then takes up to `max` without waiting further.
@@ -223,16 +225,16 @@ public:
     if (max == 0) {
       return cuda::std::size_t{0};
     }
-    const std::uint32_t shard = Gate::my_shard();
-    auto first = pop_waiting(shard, std::chrono::steady_clock::now() + timeout);
+    const Seat seat = Gate::my_seat();
+    auto first = pop_waiting(seat, std::chrono::steady_clock::now() + timeout);
     if (!first) {
       return cuda::std::unexpected(first.error());
     }
     *out = cuda::std::move(*first);
     ++out;
-    const cuda::std::size_t n = 1 + pop_many(out, max - 1, shard);
+    const cuda::std::size_t n = 1 + pop_many(out, max - 1, seat);
     if (n > 1) { // pop_waiting already woke writers for the first one
-      wake_writers(shard);
+      wake_writers(seat);
     }
     return n;
   }
@@ -274,8 +276,8 @@ public:
       ts.capacity = capacity(t);
       ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
       ts.wait.ns_per_tick = ns_per_tick;
-      for (std::uint32_t shard = 0; shard < Gate::shards; ++shard) {
-        waits(shard, t).add_to(ts.wait);
+      for (std::uint32_t slot = 0; slot < histogram_slots; ++slot) {
+        waits(slot, t).add_to(ts.wait);
       }
     }
     return s;
@@ -307,6 +309,7 @@ public:
 private:
   // The closed flag, the pushes in flight and the sleeping threads (push_gate.hpp).
   using Gate = detail::PushGate<Lanes::scope>;
+  using Seat = typename Gate::Seat; // the calling thread's shard (Gate::my_seat)
 
   union LaneSlot {
     CARVE_HOST_DEVICE LaneSlot() noexcept {}
@@ -348,7 +351,7 @@ private:
     }
     BuildGuard guard{*this};
     NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
-    waits_ = new WaitHistogram<Lanes::scope>[Gate::shards * tiers_]; // on a device: nullptr when the heap is full
+    waits_ = new WaitHistogram<Lanes::scope>[histogram_slots * tiers_]; // on a device: nullptr when the heap is full
     if (waits_ == nullptr) {
       status_ = static_cast<std::uint32_t>(Errc::no_space);
       guard.dismissed = true;
@@ -377,8 +380,17 @@ private:
   CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
   CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
   // Mutable from const calls too: stats() reads the same histograms pops record into.
-  CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t shard, std::uint32_t tier) const noexcept {
-    return waits_[shard * tiers_ + tier];
+  CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t slot, std::uint32_t tier) const noexcept {
+    return waits_[slot * tiers_ + tier];
+  }
+  // A shard's owner counts alone in its slot, without a read-modify-write; the threads that
+  // share shards count in a second set of slots.
+  CARVE_HOST_DEVICE void record_wait(const Seat& seat, std::uint32_t tier, std::uint64_t ticks) noexcept {
+    if (seat.owner) {
+      waits(seat.shard, tier).record_alone(ticks);
+    } else {
+      waits(Gate::shards + seat.shard, tier).record(ticks);
+    }
   }
 
   // `gate` receives gate_ as this push left it, for wake_readers.
@@ -394,16 +406,13 @@ private:
     }
     bool pushed = true;
     if constexpr (shared_capacity) {
-      if (total_.fetch_add(1, cuda::std::memory_order_relaxed) >= capacity_[0]) {
-        total_.fetch_sub(1, cuda::std::memory_order_relaxed);
-        pushed = false;
-      }
+      pushed = held_.try_acquire();
     }
     if (pushed) {
       pushed = lane(tier).try_push(request, Clock::now());
       if constexpr (shared_capacity) {
         if (!pushed) {
-          total_.fetch_sub(1, cuda::std::memory_order_relaxed);
+          held_.cancel();
         }
       }
     }
@@ -416,17 +425,17 @@ private:
     return {};
   }
 
-  // `shard`: the calling thread's (Gate::my_shard), for its share of the wait histograms.
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly(std::uint32_t shard) noexcept {
+  // `seat`: the calling thread's (Gate::my_seat), for its share of the wait histograms.
+  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly(const Seat& seat) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
-    if (auto got = pop_one(shard)) {
+    if (auto got = pop_one(seat)) {
       return cuda::std::move(got->value);
     }
     if (gate_.drained()) {
       // Closed with no push in flight: every accepted request is visible now; one more look.
-      if (auto got = pop_one(shard)) {
+      if (auto got = pop_one(seat)) {
         return cuda::std::move(got->value);
       }
       return cuda::std::unexpected(Errc::closed);
@@ -435,7 +444,7 @@ private:
   }
 
   // At most one pop attempt per tier: each failed attempt marks its tier as found empty.
-  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one(std::uint32_t shard) noexcept {
+  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one(const Seat& seat) noexcept {
     std::uint32_t tried = 0;
     const std::uint64_t now = Clock::now();
     const View view(*this, tried, now);
@@ -449,10 +458,10 @@ private:
       }
       if (auto got = lane(*pick).try_pop()) {
         if constexpr (shared_capacity) {
-          total_.fetch_sub(1, cuda::std::memory_order_relaxed);
+          held_.release();
         }
         drain_.served(view, *pick, static_cast<std::uint64_t>(size_(got->value)));
-        waits(shard, *pick).record(now > got->stamp ? now - got->stamp : 0);
+        record_wait(seat, *pick, now > got->stamp ? now - got->stamp : 0);
         return got;
       }
       tried |= 1U << *pick;
@@ -461,10 +470,10 @@ private:
   }
 
   template <class Out>
-  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max, std::uint32_t shard) noexcept {
+  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max, const Seat& seat) noexcept {
     cuda::std::size_t n = 0;
     while (n < max) {
-      auto r = pop_quietly(shard);
+      auto r = pop_quietly(seat);
       if (!r) {
         break;
       }
@@ -483,8 +492,8 @@ private:
                  (if ((gate & Gate::readers_mask) != 0) { waiters_->wake_readers((gate & Gate::closed_bit) != 0); }))
   }
   // After a pop: the read-modify-write that pairs with a sleeping producer's announcement.
-  CARVE_HOST_DEVICE void wake_writers(std::uint32_t shard) noexcept {
-    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.touch(shard) & Gate::writers_mask) != 0) { waiters_->wake_writers(); }))
+  CARVE_HOST_DEVICE void wake_writers(const Seat& seat) noexcept {
+    NV_IF_TARGET(NV_IS_HOST, (if ((gate_.touch(seat) & Gate::writers_mask) != 0) { waiters_->wake_writers(); }))
   }
 
 #if !defined(__CUDA_ARCH__)
@@ -531,14 +540,14 @@ private:
     return r;
   }
 
-  cuda::std::expected<T, Errc> pop_waiting(std::uint32_t shard, const Deadline& deadline) {
+  cuda::std::expected<T, Errc> pop_waiting(const Seat& seat, const Deadline& deadline) {
     if (waiters_ == nullptr) {
-      return pop_quietly(shard);
+      return pop_quietly(seat);
     }
-    auto r = wait_for_change([this, shard] { return pop_quietly(shard); }, Errc::empty, waiters_->readable,
-                             Gate::reader, deadline);
+    auto r = wait_for_change([this, seat] { return pop_quietly(seat); }, Errc::empty, waiters_->readable, Gate::reader,
+                             deadline);
     if (r) {
-      wake_writers(shard);
+      wake_writers(seat);
     }
     return r;
   }
@@ -556,10 +565,11 @@ private:
 
   alignas(interference_size) Drain drain_; // written by consumers
   Gate gate_;
-  alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> total_{0}; // requests held, for shared capacity
+  BoundedCount<Lanes::scope> held_{0}; // requests held, for shared capacity
   alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
-  // Wait histograms, Gate::shards x tiers_: a consumer records in its own shard's, so that two
-  // consumers do not fight over the bucket both just hit.
+  // Wait histograms, histogram_slots x tiers_: a consumer records in its own shard's, so that
+  // two consumers do not fight over the bucket both just hit (see record_wait).
+  static constexpr std::uint32_t histogram_slots = 2 * Gate::shards;
   WaitHistogram<Lanes::scope>* waits_ = nullptr;
   LaneSlot lanes_[max_tiers];
 };
