@@ -50,8 +50,8 @@ inline void asymmetric_fence_heavy() noexcept {
   cuda::std::atomic_thread_fence(cuda::std::memory_order_seq_cst);
 #if defined(CARVE_HAS_MEMBARRIER)
   if (syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
-    // A child of fork() starts unregistered: register it; failing that, the global barrier
-    // (milliseconds, but never wrong).
+    // Refused because this process is not registered (whatever lost the registration):
+    // register and retry; failing that, the global barrier (milliseconds, but never wrong).
     if (syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0 ||
         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
       syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0);
