@@ -99,7 +99,7 @@ struct BoostLockfree {
 // virtual CPUs at the time, and that changes from one second to the next, so every benchmark
 // measures it just before its timed loop (counter "handoff_ns") and the summary prints it beside
 // the number it explains.
-double handoff_ns(std::uint64_t handoffs = 200'000) {
+double handoff_ns(std::uint64_t handoffs) {
   alignas(carve::interference_size) std::atomic<std::uint64_t> turn{0};
   const auto play = [&turn, handoffs](std::uint64_t first) {
     for (std::uint64_t mine = first; mine < handoffs; mine += 2) {
