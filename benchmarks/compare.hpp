@@ -4,6 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -28,14 +29,17 @@ inline void pause() {
 
 // Retries `attempt` until it succeeds, pausing 1, 2, 4, ... 64 times in between: a thread that
 // polls a full or empty queue without backing off keeps taking the very cache line the other
-// side needs to make progress.
+// side needs to make progress. Returns the failed attempts: which side waited for which.
 template <class Attempt>
-inline void spin_until(Attempt attempt) {
+inline std::uint64_t spin_until(Attempt attempt) {
+  std::uint64_t failed = 0;
   for (unsigned pauses = 1; !attempt(); pauses = pauses < 64 ? 2 * pauses : 64) {
+    ++failed;
     for (unsigned i = 0; i < pauses; ++i) {
       pause();
     }
   }
+  return failed;
 }
 
 // Store as state.counters["per_item"] when one iteration processes `items` items: it reports

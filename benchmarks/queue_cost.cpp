@@ -148,27 +148,34 @@ void mixed(benchmark::State& state) {
 }
 
 // One producer thread pushes exactly as many requests as the timed loop pops, spinning (with
-// backoff) while the queue is full, as a scheduler with nothing else to do would.
+// backoff) while the queue is full, as a scheduler with nothing else to do would. Counters
+// "full" and "empty": failed pushes and pops per request, which say which side waited.
 template <class Impl>
 void pipeline(benchmark::State& state) {
   const auto queue = std::make_unique<Impl>(); // on the heap: not beside the consumer's stack
   Impl& impl = *queue;
   const auto requests = static_cast<std::size_t>(state.max_iterations);
   state.counters["handoff_ns"] = handoff_ns(20'000);
-  std::thread producer([&impl, requests] {
+  std::uint64_t full = 0;
+  std::thread producer([&impl, &full, requests] {
+    std::uint64_t failed = 0;
     for (std::size_t i = 0; i < requests; ++i) {
       const Lookup l{i, sizes()[i % sizes().size()], static_cast<std::uint32_t>(i & 7)};
-      carve::bench::spin_until([&] { return impl.push(l); });
+      failed += carve::bench::spin_until([&] { return impl.push(l); });
     }
+    full = failed;
   });
   std::uint64_t sum = 0;
+  std::uint64_t empty = 0;
   Lookup out{};
   for (auto _ : state) {
-    carve::bench::spin_until([&] { return impl.pop(out); });
+    empty += carve::bench::spin_until([&] { return impl.pop(out); });
     sum += out.vectors;
   }
   producer.join();
   carve::bench::consume(static_cast<std::uint32_t>(sum));
+  state.counters["full"] = benchmark::Counter(static_cast<double>(full), benchmark::Counter::kAvgIterations);
+  state.counters["empty"] = benchmark::Counter(static_cast<double>(empty), benchmark::Counter::kAvgIterations);
 }
 
 using RoundRobinTiers = Tiered<carve::RoundRobin>;
@@ -204,10 +211,20 @@ int main(int argc, char** argv) {
     const auto h = c.counter(name, "handoff_ns");
     return h ? std::to_string(static_cast<long>(*h)) : std::string("?");
   };
+  // Pipeline rows: which side waited (failed pushes and pops per request).
+  const auto waits = [&c](const std::string& name) {
+    const auto full = c.counter(name, "full");
+    const auto empty = c.counter(name, "empty");
+    char text[64] = "";
+    if (full && empty) {
+      std::snprintf(text, sizeof text, "   full %.3f, empty %.3f", *full, *empty);
+    }
+    return std::string(text);
+  };
   const auto tiered_row = [&](const char* label, const std::string& name) {
     if (const auto t = c.ns(name)) {
-      std::printf("  %-34s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)\n", label, *t, handoff(name).c_str(),
-                  *t <= 100.0 ? "met" : "MISSED");
+      std::printf("  %-34s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)%s\n", label, *t, handoff(name).c_str(),
+                  *t <= 100.0 ? "met" : "MISSED", waits(name).c_str());
     }
   };
   const auto fifo_rows = [&](const std::string& tiered_name, const std::string& shape, const std::string& suffix) {
@@ -215,8 +232,9 @@ int main(int argc, char** argv) {
     for (const char* fifo : fifos) {
       const std::string name = shape + "fifo/" + fifo + suffix;
       if (const auto f = c.ns(name); f && tiered) {
-        std::printf("  %-34s %8.2f ns   hand-off %4s ns   (round-robin tiers cost %+.2f ns over it)\n",
-                    (std::string("one FIFO, ") + fifo).c_str(), *f, handoff(name).c_str(), *tiered - *f);
+        std::printf("  %-34s %8.2f ns   hand-off %4s ns   (round-robin tiers cost %+.2f ns over it)%s\n",
+                    (std::string("one FIFO, ") + fifo).c_str(), *f, handoff(name).c_str(), *tiered - *f,
+                    waits(name).c_str());
       }
     }
   };

@@ -443,45 +443,50 @@ TEST_CASE("spinning consumers never report closed while an accepted push is on i
 }
 
 TEST_CASE("MpmcRing alone: producers and consumers on one ring, FIFO per producer") {
-  carve::MpmcRing<std::uint64_t> ring(37); // not a power of two: the index wraps by modulo
-  constexpr std::uint64_t per = 20000;
-  std::atomic<std::uint64_t> sum{0}, count{0};
-  std::atomic<int> violations{0};
-  std::vector<std::thread> threads;
-  for (std::uint64_t p = 0; p < 2; ++p) {
-    threads.emplace_back([&, p] {
-      for (std::uint64_t i = 0; i < per; ++i) {
-        std::uint64_t v = p << 32 | i;
-        while (!ring.try_push(v, i)) {
-          std::this_thread::yield();
-        }
-      }
-    });
-  }
-  for (int c = 0; c < 2; ++c) {
-    threads.emplace_back([&] {
-      std::int64_t last[2] = {-1, -1};
-      while (count.load() < 2 * per) {
-        if (const auto got = ring.try_pop()) {
-          const auto p = got->value >> 32;
-          const auto i = static_cast<std::int64_t>(got->value & 0xffff'ffff);
-          if (i <= last[p] || got->stamp != static_cast<std::uint64_t>(i)) {
-            ++violations;
+  // Neither a power of two (the index wraps by modulo); both reopen with room once full (2 and 6 cells).
+  for (const std::size_t capacity : {std::size_t{37}, std::size_t{100}}) {
+    CAPTURE(capacity);
+    carve::MpmcRing<std::uint64_t> ring(capacity);
+    REQUIRE(ring.reopen_room() > 1);
+    constexpr std::uint64_t per = 20000;
+    std::atomic<std::uint64_t> sum{0}, count{0};
+    std::atomic<int> violations{0};
+    std::vector<std::thread> threads;
+    for (std::uint64_t p = 0; p < 2; ++p) {
+      threads.emplace_back([&, p] {
+        for (std::uint64_t i = 0; i < per; ++i) {
+          std::uint64_t v = p << 32 | i;
+          while (!ring.try_push(v, i)) {
+            std::this_thread::yield();
           }
-          last[p] = i;
-          sum += got->value & 0xffff'ffff;
-          ++count;
-        } else {
-          std::this_thread::yield();
         }
-      }
-    });
+      });
+    }
+    for (int c = 0; c < 2; ++c) {
+      threads.emplace_back([&] {
+        std::int64_t last[2] = {-1, -1};
+        while (count.load() < 2 * per) {
+          if (const auto got = ring.try_pop()) {
+            const auto p = got->value >> 32;
+            const auto i = static_cast<std::int64_t>(got->value & 0xffff'ffff);
+            if (i <= last[p] || got->stamp != static_cast<std::uint64_t>(i)) {
+              ++violations;
+            }
+            last[p] = i;
+            sum += got->value & 0xffff'ffff;
+            ++count;
+          } else {
+            std::this_thread::yield();
+          }
+        }
+      });
+    }
+    for (auto& t : threads) {
+      t.join();
+    }
+    CHECK(violations == 0);
+    CHECK(count == 2 * per);
+    CHECK(sum == 2 * (per * (per - 1) / 2));
+    CHECK(ring.size() == 0);
   }
-  for (auto& t : threads) {
-    t.join();
-  }
-  CHECK(violations == 0);
-  CHECK(count == 2 * per);
-  CHECK(sum == 2 * (per * (per - 1) / 2));
-  CHECK(ring.size() == 0);
 }

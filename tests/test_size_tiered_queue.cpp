@@ -250,20 +250,27 @@ TEST_CASE("the real clock stamps requests and converts to nanoseconds") {
   CHECK(carve::QueueClock::now() >= a);
 }
 
-TEST_CASE("MpmcRing over many laps of odd and power-of-two capacities") {
+TEST_CASE("MpmcRing over many laps of odd and power-of-two capacities, reopening with room once full") {
   for (const std::size_t capacity : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5}, std::size_t{7},
-                                     std::size_t{8}, std::size_t{64}, std::size_t{100}}) {
+                                     std::size_t{8}, std::size_t{16}, std::size_t{64}, std::size_t{100}}) {
     CAPTURE(capacity);
     MpmcRing<Request> ring(capacity);
     REQUIRE(ring.capacity() == capacity);
+    CHECK(ring.reopen_room() == capacity / 16 + 1);
     std::deque<std::uint64_t> model;
+    bool reopening = false; // found full, and not yet reopen_room() cells free since
     std::mt19937_64 rng(capacity);
     std::uint64_t next = 0;
+    std::size_t refused_with_room = 0;
     for (int step = 0; step < 5000; ++step) {
-      if (rng() % 2 == 0) {
+      const bool filling = (step / 500) % 2 == 0; // phases that reach full and empty again
+      if (rng() % 5 < (filling ? 3U : 2U)) {
         auto r = Request::make(0, next);
         const bool pushed = ring.try_push(r, next * 10);
-        CHECK(pushed == (model.size() < capacity));
+        const std::size_t needed = reopening ? ring.reopen_room() : 1;
+        CHECK(pushed == (capacity - model.size() >= needed));
+        refused_with_room += !pushed && model.size() < capacity;
+        reopening = !pushed;
         if (pushed) {
           CHECK(r.payload == nullptr);
           model.push_back(next);
@@ -288,5 +295,6 @@ TEST_CASE("MpmcRing over many laps of odd and power-of-two capacities") {
       CHECK(ring.size() == model.size());
     }
     CHECK(ring.pushed() - ring.popped() == model.size());
+    CHECK((refused_with_room != 0) == (capacity >= 16));
   }
 }

@@ -15,10 +15,12 @@
 //   cuda::std::optional<Stamped<T>> try_pop()   // nullopt when empty
 //   std::size_t capacity() const                // 0 when the lane could not get its storage
 //   std::uint64_t pushed() const, popped() const // totals so far; size = pushed - popped
-// and, semantically: a push that returns true is popped exactly once; try_push fails only when
-// the lane holds capacity() items (or pushes in flight would make it so); any number of threads
-// may call any operation at once. FIFO order is the lane's own property: MpmcRing is FIFO across
-// all producers (linearizable), MoodycamelLane only per producer.
+// and, semantically: a push that returns true is popped exactly once; try_push fails when the
+// lane holds capacity() items (or pushes in flight would make it so), and may keep failing
+// after that until a stated amount of room is free again (MpmcRing: 1/16 of its capacity), but
+// never while the lane is empty; any number of threads may call any operation at once. FIFO
+// order is the lane's own property: MpmcRing is FIFO across all producers (linearizable),
+// MoodycamelLane only per producer.
 //
 // PeekableLane adds `cuda::std::optional<std::uint64_t> front_stamp() const`: the stamp of the
 // oldest item (a hint under concurrency), which drain policies that age requests need.

@@ -14,8 +14,16 @@
 // their positions were claimed: FIFO across all producers. Each operation is one
 // compare-exchange on a counter that lives in its own cache line, plus one release store.
 //
+// A full ring reopens with room to spare: once a push has found it full, pushes keep failing
+// until capacity / 16 + 1 cells are free (reopen_room()). Otherwise a producer retrying on full
+// takes each cell back the moment a consumer frees it, and the two cores pass that cell's line
+// back and forth once per item: twice the cost per request or more, whenever a producer
+// outruns its consumers (README, "What a queue costs"). The ring never holds more than
+// capacity() items, and below 16 cells a full ring reopens as soon as one cell is free.
+//
 // Not strictly lock-free: a producer stopped between its claim and its publish holds back the
-// consumer of that one cell (others go on). Positions are 64-bit and never wrap in practice.
+// consumer of that one cell (others go on). Positions are 63-bit (the enqueue counter's top bit
+// marks a ring found full) and never wrap in practice.
 // The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize);
 // capacity() is 0 when that failed, and then every push fails.
 #pragma once
@@ -46,6 +54,7 @@ public:
     capacity_ = capacity;
     mask_ = capacity - 1;
     power_of_two_ = (capacity & mask_) == 0;
+    headroom_ = capacity / 16;
     for (cuda::std::size_t i = 0; i < capacity; ++i) {
       cells_[i].turn.store(0, cuda::std::memory_order_relaxed);
     }
@@ -71,6 +80,20 @@ public:
       if (capacity_ == 0) {
         return false;
       }
+      if ((pos & reopening) != 0) {
+        // Found full before: wait until the cell headroom_ places ahead is free too, which the
+        // consumers left long ago. A hint only; the claim below still checks its own cell.
+        const std::uint64_t next = pos & ~reopening;
+        const Place far = place(next + headroom_);
+        const std::uint64_t turn = cells_[far.index].turn.load(cuda::std::memory_order_relaxed);
+        if (static_cast<std::int64_t>(turn - 2 * far.lap) < 0) {
+          return false;
+        }
+        if (enqueue_.value.compare_exchange_weak(pos, next, cuda::std::memory_order_relaxed)) {
+          pos = next;
+        }
+        continue;
+      }
       const Place at = place(pos);
       cell = &cells_[at.index];
       const std::uint64_t turn = cell->turn.load(cuda::std::memory_order_acquire);
@@ -80,6 +103,9 @@ public:
           break;
         }
       } else if (ahead < 0) {
+        if (headroom_ != 0) { // a lost exchange means another call got there first: fine either way
+          (void)enqueue_.value.compare_exchange_strong(pos, pos | reopening, cuda::std::memory_order_relaxed);
+        }
         return false; // the cell still holds the item of an earlier lap: full
       } else {
         pos = enqueue_.value.load(cuda::std::memory_order_relaxed);
@@ -136,8 +162,10 @@ public:
   }
 
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const noexcept { return capacity_; }
+  // Free cells a ring found full needs before it takes the next push.
+  CARVE_HOST_DEVICE cuda::std::size_t reopen_room() const noexcept { return headroom_ + 1; }
   CARVE_HOST_DEVICE std::uint64_t pushed() const noexcept {
-    return enqueue_.value.load(cuda::std::memory_order_acquire);
+    return enqueue_.value.load(cuda::std::memory_order_acquire) & ~reopening;
   }
   CARVE_HOST_DEVICE std::uint64_t popped() const noexcept {
     return dequeue_.value.load(cuda::std::memory_order_acquire);
@@ -181,6 +209,10 @@ private:
   cuda::std::size_t mask_ = 0;
   bool power_of_two_ = false; // then pos % capacity is pos & mask, and pos / capacity is pos >> shift
   std::uint32_t shift_ = 0;
+  cuda::std::size_t headroom_ = 0; // cells beyond its own a push needs free once the ring was full
+  // The enqueue counter's top bit: a push found the ring full, and pushes wait for headroom_.
+  // Kept in the counter so that the push path reads nothing more than before.
+  static constexpr std::uint64_t reopening = std::uint64_t{1} << 63;
   Counter enqueue_;
   Counter dequeue_;
 };

@@ -160,7 +160,8 @@ public:
   }
 
   // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
-  // On error the request is still in `request`.
+  // On error the request is still in `request`. A tier found full takes pushes again once its
+  // lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
     typename Gate::word gate = 0;
     const auto r = push_quietly(request, gate);
