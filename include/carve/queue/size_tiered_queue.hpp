@@ -312,6 +312,11 @@ private:
   using Gate = detail::PushGate<Lanes::scope>;
   using Seat = typename Gate::Seat; // the calling thread's shard (Gate::my_seat)
 
+  // What a queue without a shared bound keeps in place of its BoundedCount.
+  struct NoBound {
+    CARVE_HOST_DEVICE explicit NoBound(cuda::std::size_t) noexcept {}
+  };
+
   union LaneSlot {
     CARVE_HOST_DEVICE LaneSlot() noexcept {}
     CARVE_HOST_DEVICE ~LaneSlot() {}
@@ -566,7 +571,8 @@ private:
 
   alignas(interference_size) Drain drain_; // written by consumers
   Gate gate_;
-  BoundedCount<Lanes::scope> held_{0}; // requests held, for shared capacity
+  // Requests held, for shared capacity; other queues carry an empty stand-in.
+  [[no_unique_address]] cuda::std::conditional_t<shared_capacity, BoundedCount<Lanes::scope>, NoBound> held_{0};
   alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
   // Wait histograms, histogram_slots x tiers_: a consumer records in its own shard's, so that
   // two consumers do not fight over the bucket both just hit (see record_wait).
