@@ -443,7 +443,7 @@ TEST_CASE("spinning consumers never report closed while an accepted push is on i
 }
 
 TEST_CASE("MpmcRing alone: producers and consumers on one ring, FIFO per producer") {
-  // Neither a power of two (the index wraps by modulo); both reopen with room once full (2 and 6 cells).
+  // Neither is a power of two (the index wraps by modulo); once full, they reopen at 3 and 7 free cells.
   for (const std::size_t capacity : {std::size_t{37}, std::size_t{100}}) {
     CAPTURE(capacity);
     carve::MpmcRing<std::uint64_t> ring(capacity);

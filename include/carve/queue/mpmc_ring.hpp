@@ -54,7 +54,6 @@ public:
     capacity_ = capacity;
     mask_ = capacity - 1;
     power_of_two_ = (capacity & mask_) == 0;
-    headroom_ = capacity / 16;
     for (cuda::std::size_t i = 0; i < capacity; ++i) {
       cells_[i].turn.store(0, cuda::std::memory_order_relaxed);
     }
@@ -81,10 +80,10 @@ public:
         return false;
       }
       if ((pos & reopening) != 0) {
-        // Found full before: wait until the cell headroom_ places ahead is free too, which the
+        // Found full before: wait until the cell headroom() places ahead is free too, which the
         // consumers left long ago. A hint only; the claim below still checks its own cell.
         const std::uint64_t next = pos & ~reopening;
-        const Place far = place(next + headroom_);
+        const Place far = place(next + headroom());
         const std::uint64_t turn = cells_[far.index].turn.load(cuda::std::memory_order_relaxed);
         if (static_cast<std::int64_t>(turn - 2 * far.lap) < 0) {
           return false;
@@ -103,7 +102,7 @@ public:
           break;
         }
       } else if (ahead < 0) {
-        if (headroom_ != 0) { // a lost exchange means another call got there first: fine either way
+        if (headroom() != 0) { // a lost exchange means another call got there first: fine either way
           (void)enqueue_.value.compare_exchange_strong(pos, pos | reopening, cuda::std::memory_order_relaxed);
         }
         return false; // the cell still holds the item of an earlier lap: full
@@ -163,7 +162,7 @@ public:
 
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const noexcept { return capacity_; }
   // Free cells a ring found full needs before it takes the next push.
-  CARVE_HOST_DEVICE cuda::std::size_t reopen_room() const noexcept { return headroom_ + 1; }
+  CARVE_HOST_DEVICE cuda::std::size_t reopen_room() const noexcept { return headroom() + 1; }
   CARVE_HOST_DEVICE std::uint64_t pushed() const noexcept {
     return enqueue_.value.load(cuda::std::memory_order_acquire) & ~reopening;
   }
@@ -193,6 +192,9 @@ private:
     cuda::atomic<std::uint64_t, Scope> value{0};
   };
 
+  // Cells beyond its own that a push needs free once the ring was found full.
+  CARVE_HOST_DEVICE cuda::std::size_t headroom() const noexcept { return capacity_ / 16; }
+
   struct Place {
     cuda::std::size_t index; // the cell
     std::uint64_t lap;       // how many times the ring has wrapped before this position
@@ -209,8 +211,7 @@ private:
   cuda::std::size_t mask_ = 0;
   bool power_of_two_ = false; // then pos % capacity is pos & mask, and pos / capacity is pos >> shift
   std::uint32_t shift_ = 0;
-  cuda::std::size_t headroom_ = 0; // cells beyond its own a push needs free once the ring was full
-  // The enqueue counter's top bit: a push found the ring full, and pushes wait for headroom_.
+  // The enqueue counter's top bit: a push found the ring full, and pushes wait for headroom().
   // Kept in the counter so that the push path reads nothing more than before.
   static constexpr std::uint64_t reopening = std::uint64_t{1} << 63;
   Counter enqueue_;
