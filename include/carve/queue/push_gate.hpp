@@ -57,8 +57,12 @@ public:
   };
   CARVE_HOST_DEVICE static Seat my_seat() noexcept {
     const std::uint32_t n = carve::thread_number();
-    NV_IF_ELSE_TARGET(NV_IS_HOST, (return {n % shards, n < shards && asymmetric_fences_available()};),
-                      (return {n % shards, false};))
+    return {n % shards, n < owned_shards()};
+  }
+  // How many shards can have an owner where this runs: none on a device, or on a host without
+  // asymmetric fences.
+  CARVE_HOST_DEVICE static std::uint32_t owned_shards() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_HOST, (return asymmetric_fences_available() ? shards : 0;), (return 0;))
   }
 
   // A push about to touch the lanes: counts it in flight. `open` is false once the queue is

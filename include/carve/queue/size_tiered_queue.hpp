@@ -277,7 +277,7 @@ public:
       ts.capacity = capacity(t);
       ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
       ts.wait.ns_per_tick = ns_per_tick;
-      for (std::uint32_t slot = 0; slot < histogram_slots; ++slot) {
+      for (std::uint32_t slot = 0; slot < histogram_slots(); ++slot) {
         waits(slot, t).add_to(ts.wait);
       }
     }
@@ -357,7 +357,8 @@ private:
     }
     BuildGuard guard{*this};
     NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
-    waits_ = new WaitHistogram<Lanes::scope>[histogram_slots * tiers_]; // on a device: nullptr when the heap is full
+    owner_slots_ = Gate::owned_shards();
+    waits_ = new WaitHistogram<Lanes::scope>[histogram_slots() * tiers_]; // on a device: nullptr when the heap is full
     if (waits_ == nullptr) {
       status_ = static_cast<std::uint32_t>(Errc::no_space);
       guard.dismissed = true;
@@ -390,14 +391,15 @@ private:
     return waits_[slot * tiers_ + tier];
   }
   // A shard's owner counts alone in its slot, without a read-modify-write; the threads that
-  // share shards count in a second set of slots.
+  // share shards count in the slots after the owners'.
   CARVE_HOST_DEVICE void record_wait(const Seat& seat, std::uint32_t tier, std::uint64_t ticks) noexcept {
     if (seat.owner) {
       waits(seat.shard, tier).record_alone(ticks);
     } else {
-      waits(Gate::shards + seat.shard, tier).record(ticks);
+      waits(owner_slots_ + seat.shard, tier).record(ticks);
     }
   }
+  CARVE_HOST_DEVICE std::uint32_t histogram_slots() const noexcept { return owner_slots_ + Gate::shards; }
 
   // `gate` receives gate_ as this push left it, for wake_readers.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, typename Gate::word& gate) noexcept {
@@ -568,16 +570,18 @@ private:
   std::uint32_t status_ = 0; // an Errc, or 0
   cuda::std::size_t capacity_[max_tiers]{};
   detail::QueueWaiters* waiters_ = nullptr; // host only
+  // Wait histograms, histogram_slots() x tiers_: a consumer records in its own shard's, so that
+  // two consumers do not fight over the bucket both just hit (see record_wait).
+  WaitHistogram<Lanes::scope>* waits_ = nullptr;
+  // Slots for shard owners: none in a queue built in device code (which host threads cannot
+  // reach, and whose device threads never own a shard) or on a host without asymmetric fences.
+  std::uint32_t owner_slots_ = 0;
 
   alignas(interference_size) Drain drain_; // written by consumers
   Gate gate_;
   // Requests held, for shared capacity; other queues carry an empty stand-in.
   [[no_unique_address]] cuda::std::conditional_t<shared_capacity, BoundedCount<Lanes::scope>, NoBound> held_{0};
   alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
-  // Wait histograms, histogram_slots x tiers_: a consumer records in its own shard's, so that
-  // two consumers do not fight over the bucket both just hit (see record_wait).
-  static constexpr std::uint32_t histogram_slots = 2 * Gate::shards;
-  WaitHistogram<Lanes::scope>* waits_ = nullptr;
   LaneSlot lanes_[max_tiers];
 };
 
