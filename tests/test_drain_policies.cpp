@@ -51,6 +51,34 @@ const std::vector<std::pair<std::uint64_t, std::uint64_t>> mix = {{large, 21}, {
 
 } // namespace
 
+namespace {
+// A view over `tiers` tiers of which the bits of `empty` are known empty.
+struct MaskView {
+  static constexpr cuda::thread_scope scope = cuda::thread_scope_system;
+  std::uint32_t tiers;
+  std::uint32_t empty;
+  std::uint32_t tier_count() const noexcept { return tiers; }
+  bool known_empty(std::uint32_t t) const noexcept { return ((empty >> t) & 1U) != 0; }
+};
+} // namespace
+
+TEST_CASE("next_untried walks on from a tier, wrapping, and skips tiers found empty") {
+  using carve::detail::next_untried;
+  CHECK(next_untried(MaskView{3, 0b000}, 2) == 2U);
+  CHECK(next_untried(MaskView{3, 0b100}, 2) == 0U); // wraps past the last tier
+  CHECK(next_untried(MaskView{3, 0b101}, 2) == 1U);
+  CHECK(next_untried(MaskView{3, 0b011}, 0) == 2U);
+  CHECK(next_untried(MaskView{3, 0b110}, 1) == 0U);
+  CHECK(next_untried(MaskView{3, 0b000}, 7) == 1U); // a start past the tiers counts modulo their number
+  CHECK_FALSE(next_untried(MaskView{3, 0b111}, 1).has_value());
+  CHECK_FALSE(next_untried(MaskView{0, 0}, 0).has_value());
+  for (std::uint32_t n = 1; n <= carve::max_tiers; ++n) {
+    for (std::uint32_t from = 0; from < n; ++from) {
+      CHECK(next_untried(MaskView{n, ~(1U << ((from + n - 1) % n))}, from) == (from + n - 1) % n);
+    }
+  }
+}
+
 TEST_CASE("round-robin: one per non-empty tier in turn, skipping empty tiers") {
   ScriptedClock::set(0);
   Queue<carve::RoundRobin> q(thresholds({128, 512}), 16);

@@ -54,12 +54,20 @@ struct DrainViewArchetype {
   CARVE_HOST_DEVICE std::uint64_t now() const noexcept { return 0; }
 };
 
+// The tier after `tier` (< n), wrapping to 0. A compare, not a division: pops call it each time.
+CARVE_HOST_DEVICE constexpr std::uint32_t tier_after(std::uint32_t tier, std::uint32_t n) noexcept {
+  return tier + 1 == n ? 0 : tier + 1;
+}
+
 // The first tier at or after `from` (cyclically) that the view has not found empty.
 template <class View>
 CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> next_untried(const View& view, std::uint32_t from) noexcept {
   const std::uint32_t n = view.tier_count();
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const std::uint32_t t = (from + i) % n;
+  if (n == 0) {
+    return cuda::std::nullopt;
+  }
+  std::uint32_t t = from < n ? from : from % n;
+  for (std::uint32_t i = 0; i < n; ++i, t = tier_after(t, n)) {
     if (!view.known_empty(t)) {
       return t;
     }

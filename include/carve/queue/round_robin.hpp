@@ -31,7 +31,7 @@ public:
 
   template <class View>
   CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
-    cursor<View>().store((tier + 1) % view.tier_count(), cuda::std::memory_order_relaxed);
+    cursor<View>().store(detail::tier_after(tier, view.tier_count()), cuda::std::memory_order_relaxed);
   }
 
 private:
