@@ -49,9 +49,6 @@ using Order = std::vector<std::uint64_t>;
 const std::vector<std::pair<std::uint64_t, std::uint64_t>> mix = {{large, 21}, {large, 22}, {medium, 11},
                                                                   {small, 1},  {small, 2},  {small, 3}};
 
-} // namespace
-
-namespace {
 // A view over `tiers` tiers of which the bits of `empty` are known empty.
 struct MaskView {
   static constexpr cuda::thread_scope scope = cuda::thread_scope_system;
