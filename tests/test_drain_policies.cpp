@@ -51,7 +51,6 @@ const std::vector<std::pair<std::uint64_t, std::uint64_t>> mix = {{large, 21}, {
 
 // A view over `tiers` tiers of which the bits of `empty` are known empty.
 struct MaskView {
-  static constexpr cuda::thread_scope scope = cuda::thread_scope_system;
   std::uint32_t tiers;
   std::uint32_t empty;
   std::uint32_t tier_count() const noexcept { return tiers; }
