@@ -298,3 +298,15 @@ TEST_CASE("MpmcRing over many laps of odd and power-of-two capacities, reopening
     CHECK((refused_with_room != 0) == (capacity >= 16));
   }
 }
+
+TEST_CASE("an MpmcRing of capacity 0 refuses every push and keeps the item") {
+  MpmcRing<Request> ring(0);
+  CHECK(ring.capacity() == 0);
+  auto r = Request::make(1, 7);
+  CHECK_FALSE(ring.try_push(r, 0));
+  REQUIRE(r.payload != nullptr);
+  CHECK(*r.payload == 7);
+  CHECK_FALSE(ring.try_pop().has_value());
+  CHECK_FALSE(ring.front_stamp().has_value());
+  CHECK(ring.size() == 0);
+}
