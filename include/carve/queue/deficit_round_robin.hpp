@@ -69,7 +69,7 @@ public:
       if (view.known_empty(current)) {
         deficit<View>(current).store(0, cuda::std::memory_order_relaxed);
       }
-      const cuda::std::optional<std::uint32_t> next = detail::next_untried(view, (current + 1) % n);
+      const cuda::std::optional<std::uint32_t> next = detail::next_untried(view, current + 1);
       if (!next) {
         return cuda::std::nullopt;
       }

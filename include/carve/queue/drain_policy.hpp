@@ -59,7 +59,8 @@ CARVE_HOST_DEVICE constexpr std::uint32_t tier_after(std::uint32_t tier, std::ui
   return tier + 1 == n ? 0 : tier + 1;
 }
 
-// The first tier at or after `from` (cyclically) that the view has not found empty.
+// The first tier at or after `from` (cyclically; any `from`, taken modulo the tier count) that
+// the view has not found empty.
 template <class View>
 CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> next_untried(const View& view, std::uint32_t from) noexcept {
   const std::uint32_t n = view.tier_count();

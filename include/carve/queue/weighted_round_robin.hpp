@@ -56,7 +56,7 @@ public:
     if (current < view.tier_count() && !view.known_empty(current) && used < weights_[current]) {
       return current;
     }
-    return detail::next_untried(view, (current + 1) % view.tier_count());
+    return detail::next_untried(view, current + 1);
   }
 
   // Counts the request against its tier's turn; a tier that was not the current one starts a turn.
