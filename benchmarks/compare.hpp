@@ -2,6 +2,8 @@
 // benchmark in the run, then prints ratios and target checks after the usual console table.
 #pragma once
 
+#include <carve/core/cpu_pause.hpp>
+
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -18,15 +20,6 @@ namespace carve::bench {
 // timed. An empty asm that only reads a register costs nothing.
 inline void consume(std::uint32_t value) { asm volatile("" : : "r"(value)); }
 
-// The spin-wait hint for a thread waiting on another's progress.
-inline void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // Retries `attempt` until it succeeds, pausing 1, 2, 4, ... 64 times in between: a thread that
 // polls a full or empty queue without backing off keeps taking the very cache line the other
 // side needs to make progress. Returns the failed attempts: which side waited for which.
@@ -36,7 +29,7 @@ inline std::uint64_t spin_until(Attempt attempt) {
   for (unsigned pauses = 1; !attempt(); pauses = pauses < 64 ? 2 * pauses : 64) {
     ++failed;
     for (unsigned i = 0; i < pauses; ++i) {
-      pause();
+      carve::cpu_pause();
     }
   }
   return failed;

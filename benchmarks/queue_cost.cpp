@@ -1,10 +1,14 @@
 // What a SizeTieredQueue costs per request: classify + push + pop on two threads, side by side
 // in one run with single FIFO queues: carve's own MpmcRing, moodycamel::ConcurrentQueue and
-// boost::lockfree::queue. Target: <= 100 ns per request on 2 threads. Two shapes:
+// boost::lockfree::queue. Target: <= 100 ns per request on 2 threads. Shapes:
 //   pipeline/  one thread classifies and pushes, the other pops: the scheduler and manager of
-//              examples/embedding_lookup. Wall time per request; the target is checked here.
+//              examples/embedding_lookup. A thread that finds the queue full or empty waits
+//              with carve::PollBackoff. Wall time per request.
+//   pipeline-tight/  the same, retrying after 1, 2, 4 ... 64 pauses: what a consumer that polls
+//              an empty queue tightly does to its producer where cores pass lines slowly.
 //   mixed/     both threads push and pop through the same queue (and, with one thread, the cost
-//              of a request alone). Wall time over both threads' requests.
+//              of a request alone), retrying tightly: an empty pop here means a push is in
+//              flight, not that the thread is idle. Wall time over both threads' requests.
 //
 // Requests are 16-byte lookups whose sizes follow the DeepRecSys-like distribution of
 // examples/embedding_lookup (60% small, 35% medium, 5% large with thresholds 128 and 512).
@@ -147,10 +151,33 @@ void mixed(benchmark::State& state) {
   }
 }
 
-// One producer thread pushes exactly as many requests as the timed loop pops, spinning (with
-// backoff) while the queue is full, as a scheduler with nothing else to do would. Counters
-// "full" and "empty": failed pushes and pops per request, which say which side waited.
-template <class Impl>
+// How a pipeline thread that finds the queue full or empty waits before it looks again.
+enum class Idle {
+  poll_backoff, // carve::PollBackoff's defaults: 8 us, doubling up to 64 us
+  tight,        // carve::bench::spin_until: 1, 2, 4 ... 64 pauses (about 26 ns each here)
+};
+
+// Retries `attempt` until it succeeds; returns the failed attempts.
+template <Idle idle, class Attempt>
+std::uint64_t retry(Attempt attempt) {
+  if constexpr (idle == Idle::tight) {
+    return carve::bench::spin_until(attempt);
+  } else {
+    carve::PollBackoff backoff;
+    std::uint64_t failed = 0;
+    while (!attempt()) {
+      ++failed;
+      backoff.wait();
+    }
+    return failed;
+  }
+}
+
+// One producer thread pushes exactly as many requests as the timed loop pops, waiting as `idle`
+// says while the queue is full, as a scheduler with nothing else to do would; the consumer
+// waits the same way while it is empty. Counters "full" and "empty": failed pushes and pops per
+// request, which say which side waited.
+template <class Impl, Idle idle>
 void pipeline(benchmark::State& state) {
   const auto queue = std::make_unique<Impl>(); // on the heap: not beside the consumer's stack
   Impl& impl = *queue;
@@ -161,7 +188,7 @@ void pipeline(benchmark::State& state) {
     std::uint64_t failed = 0;
     for (std::size_t i = 0; i < requests; ++i) {
       const Lookup l{i, sizes()[i % sizes().size()], static_cast<std::uint32_t>(i & 7)};
-      failed += carve::bench::spin_until([&] { return impl.push(l); });
+      failed += retry<idle>([&] { return impl.push(l); });
     }
     full = failed;
   });
@@ -169,13 +196,19 @@ void pipeline(benchmark::State& state) {
   std::uint64_t empty = 0;
   Lookup out{};
   for (auto _ : state) {
-    empty += carve::bench::spin_until([&] { return impl.pop(out); });
+    empty += retry<idle>([&] { return impl.pop(out); });
     sum += out.vectors;
   }
   producer.join();
   carve::bench::consume(static_cast<std::uint32_t>(sum));
   state.counters["full"] = benchmark::Counter(static_cast<double>(full), benchmark::Counter::kAvgIterations);
   state.counters["empty"] = benchmark::Counter(static_cast<double>(empty), benchmark::Counter::kAvgIterations);
+  if constexpr (requires { impl.q.stats(); }) {
+    // How long small requests sat in the queue: the latency that the way of waiting trades.
+    const carve::WaitHistogramSnapshot small = impl.q.stats().tier[0].wait;
+    state.counters["small_wait_p50_us"] = small.quantile_ns(0.5) / 1000;
+    state.counters["small_wait_p99_us"] = small.quantile_ns(0.99) / 1000;
+  }
 }
 
 using RoundRobinTiers = Tiered<carve::RoundRobin>;
@@ -188,7 +221,8 @@ void mixed_args(benchmark::internal::Benchmark* b) {
 
 template <class Impl>
 void both_shapes(const std::string& name) {
-  benchmark::RegisterBenchmark(("pipeline/" + name).c_str(), pipeline<Impl>)->UseRealTime();
+  benchmark::RegisterBenchmark(("pipeline/" + name).c_str(), pipeline<Impl, Idle::poll_backoff>)->UseRealTime();
+  benchmark::RegisterBenchmark(("pipeline-tight/" + name).c_str(), pipeline<Impl, Idle::tight>)->UseRealTime();
   benchmark::RegisterBenchmark(("mixed/" + name).c_str(), mixed<Impl>)->Apply(mixed_args);
 }
 
@@ -211,20 +245,29 @@ int main(int argc, char** argv) {
     const auto h = c.counter(name, "handoff_ns");
     return h ? std::to_string(static_cast<long>(*h)) : std::string("?");
   };
-  // Pipeline rows: which side waited (failed pushes and pops per request).
-  const auto waits = [&c](const std::string& name) {
-    const auto full = c.counter(name, "full");
-    const auto empty = c.counter(name, "empty");
-    char text[64] = "";
-    if (full && empty) {
-      std::snprintf(text, sizeof text, "   full %.3f, empty %.3f", *full, *empty);
+  // Two counters of a row through `format`, or "" when the row lacks them.
+  const auto counter_pair = [&c](const std::string& name, const char* a, const char* b, const char* format) {
+    const auto x = c.counter(name, a);
+    const auto y = c.counter(name, b);
+    char text[96] = "";
+    if (x && y) {
+      std::snprintf(text, sizeof text, format, *x, *y);
     }
     return std::string(text);
   };
+  // Pipeline rows: which side waited (failed pushes and pops per request).
+  const auto waits = [&](const std::string& name) {
+    return counter_pair(name, "full", "empty", "   full %.3f, empty %.3f");
+  };
+  // Pipeline rows of tiered queues: how long small requests waited in the queue.
+  const auto small_waits = [&](const std::string& name) {
+    return counter_pair(name, "small_wait_p50_us", "small_wait_p99_us",
+                        "   small requests waited p50 %.1f us, p99 %.1f us");
+  };
   const auto tiered_row = [&](const char* label, const std::string& name) {
     if (const auto t = c.ns(name)) {
-      std::printf("  %-34s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)%s\n", label, *t, handoff(name).c_str(),
-                  *t <= 100.0 ? "met" : "MISSED", waits(name).c_str());
+      std::printf("  %-34s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)%s%s\n", label, *t, handoff(name).c_str(),
+                  *t <= 100.0 ? "met" : "MISSED", waits(name).c_str(), small_waits(name).c_str());
     }
   };
   const auto fifo_rows = [&](const std::string& tiered_name, const std::string& shape, const std::string& suffix) {
@@ -241,10 +284,15 @@ int main(int argc, char** argv) {
 
   std::printf("\nclassify + push + pop per request, 2 threads, medians (ns), each beside the time a cache line\n"
               "took to move between the two cores (compare-exchange hand-off) just before that benchmark ran:\n");
-  std::printf(" pipeline (one thread classifies and pushes, one pops):\n");
-  tiered_row("SizeTieredQueue round-robin", "pipeline/tiered/round-robin/real_time");
-  tiered_row("SizeTieredQueue strict priority", "pipeline/tiered/strict-priority/real_time");
-  fifo_rows("pipeline/tiered/round-robin/real_time", "pipeline/", "/real_time");
+  for (const char* shape : {"pipeline", "pipeline-tight"}) {
+    const std::string prefix = std::string(shape) + "/";
+    std::printf(" %s (one thread classifies and pushes, one pops; %s):\n", shape,
+                prefix == "pipeline/" ? "an idle thread waits with carve::PollBackoff"
+                                      : "an idle thread retries after 1, 2, 4 ... 64 pauses");
+    tiered_row("SizeTieredQueue round-robin", prefix + "tiered/round-robin/real_time");
+    tiered_row("SizeTieredQueue strict priority", prefix + "tiered/strict-priority/real_time");
+    fifo_rows(prefix + "tiered/round-robin/real_time", prefix, "/real_time");
+  }
   for (const char* backlog : {"0", "256"}) {
     const std::string suffix = std::string("/backlog:") + backlog + "/real_time/threads:2";
     std::printf(" mixed (both threads push and pop), backlog %s:\n", backlog);

@@ -12,6 +12,7 @@
 
 #include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
+#include <carve/core/cpu_pause.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/core/thread_number.hpp>
 
@@ -49,6 +50,7 @@
 #include <carve/queue/lane.hpp>
 #include <carve/queue/moodycamel_lane.hpp> // only when moodycamel's header is found (CARVE_HAS_MOODYCAMEL_LANE)
 #include <carve/queue/mpmc_ring.hpp>
+#include <carve/queue/poll_backoff.hpp>
 #include <carve/queue/priority_tag.hpp>
 #include <carve/queue/queue_clock.hpp>
 #include <carve/queue/queue_stats.hpp>

@@ -78,7 +78,8 @@ __global__ void pop_all(unsigned* seen, unsigned* wrong_tier, unsigned* empty) {
   }
 }
 
-// Half the threads push, half pop (retrying until they got one), in the same kernel.
+// Half the threads push, half pop (retrying, with a PollBackoff, until they got one), in the same
+// kernel.
 __global__ void push_and_pop(unsigned* seen, unsigned* failures) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   const std::uint32_t k = i / 2;
@@ -91,11 +92,13 @@ __global__ void push_and_pop(unsigned* seen, unsigned* failures) {
     }
     return;
   }
-  for (int attempt = 0; attempt < 1 << 20; ++attempt) {
+  carve::PollBackoff idle(100, 2'000); // pushes arrive within microseconds: short waits
+  for (int attempt = 0; attempt < 1 << 16; ++attempt) {
     if (const auto r = shared_queue().try_pop()) {
       atomicAdd(&seen[r->id], 1U);
       return;
     }
+    idle.wait();
   }
   atomicAdd(failures, 1U); // never got one: the pushes it waited for did not arrive
 }

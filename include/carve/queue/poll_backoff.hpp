@@ -1,0 +1,97 @@
+// carve/queue/poll_backoff.hpp — PollBackoff: how long a thread that polls a queue waits, after
+// finding it empty (or full), before it looks again.
+//
+//   carve::PollBackoff idle;                 // first wait 8 us, doubling up to 64 us
+//   for (;;) {
+//     if (auto r = q.try_pop()) {
+//       idle.reset();
+//       handle(*r);
+//     } else if (r.error() == carve::Errc::closed) {
+//       break;
+//     } else {
+//       idle.wait();
+//     }
+//   }
+//
+// Why the first wait is microseconds, not a few pause instructions: a look at an empty queue
+// reads the cache line the producer is filling, and the producer's next write has to take that
+// line back. Where the two threads run on cores that pass lines slowly (two core complexes of an
+// AMD EPYC, two sockets: 200-300 ns a line), a consumer that looks again at once makes the line
+// cross between the cores for nearly every request, and the producer slows down to match. In
+// bench_queue_cost's pipeline there, round-robin tiers took 124-136 ns per request with retries
+// after 1, 2, 4 ... 64 pauses and 58-60 ns with this back-off; a single MpmcRing 56-62 and 10-12
+// (README, "What a queue costs"). A few microseconds let the producer fill whole lines, which the
+// consumer then takes a block at a time. Where lines move fast, throughput is the same or better.
+//
+// The price is latency: a request that arrives while the consumer waits is seen up to one wait
+// later, so at most max_ns() after it arrived (in that benchmark while lines moved slowly, small
+// requests' p99 time in a strict-priority queue went from 1.5 us to 12 us). Where that matters
+// more than throughput, pass a shorter first wait; PollBackoff(0, 0) looks again at once.
+//
+// Host: spins on cpu_pause() until steady_clock passes the wait. Device: __nanosleep (sm_70 and
+// later) until %globaltimer passes it.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/cpu_pause.hpp>
+#include <carve/queue/queue_clock.hpp>
+
+#include <cuda/std/cstdint>
+#include <nv/target>
+
+#if !defined(__CUDA_ARCH__)
+#include <chrono>
+#endif
+
+namespace carve {
+
+class PollBackoff {
+public:
+  static constexpr std::uint32_t default_first_ns = 8'000;
+  static constexpr std::uint32_t default_max_ns = 64'000;
+
+  CARVE_HOST_DEVICE constexpr PollBackoff() noexcept : PollBackoff(default_first_ns, default_max_ns) {}
+  // Waits start at `first_ns` and double up to `max_ns` (raised to `first_ns` when below it).
+  CARVE_HOST_DEVICE constexpr PollBackoff(std::uint32_t first_ns, std::uint32_t max_ns) noexcept
+      : first_(first_ns), max_(max_ns < first_ns ? first_ns : max_ns), next_(first_ns) {}
+
+  // Waits next_ns(), then doubles the next wait, up to max_ns().
+  CARVE_HOST_DEVICE void wait() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_HOST, (spin_for(next_);), (sleep_for(next_);))
+    next_ = next_ >= max_ / 2 ? max_ : 2 * next_;
+  }
+  // After a successful look: the next wait is the first one again.
+  CARVE_HOST_DEVICE constexpr void reset() noexcept { next_ = first_; }
+
+  CARVE_HOST_DEVICE constexpr std::uint32_t next_ns() const noexcept { return next_; }
+  CARVE_HOST_DEVICE constexpr std::uint32_t first_ns() const noexcept { return first_; }
+  CARVE_HOST_DEVICE constexpr std::uint32_t max_ns() const noexcept { return max_; }
+
+private:
+#if !defined(__CUDA_ARCH__)
+  static void spin_for(std::uint32_t ns) noexcept {
+    if (ns == 0) {
+      return;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+    do {
+      cpu_pause();
+    } while (std::chrono::steady_clock::now() < until);
+  }
+#else
+  __device__ static void sleep_for(std::uint32_t ns) noexcept {
+    const std::uint64_t until = QueueClock::now() + ns; // %globaltimer: ns
+    while (QueueClock::now() < until) {
+#if __CUDA_ARCH__ >= 700
+      __nanosleep(ns); // sleeps anywhere from 0 to about 2 * ns: the loop checks the time
+#endif
+    }
+  }
+#endif
+
+  std::uint32_t first_;
+  std::uint32_t max_;
+  std::uint32_t next_;
+};
+
+} // namespace carve
