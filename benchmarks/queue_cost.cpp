@@ -284,11 +284,15 @@ int main(int argc, char** argv) {
 
   std::printf("\nclassify + push + pop per request, 2 threads, medians (ns), each beside the time a cache line\n"
               "took to move between the two cores (compare-exchange hand-off) just before that benchmark ran:\n");
-  for (const char* shape : {"pipeline", "pipeline-tight"}) {
-    const std::string prefix = std::string(shape) + "/";
-    std::printf(" %s (one thread classifies and pushes, one pops; %s):\n", shape,
-                prefix == "pipeline/" ? "an idle thread waits with carve::PollBackoff"
-                                      : "an idle thread retries after 1, 2, 4 ... 64 pauses");
+  struct PipelineShape {
+    const char* name;
+    const char* idle;
+  };
+  for (const PipelineShape shape :
+       {PipelineShape{"pipeline", "an idle thread waits with carve::PollBackoff"},
+        PipelineShape{"pipeline-tight", "an idle thread retries after 1, 2, 4 ... 64 pauses"}}) {
+    const std::string prefix = std::string(shape.name) + "/";
+    std::printf(" %s (one thread classifies and pushes, one pops; %s):\n", shape.name, shape.idle);
     tiered_row("SizeTieredQueue round-robin", prefix + "tiered/round-robin/real_time");
     tiered_row("SizeTieredQueue strict priority", prefix + "tiered/strict-priority/real_time");
     fifo_rows(prefix + "tiered/round-robin/real_time", prefix, "/real_time");
