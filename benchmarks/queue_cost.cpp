@@ -9,6 +9,8 @@
 //   mixed/     both threads push and pop through the same queue (and, with one thread, the cost
 //              of a request alone), retrying tightly: an empty pop here means a push is in
 //              flight, not that the thread is idle. Wall time over both threads' requests.
+//              Rows "-retry-at-once": carve's rings retrying a lost race at once, beside their
+//              default wait (carve::LostRaceBackoff); only this shape has threads racing.
 //
 // Requests are 16-byte lookups whose sizes follow the DeepRecSys-like distribution of
 // examples/embedding_lookup (60% small, 35% medium, 5% large with thresholds 128 and 512).
@@ -70,8 +72,9 @@ struct Tiered {
   }
 };
 
+template <class RaceBackoff = carve::LostRaceBackoff>
 struct Ring {
-  carve::MpmcRing<Lookup> ring{capacity};
+  carve::MpmcRing<Lookup, cuda::thread_scope_system, RaceBackoff> ring{capacity};
   bool push(const Lookup& l) {
     Lookup copy = l;
     return ring.try_push(copy, 0);
@@ -214,6 +217,10 @@ void pipeline(benchmark::State& state) {
 using RoundRobinTiers = Tiered<carve::RoundRobin>;
 using StrictTiers = Tiered<carve::StrictPriority>;
 using MoodycamelTiers = Tiered<carve::RoundRobin, carve::MoodycamelLanes>;
+// Rings that retry a lost race at once, as carve's did before: the mixed shape's side by side.
+using RetryAtOnceLanes = carve::RingLanes<cuda::thread_scope_system, carve::RetryAtOnce>;
+using RoundRobinTiersRetryAtOnce = Tiered<carve::RoundRobin, RetryAtOnceLanes>;
+using StrictTiersRetryAtOnce = Tiered<carve::StrictPriority, RetryAtOnceLanes>;
 
 void mixed_args(benchmark::internal::Benchmark* b) {
   b->ArgName("backlog")->Arg(0)->Arg(256)->Threads(1)->Threads(2)->UseRealTime();
@@ -234,9 +241,16 @@ int main(int argc, char** argv) {
   both_shapes<RoundRobinTiers>("tiered/round-robin");
   both_shapes<StrictTiers>("tiered/strict-priority");
   both_shapes<MoodycamelTiers>("tiered/moodycamel-lanes");
-  both_shapes<Ring>("fifo/carve-mpmc-ring");
+  both_shapes<Ring<>>("fifo/carve-mpmc-ring");
   both_shapes<Moodycamel>("fifo/moodycamel");
   both_shapes<BoostLockfree>("fifo/boost-lockfree");
+  // A lost race only happens when both threads push (or pop) the same ring: the mixed shape.
+  benchmark::RegisterBenchmark("mixed/tiered/round-robin-retry-at-once", mixed<RoundRobinTiersRetryAtOnce>)
+      ->Apply(mixed_args);
+  benchmark::RegisterBenchmark("mixed/tiered/strict-priority-retry-at-once", mixed<StrictTiersRetryAtOnce>)
+      ->Apply(mixed_args);
+  benchmark::RegisterBenchmark("mixed/fifo/carve-mpmc-ring-retry-at-once", mixed<Ring<carve::RetryAtOnce>>)
+      ->Apply(mixed_args);
 
   carve::bench::MedianCollector c;
   carve::bench::run_with_medians(argc, argv, c);
@@ -266,7 +280,7 @@ int main(int argc, char** argv) {
   };
   const auto tiered_row = [&](const char* label, const std::string& name) {
     if (const auto t = c.ns(name)) {
-      std::printf("  %-34s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)%s%s\n", label, *t, handoff(name).c_str(),
+      std::printf("  %-39s %8.2f ns   hand-off %4s ns   (target <= 100 ns: %s)%s%s\n", label, *t, handoff(name).c_str(),
                   *t <= 100.0 ? "met" : "MISSED", waits(name).c_str(), small_waits(name).c_str());
     }
   };
@@ -275,7 +289,7 @@ int main(int argc, char** argv) {
     for (const char* fifo : fifos) {
       const std::string name = shape + "fifo/" + fifo + suffix;
       if (const auto f = c.ns(name); f && tiered) {
-        std::printf("  %-34s %8.2f ns   hand-off %4s ns   (round-robin tiers cost %+.2f ns over it)%s\n",
+        std::printf("  %-39s %8.2f ns   hand-off %4s ns   (round-robin tiers cost %+.2f ns over it)%s\n",
                     (std::string("one FIFO, ") + fifo).c_str(), *f, handoff(name).c_str(), *tiered - *f,
                     waits(name).c_str());
       }
@@ -303,6 +317,20 @@ int main(int argc, char** argv) {
     tiered_row("SizeTieredQueue round-robin", "mixed/tiered/round-robin" + suffix);
     tiered_row("SizeTieredQueue strict priority", "mixed/tiered/strict-priority" + suffix);
     fifo_rows("mixed/tiered/round-robin" + suffix, "mixed/", suffix);
+    struct AtOnce {
+      const char* queue;
+      const char* label;
+    };
+    for (const AtOnce row : {AtOnce{"tiered/round-robin", "round-robin, lost races retried at once"},
+                             AtOnce{"tiered/strict-priority", "strict priority, retried at once"},
+                             AtOnce{"fifo/carve-mpmc-ring", "carve-mpmc-ring, retried at once"}}) {
+      const std::string waits_after_loss = std::string("mixed/") + row.queue + suffix;
+      const std::string at_once = std::string("mixed/") + row.queue + "-retry-at-once" + suffix;
+      if (const auto w = c.ns(waits_after_loss), r = c.ns(at_once); w && r) {
+        std::printf("  %-39s %8.2f ns   hand-off %4s ns   (%.1fx the time with the default wait)\n", row.label, *r,
+                    handoff(at_once).c_str(), *r / *w);
+      }
+    }
   }
   return 0;
 }

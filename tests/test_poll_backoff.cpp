@@ -1,7 +1,7 @@
 // PollBackoff: the waits start at the first, double up to the cap and start over after reset();
-// a wait lasts at least its length; and a consumer thread that polls a SizeTieredQueue with it
-// receives every request of a producer thread exactly once, in push order within each tier (run
-// under ThreadSanitizer too).
+// a wait lasts at least its length; on the host LostRaceBackoff has PollBackoff's default
+// lengths; and a consumer thread that polls a SizeTieredQueue with it receives every request of
+// a producer thread exactly once, in push order within each tier (run under ThreadSanitizer too).
 #include <carve/queue/poll_backoff.hpp>
 #include <carve/queue/size_tiered_queue.hpp>
 
@@ -39,6 +39,13 @@ std::vector<std::uint32_t> wait_lengths(carve::PollBackoff& b, int n) {
 }
 
 } // namespace
+
+TEST_CASE("LostRaceBackoff waits on the host as PollBackoff does by default") {
+  const carve::LostRaceBackoff lost;
+  CHECK(lost.first_ns() == carve::PollBackoff::default_first_ns);
+  CHECK(lost.max_ns() == carve::PollBackoff::default_max_ns);
+  CHECK(lost.next_ns() == lost.first_ns());
+}
 
 TEST_CASE("waits double from the first up to the cap, and reset() starts over") {
   carve::PollBackoff b(100, 800);

@@ -1,7 +1,8 @@
 // SizeTieredQueue under real threads (also run under ThreadSanitizer): every accepted request
 // popped exactly once under every drain policy and both lane types, per-producer FIFO within a
 // tier, FIFO within a tier across producers (the global push order, recorded under a sequencer),
-// blocking pushes and pops, close() waking every waiter, and pushes racing close().
+// blocking pushes and pops, close() waking every waiter, and pushes racing close(); and MpmcRing
+// alone, including that it waits its Backoff only after losing a race to another thread.
 #include "queue_helpers.hpp"
 
 #include <carve/carve.hpp>
@@ -488,5 +489,95 @@ TEST_CASE("MpmcRing alone: producers and consumers on one ring, FIFO per produce
     CHECK(count == 2 * per);
     CHECK(sum == 2 * (per * (per - 1) / 2));
     CHECK(ring.size() == 0);
+  }
+}
+
+// Counts the waits of every ring that uses it, and then retries at once.
+struct CountingBackoff {
+  static inline std::atomic<std::uint64_t> waits{0};
+  void wait() noexcept { waits.fetch_add(1, std::memory_order_relaxed); }
+};
+static_assert(carve::Backoff<CountingBackoff>);
+using CountingRing = carve::MpmcRing<std::uint64_t, cuda::thread_scope_system, CountingBackoff>;
+
+TEST_CASE("MpmcRing waits its Backoff only after losing a race to another thread") {
+  SUBCASE("a lone thread, through full and empty, never waits") {
+    CountingBackoff::waits = 0;
+    CountingRing ring(64);
+    for (std::uint64_t round = 0; round < 100; ++round) {
+      std::uint64_t pushed = 0;
+      for (std::uint64_t v = round; ring.try_push(v, 0); v = round + ++pushed) {
+      }
+      CHECK(pushed == 64);
+      for (std::uint64_t i = 0; i < pushed; ++i) {
+        REQUIRE(ring.try_pop().has_value());
+      }
+      CHECK_FALSE(ring.try_pop().has_value());
+    }
+    CHECK(CountingBackoff::waits == 0);
+  }
+
+  SUBCASE("two threads that push together, then pop together: every item once, in order per producer") {
+#if defined(CARVE_TSAN)
+    constexpr std::uint64_t per = 20'000;
+#else
+    constexpr std::uint64_t per = 200'000;
+#endif
+    std::vector<std::uint64_t> expected;
+    for (std::uint64_t p = 0; p < 2; ++p) {
+      for (std::uint64_t i = 0; i < per; ++i) {
+        expected.push_back(id_of(p, i));
+      }
+    }
+    CountingBackoff::waits = 0;
+    // Rounds until one has lost a race: a host may stop a virtual CPU for the milliseconds a
+    // round takes, and then the other thread does it alone. 130-210 thousand waits a round here.
+    for (int round = 0; round < 20 && CountingBackoff::waits == 0; ++round) {
+      CountingRing ring(2 * per);
+      // Spun on, not slept on: a thread woken from a sleep could find the other one done.
+      std::atomic<int> arrived{0};
+      const auto both_arrive = [&arrived](int at) {
+        arrived.fetch_add(1);
+        while (arrived.load() < at) {
+        }
+      };
+      std::atomic<int> refused{0}; // none: the ring has room for both threads' items
+      std::vector<std::uint64_t> popped[2];
+      const auto work = [&](std::uint64_t me) {
+        both_arrive(2);
+        for (std::uint64_t i = 0; i < per; ++i) {
+          std::uint64_t v = id_of(me, i);
+          refused += ring.try_push(v, 0) ? 0 : 1;
+        }
+        both_arrive(4);
+        while (const auto got = ring.try_pop()) {
+          popped[me].push_back(got->value);
+        }
+      };
+      std::thread other(work, 1);
+      work(0);
+      other.join();
+      CHECK(refused == 0);
+      for (const auto& mine : popped) {
+        std::uint64_t last[2] = {0, 0};
+        bool ordered = true;
+        for (const std::uint64_t v : mine) {
+          const std::uint64_t seq_plus_one = (v & 0xffff'ffff) + 1;
+          ordered = ordered && seq_plus_one > last[v >> 32];
+          last[v >> 32] = seq_plus_one;
+        }
+        CHECK(ordered);
+      }
+      std::vector<std::uint64_t> all(popped[0]);
+      all.insert(all.end(), popped[1].begin(), popped[1].end());
+      std::sort(all.begin(), all.end());
+      CHECK(all == expected);
+      CHECK(ring.size() == 0);
+    }
+    if (std::thread::hardware_concurrency() >= 2) {
+      CHECK(CountingBackoff::waits > 0);
+    } else {
+      MESSAGE("one core: the two threads may never race, so the wait count is not checked");
+    }
   }
 }

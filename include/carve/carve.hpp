@@ -44,6 +44,7 @@
 #include <carve/slot/word_source.hpp>
 
 // Requests queued by size (host and device lanes).
+#include <carve/queue/backoff.hpp>
 #include <carve/queue/bounded_count.hpp>
 #include <carve/queue/deficit_round_robin.hpp>
 #include <carve/queue/drain_policy.hpp>

@@ -28,12 +28,15 @@
 // requests' p99 time in a strict-priority queue went from 1.5 us to 12 us). Where that matters
 // more than throughput, pass a shorter first wait; PollBackoff(0, 0) looks again at once.
 //
-// Host: spins on cpu_pause() until steady_clock passes the wait. Device: __nanosleep (sm_70 and
-// later) until %globaltimer passes it.
+// Host: yields the core (std::this_thread::yield) until steady_clock passes the wait. Where more
+// threads are runnable than there are cores, as in examples/embedding_lookup on two cores, they
+// get the core for the wait; where none is, yield returns at once and the wait is what it was
+// when it spun on cpu_pause() (bench_queue_cost: the same or lower). Device: __nanosleep (sm_70
+// and later) until %globaltimer passes it.
 #pragma once
 
 #include <carve/core/config.hpp>
-#include <carve/core/cpu_pause.hpp>
+#include <carve/queue/backoff.hpp>
 #include <carve/queue/queue_clock.hpp>
 
 #include <cuda/std/cstdint>
@@ -41,6 +44,7 @@
 
 #if !defined(__CUDA_ARCH__)
 #include <chrono>
+#include <thread>
 #endif
 
 namespace carve {
@@ -75,7 +79,7 @@ private:
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
     do {
-      cpu_pause();
+      std::this_thread::yield();
     } while (std::chrono::steady_clock::now() < until);
   }
 #else
@@ -93,5 +97,25 @@ private:
   std::uint32_t max_;
   std::uint32_t next_;
 };
+
+// What MpmcRing (so RingLanes) waits by default after losing a race for a position: the winner
+// runs on with the lines its core holds (mpmc_ring.hpp). Host threads wait as PollBackoff does
+// by default. Device threads start at 64 ns and double up to 2 us: the 32 threads of a warp
+// race at once and all but one lose, so microsecond waits would add up to milliseconds for the
+// last; these device lengths are not measured (no GPU here).
+class LostRaceBackoff : public PollBackoff {
+public:
+  CARVE_HOST_DEVICE LostRaceBackoff() noexcept : PollBackoff(first_wait_ns(), max_wait_ns()) {}
+
+private:
+  CARVE_HOST_DEVICE static std::uint32_t first_wait_ns() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_HOST, (return default_first_ns;), (return 64;))
+  }
+  CARVE_HOST_DEVICE static std::uint32_t max_wait_ns() noexcept {
+    NV_IF_ELSE_TARGET(NV_IS_HOST, (return default_max_ns;), (return 2'000;))
+  }
+};
+
+static_assert(Backoff<PollBackoff> && Backoff<LostRaceBackoff>);
 
 } // namespace carve
