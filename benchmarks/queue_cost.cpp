@@ -72,9 +72,9 @@ struct Tiered {
   }
 };
 
-template <class RaceBackoff = carve::LostRaceBackoff>
+template <class Lane = carve::MpmcRing<Lookup>>
 struct Ring {
-  carve::MpmcRing<Lookup, cuda::thread_scope_system, RaceBackoff> ring{capacity};
+  Lane ring{capacity};
   bool push(const Lookup& l) {
     Lookup copy = l;
     return ring.try_push(copy, 0);
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
       ->Apply(mixed_args);
   benchmark::RegisterBenchmark("mixed/tiered/strict-priority-retry-at-once", mixed<StrictTiersRetryAtOnce>)
       ->Apply(mixed_args);
-  benchmark::RegisterBenchmark("mixed/fifo/carve-mpmc-ring-retry-at-once", mixed<Ring<carve::RetryAtOnce>>)
+  benchmark::RegisterBenchmark("mixed/fifo/carve-mpmc-ring-retry-at-once", mixed<Ring<RetryAtOnceLanes::lane<Lookup>>>)
       ->Apply(mixed_args);
 
   carve::bench::MedianCollector c;
