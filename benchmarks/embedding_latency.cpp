@@ -87,10 +87,10 @@ RunSummary run(const std::string& label, std::unique_ptr<Queue> queue, DeviceMap
 }
 
 std::unique_ptr<Queue> fifo() { return std::make_unique<Queue>(fifo_thresholds(), 1 << 16); }
-std::unique_ptr<Queue> tiered() { return Queue::make({128, 512}, 1 << 16); }
+std::unique_ptr<Queue> tiered() { return std::make_unique<Queue>(carve::TierThresholds{128, 512}, 1 << 16); }
 std::unique_ptr<PriorityQueue> prioritised(double aging_ms) {
-  return PriorityQueue::make({128, 512}, 1 << 16,
-                             carve::StrictPriority::with_aging(static_cast<std::uint64_t>(aging_ms * 1e6)));
+  return std::make_unique<PriorityQueue>(carve::TierThresholds{128, 512}, 1 << 16,
+                                         carve::StrictPriority::with_aging(static_cast<std::uint64_t>(aging_ms * 1e6)));
 }
 
 } // namespace
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
               to_string(o.w.io_mode()),
               o.w.io_mode() == IoMode::io_uring && !io_uring_available() ? " (not available here: pread)" : "");
 
-  const auto classes = *carve::TierThresholds::create({128, 512});
+  const carve::TierThresholds classes{128, 512};
   std::vector<PlotPanel> panels;
   std::string csv = "cache,queue,tier,count,p50_ms,p99_ms,p999_ms,qps\n";
   struct Verdict {

@@ -60,7 +60,7 @@ const std::array<std::uint32_t, 4096>& sizes() {
 
 template <class Drain, class Lanes = carve::RingLanes<>>
 struct Tiered {
-  carve::SizeTieredQueue<Lookup, Vectors, Lanes, Drain> q{*carve::TierThresholds::create({128, 512}), capacity};
+  carve::SizeTieredQueue<Lookup, Vectors, Lanes, Drain> q{carve::TierThresholds{128, 512}, capacity};
   bool push(const Lookup& l) { return q.try_push(Lookup(l)).has_value(); }
   bool pop(Lookup& out) {
     auto r = q.try_pop();

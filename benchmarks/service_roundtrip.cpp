@@ -8,7 +8,7 @@
 // The server runs DGX-1's topology with 8 shared-memory cards of 256 MiB. Latencies are taken
 // per call with steady_clock (about 20 ns each, not subtracted).
 #include "compare.hpp"
-#include "service_process.hpp"
+#include "service/service_process.hpp"
 
 #include <carve/carve.hpp>
 
@@ -156,17 +156,14 @@ void service_query(benchmark::State& state) {
 // The decision and the pool without any IPC, for the same requests.
 void in_process(benchmark::State& state) {
   const auto topo = carve::Topology::from_nvidia_smi(carve::test::read_text(CARVE_BENCH_TOPOLOGY));
-  std::vector<carve::SharedMemoryCard> cards;
-  for (int i = 0; i < topo.gpu_count(); ++i) {
-    cards.emplace_back(256 << 20);
-  }
-  carve::BorrowingAllocator alloc(topo, cards);
+  using Pool = carve::CachingPool<carve::SharedMemoryCard>;
+  carve::BorrowingAllocator<Pool> alloc(topo, [](int) { return Pool(carve::SharedMemoryCard(256 << 20)); });
   Latencies lat;
   const auto start = clock_type::now();
   for (auto _ : state) {
     carve::BorrowHandle h;
-    lat.first.push_back(timed_us([&] { h = *alloc.allocate(4 * KiB, 0); }));
-    lat.second.push_back(timed_us([&] { (void)alloc.deallocate(h); }));
+    lat.first.push_back(timed_us([&] { h = *alloc.borrow(4 * KiB, 0); }));
+    lat.second.push_back(timed_us([&] { (void)alloc.give_back(h); }));
   }
   lat.report(state, std::chrono::duration<double>(clock_type::now() - start).count());
 }

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   register_policy<FirstFit>();
   register_policy<BestFit>();
   register_policy<BoundaryNearestFit>();
-  register_policy<ReleaseAlignedFit<N>>();
+  register_policy<ReleaseAlignedFit>();
 
   MedianCollector c;
   run_with_medians(argc, argv, c);

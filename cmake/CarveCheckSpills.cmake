@@ -1,17 +1,22 @@
 # Compiles CUDA sources for each architecture with `ptxas -v` and fails if any kernel spills
 # registers to local memory. Run with cmake -P:
-#   -DNVCC=<nvcc> -DINCLUDE=<carve include dir> -DARCHS="80;90" -DSOURCES="a.cu;b.cu"
+#   -DNVCC=<nvcc> -DINCLUDE="<include dirs>" -DARCHS="80;90" -DSOURCES="a.cu;b.cu"
 foreach(var NVCC INCLUDE ARCHS SOURCES)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "CarveCheckSpills.cmake needs -D${var}=...")
   endif()
 endforeach()
 
+set(include_flags)
+foreach(dir IN LISTS INCLUDE)
+  list(APPEND include_flags -I${dir})
+endforeach()
+
 set(spilling)
 foreach(source IN LISTS SOURCES)
   foreach(arch IN LISTS ARCHS)
     execute_process(
-      COMMAND ${NVCC} -std=c++20 -cubin -arch=sm_${arch} -Xptxas -v -I${INCLUDE} ${source} -o /dev/null
+      COMMAND ${NVCC} -std=c++20 -cubin -arch=sm_${arch} -Xptxas -v ${include_flags} ${source} -o /dev/null
       RESULT_VARIABLE rc
       ERROR_VARIABLE report
       OUTPUT_VARIABLE out)

@@ -28,7 +28,7 @@ function(carve_no_spill_test name)
     list(APPEND sources ${CMAKE_CURRENT_SOURCE_DIR}/${source})
   endforeach()
   add_test(NAME ${name}_no_register_spills
-    COMMAND ${CMAKE_COMMAND} -DNVCC=${CMAKE_CUDA_COMPILER} -DINCLUDE=${PROJECT_SOURCE_DIR}/include
+    COMMAND ${CMAKE_COMMAND} -DNVCC=${CMAKE_CUDA_COMPILER} "-DINCLUDE=${PROJECT_SOURCE_DIR}/include;${PROJECT_SOURCE_DIR}/tests"
       "-DARCHS=${CMAKE_CUDA_ARCHITECTURES}" "-DSOURCES=${sources}" -P ${PROJECT_SOURCE_DIR}/cmake/CarveCheckSpills.cmake)
   set_tests_properties(${name}_no_register_spills PROPERTIES LABELS cuda)
 endfunction()
@@ -41,4 +41,24 @@ function(carve_expect_failure name)
   add_test(NAME ${name}
     COMMAND ${CMAKE_COMMAND} "-DEXPECT=${arg_EXPECT}" "-DCOMMAND=$<TARGET_FILE:${program}>;${arg_COMMAND}"
       -P ${PROJECT_SOURCE_DIR}/cmake/CarveExpectFailure.cmake)
+endfunction()
+
+# carve_compile_check(<name> SOURCE <file> [DEFINES <macro>...] [EXPECT <regex>]): a test that
+# compiles the source against carve (-fsyntax-only) and passes when it compiles, or, with
+# EXPECT, when it fails with a message matching the regex: how concepts and static_asserts
+# that refuse a combination are tested.
+function(carve_compile_check name)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "SOURCE;EXPECT" "DEFINES")
+  set(flags "-I${PROJECT_SOURCE_DIR}/include")
+  foreach(define IN LISTS arg_DEFINES)
+    list(APPEND flags "-D${define}")
+  endforeach()
+  set(expect)
+  if(DEFINED arg_EXPECT)
+    set(expect "-DEXPECT=${arg_EXPECT}")
+  endif()
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} -DCXX=${CMAKE_CXX_COMPILER} "-DSOURCE=${CMAKE_CURRENT_SOURCE_DIR}/${arg_SOURCE}"
+      "-DFLAGS=${flags}" "-DINCLUDES=$<TARGET_PROPERTY:libcudacxx::libcudacxx,INTERFACE_INCLUDE_DIRECTORIES>"
+      ${expect} -P ${PROJECT_SOURCE_DIR}/cmake/CarveCompileCheck.cmake)
 endfunction()

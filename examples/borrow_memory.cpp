@@ -1,4 +1,4 @@
-// GPU0 runs out of memory and borrows from its best-linked peers: the seed's story, on a DGX-1
+// GPU0 runs out of memory and borrows from its best-linked peers, on a DGX-1
 // (8x V100, hybrid cube-mesh NVLink) read from `nvidia-smi topo -m` output. Each card is
 // simulated with 64 MiB of host memory standing in for its 16 GB, so this runs anywhere; with
 // GPUs, pass carve::CudaDeviceResource(i) upstreams instead.
@@ -61,33 +61,36 @@ int main() {
     cards.emplace_back(64 * MiB);
   }
   // Other jobs already use part of GPU3 and all but 16 MiB of GPU4.
-  void* job3 = cards[3].try_allocate(40 * MiB, 256);
-  void* job4 = cards[4].try_allocate(48 * MiB, 256);
+  void* job3 = *cards[3].try_allocate(40 * MiB, 256);
+  void* job4 = *cards[4].try_allocate(48 * MiB, 256);
 
-  carve::BorrowingAllocator alloc(topo, cards, carve::LargestBandwidth{},
-                                  carve::PoolOptions{.granularity = 512, .segment_size = 2 * MiB});
+  // One caching pool per card, over that card's memory.
+  using Pool = carve::CachingPool<carve::SimulatedCard>;
+  carve::BorrowingAllocator<Pool> alloc(topo, [&](int gpu) {
+    return Pool(cards[static_cast<std::size_t>(gpu)], {.granularity = 512, .segment_size = 2 * MiB});
+  });
   alloc.on_decision([&](const carve::BorrowDecision& d) { print_decision(topo, d); });
 
   std::vector<carve::BorrowHandle> held;
   for (const std::size_t size : {32 * MiB, 24 * MiB, 16 * MiB, 20 * MiB, 12 * MiB}) {
-    if (auto h = alloc.allocate(size, 0)) {
+    if (auto h = alloc.borrow(size, 0)) {
       held.push_back(*h);
     }
   }
-  if (const auto too_big = alloc.allocate(80 * MiB, 0); !too_big) {
+  if (const auto too_big = alloc.borrow(80 * MiB, 0); !too_big) {
     std::printf("GPU0 asks for 80 MiB: %s\n", too_big.error().message.c_str());
   }
 
   for (const carve::BorrowHandle& h : held) {
-    (void)alloc.deallocate(h);
+    (void)alloc.give_back(h);
   }
-  const carve::PoolStats s = alloc.pool(0).stats();
+  const carve::PoolStats s = alloc.resource(0).stats();
   std::printf("GPU0's pool after freeing: %s cached in %zu block(s), %llu upstream allocations, %llu cache hits\n",
               mib(s.bytes_cached).c_str(), s.cached_blocks, static_cast<unsigned long long>(s.upstream_allocations),
               static_cast<unsigned long long>(s.cache_hits));
   std::size_t released = 0;
   for (int c = 0; c < alloc.card_count(); ++c) {
-    released += alloc.pool(c).trim();
+    released += alloc.resource(c).trim();
   }
   std::printf("trim() gave %s back to the cards\n", mib(released).c_str());
   cards[3].deallocate(job3, 40 * MiB, 256);

@@ -86,11 +86,11 @@ int main(int argc, char** argv) {
       }
       return serve(config, topology, std::move(gpus));
 #else
-      throw carve::service::ServerSetupError("this carve-served was built without the CUDA runtime");
+      throw carve::Exception(carve::Errc::unsupported, "this carve-served was built without the CUDA runtime");
 #endif
     }
     if (config.topology == "cuda") {
-      throw carve::service::ServerSetupError("topology cuda needs --backend cuda");
+      throw carve::Exception(carve::Errc::invalid_argument, "topology cuda needs --backend cuda");
     }
     const carve::Topology topology = carve::service::load_topology(config);
     return serve(config, topology, carve::service::shared_memory_cards(config, topology));

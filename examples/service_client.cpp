@@ -15,7 +15,7 @@ namespace {
 
 std::string mib(std::uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
-int fail(const carve::service::ServiceError& e) {
+int fail(const carve::Error& e) {
   std::fprintf(stderr, "service_client: %s (%s)\n", e.message.c_str(), carve::to_string(e.code));
   return 1;
 }

@@ -23,18 +23,19 @@ std::vector<std::string> split(const std::string& text, char sep) {
   return parts;
 }
 
-// A whole number in [1, limit], or TierError naming the flag and the text.
+// A whole number in [1, limit], or throws carve::Exception naming the flag and the text.
 int parse_count(const std::string& text, const std::string& flag, int limit) {
   const bool digits = !text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
   const int value = digits ? std::stoi(text) : 0;
   if (value < 1 || value > limit) {
-    throw carve::TierError(flag + " '" + text + "': the count must be a whole number from 1 to " +
-                           std::to_string(limit));
+    throw carve::Exception(carve::Errc::invalid_argument, flag + " '" + text +
+                                                              "': the count must be a whole number from 1 to " +
+                                                              std::to_string(limit));
   }
   return value;
 }
 
-// GB/s, a finite number >= 0, or TierError naming the flag and the text.
+// GB/s, a finite number >= 0, or throws carve::Exception naming the flag and the text.
 double parse_gbps(const std::string& text, const std::string& flag) {
   std::size_t used = 0;
   double value = -1;
@@ -44,7 +45,7 @@ double parse_gbps(const std::string& text, const std::string& flag) {
     used = 0;
   }
   if (used == 0 || used != text.size() || !(value >= 0) || value > 1e9) {
-    throw carve::TierError(flag + " bandwidth '" + text + "': want GB/s, a number >= 0");
+    throw carve::Exception(carve::Errc::invalid_argument, flag + " bandwidth '" + text + "': want GB/s, a number >= 0");
   }
   return value;
 }
@@ -84,14 +85,14 @@ int main(int argc, char** argv) try {
     const std::string arg = argv[i];
     const auto next = [&]() -> std::string {
       if (i + 1 >= argc) {
-        throw carve::TierError(arg + " needs a value");
+        throw carve::Exception(carve::Errc::invalid_argument, arg + " needs a value");
       }
       return argv[++i];
     };
     if (arg == "--gpus") {
       const auto parts = split(next(), 'x');
       if (parts.size() != 2) {
-        throw carve::TierError("--gpus wants COUNTxSIZE, e.g. 8x80GiB");
+        throw carve::Exception(carve::Errc::invalid_argument, "--gpus wants COUNTxSIZE, e.g. 8x80GiB");
       }
       const int count = parse_count(parts[0], "--gpus", 4096);
       for (int g = 0; g < count; ++g) {
@@ -100,7 +101,7 @@ int main(int argc, char** argv) try {
     } else if (arg == "--tier") {
       const auto parts = split(next(), ':');
       if (parts.size() < 2 || parts.size() > 3) {
-        throw carve::TierError("--tier wants NAME:SIZE[:GBPS], e.g. cxl:2TiB:60");
+        throw carve::Exception(carve::Errc::invalid_argument, "--tier wants NAME:SIZE[:GBPS], e.g. cxl:2TiB:60");
       }
       tiers.push_back({parts[0], carve::parse_bytes(parts[1]), static_cast<int>(tiers.size()) + 1,
                        parts.size() == 3 ? parse_gbps(parts[2], "--tier") : 0.0});
@@ -118,7 +119,7 @@ int main(int argc, char** argv) try {
     } else if (arg == "--json") {
       json = true;
     } else {
-      throw carve::TierError("unknown argument " + arg);
+      throw carve::Exception(carve::Errc::invalid_argument, "unknown argument " + arg);
     }
   }
   const bool built_in = gpus.empty() && tiers.empty() && tasks.empty();
@@ -149,7 +150,7 @@ int main(int argc, char** argv) try {
         std::printf("  %-14s %10s free on %zu node(s)\n", t.name.c_str(), carve::format_bytes(t.capacity).c_str(),
                     t.numa_nodes.size());
       }
-    } catch (const carve::TierError& e) {
+    } catch (const carve::Exception& e) {
       std::printf("  (none found: %s)\n", e.what());
     }
   }

@@ -8,6 +8,8 @@
 // for up to 2^13 vectors.
 #pragma once
 
+#include <carve/core/error.hpp>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,7 +59,7 @@ public:
       direct_ = direct;
     }
     if (fd_ < 0) {
-      throw std::system_error(errno, std::generic_category(), "open " + path_.string());
+      throw carve::Exception(carve::Errc::io_error, "open " + path_.string() + ": " + std::strerror(errno));
     }
   }
   ShardFile(const ShardFile&) = delete;
@@ -109,7 +111,7 @@ inline void write_rows(const std::filesystem::path& path, const TableSpec& spec,
                        std::uint64_t count) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    throw std::system_error(errno, std::generic_category(), "create " + path.string());
+    throw carve::Exception(carve::Errc::io_error, "create " + path.string() + ": " + std::strerror(errno));
   }
   std::vector<float> buffer;
   const std::uint64_t rows_per_chunk = std::max<std::uint64_t>(1, (1 << 20) / spec.row_bytes());
@@ -125,7 +127,7 @@ inline void write_rows(const std::filesystem::path& path, const TableSpec& spec,
     if (::write(fd, buffer.data(), bytes) != static_cast<ssize_t>(bytes)) {
       const int e = errno;
       ::close(fd);
-      throw std::system_error(e, std::generic_category(), "write " + path.string());
+      throw carve::Exception(carve::Errc::io_error, "write " + path.string() + ": " + std::strerror(e));
     }
   }
   ::fsync(fd);
@@ -207,7 +209,7 @@ inline std::string shard_name(std::uint32_t table, std::size_t copy, std::size_t
 // The map of the dataset cfg describes; with `write`, the table files are written first.
 inline std::unique_ptr<DeviceMap> build_dataset(const DatasetConfig& cfg, bool write) {
   if (cfg.devices < 2) {
-    throw std::invalid_argument("the dataset needs at least 2 storage devices");
+    throw carve::Exception(carve::Errc::invalid_argument, "the dataset needs at least 2 storage devices");
   }
   for (std::uint32_t d = 0; d < cfg.devices; ++d) {
     std::filesystem::create_directories(device_dir(cfg.root, d));
@@ -291,7 +293,7 @@ public:
   explicit TempDir(const std::filesystem::path& parent, const std::string& prefix = "carve-embedding-") {
     std::string pattern = (parent / (prefix + "XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr) {
-      throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
+      throw carve::Exception(carve::Errc::io_error, "mkdtemp " + pattern + ": " + std::strerror(errno));
     }
     path_ = pattern;
   }

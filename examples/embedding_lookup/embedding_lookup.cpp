@@ -97,7 +97,7 @@ int run(const Options& o, std::unique_ptr<Queue> queue, const std::string& label
   pipeline.finish();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  const auto classes = *carve::TierThresholds::create({128, 512});
+  const carve::TierThresholds classes{128, 512};
   print_summary(summarize(label, results, classes, seconds), classes);
   bool right = results.size() == pipeline.submitted();
   std::size_t checked = 0;
@@ -151,11 +151,13 @@ int main(int argc, char** argv) {
   using Prioritised = carve::SizeTieredQueue<Query, QueryVectors, carve::RingLanes<>, carve::StrictPriority>;
   constexpr std::size_t capacity = 4096; // per tier
   if (o.policy == "round-robin") {
-    return run(o, Tiered::make({128, 512}, capacity), "SizeTieredQueue, round-robin");
+    return run(o, std::make_unique<Tiered>(carve::TierThresholds{128, 512}, capacity), "SizeTieredQueue, round-robin");
   }
   if (o.policy == "fifo") {
     return run(o, std::make_unique<Tiered>(fifo_thresholds(), capacity), "one FIFO");
   }
-  return run(o, Prioritised::make({128, 512}, capacity, carve::StrictPriority::with_aging(o.w.aging_ns())),
+  return run(o,
+             std::make_unique<Prioritised>(carve::TierThresholds{128, 512}, capacity,
+                                           carve::StrictPriority::with_aging(o.w.aging_ns())),
              "SizeTieredQueue, strict priority + aging " + flag_number(o.w.aging_ms) + " ms");
 }

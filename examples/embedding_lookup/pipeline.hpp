@@ -87,7 +87,7 @@ inline std::vector<float> post_process(const std::vector<float>& sum, std::uint3
 
 // The thresholds of "one FIFO": a single threshold above every size puts every query in tier 0.
 inline carve::TierThresholds fifo_thresholds() {
-  return *carve::TierThresholds::create({std::numeric_limits<std::uint64_t>::max()});
+  return carve::TierThresholds{std::numeric_limits<std::uint64_t>::max()};
 }
 
 struct PipelineConfig {
@@ -109,8 +109,9 @@ public:
       : queue_(std::move(queue)), map_(map), cfg_(cfg), sink_(std::move(sink)), in_flight_(cfg.in_flight),
         compute_(*this) {
     if (cfg_.loaders_per_device == 0 || cfg_.in_flight == 0 || cfg_.processing_elements == 0 || cfg_.chunk_rows == 0) {
-      throw std::invalid_argument("a pipeline needs at least one loader per device, one query in flight, one "
-                                  "processing element and parts of at least one row");
+      throw carve::Exception(carve::Errc::invalid_argument,
+                             "a pipeline needs at least one loader per device, one query in flight, one "
+                             "processing element and parts of at least one row");
     }
     for (std::uint32_t d = 0; d < devices; ++d) {
       for (std::uint32_t k = 0; k < cfg_.loaders_per_device; ++k) {

@@ -158,7 +158,7 @@ int run(const std::vector<std::string>& args) {
     finish(c, {});
     std::ofstream out(c.write_trace);
     if (!out) {
-      throw InputError(c.write_trace, 0, "cannot write the trace");
+      throw input_error(c.write_trace, 0, "cannot write the trace");
     }
     carve::sim::write_trace(out, carve::sim::generate(c.workload, c.first_seed));
     fmt::print("wrote seed {}'s workload ({}) to {}\n", c.first_seed, describe_workload(c), c.write_trace);
@@ -218,7 +218,7 @@ std::string without_shard(const std::string& text) {
 
 int merge(const std::vector<std::string>& args) {
   if (args.size() < 3) {
-    throw InputError("merge", 0, "usage: slot_sim merge OUT DIR... (the output folders of the shards)");
+    throw input_error("merge", 0, "usage: slot_sim merge OUT DIR... (the output folders of the shards)");
   }
   const std::string out = args[1];
   std::string common;
@@ -228,25 +228,25 @@ int merge(const std::vector<std::string>& args) {
     const std::string dir = args[i];
     std::ifstream in(dir + "/config.txt");
     if (!in) {
-      throw InputError(dir + "/config.txt", 0, "cannot open (is this a slot_sim output folder?)");
+      throw input_error(dir + "/config.txt", 0, "cannot open (is this a slot_sim output folder?)");
     }
     std::stringstream text;
     text << in.rdbuf();
     if (i == 2) {
       common = without_shard(text.str());
     } else if (without_shard(text.str()) != common) {
-      throw InputError(dir + "/config.txt", 0, "settings differ from " + args[2] + "/config.txt: not one sweep");
+      throw input_error(dir + "/config.txt", 0, "settings differ from " + args[2] + "/config.txt: not one sweep");
     }
     Results part = read_results(dir);
     for (const RunRow& r : part.rows) {
       if (r.policy == part.policies.front() && !seen.insert(r.seed).second) {
-        throw InputError(dir + "/runs.csv", 0, "seed " + std::to_string(r.seed) + " appears in two shards");
+        throw input_error(dir + "/runs.csv", 0, "seed " + std::to_string(r.seed) + " appears in two shards");
       }
     }
     if (i == 2) {
       all.policies = part.policies;
     } else if (part.policies != all.policies) {
-      throw InputError(dir + "/runs.csv", 0, "the policies differ from " + args[2] + "'s");
+      throw input_error(dir + "/runs.csv", 0, "the policies differ from " + args[2] + "'s");
     }
     all.rows.insert(all.rows.end(), part.rows.begin(), part.rows.end());
     for (const auto& [p, s] : part.series) {
@@ -267,10 +267,10 @@ int merge(const std::vector<std::string>& args) {
   parser.read_file(config_path);
   c.shard = {1, 1};
   if (c.dispatch.sample_every == 0) {
-    throw InputError(config_path, 0, "no sample-every setting: not written by slot_sim");
+    throw input_error(config_path, 0, "no sample-every setting: not written by slot_sim");
   }
   if (seen.size() != c.seeds) {
-    throw InputError(
+    throw input_error(
         "merge", 0,
         fmt::format("the shards hold {} of the sweep's {} seeds: some shards are missing", seen.size(), c.seeds));
   }
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
       return slot_sim::merge(args);
     }
     return slot_sim::run(args);
-  } catch (const carve::sim::InputError& e) {
+  } catch (const carve::Exception& e) {
     fmt::print(stderr, "slot_sim: error: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 // slot_sim's settings: from the command line (--key value or --key=value) and from config
 // files (`key = value` lines, '#' comments), which take the same keys. Later settings win.
-// Every bad value is a carve::sim::InputError naming the option or the file and line.
+// Every bad value throws carve::Exception (sim::input_error) naming the option or the file and line.
 #pragma once
 
 #include "policies.hpp"
@@ -17,7 +17,7 @@
 
 namespace slot_sim {
 
-using carve::sim::InputError;
+using carve::sim::input_error;
 
 struct Shard {
   std::uint32_t index = 1; // 1-based
@@ -41,9 +41,9 @@ struct Config {
   // Where each setting came from ("--sizes", or a config file and line), for errors that
   // involve several settings.
   std::map<std::string, std::pair<std::string, std::size_t>> origin;
-  InputError error(const std::string& key, const std::string& what) const {
+  carve::Exception error(const std::string& key, const std::string& what) const {
     const auto it = origin.find(key);
-    return it == origin.end() ? InputError(key, 0, what) : InputError(it->second.first, it->second.second, what);
+    return it == origin.end() ? input_error(key, 0, what) : input_error(it->second.first, it->second.second, what);
   }
 
   // The seeds this process runs: every seed of the sweep, or this shard's share (seeds are dealt
@@ -74,7 +74,7 @@ inline std::uint32_t count_value(const std::string& v, const std::string& key, c
                                  std::size_t line, std::uint32_t min) {
   const std::uint32_t n = carve::sim::detail::parse_count(v, key, where, line);
   if (n < min) {
-    throw InputError(where, line, key + " must be at least " + std::to_string(min));
+    throw input_error(where, line, key + " must be at least " + std::to_string(min));
   }
   return n;
 }
@@ -91,7 +91,7 @@ public:
       const std::uint32_t n = count_value(v, "slots", w, l, 1);
       const auto& ok = supported_slots();
       if (std::find(ok.begin(), ok.end(), n) == ok.end()) {
-        throw InputError(w, l, "slots must be one of 64, 128, 256, 512 (got " + v + ")");
+        throw input_error(w, l, "slots must be one of 64, 128, 256, 512 (got " + v + ")");
       }
       c_.slots = n;
     };
@@ -106,7 +106,7 @@ public:
           return;
         }
       }
-      throw InputError(w, l, "cu-choice must be first, least-loaded or nearest-boundary (got '" + v + "')");
+      throw input_error(w, l, "cu-choice must be first, least-loaded or nearest-boundary (got '" + v + "')");
     };
     set_["sample-every"] = [this](auto& v, auto& w, auto l) {
       c_.dispatch.sample_every = count_value(v, "sample-every", w, l, 0);
@@ -120,7 +120,7 @@ public:
     set_["hint-noise"] = [this](const std::string& v, const std::string& w, std::size_t l) {
       const double x = carve::sim::detail::parse_real(v, "hint-noise", w, l);
       if (x < 0 || x > 5) {
-        throw InputError(w, l, "hint-noise must lie in [0, 5] (got " + v + ")");
+        throw input_error(w, l, "hint-noise must lie in [0, 5] (got " + v + ")");
       }
       c_.workload.hint_noise = x;
     };
@@ -139,7 +139,7 @@ public:
           for (const auto& k : known) {
             list += (list.empty() ? "" : ", ") + k;
           }
-          throw InputError(w, l, "unknown policy '" + name + "' (known: " + list + ")");
+          throw input_error(w, l, "unknown policy '" + name + "' (known: " + list + ")");
         }
         c_.policies.push_back(name);
         start = comma + 1;
@@ -150,18 +150,18 @@ public:
     set_["shard"] = [this](const std::string& v, const std::string& w, std::size_t l) {
       const std::size_t slash = v.find('/');
       if (slash == std::string::npos) {
-        throw InputError(w, l, "shard must be I/N, e.g. 3/8 for the third of eight (got '" + v + "')");
+        throw input_error(w, l, "shard must be I/N, e.g. 3/8 for the third of eight (got '" + v + "')");
       }
       const std::uint32_t i = count_value(v.substr(0, slash), "shard index", w, l, 1);
       const std::uint32_t n = count_value(v.substr(slash + 1), "shard count", w, l, 1);
       if (i > n) {
-        throw InputError(w, l, "shard " + v + ": the index must lie in 1.." + std::to_string(n));
+        throw input_error(w, l, "shard " + v + ": the index must lie in 1.." + std::to_string(n));
       }
       c_.shard = {i, n};
     };
     set_["cost"] = [this](const std::string& v, const std::string& w, std::size_t l) {
       if (v != "on" && v != "off") {
-        throw InputError(w, l, "cost must be on or off (got '" + v + "')");
+        throw input_error(w, l, "cost must be on or off (got '" + v + "')");
       }
       c_.cost = v == "on";
     };
@@ -172,7 +172,7 @@ public:
   void set(const std::string& key, const std::string& value, const std::string& where, std::size_t line = 0) {
     const auto it = set_.find(key);
     if (it == set_.end()) {
-      throw InputError(where, line, "unknown setting '" + key + "' (see --help)");
+      throw input_error(where, line, "unknown setting '" + key + "' (see --help)");
     }
     it->second(detail::trim(value), where, line);
     c_.origin[key] = {where, line};
@@ -181,7 +181,7 @@ public:
   void read_file(const std::string& path) {
     std::ifstream in(path);
     if (!in) {
-      throw InputError(path, 0, "cannot open the config file");
+      throw input_error(path, 0, "cannot open the config file");
     }
     std::string text;
     for (std::size_t line = 1; std::getline(in, text); ++line) {
@@ -191,7 +191,7 @@ public:
       }
       const std::size_t eq = t.find('=');
       if (eq == std::string::npos) {
-        throw InputError(path, line, "expected 'key = value', found '" + t + "'");
+        throw input_error(path, line, "expected 'key = value', found '" + t + "'");
       }
       set(detail::trim(t.substr(0, eq)), t.substr(eq + 1), path, line);
     }
@@ -205,7 +205,7 @@ public:
         return false;
       }
       if (a.rfind("--", 0) != 0) {
-        throw InputError(a, 0, "expected an option (--key value); see --help");
+        throw input_error(a, 0, "expected an option (--key value); see --help");
       }
       const std::size_t eq = a.find('=');
       const std::string key = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
@@ -214,7 +214,7 @@ public:
       } else if (i + 1 < args.size()) {
         set(key, args[++i], "--" + key);
       } else {
-        throw InputError("--" + key, 0, "needs a value");
+        throw input_error("--" + key, 0, "needs a value");
       }
     }
     return true;

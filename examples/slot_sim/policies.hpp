@@ -31,7 +31,7 @@ std::vector<carve::sim::PolicyRunner> all_policies() {
   return {
       sim::contiguous<N, FirstFit>(),       sim::contiguous<N, LastFit>(),
       sim::contiguous<N, BestFit>(),        sim::contiguous<N, BoundaryNearestFit>(),
-      sim::contiguous<N, SplitBySizeFit>(), sim::contiguous<N, ReleaseAlignedFit<N>>(),
+      sim::contiguous<N, SplitBySizeFit>(), sim::contiguous<N, ReleaseAlignedFit>(),
   };
 }
 

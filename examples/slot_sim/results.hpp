@@ -195,7 +195,7 @@ template <class F>
 void for_each_row(const std::string& file, const std::string& header, std::size_t fields, F&& f) {
   std::ifstream in(file);
   if (!in) {
-    throw InputError(file, 0, "cannot open (is this a slot_sim output folder?)");
+    throw input_error(file, 0, "cannot open (is this a slot_sim output folder?)");
   }
   std::string text;
   std::size_t line = 0;
@@ -203,13 +203,14 @@ void for_each_row(const std::string& file, const std::string& header, std::size_
     ++line;
     if (line == 1) {
       if (text != header) {
-        throw InputError(file, 1, "unexpected header: expected '" + header + "'");
+        throw input_error(file, 1, "unexpected header: expected '" + header + "'");
       }
       continue;
     }
     const auto v = split_csv(text);
     if (v.size() != fields) {
-      throw InputError(file, line, "expected " + std::to_string(fields) + " fields, found " + std::to_string(v.size()));
+      throw input_error(file, line,
+                        "expected " + std::to_string(fields) + " fields, found " + std::to_string(v.size()));
     }
     f(v, line);
   }

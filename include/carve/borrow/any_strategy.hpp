@@ -18,6 +18,7 @@
 
 #include <carve/borrow/pick_strategy.hpp>
 #include <carve/borrow/strategies.hpp>
+#include <carve/core/error.hpp>
 
 #include <charconv>
 #include <cmath>
@@ -62,8 +63,8 @@ inline double parse_weight(std::string_view strategy, std::string_view key, std:
   double v = 0.0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   if (ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(v) || v < 0.0) {
-    throw std::invalid_argument("strategy " + std::string(strategy) + ": " + std::string(key) + "=" +
-                                std::string(value) + " is not a non-negative number");
+    throw Exception(Errc::invalid_argument, "strategy " + std::string(strategy) + ": " + std::string(key) + "=" +
+                                                std::string(value) + " is not a non-negative number");
   }
   return v;
 }
@@ -79,8 +80,8 @@ inline AnyStrategy parse_strategy(std::string_view text) {
   WeightedScore weighted;
   if (name != strategy_name<LargestBandwidth>() && name != strategy_name<ThresholdMostFree>() &&
       name != strategy_name<WeightedScore>()) {
-    throw std::invalid_argument("unknown strategy '" + std::string(name) +
-                                "' (use largest-bandwidth, threshold-most-free or weighted-score)");
+    throw Exception(Errc::invalid_argument, "unknown strategy '" + std::string(name) +
+                                                "' (use largest-bandwidth, threshold-most-free or weighted-score)");
   }
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
@@ -101,7 +102,8 @@ inline AnyStrategy parse_strategy(std::string_view text) {
     } else if (name == strategy_name<WeightedScore>() && key == "history" && has_value) {
       weighted.history_weight = detail::parse_weight(name, key, value);
     } else {
-      throw std::invalid_argument("strategy " + std::string(name) + " has no setting '" + std::string(item) + "'");
+      throw Exception(Errc::invalid_argument,
+                      "strategy " + std::string(name) + " has no setting '" + std::string(item) + "'");
     }
   }
   if (name == strategy_name<ThresholdMostFree>()) {

@@ -15,7 +15,7 @@
 //
 // Two forms, the same decision:
 //   pick(...)            -> expected<Pick, Errc>       noexcept, never allocates: for hot paths.
-//   pick_explained(...)  -> expected<Pick, PickError>  the error carries a sentence for people:
+//   pick_explained(...)  -> carve::Result<Pick>        the error carries a sentence for people:
 //     "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)",
 //     or, when cards had room but were ruled out, which ones and why (no path within
 //     max_hops, or the strategy declined them, e.g. ThresholdMostFree{.strict = true}).
@@ -27,7 +27,8 @@
 #include <carve/borrow/borrow_history.hpp>
 #include <carve/borrow/pick_strategy.hpp>
 #include <carve/borrow/strategies.hpp>
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+#include <carve/core/format_bytes.hpp>
 #include <carve/topology/topology.hpp>
 
 #include <cuda/std/expected>
@@ -53,32 +54,12 @@ struct Pick {
   int hops = 0;
 };
 
-// A failed pick, explained: what pick_explained() returns instead of a bare Errc.
-struct PickError {
-  Errc code = Errc::no_space;
-  std::string message;
-};
-
 namespace detail {
-// "3.0 GiB", "512 B".
-inline std::string human_bytes(std::size_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return std::string(buf);
-}
-
 // "(largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
 inline std::string free_blocks_list(std::span<const CardState> cards) {
   std::string m = "(largest free block per card:";
   for (std::size_t c = 0; c < cards.size(); ++c) {
-    m += (c == 0 ? " GPU" : ", GPU") + std::to_string(c) + " " + human_bytes(cards[c].largest_free_block);
+    m += (c == 0 ? " GPU" : ", GPU") + std::to_string(c) + " " + format_bytes(cards[c].largest_free_block);
   }
   return m + ")";
 }
@@ -86,7 +67,7 @@ inline std::string free_blocks_list(std::span<const CardState> cards) {
 
 // "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
 inline std::string no_card_message(std::size_t bytes, std::span<const CardState> cards) {
-  return "no card can hold " + detail::human_bytes(bytes) + " " + detail::free_blocks_list(cards);
+  return "no card can hold " + format_bytes(bytes) + " " + detail::free_blocks_list(cards);
 }
 
 template <PickStrategy Strategy = LargestBandwidth>
@@ -144,22 +125,19 @@ public:
 
   // The same decision as pick(), with an error that explains itself (see the top of this
   // header). Allocates only to build the message of an error.
-  cuda::std::expected<Pick, PickError> pick_explained(int requester, std::size_t bytes,
-                                                      std::span<const CardState> cards,
-                                                      const BorrowHistory* history = nullptr) const {
+  Result<Pick> pick_explained(int requester, std::size_t bytes, std::span<const CardState> cards,
+                              const BorrowHistory* history = nullptr) const {
     if (const auto p = pick(requester, bytes, cards, history)) {
       return *p;
     } else if (p.error() == Errc::out_of_range) {
       if (!valid(requester, cards) && cards.size() != static_cast<std::size_t>(cards_)) {
-        return cuda::std::unexpected(PickError{Errc::out_of_range, "states for " + std::to_string(cards.size()) +
-                                                                       " cards, the topology has " +
-                                                                       std::to_string(cards_) + " GPUs"});
+        return fail(Errc::out_of_range, "states for " + std::to_string(cards.size()) + " cards, the topology has " +
+                                            std::to_string(cards_) + " GPUs");
       }
-      return cuda::std::unexpected(PickError{Errc::out_of_range, "no card " + std::to_string(requester) +
-                                                                     " (the topology has GPUs 0.." +
-                                                                     std::to_string(cards_ - 1) + ")"});
+      return fail(Errc::out_of_range, "no card " + std::to_string(requester) + " (the topology has GPUs 0.." +
+                                          std::to_string(cards_ - 1) + ")");
     }
-    return cuda::std::unexpected(PickError{Errc::no_space, explain_no_pick(requester, bytes, cards, history)});
+    return fail(Errc::no_space, explain_no_pick(requester, bytes, cards, history));
   }
 
   // Why pick() found no card for (requester, bytes): no_card_message() when no other card has
@@ -191,7 +169,7 @@ public:
     if (why.empty()) {
       return no_card_message(bytes, cards);
     }
-    return "no card can lend " + detail::human_bytes(bytes) + " to GPU" + std::to_string(requester) + why + " " +
+    return "no card can lend " + format_bytes(bytes) + " to GPU" + std::to_string(requester) + why + " " +
            detail::free_blocks_list(cards);
   }
 

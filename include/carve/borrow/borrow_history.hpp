@@ -6,6 +6,7 @@
 // guards it with its own lock.
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -26,7 +27,8 @@ class BorrowHistory {
 public:
   BorrowHistory(int cards, std::size_t window) : cards_(cards), window_(window) {
     if (cards < 1 || window < 1) {
-      throw std::invalid_argument("carve::BorrowHistory: needs at least one card and a window of at least one");
+      throw Exception(Errc::invalid_argument,
+                      "carve::BorrowHistory: needs at least one card and a window of at least one");
     }
     counts_.assign(static_cast<std::size_t>(cards) * static_cast<std::size_t>(cards), 0);
     totals_.assign(static_cast<std::size_t>(cards), 0);
@@ -75,7 +77,7 @@ private:
   }
   void check(int card) const {
     if (card < 0 || card >= cards_) {
-      throw std::out_of_range("carve::BorrowHistory: no card " + std::to_string(card));
+      throw Exception(Errc::out_of_range, "carve::BorrowHistory: no card " + std::to_string(card));
     }
   }
 

@@ -1,54 +1,72 @@
 // carve/borrow/borrowing_allocator.hpp — memory for a card, borrowed from its best-connected
-// peer when the card itself is full: one CachingPool per card plus a BandwidthWeightedPicker.
+// peer when the card itself is full: one resource per card plus a BandwidthWeightedPicker.
 //
-//   carve::BorrowingAllocator alloc(topology, cards);   // cards: one upstream per GPU ordinal
-//   auto h = alloc.allocate(3 << 30, /*requesting card*/ 0);
-//   if (h) { use(h->card, h->address); alloc.deallocate(*h); }
-//   else   { std::puts(h.error().message.c_str()); }  // "no card can hold 3.0 GiB (...)"
+//   using Pool = carve::CachingPool<carve::SimulatedCard>;
+//   carve::BorrowingAllocator<Pool> borrower(topology, [](int gpu) { return Pool(carve::SimulatedCard(16ull << 30));
+//   });
 //
-// allocate() snapshots every card's state, picks, and allocates from the chosen card's pool;
+//   carve::CachingPool pool(borrower.card(0));          // GPU0's memory, borrowed when GPU0 is full
+//   auto p = pool.try_allocate(3 << 20);                // expected<void*, Errc>
+//
+//   auto h = borrower.borrow(3ull << 30, /*requesting card*/ 0);   // the explained form
+//   if (h) { use(h->card, h->address); (void)borrower.give_back(*h); }
+//   else   { std::puts(h.error().message.c_str()); }   // "no card can hold 3.0 GiB (...)"
+//
+// CardResource is what each card allocates from: a CachingPool over the card, a StatsResource
+// over that, anything that models carve::UpstreamResource (free_bytes and capacity feed the
+// picker; a largest_allocation() is used where the resource has one). Cards are built from a
+// function of the GPU ordinal (for resources that cannot move, like CachingPool) or moved in
+// from a vector.
+//
+// Two ways in, one decision. borrow(bytes, requester) returns a BorrowHandle, or a carve::Error
+// whose message explains the refusal (BandwidthWeightedPicker::explain_no_pick). card(i) is a
+// carve::MemoryResource for card i that allocates locally when it fits and else on the lender
+// the strategy picks; peers(i) only ever borrows (a stack's level after the card's own pool).
+// Either frees by pointer: the allocator remembers which card holds every live block.
+//
+// Each allocation snapshots every card's state, picks, and allocates from the chosen card;
 // should that card turn out full after all (a real GPU is shared with other processes), it is
 // struck off and the pick repeated. Borrows are recorded in a BorrowHistory for the weighted
 // strategy. Thread-safe: picks are serialised by one lock (so two threads never both count on
-// the same free block), deallocations go straight to the owning pool's lock.
+// the same free block); the cards' own resources do the rest.
 #pragma once
 
 #include <carve/borrow/bandwidth_weighted_picker.hpp>
 #include <carve/borrow/borrow_history.hpp>
 #include <carve/borrow/strategies.hpp>
-#include <carve/core/errc.hpp>
-#include <carve/mr/caching_pool.hpp>
-#include <carve/mr/pool_stats.hpp>
-#include <carve/mr/upstream.hpp>
+#include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/mr/simulated_card.hpp>
 #include <carve/topology/topology.hpp>
 
 #include <cuda/std/expected>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace carve {
 
-// What allocate hands out and deallocate takes back.
+// What borrow hands out and give_back takes back.
 struct BorrowHandle {
   int card = -1;           // the card whose memory this is
   int requester = -1;      // the card that asked; card != requester means borrowed
   void* address = nullptr; // in the lending card's address space (host memory for SimulatedCard)
   std::size_t size = 0;    // bytes asked for
+  std::size_t alignment = default_alignment;
   bool borrowed() const noexcept { return card != requester; }
-};
-
-struct BorrowError {
-  Errc code = Errc::no_space;
-  std::string message;
 };
 
 // One decision, with the figures that drove it; passed to the on_decision callback.
@@ -62,111 +80,303 @@ struct BorrowDecision {
   std::vector<double> bandwidths; // requester -> every card
 };
 
-template <UpstreamResource Upstream, PickStrategy Strategy = LargestBandwidth>
+// A card resource that can say how large one block could be (CachingPool can).
+template <class R>
+concept ReportsLargestAllocation = requires(const R& r) {
+  { r.largest_allocation() } -> std::convertible_to<std::size_t>;
+};
+
+template <UpstreamResource CardResource, PickStrategy Strategy = LargestBandwidth>
 class BorrowingAllocator {
 public:
-  using pool_type = CachingPool<Upstream>;
+  using card_resource_type = CardResource;
+  class Card;
 
-  // `cards[i]` is the upstream of GPU ordinal i; there must be one per GPU of the topology.
-  BorrowingAllocator(const Topology& topology, std::vector<Upstream> cards, Strategy strategy = {},
-                     PoolOptions options = {}, std::size_t history_window = 1024)
-      : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window), options_(options) {
+  // `make_card(i)` builds the resource of GPU ordinal i, for every GPU of the topology. Throws
+  // carve::Exception (invalid_argument) for a topology without GPUs or a history window of 0.
+  template <class MakeCard>
+  requires std::invocable<MakeCard&, int> && std::same_as<std::invoke_result_t<MakeCard&, int>, CardResource>
+  BorrowingAllocator(const Topology& topology, MakeCard make_card, Strategy strategy = {},
+                     std::size_t history_window = 1024)
+      : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window) {
+    if (topology.gpu_count() < 1) {
+      throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: the topology has no GPUs");
+    }
+    for (int i = 0; i < topology.gpu_count(); ++i) {
+      cards_.push_back(std::unique_ptr<CardResource>(new CardResource(make_card(i))));
+    }
+  }
+
+  // `cards[i]` is the resource of GPU ordinal i; there must be one per GPU of the topology
+  // (else carve::Exception, invalid_argument).
+  BorrowingAllocator(const Topology& topology, std::vector<CardResource> cards, Strategy strategy = {},
+                     std::size_t history_window = 1024) requires std::move_constructible<CardResource>
+      : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window) {
     if (cards.size() != static_cast<std::size_t>(topology.gpu_count()) || cards.empty()) {
-      throw std::invalid_argument("carve::BorrowingAllocator: " + std::to_string(cards.size()) +
-                                  " upstreams for a topology with " + std::to_string(topology.gpu_count()) + " GPUs");
+      throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: " + std::to_string(cards.size()) +
+                                                  " card resources for a topology with " +
+                                                  std::to_string(topology.gpu_count()) + " GPUs");
     }
-    for (Upstream& card : cards) {
-      pools_.push_back(std::make_unique<pool_type>(std::move(card), options));
+    for (CardResource& card : cards) {
+      cards_.push_back(std::make_unique<CardResource>(std::move(card)));
     }
   }
 
-  // Errors (nothing is allocated): invalid_size for 0 bytes or a size too large to round;
-  // out_of_range for an unknown requesting card; no_space when no card can lend the request,
-  // with the picker's explanation as the message (BandwidthWeightedPicker::explain_no_pick:
-  // each card's largest free block, and why cards with room were ruled out).
-  cuda::std::expected<BorrowHandle, BorrowError> allocate(std::size_t bytes, int requesting_card) {
-    const std::size_t g = options_.granularity;
-    if (bytes == 0 || bytes > std::numeric_limits<std::size_t>::max() - g) {
-      return cuda::std::unexpected(
-          BorrowError{Errc::invalid_size, "cannot allocate " + std::to_string(bytes) + " bytes"});
+  BorrowingAllocator(const BorrowingAllocator&) = delete;
+  BorrowingAllocator& operator=(const BorrowingAllocator&) = delete;
+
+  // Errors (nothing is allocated): invalid_size for 0 bytes or an alignment that is not a power
+  // of two; out_of_range for an unknown requesting card; no_space when no card can lend the
+  // request, with the picker's explanation as the message (each card's largest free block, and
+  // why cards with room were ruled out).
+  Result<BorrowHandle> borrow(std::size_t bytes, int requesting_card, std::size_t alignment = default_alignment) {
+    const auto h = take(bytes, requesting_card, alignment, true);
+    if (h) {
+      return *h;
     }
-    if (requesting_card < 0 || requesting_card >= card_count()) {
-      return cuda::std::unexpected(BorrowError{Errc::out_of_range, "no card " + std::to_string(requesting_card) +
-                                                                       " (the machine has " +
-                                                                       std::to_string(card_count()) + ")"});
+    switch (h.error()) {
+    case Errc::invalid_size:
+      return fail(Errc::invalid_size,
+                  "cannot allocate " + std::to_string(bytes) + " bytes aligned to " + std::to_string(alignment));
+    case Errc::out_of_range:
+      return fail(Errc::out_of_range, "no card " + std::to_string(requesting_card) + " (the machine has " +
+                                          std::to_string(card_count()) + ")");
+    case Errc::no_space:
+      return fail(Errc::no_space, explain_no_pick(requesting_card, bytes));
+    default:
+      return fail(h.error(), to_string(h.error()));
     }
-    const std::size_t rounded = (bytes + g - 1) / g * g;
-    const std::lock_guard lock(mutex_);
-    std::vector<CardState> states = card_states();
-    const std::vector<CardState> seen = states;
-    for (int attempt = 0; attempt < card_count(); ++attempt) {
-      const auto pick = picker_.pick(requesting_card, rounded, states, &history_);
-      if (!pick) {
-        break;
-      }
-      const auto block = pools_[static_cast<std::size_t>(pick->card)]->try_allocate(bytes);
-      if (!block) {
-        states[static_cast<std::size_t>(pick->card)] = CardState{}; // full after all: strike it off
-        continue;
-      }
-      if (pick->card != requesting_card) {
-        history_.record(requesting_card, pick->card, bytes);
-      }
-      if (on_decision_) {
-        BorrowDecision d{requesting_card, pick->card, bytes, pick->bandwidth_gbps, pick->hops, seen, {}};
-        for (int c = 0; c < card_count(); ++c) {
-          d.bandwidths.push_back(picker_.bandwidth(requesting_card, c));
-        }
-        on_decision_(d);
-      }
-      return BorrowHandle{pick->card, requesting_card, *block, bytes};
-    }
-    return cuda::std::unexpected(
-        BorrowError{Errc::no_space, picker_.explain_no_pick(requesting_card, rounded, card_states(), &history_)});
   }
 
-  // Errors (nothing changes): out_of_range for a handle naming no card; not_allocated or
-  // invalid_size from the card's pool when the handle is stale, forged or altered.
-  cuda::std::expected<void, Errc> deallocate(const BorrowHandle& handle) {
+  // Errors (nothing changes): out_of_range for a handle naming no card; not_allocated when the
+  // handle is stale, forged or altered (not a live block of that card); invalid_size when its
+  // size or alignment differs from the allocation's.
+  cuda::std::expected<void, Errc> give_back(const BorrowHandle& handle) noexcept {
     if (handle.card < 0 || handle.card >= card_count()) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
-    return pools_[static_cast<std::size_t>(handle.card)]->try_deallocate(handle.address, handle.size);
+    return release(handle.address, handle.size, handle.alignment, handle.card);
   }
 
-  // Called after every successful allocation, under the allocator's lock (keep it short).
+  // Card i's memory as a carve::MemoryResource: local when it fits, else borrowed.
+  Card card(int i) noexcept { return Card(*this, i, true); }
+  // Memory for card i from its peers only: never its own.
+  Card peers(int i) noexcept { return Card(*this, i, false); }
+
+  // Why a request for `bytes` by `requesting_card` would find no card now.
+  std::string explain_no_pick(int requesting_card, std::size_t bytes) const {
+    const std::lock_guard lock(mutex_);
+    return picker_.explain_no_pick(requesting_card, bytes, card_states(), &history_);
+  }
+
+  // Called after every successful allocation, under the allocator's lock (keep it short; it
+  // must not throw).
   void on_decision(std::function<void(const BorrowDecision&)> callback) {
     const std::lock_guard lock(mutex_);
     on_decision_ = std::move(callback);
   }
 
-  // Every card's state now: what its pool has cached plus what the card has free.
+  // Every card's state now: what its resource has free, and the largest block it could give.
   std::vector<CardState> card_states() const {
     std::vector<CardState> states;
-    states.reserve(pools_.size());
-    for (const auto& pool : pools_) {
-      states.push_back(CardState{pool->free_bytes(), pool->largest_allocation()});
+    states.reserve(cards_.size());
+    for (const auto& card : cards_) {
+      const std::size_t free = card->free_bytes();
+      if constexpr (ReportsLargestAllocation<CardResource>) {
+        states.push_back(CardState{free, card->largest_allocation()});
+      } else {
+        states.push_back(CardState{free, free});
+      }
     }
     return states;
   }
 
-  int card_count() const noexcept { return static_cast<int>(pools_.size()); }
-  pool_type& pool(int card) { return *pools_.at(static_cast<std::size_t>(card)); }
-  const pool_type& pool(int card) const { return *pools_.at(static_cast<std::size_t>(card)); }
+  int card_count() const noexcept { return static_cast<int>(cards_.size()); }
+  // Card i's own resource (its pool, say): for stats and trimming.
+  CardResource& resource(int card) { return *cards_.at(static_cast<std::size_t>(card)); }
+  const CardResource& resource(int card) const { return *cards_.at(static_cast<std::size_t>(card)); }
   const BandwidthWeightedPicker<Strategy>& picker() const noexcept { return picker_; }
   // A copy of the borrowing history, taken under the lock.
   BorrowHistory history() const {
     const std::lock_guard lock(mutex_);
     return history_;
   }
+  // Blocks handed out and not yet given back.
+  std::size_t live_blocks() const {
+    const std::lock_guard lock(mutex_);
+    return lent_.size();
+  }
 
 private:
+  struct Lent {
+    int card;
+    int requester;
+    std::size_t bytes;
+    std::size_t alignment;
+  };
+
+  // The one allocation path. `local` false: the requester's own card is not a candidate.
+  cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment,
+                                               bool local) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (requester < 0 || requester >= card_count()) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    try {
+      const std::lock_guard lock(mutex_);
+      std::vector<CardState> states = card_states();
+      if (!local) {
+        states[static_cast<std::size_t>(requester)] = CardState{};
+      }
+      const std::vector<CardState> seen = on_decision_ ? states : std::vector<CardState>{};
+      for (int attempt = 0; attempt < card_count(); ++attempt) {
+        const auto pick = picker_.pick(requester, bytes, states, &history_);
+        if (!pick) {
+          break;
+        }
+        CardResource& lender = *cards_[static_cast<std::size_t>(pick->card)];
+        const auto block = lender.try_allocate(bytes, alignment);
+        if (!block) {
+          states[static_cast<std::size_t>(pick->card)] = CardState{}; // full after all: strike it off
+          continue;
+        }
+        try {
+          lent_.emplace(reinterpret_cast<std::uintptr_t>(*block), Lent{pick->card, requester, bytes, alignment});
+        } catch (...) {
+          lender.deallocate(*block, bytes, alignment);
+          throw;
+        }
+        if (pick->card != requester) {
+          history_.record(requester, pick->card, bytes);
+        }
+        if (on_decision_) {
+          BorrowDecision d{requester, pick->card, bytes, pick->bandwidth_gbps, pick->hops, seen, {}};
+          for (int c = 0; c < card_count(); ++c) {
+            d.bandwidths.push_back(picker_.bandwidth(requester, c));
+          }
+          on_decision_(d);
+        }
+        return BorrowHandle{pick->card, requester, *block, bytes, alignment};
+      }
+    } catch (const std::bad_alloc&) { // the allocator's own bookkeeping could not grow
+    }
+    return cuda::std::unexpected(Errc::no_space);
+  }
+
+  // `card` -1: whichever card holds it. `requester` -1: whoever asked.
+  cuda::std::expected<void, Errc> release(void* p, std::size_t bytes, std::size_t alignment, int card,
+                                          int requester = -1) noexcept {
+    Lent lent{};
+    {
+      const std::lock_guard lock(mutex_);
+      const auto it = lent_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == lent_.end() || (card >= 0 && it->second.card != card) ||
+          (requester >= 0 && it->second.requester != requester)) {
+        return cuda::std::unexpected(Errc::not_allocated);
+      }
+      if (it->second.bytes != bytes || it->second.alignment != alignment) {
+        return cuda::std::unexpected(Errc::invalid_size);
+      }
+      lent = it->second;
+      lent_.erase(it);
+    }
+    cards_[static_cast<std::size_t>(lent.card)]->deallocate(p, bytes, alignment);
+    return {};
+  }
+
+  // Whether `p` lies in a live block handed out for `requester`.
+  bool lent_to(const void* p, int requester) const noexcept {
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    const std::lock_guard lock(mutex_);
+    auto it = lent_.upper_bound(addr);
+    if (it == lent_.begin()) {
+      return false;
+    }
+    --it;
+    return addr - it->first < it->second.bytes && it->second.requester == requester;
+  }
+
+  // What `requester` can reach: its own card (when `local`) and every card with a path to it.
+  template <class Figure>
+  std::size_t reachable_sum(int requester, bool local, Figure figure) const {
+    std::size_t total = 0;
+    for (int c = 0; c < card_count(); ++c) {
+      if (c == requester ? local : picker_.bandwidth(requester, c) > 0.0) {
+        const std::size_t f = figure(*cards_[static_cast<std::size_t>(c)]);
+        total =
+            f > std::numeric_limits<std::size_t>::max() - total ? std::numeric_limits<std::size_t>::max() : total + f;
+      }
+    }
+    return total;
+  }
+
   BandwidthWeightedPicker<Strategy> picker_;
   BorrowHistory history_;
-  PoolOptions options_;
-  std::vector<std::unique_ptr<pool_type>> pools_;
+  std::vector<std::unique_ptr<CardResource>> cards_;
   mutable std::mutex mutex_;
+  std::map<std::uintptr_t, Lent> lent_; // every live block, by address
   std::function<void(const BorrowDecision&)> on_decision_;
 };
+
+// Memory for one card as a carve::MemoryResource: a handle on the allocator (which must outlive
+// it), so it copies freely and stacks under pools and fallbacks. owns(p) is true for blocks it
+// handed out; free_bytes and capacity sum the cards it can reach.
+template <UpstreamResource CardResource, PickStrategy Strategy>
+class BorrowingAllocator<CardResource, Strategy>::Card : public CcclSpellings<Card> {
+public:
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const auto h = borrower_->take(bytes, requester_, alignment, local_);
+    if (!h) {
+      return cuda::std::unexpected(h.error());
+    }
+    return h->address;
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::BorrowingAllocator::Card::deallocate", p, bytes, r.error());
+    }
+  }
+  // Errors (nothing changes): not_allocated when `p` is not a live block this card handed out;
+  // invalid_size when `bytes` or `alignment` differ from the allocation's.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    return borrower_->release(p, bytes, alignment, -1, requester_);
+  }
+  bool owns(const void* p) const noexcept { return borrower_->lent_to(p, requester_); }
+
+  std::size_t free_bytes() const {
+    return borrower_->reachable_sum(requester_, local_, [](const CardResource& r) { return r.free_bytes(); });
+  }
+  std::size_t capacity() const {
+    return borrower_->reachable_sum(requester_, local_, [](const CardResource& r) { return r.capacity(); });
+  }
+
+  int requester() const noexcept { return requester_; }
+  // Why a request for `bytes` would find no card now.
+  std::string explain_no_pick(std::size_t bytes) const { return borrower_->explain_no_pick(requester_, bytes); }
+
+  friend bool operator==(const Card& a, const Card& b) noexcept {
+    return a.borrower_ == b.borrower_ && a.requester_ == b.requester_ && a.local_ == b.local_;
+  }
+
+  // Where the memory lives is where every card's memory lives.
+  template <class Property>
+  requires detail::declares_property<CardResource, Property>
+  friend constexpr void get_property(const Card&, Property) noexcept {}
+
+private:
+  friend class BorrowingAllocator;
+  Card(BorrowingAllocator& borrower, int requester, bool local) noexcept
+      : borrower_(&borrower), requester_(requester), local_(local) {}
+
+  BorrowingAllocator* borrower_;
+  int requester_;
+  bool local_;
+};
+
+static_assert(UpstreamResource<BorrowingAllocator<SimulatedCard>::Card> &&
+              OwnsMemory<BorrowingAllocator<SimulatedCard>::Card> &&
+              ChecksDeallocation<BorrowingAllocator<SimulatedCard>::Card>);
 
 } // namespace carve

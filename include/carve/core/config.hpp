@@ -13,6 +13,16 @@
 #define CARVE_HOST_DEVICE
 #endif
 
+// Before a CARVE_HOST_DEVICE template member that calls its parts: an adaptor over a host-only
+// part (a mutex-guarded pool) is only ever called on the host, and nvcc would otherwise warn on
+// every instantiation that a __host__ __device__ function calls a __host__ one. A pragma cannot
+// come from a constexpr, so this one is a macro.
+#if defined(__NVCC__)
+#define CARVE_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define CARVE_EXEC_CHECK_DISABLE
+#endif
+
 // Checks a precondition that the type cannot report through its return value (a `void`
 // function). A failed check is a hard error in debug builds, and makes a constant expression
 // ill-formed, so misuse in a static_assert is caught at compile time.

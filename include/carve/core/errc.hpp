@@ -32,7 +32,13 @@ enum class Errc {
   bad_message,         // a message that does not decode: malformed, truncated, oversized or unknown
   unsupported_version, // the other side speaks a protocol version (or needs a feature) this build lacks
   disconnected,        // the connection is gone (the server stopped, restarted or timed out)
+
+  unsupported, // the system or this build lacks what the call needs (NUMA, a GPU, a kernel feature)
+  io_error,    // reading or writing a file or device failed
 };
+
+// The highest value, for decoders that check a number they were sent.
+inline constexpr Errc last_errc = Errc::io_error;
 
 // A short, stable, lowercase description; never null.
 CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
@@ -69,6 +75,10 @@ CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
     return "unsupported protocol version";
   case Errc::disconnected:
     return "disconnected";
+  case Errc::unsupported:
+    return "unsupported";
+  case Errc::io_error:
+    return "input/output error";
   }
   return "unknown carve error";
 }

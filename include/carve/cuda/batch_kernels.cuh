@@ -9,11 +9,11 @@
 //     callers that decide placement themselves.
 #pragma once
 
-#include <carve/slot/batch_placement.hpp>
-#include <carve/slot/boundary_nearest_fit.hpp>
-#include <carve/slot/cu_choice.hpp>
-#include <carve/slot/fit_policy.hpp>
-#include <carve/slot/slot_bitmap.hpp>
+#include <carve/slot/batch/batch_placement.hpp>
+#include <carve/slot/batch/cu_choice.hpp>
+#include <carve/slot/policy/boundary_nearest_fit.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
+#include <carve/slot/storage/slot_bitmap.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -13,7 +13,7 @@
 
 #include <carve/core/bits.hpp>
 #include <carve/mirror/reserved_memory.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <atomic>
 #include <cstddef>

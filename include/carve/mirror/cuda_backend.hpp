@@ -20,6 +20,7 @@
 // std::runtime_error when there is no CUDA device; the copy calls report Errc::device_error.
 #pragma once
 
+#include <carve/core/error.hpp>
 #if __has_include(<cuda_runtime_api.h>)
 #include <carve/core/errc.hpp>
 #include <carve/mirror/device_info.hpp>
@@ -49,7 +50,7 @@ public:
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       cudaGetLastError();
-      throw std::runtime_error("carve::CudaMirrorBackend: no CUDA device");
+      throw Exception(Errc::device_error, "carve::CudaMirrorBackend: no CUDA device");
     }
     if (options.devices.empty()) {
       for (int d = 0; d < count; ++d) {
@@ -60,7 +61,7 @@ public:
     try {
       for (const int ordinal : options.devices) {
         if (ordinal < 0 || ordinal >= count) {
-          throw std::runtime_error("carve::CudaMirrorBackend: no CUDA device " + std::to_string(ordinal));
+          throw Exception(Errc::device_error, "carve::CudaMirrorBackend: no CUDA device " + std::to_string(ordinal));
         }
         devices_.push_back(open(ordinal, options));
       }
@@ -161,7 +162,8 @@ private:
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess ||
         cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, ordinal) != cudaSuccess) {
       cudaGetLastError();
-      throw std::runtime_error("carve::CudaMirrorBackend: cannot query CUDA device " + std::to_string(ordinal));
+      throw Exception(Errc::device_error,
+                      "carve::CudaMirrorBackend: cannot query CUDA device " + std::to_string(ordinal));
     }
     d.info.name = "GPU" + std::to_string(ordinal) + " (" + prop.name + ")";
     d.info.compute_units = static_cast<std::uint32_t>(sms);
@@ -186,8 +188,8 @@ private:
         cudaStreamDestroy(d.stream);
       }
       cudaFree(memory);
-      throw std::runtime_error("carve::CudaMirrorBackend: cannot create a stream on CUDA device " +
-                               std::to_string(ordinal));
+      throw Exception(Errc::device_error,
+                      "carve::CudaMirrorBackend: cannot create a stream on CUDA device " + std::to_string(ordinal));
     }
     d.memory = static_cast<std::byte*>(memory);
     d.info.capacity = bytes;

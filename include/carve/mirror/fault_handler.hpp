@@ -30,6 +30,7 @@
 // cannot fail for that reason; the price is copying those pages at the next sync.
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/mirror/atomic_page_bits.hpp>
 
 #include <sys/mman.h>
@@ -172,7 +173,7 @@ inline void install_fault_handler() {
   const std::lock_guard lock(r.installing);
   struct sigaction now {};
   if (::sigaction(SIGSEGV, nullptr, &now) != 0) {
-    throw std::runtime_error("carve: cannot read the SIGSEGV handler");
+    throw Exception(Errc::unsupported, "carve: cannot read the SIGSEGV handler");
   }
   if ((now.sa_flags & SA_SIGINFO) != 0 && now.sa_sigaction == on_fault) {
     return;
@@ -185,7 +186,7 @@ inline void install_fault_handler() {
   action.sa_flags = SA_SIGINFO | SA_ONSTACK;
   ::sigemptyset(&action.sa_mask);
   if (::sigaction(SIGSEGV, &action, nullptr) != 0) {
-    throw std::runtime_error("carve: cannot install the SIGSEGV handler for write tracking");
+    throw Exception(Errc::unsupported, "carve: cannot install the SIGSEGV handler for write tracking");
   }
 }
 
@@ -201,7 +202,7 @@ inline void register_fault_target(const FaultTarget* target) {
       return;
     }
   }
-  throw std::runtime_error("carve: too many mirrors with mprotect write tracking at once");
+  throw Exception(Errc::unsupported, "carve: too many mirrors with mprotect write tracking at once");
 }
 
 // After this returns no handler is using `target`, so it may be destroyed.

@@ -5,7 +5,7 @@
 //   devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 1", .compute_units = 108});
 //   carve::PagedMirror mirror(devices);
 //
-// Devices register themselves: each brings a card (any UpstreamResource; SimulatedCard by default)
+// Devices register themselves: each brings a card (any carve::UpstreamResource; SimulatedCard by default)
 // from which the backend takes the device's memory once, and a description. Every device has its
 // own HostCopyStream, so copies to different devices run at the same time, each in order, as on
 // GPUs. device_memory(d) shows what a device holds, which is how tests compare it with the host.
@@ -13,19 +13,18 @@
 // the copy calls are, per the MirrorBackend contract.
 #pragma once
 
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/host_copy_stream.hpp>
 #include <carve/mirror/mirror_backend.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
-#include <carve/mr/upstream.hpp>
 
 #include <cuda/std/expected>
 
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,16 +48,17 @@ public:
   HostMirrorBackend(const HostMirrorBackend&) = delete;
   HostMirrorBackend& operator=(const HostMirrorBackend&) = delete;
 
-  // Adds a device and returns its index. Throws std::invalid_argument when the card cannot give
-  // the bytes (nothing is registered then).
+  // Adds a device and returns its index. Throws carve::Exception (no_space) when the card cannot
+  // give the bytes (nothing is registered then).
   std::size_t register_device(Card card, HostDeviceSpec spec = {}) {
     const std::size_t index = devices_.size();
     const std::size_t bytes = spec.bytes != 0 ? spec.bytes : static_cast<std::size_t>(card.free_bytes());
-    auto* memory = bytes == 0 ? nullptr : static_cast<std::byte*>(card.try_allocate(bytes, alignment));
-    if (memory == nullptr) {
-      throw std::invalid_argument("carve::HostMirrorBackend: card " + std::to_string(index) + " cannot give " +
-                                  std::to_string(bytes) + " bytes");
+    const auto got = card.try_allocate(bytes, alignment);
+    if (!got) {
+      throw Exception(Errc::no_space, "carve::HostMirrorBackend: card " + std::to_string(index) + " cannot give " +
+                                          std::to_string(bytes) + " bytes");
     }
+    auto* memory = static_cast<std::byte*>(*got);
     auto device = std::make_unique<Device>(std::move(card), memory, bytes);
     device->info.name = spec.name.empty() ? "card " + std::to_string(index) : std::move(spec.name);
     device->info.capacity = bytes;

@@ -7,7 +7,7 @@
 #pragma once
 
 #include <carve/mirror/reserved_memory.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <cstdint>
 #include <optional>

@@ -6,7 +6,7 @@
 //   devices.register_device(carve::SimulatedCard(1 << 30));
 //   carve::PagedMirror mirror(devices, {.page_size = 64 << 10, .tracking = carve::WriteTracking::automatic});
 //
-//   auto p = mirror.allocate(256 << 20, /*priority*/ 0);     // expected<void*, Errc>
+//   auto p = mirror.try_allocate(256 << 20);                  // expected<void*, Errc>
 //   std::memset(*p, 1, 4096);                                 // a plain store: its page is now dirty
 //   auto report = mirror.sync();                              // copies that one page, nothing else
 //
@@ -22,11 +22,13 @@
 // partitions to requests in priority order and answers with the seed's pair: a compute resource and
 // a virtual address.
 //
-// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, or more than the whole
-// mirror could ever hold), no_space (not enough free pages now), out_of_range (a range that is not
-// inside one allocation), not_allocated (a pointer that is not an allocation), device_error (a copy
-// failed: the pages stay dirty). Construction throws (std::invalid_argument for a bad page size or
-// no usable device, std::runtime_error / std::system_error from the kernel).
+// The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
+// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
+// not a power of two), no_space (more than the whole mirror could ever hold, an alignment above
+// the page size, not enough free pages now), out_of_range (a range that is not inside one
+// allocation, an unknown device), not_allocated (a pointer that is not an allocation),
+// device_error (a copy failed: the pages stay dirty). Construction throws carve::Exception
+// (invalid_argument for a bad page size or no usable device; what the kernel refused).
 //
 // Thread safety: write(), mark_dirty(), is_dirty(), locate(), segments() and plain stores may come
 // from any number of threads, also while another thread syncs; a page stored to during a sync is
@@ -34,9 +36,12 @@
 // being fetched, deallocated, or written by write() at the same time are races, as for any memory.
 #pragma once
 
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+#include <carve/core/format_bytes.hpp>
+#include <carve/core/misuse.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/device_segments.hpp>
+#include <carve/mirror/host_backend.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mirror/page_table.hpp>
 #include <carve/mirror/placement.hpp>
@@ -44,9 +49,9 @@
 #include <carve/mirror/sync_report.hpp>
 #include <carve/mirror/write_tracker.hpp>
 #include <carve/mirror/write_tracking.hpp>
-#include <carve/slot/dynamic_slot_allocator.hpp>
-#include <carve/slot/first_fit.hpp>
-#include <carve/tier/tier_report.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/slot/allocator/dynamic_slot_allocator.hpp>
+#include <carve/slot/policy/first_fit.hpp>
 
 #include <cuda/std/expected>
 
@@ -59,7 +64,6 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,7 +76,14 @@ struct MirrorOptions {
   DispatchOrder dispatch_order = DispatchOrder::strict_priority;
 };
 
-// A request for the seed's pair: compute and memory together.
+// Where an allocation's pages should go: its priority (higher syncs first) and the device that
+// will use it (placement policies that care put its pages there or close).
+struct MirrorHint {
+  int priority = 0;
+  std::optional<std::uint32_t> near = std::nullopt;
+};
+
+// A request for compute and memory together.
 struct ResourceRequest {
   std::size_t bytes = 0;
   int priority = 0;
@@ -120,18 +131,44 @@ public:
 
   // --- memory -------------------------------------------------------------------------------
 
-  // `bytes` of zeroed memory, rounded up to whole pages, host and device copies equal. `near`:
-  // the device that will use it (placement policies that care put the pages there or close).
-  cuda::std::expected<void*, Errc> allocate(std::size_t bytes, int priority = 0,
-                                            std::optional<std::uint32_t> near = std::nullopt) {
-    const std::lock_guard control(control_);
-    return allocate_locked(bytes, priority, near);
+  // `bytes` of zeroed memory, rounded up to whole pages, host and device copies equal; it starts
+  // on a page, so any alignment up to the page size is met.
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = 1,
+                                                MirrorHint hint = {}) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (alignment > page_size_) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    try {
+      const std::lock_guard control(control_);
+      return allocate_locked(bytes, hint.priority, hint.near);
+    } catch (const std::bad_alloc&) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
   }
 
-  // Errors: not_allocated when p is not an address allocate() returned (or was freed already).
-  cuda::std::expected<void, Errc> deallocate(void* p) {
+  // Frees an allocation whole. Errors (nothing changes): not_allocated when `p` is not an address
+  // try_allocate returned (or was freed already); invalid_size when `bytes` is not its size.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment = 1) noexcept {
     const std::lock_guard control(control_);
-    return deallocate_locked(p);
+    return deallocate_locked(p, bytes, alignment);
+  }
+  // The same without naming the size, which the mirror knows.
+  cuda::std::expected<void, Errc> try_deallocate(void* p) noexcept {
+    const std::lock_guard control(control_);
+    return deallocate_locked(p, std::nullopt, 1);
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::PagedMirror::deallocate", p, bytes, r.error());
+    }
+  }
+  // Whether `p` lies in the mirror's address space (allocated or not).
+  bool owns(const void* p) const noexcept {
+    const auto* b = static_cast<const std::byte*>(p);
+    return b >= tracker_.base() && b < tracker_.base() + capacity();
   }
 
   // Copies n bytes into the mirror at dst and marks the pages dirty. Errors: out_of_range when
@@ -278,8 +315,11 @@ public:
   // mirror holds, more compute units than any device has).
   cuda::std::expected<std::uint64_t, Errc> submit(const ResourceRequest& r) {
     const std::lock_guard control(control_);
-    if (r.bytes == 0 || pages_for(r.bytes) > host_pages_.size()) {
+    if (r.bytes == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (pages_for(r.bytes) > host_pages_.size()) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     const auto ticket = dispatcher_.submit({r.priority, r.compute_units});
     if (ticket) {
@@ -313,7 +353,7 @@ public:
     if (auto r = dispatcher_.release(g.compute); !r) {
       return r;
     }
-    return deallocate_locked(g.address);
+    return deallocate_locked(g.address, std::nullopt, 1);
   }
 
   // Withdraws a queued request. Errors: not_allocated when it is not queued.
@@ -393,22 +433,24 @@ private:
 
   static std::size_t checked_page_size(std::size_t s) {
     if (s == 0 || (s & (s - 1)) != 0 || s % os_page_size() != 0 || s > max_page_size) {
-      throw std::invalid_argument("carve::PagedMirror: page size " + std::to_string(s) +
-                                  " must be a power of two, a multiple of the system page size (" +
-                                  std::to_string(os_page_size()) + ") and at most 1 GiB");
+      throw Exception(Errc::invalid_argument, "carve::PagedMirror: page size " + std::to_string(s) +
+                                                  " must be a power of two, a multiple of the system page size (" +
+                                                  std::to_string(os_page_size()) + ") and at most 1 GiB");
     }
     return s;
   }
   static std::vector<std::optional<DynamicSlotAllocator<Fit>>> make_device_pages(const std::vector<DeviceInfo>& devices,
                                                                                  std::size_t page_size) {
     if (devices.size() > max_mirror_devices) {
-      throw std::invalid_argument("carve::PagedMirror: more than " + std::to_string(max_mirror_devices) + " devices");
+      throw Exception(Errc::invalid_argument,
+                      "carve::PagedMirror: more than " + std::to_string(max_mirror_devices) + " devices");
     }
     std::vector<std::optional<DynamicSlotAllocator<Fit>>> out;
     for (const DeviceInfo& d : devices) {
       const std::size_t pages = d.available ? d.capacity / page_size : 0;
       if (pages > max_slots) {
-        throw std::invalid_argument("carve::PagedMirror: " + d.name + " has more than 2^31 pages; use larger pages");
+        throw Exception(Errc::invalid_argument,
+                        "carve::PagedMirror: " + d.name + " has more than 2^31 pages; use larger pages");
       }
       if (pages == 0) {
         out.emplace_back(std::nullopt);
@@ -424,10 +466,11 @@ private:
       total += pages ? pages->size() : 0;
     }
     if (total == 0) {
-      throw std::invalid_argument("carve::PagedMirror: the backend has no available device with a whole page");
+      throw Exception(Errc::invalid_argument,
+                      "carve::PagedMirror: the backend has no available device with a whole page");
     }
     if (total > max_slots) {
-      throw std::invalid_argument("carve::PagedMirror: more than 2^31 pages in total; use larger pages");
+      throw Exception(Errc::invalid_argument, "carve::PagedMirror: more than 2^31 pages in total; use larger pages");
     }
     return DynamicSlotAllocator<FirstFit>(static_cast<std::uint32_t>(total));
   }
@@ -463,8 +506,8 @@ private:
   }
 
   cuda::std::expected<void*, Errc> allocate_locked(std::size_t bytes, int priority, std::optional<std::uint32_t> near) {
-    if (bytes == 0 || pages_for(bytes) > host_pages_.size()) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (bytes > capacity()) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     if (near && *near >= devices_.size()) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -550,7 +593,7 @@ private:
         r = d.allocate(std::min(pages, d.largest_free_run()));
       }
       if (!r) {
-        throw std::logic_error("carve::PagedMirror: a device lost free pages it reported");
+        throw Exception(Errc::invalid_placement, "carve::PagedMirror: a device lost free pages it reported");
       }
       if (!runs.empty() && runs.back().device == device && runs.back().device_pages.end() == r->first) {
         runs.back().device_pages.count += r->count; // the policy continued the previous run
@@ -576,7 +619,8 @@ private:
     table_.unmap(a.pages);
   }
 
-  cuda::std::expected<void, Errc> deallocate_locked(void* p) {
+  // `bytes` nullopt: whatever size the allocation has.
+  cuda::std::expected<void, Errc> deallocate_locked(void* p, std::optional<std::size_t> bytes, std::size_t alignment) {
     const std::unique_lock lock(allocations_mutex_);
     const auto* b = static_cast<const std::byte*>(p);
     if (b < tracker_.base() || b >= tracker_.base() + capacity() ||
@@ -587,6 +631,9 @@ private:
         allocations_.find(static_cast<std::uint32_t>(static_cast<std::size_t>(b - tracker_.base()) / page_size_));
     if (it == allocations_.end()) {
       return cuda::std::unexpected(Errc::not_allocated);
+    }
+    if ((bytes && *bytes != it->second.bytes) || !check_request(it->second.bytes, alignment)) {
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     release_host(it->second);
     give_back(it->second);
@@ -685,5 +732,8 @@ private:
   mutable std::mutex control_;
   mutable std::shared_mutex allocations_mutex_;
 };
+
+static_assert(MemoryResource<PagedMirror<HostMirrorBackend<>>> && OwnsMemory<PagedMirror<HostMirrorBackend<>>> &&
+              ChecksDeallocation<PagedMirror<HostMirrorBackend<>>>);
 
 } // namespace carve

@@ -18,9 +18,9 @@
 
 #include <carve/core/errc.hpp>
 #include <carve/mirror/device_info.hpp>
-#include <carve/slot/boundary_nearest_fit.hpp>
-#include <carve/slot/dynamic_slot_allocator.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/slot/allocator/dynamic_slot_allocator.hpp>
+#include <carve/slot/policy/boundary_nearest_fit.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <cuda/std/expected>
 

@@ -8,8 +8,11 @@
 //
 // A PagedMirror over 1 TiB of device memory reserves 1 TiB of host addresses and a page table for
 // 1 TiB worth of pages, and both cost nothing until allocations use them. Host-only (POSIX mmap);
-// construction throws std::system_error when the kernel refuses the reservation.
+// construction throws carve::Exception (no_space) when the kernel refuses the reservation.
 #pragma once
+
+#include <carve/core/error.hpp>
+#include <carve/core/os_page_size.hpp>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -17,23 +20,18 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <system_error>
+#include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 namespace carve {
 
-// The operating system's page size: the granularity of every protection change.
-inline std::size_t os_page_size() noexcept {
-  static const auto size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
-
 namespace detail {
 inline void* map_anonymous(std::size_t bytes, int prot, const char* what) {
   void* p = ::mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    throw std::system_error(errno, std::generic_category(), what);
+    throw Exception(Errc::no_space, std::string(what) + ": " + std::strerror(errno));
   }
   return p;
 }

@@ -20,11 +20,12 @@
 #pragma once
 
 #include <carve/core/bits.hpp>
+#include <carve/core/error.hpp>
 #include <carve/mirror/atomic_page_bits.hpp>
 #include <carve/mirror/fault_handler.hpp>
 #include <carve/mirror/reserved_memory.hpp>
 #include <carve/mirror/write_tracking.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
@@ -55,8 +56,8 @@ public:
         pagemap_ = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
         mechanism_ = TrackingMechanism::userfaultfd;
       } else if (mode == WriteTracking::automatic_userfaultfd) {
-        throw std::runtime_error("carve: userfaultfd asynchronous write-protection is not available here "
-                                 "(needs Linux 6.7 or later and userfaultfd allowed for this process)");
+        throw Exception(Errc::unsupported, "carve: userfaultfd asynchronous write-protection is not available here "
+                                           "(needs Linux 6.7 or later and userfaultfd allowed for this process)");
       }
     }
     if (mechanism_ == TrackingMechanism::explicit_calls &&

@@ -3,7 +3,7 @@
 //
 //   carve::CachingPool pool(carve::SimulatedCard(16ull << 30), {.idle_threshold = 1ull << 30});
 //   auto p = pool.try_allocate(3 << 20);            // expected<void*, Errc>
-//   pool.try_deallocate(*p, 3 << 20);               // cached, not freed
+//   pool.deallocate(*p, 3 << 20);                   // cached, not freed
 //   pool.trim();                                    // free segments back to the card
 //
 // Serving a request: a cached block of exactly the rounded size; else the smallest larger one,
@@ -20,51 +20,52 @@
 // live block stay cached above it. stats() reports what is held, used, cached and how
 // fragmented the cache is.
 //
-// The pool is thread-safe (one mutex). It satisfies carve::SynchronousResource (what CCCL's
+// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
+// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
+// satisfies carve::SynchronousResource (what CCCL's
 // cuda::mr::synchronous_resource requires, checked on every build) and CCCL's own concept where
 // <cuda/memory_resource> is available (resource in CCCL 3.0, synchronous_resource from 3.1; see
 // carve/mr/cuda_mr.hpp), and forwards its upstream's properties (host_accessible for
 // SimulatedCard, device_accessible for CudaDeviceResource).
 #pragma once
 
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/mr/pool_stats.hpp>
 #include <carve/mr/simulated_card.hpp>
-#include <carve/mr/upstream.hpp>
 
 #include <cuda/std/expected>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <new>
 #include <set>
-#include <stdexcept>
-#include <string>
 #include <utility>
 
 namespace carve {
 
 template <UpstreamResource Upstream>
-class CachingPool {
+requires std::move_constructible<Upstream>
+class CachingPool : public CcclSpellings<CachingPool<Upstream>> {
 public:
   using upstream_type = Upstream;
-  static constexpr std::size_t default_alignment = 256;
 
-  // Throws std::invalid_argument unless the granularity is a power of two and the segment size
-  // a positive multiple of it.
+  // Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
+  // segment size a positive multiple of it.
   explicit CachingPool(Upstream upstream, PoolOptions options = {})
       : upstream_(std::move(upstream)), options_(options) {
     const std::size_t g = options_.granularity;
     if (g == 0 || (g & (g - 1)) != 0 || options_.segment_size == 0 || options_.segment_size % g != 0) {
-      throw std::invalid_argument(
-          "carve::CachingPool: granularity must be a power of two and segment_size a positive multiple of it");
+      throw Exception(Errc::invalid_argument,
+                      "carve::CachingPool: granularity must be a power of two and segment_size a positive multiple "
+                      "of it (granularity " +
+                          std::to_string(g) + ", segment_size " + std::to_string(options_.segment_size) + ")");
     }
   }
 
@@ -78,13 +79,16 @@ public:
     }
   }
 
-  // Errors (nothing changes): invalid_size for 0 bytes, a size that overflows when rounded, or an
-  // alignment that is not a power of two or exceeds the granularity; no_space when neither the
-  // cache nor the upstream (after the cache is returned to it) can hold the request.
+  // Errors (nothing changes): invalid_size for 0 bytes or an alignment that is not a power of
+  // two; no_space for an alignment above the granularity, a size too large to round, or when
+  // neither the cache nor the upstream (after the cache is returned to it) can hold the request.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
     const std::size_t size = rounded(bytes, alignment);
     if (size == 0) {
-      return cuda::std::unexpected(Errc::invalid_size);
+      return cuda::std::unexpected(Errc::no_space);
     }
     try {
       const std::lock_guard lock(mutex_);
@@ -116,7 +120,7 @@ public:
     if (p == nullptr || it == blocks_.end() || it->second.free) {
       return cuda::std::unexpected(Errc::not_allocated);
     }
-    if (rounded(bytes, alignment) != it->second.size) {
+    if (!check_request(bytes, alignment) || rounded(bytes, alignment) != it->second.size) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
     ++counters_.deallocations;
@@ -129,30 +133,12 @@ public:
     return {};
   }
 
-  // The CCCL memory-resource interface. allocate throws std::bad_alloc when out of memory and
-  // std::invalid_argument for a bad size or alignment. deallocate cannot report an error (it is
-  // noexcept in CCCL), so misuse ends the program, as free() does with a pointer it never gave.
-  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
-    const auto r = try_allocate(bytes, alignment);
-    if (!r) {
-      if (r.error() == Errc::no_space) {
-        throw std::bad_alloc();
-      }
-      throw std::invalid_argument(std::string("carve::CachingPool::allocate: ") + to_string(r.error()));
-    }
-    return *r;
-  }
+  // deallocate cannot report an error (it is noexcept), so misuse ends the program with a
+  // message (core/misuse.hpp); try_deallocate reports it instead.
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
-      std::fprintf(stderr, "carve::CachingPool::deallocate(%p, %zu): %s\n", p, bytes, to_string(r.error()));
-      std::abort();
+      report_misuse("carve::CachingPool::deallocate", p, bytes, r.error());
     }
-  }
-  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
-    return allocate(bytes, alignment);
-  }
-  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
-    deallocate(p, bytes, alignment);
   }
 
   // Returns whole free segments (no byte of them handed out) to the upstream, least recently
@@ -183,6 +169,20 @@ public:
   std::size_t free_bytes() const {
     const std::lock_guard lock(mutex_);
     return cached_ + upstream_.free_bytes();
+  }
+  // The upstream's capacity: what this pool could ever hold.
+  std::size_t capacity() const { return upstream_.capacity(); }
+
+  // Whether `p` lies in a segment this pool holds (a live block or a cached one).
+  bool owns(const void* p) const noexcept {
+    const std::lock_guard lock(mutex_);
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    auto it = segments_.upper_bound(addr);
+    if (it == segments_.begin()) {
+      return false;
+    }
+    --it;
+    return addr - it->first < it->second;
   }
 
   // The largest request that would succeed now, assuming the upstream's free memory is in one
@@ -278,14 +278,10 @@ private:
   static void* to_ptr(std::uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
   static std::uintptr_t to_addr(void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
 
-  // The block size for a request, or 0 for a request that cannot be served.
+  // The block size for a valid request (check_request), or 0 when the pool cannot serve it: an
+  // alignment above the granularity, or a size that overflows when rounded.
   std::size_t rounded(std::size_t bytes, std::size_t alignment) const noexcept {
-    const std::size_t g = options_.granularity;
-    if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > g ||
-        bytes > std::numeric_limits<std::size_t>::max() - (g - 1)) {
-      return 0;
-    }
-    return (bytes + g - 1) / g * g;
+    return alignment > options_.granularity ? 0 : round_up(bytes, options_.granularity);
   }
 
   // Best fit from the cache: exact size, else the smallest larger block, split. 0 if none.
@@ -319,18 +315,19 @@ private:
 
   std::uintptr_t take_new_segment(std::size_t size) {
     const std::size_t preferred = std::max(size, options_.segment_size);
-    void* p = upstream_.try_allocate(preferred, options_.granularity);
+    auto got_segment = upstream_.try_allocate(preferred, options_.granularity);
     std::size_t got = preferred;
-    if (p == nullptr) {
+    if (!got_segment) {
       ++counters_.upstream_failures;
       release_free_segments(0); // the card may fit the request once the cache is returned
       got = size;               // and ask for no more than needed
-      p = upstream_.try_allocate(size, options_.granularity);
-      if (p == nullptr) {
+      got_segment = upstream_.try_allocate(size, options_.granularity);
+      if (!got_segment) {
         ++counters_.upstream_failures;
         return 0;
       }
     }
+    void* const p = *got_segment;
     const std::uintptr_t base = to_addr(p);
     try {
       segments_.emplace(base, got);
@@ -423,6 +420,9 @@ private:
   PoolStats counters_; // the event counters and peaks; sizes are filled in by stats()
 };
 
+static_assert(UpstreamResource<CachingPool<SimulatedCard>> && OwnsMemory<CachingPool<SimulatedCard>> &&
+              Trimmable<CachingPool<SimulatedCard>> && ReportsStats<CachingPool<SimulatedCard>> &&
+              ChecksDeallocation<CachingPool<SimulatedCard>>);
 static_assert(SynchronousResource<CachingPool<SimulatedCard>>);
 static_assert(detail::cccl_accepts<CachingPool<SimulatedCard>>());
 #if defined(CARVE_HAS_CUDA_MR)

@@ -12,8 +12,8 @@
 #if __has_include(<cuda_runtime_api.h>)
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
-#include <carve/mr/upstream.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -21,7 +21,6 @@
 #include <cstring>
 #include <new>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -32,26 +31,32 @@ public:
   static constexpr ExportKind export_kind = ExportKind::cuda_ipc;
   static constexpr bool release_while_mapped = false; // cudaFree before the importer closes is undefined
 
+  // Throws carve::Exception (invalid_argument) when there is no such CUDA device.
   explicit CudaDeviceResource(int device) : device_(device) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
       cudaGetLastError();
-      throw std::invalid_argument("carve::CudaDeviceResource: no CUDA device " + std::to_string(device));
+      throw Exception(Errc::invalid_argument, "carve::CudaDeviceResource: no CUDA device " + std::to_string(device));
     }
   }
 
   int device() const noexcept { return device_; }
 
-  // nullptr when cudaMalloc fails (the error is cleared, so it does not leak into later calls).
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (bytes == 0 || alignment == 0 || alignment > 256 || (alignment & (alignment - 1)) != 0) {
-      return nullptr; // cudaMalloc aligns to 256 bytes and no further
+  // Errors: invalid_size (check_request); no_space for an alignment above 256 (cudaMalloc aligns
+  // to 256 bytes and no further) or when cudaMalloc fails (the error is cleared, so it does not
+  // leak into later calls).
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (alignment > 256) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     const detail::CudaCurrentDevice current(device_);
     void* p = nullptr;
     if (!current.ok() || cudaMalloc(&p, bytes) != cudaSuccess) {
       cudaGetLastError();
-      return nullptr;
+      return cuda::std::unexpected(Errc::no_space);
     }
     return p;
   }
@@ -107,7 +112,7 @@ private:
   int device_;
 };
 
-static_assert(ExportableResource<CudaDeviceResource>);
+static_assert(UpstreamResource<CudaDeviceResource> && ExportableResource<CudaDeviceResource>);
 static_assert(SynchronousResource<CudaDeviceResource>);
 static_assert(detail::cccl_accepts<CudaDeviceResource>());
 #if defined(CARVE_HAS_CUDA_MR)

@@ -32,9 +32,13 @@
 #endif
 #endif
 
+#include <carve/core/error.hpp>
+#include <carve/mr/memory_resource.hpp>
+
 #include <concepts>
 #include <cstddef>
 #include <new>
+#include <string>
 
 namespace carve {
 
@@ -44,19 +48,28 @@ inline constexpr bool cuda_mr_available = true;
 inline constexpr bool cuda_mr_available = false;
 #endif
 
-// Gives a resource with try_allocate (nullptr when out of memory) and deallocate the CCCL
-// spellings: allocate throwing std::bad_alloc, and the newer allocate_sync / deallocate_sync.
+// Gives a MemoryResource the spellings CCCL's resource_ref and std::pmr callers use:
+// allocate / allocate_sync, which throw std::bad_alloc when the resource is out of space (the
+// contract both follow) and carve::Exception for a request no resource could serve, and
+// deallocate_sync. The derived class provides try_allocate, deallocate and ==.
 template <class Derived>
 class CcclSpellings {
 public:
-  void* allocate(std::size_t bytes, std::size_t alignment) {
-    if (void* p = self().try_allocate(bytes, alignment)) {
-      return p;
+  void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
+    const cuda::std::expected<void*, Errc> p = self().try_allocate(bytes, alignment);
+    if (p) {
+      return *p;
     }
-    throw std::bad_alloc();
+    if (p.error() == Errc::no_space) {
+      throw std::bad_alloc();
+    }
+    throw Exception(p.error(), "cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
+                                   std::to_string(alignment) + ": " + to_string(p.error()));
   }
-  void* allocate_sync(std::size_t bytes, std::size_t alignment) { return allocate(bytes, alignment); }
-  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
+    return allocate(bytes, alignment);
+  }
+  void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     self().deallocate(p, bytes, alignment);
   }
 

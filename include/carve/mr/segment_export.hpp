@@ -1,7 +1,7 @@
 // carve/mr/segment_export.hpp — what another process needs to map one of a resource's
 // allocations: the concept of a resource whose memory can leave the process.
 //
-//   struct MyCard {   // an UpstreamResource, plus:
+//   struct MyCard {   // a carve::UpstreamResource, plus:
 //     static constexpr carve::ExportKind export_kind = carve::ExportKind::shared_memory;
 //     static constexpr bool release_while_mapped = true;
 //     std::optional<carve::SegmentExport> export_segment(void* base, std::size_t bytes) const;
@@ -21,7 +21,7 @@
 // with cudaIpcOpenMemHandle).
 #pragma once
 
-#include <carve/mr/upstream.hpp>
+#include <carve/mr/memory_resource.hpp>
 
 #include <array>
 #include <concepts>

@@ -1,7 +1,7 @@
 // carve/mr/simulated_card.hpp — a GPU card's memory played by host memory with a fixed capacity.
 //
 //   carve::SimulatedCard card(64 << 20);   // a "card" with 64 MiB
-//   void* p = card.try_allocate(1 << 20, 256);
+//   auto p = card.try_allocate(1 << 20, 256);   // expected<void*, Errc>
 //
 // For tests, demos and planning on machines without GPUs: allocations are real host memory
 // (so sanitizers see misuse), counted against the capacity. Copies are handles to the same
@@ -10,7 +10,7 @@
 
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/upstream.hpp>
+#include <carve/mr/memory_resource.hpp>
 
 #include <cstddef>
 #include <new>
@@ -21,18 +21,19 @@ class SimulatedCard : public CcclSpellings<SimulatedCard> {
 public:
   explicit SimulatedCard(std::size_t capacity_bytes) : budget_(capacity_bytes) {}
 
-  // nullptr when `bytes` is 0, the alignment is not a power of two, the card is full, or the
-  // host itself is out of memory.
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
-      return nullptr;
+  // Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space (the card
+  // is full, or the host itself is out of memory).
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     if (!budget_.take(bytes)) {
-      return nullptr;
+      return cuda::std::unexpected(Errc::no_space);
     }
     void* p = ::operator new (bytes, std::align_val_t{alignment}, std::nothrow);
     if (p == nullptr) {
       budget_.give_back(bytes);
+      return cuda::std::unexpected(Errc::no_space);
     }
     return p;
   }
@@ -57,7 +58,7 @@ private:
   ByteBudget budget_;
 };
 
-static_assert(UpstreamResource<SimulatedCard>);
+static_assert(MemoryResource<SimulatedCard> && UpstreamResource<SimulatedCard>);
 static_assert(SynchronousResource<SimulatedCard>);
 static_assert(detail::cccl_accepts<SimulatedCard>());
 #if defined(CARVE_HAS_CUDA_MR)

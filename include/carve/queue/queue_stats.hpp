@@ -97,6 +97,7 @@ struct TierStats {
   std::uint64_t enqueued = 0; // pushes accepted so far
   std::uint64_t dequeued = 0; // pops so far
   std::uint64_t rejected = 0; // pushes refused because the tier was full
+  std::uint64_t requeued = 0; // requests put back at the head (try_push_front); counted in enqueued too
   WaitHistogramSnapshot wait;
 };
 

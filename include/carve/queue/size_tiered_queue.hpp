@@ -5,10 +5,11 @@
 //   struct Rows { std::uint64_t operator()(const Lookup& q) const { return q.rows.size(); } };
 //
 //   using Queue = carve::SizeTieredQueue<Lookup, Rows>;          // MpmcRing lanes, round-robin
-//   auto q = Queue::make({128, 512}, 4096);                       // host: throws on bad input
-//   q->try_push(std::move(lookup));       // expected<void, Errc>: full or closed; never blocks
-//   q->push(std::move(lookup));           // waits while the request's tier is full
-//   auto r = q->pop(std::chrono::milliseconds(5));  // expected<Lookup, Errc>: timed_out, closed
+//   Queue q({128, 512}, 4096);            // host: throws carve::Exception on bad input
+//   q.try_push(std::move(lookup));        // expected<void, Errc>: full or closed; never blocks
+//   q.push(std::move(lookup));            // waits while the request's tier is full
+//   auto r = q.pop(std::chrono::milliseconds(5));   // expected<Lookup, Errc>: timed_out, closed
+//   q.try_push_front(std::move(*r));      // not placeable now: back at the head of its tier
 //
 // Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
 // (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
@@ -25,12 +26,11 @@
 //
 // Host and device: everything that does not block (try_push, try_pop, try_pop_bulk, close,
 // size, stats) is CARVE_HOST_DEVICE and lock-free apart from the lanes' own guarantees, so with
-// RingLanes<cuda::thread_scope_device> the queue can serve a GPU-resident scheduler. On a
-// device, build it with the constructor from a TierThresholds (thresholds are checked by
-// TierThresholds::create, which returns Errc::invalid_thresholds) and check status(), which
-// reports a capacity of zero, a drain policy that does not fit the tiers, or lane storage that
-// could not be allocated; a queue whose status() is an error refuses every call with it.
-// Blocking calls (push, pop, pop_bulk, with or without timeout) are host-only.
+// RingLanes<cuda::thread_scope_device> the queue can serve a GPU-resident scheduler. Bad input
+// (invalid thresholds, a capacity of zero, a drain policy that does not fit the tiers, lane
+// storage that could not be allocated) makes the constructor throw carve::Exception on the
+// host; device code cannot throw, so there the queue refuses every call with the Errc, which
+// status() tells. Blocking calls (push, pop, pop_bulk, with or without timeout) are host-only.
 //
 // Guarantees: a request whose push succeeded is popped exactly once, also across close();
 // within a tier, requests leave in push order across all producers (with FIFO lanes); a failed
@@ -42,7 +42,7 @@
 #pragma once
 
 #include <carve/core/config.hpp>
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 #include <carve/queue/bounded_count.hpp>
 #include <carve/queue/drain_policy.hpp>
 #include <carve/queue/lane.hpp>
@@ -71,7 +71,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <system_error>
 #endif
 
 namespace carve {
@@ -93,6 +92,8 @@ public:
   static constexpr cuda::thread_scope scope = Lanes::scope;
   // PriorityTag-like policies: the capacity given is one bound for the whole queue.
   static constexpr bool shared_capacity = drain_shares_capacity<Drain>;
+  // Requests each tier holds for try_push_front (at most its capacity).
+  static constexpr cuda::std::size_t requeue_capacity = 64;
 
   static_assert(cuda::std::is_nothrow_move_constructible_v<T>,
                 "a request is moved into a claimed lane cell: its move constructor must not throw");
@@ -104,6 +105,7 @@ public:
                                     SizeFn size = SizeFn{})
       : thresholds_(thresholds), size_(size), drain_(drain), held_(capacity) {
     build({}, capacity);
+    refuse_on_host();
   }
   // One capacity per tier (not for shared-capacity policies: Errc::invalid_argument).
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds,
@@ -111,6 +113,7 @@ public:
                                     SizeFn size = SizeFn{})
       : thresholds_(thresholds), size_(size), drain_(drain) {
     build(capacities, 0);
+    refuse_on_host();
   }
 
   SizeTieredQueue(const SizeTieredQueue&) = delete;
@@ -119,35 +122,10 @@ public:
   // Destroys the requests still queued. No other call may be running.
   CARVE_HOST_DEVICE ~SizeTieredQueue() { release(); }
 
-#if !defined(__CUDA_ARCH__)
-  // Host: builds a queue on the heap, or throws std::system_error carrying the Errc with a
-  // message saying what is wrong (thresholds, capacity, drain parameters).
-  static std::unique_ptr<SizeTieredQueue> make(std::initializer_list<std::uint64_t> thresholds,
-                                               cuda::std::size_t capacity, Drain drain = Drain{},
-                                               SizeFn size = SizeFn{}) {
-    return make(cuda::std::span<const std::uint64_t>(thresholds.begin(), thresholds.size()), capacity, drain, size);
-  }
-  static std::unique_ptr<SizeTieredQueue> make(cuda::std::span<const std::uint64_t> thresholds,
-                                               cuda::std::size_t capacity, Drain drain = Drain{},
-                                               SizeFn size = SizeFn{}) {
-    const auto t = TierThresholds::create(thresholds);
-    if (!t) {
-      throw std::system_error(t.error(), describe_threshold_error(thresholds));
-    }
-    auto q = std::make_unique<SizeTieredQueue>(*t, capacity, drain, size);
-    if (const auto s = q->status(); !s) {
-      const std::string what = s.error() == Errc::invalid_argument && capacity == 0
-                                   ? std::string("a queue needs a capacity of at least 1")
-                                   : std::string("drain policy '") + drain_name<Drain>() + "' does not fit " +
-                                         std::to_string(t->tier_count()) + " tiers";
-      throw std::system_error(s.error(), what);
-    }
-    return q;
-  }
-#endif
-
-  // Errc::invalid_argument (zero capacity, capacities or drain parameters not matching the
-  // tiers) or Errc::no_space (lane storage could not be allocated); otherwise success.
+  // What a queue built in device code from bad input refuses every call with:
+  // invalid_thresholds, invalid_argument (zero capacity, capacities or drain parameters not
+  // matching the tiers) or no_space (lane storage could not be allocated); otherwise success.
+  // (On the host such a queue is never built: the constructor throws.)
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
@@ -172,6 +150,30 @@ public:
   try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
     T copy(request);
     return try_push(cuda::std::move(copy));
+  }
+
+  // Puts a request a consumer took but cannot serve yet (its slots are taken, say) back at the
+  // head of its tier: the tier's next pop returns it before anything pushed meanwhile (requests
+  // put back earlier come first). Accepted after close() too, since the request was already in
+  // the queue; a pop reports closed only once these are gone as well. Never blocks. Errors: full
+  // (the tier already holds requeue_capacity such requests; the request stays in `request`),
+  // status(). Not counted against the tier's capacity: it held the request before.
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push_front(T&& request) noexcept {
+    if (status_ != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(status_));
+    }
+    const std::uint32_t tier = tier_of(request);
+    const auto entry = gate_.enter(); // counted in flight even when closed: drained() waits for it
+    const bool pushed = front(tier).try_push(request, Clock::now());
+    if (pushed) {
+      fronted_.fetch_add(1, cuda::std::memory_order_release);
+    }
+    typename Gate::word gate = gate_.leave(entry);
+    if (!pushed) {
+      return cuda::std::unexpected(Errc::full);
+    }
+    wake_readers(gate);
+    return {};
   }
 
   // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
@@ -252,8 +254,8 @@ public:
     if (tier >= built_) {
       return 0;
     }
-    const std::uint64_t out = lane(tier).popped(); // first: `pushed` read later is never smaller
-    return static_cast<cuda::std::size_t>(lane(tier).pushed() - out);
+    const std::uint64_t out = lane(tier).popped() + front(tier).popped(); // first: `pushed` read later is never smaller
+    return static_cast<cuda::std::size_t>(lane(tier).pushed() + front(tier).pushed() - out);
   }
   CARVE_HOST_DEVICE cuda::std::size_t size() const noexcept {
     cuda::std::size_t n = 0;
@@ -271,8 +273,9 @@ public:
     const double ns_per_tick = Clock::ns_per_tick();
     for (std::uint32_t t = 0; t < built_; ++t) {
       TierStats& ts = s.tier[t];
-      ts.dequeued = lane(t).popped();
-      ts.enqueued = lane(t).pushed();
+      ts.dequeued = lane(t).popped() + front(t).popped();
+      ts.requeued = front(t).pushed();
+      ts.enqueued = lane(t).pushed() + ts.requeued;
       ts.depth = ts.enqueued - ts.dequeued;
       ts.capacity = capacity(t);
       ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
@@ -336,47 +339,64 @@ private:
 
   CARVE_HOST_DEVICE void build(cuda::std::span<const cuda::std::size_t> capacities, cuda::std::size_t single) {
     tiers_ = thresholds_.tier_count();
-    Errc error{};
-    if (!capacities.empty() && (shared_capacity || capacities.size() != tiers_)) {
-      error = Errc::invalid_argument;
+    const auto refuse = [this](Errc code, const char* why) {
+      status_ = static_cast<std::uint32_t>(code);
+      refusal_ = why;
+    };
+    if (const auto t = thresholds_.status(); !t) {
+      return refuse(t.error(), "the tier thresholds are invalid");
     }
-    for (std::uint32_t t = 0; t < tiers_ && error == Errc{}; ++t) {
+    if (!capacities.empty() && (shared_capacity || capacities.size() != tiers_)) {
+      return refuse(Errc::invalid_argument, shared_capacity ? "this drain policy takes one capacity for the whole queue"
+                                                            : "one capacity per tier is needed");
+    }
+    for (std::uint32_t t = 0; t < tiers_; ++t) {
       capacity_[t] = capacities.empty() ? single : capacities[t];
       if (capacity_[t] == 0) {
-        error = Errc::invalid_argument;
+        return refuse(Errc::invalid_argument, "a queue needs a capacity of at least 1");
       }
     }
-    if (error == Errc{}) {
-      if (const auto p = drain_.template prepare<Clock>(tiers_); !p) {
-        error = p.error();
-      }
-    }
-    if (error != Errc{}) {
-      status_ = static_cast<std::uint32_t>(error);
-      return;
+    if (const auto p = drain_.template prepare<Clock>(tiers_); !p) {
+      return refuse(p.error(), "the drain policy's parameters do not fit the tiers");
     }
     BuildGuard guard{*this};
     NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
     owner_slots_ = Gate::owned_shards();
     waits_ = new WaitHistogram<Lanes::scope>[histogram_slots() * tiers_]; // on a device: nullptr when the heap is full
     if (waits_ == nullptr) {
-      status_ = static_cast<std::uint32_t>(Errc::no_space);
+      refuse(Errc::no_space, "no memory for the wait histograms");
       guard.dismissed = true;
       return;
     }
     for (std::uint32_t t = 0; t < tiers_; ++t) {
-      ::new (static_cast<void*>(&lanes_[t].lane)) lane_type(capacity_[shared_capacity ? 0 : t]);
+      const cuda::std::size_t capacity = capacity_[shared_capacity ? 0 : t];
+      const cuda::std::size_t front_capacity = capacity < requeue_capacity ? capacity : requeue_capacity;
+      ::new (static_cast<void*>(&lanes_[t].lane)) lane_type(capacity);
+      ::new (static_cast<void*>(&fronts_[t].lane)) lane_type(front_capacity);
       ++built_;
-      if (lanes_[t].lane.capacity() != capacity_[shared_capacity ? 0 : t]) {
-        status_ = static_cast<std::uint32_t>(Errc::no_space);
+      if (lanes_[t].lane.capacity() != capacity || fronts_[t].lane.capacity() != front_capacity) {
+        refuse(Errc::no_space, "no memory for the lanes");
       }
     }
     guard.dismissed = true;
   }
 
+  // On the host a queue that could not be built is not built: its constructor throws, saying
+  // why (after giving back whatever build() took).
+  CARVE_HOST_DEVICE void refuse_on_host() {
+    if (status_ == 0) {
+      return;
+    }
+    release();
+    NV_IF_TARGET(NV_IS_HOST, (throw Exception(static_cast<Errc>(status_),
+                                              std::string("carve::SizeTieredQueue: ") + refusal_ + " (drain policy '" +
+                                                  drain_name<Drain>() + "', " + std::to_string(tiers_) + " tiers)");))
+  }
+
   CARVE_HOST_DEVICE void release() noexcept {
     for (std::uint32_t t = 0; t < built_; ++t) {
       lanes_[t].lane.~lane_type();
+      fronts_[t].lane.~lane_type();
     }
     built_ = 0;
     delete[] waits_;
@@ -386,6 +406,26 @@ private:
 
   CARVE_HOST_DEVICE lane_type& lane(std::uint32_t tier) noexcept { return lanes_[tier].lane; }
   CARVE_HOST_DEVICE const lane_type& lane(std::uint32_t tier) const noexcept { return lanes_[tier].lane; }
+  CARVE_HOST_DEVICE lane_type& front(std::uint32_t tier) noexcept { return fronts_[tier].lane; }
+  CARVE_HOST_DEVICE const lane_type& front(std::uint32_t tier) const noexcept { return fronts_[tier].lane; }
+
+  // The head of a tier: a request put back (try_push_front) if there is one, else the lane's.
+  // Requests put back are rare, so a pop reads one counter to skip them.
+  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> take_from(std::uint32_t tier) noexcept {
+    if (fronted_.load(cuda::std::memory_order_acquire) != 0) {
+      if (auto got = front(tier).try_pop()) {
+        fronted_.fetch_sub(1, cuda::std::memory_order_relaxed);
+        return got;
+      }
+    }
+    auto got = lane(tier).try_pop();
+    if constexpr (shared_capacity) {
+      if (got) {
+        held_.release();
+      }
+    }
+    return got;
+  }
   // Mutable from const calls too: stats() reads the same histograms pops record into.
   CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t slot, std::uint32_t tier) const noexcept {
     return waits_[slot * tiers_ + tier];
@@ -464,10 +504,7 @@ private:
       if (!pick) {
         return cuda::std::nullopt;
       }
-      if (auto got = lane(*pick).try_pop()) {
-        if constexpr (shared_capacity) {
-          held_.release();
-        }
+      if (auto got = take_from(*pick)) {
         drain_.served(view, *pick, static_cast<std::uint64_t>(size_(got->value)));
         record_wait(seat, *pick, now > got->stamp ? now - got->stamp : 0);
         return got;
@@ -566,8 +603,9 @@ private:
   TierThresholds thresholds_;
   [[no_unique_address]] SizeFn size_;
   std::uint32_t tiers_ = 0;
-  std::uint32_t built_ = 0;  // lanes constructed (tiers_ once the queue is usable)
-  std::uint32_t status_ = 0; // an Errc, or 0
+  std::uint32_t built_ = 0;       // lanes constructed (tiers_ once the queue is usable)
+  std::uint32_t status_ = 0;      // an Errc, or 0
+  const char* refusal_ = nullptr; // why status_ is not 0
   cuda::std::size_t capacity_[max_tiers]{};
   detail::QueueWaiters* waiters_ = nullptr; // host only
   // Wait histograms, histogram_slots() x tiers_: a consumer records in its own shard's, so that
@@ -583,6 +621,9 @@ private:
   [[no_unique_address]] cuda::std::conditional_t<shared_capacity, BoundedCount<Lanes::scope>, NoBound> held_{0};
   alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
   LaneSlot lanes_[max_tiers];
+  // Requests put back at the head of their tier (try_push_front), and how many there are.
+  alignas(interference_size) cuda::atomic<std::uint32_t, Lanes::scope> fronted_{0};
+  LaneSlot fronts_[max_tiers];
 };
 
 } // namespace carve

@@ -7,21 +7,22 @@
 // holds requests of at most 128 vectors (exactly 128 included), tier 1 those of 129..512, tier 2
 // everything from 513 up:
 //
-//   auto t = carve::TierThresholds::create({128, 512});   // cuda::std::expected<TierThresholds, Errc>
-//   t->tier_of(0) == 0, t->tier_of(128) == 0, t->tier_of(129) == 1, t->tier_of(512) == 1, t->tier_of(513) == 2
+//   const carve::TierThresholds t{128, 512};   // throws carve::Exception for a bad list
+//   t.tier_of(0) == 0, t.tier_of(128) == 0, t.tier_of(129) == 1, t.tier_of(512) == 1, t.tier_of(513) == 2
 //
-// create() refuses (Errc::invalid_thresholds) an empty list, a list that is not strictly
-// increasing (unsorted or repeated values) and more than max_tiers - 1 thresholds; a
-// TierThresholds object is therefore always valid. Works on host and device.
+// Works on host and device.
 #pragma once
 
 #include <carve/core/config.hpp>
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
 #include <cuda/std/span>
+#include <nv/target>
+
+#include <initializer_list>
 
 #include <string>
 
@@ -33,27 +34,53 @@ inline constexpr std::uint32_t max_tiers = 16;
 
 class TierThresholds {
 public:
-  CARVE_HOST_DEVICE static constexpr cuda::std::expected<TierThresholds, Errc>
-  create(cuda::std::span<const std::uint64_t> thresholds) noexcept {
-    if (thresholds.empty() || thresholds.size() > max_tiers - 1) {
+  // Throws carve::Exception (invalid_thresholds) for an empty list, a list that is not strictly
+  // increasing (unsorted or repeated values) or more than max_tiers - 1 thresholds, saying which.
+  // Device code cannot throw: there the same list gives thresholds whose status() is
+  // invalid_thresholds, and a queue built from them refuses every call with it.
+  CARVE_HOST_DEVICE constexpr explicit TierThresholds(cuda::std::span<const std::uint64_t> thresholds) {
+    bool valid = !thresholds.empty() && thresholds.size() <= max_tiers - 1;
+    for (cuda::std::size_t i = 1; valid && i < thresholds.size(); ++i) {
+      valid = thresholds[i] > thresholds[i - 1];
+    }
+    if (!valid) {
+      NV_IF_TARGET(NV_IS_HOST, (throw Exception(Errc::invalid_thresholds, describe_threshold_error(thresholds));))
+      return;
+    }
+    for (cuda::std::size_t i = 0; i < thresholds.size(); ++i) {
+      bounds_[i] = thresholds[i];
+    }
+    count_ = static_cast<std::uint32_t>(thresholds.size());
+  }
+  // TierThresholds{128, 512}
+  CARVE_HOST_DEVICE constexpr TierThresholds(std::initializer_list<std::uint64_t> thresholds)
+      : TierThresholds(cuda::std::span<const std::uint64_t>(thresholds.begin(), thresholds.size())) {}
+
+  // invalid_thresholds for thresholds built from a bad list in device code; success otherwise.
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+    if (count_ == 0) {
       return cuda::std::unexpected(Errc::invalid_thresholds);
     }
-    TierThresholds t;
-    for (cuda::std::size_t i = 0; i < thresholds.size(); ++i) {
-      if (i != 0 && thresholds[i] <= thresholds[i - 1]) {
-        return cuda::std::unexpected(Errc::invalid_thresholds);
-      }
-      t.bounds_[i] = thresholds[i];
-    }
-    t.count_ = static_cast<std::uint32_t>(thresholds.size());
-    return t;
+    return {};
   }
 
-  // create({128, 512}): the list's length is deduced.
-  template <cuda::std::size_t K>
-  CARVE_HOST_DEVICE static constexpr cuda::std::expected<TierThresholds, Errc>
-  create(const std::uint64_t (&thresholds)[K]) noexcept {
-    return create(cuda::std::span<const std::uint64_t>(thresholds, K));
+  // What is wrong with a threshold list, in words; empty when the constructor accepts it. Host.
+  static std::string describe_threshold_error(cuda::std::span<const std::uint64_t> thresholds) {
+    if (thresholds.empty()) {
+      return "no thresholds given: at least one is needed for two tiers";
+    }
+    if (thresholds.size() > max_tiers - 1) {
+      return std::to_string(thresholds.size()) + " thresholds given: at most " + std::to_string(max_tiers - 1) +
+             " (max_tiers - 1) are supported";
+    }
+    for (cuda::std::size_t i = 1; i < thresholds.size(); ++i) {
+      if (thresholds[i] <= thresholds[i - 1]) {
+        return "thresholds must be strictly increasing: threshold " + std::to_string(i) + " (" +
+               std::to_string(thresholds[i]) + ") " + (thresholds[i] == thresholds[i - 1] ? "repeats" : "is below") +
+               " threshold " + std::to_string(i - 1) + " (" + std::to_string(thresholds[i - 1]) + ")";
+      }
+    }
+    return {};
   }
 
   // The number of thresholds below `size`: branch-free, a handful of compares.
@@ -78,30 +105,8 @@ public:
   }
 
 private:
-  constexpr TierThresholds() noexcept = default;
-
   std::uint64_t bounds_[max_tiers - 1]{};
-  std::uint32_t count_ = 0;
+  std::uint32_t count_ = 0; // 0: built from a bad list in device code
 };
-
-// Host: what is wrong with a threshold list, in words, for exceptions and command-line tools;
-// empty when create() would accept it.
-inline std::string describe_threshold_error(cuda::std::span<const std::uint64_t> thresholds) {
-  if (thresholds.empty()) {
-    return "no thresholds given: at least one is needed for two tiers";
-  }
-  if (thresholds.size() > max_tiers - 1) {
-    return std::to_string(thresholds.size()) + " thresholds given: at most " + std::to_string(max_tiers - 1) +
-           " (max_tiers - 1) are supported";
-  }
-  for (cuda::std::size_t i = 1; i < thresholds.size(); ++i) {
-    if (thresholds[i] <= thresholds[i - 1]) {
-      return "thresholds must be strictly increasing: threshold " + std::to_string(i) + " (" +
-             std::to_string(thresholds[i]) + ") " + (thresholds[i] == thresholds[i - 1] ? "repeats" : "is below") +
-             " threshold " + std::to_string(i - 1) + " (" + std::to_string(thresholds[i - 1]) + ")";
-    }
-  }
-  return {};
-}
 
 } // namespace carve

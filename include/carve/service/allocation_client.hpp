@@ -2,8 +2,10 @@
 //
 //   auto client = carve::AllocationClient::connect({.name = "trainer"});
 //   if (!client) { std::puts(client.error().message.c_str()); return 1; }
-//   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // expected<Region, ServiceError>
+//   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
 //   if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
+//
+//   carve::CachingPool pool(carve::ref(*client));   // or stack pools on remote memory
 //
 // allocate() asks the server, maps the region's segment into this process the first time a
 // region of it arrives (shared memory: mmap of the descriptor passed with the reply; CUDA: the
@@ -12,7 +14,11 @@
 // query() take the pointer. When the server retires a segment (its pool gave it back to the
 // card), the client unmaps it during its next call, or in process_notices().
 //
-// Errors are values (ServiceError: an Errc and a message): the server's (no_space naming every
+// The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
+// are allocate / free with the message dropped, so remote memory stacks under pools and
+// fallbacks like any other.
+//
+// Errors are values (carve::Error: an Errc and a message): the server's (no_space naming every
 // card's largest free block, out_of_range for an unknown card, permission_denied, ...), and
 // disconnected when the server is gone: it stopped, restarted or did not answer within the
 // timeout. Regions from a lost connection are orphans: their memory stays mapped (so pointers
@@ -24,9 +30,12 @@
 // for parallel round trips). Host-only, Linux.
 #pragma once
 
+#include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/segment_mapping.hpp>
-#include <carve/service/service_error.hpp>
 #include <carve/service/unix_socket.hpp>
 
 #include <poll.h>
@@ -54,6 +63,7 @@ struct ClientOptions {
   std::filesystem::path socket_path = default_socket_path();
   std::string name;                         // shown in the server's stats
   std::chrono::milliseconds timeout{30000}; // for each reply; then the connection counts as lost
+  int card = 0;                             // the requesting card of try_allocate (the resource form)
 };
 
 // A region as this process sees it.
@@ -63,11 +73,11 @@ struct Region {
   bool borrowed() const noexcept { return info.card != info.requester; }
 };
 
-class AllocationClient {
+class AllocationClient : public CcclSpellings<AllocationClient> {
 public:
   // Connects and says Hello. Errors: disconnected (no server), permission_denied (a server of
   // another user, or one that refuses this user), unsupported_version.
-  static ServiceResult<AllocationClient> connect(ClientOptions options = {}) {
+  static Result<AllocationClient> connect(ClientOptions options = {}) {
     AllocationClient client(std::move(options));
     if (auto r = client.state_->open(); !r) {
       return cuda::std::unexpected(std::move(r.error()));
@@ -80,34 +90,91 @@ public:
   ~AllocationClient() = default;
 
   // `bytes` of memory for `card` (the requesting card), on that card or borrowed from another.
-  ServiceResult<Region> allocate(std::size_t bytes, int card) {
+  Result<Region> allocate(std::size_t bytes, int card) {
     const std::lock_guard lock(state_->mutex);
     return state_->allocate(bytes, card);
   }
 
+  // The resource form (carve::MemoryResource): a region for ClientOptions::card. Errors: the
+  // server's codes; invalid_size (check_request); no_space also for a region that does not start
+  // at `alignment` (it is given back).
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    try {
+      const std::lock_guard lock(state_->mutex);
+      const auto r = state_->allocate(bytes, state_->options.card);
+      if (!r) {
+        return cuda::std::unexpected(r.error().code);
+      }
+      if (address(r->ptr) % alignment != 0) {
+        (void)state_->free(r->ptr);
+        return cuda::std::unexpected(Errc::no_space);
+      }
+      return r->ptr;
+    } catch (const std::exception&) { // the client's own bookkeeping could not grow
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::AllocationClient::deallocate", p, bytes, r.error());
+    }
+  }
+  // Errors (nothing changes): not_allocated when `p` does not start a region of this client;
+  // invalid_size when `bytes` is not its size; the server's errors.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    try {
+      const std::lock_guard lock(state_->mutex);
+      const auto it = state_->regions.find(address(p));
+      if (it == state_->regions.end()) {
+        return cuda::std::unexpected(Errc::not_allocated);
+      }
+      if (it->second.info.size != bytes || !check_request(bytes, alignment)) {
+        return cuda::std::unexpected(Errc::invalid_size);
+      }
+      const auto r = state_->free(p);
+      return r ? cuda::std::expected<void, Errc>{} : cuda::std::unexpected(r.error().code);
+    } catch (const std::exception&) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+  // Whether `p` lies in a live region of this client.
+  bool owns(const void* p) const noexcept {
+    const std::lock_guard lock(state_->mutex);
+    auto it = state_->regions.upper_bound(address(p));
+    if (it == state_->regions.begin()) {
+      return false;
+    }
+    --it;
+    return !it->second.orphan && address(p) - it->first < it->second.info.size;
+  }
+  friend bool operator==(const AllocationClient& a, const AllocationClient& b) noexcept { return a.state_ == b.state_; }
+
   // Frees the region that starts at `p`. Errors: not_allocated when `p` is not the start of a
   // region of this client (nothing is sent); the server's errors. A region orphaned by a lost
   // connection is dropped locally (its server reclaimed it already).
-  ServiceResult<void> free(void* p) {
+  Result<void> free(void* p) {
     const std::lock_guard lock(state_->mutex);
     return state_->free(p);
   }
 
   // The server's record of the region that holds `p` (any byte of it).
-  ServiceResult<RegionInfo> query(const void* p) {
+  Result<RegionInfo> query(const void* p) {
     const std::lock_guard lock(state_->mutex);
     const auto r = state_->find(p);
     if (r == state_->regions.end() || r->second.orphan) {
-      return service_error(Errc::not_allocated, "no region of this client holds that address");
+      return fail(Errc::not_allocated, "no region of this client holds that address");
     }
     return state_->query(r->second.info.id);
   }
 
-  ServiceResult<StatsReply> stats() {
+  Result<StatsReply> stats() {
     const std::lock_guard lock(state_->mutex);
     return state_->call_for<StatsReply>(StatsRequest{});
   }
-  ServiceResult<std::vector<CardInfo>> cards() {
+  Result<std::vector<CardInfo>> cards() {
     const std::lock_guard lock(state_->mutex);
     auto r = state_->call_for<CardsReply>(CardsRequest{});
     if (!r) {
@@ -118,7 +185,7 @@ public:
 
   // Hangs up (if still connected) and connects again: a new session, which owns none of the
   // old regions (they become orphans).
-  ServiceResult<void> reconnect() {
+  Result<void> reconnect() {
     const std::lock_guard lock(state_->mutex);
     state_->lose_connection();
     return state_->open();
@@ -185,15 +252,15 @@ private:
       }
     }
 
-    ServiceResult<void> open() {
+    Result<void> open() {
       auto fd = connect_to(options.socket_path);
       if (!fd) {
         return cuda::std::unexpected(std::move(fd.error()));
       }
       const auto peer = peer_credentials(fd->get());
       if (!peer || (peer->uid != ::geteuid() && peer->uid != 0)) {
-        return service_error(Errc::permission_denied,
-                             options.socket_path.string() + " is served by another user; refusing to use it");
+        return fail(Errc::permission_denied,
+                    options.socket_path.string() + " is served by another user; refusing to use it");
       }
       socket = std::move(*fd);
       auto r = call_for<HelloReply>(Hello{options.name});
@@ -205,7 +272,7 @@ private:
       return {};
     }
 
-    ServiceResult<Region> allocate(std::size_t bytes, int card) {
+    Result<Region> allocate(std::size_t bytes, int card) {
       std::vector<UniqueFd> fds;
       auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
       if (!r) {
@@ -228,7 +295,7 @@ private:
           // The server counts the segment as mapped here: say it is not, so that a later region of
           // it comes as a new mapping again.
           unmapped({a.region.segment});
-          return service_error(m.error().code, m.error().message);
+          return fail(m.error().code, m.error().message);
         }
         key = next_key++;
         segments.emplace(key, LocalSegment{*m, 0, false});
@@ -247,15 +314,15 @@ private:
     }
 
     // Frees a region this client cannot use (the reply was inconsistent) and reports why.
-    cuda::std::unexpected<ServiceError> give_back(RegionId id, const std::string& why) {
+    cuda::std::unexpected<Error> give_back(RegionId id, const std::string& why) {
       (void)call_for<Freed>(Free{id});
-      return service_error(Errc::bad_message, why);
+      return fail(Errc::bad_message, why);
     }
 
-    ServiceResult<void> free(void* p) {
+    Result<void> free(void* p) {
       const auto it = regions.find(address(p));
       if (it == regions.end()) {
-        return service_error(Errc::not_allocated, "this client holds no region starting at that address");
+        return fail(Errc::not_allocated, "this client holds no region starting at that address");
       }
       if (!it->second.orphan) {
         const auto r = call_for<Freed>(Free{it->second.info.id});
@@ -270,7 +337,7 @@ private:
       return {};
     }
 
-    ServiceResult<RegionInfo> query(RegionId id) {
+    Result<RegionInfo> query(RegionId id) {
       auto r = call_for<QueryReply>(Query{id});
       if (!r) {
         return cuda::std::unexpected(std::move(r.error()));
@@ -289,22 +356,22 @@ private:
 
     // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
     template <class M>
-    ServiceResult<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
+    Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
       auto reply = call(request, fds);
       if (!reply) {
         return cuda::std::unexpected(std::move(reply.error()));
       }
       if (auto* e = std::get_if<ErrorReply>(&*reply)) {
-        return service_error(e->code, std::move(e->message));
+        return fail(e->code, std::move(e->message));
       }
       if (auto* m = std::get_if<M>(&*reply)) {
         return std::move(*m);
       }
       lose_connection();
-      return service_error(Errc::bad_message, "carve-served answered with the wrong message type");
+      return fail(Errc::bad_message, "carve-served answered with the wrong message type");
     }
 
-    ServiceResult<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
+    Result<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
       if (!socket) {
         return not_connected();
       }
@@ -339,8 +406,7 @@ private:
       }
     }
 
-    ServiceResult<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline,
-                                               std::vector<UniqueFd>& fds) {
+    Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline, std::vector<UniqueFd>& fds) {
       for (;;) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -370,7 +436,7 @@ private:
 
     // The connection is gone. A server that hangs up says why first (an ErrorReply with
     // sequence 0) when it can; a reset is reported before the data that is still queued.
-    cuda::std::unexpected<ServiceError> server_hung_up() {
+    cuda::std::unexpected<Error> server_hung_up() {
       if (const auto why = goodbye()) {
         return hung_up(*why);
       }
@@ -474,17 +540,17 @@ private:
     }
 
     // The server said why it closes the connection (an ErrorReply with sequence 0).
-    cuda::std::unexpected<ServiceError> hung_up(const ErrorReply& why) {
+    cuda::std::unexpected<Error> hung_up(const ErrorReply& why) {
       lose_connection();
-      return service_error(why.code, "carve-served closed the connection: " + why.message);
+      return fail(why.code, "carve-served closed the connection: " + why.message);
     }
-    cuda::std::unexpected<ServiceError> lost(std::string why) {
+    cuda::std::unexpected<Error> lost(std::string why) {
       lose_connection();
-      return service_error(Errc::disconnected, std::move(why));
+      return fail(Errc::disconnected, std::move(why));
     }
-    cuda::std::unexpected<ServiceError> not_connected() const {
-      return service_error(Errc::disconnected,
-                           "not connected to carve-served at " + options.socket_path.string() + "; call reconnect()");
+    cuda::std::unexpected<Error> not_connected() const {
+      return fail(Errc::disconnected,
+                  "not connected to carve-served at " + options.socket_path.string() + "; call reconnect()");
     }
 
     ClientOptions options;
@@ -503,6 +569,8 @@ private:
 
   std::unique_ptr<State> state_;
 };
+
+static_assert(MemoryResource<AllocationClient> && OwnsMemory<AllocationClient> && ChecksDeallocation<AllocationClient>);
 
 } // namespace carve::service
 

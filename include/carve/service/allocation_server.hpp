@@ -19,10 +19,10 @@
 // Host-only, Linux (epoll, eventfd, SO_PEERCRED).
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/allocation_service.hpp>
 #include <carve/service/protocol.hpp>
-#include <carve/service/service_error.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/topology/topology.hpp>
 
@@ -54,7 +54,7 @@ struct ServerOptions {
 template <ExportableResource Upstream>
 class AllocationServer {
 public:
-  // Binds the socket. Throws ServerSetupError (unsafe directory, another server on the socket,
+  // Binds the socket. Throws carve::Exception (unsafe directory, another server on the socket,
   // cards that do not match the topology).
   AllocationServer(const Topology& topology, std::vector<Upstream> cards, ServerOptions options = {})
       : options_(std::move(options)), service_(topology, std::move(cards), options_.service),
@@ -63,7 +63,7 @@ public:
     struct stat st {};
     if (!stop_ || !epoll_ || ::stat(options_.socket_path.c_str(), &st) != 0) {
       ::unlink(options_.socket_path.c_str());
-      throw ServerSetupError("cannot set up the event loop: " + detail::errno_text(errno));
+      throw Exception(Errc::io_error, "cannot set up the event loop: " + detail::errno_text(errno));
     }
     socket_inode_ = st.st_ino;
     watch(listener_.get(), listener_key, EPOLLIN);
@@ -98,7 +98,7 @@ public:
         if (errno == EINTR) {
           continue;
         }
-        throw std::system_error(errno, std::generic_category(), "epoll_wait");
+        throw Exception(Errc::io_error, "epoll_wait: " + detail::errno_text(errno));
       }
       for (int i = 0; i < n; ++i) {
         const epoll_event& e = events[static_cast<std::size_t>(i)];
@@ -141,7 +141,7 @@ private:
     e.events = events;
     e.data.u64 = key;
     if (::epoll_ctl(epoll_.get(), op, fd, &e) != 0 && op == EPOLL_CTL_ADD) {
-      throw std::system_error(errno, std::generic_category(), "epoll_ctl");
+      throw Exception(Errc::io_error, "epoll_ctl: " + detail::errno_text(errno));
     }
   }
 

@@ -21,11 +21,12 @@
 
 #include <carve/borrow/any_strategy.hpp>
 #include <carve/borrow/borrowing_allocator.hpp>
+#include <carve/core/error.hpp>
+#include <carve/mr/caching_pool.hpp>
 #include <carve/mr/pool_stats.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
-#include <carve/service/service_error.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/topology/topology.hpp>
 
@@ -68,9 +69,10 @@ template <ExportableResource Upstream>
 class AllocationService {
 public:
   using card_type = LeasedUpstream<Upstream>;
-  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>;
+  using pool_type = CachingPool<card_type>;
+  using allocator_type = BorrowingAllocator<pool_type, AnyStrategy>;
 
-  // Throws ServerSetupError when the cards do not match the topology's GPUs (or exceed
+  // Throws carve::Exception when the cards do not match the topology's GPUs (or exceed
   // max_cards), std::invalid_argument for bad pool options.
   AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
       : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
@@ -131,7 +133,7 @@ public:
     Client& c = it->second;
     for (const RegionId r : c.regions) {
       const auto region = regions_.find(r);
-      (void)allocator_.deallocate(region->second.handle);
+      (void)allocator_.give_back(region->second.handle);
       regions_.erase(region);
       ++counters_.reclaimed;
     }
@@ -158,7 +160,7 @@ public:
     }
     const std::vector<CardState> states = allocator_.card_states();
     for (int c = 0; c < card_count(); ++c) {
-      const PoolStats p = allocator_.pool(c).stats();
+      const PoolStats p = allocator_.resource(c).stats();
       const card_type& card = cards_[static_cast<std::size_t>(c)];
       s.leased_segments += card.leased_count();
       s.retired_segments += card.retired_count();
@@ -229,7 +231,7 @@ public:
     }
     std::size_t leased = 0;
     for (int c = 0; c < card_count(); ++c) {
-      const auto& pool = allocator_.pool(c);
+      const auto& pool = allocator_.resource(c);
       const PoolStats p = pool.stats();
       if (!pool.consistent() || p.bytes_in_use != in_use[static_cast<std::size_t>(c)] ||
           p.live_blocks != blocks[static_cast<std::size_t>(c)]) {
@@ -276,17 +278,19 @@ private:
 
   allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options) {
     if (topology.gpu_count() < 1 || topology.gpu_count() > max_cards) {
-      throw ServerSetupError("the topology has " + std::to_string(topology.gpu_count()) +
-                             " GPUs; a server serves 1 to " + std::to_string(max_cards));
+      throw Exception(Errc::invalid_argument, "the topology has " + std::to_string(topology.gpu_count()) +
+                                                  " GPUs; a server serves 1 to " + std::to_string(max_cards));
     }
     if (cards.size() != static_cast<std::size_t>(topology.gpu_count())) {
-      throw ServerSetupError(std::to_string(cards.size()) + " cards for a topology with " +
-                             std::to_string(topology.gpu_count()) + " GPUs");
+      throw Exception(Errc::invalid_argument, std::to_string(cards.size()) + " cards for a topology with " +
+                                                  std::to_string(topology.gpu_count()) + " GPUs");
     }
     for (Upstream& u : cards) {
       cards_.emplace_back(std::move(u));
     }
-    return allocator_type(topology, cards_, options.strategy, options.pool, options.history_window);
+    return allocator_type(
+        topology, [&](int c) { return pool_type(cards_[static_cast<std::size_t>(c)], options.pool); }, options.strategy,
+        options.history_window);
   }
 
   template <class M>
@@ -310,7 +314,7 @@ private:
 
   void handle(ClientId id, Client& c, std::uint32_t seq, const Allocate& m, std::vector<Outgoing>& out) {
     static_assert(sizeof(std::size_t) == sizeof(m.bytes), "sizes travel as 64-bit values");
-    auto h = allocator_.allocate(static_cast<std::size_t>(m.bytes), m.card);
+    auto h = allocator_.borrow(static_cast<std::size_t>(m.bytes), m.card);
     if (!h) {
       ++counters_.failed;
       return send(out, id, error(h.error().code, std::move(h.error().message)), seq);
@@ -333,7 +337,7 @@ private:
       }
     }
     if (!where || mapping == c.mappings.end()) {
-      (void)allocator_.deallocate(*h);
+      (void)allocator_.give_back(*h);
       ++counters_.failed;
       return send(out, id, error(Errc::no_space, "card " + std::to_string(h->card) + " cannot export its memory"), seq);
     }
@@ -353,7 +357,7 @@ private:
     if (r == regions_.end()) {
       return;
     }
-    if (const auto e = allocator_.deallocate(r->second.handle); !e) { // the table and the pools disagree
+    if (const auto e = allocator_.give_back(r->second.handle); !e) { // the table and the pools disagree
       return send(out, id, error(e.error(), "region " + std::to_string(m.region) + " could not be freed"), seq);
     }
     --c.mappings.at(r->second.segment).live;

@@ -21,9 +21,10 @@
 // by them even when a new segment reuses an old address. Copies share one state. Thread-safe.
 #pragma once
 
+#include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
-#include <carve/mr/upstream.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/shared_memory_card.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -58,11 +59,12 @@ class LeasedUpstream {
 public:
   explicit LeasedUpstream(Upstream upstream) : state_(std::make_shared<State>(std::move(upstream))) {}
 
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    void* p = state_->upstream.try_allocate(bytes, alignment);
-    if (p == nullptr) {
-      return nullptr;
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    const auto got = state_->upstream.try_allocate(bytes, alignment);
+    if (!got) {
+      return got;
     }
+    void* const p = *got;
     const SegmentId id = detail::next_segment_id();
     try {
       const std::lock_guard lock(state_->mutex);
@@ -79,7 +81,7 @@ public:
       return p;
     } catch (const std::bad_alloc&) {
       state_->upstream.deallocate(p, bytes, alignment);
-      return nullptr;
+      return cuda::std::unexpected(Errc::no_space);
     }
   }
 
@@ -106,10 +108,11 @@ public:
   }
 
   std::size_t free_bytes() const { return state_->upstream.free_bytes(); }
+  bool owns(const void* p) const noexcept { return locate(p).has_value(); }
   std::size_t capacity() const { return state_->upstream.capacity(); }
 
   // The live segment holding `p`; nullopt when none does.
-  std::optional<SegmentLocation> locate(const void* p) const {
+  std::optional<SegmentLocation> locate(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
     auto at = state_->live.upper_bound(address(p));
     if (at == state_->live.begin()) {
@@ -228,5 +231,7 @@ private:
 
   std::shared_ptr<State> state_;
 };
+
+static_assert(UpstreamResource<LeasedUpstream<SharedMemoryCard>> && OwnsMemory<LeasedUpstream<SharedMemoryCard>>);
 
 } // namespace carve::service

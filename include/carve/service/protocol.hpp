@@ -377,7 +377,7 @@ void fields(A& a, Is<ErrorReply> auto& m) {
   a.enumeration(m.code);
   if constexpr (std::same_as<A, WireReader>) {
     const auto v = static_cast<int>(m.code);
-    if (v < static_cast<int>(Errc::no_space) || v > static_cast<int>(Errc::disconnected)) {
+    if (v < static_cast<int>(Errc::no_space) || v > static_cast<int>(last_errc)) {
       a.fail("unknown error code");
     }
   }

@@ -9,8 +9,8 @@
 // cuda_ipc segment is refused with a clear error.
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
-#include <carve/service/service_error.hpp>
 #include <carve/service/unix_socket.hpp>
 
 #if __has_include(<cuda_runtime_api.h>) && !defined(CARVE_SERVICE_NO_CUDA)
@@ -47,21 +47,21 @@ struct MappedSegment {
 // together (no descriptor, or a file smaller than the segment); no_space when the system refuses
 // the mapping; out_of_range for a CUDA device this process cannot see; unsupported_version for a
 // kind this build cannot map.
-inline ServiceResult<MappedSegment> map_segment(ExportKind kind, std::size_t size, int device,
-                                                const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle,
-                                                UniqueFd fd) {
+inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int device,
+                                         const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle,
+                                         UniqueFd fd) {
   if (size == 0) {
-    return service_error(Errc::bad_message, "the server exported an empty segment");
+    return fail(Errc::bad_message, "the server exported an empty segment");
   }
   if (kind == ExportKind::shared_memory) {
     struct stat st {};
     if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_size < 0 || static_cast<std::size_t>(st.st_size) < size) {
-      return service_error(Errc::bad_message, "the server's shared-memory segment came without a usable descriptor");
+      return fail(Errc::bad_message, "the server's shared-memory segment came without a usable descriptor");
     }
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) {
-      return service_error(Errc::no_space, "cannot map a " + std::to_string(size) +
-                                               "-byte shared-memory segment: " + detail::errno_text(errno));
+      return fail(Errc::no_space,
+                  "cannot map a " + std::to_string(size) + "-byte shared-memory segment: " + detail::errno_text(errno));
     }
     return MappedSegment{p, size, kind, device};
   }
@@ -72,21 +72,21 @@ inline ServiceResult<MappedSegment> map_segment(ExportKind kind, std::size_t siz
   int previous = 0;
   if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
     cudaGetLastError();
-    return service_error(Errc::out_of_range,
-                         "cannot open memory of CUDA device " + std::to_string(device) + " (not visible here?)");
+    return fail(Errc::out_of_range,
+                "cannot open memory of CUDA device " + std::to_string(device) + " (not visible here?)");
   }
   void* p = nullptr;
   const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   cudaSetDevice(previous);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return service_error(Errc::no_space, std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e));
+    return fail(Errc::no_space, std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e));
   }
   return MappedSegment{p, size, kind, device};
 #else
   (void)handle;
-  return service_error(Errc::unsupported_version,
-                       "the server lends CUDA memory (cuda_ipc) but this program was built without the CUDA runtime");
+  return fail(Errc::unsupported_version,
+              "the server lends CUDA memory (cuda_ipc) but this program was built without the CUDA runtime");
 #endif
 }
 

@@ -21,15 +21,15 @@
 //   granularity SIZE       block sizes are multiples of it (default 512)
 //   max-clients N          connections served at once (default 256)
 //
-// Sizes are written as in "64MiB", "1.5GiB", "4096". Any mistake throws ServerSetupError naming
+// Sizes are written as in "64MiB", "1.5GiB", "4096". Any mistake throws carve::Exception naming
 // the key, the value and, for a file, the line.
 #pragma once
 
 #include <carve/borrow/any_strategy.hpp>
+#include <carve/core/error.hpp>
 #include <carve/mr/pool_stats.hpp>
-#include <carve/mr/shared_memory_card.hpp>
 #include <carve/service/allocation_server.hpp>
-#include <carve/service/service_error.hpp>
+#include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/tier/byte_size.hpp>
 #include <carve/topology/parse_error.hpp>
@@ -77,8 +77,8 @@ inline std::uint64_t config_count(std::string_view key, std::string_view value, 
   std::uint64_t n = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (ec != std::errc{} || end != value.data() + value.size() || n < min) {
-    throw ServerSetupError(std::string(key) + ": '" + std::string(value) +
-                           "' is not a whole number >= " + std::to_string(min));
+    throw Exception(Errc::invalid_argument, std::string(key) + ": '" + std::string(value) +
+                                                "' is not a whole number >= " + std::to_string(min));
   }
   return n;
 }
@@ -87,7 +87,7 @@ inline std::uint64_t config_size(std::string_view key, std::string_view value) {
   try {
     return parse_bytes(value);
   } catch (const std::exception& e) {
-    throw ServerSetupError(std::string(key) + ": " + e.what());
+    throw Exception(Errc::invalid_argument, std::string(key) + ": " + e.what());
   }
 }
 
@@ -100,26 +100,27 @@ inline std::string config_text(std::istream& in) {
 inline std::string read_config_file(const std::filesystem::path& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw ServerSetupError(std::string(what) + " " + path.string() + " cannot be read");
+    throw Exception(Errc::invalid_argument, std::string(what) + " " + path.string() + " cannot be read");
   }
   return config_text(in);
 }
 
 } // namespace detail
 
-// Applies one setting. Throws ServerSetupError for an unknown key or a bad value.
+// Applies one setting. Throws carve::Exception for an unknown key or a bad value.
 inline void apply_setting(ServerConfig& c, std::string_view key, std::string_view value) {
   using detail::config_count;
   using detail::config_size;
   const std::string k(key);
   if (key == "socket") {
     if (value.empty()) {
-      throw ServerSetupError("socket: the path is empty");
+      throw Exception(Errc::invalid_argument, "socket: the path is empty");
     }
     c.socket_path = std::string(value);
   } else if (key == "topology") {
     if (value != "cuda" && value.rfind("nvidia-smi:", 0) != 0 && value.rfind("description:", 0) != 0) {
-      throw ServerSetupError("topology: '" + std::string(value) + "' is not nvidia-smi:FILE, description:FILE or cuda");
+      throw Exception(Errc::invalid_argument,
+                      "topology: '" + std::string(value) + "' is not nvidia-smi:FILE, description:FILE or cuda");
     }
     c.topology = std::string(value);
   } else if (key == "bandwidth") {
@@ -127,8 +128,9 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     const std::string_view type = value.substr(0, eq);
     const auto gbps = eq == std::string_view::npos ? std::nullopt : carve::detail::parse_gbps(value.substr(eq + 1));
     if (!gbps || (type != "nvlink" && type != "pcie" && type != "inter_socket")) {
-      throw ServerSetupError("bandwidth: '" + std::string(value) +
-                             "' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
+      throw Exception(Errc::invalid_argument,
+                      "bandwidth: '" + std::string(value) +
+                          "' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
     }
     (type == "nvlink" ? c.bandwidths.nvlink : type == "pcie" ? c.bandwidths.pcie : c.bandwidths.inter_socket) = *gbps;
   } else if (key == "max-hops") {
@@ -139,7 +141,7 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     } else if (value == "cuda") {
       c.backend = Backend::cuda;
     } else {
-      throw ServerSetupError("backend: '" + std::string(value) + "' is not shared-memory or cuda");
+      throw Exception(Errc::invalid_argument, "backend: '" + std::string(value) + "' is not shared-memory or cuda");
     }
   } else if (key == "card-memory") {
     const std::size_t eq = value.find('=');
@@ -148,16 +150,16 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     } else {
       const auto card = config_count(k, value.substr(0, eq), 0);
       if (card >= static_cast<std::uint64_t>(max_cards)) {
-        throw ServerSetupError("card-memory: card " + std::to_string(card) + " is past the limit of " +
-                               std::to_string(max_cards) + " cards");
+        throw Exception(Errc::invalid_argument, "card-memory: card " + std::to_string(card) + " is past the limit of " +
+                                                    std::to_string(max_cards) + " cards");
       }
       c.card_memory_of[static_cast<int>(card)] = config_size(k, value.substr(eq + 1));
     }
   } else if (key == "strategy") {
     try {
       c.service.strategy = parse_strategy(value);
-    } catch (const std::invalid_argument& e) {
-      throw ServerSetupError(std::string("strategy: ") + e.what());
+    } catch (const Exception& e) {
+      throw Exception(Errc::invalid_argument, std::string("strategy: ") + e.what());
     }
   } else if (key == "history-window") {
     c.service.history_window = config_count(k, value, 1);
@@ -170,7 +172,7 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
   } else if (key == "max-clients") {
     c.max_clients = config_count(k, value, 1);
   } else {
-    throw ServerSetupError("unknown setting '" + std::string(key) + "'");
+    throw Exception(Errc::invalid_argument, "unknown setting '" + std::string(key) + "'");
   }
 }
 
@@ -210,23 +212,24 @@ inline void apply_config_text(ServerConfig& c, std::string_view text, const std:
     }
     try {
       if (rest.empty() || std::any_of(rest.begin(), rest.end(), space)) {
-        throw ServerSetupError("expected: " + key + " VALUE");
+        throw Exception(Errc::invalid_argument, "expected: " + key + " VALUE");
       }
       apply_setting(c, key, rest);
-    } catch (const ServerSetupError& e) {
-      throw ServerSetupError(name + " line " + std::to_string(line_number) + ": " + e.what());
+    } catch (const Exception& e) {
+      throw Exception(Errc::invalid_argument, name + " line " + std::to_string(line_number) + ": " + e.what());
     }
   }
 }
 
 // Reads flags (argv[1..]); --config FILE applies a file where it appears. `--help` is the
-// caller's to handle before. Throws ServerSetupError.
+// caller's to handle before. Throws carve::Exception.
 inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
   ServerConfig c;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view arg = args[i];
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
-      throw ServerSetupError("unexpected argument '" + std::string(arg) + "' (settings are --key value)");
+      throw Exception(Errc::invalid_argument,
+                      "unexpected argument '" + std::string(arg) + "' (settings are --key value)");
     }
     arg.remove_prefix(2);
     std::string_view key = arg;
@@ -237,15 +240,15 @@ inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
-      throw ServerSetupError("--" + std::string(key) + " needs a value");
+      throw Exception(Errc::invalid_argument, "--" + std::string(key) + " needs a value");
     }
     if (key == "config") {
       apply_config_text(c, detail::read_config_file(std::string(value), "config file"), std::string(value));
     } else {
       try {
         apply_setting(c, key, value);
-      } catch (const ServerSetupError& e) {
-        throw ServerSetupError("--" + std::string(e.what()));
+      } catch (const Exception& e) {
+        throw Exception(Errc::invalid_argument, "--" + std::string(e.what()));
       }
     }
   }
@@ -256,10 +259,10 @@ inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
 }
 
 // The machine the configuration names. "cuda" is the caller's to resolve (it needs the CUDA
-// runtime; see discover_topology). Throws ServerSetupError.
+// runtime; see discover_topology). Throws carve::Exception.
 inline Topology load_topology(const ServerConfig& c) {
   if (c.topology.empty()) {
-    throw ServerSetupError("no topology: give --topology nvidia-smi:FILE, description:FILE or cuda");
+    throw Exception(Errc::invalid_argument, "no topology: give --topology nvidia-smi:FILE, description:FILE or cuda");
   }
   const bool smi = c.topology.rfind("nvidia-smi:", 0) == 0;
   const std::string file = c.topology.substr(c.topology.find(':') + 1);
@@ -268,23 +271,24 @@ inline Topology load_topology(const ServerConfig& c) {
     const Topology t = smi ? Topology::from_nvidia_smi(text, c.bandwidths, PathOptions{c.max_hops.value_or(2)})
                            : Topology::from_description(text);
     return !smi && c.max_hops ? t.with_max_hops(*c.max_hops) : t;
-  } catch (const ParseError& e) {
-    throw ServerSetupError("topology file " + file + ": " + e.what());
+  } catch (const Exception& e) {
+    throw Exception(e.code(), "topology file " + file + ": " + e.what());
   }
 }
 
 // One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
-// ServerSetupError for a card-memory setting that names a card the topology lacks, or a card of
+// carve::Exception for a card-memory setting that names a card the topology lacks, or a card of
 // zero bytes.
 inline std::vector<SharedMemoryCard> shared_memory_cards(const ServerConfig& c, const Topology& topology) {
   if (!c.card_memory_of.empty() && c.card_memory_of.rbegin()->first >= topology.gpu_count()) {
-    throw ServerSetupError("card-memory names card " + std::to_string(c.card_memory_of.rbegin()->first) +
-                           " but the topology has " + std::to_string(topology.gpu_count()) + " GPUs");
+    throw Exception(Errc::invalid_argument,
+                    "card-memory names card " + std::to_string(c.card_memory_of.rbegin()->first) +
+                        " but the topology has " + std::to_string(topology.gpu_count()) + " GPUs");
   }
   std::vector<SharedMemoryCard> cards;
   for (int g = 0; g < topology.gpu_count(); ++g) {
     if (c.capacity_of(g) == 0) {
-      throw ServerSetupError("card " + std::to_string(g) + " would have no memory");
+      throw Exception(Errc::invalid_argument, "card " + std::to_string(g) + " would have no memory");
     }
     cards.emplace_back(static_cast<std::size_t>(c.capacity_of(g)), "carve-" + topology.node(topology.gpu(g)).name);
   }

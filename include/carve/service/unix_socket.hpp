@@ -10,7 +10,7 @@
 // travel with the message they belong to. Linux only (SO_PEERCRED, MSG_CMSG_CLOEXEC).
 #pragma once
 
-#include <carve/service/service_error.hpp>
+#include <carve/core/error.hpp>
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -108,27 +108,28 @@ inline int connect_raw(int fd, const sockaddr_un& addr) {
 } // namespace detail
 
 // Checks (and if missing creates, 0700) the directory a server socket goes in. Throws
-// ServerSetupError saying what is wrong.
+// carve::Exception saying what is wrong.
 inline void prepare_socket_directory(const std::filesystem::path& dir) {
   const std::string d = dir.empty() ? std::string(".") : dir.string();
   struct stat st {};
   if (::lstat(d.c_str(), &st) != 0) {
     if (errno != ENOENT || ::mkdir(d.c_str(), 0700) != 0 || ::lstat(d.c_str(), &st) != 0) {
-      throw ServerSetupError("socket directory " + d + ": " + detail::errno_text(errno));
+      throw Exception(Errc::io_error, "socket directory " + d + ": " + detail::errno_text(errno));
     }
   }
   if (!S_ISDIR(st.st_mode)) {
-    throw ServerSetupError("socket directory " + d + " is not a directory (symbolic links are not followed)");
+    throw Exception(Errc::permission_denied,
+                    "socket directory " + d + " is not a directory (symbolic links are not followed)");
   }
   if (st.st_uid != ::geteuid()) {
-    throw ServerSetupError("socket directory " + d + " belongs to uid " + std::to_string(st.st_uid) +
-                           ", not to this server's uid " + std::to_string(::geteuid()));
+    throw Exception(Errc::permission_denied, "socket directory " + d + " belongs to uid " + std::to_string(st.st_uid) +
+                                                 ", not to this server's uid " + std::to_string(::geteuid()));
   }
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw ServerSetupError("socket directory " + d + " is writable by group or others (mode " + mode +
-                           "); use a directory only this user can write");
+    throw Exception(Errc::permission_denied, "socket directory " + d + " is writable by group or others (mode " + mode +
+                                                 "); use a directory only this user can write");
   }
 }
 
@@ -136,75 +137,76 @@ inline void prepare_socket_directory(const std::filesystem::path& dir) {
 inline UniqueFd listen_on(const std::filesystem::path& path, int backlog = 128) {
   const auto addr = detail::unix_address(path);
   if (!addr) {
-    throw ServerSetupError("socket path '" + path.string() + "' is empty or longer than " +
-                           std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
+    throw Exception(Errc::invalid_argument, "socket path '" + path.string() + "' is empty or longer than " +
+                                                std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
   }
   prepare_socket_directory(path.parent_path());
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      throw ServerSetupError(path.string() + " exists and is not a socket");
+      throw Exception(Errc::invalid_argument, path.string() + " exists and is not a socket");
     }
     UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     const int e = probe ? detail::connect_raw(probe.get(), *addr) : errno;
     if (e == 0) {
-      throw ServerSetupError("another server is already listening on " + path.string());
+      throw Exception(Errc::permission_denied, "another server is already listening on " + path.string());
     }
     if (e != ECONNREFUSED && e != ENOENT) {
-      throw ServerSetupError("cannot check the existing socket " + path.string() + ": " + detail::errno_text(e));
+      throw Exception(Errc::io_error,
+                      "cannot check the existing socket " + path.string() + ": " + detail::errno_text(e));
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) { // left by a server that died
-      throw ServerSetupError("cannot remove the stale socket " + path.string() + ": " + detail::errno_text(errno));
+      throw Exception(Errc::io_error,
+                      "cannot remove the stale socket " + path.string() + ": " + detail::errno_text(errno));
     }
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) {
-    throw ServerSetupError(std::string("socket(): ") + detail::errno_text(errno));
+    throw Exception(Errc::io_error, std::string("socket(): ") + detail::errno_text(errno));
   }
   // On Linux the socket file takes the socket inode's mode: set it before bind, so the file is
   // never more open than 0600, whatever the umask.
   ::fchmod(fd.get(), S_IRUSR | S_IWUSR);
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof *addr) != 0) {
-    throw ServerSetupError("bind " + path.string() + ": " + detail::errno_text(errno));
+    throw Exception(Errc::io_error, "bind " + path.string() + ": " + detail::errno_text(errno));
   }
   if (::chmod(path.c_str(), S_IRUSR | S_IWUSR) != 0 || ::lstat(path.c_str(), &st) != 0 || (st.st_mode & 0777) != 0600 ||
       st.st_uid != ::geteuid()) {
     ::unlink(path.c_str());
-    throw ServerSetupError("cannot make " + path.string() + " owner-only (0600)");
+    throw Exception(Errc::io_error, "cannot make " + path.string() + " owner-only (0600)");
   }
   if (::listen(fd.get(), backlog) != 0) {
     ::unlink(path.c_str());
-    throw ServerSetupError("listen " + path.string() + ": " + detail::errno_text(errno));
+    throw Exception(Errc::io_error, "listen " + path.string() + ": " + detail::errno_text(errno));
   }
   return fd;
 }
 
 // A blocking connection to the server at `path`. Errors: disconnected (nothing there, or it
 // refused), permission_denied (the socket is another user's).
-inline ServiceResult<UniqueFd> connect_to(const std::filesystem::path& path) {
+inline Result<UniqueFd> connect_to(const std::filesystem::path& path) {
   const auto addr = detail::unix_address(path);
   if (!addr) {
-    return service_error(Errc::invalid_size, "socket path '" + path.string() + "' is empty or too long");
+    return fail(Errc::invalid_size, "socket path '" + path.string() + "' is empty or too long");
   }
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd) {
-    return service_error(Errc::disconnected, std::string("socket(): ") + detail::errno_text(errno));
+    return fail(Errc::disconnected, std::string("socket(): ") + detail::errno_text(errno));
   }
   const int e = detail::connect_raw(fd.get(), *addr);
   switch (e) {
   case 0:
     return fd;
   case ENOENT:
-    return service_error(Errc::disconnected,
-                         "no carve-served socket at " + path.string() + " (is the server running?)");
+    return fail(Errc::disconnected, "no carve-served socket at " + path.string() + " (is the server running?)");
   case ECONNREFUSED:
-    return service_error(Errc::disconnected, "nothing listens on " + path.string() + " (the server has stopped)");
+    return fail(Errc::disconnected, "nothing listens on " + path.string() + " (the server has stopped)");
   case EACCES:
   case EPERM:
-    return service_error(Errc::permission_denied,
-                         "permission denied for " + path.string() + " (the server belongs to another user)");
+    return fail(Errc::permission_denied,
+                "permission denied for " + path.string() + " (the server belongs to another user)");
   default:
-    return service_error(Errc::disconnected, "connect " + path.string() + ": " + detail::errno_text(e));
+    return fail(Errc::disconnected, "connect " + path.string() + ": " + detail::errno_text(e));
   }
 }
 

@@ -12,11 +12,12 @@
 //   free_count(), largest_free_run(), free_run_count()
 #pragma once
 
-#include <carve/slot/fit_policy.hpp>
-#include <carve/slot/hinted_fit_policy.hpp>
-#include <carve/slot/release_aligned_fit.hpp>
-#include <carve/slot/slot_allocator.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/core/error.hpp>
+#include <carve/slot/allocator/slot_allocator.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
+#include <carve/slot/policy/hinted_fit_policy.hpp>
+#include <carve/slot/policy/release_aligned_fit.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <array>
 #include <concepts>
@@ -61,28 +62,29 @@ concept ComputeUnit = requires(Cu& cu, const Cu& ccu, const Request& r, SlotRang
 };
 
 template <std::uint32_t N, class Fit>
-requires FitPolicyFor<Fit, N>
+requires FitPolicyFor<sized_fit_t<Fit, N>, N>
 class ContiguousCu {
 public:
   static constexpr std::uint32_t slots = N;
   static constexpr bool contiguous = true;
-  static constexpr bool hinted = HintedFitPolicyFor<Fit, N>;
   using allocator_type = SlotAllocator<N, Fit>;
+  using policy_type = typename allocator_type::policy_type;
+  static constexpr bool hinted = HintedFitPolicyFor<policy_type, N>;
 
   ContiguousCu() = default;
-  explicit ContiguousCu(Fit fit) : allocator_(fit) {}
+  explicit ContiguousCu(policy_type fit) : allocator_(fit) {}
 
   // The allocator's call for a request: with a hint when the policy takes one.
   static cuda::std::expected<SlotRange, Errc> allocate(allocator_type& a, const Request& r) {
     if constexpr (hinted) {
-      return a.allocate(r.size, make_hint<typename Fit::hint_type>(r));
+      return a.allocate(r.size, make_hint<typename policy_type::hint_type>(r));
     } else {
       return a.allocate(r.size);
     }
   }
   static cuda::std::optional<std::uint32_t> find(const allocator_type& a, const Request& r) {
     if constexpr (hinted) {
-      return a.policy().find(a.bitmap(), r.size, make_hint<typename Fit::hint_type>(r));
+      return a.policy().find(a.bitmap(), r.size, make_hint<typename policy_type::hint_type>(r));
     } else {
       return a.policy().find(a.bitmap(), r.size);
     }
@@ -97,7 +99,8 @@ public:
     const auto range = allocate(allocator_, r);
     if (!range) {
       if (range.error() != Errc::no_space) {
-        throw std::logic_error(std::string("policy ") + policy_name<Fit>() + ": " + to_string(range.error()));
+        throw Exception(Errc::invalid_placement,
+                        std::string("policy ") + policy_name<Fit>() + ": " + to_string(range.error()));
       }
       return std::nullopt;
     }
@@ -109,7 +112,7 @@ public:
 
   void release(SlotRange range) {
     if (const auto done = allocator_.deallocate(range); !done) {
-      throw std::logic_error(std::string("release: ") + to_string(done.error()));
+      throw Exception(Errc::invalid_placement, std::string("release: ") + to_string(done.error()));
     }
   }
 
@@ -151,7 +154,7 @@ public:
   }
   void release(SlotRange range) {
     if (range.count > N - free_) {
-      throw std::logic_error("release: more slots than are taken");
+      throw Exception(Errc::invalid_placement, "release: more slots than are taken");
     }
     free_ += range.count;
   }
@@ -164,7 +167,7 @@ private:
 };
 
 static_assert(ComputeUnit<ContiguousCu<128, BoundaryNearestFit>>);
-static_assert(ComputeUnit<ContiguousCu<128, ReleaseAlignedFit<128>>>);
+static_assert(ComputeUnit<ContiguousCu<128, ReleaseAlignedFit>>);
 static_assert(ComputeUnit<PooledCu<128>>);
 
 } // namespace carve::sim

@@ -13,10 +13,11 @@
 // one such event to the next: cost grows with the number of workgroups, not of cycles.
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/sim/compute_unit.hpp>
 #include <carve/sim/run_result.hpp>
 #include <carve/sim/workload.hpp>
-#include <carve/slot/cu_choice.hpp>
+#include <carve/slot/batch/cu_choice.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -110,15 +111,16 @@ template <ComputeUnit Cu>
 RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptions& options,
                    const Cu& prototype = Cu{}) {
   if (options.cus == 0 || options.window == 0) {
-    throw std::invalid_argument("simulate: need at least one compute unit and a window of at least 1");
+    throw Exception(Errc::invalid_argument, "simulate: need at least one compute unit and a window of at least 1");
   }
   const auto count = static_cast<std::uint32_t>(workgroups.size());
   for (std::uint32_t i = 0; i < count; ++i) {
     const Workgroup& w = workgroups[i];
     if (w.size == 0 || w.size > Cu::slots || w.duration == 0) {
-      throw std::invalid_argument("simulate: workgroup " + std::to_string(i) + " has size " + std::to_string(w.size) +
-                                  " and duration " + std::to_string(w.duration) + "; need 1.." +
-                                  std::to_string(Cu::slots) + " slots and at least 1 cycle");
+      throw Exception(Errc::invalid_argument, "simulate: workgroup " + std::to_string(i) + " has size " +
+                                                  std::to_string(w.size) + " and duration " +
+                                                  std::to_string(w.duration) + "; need 1.." +
+                                                  std::to_string(Cu::slots) + " slots and at least 1 cycle");
     }
   }
 
@@ -187,7 +189,7 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
     }
     const auto range = place_on(best->cu, r);
     if (!range) {
-      throw std::logic_error("simulate: a probed placement failed");
+      throw Exception(Errc::invalid_placement, "simulate: a probed placement failed");
     }
     return std::pair{best->cu, *range};
   };
@@ -245,7 +247,7 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
     }
     if (next == std::numeric_limits<std::uint64_t>::max()) {
       if (!queue.empty()) {
-        throw std::logic_error("simulate: workgroups wait with nothing left to release");
+        throw Exception(Errc::invalid_placement, "simulate: workgroups wait with nothing left to release");
       }
       break;
     }

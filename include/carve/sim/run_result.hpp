@@ -2,7 +2,7 @@
 #pragma once
 
 #include <carve/sim/compute_unit.hpp>
-#include <carve/slot/slot_range.hpp>
+#include <carve/slot/storage/slot_range.hpp>
 
 #include <cstdint>
 #include <vector>

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <carve/core/error.hpp>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -91,7 +92,7 @@ struct PairedComparison {
 
 inline PairedComparison compare_paired(const std::vector<double>& reference, const std::vector<double>& candidate) {
   if (reference.size() != candidate.size()) {
-    throw std::invalid_argument("compare_paired: the runs do not pair up");
+    throw Exception(Errc::invalid_argument, "compare_paired: the runs do not pair up");
   }
   PairedComparison c;
   std::vector<double> diff(reference.size());

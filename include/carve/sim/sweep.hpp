@@ -16,7 +16,7 @@
 #include <carve/sim/dispatcher.hpp>
 #include <carve/sim/run_result.hpp>
 #include <carve/sim/workload.hpp>
-#include <carve/slot/fit_policy.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -44,7 +44,8 @@ struct PolicyRunner {
 
 // A carve fit policy (any FitPolicyFor<Fit, N>, hinted or not) on ContiguousCu<N, Fit>.
 template <std::uint32_t N, class Fit>
-requires FitPolicyFor<Fit, N> PolicyRunner contiguous(Fit fit = Fit{}, std::string name = policy_name<Fit>()) {
+requires FitPolicyFor<sized_fit_t<Fit, N>, N> PolicyRunner contiguous(Fit fit = Fit{},
+                                                                      std::string name = policy_name<Fit>()) {
   return {std::move(name), false,
           [fit](const std::vector<Workgroup>& w, const DispatchOptions& options, bool measure_cost, double& ns) {
             DispatchOptions o = options;

@@ -7,10 +7,9 @@
 // One workgroup per line: the cycle it arrives, its size in slots, its run time in cycles, and
 // optionally the run time the dispatcher expects (the hint; empty or absent means "the run
 // time"). The header line, blank lines and lines starting with '#' are skipped. Workgroups are
-// queued in arrival order, file order among equal arrivals. Any bad line is an InputError naming
-// the file and line: a wrong field count, a field that is not a whole number, a negative number,
-// a size of 0 or above the slots of a compute unit, a run time of 0. A trace with no workgroups is
-// an error too.
+// queued in arrival order, file order among equal arrivals. Any bad line throws carve::Exception (sim::input_error)
+// naming the file and line: a wrong field count, a field that is not a whole number, a negative number, a size of 0 or
+// above the slots of a compute unit, a run time of 0. A trace with no workgroups is an error too.
 #pragma once
 
 #include <carve/sim/input_error.hpp>
@@ -66,9 +65,9 @@ inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& na
       start = comma + 1;
     }
     if (fields.size() < 3 || fields.size() > 4) {
-      throw InputError(name, line,
-                       "expected 3 or 4 fields (arrival,size,duration[,expected]), found " +
-                           std::to_string(fields.size()));
+      throw input_error(name, line,
+                        "expected 3 or 4 fields (arrival,size,duration[,expected]), found " +
+                            std::to_string(fields.size()));
     }
     Workgroup w;
     w.arrival = detail::parse_count(fields[0], "arrival", name, line);
@@ -77,20 +76,20 @@ inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& na
     w.expected =
         fields.size() == 4 && !fields[3].empty() ? detail::parse_count(fields[3], "expected", name, line) : w.duration;
     if (w.size == 0 || w.size > slots) {
-      throw InputError(name, line,
-                       "size " + std::to_string(w.size) + " is outside 1.." + std::to_string(slots) +
-                           " (the slots of a compute unit)");
+      throw input_error(name, line,
+                        "size " + std::to_string(w.size) + " is outside 1.." + std::to_string(slots) +
+                            " (the slots of a compute unit)");
     }
     if (w.duration == 0) {
-      throw InputError(name, line, "duration must be at least 1 cycle");
+      throw input_error(name, line, "duration must be at least 1 cycle");
     }
     if (w.expected == 0) {
-      throw InputError(name, line, "expected duration must be at least 1 cycle");
+      throw input_error(name, line, "expected duration must be at least 1 cycle");
     }
     out.push_back(w);
   }
   if (out.empty()) {
-    throw InputError(name, 0, "the trace holds no workgroups");
+    throw input_error(name, 0, "the trace holds no workgroups");
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const Workgroup& a, const Workgroup& b) { return a.arrival < b.arrival; });
@@ -100,7 +99,7 @@ inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& na
 inline std::vector<Workgroup> read_trace_file(const std::string& path, std::uint32_t slots) {
   std::ifstream in(path);
   if (!in) {
-    throw InputError(path, 0, "cannot open the trace");
+    throw input_error(path, 0, "cannot open the trace");
   }
   return read_trace(in, path, slots);
 }

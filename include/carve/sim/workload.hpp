@@ -170,15 +170,15 @@ inline std::vector<std::string_view> split_words(std::string_view text) {
 inline std::uint32_t parse_count(std::string_view word, std::string_view what, const std::string& where,
                                  std::size_t line) {
   if (!word.empty() && word.front() == '-') {
-    throw InputError(where, line, std::string(what) + " " + std::string(word) + " is negative");
+    throw input_error(where, line, std::string(what) + " " + std::string(word) + " is negative");
   }
   std::uint64_t value = 0;
   const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
   if (word.empty() || ec != std::errc{} || end != word.data() + word.size()) {
-    throw InputError(where, line, std::string(what) + " '" + std::string(word) + "' is not a whole number");
+    throw input_error(where, line, std::string(what) + " '" + std::string(word) + "' is not a whole number");
   }
   if (value > std::numeric_limits<std::uint32_t>::max()) {
-    throw InputError(where, line, std::string(what) + " " + std::string(word) + " is too large");
+    throw input_error(where, line, std::string(what) + " " + std::string(word) + " is too large");
   }
   return static_cast<std::uint32_t>(value);
 }
@@ -187,7 +187,7 @@ inline double parse_real(std::string_view word, std::string_view what, const std
   double value = 0.0;
   const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
   if (word.empty() || ec != std::errc{} || end != word.data() + word.size() || !std::isfinite(value)) {
-    throw InputError(where, line, std::string(what) + " '" + std::string(word) + "' is not a number");
+    throw input_error(where, line, std::string(what) + " '" + std::string(word) + "' is not a number");
   }
   return value;
 }
@@ -204,13 +204,13 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
   const auto words = detail::split_words(text);
   const auto need = [&](std::size_t lo, std::size_t hi, const char* form) {
     if (words.size() < lo || words.size() > hi) {
-      throw InputError(where, line, "'" + std::string(text) + "': expected " + form);
+      throw input_error(where, line, "'" + std::string(text) + "': expected " + form);
     }
   };
   const auto value = [&](std::size_t k) {
     const std::uint32_t v = detail::parse_count(words[k], "value", where, line);
     if (v == 0) {
-      throw InputError(where, line, "'" + std::string(text) + "': values must be at least 1");
+      throw input_error(where, line, "'" + std::string(text) + "': values must be at least 1");
     }
     return v;
   };
@@ -218,14 +218,14 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     const std::uint32_t lo = value(k);
     const std::uint32_t hi = value(k + 1);
     if (hi < lo) {
-      throw InputError(where, line,
-                       "'" + std::string(text) + "': range " + std::to_string(lo) + ".." + std::to_string(hi) +
-                           " is empty");
+      throw input_error(where, line,
+                        "'" + std::string(text) + "': range " + std::to_string(lo) + ".." + std::to_string(hi) +
+                            " is empty");
     }
     return std::pair{lo, hi};
   };
   if (words.empty()) {
-    throw InputError(where, line, "empty distribution: expected uniform, bimodal, geometric or fixed");
+    throw input_error(where, line, "empty distribution: expected uniform, bimodal, geometric or fixed");
   }
   if (words[0] == "uniform") {
     need(3, 3, "'uniform LO HI'");
@@ -238,7 +238,7 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     const auto [lo2, hi2] = range(3);
     const double p = detail::parse_real(words[5], "probability", where, line);
     if (p < 0.0 || p > 1.0) {
-      throw InputError(where, line, "'" + std::string(text) + "': probability must lie in [0, 1]");
+      throw input_error(where, line, "'" + std::string(text) + "': probability must lie in [0, 1]");
     }
     return bimodal(lo, hi, lo2, hi2, p);
   }
@@ -246,7 +246,7 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     need(2, 3, "'geometric MEAN [MAX]'");
     const double mean = detail::parse_real(words[1], "mean", where, line);
     if (mean < 1.0) {
-      throw InputError(where, line, "'" + std::string(text) + "': the mean must be at least 1");
+      throw input_error(where, line, "'" + std::string(text) + "': the mean must be at least 1");
     }
     return words.size() == 3 ? geometric(mean, value(2)) : geometric(mean);
   }
@@ -254,9 +254,9 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     need(2, 2, "'fixed V'");
     return fixed(value(1));
   }
-  throw InputError(where, line,
-                   "unknown distribution '" + std::string(words[0]) +
-                       "': expected uniform, bimodal, geometric or fixed");
+  throw input_error(where, line,
+                    "unknown distribution '" + std::string(words[0]) +
+                        "': expected uniform, bimodal, geometric or fixed");
 }
 
 inline std::string Distribution::to_string() const {
@@ -304,11 +304,11 @@ inline Arrivals Arrivals::parse(std::string_view text, const std::string& where,
   if (words.size() == 2 && words[0] == "poisson") {
     const double rate = detail::parse_real(words[1], "rate", where, line);
     if (rate <= 0.0) {
-      throw InputError(where, line, "'" + std::string(text) + "': the rate must be positive");
+      throw input_error(where, line, "'" + std::string(text) + "': the rate must be positive");
     }
     return {rate};
   }
-  throw InputError(where, line, "'" + std::string(text) + "': expected 'at-once' or 'poisson RATE'");
+  throw input_error(where, line, "'" + std::string(text) + "': expected 'at-once' or 'poisson RATE'");
 }
 
 inline std::string Arrivals::to_string() const {

@@ -1,6 +1,6 @@
 // carve/tier/byte_size.hpp — sizes written the way people write them: "80GiB", "1.5 TiB",
 // "512MB", "4096". Binary (KiB, MiB, GiB, TiB) and decimal (kB, MB, GB, TB) units; no unit means
-// bytes. Throws TierError naming the text for anything else, including negative sizes.
+// bytes. Throws carve::Exception naming the text for anything else, including negative sizes.
 #pragma once
 
 #include <carve/tier/spill_tier.hpp>
@@ -15,7 +15,7 @@ namespace carve {
 
 inline std::uint64_t parse_bytes(std::string_view text) {
   const std::string s(text);
-  const auto bad = [&](const char* why) { return TierError("size '" + s + "': " + why); };
+  const auto bad = [&](const char* why) { return Exception(Errc::invalid_argument, "size '" + s + "': " + why); };
   std::size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) {
     ++i;

@@ -31,24 +31,25 @@ struct SpillRegion {
 
 class GpuSpill {
 public:
-  // Throws TierError when a tier cannot be backed (no NUMA support, no directory, too little free
+  // Throws carve::Exception when a tier cannot be backed (no NUMA support, no directory, too little free
   // memory on the tier's nodes) or the system refuses the memory; whatever was allocated before
   // is released.
   GpuSpill(const TierPlan& plan, std::size_t gpu, const SpillNodes& where = {}) {
     if (gpu >= plan.gpus.size()) {
-      throw TierError("GPU spill: the plan has no GPU " + std::to_string(gpu));
+      throw Exception(Errc::invalid_argument, "GPU spill: the plan has no GPU " + std::to_string(gpu));
     }
     try {
       for (std::size_t t = 0; t < plan.tiers.size(); ++t) {
         const SpillTier& tier = plan.tiers[t];
         for (const SharePart& part : split_share(tier, plan.gpus[gpu].tiers[t].reserved, gpu, where)) {
-          void* p = part.node < 0 ? MappedFileResource(tier.directory, part.bytes).try_allocate(part.bytes, 1)
-                                  : NumaNodeResource(part.node, part.bytes).try_allocate(part.bytes, 1);
-          if (p == nullptr) {
-            throw TierError("cannot allocate " + std::to_string(part.bytes) + " bytes on tier '" + tier.name + "'" +
-                            (part.node < 0 ? "" : " (NUMA node " + std::to_string(part.node) + ")"));
+          const auto p = part.node < 0 ? MappedFileResource(tier.directory, part.bytes).try_allocate(part.bytes, 1)
+                                       : NumaNodeResource(part.node, part.bytes).try_allocate(part.bytes, 1);
+          if (!p) {
+            throw Exception(Errc::no_space,
+                            "cannot allocate " + std::to_string(part.bytes) + " bytes on tier '" + tier.name + "'" +
+                                (part.node < 0 ? "" : " (NUMA node " + std::to_string(part.node) + ")"));
           }
-          regions_.push_back({t, p, part.bytes, part.node});
+          regions_.push_back({t, *p, part.bytes, part.node});
         }
       }
     } catch (...) {

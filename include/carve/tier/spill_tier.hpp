@@ -2,20 +2,16 @@
 //
 // Host-only. Sizes are bytes. A spill tier is memory a GPU's overflow can live in, in priority
 // order: system DRAM first, then CXL (far) memory, then a disk directory; more tiers are allowed.
+// Bad input anywhere in tier planning throws carve::Exception (core/error.hpp).
 #pragma once
 
+#include <carve/core/error.hpp>
+
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace carve {
-
-// Bad planner input, bad discovery data, or a failure to back a plan with memory.
-class TierError : public std::runtime_error {
-public:
-  using std::runtime_error::runtime_error;
-};
 
 struct TierGpu {
   int ordinal;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,7 +37,7 @@ namespace detail {
 inline std::string read_text(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in || !std::filesystem::is_regular_file(file)) { // a directory opens, then reads as nothing
-    throw TierError("cannot read " + file.string());
+    throw Exception(Errc::io_error, "cannot read " + file.string());
   }
   std::ostringstream text;
   text << in.rdbuf();
@@ -59,13 +60,13 @@ inline std::vector<int> parse_list(const std::string& text, const std::filesyste
       const int lo = std::stoi(part.substr(0, dash), &used);
       const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
       if (lo < 0 || hi < lo || (dash == std::string::npos && used != part.size())) {
-        throw TierError("");
+        throw Exception(Errc::invalid_argument, "");
       }
       for (int id = lo; id <= hi; ++id) {
         ids.push_back(id);
       }
     } catch (const std::exception&) {
-      throw TierError("malformed id list '" + part + "' in " + file.string());
+      throw Exception(Errc::invalid_argument, "malformed id list '" + part + "' in " + file.string());
     }
   }
   return ids;
@@ -83,17 +84,17 @@ inline std::uint64_t meminfo_bytes(const std::string& text, const std::string& k
       return value * 1024;
     }
   }
-  throw TierError("no " + key + " in " + file.string());
+  throw Exception(Errc::invalid_argument, "no " + key + " in " + file.string());
 }
 
 } // namespace detail
 
-// Every NUMA node with memory. Throws TierError when the node directory is missing or a file in
+// Every NUMA node with memory. Throws carve::Exception when the node directory is missing or a file in
 // it cannot be read or parsed.
 inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path& sysfs = "/sys") {
   const std::filesystem::path nodes_dir = sysfs / "devices/system/node";
   if (!std::filesystem::is_directory(nodes_dir)) {
-    throw TierError("no NUMA node directory at " + nodes_dir.string());
+    throw Exception(Errc::unsupported, "no NUMA node directory at " + nodes_dir.string());
   }
   std::map<int, int> tier_of;
   const std::filesystem::path tiering = sysfs / "devices/virtual/memory_tiering";
@@ -106,7 +107,8 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
       const std::string number = name.substr(11);
       if (number.empty() || number.size() > 6 ||
           !std::all_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        throw TierError("unexpected memory tier directory " + entry.path().string() + " (want memory_tier<N>)");
+        throw Exception(Errc::invalid_argument,
+                        "unexpected memory tier directory " + entry.path().string() + " (want memory_tier<N>)");
       }
       const int tier = std::stoi(number);
       for (const int node : detail::parse_list(detail::read_text(entry.path() / "nodelist"), entry.path())) {
@@ -138,16 +140,19 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
   return nodes;
 }
 
-// A directory as a spill tier, sized by the space free to unprivileged users.
-inline SpillTier disk_tier(const std::filesystem::path& directory, int priority, std::string name = "disk") {
+// A directory as a spill tier, sized by the space free to unprivileged users, or by `capacity`
+// when that is given and smaller (a tier need not claim the whole disk).
+inline SpillTier disk_tier(const std::filesystem::path& directory, int priority, std::string name = "disk",
+                           std::optional<std::uint64_t> capacity = std::nullopt) {
   if (!std::filesystem::is_directory(directory)) {
-    throw TierError("disk tier: " + directory.string() + " is not a directory");
+    throw Exception(Errc::invalid_argument, "disk tier: " + directory.string() + " is not a directory");
   }
   struct statvfs fs {};
   if (::statvfs(directory.c_str(), &fs) != 0) {
-    throw TierError("disk tier: cannot statvfs " + directory.string());
+    throw Exception(Errc::io_error, "disk tier: cannot statvfs " + directory.string());
   }
-  return {std::move(name), static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize, priority, 0, {}, directory.string()};
+  const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+  return {std::move(name), capacity ? std::min(*capacity, free) : free, priority, 0, {}, directory.string()};
 }
 
 // Memory tiers from nodes, fastest first, sized by free memory: the kernel's memory tiers when

@@ -76,35 +76,38 @@ class TierPlanner {
 public:
   // GPUs are kept in ordinal order, whatever order they are given in: "GPU k" in the placement
   // rules and the planning order both mean the k-th ordinal, and gpus() and every plan list them
-  // so. Throws TierError for: no GPUs, a GPU without memory, a GPU ordinal given twice, no tiers,
+  // so. Throws carve::Exception for: no GPUs, a GPU without memory, a GPU ordinal given twice, no tiers,
   // a tier without capacity, or tier priorities that do not strictly increase.
   TierPlanner(std::vector<TierGpu> gpus, std::vector<SpillTier> tiers, TierPlanOptions options = {})
       : gpus_(std::move(gpus)), tiers_(std::move(tiers)), options_(options) {
     if (gpus_.empty()) {
-      throw TierError("tier planner: no GPUs");
+      throw Exception(Errc::invalid_argument, "tier planner: no GPUs");
     }
     std::stable_sort(gpus_.begin(), gpus_.end(),
                      [](const TierGpu& a, const TierGpu& b) { return a.ordinal < b.ordinal; });
     std::unordered_set<int> ordinals;
     for (const TierGpu& g : gpus_) {
       if (g.capacity == 0) {
-        throw TierError("tier planner: GPU " + std::to_string(g.ordinal) + " has no memory (capacity 0)");
+        throw Exception(Errc::invalid_argument,
+                        "tier planner: GPU " + std::to_string(g.ordinal) + " has no memory (capacity 0)");
       }
       if (!ordinals.insert(g.ordinal).second) {
-        throw TierError("tier planner: GPU ordinal " + std::to_string(g.ordinal) + " is given twice");
+        throw Exception(Errc::invalid_argument,
+                        "tier planner: GPU ordinal " + std::to_string(g.ordinal) + " is given twice");
       }
     }
     if (tiers_.empty()) {
-      throw TierError("tier planner: no spill tiers");
+      throw Exception(Errc::invalid_argument, "tier planner: no spill tiers");
     }
     for (std::size_t t = 0; t < tiers_.size(); ++t) {
       if (tiers_[t].capacity == 0) {
-        throw TierError("tier planner: tier '" + tiers_[t].name + "' has no capacity");
+        throw Exception(Errc::invalid_argument, "tier planner: tier '" + tiers_[t].name + "' has no capacity");
       }
       if (t > 0 && tiers_[t].priority <= tiers_[t - 1].priority) {
-        throw TierError("tier planner: tier priorities must increase along the list ('" + tiers_[t - 1].name +
-                        "' has " + std::to_string(tiers_[t - 1].priority) + ", '" + tiers_[t].name + "' has " +
-                        std::to_string(tiers_[t].priority) + ")");
+        throw Exception(Errc::invalid_argument, "tier planner: tier priorities must increase along the list ('" +
+                                                    tiers_[t - 1].name + "' has " +
+                                                    std::to_string(tiers_[t - 1].priority) + ", '" + tiers_[t].name +
+                                                    "' has " + std::to_string(tiers_[t].priority) + ")");
       }
     }
   }
@@ -112,7 +115,7 @@ public:
   const std::vector<TierGpu>& gpus() const noexcept { return gpus_; }
   const std::vector<SpillTier>& tiers() const noexcept { return tiers_; }
 
-  // Where every subtask goes. Throws TierError for a task needing nothing, or subtask sizes that
+  // Where every subtask goes. Throws carve::Exception for a task needing nothing, or subtask sizes that
   // are not one per GPU or do not add up to the task's need.
   std::vector<SubtaskPlacement> place(const std::vector<TierTask>& tasks) const {
     const std::size_t g = gpus_.size();
@@ -180,7 +183,7 @@ private:
     const std::size_t g = gpus_.size();
     const std::string name = task.name.empty() ? "task " + std::to_string(index) : "task '" + task.name + "'";
     if (task.need == 0) {
-      throw TierError("tier planner: " + name + " needs no memory");
+      throw Exception(Errc::invalid_argument, "tier planner: " + name + " needs no memory");
     }
     if (task.subtasks.empty()) {
       // Even split; the first need % G subtasks take one byte more.
@@ -191,13 +194,13 @@ private:
       return sizes;
     }
     if (task.subtasks.size() != g) {
-      throw TierError("tier planner: " + name + " has " + std::to_string(task.subtasks.size()) + " subtask sizes for " +
-                      std::to_string(g) + " GPUs");
+      throw Exception(Errc::invalid_argument, "tier planner: " + name + " has " + std::to_string(task.subtasks.size()) +
+                                                  " subtask sizes for " + std::to_string(g) + " GPUs");
     }
     const std::uint64_t sum = std::accumulate(task.subtasks.begin(), task.subtasks.end(), std::uint64_t{0});
     if (sum != task.need) {
-      throw TierError("tier planner: " + name + "'s subtasks add up to " + std::to_string(sum) + " bytes, not " +
-                      std::to_string(task.need));
+      throw Exception(Errc::invalid_argument, "tier planner: " + name + "'s subtasks add up to " + std::to_string(sum) +
+                                                  " bytes, not " + std::to_string(task.need));
     }
     return task.subtasks;
   }

@@ -1,6 +1,7 @@
 // carve/tier/tier_report.hpp — a TierPlan as a table, as JSON, and how fair it is.
 #pragma once
 
+#include <carve/core/format_bytes.hpp>
 #include <carve/tier/tier_planner.hpp>
 
 #include <cstdint>
@@ -10,24 +11,6 @@
 #include <vector>
 
 namespace carve {
-
-// 1536 -> "1.5 KiB"; exact byte counts below 1 KiB.
-inline std::string format_bytes(std::uint64_t bytes) {
-  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 5) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  if (unit == 0) {
-    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f %s", value, units[unit]);
-  }
-  return text;
-}
 
 // One row per GPU: capacity, demand, extra, then per tier "used / reserved", then unmet.
 inline std::string format_table(const TierPlan& plan) {

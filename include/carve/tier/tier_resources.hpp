@@ -2,21 +2,25 @@
 //
 //   NumaNodeResource   memory on one NUMA node (DRAM or CXL), bound there with libnuma. Works
 //                      when <numa.h> is found (Debian: libnuma-dev) and the program links
-//                      libnuma (CMake: carve::numa); otherwise constructing one throws TierError.
+//                      libnuma (CMake: carve::numa); otherwise constructing one throws
+//                      carve::Exception.
 //   MappedFileResource memory in files under a directory (a disk tier), mapped shared; each
 //                      file is unlinked at once, so nothing is left behind if the process dies.
 //
-// Both are UpstreamResources (carve/mr/upstream.hpp) with a byte budget — typically a GPU's
-// share of the tier — so a CachingPool, a PagedMirror backend or a TierShareResource can sit on
-// top of them, and they have the CCCL allocate/deallocate spellings. They hand out whole pages
-// at any power-of-two alignment up to 1 GiB (PagedMirror's host backend asks for 2 MiB);
-// try_allocate returns nullptr for zero bytes, a bad alignment, a request past the budget, or
+// Both are carve::UpstreamResources (carve/mr/memory_resource.hpp) with a byte budget —
+// typically a GPU's share of the tier — so a CachingPool, a PagedMirror backend or a
+// TierShareResource can sit on top of them, and they have the CCCL allocate/deallocate
+// spellings. They hand out whole pages at any power-of-two alignment up to 1 GiB (PagedMirror's
+// host backend asks for 2 MiB). try_allocate: invalid_size for zero bytes or an alignment that
+// is not a power of two; no_space for an alignment above 1 GiB, a request past the budget, or
 // when the system refuses the memory.
 #pragma once
 
+#include <carve/core/error.hpp>
+#include <carve/core/os_page_size.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/upstream.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/tier/spill_tier.hpp>
 
 #if __has_include(<numa.h>)
@@ -35,16 +39,20 @@
 namespace carve {
 
 namespace detail {
-inline std::size_t os_page_size() noexcept { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
-
 inline std::size_t whole_pages(std::size_t bytes) noexcept {
   const std::size_t page = os_page_size();
   return (bytes + page - 1) / page * page;
 }
 
-inline bool mappable_request(std::size_t bytes, std::size_t alignment) noexcept {
-  return bytes != 0 && bytes <= (std::size_t{1} << 62) && alignment != 0 && (alignment & (alignment - 1)) == 0 &&
-         alignment <= (std::size_t{1} << 30);
+// The errors both resources give before they touch their budget.
+inline cuda::std::expected<void, Errc> check_mappable(std::size_t bytes, std::size_t alignment) noexcept {
+  if (const auto ok = check_request(bytes, alignment); !ok) {
+    return ok;
+  }
+  if (bytes > (std::size_t{1} << 62) || alignment > (std::size_t{1} << 30)) {
+    return cuda::std::unexpected(Errc::no_space);
+  }
+  return {};
 }
 
 // Maps whole pages for `bytes` at an address aligned to `alignment`: anonymous private memory
@@ -89,29 +97,33 @@ inline constexpr bool numa_resource_available = false;
 
 class NumaNodeResource : public CcclSpellings<NumaNodeResource> {
 public:
-  // Throws TierError when this build has no libnuma, the system no NUMA support, or there is no
-  // such node.
+  // Throws carve::Exception when this build has no libnuma, the system no NUMA support
+  // (unsupported), or there is no such node (invalid_argument).
   NumaNodeResource(int node, std::size_t budget) : node_(node), budget_(budget) {
 #if __has_include(<numa.h>)
     if (::numa_available() < 0) {
-      throw TierError("NUMA is not available on this system");
+      throw Exception(Errc::unsupported, "NUMA is not available on this system");
     }
     if (node < 0 || node > ::numa_max_node()) {
-      throw TierError("NUMA node " + std::to_string(node) + " does not exist");
+      throw Exception(Errc::invalid_argument, "NUMA node " + std::to_string(node) + " does not exist");
     }
 #else
-    throw TierError("NUMA node " + std::to_string(node) + ": this build has no libnuma (<numa.h> not found)");
+    throw Exception(Errc::unsupported,
+                    "NUMA node " + std::to_string(node) + ": this build has no libnuma (<numa.h> not found)");
 #endif
   }
 
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!detail::mappable_request(bytes, alignment) || !budget_.take(bytes)) {
-      return nullptr;
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (!budget_.take(bytes)) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     void* p = detail::map_aligned(bytes, alignment, -1);
     if (p == nullptr) {
       budget_.give_back(bytes);
-      return nullptr;
+      return cuda::std::unexpected(Errc::no_space);
     }
 #if __has_include(<numa.h>)
     ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // pages land on the node when first touched
@@ -141,21 +153,25 @@ static_assert(UpstreamResource<NumaNodeResource>);
 
 class MappedFileResource : public CcclSpellings<MappedFileResource> {
 public:
-  // Throws TierError when `directory` is not a directory.
+  // Throws carve::Exception (invalid_argument) when `directory` is not a directory.
   MappedFileResource(std::filesystem::path directory, std::size_t budget)
       : directory_(std::move(directory)), budget_(budget) {
     if (!std::filesystem::is_directory(directory_)) {
-      throw TierError("MappedFileResource: " + directory_.string() + " is not a directory");
+      throw Exception(Errc::invalid_argument, "MappedFileResource: " + directory_.string() + " is not a directory");
     }
   }
 
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (!detail::mappable_request(bytes, alignment) || !budget_.take(bytes)) {
-      return nullptr;
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (!budget_.take(bytes)) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     void* p = map_new_file(bytes, alignment);
     if (p == nullptr) {
       budget_.give_back(bytes);
+      return cuda::std::unexpected(Errc::no_space);
     }
     return p;
   }

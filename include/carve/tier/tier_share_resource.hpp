@@ -17,8 +17,9 @@
 // avoid that.
 #pragma once
 
+#include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/upstream.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/tier/spill_tier.hpp>
 #include <carve/tier/tier_discovery.hpp>
 #include <carve/tier/tier_planner.hpp>
@@ -28,11 +29,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace carve {
@@ -49,7 +50,7 @@ struct SharePart {
 };
 
 // How `bytes` of a tier for GPU number `gpu` (its index in the plan) spread over the tier.
-// Throws TierError when the tier has neither nodes nor a directory, or when the nodes' free
+// Throws carve::Exception when the tier has neither nodes nor a directory, or when the nodes' free
 // memory (when known) cannot hold the bytes.
 inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t bytes, std::size_t gpu,
                                           const SpillNodes& where = {}) {
@@ -60,7 +61,8 @@ inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t b
     return {{-1, bytes}};
   }
   if (tier.numa_nodes.empty()) {
-    throw TierError("tier '" + tier.name + "' has neither NUMA nodes nor a directory to allocate from");
+    throw Exception(Errc::invalid_argument,
+                    "tier '" + tier.name + "' has neither NUMA nodes nor a directory to allocate from");
   }
   const auto free_on = [&](int node) -> std::optional<std::uint64_t> {
     for (const MemoryNode& n : where.nodes) {
@@ -96,8 +98,8 @@ inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t b
       return parts;
     }
   }
-  throw TierError("tier '" + tier.name + "': its nodes have " + std::to_string(bytes - left) +
-                  " bytes free, the share needs " + std::to_string(bytes));
+  throw Exception(Errc::no_space, "tier '" + tier.name + "': its nodes have " + std::to_string(bytes - left) +
+                                      " bytes free, the share needs " + std::to_string(bytes));
 }
 
 // The node figures with the given parts taken away, for the next GPU's split.
@@ -115,13 +117,13 @@ inline std::vector<MemoryNode> subtract_parts(std::vector<MemoryNode> nodes, con
 class TierShareResource : public CcclSpellings<TierShareResource> {
 public:
   // The reservation of GPU number `gpu` (index into plan.gpus) on tier number `tier`. Throws
-  // TierError when the tier cannot be backed (see split_share; NumaNodeResource,
+  // carve::Exception when the tier cannot be backed (see split_share; NumaNodeResource,
   // MappedFileResource) or the GPU or tier does not exist.
   TierShareResource(const TierPlan& plan, std::size_t gpu, std::size_t tier, const SpillNodes& where = {})
       : state_(std::make_shared<State>()) {
     if (gpu >= plan.gpus.size() || tier >= plan.tiers.size()) {
-      throw TierError("tier share: no GPU " + std::to_string(gpu) + " or tier " + std::to_string(tier) +
-                      " in the plan");
+      throw Exception(Errc::out_of_range, "tier share: no GPU " + std::to_string(gpu) + " or tier " +
+                                              std::to_string(tier) + " in the plan");
     }
     const SpillTier& t = plan.tiers[tier];
     state_->parts = split_share(t, plan.gpus[gpu].tiers[tier].reserved, gpu, where);
@@ -134,32 +136,56 @@ public:
     }
   }
 
-  // From the first part (the GPU's own node first) that has room.
-  void* try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  // From the first part (the GPU's own node first) that has room. Errors: invalid_size
+  // (check_request); no_space when no part can hold the request.
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
     for (std::size_t i = 0; i < state_->nodes.size(); ++i) {
-      if (void* p = state_->nodes[i].try_allocate(bytes, alignment)) {
-        return remember(p, i, bytes, alignment);
+      if (const auto p = state_->nodes[i].try_allocate(bytes, alignment)) {
+        return remember(*p, i, bytes, alignment);
       }
     }
     for (std::size_t i = 0; i < state_->files.size(); ++i) {
-      if (void* p = state_->files[i].try_allocate(bytes, alignment)) {
-        return remember(p, state_->nodes.size() + i, bytes, alignment);
+      if (const auto p = state_->files[i].try_allocate(bytes, alignment)) {
+        return remember(*p, state_->nodes.size() + i, bytes, alignment);
       }
     }
-    return nullptr;
+    return cuda::std::unexpected(Errc::no_space);
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::TierShareResource::deallocate", p, bytes, r.error());
+    }
+  }
+  // Errors (nothing changes): not_allocated when `p` is not a live allocation of this share;
+  // invalid_size when `bytes` is not the size it was allocated with.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     std::size_t part = 0;
     {
       const std::lock_guard lock(state_->mutex);
-      const auto it = state_->owner.find(p);
-      if (it == state_->owner.end()) {
-        return; // not ours: the UpstreamResource contract makes this a caller bug; ignore rather than corrupt
+      const auto it = state_->owner.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == state_->owner.end() || it->second.bytes != bytes) {
+        return cuda::std::unexpected(it == state_->owner.end() ? Errc::not_allocated : Errc::invalid_size);
       }
-      part = it->second;
+      part = it->second.part;
       state_->owner.erase(it);
     }
     release_to(part, p, bytes, alignment);
+    return {};
+  }
+
+  // Whether `p` lies in a live allocation of this share.
+  bool owns(const void* p) const noexcept {
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    const std::lock_guard lock(state_->mutex);
+    auto it = state_->owner.upper_bound(addr);
+    if (it == state_->owner.begin()) {
+      return false;
+    }
+    --it;
+    return addr - it->first < it->second.bytes;
   }
 
   const std::vector<SharePart>& parts() const noexcept { return state_->parts; }
@@ -182,17 +208,22 @@ private:
     std::vector<NumaNodeResource> nodes; // the memory parts, in split order
     std::vector<MappedFileResource> files;
     std::mutex mutex;
-    std::unordered_map<void*, std::size_t> owner; // live allocation -> part
+    struct Owned {
+      std::size_t part;
+      std::size_t bytes;
+    };
+    std::map<std::uintptr_t, Owned> owner; // live allocations by address
   };
 
-  void* remember(void* p, std::size_t part, std::size_t bytes, std::size_t alignment) noexcept {
+  cuda::std::expected<void*, Errc> remember(void* p, std::size_t part, std::size_t bytes,
+                                            std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
-      state_->owner.emplace(p, part);
+      state_->owner.emplace(reinterpret_cast<std::uintptr_t>(p), State::Owned{part, bytes});
       return p;
     } catch (...) { // no memory for the bookkeeping: give the allocation back
       release_to(part, p, bytes, alignment);
-      return nullptr;
+      return cuda::std::unexpected(Errc::no_space);
     }
   }
 
@@ -218,6 +249,7 @@ private:
 
   std::shared_ptr<State> state_;
 };
-static_assert(UpstreamResource<TierShareResource>);
+static_assert(UpstreamResource<TierShareResource> && OwnsMemory<TierShareResource> &&
+              ChecksDeallocation<TierShareResource>);
 
 } // namespace carve

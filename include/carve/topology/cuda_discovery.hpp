@@ -19,6 +19,7 @@
 // Throws std::runtime_error when there is no CUDA device or a query fails.
 #pragma once
 
+#include <carve/core/error.hpp>
 #if __has_include(<cuda_runtime_api.h>)
 #include <carve/topology/gpu_links.hpp>
 #include <carve/topology/topology.hpp>
@@ -52,7 +53,8 @@ namespace detail {
 inline void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw std::runtime_error(std::string("carve::discover_topology: ") + what + ": " + cudaGetErrorString(e));
+    throw Exception(Errc::device_error,
+                    std::string("carve::discover_topology: ") + what + ": " + cudaGetErrorString(e));
   }
 }
 
@@ -73,7 +75,7 @@ inline std::vector<std::vector<int>> nvml_far_ends(const std::vector<PciAddress>
   const std::size_t n = gpus.size();
   std::vector<std::vector<int>> far_ends(n);
   if (nvmlInit() != NVML_SUCCESS) {
-    throw std::runtime_error("carve::discover_topology: nvmlInit failed");
+    throw Exception(Errc::device_error, "carve::discover_topology: nvmlInit failed");
   }
   for (std::size_t i = 0; i < n; ++i) {
     char bus_id[32];
@@ -111,7 +113,7 @@ inline Topology discover_topology(LinkBandwidths bw = {}, PathOptions options = 
   int count = 0;
   cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (count == 0) {
-    throw std::runtime_error("carve::discover_topology: no CUDA device");
+    throw Exception(Errc::device_error, "carve::discover_topology: no CUDA device");
   }
   GpuLinkTable links(count);
   for (int a = 0; a < count; ++a) {

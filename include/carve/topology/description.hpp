@@ -14,7 +14,7 @@
 //   link GPU0 GPU1 nvlink x2
 //
 // Link types: nvlink, pcie, system (alias sys), inter_socket (aliases qpi, upi). Nodes must be
-// declared before their links. Any mistake throws ParseError with its line.
+// declared before their links. Any mistake throws carve::Exception (parse_error.hpp) with its line.
 #pragma once
 
 #include <carve/topology/parse_error.hpp>
@@ -100,93 +100,97 @@ inline Topology Topology::from_description(std::string_view text) {
     if (t.empty()) {
       continue;
     }
-    const auto fail = [&](const std::string& reason) { return ParseError(line.number, reason); };
-    try {
-      if (t[0] == "bandwidth") {
-        if (t.size() != 3) {
-          throw fail("expected: bandwidth TYPE GBPS");
-        }
-        if (builder) {
-          throw fail("bandwidth must come before the first node");
-        }
-        const auto type = link_type_named(t[1]);
-        const auto gbps = parse_gbps(t[2]);
-        if (!type || *type == LinkType::system) {
-          throw fail("bandwidth is set for nvlink, pcie or inter_socket, not " + quoted(t[1]));
-        }
-        if (!gbps) {
-          throw fail("bad bandwidth " + quoted(t[2]) + " (a positive number of GB/s)");
-        }
-        (*type == LinkType::nvlink ? bw.nvlink : *type == LinkType::pcie ? bw.pcie : bw.inter_socket) = *gbps;
-      } else if (t[0] == "max_hops") {
-        const int hops = t.size() == 2 ? parse_small_uint(t[1]) : -1;
-        if (hops < 1) {
-          throw fail("expected: max_hops N with N >= 1");
-        }
-        options.max_hops = hops;
-      } else if (t[0] == "gpu_relay") {
-        if (t.size() != 2 || (t[1] != "nvlink" && t[1] != "any")) {
-          throw fail("expected: gpu_relay nvlink (the default) or gpu_relay any");
-        }
-        options.gpu_relay = t[1] == "any" ? GpuRelay::any_link : GpuRelay::nvlink_only;
-      } else if (const auto kind = node_kind_named(t[0])) {
-        if (*kind == NodeKind::gpu && t.size() == 4 && t[2] == "ordinal") {
-          const int ordinal = parse_small_uint(t[3]);
-          if (ordinal < 0) {
-            throw fail("bad ordinal " + quoted(t[3]));
-          }
-          need_builder().add_gpu(std::string(t[1]), ordinal);
-        } else if (t.size() == 2) {
-          need_builder().add(*kind, std::string(t[1]));
-        } else {
-          throw fail("expected: " + std::string(t[0]) + " NAME" + (*kind == NodeKind::gpu ? " [ordinal N]" : ""));
-        }
-      } else if (t[0] == "link") {
-        if (t.size() < 4 || t.size() > 6) {
-          throw fail("expected: link A B TYPE [xCOUNT] [GBPS]");
-        }
-        TopologyBuilder& b = need_builder();
-        const auto a = b.find(t[1]);
-        const auto z = b.find(t[2]);
-        if (!a || !z) {
-          throw fail("link names an undeclared node " + quoted(!a ? t[1] : t[2]));
-        }
-        const auto type = link_type_named(t[3]);
-        if (!type) {
-          throw fail("unknown link type " + quoted(t[3]));
-        }
-        int count = 1;
-        std::optional<double> gbps;
-        for (std::size_t i = 4; i < t.size(); ++i) {
-          if (t[i].size() > 1 && t[i][0] == 'x' && count == 1 && !gbps) {
-            count = parse_small_uint(t[i].substr(1));
-            if (count < 1) {
-              throw fail("bad link count " + quoted(t[i]));
-            }
-          } else if (!gbps) {
-            gbps = parse_gbps(t[i]);
-            if (!gbps) {
-              throw fail("bad bandwidth " + quoted(t[i]) + " (a positive number of GB/s)");
-            }
-          } else {
-            throw fail("unexpected " + quoted(t[i]));
-          }
-        }
-        b.add_link(*a, *z, *type, count, gbps, std::string(t[3]));
-      } else {
-        throw fail("unknown statement " + quoted(t[0]));
+    const auto fail = [&](const std::string& reason) { return parse_error(line.number, reason); };
+    // The builder's own refusals (a name used twice, a link to itself) get this line too.
+    const auto at_line = [&](auto&& build) {
+      try {
+        build();
+      } catch (const Exception& e) {
+        throw fail(e.what());
       }
-    } catch (const std::invalid_argument& e) {
-      throw ParseError(line.number, e.what());
+    };
+    if (t[0] == "bandwidth") {
+      if (t.size() != 3) {
+        throw fail("expected: bandwidth TYPE GBPS");
+      }
+      if (builder) {
+        throw fail("bandwidth must come before the first node");
+      }
+      const auto type = link_type_named(t[1]);
+      const auto gbps = parse_gbps(t[2]);
+      if (!type || *type == LinkType::system) {
+        throw fail("bandwidth is set for nvlink, pcie or inter_socket, not " + quoted(t[1]));
+      }
+      if (!gbps) {
+        throw fail("bad bandwidth " + quoted(t[2]) + " (a positive number of GB/s)");
+      }
+      (*type == LinkType::nvlink ? bw.nvlink : *type == LinkType::pcie ? bw.pcie : bw.inter_socket) = *gbps;
+    } else if (t[0] == "max_hops") {
+      const int hops = t.size() == 2 ? parse_small_uint(t[1]) : -1;
+      if (hops < 1) {
+        throw fail("expected: max_hops N with N >= 1");
+      }
+      options.max_hops = hops;
+    } else if (t[0] == "gpu_relay") {
+      if (t.size() != 2 || (t[1] != "nvlink" && t[1] != "any")) {
+        throw fail("expected: gpu_relay nvlink (the default) or gpu_relay any");
+      }
+      options.gpu_relay = t[1] == "any" ? GpuRelay::any_link : GpuRelay::nvlink_only;
+    } else if (const auto kind = node_kind_named(t[0])) {
+      if (*kind == NodeKind::gpu && t.size() == 4 && t[2] == "ordinal") {
+        const int ordinal = parse_small_uint(t[3]);
+        if (ordinal < 0) {
+          throw fail("bad ordinal " + quoted(t[3]));
+        }
+        at_line([&] { need_builder().add_gpu(std::string(t[1]), ordinal); });
+      } else if (t.size() == 2) {
+        at_line([&] { need_builder().add(*kind, std::string(t[1])); });
+      } else {
+        throw fail("expected: " + std::string(t[0]) + " NAME" + (*kind == NodeKind::gpu ? " [ordinal N]" : ""));
+      }
+    } else if (t[0] == "link") {
+      if (t.size() < 4 || t.size() > 6) {
+        throw fail("expected: link A B TYPE [xCOUNT] [GBPS]");
+      }
+      TopologyBuilder& b = need_builder();
+      const auto a = b.find(t[1]);
+      const auto z = b.find(t[2]);
+      if (!a || !z) {
+        throw fail("link names an undeclared node " + quoted(!a ? t[1] : t[2]));
+      }
+      const auto type = link_type_named(t[3]);
+      if (!type) {
+        throw fail("unknown link type " + quoted(t[3]));
+      }
+      int count = 1;
+      std::optional<double> gbps;
+      for (std::size_t i = 4; i < t.size(); ++i) {
+        if (t[i].size() > 1 && t[i][0] == 'x' && count == 1 && !gbps) {
+          count = parse_small_uint(t[i].substr(1));
+          if (count < 1) {
+            throw fail("bad link count " + quoted(t[i]));
+          }
+        } else if (!gbps) {
+          gbps = parse_gbps(t[i]);
+          if (!gbps) {
+            throw fail("bad bandwidth " + quoted(t[i]) + " (a positive number of GB/s)");
+          }
+        } else {
+          throw fail("unexpected " + quoted(t[i]));
+        }
+      }
+      at_line([&] { b.add_link(*a, *z, *type, count, gbps, std::string(t[3])); });
+    } else {
+      throw fail("unknown statement " + quoted(t[0]));
     }
   }
   if (!builder) {
-    throw ParseError(last_line, "the description declares no nodes");
+    throw parse_error(last_line, "the description declares no nodes");
   }
   try {
     return builder->build(options);
-  } catch (const std::invalid_argument& e) {
-    throw ParseError(last_line, e.what());
+  } catch (const Exception& e) {
+    throw parse_error(last_line, e.what());
   }
 }
 

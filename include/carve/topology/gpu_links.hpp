@@ -21,6 +21,7 @@
 // NVSwitch link counts (what nvidia-smi prints: NV12 on a DGX A100, NV18 on an HGX H100).
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/topology/topology.hpp>
 
 #include <algorithm>
@@ -46,7 +47,7 @@ class GpuLinkTable {
 public:
   explicit GpuLinkTable(int gpu_count) : n_(gpu_count) {
     if (gpu_count < 1) {
-      throw std::invalid_argument("carve::GpuLinkTable: at least one GPU");
+      throw Exception(Errc::invalid_argument, "carve::GpuLinkTable: at least one GPU");
     }
     pairs_.resize(static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_));
   }
@@ -60,12 +61,14 @@ public:
   // Sets every pair's NVLink count from a matrix such as count_nvlinks() returns.
   void set_nvlinks(const std::vector<std::vector<int>>& counts) {
     if (counts.size() != static_cast<std::size_t>(n_)) {
-      throw std::invalid_argument("carve::GpuLinkTable: NVLink counts for " + std::to_string(counts.size()) +
-                                  " GPUs, the table has " + std::to_string(n_));
+      throw Exception(Errc::invalid_argument, "carve::GpuLinkTable: NVLink counts for " +
+                                                  std::to_string(counts.size()) + " GPUs, the table has " +
+                                                  std::to_string(n_));
     }
     for (int a = 0; a < n_; ++a) {
       if (counts[static_cast<std::size_t>(a)].size() != static_cast<std::size_t>(n_)) {
-        throw std::invalid_argument("carve::GpuLinkTable: NVLink count row " + std::to_string(a) + " is ragged");
+        throw Exception(Errc::invalid_argument,
+                        "carve::GpuLinkTable: NVLink count row " + std::to_string(a) + " is ragged");
       }
       for (int b = a + 1; b < n_; ++b) {
         pair(a, b).nvlinks = counts[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)];
@@ -76,8 +79,8 @@ public:
 private:
   std::size_t index(int a, int b) const {
     if (a < 0 || b < 0 || a >= n_ || b >= n_ || a == b) {
-      throw std::out_of_range("carve::GpuLinkTable: no GPU pair (" + std::to_string(a) + ", " + std::to_string(b) +
-                              ")");
+      throw Exception(Errc::out_of_range,
+                      "carve::GpuLinkTable: no GPU pair (" + std::to_string(a) + ", " + std::to_string(b) + ")");
     }
     const int lo = std::min(a, b);
     const int hi = std::max(a, b);
@@ -105,8 +108,9 @@ inline std::vector<std::vector<int>> count_nvlinks(const std::vector<std::vector
       if (end == nvlink_to_switch) {
         ++to_switches[g];
       } else if (end < 0 || static_cast<std::size_t>(end) >= n || static_cast<std::size_t>(end) == g) {
-        throw std::invalid_argument("carve::count_nvlinks: GPU " + std::to_string(g) + " has an NVLink to " +
-                                    std::to_string(end) + ", which is not another GPU of the " + std::to_string(n));
+        throw Exception(Errc::invalid_argument, "carve::count_nvlinks: GPU " + std::to_string(g) +
+                                                    " has an NVLink to " + std::to_string(end) +
+                                                    ", which is not another GPU of the " + std::to_string(n));
       } else {
         ++direct[g][static_cast<std::size_t>(end)];
       }
@@ -134,8 +138,8 @@ inline Topology topology_from_gpu_links(const GpuLinkTable& links, LinkBandwidth
     for (int b = a + 1; b < links.gpu_count(); ++b) {
       const GpuPairLinks& p = links.pair(a, b);
       if (p.nvlinks && *p.nvlinks < 0) {
-        throw std::invalid_argument("carve::topology_from_gpu_links: GPU" + std::to_string(a) + "-GPU" +
-                                    std::to_string(b) + " has a negative NVLink count");
+        throw Exception(Errc::invalid_argument, "carve::topology_from_gpu_links: GPU" + std::to_string(a) + "-GPU" +
+                                                    std::to_string(b) + " has a negative NVLink count");
       }
       const int nvlinks = p.nvlinks ? *p.nvlinks : (p.peer_access && p.native_atomics ? 1 : 0);
       const NodeId x{static_cast<std::uint32_t>(a)};

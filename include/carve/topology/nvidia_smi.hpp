@@ -11,11 +11,12 @@
 // PCIe path of its class: PIX, PXB, PHB and NODE a `pcie` link, SYS and SOC a `system` link (as
 // wide as the narrower of PCIe and the inter-socket link).
 //
-// Malformed text throws ParseError with the 1-based line: no header, a duplicate or unknown
+// Malformed text throws carve::Exception (parse_error.hpp) with the 1-based line: no header, a duplicate or unknown
 // column, a row that is missing, out of order, ragged or too long, an unknown code, a diagonal
 // that is not X, an asymmetric matrix, a NIC Legend entry for no column.
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/topology/parse_error.hpp>
 #include <carve/topology/text_lines.hpp>
 #include <carve/topology/topology.hpp>
@@ -75,7 +76,7 @@ inline SmiHeader parse_smi_header(const TextLine& line) {
     }
     for (const std::string& d : h.devices) {
       if (d == tokens[i]) {
-        throw ParseError(line.number, "column " + quoted(tokens[i]) + " appears twice in the header");
+        throw parse_error(line.number, "column " + quoted(tokens[i]) + " appears twice in the header");
       }
     }
     h.devices.emplace_back(tokens[i]);
@@ -91,7 +92,7 @@ inline SmiHeader parse_smi_header(const TextLine& line) {
       h.extras.push_back(SmiExtra::gpu_numa_id);
       i += 3;
     } else {
-      throw ParseError(line.number, "unknown column " + quoted(tokens[i]) + " after the device columns");
+      throw parse_error(line.number, "unknown column " + quoted(tokens[i]) + " after the device columns");
     }
   }
   return h;
@@ -106,7 +107,7 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
 inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths bw, PathOptions options) {
   using namespace detail;
   if (options.max_hops < 1) {
-    throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
+    throw Exception(Errc::invalid_argument, "carve::Topology: max_hops must be at least 1");
   }
   const std::vector<TextLine> lines = split_lines(text);
   std::size_t k = 0;
@@ -114,20 +115,20 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
     ++k;
   }
   if (k == lines.size()) {
-    throw ParseError(lines.empty() ? 1 : lines.back().number, "empty input: no nvidia-smi topo -m matrix");
+    throw parse_error(lines.empty() ? 1 : lines.back().number, "empty input: no nvidia-smi topo -m matrix");
   }
   // The header is the first line whose first column is GPU0; a row GPU0 has X in the next one.
   for (; k < lines.size(); ++k) {
     const auto tokens = split_tokens(lines[k].text);
     if (!tokens.empty() && tokens[0] == "GPU0") {
       if (tokens.size() > 1 && tokens[1] == "X") {
-        throw ParseError(lines[k].number, "matrix row GPU0 before any header line");
+        throw parse_error(lines[k].number, "matrix row GPU0 before any header line");
       }
       break;
     }
   }
   if (k == lines.size()) {
-    throw ParseError(lines.front().number, "no nvidia-smi topo -m header (a line whose first column is GPU0)");
+    throw parse_error(lines.front().number, "no nvidia-smi topo -m header (a line whose first column is GPU0)");
   }
   const SmiHeader header = parse_smi_header(lines[k]);
   const std::size_t n = header.devices.size();
@@ -146,7 +147,7 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
     }
     const std::string& expected = header.devices[rows];
     if (tokens[0] != expected) {
-      throw ParseError(line.number, "expected the row for " + expected + ", found " + quoted(tokens[0]));
+      throw parse_error(line.number, "expected the row for " + expected + ", found " + quoted(tokens[0]));
     }
     // Matrix cells run up to the first affinity value (those start with a digit, or are N/A).
     std::size_t count = 0;
@@ -154,11 +155,11 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
       ++count;
     }
     if (count != n) {
-      throw ParseError(line.number, "row " + expected + " has " + std::to_string(count) + " cells, the header names " +
-                                        std::to_string(n) + " devices");
+      throw parse_error(line.number, "row " + expected + " has " + std::to_string(count) + " cells, the header names " +
+                                         std::to_string(n) + " devices");
     }
     if (tokens.size() > n + 1 + header.extras.size()) {
-      throw ParseError(line.number, "row " + expected + " has more values than the header has columns");
+      throw parse_error(line.number, "row " + expected + " has more values than the header has columns");
     }
     cells[rows].assign(tokens.begin() + 1, tokens.begin() + static_cast<std::ptrdiff_t>(n + 1));
     extras[rows].assign(tokens.begin() + static_cast<std::ptrdiff_t>(n + 1), tokens.end());
@@ -167,7 +168,7 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
   }
   if (rows < n) {
     const std::size_t at = k < lines.size() ? lines[k].number : (lines.back().number + 1);
-    throw ParseError(at, "the matrix ends without a row for " + header.devices[rows]);
+    throw parse_error(at, "the matrix ends without a row for " + header.devices[rows]);
   }
 
   // Every cell: X exactly on the diagonal, a known code elsewhere, the same code both ways.
@@ -177,19 +178,19 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
       const std::string_view code = cells[r][c];
       if (r == c) {
         if (code != "X") {
-          throw ParseError(row_line[r],
-                           header.devices[r] + "/" + header.devices[c] + " must be X, not " + quoted(code));
+          throw parse_error(row_line[r],
+                            header.devices[r] + "/" + header.devices[c] + " must be X, not " + quoted(code));
         }
         continue;
       }
       const auto cell = smi_cell(code);
       if (!cell) {
-        throw ParseError(row_line[r], "unknown code " + quoted(code) + " in column " + header.devices[c]);
+        throw parse_error(row_line[r], "unknown code " + quoted(code) + " in column " + header.devices[c]);
       }
       if (c < r && code != cells[c][r]) {
-        throw ParseError(row_line[r], header.devices[r] + "/" + header.devices[c] + " is " + std::string(code) +
-                                          " but " + header.devices[c] + "/" + header.devices[r] + " is " +
-                                          std::string(cells[c][r]) + ": the matrix must be symmetric");
+        throw parse_error(row_line[r], header.devices[r] + "/" + header.devices[c] + " is " + std::string(code) +
+                                           " but " + header.devices[c] + "/" + header.devices[r] + " is " +
+                                           std::string(cells[c][r]) + ": the matrix must be symmetric");
       }
       links[r][c] = *cell;
     }
@@ -218,7 +219,7 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
       known = known || d == column;
     }
     if (!known) {
-      throw ParseError(lines[k].number, "the NIC Legend names " + column + ", which is not a matrix column");
+      throw parse_error(lines[k].number, "the NIC Legend names " + column + ", which is not a matrix column");
     }
     nic_names[column] = std::string(tokens[1]);
   }
@@ -257,8 +258,8 @@ inline Topology Topology::from_nvidia_smi(std::string_view text, LinkBandwidths 
       }
     }
     return builder.build(options);
-  } catch (const std::invalid_argument& e) {
-    throw ParseError(header.line, e.what());
+  } catch (const Exception& e) {
+    throw parse_error(header.line, e.what());
   }
 }
 

@@ -1,24 +1,16 @@
-// carve/topology/parse_error.hpp — the exception the topology readers throw on malformed text.
+// carve/topology/parse_error.hpp — how the topology readers report malformed text: a
+// carve::Exception (invalid_argument) whose message starts with the 1-based line, "line 7: ...".
 #pragma once
 
+#include <carve/core/error.hpp>
+
 #include <cstddef>
-#include <stdexcept>
 #include <string>
 
 namespace carve {
 
-// Malformed topology text. what() reads "line 7: <reason>"; line() is 1-based.
-class ParseError : public std::runtime_error {
-public:
-  ParseError(std::size_t line, const std::string& reason)
-      : std::runtime_error("line " + std::to_string(line) + ": " + reason), line_(line), reason_(reason) {}
-
-  std::size_t line() const noexcept { return line_; }
-  const std::string& reason() const noexcept { return reason_; }
-
-private:
-  std::size_t line_;
-  std::string reason_;
-};
+inline Exception parse_error(std::size_t line, const std::string& reason) {
+  return Exception(Errc::invalid_argument, "line " + std::to_string(line) + ": " + reason);
+}
 
 } // namespace carve

@@ -20,10 +20,11 @@
 //
 // Every pair is computed once when the topology is built (O(nodes x links x layers), where the
 // layers stop once no path widens), so queries are table look-ups.
-// Host-only code: bad input throws (std::invalid_argument from the builder, ParseError from
+// Host-only code: bad input throws (std::invalid_argument from the builder, carve::Exception from
 // the readers).
 #pragma once
 
+#include <carve/core/error.hpp>
 #include <carve/topology/graph.hpp>
 #include <carve/topology/parse_error.hpp>
 
@@ -77,7 +78,7 @@ public:
   // The node of the GPU with this CUDA ordinal. Throws std::out_of_range for an unknown one.
   NodeId gpu(int ordinal) const {
     if (ordinal < 0 || static_cast<std::size_t>(ordinal) >= gpus_.size() || !gpus_[static_cast<std::size_t>(ordinal)]) {
-      throw std::out_of_range("carve::Topology: no GPU with ordinal " + std::to_string(ordinal));
+      throw Exception(Errc::out_of_range, "carve::Topology: no GPU with ordinal " + std::to_string(ordinal));
     }
     return *gpus_[static_cast<std::size_t>(ordinal)];
   }
@@ -129,7 +130,7 @@ private:
   const Pair& pair(NodeId from, NodeId to) const {
     const std::size_t n = nodes_.size();
     if (from.value >= n || to.value >= n) {
-      throw std::out_of_range("carve::Topology: node id out of range");
+      throw Exception(Errc::out_of_range, "carve::Topology: node id out of range");
     }
     return pairs_[std::size_t{from.value} * n + to.value];
   }
@@ -157,7 +158,7 @@ private:
   // the search early, so a large max_hops costs only as many layers as the machine needs.
   void compute_paths() {
     if (options_.max_hops < 1) {
-      throw std::invalid_argument("carve::Topology: max_hops must be at least 1");
+      throw Exception(Errc::invalid_argument, "carve::Topology: max_hops must be at least 1");
     }
     const std::size_t n = nodes_.size();
     const std::size_t states = 3 * n; // state = node * 3 + arrival (0 start, 1 other link, 2 NVLink)
@@ -263,7 +264,8 @@ public:
         ++ordinal;
       }
     } else if (ordinal_taken(ordinal)) {
-      throw std::invalid_argument("carve::TopologyBuilder: GPU ordinal " + std::to_string(ordinal) + " used twice");
+      throw Exception(Errc::invalid_argument,
+                      "carve::TopologyBuilder: GPU ordinal " + std::to_string(ordinal) + " used twice");
     }
     const NodeId id = add_node(NodeKind::gpu, std::move(name));
     nodes_.back().ordinal = ordinal;
@@ -287,10 +289,11 @@ public:
     check_node(a);
     check_node(b);
     if (a == b) {
-      throw std::invalid_argument("carve::TopologyBuilder: link from " + nodes_[a.value].name + " to itself");
+      throw Exception(Errc::invalid_argument,
+                      "carve::TopologyBuilder: link from " + nodes_[a.value].name + " to itself");
     }
     if (count < 1) {
-      throw std::invalid_argument("carve::TopologyBuilder: link count must be at least 1");
+      throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: link count must be at least 1");
     }
     const double per_link = per_link_gbps ? *per_link_gbps : bandwidths_.of(type);
     check_bandwidth(per_link);
@@ -334,7 +337,8 @@ public:
     }
     for (std::size_t o = 0; o < t.gpus_.size(); ++o) {
       if (!t.gpus_[o]) {
-        throw std::invalid_argument("carve::TopologyBuilder: GPU ordinals have a gap at " + std::to_string(o));
+        throw Exception(Errc::invalid_argument,
+                        "carve::TopologyBuilder: GPU ordinals have a gap at " + std::to_string(o));
       }
     }
     t.compute_paths();
@@ -344,10 +348,10 @@ public:
 private:
   NodeId add_node(NodeKind kind, std::string name) {
     if (name.empty()) {
-      throw std::invalid_argument("carve::TopologyBuilder: a node needs a name");
+      throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: a node needs a name");
     }
     if (find(name)) {
-      throw std::invalid_argument("carve::TopologyBuilder: node name " + name + " used twice");
+      throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: node name " + name + " used twice");
     }
     nodes_.push_back(Node{kind, std::move(name), -1, std::nullopt, {}});
     return NodeId{static_cast<std::uint32_t>(nodes_.size() - 1)};
@@ -362,12 +366,13 @@ private:
   }
   void check_node(NodeId id) const {
     if (id.value >= nodes_.size()) {
-      throw std::invalid_argument("carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
+      throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
     }
   }
   static void check_bandwidth(double gbps) {
     if (!(gbps > 0.0) || !std::isfinite(gbps)) {
-      throw std::invalid_argument("carve::TopologyBuilder: a bandwidth must be a positive finite number of GB/s");
+      throw Exception(Errc::invalid_argument,
+                      "carve::TopologyBuilder: a bandwidth must be a positive finite number of GB/s");
     }
   }
 

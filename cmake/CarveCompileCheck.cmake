@@ -1,0 +1,22 @@
+# Compiles one source with the project's compiler and checks the outcome: with EXPECT (a regex)
+# the compile must fail and say it; without, it must succeed. Run with cmake -P:
+#   -DCXX=<compiler> -DSOURCE=<file> "-DFLAGS=<flag;flag;...>" "-DINCLUDES=<dir;dir;...>" [-DEXPECT=<regex>]
+foreach(var CXX SOURCE FLAGS)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "CarveCompileCheck.cmake needs -D${var}=...")
+  endif()
+endforeach()
+foreach(dir IN LISTS INCLUDES)
+  list(APPEND FLAGS "-isystem${dir}")
+endforeach()
+execute_process(COMMAND ${CXX} -std=c++20 -fsyntax-only ${FLAGS} ${SOURCE} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+  ERROR_VARIABLE err)
+if(NOT DEFINED EXPECT)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "expected ${SOURCE} to compile:\n${out}${err}")
+  endif()
+elseif(rc EQUAL 0)
+  message(FATAL_ERROR "expected ${SOURCE} (${FLAGS}) not to compile, but it did")
+elseif(NOT "${out}${err}" MATCHES "${EXPECT}")
+  message(FATAL_ERROR "${SOURCE} failed to compile without saying '${EXPECT}':\n${out}${err}")
+endif()

@@ -1,0 +1,24 @@
+// <carve/mr.hpp> — memory resources: the MemoryResource concept, the resources (SimulatedCard,
+// CudaDeviceResource, CachingPool, SlotArena) and the combinators that stack them (FallbackResource,
+// Segregator, StatsResource, LimitResource, ref, as_pmr).
+//
+// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
+// nothing without <cuda_runtime_api.h>).
+#pragma once
+
+#include <carve/mr/as_pmr.hpp>
+#include <carve/mr/byte_budget.hpp>
+#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/cuda_current_device.hpp>
+#include <carve/mr/cuda_device_resource.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/fallback_resource.hpp>
+#include <carve/mr/limit_resource.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/resource_ref.hpp>
+#include <carve/mr/segment_export.hpp>
+#include <carve/mr/segregator.hpp>
+#include <carve/mr/simulated_card.hpp>
+#include <carve/mr/slot_arena.hpp>
+#include <carve/mr/stats_resource.hpp>

@@ -1,0 +1,61 @@
+// carve/mr/as_pmr.hpp — any carve resource as a std::pmr::memory_resource, so the standard
+// library's pmr containers allocate from it.
+//
+//   carve::CachingPool pool(carve::SimulatedCard(64 << 20));
+//   auto pmr = carve::as_pmr(pool);                  // refers to pool; does not copy it
+//   std::pmr::vector<int> v(&pmr);                   // v's storage comes from the pool
+//
+// The adaptor refers to the resource, which must outlive it (and every container using it).
+// do_allocate throws std::bad_alloc when the resource has no space, as the pmr contract
+// requires, and carve::Exception for a request no resource could serve (an alignment that is
+// not a power of two); a request for 0 bytes is served as 1 byte, since pmr allows it and carve
+// resources do not. Two adaptors are equal when they refer to the same resource. Host-only.
+#pragma once
+
+#include <carve/core/error.hpp>
+#include <carve/mr/memory_resource.hpp>
+
+#include <cstddef>
+#include <memory_resource>
+#include <new>
+#include <string>
+
+namespace carve {
+
+template <MemoryResource R>
+class PmrResource final : public std::pmr::memory_resource {
+public:
+  explicit PmrResource(R& resource) noexcept : r_(&resource) {}
+
+  R& resource() const noexcept { return *r_; }
+
+private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+    const auto p = r_->try_allocate(bytes == 0 ? 1 : bytes, alignment);
+    if (p) {
+      return *p;
+    }
+    if (p.error() == Errc::no_space) {
+      throw std::bad_alloc();
+    }
+    throw Exception(p.error(), "carve::PmrResource: cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
+                                   std::to_string(alignment));
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) override {
+    r_->deallocate(p, bytes == 0 ? 1 : bytes, alignment);
+  }
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
+    const auto* o = dynamic_cast<const PmrResource*>(&other);
+    return o != nullptr && o->r_ == r_;
+  }
+
+  R* r_;
+};
+
+// A std::pmr::memory_resource that allocates from `resource`.
+template <MemoryResource R>
+PmrResource<R> as_pmr(R& resource) noexcept {
+  return PmrResource<R>(resource);
+}
+
+} // namespace carve

@@ -1,0 +1,76 @@
+// carve/mr/fallback_resource.hpp — try one resource, and when it has no room, another.
+//
+//   carve::FallbackResource<carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
+//       carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
+//
+// try_allocate asks the primary; only when it answers no_space does the fallback get the request
+// (invalid_size and other errors come back as they are: no resource could serve them). Since
+// deallocate is told only the pointer, the primary must know what it owns (OwnsMemory): a block
+// it owns goes back to it, every other block to the fallback. Capabilities: owns when both parts
+// know theirs; free_bytes and capacity (sums) and trim where the parts have them; try_deallocate
+// when both parts check theirs. Parts are held by value (carve::ref(r) to share one);
+// __host__ __device__ wherever both parts are.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/resource_pair.hpp>
+#include <carve/mr/memory_resource.hpp>
+
+#include <cuda/std/cstddef>
+#include <cuda/std/expected>
+
+namespace carve {
+
+template <MemoryResource Primary, MemoryResource Fallback>
+requires OwnsMemory<Primary>
+class FallbackResource : public detail::ResourcePair<Primary, Fallback>,
+                         public CcclSpellings<FallbackResource<Primary, Fallback>> {
+  using Pair = detail::ResourcePair<Primary, Fallback>;
+
+public:
+  using Pair::Pair;
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                  cuda::std::size_t alignment) noexcept {
+    const cuda::std::expected<void*, Errc> p = this->first_.try_allocate(bytes, alignment);
+    if (p || p.error() != Errc::no_space) {
+      return p;
+    }
+    return this->second_.try_allocate(bytes, alignment);
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
+    if (this->first_.owns(p)) {
+      this->first_.deallocate(p, bytes, alignment);
+    } else {
+      this->second_.deallocate(p, bytes, alignment);
+    }
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(void* p, cuda::std::size_t bytes,
+                                                                   cuda::std::size_t alignment) noexcept requires
+      ChecksDeallocation<Primary> && ChecksDeallocation<Fallback> {
+    return this->first_.owns(p) ? this->first_.try_deallocate(p, bytes, alignment)
+                                : this->second_.try_deallocate(p, bytes, alignment);
+  }
+
+  CARVE_HOST_DEVICE constexpr Primary& primary() noexcept { return this->first_; }
+  CARVE_HOST_DEVICE constexpr const Primary& primary() const noexcept { return this->first_; }
+  CARVE_HOST_DEVICE constexpr Fallback& fallback() noexcept { return this->second_; }
+  CARVE_HOST_DEVICE constexpr const Fallback& fallback() const noexcept { return this->second_; }
+
+  // A property both parts declare (where its memory lives, say) the stack declares too.
+  template <class Property>
+  requires detail::declares_property<Primary, Property> && detail::declares_property<Fallback, Property>
+  friend constexpr void get_property(const FallbackResource&, Property) noexcept {}
+};
+
+static_assert(MemoryResource<FallbackResource<detail::OwningArchetype, detail::ResourceArchetype>>);
+static_assert(OwnsMemory<FallbackResource<detail::OwningArchetype, detail::OwningArchetype>>);
+
+} // namespace carve

@@ -1,0 +1,130 @@
+// carve/mr/limit_resource.hpp — a byte budget in front of a resource.
+//
+//   carve::LimitResource<carve::ResourceRef<Pool>> tenant(carve::ref(pool), 256 << 20);  // 256 MiB for this tenant
+//
+// Bytes are counted as asked for (not as the resource rounds them); a request that would take
+// the live total past the budget gets no_space (so a FallbackResource can pass it on) and never
+// reaches the resource. The count is an atomic of scope `Scope`: many threads may share one
+// budget, and the budget is never exceeded, not even for a moment. free_bytes is what is left of
+// the budget (or of the resource, when that is less); capacity is the budget (or the resource's
+// capacity, when that is less). owns, trim and try_deallocate pass through where the resource
+// has them.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstddef>
+#include <cuda/std/expected>
+#include <cuda/std/utility>
+
+namespace carve {
+
+template <MemoryResource R, cuda::thread_scope Scope = cuda::thread_scope_device>
+class LimitResource : public CcclSpellings<LimitResource<R, Scope>> {
+public:
+  using resource_type = R;
+
+  // `budget` bytes of `resource` (the resource itself, or what its constructor takes).
+  template <class Resource>
+  requires cuda::std::constructible_from<R, Resource>
+      CARVE_HOST_DEVICE constexpr LimitResource(Resource&& resource, cuda::std::size_t budget)
+      : r_(cuda::std::forward<Resource>(resource)), budget_(budget) {}
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                  cuda::std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    auto used = used_ref();
+    cuda::std::size_t before = used.load(cuda::std::memory_order_relaxed);
+    do {
+      if (bytes > budget_ - before) {
+        return cuda::std::unexpected(Errc::no_space);
+      }
+    } while (!used.compare_exchange_weak(before, before + bytes, cuda::std::memory_order_relaxed));
+    const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
+    if (!p) {
+      used.fetch_sub(bytes, cuda::std::memory_order_relaxed);
+    }
+    return p;
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
+    r_.deallocate(p, bytes, alignment);
+    used_ref().fetch_sub(bytes, cuda::std::memory_order_relaxed);
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  try_deallocate(void* p, cuda::std::size_t bytes,
+                 cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
+    const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);
+    if (r) {
+      used_ref().fetch_sub(bytes, cuda::std::memory_order_relaxed);
+    }
+    return r;
+  }
+
+  CARVE_HOST_DEVICE cuda::std::size_t budget() const noexcept { return budget_; }
+  CARVE_HOST_DEVICE cuda::std::size_t used_bytes() const noexcept {
+    return cuda::atomic_ref<cuda::std::size_t, Scope>(const_cast<cuda::std::size_t&>(used_))
+        .load(cuda::std::memory_order_relaxed);
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::size_t free_bytes() const {
+    const cuda::std::size_t left = budget_ - used_bytes();
+    if constexpr (ReportsFreeBytes<R>) {
+      const cuda::std::size_t inner = r_.free_bytes();
+      return inner < left ? inner : left;
+    } else {
+      return left;
+    }
+  }
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::size_t capacity() const {
+    if constexpr (ReportsCapacity<R>) {
+      const cuda::std::size_t inner = r_.capacity();
+      return inner < budget_ ? inner : budget_;
+    } else {
+      return budget_;
+    }
+  }
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE bool owns(const void* p) const noexcept requires OwnsMemory<R> { return r_.owns(p); }
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::size_t trim() requires Trimmable<R> { return r_.trim(); }
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE decltype(auto) stats() const requires ReportsStats<R> { return r_.stats(); }
+
+  CARVE_HOST_DEVICE constexpr R& inner() noexcept { return r_; }
+  CARVE_HOST_DEVICE constexpr const R& inner() const noexcept { return r_; }
+
+  friend CARVE_HOST_DEVICE constexpr bool
+  operator==(const LimitResource& a, const LimitResource& b) noexcept requires cuda::std::equality_comparable<R> {
+    return a.r_ == b.r_ && a.budget_ == b.budget_;
+  }
+
+  template <class Property>
+  requires detail::declares_property<R, Property>
+  friend constexpr void get_property(const LimitResource&, Property) noexcept {}
+
+private:
+  CARVE_HOST_DEVICE cuda::atomic_ref<cuda::std::size_t, Scope> used_ref() noexcept {
+    return cuda::atomic_ref<cuda::std::size_t, Scope>(used_);
+  }
+
+  R r_;
+  cuda::std::size_t budget_;
+  cuda::std::size_t used_ = 0; // touched only through atomic_ref
+};
+
+static_assert(UpstreamResource<LimitResource<detail::ResourceArchetype>>);
+
+} // namespace carve

@@ -1,0 +1,72 @@
+// carve/mr/segregator.hpp — small requests to one resource, large ones to another.
+//
+//   carve::Segregator<4096, carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
+//       carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
+//
+// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate
+// routes by the same size, so neither part needs to know what it owns. A part that has no room
+// says no_space; the request does not move to the other part (put a FallbackResource in the
+// stack for that). Capabilities: owns when both parts know theirs; free_bytes and capacity
+// (sums) and trim where the parts have them; try_deallocate when both parts check theirs. Parts
+// are held by value (carve::ref(r) to share one); __host__ __device__ wherever both parts are.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/resource_pair.hpp>
+#include <carve/mr/memory_resource.hpp>
+
+#include <cuda/std/cstddef>
+#include <cuda/std/expected>
+
+namespace carve {
+
+template <cuda::std::size_t Threshold, MemoryResource Small, MemoryResource Large>
+class Segregator : public detail::ResourcePair<Small, Large>,
+                   public CcclSpellings<Segregator<Threshold, Small, Large>> {
+  using Pair = detail::ResourcePair<Small, Large>;
+
+public:
+  static constexpr cuda::std::size_t threshold = Threshold;
+
+  using Pair::Pair;
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                  cuda::std::size_t alignment) noexcept {
+    return bytes <= Threshold ? this->first_.try_allocate(bytes, alignment)
+                              : this->second_.try_allocate(bytes, alignment);
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
+    if (bytes <= Threshold) {
+      this->first_.deallocate(p, bytes, alignment);
+    } else {
+      this->second_.deallocate(p, bytes, alignment);
+    }
+  }
+
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  try_deallocate(void* p, cuda::std::size_t bytes,
+                 cuda::std::size_t alignment) noexcept requires ChecksDeallocation<Small> && ChecksDeallocation<Large> {
+    return bytes <= Threshold ? this->first_.try_deallocate(p, bytes, alignment)
+                              : this->second_.try_deallocate(p, bytes, alignment);
+  }
+
+  CARVE_HOST_DEVICE constexpr Small& small() noexcept { return this->first_; }
+  CARVE_HOST_DEVICE constexpr const Small& small() const noexcept { return this->first_; }
+  CARVE_HOST_DEVICE constexpr Large& large() noexcept { return this->second_; }
+  CARVE_HOST_DEVICE constexpr const Large& large() const noexcept { return this->second_; }
+
+  template <class Property>
+  requires detail::declares_property<Small, Property> && detail::declares_property<Large, Property>
+  friend constexpr void get_property(const Segregator&, Property) noexcept {}
+};
+
+static_assert(MemoryResource<Segregator<64, detail::ResourceArchetype, detail::ResourceArchetype>>);
+static_assert(OwnsMemory<Segregator<64, detail::OwningArchetype, detail::OwningArchetype>>);
+
+} // namespace carve

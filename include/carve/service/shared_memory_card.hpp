@@ -1,0 +1,154 @@
+// carve/mr/shared_memory_card.hpp — a simulated card whose memory other processes can map.
+//
+//   carve::SharedMemoryCard card(64 << 20);              // 64 MiB, like SimulatedCard
+//   void* p = *card.try_allocate(2 << 20, 256);
+//   auto e = card.export_segment(p, 2 << 20);                     // e->fd: pass it with SCM_RIGHTS
+//   // another process: mmap(nullptr, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+//
+// The host stand-in for a GPU that a server shares with its clients (carve/service/): every
+// allocation is its own memfd (Linux), mapped shared, counted against the card's capacity. The
+// memfd is sealed against growing and shrinking, so a process it was passed to cannot truncate
+// it under the others (which would make their accesses fault). Copies are handles to the same
+// card and compare equal. Thread-safe. Linux only (memfd_create).
+#pragma once
+
+#include <carve/core/os_page_size.hpp>
+#include <carve/mr/byte_budget.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/mr/segment_export.hpp>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+
+namespace carve {
+
+class SharedMemoryCard : public CcclSpellings<SharedMemoryCard> {
+public:
+  static constexpr ExportKind export_kind = ExportKind::shared_memory;
+  static constexpr bool release_while_mapped = true; // a mapping keeps its pages
+
+  // `name` labels the memfds (visible in /proc/<pid>/maps and fdinfo).
+  explicit SharedMemoryCard(std::size_t capacity_bytes, std::string name = "carve-card")
+      : budget_(capacity_bytes), state_(std::make_shared<State>(std::move(name))) {}
+
+  // Errors: invalid_size (check_request); no_space for an alignment above the page size, a full
+  // card, or when the system refuses the memory.
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (alignment > os_page_size() || !budget_.take(bytes)) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    const int fd = ::memfd_create(state_->name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void* p = MAP_FAILED;
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+      p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (p != MAP_FAILED) {
+      try {
+        const std::lock_guard lock(state_->mutex);
+        state_->segments.emplace(reinterpret_cast<std::uintptr_t>(p), Segment{fd, bytes});
+        return p;
+      } catch (const std::bad_alloc&) {
+        ::munmap(p, bytes);
+      }
+    }
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    budget_.give_back(bytes);
+    return cuda::std::unexpected(Errc::no_space);
+  }
+
+  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
+    int fd = -1;
+    {
+      const std::lock_guard lock(state_->mutex);
+      const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it != state_->segments.end()) {
+        fd = it->second.fd;
+        state_->segments.erase(it);
+      }
+    }
+    ::munmap(p, bytes);
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    budget_.give_back(bytes);
+  }
+
+  std::optional<SegmentExport> export_segment(void* base, std::size_t bytes) const {
+    const std::lock_guard lock(state_->mutex);
+    const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
+    if (it == state_->segments.end() || it->second.size != bytes) {
+      return std::nullopt;
+    }
+    SegmentExport e;
+    e.kind = ExportKind::shared_memory;
+    e.size = it->second.size;
+    e.fd = it->second.fd;
+    return e;
+  }
+
+  // Whether `p` lies in a live allocation of this card.
+  bool owns(const void* p) const noexcept {
+    const std::lock_guard lock(state_->mutex);
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    auto it = state_->segments.upper_bound(addr);
+    if (it == state_->segments.begin()) {
+      return false;
+    }
+    --it;
+    return addr - it->first < it->second.size;
+  }
+
+  std::size_t capacity() const noexcept { return budget_.capacity(); }
+  std::size_t used_bytes() const noexcept { return budget_.used_bytes(); }
+  std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  std::size_t allocation_count() const noexcept { return budget_.allocation_count(); }
+
+  friend bool operator==(const SharedMemoryCard& a, const SharedMemoryCard& b) noexcept {
+    return a.budget_ == b.budget_;
+  }
+
+#if defined(CARVE_HAS_CUDA_MR)
+  friend constexpr void get_property(const SharedMemoryCard&, cuda::mr::host_accessible) noexcept {}
+#endif
+
+private:
+  struct Segment {
+    int fd = -1;
+    std::size_t size = 0;
+  };
+  struct State {
+    explicit State(std::string n) : name(std::move(n)) {}
+    std::string name;
+    std::mutex mutex;
+    std::map<std::uintptr_t, Segment> segments; // by base address
+  };
+
+  ByteBudget budget_;
+  std::shared_ptr<State> state_;
+};
+
+static_assert(ExportableResource<SharedMemoryCard> && OwnsMemory<SharedMemoryCard>);
+static_assert(SynchronousResource<SharedMemoryCard>);
+static_assert(detail::cccl_accepts<SharedMemoryCard>());
+#if defined(CARVE_HAS_CUDA_MR)
+static_assert(SynchronousResourceWith<SharedMemoryCard, cuda::mr::host_accessible>);
+#endif
+
+} // namespace carve

@@ -1,0 +1,214 @@
+// carve/slot/concurrent_slot_allocator.hpp — slot allocation shared by many threads, lock-free.
+//
+//   __shared__ carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block> slots;
+//   if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
+//   __syncthreads();
+//   auto r = slots.allocate(4);             // from any thread of the block
+//
+// Same calls, errors and policies as SlotAllocator; the words are updated with
+// cuda::atomic_ref<_, Scope>, so the identical code runs on host threads and device threads
+// (thread_scope_block for a bitmap in shared memory, device for global memory, system for
+// memory shared with the host).
+//
+// allocate: find a candidate in a LazySnapshot of the words (loading only the words the policy
+// reads), then claim it word by word, lowest word first, with fetch_and and check the old
+// value. A word where some bits were already taken loses the race: exactly the bits this call
+// took are given back, then the search starts again from fresh words. Some thread always wins a
+// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
+// bit is taken only by the fetch_and that saw it free.
+//
+// deallocate: the caller owns the range, so no one else can change its bits; they are checked
+// (all taken) and then released word by word with a compare-exchange that refuses a word whose
+// bits are partly free. A double free of a range that is still free changes nothing and returns
+// not_allocated; of two threads freeing the same range at once, exactly one succeeds. (As with
+// any allocator, a double free that arrives after the slots were handed out again cannot be
+// told from a real free.)
+#pragma once
+
+#include <carve/core/bits.hpp>
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/slot/allocator/slot_source.hpp>
+#include <carve/slot/policy/boundary_nearest_fit.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
+#include <carve/slot/policy/hinted_fit_policy.hpp>
+#include <carve/slot/storage/atomic_words.hpp>
+#include <carve/slot/storage/lazy_snapshot.hpp>
+#include <carve/slot/storage/slot_bitmap.hpp>
+#include <carve/slot/storage/slot_range.hpp>
+#include <carve/slot/storage/slot_words.hpp>
+#include <carve/slot/storage/word_fingerprint.hpp>
+
+#include <cuda/atomic>
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+
+namespace carve {
+
+template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device,
+          SlotWords Words = OwnedSlotWords<N>>
+requires FitPolicyFor<sized_fit_t<Fit, N>, N>
+class ConcurrentSlotAllocator {
+public:
+  using policy_type = sized_fit_t<Fit, N>;
+  static constexpr cuda::thread_scope scope = Scope;
+
+  static_assert(!RemembersPlacements<policy_type>,
+                "ConcurrentSlotAllocator shares one policy object among all its threads and cannot report "
+                "placements to it, so a policy that remembers its placements (such as ReleaseAlignedFit) would "
+                "decide from memory that is never written: use SlotAllocator, which owns its policy");
+
+  // All slots free, constant-initialised (so it can be a __device__ or static global).
+  constexpr ConcurrentSlotAllocator() noexcept = default;
+  // Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory.
+  CARVE_HOST_DEVICE constexpr explicit ConcurrentSlotAllocator(Words words, policy_type fit = {}) noexcept
+      : words_(words), fit_(fit) {}
+
+  // m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
+  // (the policy found no place in words that a second read showed unchanged, see below);
+  // invalid_placement (the policy proposed a run that was not free in what it was shown).
+  //
+  // "No space" is confirmed by reading again every word the search read. Up to 4096 slots the
+  // snapshot still holds all of them and compares each. A larger bitmap does not fit in a
+  // thread's snapshot (and a copy per thread, N / 8 bytes, is too much on a device), so there the
+  // failed search is repeated between two reads of every word, compared by fingerprint
+  // (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
+  // with any check by value, a word that changes and changes back between the two reads passes.)
+  CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
+    std::uint64_t point = 0;
+    std::uint64_t before = 0;
+    for (;;) {
+      if (bracketed) {
+        point = fingerprint_point();
+        before = word_fingerprint(live(), point);
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
+      }
+      const LazySnapshot<N, Scope> seen(live());
+      const cuda::std::optional<std::uint32_t> start = find(seen, m);
+      if (!start) {
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
+        if (seen.unchanged() || (bracketed && word_fingerprint(live(), point) == before)) {
+          return cuda::std::unexpected(Errc::no_space);
+        }
+        // The words moved under the search, or (large bitmaps) the search could not keep them all
+        // to check: look again.
+        bracketed = !LazySnapshot<N, Scope>::holds_all();
+        continue;
+      }
+      const SlotRange range{*start, m};
+      const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
+      if (seen_run == SeenRun::not_free) {
+        return cuda::std::unexpected(Errc::invalid_placement);
+      }
+      if (seen_run == SeenRun::free && claim(range)) {
+        return range;
+      }
+    }
+  }
+
+  // Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
+  // of the range is free: a double free).
+  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+    if (r.count == 0) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (r.end() > N) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    const AtomicWords<N, Scope> words = live();
+    const bool all_taken =
+        for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) { return (words[k] & mask) == 0; });
+    // Release word by word, each with a compare-exchange that refuses if any of its bits is free
+    // by now. Racing frees of one range all start at its lowest word, so exactly one of them gets
+    // past it; the others stop there having changed nothing.
+    const bool released =
+        all_taken && for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
+          auto word = words.atomic(k);
+          bits::word current = word.load(cuda::std::memory_order_relaxed);
+          do {
+            if ((current & mask) != 0) {
+              return false;
+            }
+          } while (!word.compare_exchange_weak(current, current | mask, cuda::std::memory_order_release,
+                                               cuda::std::memory_order_relaxed));
+          return true;
+        });
+    if (!released) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    return {};
+  }
+
+  // All slots free. Not safe against concurrent calls: use it before sharing the allocator
+  // (e.g. by one thread of a block, followed by __syncthreads()).
+  CARVE_HOST_DEVICE void reset() noexcept {
+    // Word by word (no SlotBitmap<N> on the stack: N / 8 bytes is a lot for a device thread).
+    constexpr std::uint32_t last = bits::word_count(N) - 1;
+    const AtomicWords<N, Scope> words = live();
+    for (std::uint32_t k = 0; k < last; ++k) {
+      words.atomic(k).store(bits::all_ones, cuda::std::memory_order_relaxed);
+    }
+    words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);
+  }
+
+  // The bitmap as read word by word now (exact when no other thread is active).
+  CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept { return LazySnapshot<N, Scope>(live()).bitmap(); }
+  CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept { return snapshot().free_count(); }
+  CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
+  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
+
+private:
+  CARVE_HOST_DEVICE AtomicWords<N, Scope> live() const noexcept { return AtomicWords<N, Scope>(words_.data()); }
+
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const LazySnapshot<N, Scope>& seen,
+                                                            std::uint32_t m) const noexcept {
+    if constexpr (WordSearchingFitPolicy<policy_type>) {
+      return fit_.find_in(seen, N, m);
+    } else {
+      return fit_.find(seen.bitmap(), m);
+    }
+  }
+
+  // Takes every slot of `range` or none of them.
+  CARVE_HOST_DEVICE bool claim(SlotRange range) noexcept {
+    const AtomicWords<N, Scope> words = live();
+    std::uint32_t claimed_words = 0;
+    bits::word partial = 0; // bits taken in the word where the claim failed
+    const bool won = for_each_word_mask(range, [&](std::uint32_t k, bits::word mask) {
+      const bits::word old = words.atomic(k).fetch_and(~mask, cuda::std::memory_order_acq_rel);
+      partial = old & mask;
+      if (partial != mask) {
+        return false;
+      }
+      ++claimed_words;
+      return true;
+    });
+    if (won) {
+      return true;
+    }
+    std::uint32_t undone = 0;
+    for_each_word_mask(range, [&](std::uint32_t k, bits::word mask) {
+      const bits::word give_back = undone < claimed_words ? mask : partial;
+      if (give_back != 0) {
+        words.atomic(k).fetch_or(give_back, cuda::std::memory_order_release);
+      }
+      return ++undone <= claimed_words;
+    });
+    return false;
+  }
+
+  mutable Words words_{}; // only ever touched through atomic_ref, which needs a non-const word
+  [[no_unique_address]] policy_type fit_{};
+};
+
+// A ConcurrentSlotAllocator over words it does not own.
+template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device>
+using ConcurrentSlotAllocatorRef = ConcurrentSlotAllocator<N, Fit, Scope, BorrowedSlotWords<N>>;
+
+static_assert(SlotSource<ConcurrentSlotAllocator<128>>);
+
+} // namespace carve

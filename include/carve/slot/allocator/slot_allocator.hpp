@@ -1,0 +1,126 @@
+// carve/slot/slot_allocator.hpp — checked allocation of contiguous slots under a fit policy.
+//
+//   carve::SlotAllocator<128> slots;                 // boundary-nearest by default
+//   auto r = slots.allocate(4);                      // expected<SlotRange, Errc>
+//   if (r) { ...; slots.deallocate(*r); }
+//
+//   carve::SlotAllocator<128, carve::ReleaseAlignedFit> timed;        // a hinted policy
+//   timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});
+//
+// Every call either succeeds or returns an Errc and leaves the state exactly as it was. The
+// allocator is a value (no pointers, no heap), so it can live in shared memory, in a constexpr
+// context, or be copied as a snapshot. It is not synchronised: one thread owns it (see
+// ConcurrentSlotAllocator for shared use). Because it owns its policy object, it reports every
+// placement to a policy that remembers them (hinted_fit_policy.hpp). A carve::SlotSource.
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/slot/allocator/slot_source.hpp>
+#include <carve/slot/policy/boundary_nearest_fit.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
+#include <carve/slot/policy/hinted_fit_policy.hpp>
+#include <carve/slot/storage/slot_bitmap.hpp>
+#include <carve/slot/storage/slot_range.hpp>
+
+#include <cuda/std/cstdint>
+#include <cuda/std/expected>
+
+namespace carve {
+
+template <std::uint32_t N, class Fit = BoundaryNearestFit>
+requires FitPolicyFor<sized_fit_t<Fit, N>, N>
+class SlotAllocator {
+public:
+  using policy_type = sized_fit_t<Fit, N>;
+
+  constexpr SlotAllocator() noexcept = default;
+  CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : fit_(fit) {}
+
+  // m contiguous slots placed by the policy.
+  // Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
+  // invalid_placement when the policy breaks its contract (only possible with user policies).
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    const auto taken = take(fit_.find(bitmap_, m), m);
+    if constexpr (TracksPlacements<policy_type>) {
+      if (taken) {
+        fit_.placed(*taken);
+      }
+    }
+    return taken;
+  }
+
+  // The same with a hint for a hinted policy (see hinted_fit_policy.hpp), e.g. when the request
+  // is expected to be released. Same errors; only exists for hinted policies.
+  template <class F = policy_type>
+  requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
+      CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
+      allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    const auto taken = take(fit_.find(bitmap_, m, hint), m);
+    if (taken) {
+      if constexpr (TracksHintedPlacements<policy_type>) {
+        fit_.placed(*taken, hint);
+      } else if constexpr (TracksPlacements<policy_type>) {
+        fit_.placed(*taken);
+      }
+    }
+    return taken;
+  }
+
+  // Returns a range to the free pool. It may be any taken range: a whole allocation, or part of
+  // one (e.g. shrinking a workgroup's scratch).
+  // Errors: invalid_size for an empty range; out_of_range when it ends past N or wraps;
+  // not_allocated when any slot in it is already free (a double free).
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+    if (r.count == 0) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (r.end() > N) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    if (bitmap_.free_count(r) != 0) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    bitmap_.release(r);
+    return {};
+  }
+
+  // Frees every slot (e.g. when a persistent kernel starts a new round).
+  CARVE_HOST_DEVICE constexpr void reset() noexcept { bitmap_.reset(); }
+
+  CARVE_HOST_DEVICE constexpr const SlotBitmap<N>& bitmap() const noexcept { return bitmap_; }
+  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
+  CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
+  CARVE_HOST_DEVICE constexpr std::uint32_t free_count() const noexcept { return bitmap_.free_count(); }
+  CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept { return bitmap_.largest_free_run(); }
+
+private:
+  // Occupies the run the policy chose, after checking it.
+  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> take(cuda::std::optional<std::uint32_t> start,
+                                                                        std::uint32_t m) noexcept {
+    if (!start) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    const SlotRange range{*start, m};
+    // A policy written outside carve could return a run that is not free; taking it would hand
+    // the same slot out twice, so the choice is checked before it is applied.
+    if (range.end() > N || bitmap_.free_count(range) != m) {
+      return cuda::std::unexpected(Errc::invalid_placement);
+    }
+    bitmap_.occupy(range);
+    return range;
+  }
+
+  SlotBitmap<N> bitmap_{};
+  [[no_unique_address]] policy_type fit_{};
+};
+
+static_assert(SlotSource<SlotAllocator<128>>);
+
+} // namespace carve

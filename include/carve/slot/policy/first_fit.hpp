@@ -1,0 +1,35 @@
+// carve/slot/first_fit.hpp — the lowest start that fits (the classic address-ordered first fit).
+#pragma once
+
+#include <carve/core/config.hpp>
+#include <carve/slot/policy/fit_policy.hpp>
+#include <carve/slot/search/run_search.hpp>
+#include <carve/slot/storage/slot_bitmap.hpp>
+#include <carve/slot/storage/word_source.hpp>
+
+namespace carve {
+
+struct FirstFit {
+  static constexpr const char* name = "first-fit";
+
+  template <WordSource Words>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t /*slots*/,
+                                                                         std::uint32_t m) const noexcept {
+    return runs::lowest_start(words, m);
+  }
+
+  // The choice given both extreme candidates (for the cooperative searches in warp_scan.hpp).
+  CARVE_HOST_DEVICE static constexpr cuda::std::optional<std::uint32_t> pick(runs::StartBounds b, std::uint32_t,
+                                                                             std::uint32_t) noexcept {
+    return b.found ? cuda::std::optional<std::uint32_t>(b.lowest) : cuda::std::nullopt;
+  }
+
+  template <std::uint32_t N>
+  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
+                                                                      std::uint32_t m) const noexcept {
+    return find_in(bitmap.words(), N, m);
+  }
+};
+static_assert(WordSearchingFitPolicy<FirstFit> && BoundsFitPolicy<FirstFit>);
+
+} // namespace carve

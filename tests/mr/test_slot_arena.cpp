@@ -1,0 +1,228 @@
+// SlotArena over every slot allocator: bytes become whole slots at base + first * slot_bytes,
+// placed by the allocator's policy; errors change nothing; threads never share a slot.
+#include "support/errors.hpp"
+
+#include <carve/mr.hpp>
+#include <carve/slot.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+using carve::Errc;
+using carve::SlotArena;
+using carve::SlotRange;
+
+namespace {
+
+constexpr std::size_t slot = 256;
+
+struct alignas(4096) Heap {
+  std::byte bytes[128 * slot];
+};
+
+std::size_t first_slot(const void* base, const void* p) {
+  return static_cast<std::size_t>(static_cast<const std::byte*>(p) - static_cast<const std::byte*>(base)) / slot;
+}
+
+} // namespace
+
+static_assert(carve::SlotSource<carve::SlotAllocator<128>>);
+static_assert(carve::SlotSource<carve::ConcurrentSlotAllocator<128>>);
+static_assert(carve::SlotSource<carve::ShardedSlotAllocator<32, 4>>);
+static_assert(carve::SlotSource<carve::DynamicSlotAllocator<carve::FirstFit>>);
+static_assert(carve::MemoryResource<SlotArena<carve::ConcurrentSlotAllocator<128>>>);
+static_assert(carve::UpstreamResource<SlotArena<carve::SlotAllocator<128>>>);
+
+TEST_CASE("bytes become whole slots where the policy puts them") {
+  Heap heap;
+  SlotArena<carve::SlotAllocator<128, carve::BoundaryNearestFit>> arena(heap.bytes, slot);
+  CHECK(arena.capacity() == 128 * slot);
+  CHECK(arena.slot_alignment() == slot);
+  // The worked example: slots 0-1 and 6-123 taken, 3 slots asked: boundary-nearest takes 125.
+  REQUIRE(arena.slots().allocate(128));
+  REQUIRE(arena.slots().deallocate(SlotRange{2, 4}));
+  REQUIRE(arena.slots().deallocate(SlotRange{124, 4}));
+  const auto p = arena.try_allocate(2 * slot + 1, 16); // three slots
+  REQUIRE(p);
+  CHECK(first_slot(heap.bytes, *p) == 125);
+  CHECK(arena.owns(*p));
+  CHECK_FALSE(arena.owns(heap.bytes + sizeof heap.bytes));
+  CHECK(arena.free_bytes() == 5 * slot);
+  const auto low = arena.try_allocate(4 * slot, 64); // only slots 2..5 hold four
+  REQUIRE(low);
+  CHECK(first_slot(heap.bytes, *low) == 2);
+  arena.deallocate(*p, 2 * slot + 1, 16);
+  arena.deallocate(*low, 4 * slot, 64);
+  arena.reset();
+  CHECK(arena.free_bytes() == arena.capacity());
+}
+
+TEST_CASE("a slot arena refuses bad input and changes nothing") {
+  Heap heap;
+  SlotArena<carve::SlotAllocator<128>> arena(heap.bytes, slot);
+  CHECK(arena.try_allocate(0, 8).error() == Errc::invalid_size);
+  CHECK(arena.try_allocate(8, 12).error() == Errc::invalid_size);
+  CHECK(arena.try_allocate(128 * slot + 1, 8).error() == Errc::no_space); // more than the arena: a fallback's
+  CHECK(arena.try_allocate(8, 2 * slot).error() == Errc::no_space);       // finer than any slot start
+  CHECK(arena.free_bytes() == arena.capacity());
+  const auto p = arena.try_allocate(1000, 8);
+  REQUIRE(p);
+  auto* b = static_cast<std::byte*>(*p);
+  int outside = 0;
+  CHECK(arena.try_deallocate(&outside, 4, 4).error() == Errc::not_allocated);
+  CHECK(arena.try_deallocate(b + 8, 992, 8).error() == Errc::not_allocated); // not a slot start
+  CHECK(arena.try_deallocate(b, 0, 8).error() == Errc::invalid_size);
+  CHECK(arena.try_deallocate(b, 129 * slot, 8).error() == Errc::out_of_range);
+  CHECK(arena.try_deallocate(b, 8 * slot, 8).error() == Errc::not_allocated); // runs into free slots
+  CHECK(arena.free_bytes() == arena.capacity() - 4 * slot);
+  CHECK(arena.try_deallocate(b, 1000, 8));
+  CHECK(arena.try_deallocate(b, 1000, 8).error() == Errc::not_allocated); // a double free
+  CHECK(arena.free_bytes() == arena.capacity());
+  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<carve::SlotAllocator<128>>(heap.bytes, 0));
+  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<carve::SlotAllocator<128>>(nullptr, slot));
+  const SlotArena<carve::SlotAllocator<128>> nothing; // what a __shared__ declaration starts as
+  CHECK(nothing.capacity() == 0);
+  CHECK_FALSE(nothing.owns(heap.bytes));
+}
+
+TEST_CASE("a slot arena against a model of its slots") {
+  Heap heap;
+  SlotArena<carve::SlotAllocator<128, carve::FirstFit>> arena(heap.bytes, slot);
+  std::vector<bool> taken(128, false);
+  std::vector<std::pair<void*, std::size_t>> live;
+  std::mt19937 rng(5);
+  for (int step = 0; step < 5000; ++step) {
+    if (live.empty() || rng() % 3 != 0) {
+      const std::size_t bytes = 1 + rng() % (12 * slot);
+      const std::size_t m = (bytes + slot - 1) / slot;
+      // The model: first fit over the taken flags.
+      std::size_t expect = 128;
+      for (std::size_t s = 0; s + m <= 128 && expect == 128; ++s) {
+        bool free = true;
+        for (std::size_t k = 0; k < m; ++k) {
+          free &= !taken[s + k];
+        }
+        expect = free ? s : 128;
+      }
+      const auto p = arena.try_allocate(bytes, 32);
+      if (expect == 128) {
+        REQUIRE_FALSE(p);
+        CHECK(p.error() == Errc::no_space);
+        continue;
+      }
+      REQUIRE(p);
+      REQUIRE(first_slot(heap.bytes, *p) == expect);
+      for (std::size_t k = 0; k < m; ++k) {
+        taken[expect + k] = true;
+      }
+      std::memset(*p, static_cast<int>(expect), bytes);
+      live.emplace_back(*p, bytes);
+    } else {
+      const std::size_t i = rng() % live.size();
+      const auto [p, bytes] = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      const std::size_t first = first_slot(heap.bytes, p);
+      CHECK(static_cast<unsigned char*>(p)[bytes - 1] == static_cast<unsigned char>(first));
+      for (std::size_t k = 0; k < (bytes + slot - 1) / slot; ++k) {
+        taken[first + k] = false;
+      }
+      arena.deallocate(p, bytes, 32);
+    }
+  }
+  for (const auto& [p, bytes] : live) {
+    arena.deallocate(p, bytes, 32);
+  }
+  CHECK(arena.free_bytes() == arena.capacity());
+}
+
+TEST_CASE("threads share a lock-free slot arena without sharing a slot") {
+  Heap heap;
+  SlotArena<carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_system>> arena(heap.bytes,
+                                                                                                             slot);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<std::uint32_t>(t) + 20);
+      std::vector<std::pair<unsigned char*, std::size_t>> mine;
+      for (int step = 0; step < 5000; ++step) {
+        if (mine.empty() || rng() % 2 == 0) {
+          const std::size_t bytes = 1 + rng() % (6 * slot);
+          if (const auto p = arena.try_allocate(bytes, 64)) {
+            std::memset(*p, t + 1, bytes);
+            mine.emplace_back(static_cast<unsigned char*>(*p), bytes);
+          }
+        } else {
+          const auto [p, bytes] = mine.back();
+          mine.pop_back();
+          if (p[0] != t + 1 || p[bytes - 1] != t + 1 || !arena.try_deallocate(p, bytes, 64)) {
+            ++failures;
+          }
+        }
+      }
+      for (const auto& [p, bytes] : mine) {
+        arena.deallocate(p, bytes, 64);
+      }
+    });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  CHECK(failures == 0);
+  CHECK(arena.free_bytes() == arena.capacity());
+}
+
+TEST_CASE("sharded and run-time-sized slots serve arenas too") {
+  std::vector<carve::bits::word> words(carve::ShardedSlotAllocator<32, 4>::word_count);
+  carve::ShardedSlotAllocator<32, 4> shards(words.data(), /*home*/ 2);
+  shards.reset();
+  Heap heap;
+  SlotArena<carve::ShardedSlotAllocator<32, 4>> sharded(heap.bytes, slot, shards);
+  const auto p = sharded.try_allocate(3 * slot, 8);
+  REQUIRE(p);
+  CHECK(first_slot(heap.bytes, *p) / 32 == 2);                         // from the home shard
+  CHECK(sharded.try_allocate(33 * slot, 8).error() == Errc::no_space); // a run never spans shards
+  sharded.deallocate(*p, 3 * slot, 8);
+
+  std::vector<std::byte> big(100000 * 64);
+  SlotArena<carve::DynamicSlotAllocator<carve::FirstFit>> pages(big.data(), 64,
+                                                                carve::DynamicSlotAllocator<carve::FirstFit>(100000));
+  CHECK(pages.capacity() == 100000 * 64);
+  const auto q = pages.try_allocate(1 << 20, 8);
+  REQUIRE(q);
+  CHECK(*q == big.data());
+  pages.deallocate(*q, 1 << 20, 8);
+  CHECK(pages.free_bytes() == pages.capacity());
+}
+
+TEST_CASE("a segregator sends small requests to a slot arena and the rest to a pool, through pmr too") {
+  Heap heap;
+  using Arena = SlotArena<carve::SlotAllocator<128>>;
+  using Pool = carve::StatsResource<carve::CachingPool<carve::SimulatedCard>>;
+  carve::Segregator<4096, Arena, Pool> heap_stack(Arena(heap.bytes, slot), carve::SimulatedCard(16 << 20));
+  const auto small = heap_stack.try_allocate(100, 8);
+  const auto large = heap_stack.try_allocate(100000, 8);
+  REQUIRE(small);
+  REQUIRE(large);
+  CHECK(heap_stack.small().owns(*small));
+  CHECK(heap_stack.large().stats().allocations == 1);
+  heap_stack.deallocate(*small, 100, 8);
+  heap_stack.deallocate(*large, 100000, 8);
+  {
+    auto pmr = carve::as_pmr(heap_stack);
+    std::pmr::vector<double> v(&pmr);
+    for (int i = 0; i < 5000; ++i) {
+      v.push_back(i);
+    }
+    CHECK(heap_stack.large().stats().bytes_in_use >= 5000 * sizeof(double));
+  }
+  CHECK(heap_stack.small().free_bytes() == heap_stack.small().capacity());
+  CHECK(heap_stack.large().stats().bytes_in_use == 0);
+}

@@ -1,0 +1,674 @@
+// carve-served and AllocationClient end to end: the server is started with fork/exec, clients
+// run in this process and in forked children, on the shared-memory (simulated card) backend.
+#include "service_process.hpp"
+
+#include <carve/carve.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using carve::Errc;
+using carve::service::AllocationClient;
+using carve::service::ClientOptions;
+using carve::test::RawConnection;
+using carve::test::ServedProcess;
+namespace svc = carve::service;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+const std::string dgx1_file = std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
+
+std::vector<std::string> dgx1(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args{"--topology", "nvidia-smi:" + dgx1_file, "--card-memory",
+                                "16MiB",      "--segment-size",          "1MiB"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+AllocationClient connect(const ServedProcess& s, const std::string& name = "test") {
+  auto c = AllocationClient::connect(ClientOptions{s.socket(), name, 10s});
+  if (!c) {
+    FAIL("cannot connect: " << c.error().message << "\n" << s.output());
+  }
+  return std::move(*c);
+}
+
+svc::StatsReply stats_of(AllocationClient& c) {
+  auto s = c.stats();
+  REQUIRE_MESSAGE(s, (s ? "" : s.error().message));
+  return *s;
+}
+
+// Polls the server's stats until `done` holds (a reclaim happens when the server notices).
+template <class Pred>
+svc::StatsReply wait_for(AllocationClient& c, Pred done) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  svc::StatsReply s = stats_of(c);
+  while (!done(s) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+    s = stats_of(c);
+  }
+  return s;
+}
+
+// Raw requests (no assertions: children use them too).
+bool hello(RawConnection& raw) {
+  if (!raw.send(svc::Request{svc::Hello{"raw"}}, 1)) {
+    return false;
+  }
+  const auto r = raw.receive();
+  return r && std::holds_alternative<svc::HelloReply>(r->body);
+}
+
+// The error a raw request gets (nullopt for any other answer).
+std::optional<svc::ErrorReply> error_for(RawConnection& raw, const svc::Request& request, std::uint32_t seq) {
+  if (!raw.send(request, seq)) {
+    return std::nullopt;
+  }
+  const auto r = raw.receive();
+  if (!r || r->sequence != seq) {
+    return std::nullopt;
+  }
+  if (const auto* e = std::get_if<svc::ErrorReply>(&r->body)) {
+    return *e;
+  }
+  return std::nullopt;
+}
+
+// A pipe for "go on" between a test and its child.
+struct Signal {
+  int fds[2] = {-1, -1};
+  Signal() { REQUIRE(::pipe(fds) == 0); }
+  ~Signal() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  void post() { REQUIRE(::write(fds[1], "x", 1) == 1); }
+  bool wait() {
+    char c = 0;
+    return ::read(fds[0], &c, 1) == 1;
+  }
+};
+
+} // namespace
+
+TEST_CASE("borrowing across cards follows the picker, for every strategy") {
+  for (const std::string strategy :
+       {"largest-bandwidth", "threshold-most-free:threshold=30", "weighted-score:free=1,bandwidth=1,history=2"}) {
+    CAPTURE(strategy);
+    ServedProcess server(dgx1({"--strategy", strategy}));
+    REQUIRE(server.listening());
+    AllocationClient client = connect(server);
+
+    // The same requests against an in-process BorrowingAllocator with the same machine, cards,
+    // pool settings and strategy: the server must decide exactly as the picker does.
+    const auto topo = carve::Topology::from_nvidia_smi(carve::test::read_text(dgx1_file));
+    using Pool = carve::CachingPool<carve::SimulatedCard>;
+    carve::BorrowingAllocator<Pool, carve::AnyStrategy> oracle(
+        topo, [](int) { return Pool(carve::SimulatedCard(16 * MiB), {.granularity = 512, .segment_size = 1 * MiB}); },
+        carve::parse_strategy(strategy));
+    std::mt19937 rng(7);
+    std::vector<std::pair<svc::Region, carve::BorrowHandle>> held;
+    int borrowed = 0;
+    for (int step = 0; step < 300; ++step) {
+      if (!held.empty() && rng() % 3 == 0) {
+        const std::size_t i = rng() % held.size();
+        REQUIRE(client.free(held[i].first.ptr));
+        REQUIRE(oracle.give_back(held[i].second));
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      const std::size_t bytes = (1 + rng() % 12) * 256 * KiB + rng() % 1000;
+      const int requester = static_cast<int>(rng() % 3); // three busy cards, five lenders
+      auto got = client.allocate(bytes, requester);
+      auto want = oracle.borrow(bytes, requester);
+      REQUIRE(got.has_value() == want.has_value());
+      if (!got) {
+        CHECK(got.error().code == want.error().code);
+        CHECK(got.error().message == want.error().message);
+        continue;
+      }
+      CHECK(got->info.card == want->card);
+      CHECK(got->info.requester == requester);
+      CHECK(got->info.size == bytes);
+      borrowed += got->borrowed() ? 1 : 0;
+      held.emplace_back(*got, *want);
+    }
+    CHECK(borrowed > 20); // the sequence does exercise borrowing
+    const auto s = stats_of(client);
+    CHECK(s.consistent);
+    CHECK(s.live_regions == held.size());
+    // The server's history is the picker's: the same (requester, lender) counts.
+    const carve::BorrowHistory h = oracle.history();
+    for (const svc::BorrowCount& b : s.borrows) {
+      CHECK(b.count == h.count(b.requester, b.lender));
+    }
+    CHECK(server.stop() == 0);
+  }
+}
+
+TEST_CASE("regions are shared memory both processes see, and keep their ids") {
+  ServedProcess server(dgx1());
+  AllocationClient a = connect(server, "writer");
+  auto r = a.allocate(64 * KiB, 2);
+  REQUIRE(r);
+  CHECK(r->info.card == 2);
+  CHECK(r->info.size == 64 * KiB);
+  auto* bytes = static_cast<unsigned char*>(r->ptr);
+  for (std::size_t i = 0; i < r->info.size; ++i) {
+    bytes[i] = static_cast<unsigned char>(i * 7 + 1);
+  }
+  // pointer -> id here, and the server's record of it
+  CHECK(a.region_of(r->ptr) == r->info.id);
+  CHECK_FALSE(a.region_of(bytes + 1));
+  const auto q = a.query(bytes + 1000); // any byte of the region
+  REQUIRE(q);
+  CHECK(*q == r->info);
+  // A second small region shares the segment: no new mapping.
+  auto r2 = a.allocate(4 * KiB, 2);
+  REQUIRE(r2);
+  CHECK(r2->info.segment == r->info.segment);
+  CHECK(a.mapped_segments() == 1);
+  CHECK(static_cast<unsigned char*>(r2->ptr) - bytes == static_cast<std::ptrdiff_t>(r2->info.offset - r->info.offset));
+
+  Signal freed;
+  Signal written;
+  const svc::RegionInfo first = r->info;
+  const pid_t child = carve::test::fork_child([&] {
+    auto b = AllocationClient::connect(ClientOptions{server.socket(), "reader", 10s});
+    if (!b || !freed.wait()) {
+      return 1;
+    }
+    // The pool hands the freed block out again (exact size, lowest address): it is the same memory.
+    auto mine = b->allocate(64 * KiB, 2);
+    if (!mine || mine->info.segment != first.segment || mine->info.offset != first.offset) {
+      return 2;
+    }
+    const auto* seen = static_cast<const unsigned char*>(mine->ptr);
+    for (std::size_t i = 0; i < mine->info.size; ++i) {
+      if (seen[i] != static_cast<unsigned char>(i * 7 + 1)) {
+        return 3; // what the parent wrote
+      }
+    }
+    std::memset(mine->ptr, 0xb7, mine->info.size);
+    if (!b->free(mine->ptr)) {
+      return 4;
+    }
+    written.post();
+    return 0;
+  });
+  REQUIRE(a.free(r->ptr));
+  CHECK_FALSE(a.region_of(r->ptr));
+  freed.post();
+  REQUIRE(written.wait());
+  CHECK(carve::test::wait_exit(child) == 0);
+  auto again = a.allocate(64 * KiB, 2);
+  REQUIRE(again);
+  CHECK(again->info.offset == first.offset);
+  CHECK(again->info.id != first.id); // ids are never reused
+  const auto* seen = static_cast<const unsigned char*>(again->ptr);
+  bool all = true;
+  for (std::size_t i = 0; i < again->info.size; ++i) {
+    all = all && seen[i] == 0xb7; // what the child wrote
+  }
+  CHECK(all);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a client frees and queries only its own regions") {
+  ServedProcess server(dgx1());
+  AllocationClient owner = connect(server, "owner");
+  auto r = owner.allocate(100 * KiB, 1);
+  REQUIRE(r);
+  std::memset(r->ptr, 0x11, r->info.size);
+  const svc::RegionId id = r->info.id;
+
+  const pid_t child = carve::test::fork_child([&] {
+    RawConnection raw(server.socket());
+    if (!hello(raw)) {
+      return 9;
+    }
+    const auto free_other = error_for(raw, svc::Request{svc::Free{id}}, 2);
+    const auto query_other = error_for(raw, svc::Request{svc::Query{id}}, 3);
+    const auto free_none = error_for(raw, svc::Request{svc::Free{id + 1000}}, 4);
+    if (!free_other || free_other->code != Errc::permission_denied ||
+        free_other->message != "region " + std::to_string(id) + " belongs to another client") {
+      return 1;
+    }
+    if (!query_other || query_other->code != Errc::permission_denied) {
+      return 2;
+    }
+    return free_none && free_none->code == Errc::not_allocated ? 0 : 3;
+  });
+  CHECK(carve::test::wait_exit(child) == 0);
+  // Nothing changed for the owner.
+  const auto q = owner.query(r->ptr);
+  REQUIRE(q);
+  CHECK(q->id == id);
+  CHECK(static_cast<unsigned char*>(r->ptr)[0] == 0x11);
+  // Through the client API a pointer that is not one of ours is refused locally.
+  int local = 0;
+  const auto not_ours = owner.free(&local);
+  REQUIRE_FALSE(not_ours);
+  CHECK(not_ours.error().code == Errc::not_allocated);
+  CHECK(owner.free(r->ptr));
+  CHECK(stats_of(owner).consistent);
+}
+
+TEST_CASE("the server records each peer's credentials") {
+  ServedProcess server(dgx1());
+  AllocationClient c = connect(server, "credentials");
+  CHECK(c.server().server_pid == static_cast<std::uint32_t>(server.pid()));
+  CHECK(c.server().peer_pid == static_cast<std::uint32_t>(::getpid()));
+  CHECK(c.server().peer_uid == static_cast<std::uint32_t>(::geteuid()));
+  CHECK(c.server().cards == 8);
+  CHECK(c.server().backend == carve::ExportKind::shared_memory);
+  REQUIRE(c.allocate(3 * MiB, 0));
+  const auto s = stats_of(c);
+  REQUIRE(s.client_list.size() == 1);
+  CHECK(s.client_list[0].pid == static_cast<std::uint32_t>(::getpid()));
+  CHECK(s.client_list[0].name == "credentials");
+  CHECK(s.client_list[0].regions == 1);
+  CHECK(s.my_bytes == 3 * MiB);
+}
+
+TEST_CASE("the socket is owner-only, in a directory the server checks") {
+  ServedProcess server(dgx1());
+  REQUIRE(server.listening());
+  struct stat st {};
+  REQUIRE(::lstat(server.socket().c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(st.st_uid == ::geteuid());
+
+  carve::test::TempDir dir;
+  SUBCASE("a directory others can write is refused") {
+    const auto open_dir = dir.path() / "open";
+    std::filesystem::create_directory(open_dir);
+    ::chmod(open_dir.c_str(), 0777);
+    ServedProcess refused(dgx1(), open_dir / "s.sock");
+    CHECK_FALSE(refused.listening());
+    CHECK(refused.wait() == 1);
+    CHECK(refused.output().find("is writable by group or others (mode 0777)") != std::string::npos);
+  }
+  SUBCASE("a symbolic link is not followed") {
+    std::filesystem::create_directory_symlink(server.directory(), dir.path() / "link");
+    ServedProcess refused(dgx1(), dir.path() / "link" / "s.sock");
+    CHECK(refused.wait() == 1);
+    CHECK(refused.output().find("is not a directory") != std::string::npos);
+  }
+  SUBCASE("a file in the socket's place is left alone") {
+    const auto file = dir.path() / "s.sock";
+    std::ofstream(file) << "data";
+    ServedProcess refused(dgx1(), file);
+    CHECK(refused.wait() == 1);
+    CHECK(refused.output().find("exists and is not a socket") != std::string::npos);
+    CHECK(carve::test::read_text(file) == "data");
+  }
+  SUBCASE("a missing directory is created owner-only") {
+    const auto fresh = dir.path() / "fresh";
+    ServedProcess created(dgx1(), fresh / "s.sock");
+    REQUIRE(created.listening());
+    REQUIRE(::lstat(fresh.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0700);
+  }
+  SUBCASE("another user cannot connect, and is refused if the modes are loosened") {
+    if (::geteuid() != 0) {
+      MESSAGE("not root: cannot act as another user here");
+      return;
+    }
+    const auto as_nobody = [&] {
+      return carve::test::fork_child([&] {
+        if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+          return 10;
+        }
+        auto c = AllocationClient::connect(ClientOptions{server.socket(), "intruder", 5s});
+        if (c) {
+          return 11;
+        }
+        return c.error().code == Errc::permission_denied ? 0 : 12;
+      });
+    };
+    CHECK(carve::test::wait_exit(as_nobody()) == 0); // the directory and the socket keep it out
+    ::chmod(server.directory().c_str(), 0755);
+    ::chmod(server.socket().c_str(), 0666);
+    CHECK(carve::test::wait_exit(as_nobody()) == 0); // SO_PEERCRED: the server refuses uid 65534
+    AllocationClient c = connect(server);
+    CHECK(stats_of(c).rejected_messages == 1);
+  }
+}
+
+TEST_CASE("a client killed mid-stream has everything reclaimed") {
+  // idle-threshold 0: free segments go straight back to the cards, so an idle server holds none.
+  ServedProcess server(dgx1({"--idle-threshold", "0"}));
+  AllocationClient observer = connect(server, "observer");
+  const auto before = stats_of(observer);
+  REQUIRE(before.clients == 1);
+
+  Signal busy;
+  const pid_t victim = carve::test::fork_child([&] {
+    auto c = AllocationClient::connect(ClientOptions{server.socket(), "victim", 10s});
+    if (!c) {
+      return 1;
+    }
+    std::mt19937 rng(3);
+    std::vector<void*> held;
+    for (int i = 0;; ++i) {
+      if (i == 200) {
+        busy.post();
+      }
+      if (held.size() > 150 || (!held.empty() && rng() % 4 == 0)) {
+        const std::size_t k = rng() % held.size();
+        (void)c->free(held[k]);
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+        continue;
+      }
+      if (auto r = c->allocate(4 * KiB + rng() % (600 * KiB), static_cast<int>(rng() % 8))) {
+        std::memset(r->ptr, 0x3c, 64);
+        held.push_back(r->ptr);
+      }
+    }
+  });
+  REQUIRE(busy.wait());
+  std::this_thread::sleep_for(20ms); // still allocating and freeing
+  ::kill(victim, SIGKILL);
+  CHECK(carve::test::wait_exit(victim) == 128 + SIGKILL);
+
+  const auto after = wait_for(observer, [](const svc::StatsReply& s) { return s.clients == 1; });
+  CHECK(after.clients == 1);
+  CHECK(after.live_regions == 0);
+  CHECK(after.reclaimed_regions > 0);
+  CHECK(after.allocations > 200);
+  CHECK(after.consistent);
+  CHECK(after.leased_segments == 0);
+  CHECK(after.retired_segments == 0);
+  for (const svc::CardStats& card : after.cards) {
+    CHECK(card.bytes_in_use == 0);
+    CHECK(card.live_blocks == 0);
+    CHECK(card.bytes_reserved == 0); // every segment went back to its card
+    CHECK(card.free_bytes == card.capacity);
+  }
+  CHECK(after.open_descriptors == before.open_descriptors); // no memfd or socket left behind
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("malformed, truncated, oversized and unknown messages get an error or a closed connection") {
+  ServedProcess server(dgx1());
+  const auto header = [](std::uint32_t magic, std::uint16_t version, std::uint16_t type, std::uint32_t length,
+                         std::uint32_t seq) {
+    std::vector<std::uint8_t> b;
+    carve::service::WireWriter w(b);
+    w(magic, version, type, length, seq);
+    return b;
+  };
+  int rejected = 0;
+  const auto expect_closed_after_error = [&](RawConnection& raw, Errc code, const std::string& text) {
+    const auto r = raw.receive();
+    REQUIRE(r);
+    const auto* e = std::get_if<svc::ErrorReply>(&r->body);
+    REQUIRE(e);
+    CHECK(e->code == code);
+    CHECK_MESSAGE(e->message.find(text) != std::string::npos, e->message);
+    CHECK(raw.closed_by_server());
+    ++rejected;
+  };
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(raw.send(std::vector<std::uint8_t>(40, 0xee)));
+    expect_closed_after_error(raw, Errc::bad_message, "bad magic");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(raw.send(header(svc::protocol_magic, 2, 1, 0, 1)));
+    expect_closed_after_error(raw, Errc::unsupported_version, "protocol version 2");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    auto m = svc::encode(svc::Request{svc::Allocate{4096, 0}}, 2);
+    m.resize(m.size() - 4);
+    REQUIRE(raw.send(m));
+    expect_closed_after_error(raw, Errc::bad_message, "announces 12 payload bytes but 8 arrived");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    auto m = header(svc::protocol_magic, 1, 2, 10000 - 16, 2);
+    m.resize(10000);
+    REQUIRE(raw.send(m));
+    expect_closed_after_error(raw, Errc::bad_message, "exceeds the limit of 4096");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(raw.send(svc::Request{svc::StatsRequest{}}, 1));
+    expect_closed_after_error(raw, Errc::bad_message, "the first message must be Hello");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    REQUIRE(raw.send(svc::encode(svc::Request{svc::CardsRequest{}}, 2), STDIN_FILENO));
+    expect_closed_after_error(raw, Errc::bad_message, "accepts no descriptors");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    REQUIRE(raw.send(svc::Request{svc::Hello{"again"}}, 2));
+    expect_closed_after_error(raw, Errc::bad_message, "Hello sent twice");
+  }
+  {
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    auto m = svc::encode(svc::Request{svc::Hello{"x"}}, 2);
+    m[16] = 200; // the name's length: beyond its limit and the message
+    REQUIRE(raw.send(m));
+    expect_closed_after_error(raw, Errc::bad_message, "malformed payload");
+  }
+  {
+    // Unknown but well-framed: an error, and the connection stays usable.
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    REQUIRE(raw.send(header(svc::protocol_magic, 1, 0x0999, 0, 5)));
+    const auto r = raw.receive();
+    REQUIRE(r);
+    CHECK(r->sequence == 5);
+    REQUIRE(std::holds_alternative<svc::ErrorReply>(r->body));
+    CHECK(std::get<svc::ErrorReply>(r->body).message == "unknown message type 2457");
+    ++rejected;
+    const auto zero = error_for(raw, svc::Request{svc::Allocate{0, 0}}, 6);
+    REQUIRE(zero);
+    CHECK(zero->code == Errc::invalid_size);
+    const auto no_card = error_for(raw, svc::Request{svc::Allocate{4096, 99}}, 7);
+    REQUIRE(no_card);
+    CHECK(no_card->code == Errc::out_of_range);
+    const auto huge = error_for(raw, svc::Request{svc::Allocate{std::uint64_t{1} << 62, 0}}, 8);
+    REQUIRE(huge);
+    CHECK(huge->code == Errc::no_space);
+    CHECK(huge->message.find("no card can hold") == 0);
+  }
+  {
+    // Random damage to valid messages from a few connections: errors and closed connections
+    // only; the server keeps serving and its pools stay consistent.
+    std::mt19937 rng(11);
+    const std::vector<svc::Request> valid{svc::Allocate{8192, 1}, svc::Free{1}, svc::Query{2}, svc::StatsRequest{},
+                                          svc::Unmapped{{1, 2}}};
+    for (int conn = 0; conn < 20; ++conn) {
+      RawConnection raw(server.socket());
+      REQUIRE(hello(raw));
+      for (int i = 0; i < 50; ++i) {
+        auto m = svc::encode(valid[rng() % valid.size()], 2 + static_cast<std::uint32_t>(i));
+        const int flips = 1 + static_cast<int>(rng() % 3);
+        for (int f = 0; f < flips; ++f) {
+          m[rng() % m.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+        }
+        if (rng() % 4 == 0) {
+          m.resize(rng() % m.size());
+        }
+        if (!raw.send(m)) {
+          break;
+        }
+      }
+    }
+  }
+  AllocationClient c = connect(server);
+  const auto s = wait_for(c, [](const svc::StatsReply& st) { return st.clients == 1 && st.live_regions == 0; });
+  CHECK(s.consistent);
+  CHECK(s.clients == 1);
+  CHECK(s.live_regions == 0);
+  CHECK(s.rejected_messages >= static_cast<std::uint64_t>(rejected));
+  REQUIRE(c.allocate(MiB, 0));
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("server restart: clients get a clear error and reconnect") {
+  ServedProcess first(dgx1());
+  AllocationClient c = connect(first);
+  auto old = c.allocate(256 * KiB, 0);
+  REQUIRE(old);
+  std::memset(old->ptr, 0x42, old->info.size);
+
+  CHECK(first.stop(SIGTERM) == 0);
+  CHECK(first.output().find("stopping: disconnecting 1 clients, reclaiming 1 regions") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(first.socket())); // removed on the way out
+
+  const auto lost = c.allocate(4096, 0);
+  REQUIRE_FALSE(lost);
+  CHECK(lost.error().code == Errc::disconnected);
+  CHECK(lost.error().message == "carve-served closed the connection: the server is shutting down");
+  CHECK_FALSE(c.connected());
+  const auto still = c.stats();
+  REQUIRE_FALSE(still);
+  CHECK(still.error().message.find("call reconnect()") != std::string::npos);
+  CHECK(static_cast<unsigned char*>(old->ptr)[100] == 0x42); // the orphan stays mapped
+
+  ServedProcess second(dgx1(), first.socket());
+  REQUIRE(second.listening());
+  REQUIRE(c.reconnect());
+  CHECK(c.server().server_pid == static_cast<std::uint32_t>(second.pid()));
+  auto fresh = c.allocate(256 * KiB, 0);
+  REQUIRE(fresh);
+  CHECK(c.free(old->ptr)); // dropped locally: its server is gone
+  CHECK(c.free(fresh->ptr));
+  CHECK(c.live_regions() == 0);
+  CHECK(stats_of(c).live_regions == 0);
+
+  // A server killed outright leaves its socket file; the next one replaces it.
+  CHECK(second.stop(SIGKILL) == 128 + SIGKILL);
+  CHECK(std::filesystem::exists(first.socket()));
+  ServedProcess third(dgx1(), first.socket());
+  CHECK(third.listening());
+  CHECK(c.reconnect());
+}
+
+TEST_CASE("a server at its client limit refuses more, with a reason") {
+  ServedProcess server(dgx1({"--max-clients", "1"}));
+  AllocationClient first = connect(server);
+  auto second = AllocationClient::connect(ClientOptions{server.socket(), "second", 10s});
+  REQUIRE_FALSE(second);
+  CHECK(second.error().code == Errc::no_space);
+  CHECK(second.error().message == "carve-served closed the connection: the server has reached its limit of 1 clients");
+  CHECK(first.allocate(4096, 0));
+}
+
+TEST_CASE("a second server on a live socket is refused") {
+  ServedProcess first(dgx1());
+  ServedProcess second(dgx1(), first.socket());
+  CHECK_FALSE(second.listening());
+  CHECK(second.wait() == 1);
+  CHECK(second.output().find("another server is already listening on") != std::string::npos);
+  AllocationClient c = connect(first);
+  CHECK(c.connected());
+}
+
+TEST_CASE("segments the pools give back are unmapped by their clients") {
+  ServedProcess server(dgx1({"--idle-threshold", "0"}));
+  AllocationClient c = connect(server, "mapper");
+  AllocationClient observer = connect(server, "observer");
+  auto big = c.allocate(3 * MiB, 4); // a segment of its own
+  REQUIRE(big);
+  CHECK(c.mapped_segments() == 1);
+  REQUIRE(c.free(big->ptr));
+  // The pool gave the segment back while `c` still maps it. Shared memory goes back to the card
+  // at once (the stale mapping only holds host pages until `c` unmaps); the lease remains.
+  const auto held = stats_of(observer);
+  CHECK(held.retired_segments == 1);
+  CHECK(held.leased_segments == 1);
+  CHECK(held.cards[4].bytes_reserved == 0);
+  CHECK(held.cards[4].free_bytes == 16 * MiB);
+  CHECK(held.consistent);
+
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::size_t unmapped = 0;
+  while (c.mapped_segments() != 0 && std::chrono::steady_clock::now() < deadline) {
+    unmapped += c.process_notices();
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(unmapped == 1);
+  CHECK(c.mapped_segments() == 0);
+  const auto released = stats_of(c); // sent after the client's Unmapped, so it sees the release
+  CHECK(released.retired_segments == 0);
+  CHECK(released.leased_segments == 0);
+  CHECK(released.cards[4].free_bytes == 16 * MiB);
+  CHECK(released.consistent);
+  CHECK(c.allocate(3 * MiB, 4)); // and the card's memory is there again
+}
+
+TEST_CASE("cards and stats describe the machine") {
+  ServedProcess server(dgx1({"--card-memory", "3=8MiB"}));
+  AllocationClient c = connect(server);
+  const auto cards = c.cards();
+  REQUIRE(cards);
+  REQUIRE(cards->size() == 8);
+  CHECK((*cards)[0].name == "GPU0");
+  CHECK((*cards)[0].capacity == 16 * MiB);
+  CHECK((*cards)[3].capacity == 8 * MiB);
+  CHECK((*cards)[3].free_bytes == 8 * MiB);
+  CHECK((*cards)[0].bandwidth_gbps[3] == 40.0); // NV2, 20 GB/s per link
+  CHECK((*cards)[0].bandwidth_gbps[5] == 20.0);
+  CHECK(std::isinf((*cards)[0].bandwidth_gbps[0]));
+  auto r = c.allocate(5 * MiB, 3);
+  REQUIRE(r);
+  const auto s = stats_of(c);
+  CHECK(s.cards[3].bytes_in_use == 5 * MiB);
+  CHECK(s.cards[3].free_bytes == 3 * MiB);
+  CHECK(s.my_regions == 1);
+  CHECK(s.allocations == 1);
+}
+
+TEST_CASE("the example client runs against carve-served") {
+  ServedProcess server(dgx1({"--card-memory", "64MiB"}));
+  carve::test::TempDir dir;
+  const auto log = dir.path() / "client.log";
+  const pid_t client = carve::test::spawn({CARVE_SERVICE_CLIENT, "--socket", server.socket().string()}, log);
+  CHECK(carve::test::wait_exit(client) == 0);
+  const std::string out = carve::test::read_text(log);
+  CHECK_MESSAGE(out.find("region 3: 24 MiB for GPU0 on GPU3 (borrowed, 40 GB/s from GPU0)") != std::string::npos, out);
+  CHECK(out.find("freed 4 regions") != std::string::npos);
+}
+
+TEST_CASE("bad settings stop carve-served with a clear message") {
+  const auto refuses = [](std::vector<std::string> args, const std::string& text) {
+    ServedProcess s(std::move(args));
+    CHECK_FALSE(s.listening());
+    CHECK(s.wait() == 1);
+    CHECK_MESSAGE(s.output().find(text) != std::string::npos, s.output());
+  };
+  refuses({}, "no topology");
+  refuses(dgx1({"--strategy", "fastest"}), "unknown strategy 'fastest'");
+  refuses(dgx1({"--idle-threshold", "lots"}), "--idle-threshold: size 'lots': expected a number");
+  refuses(dgx1({"--card-memory", "9=1GiB"}), "card-memory names card 9 but the topology has 8 GPUs");
+  refuses({"--topology", "nvidia-smi:/nonexistent"}, "topology file /nonexistent cannot be read");
+  refuses(dgx1({"--frobnicate", "1"}), "unknown setting 'frobnicate'");
+}

@@ -1,0 +1,74 @@
+// On a machine with GPUs: carve-served lends real device memory (--backend cuda, topology from
+// the CUDA runtime) and this process maps it through CUDA IPC handles, opened once per segment.
+// Exit code 77 (skipped) without a GPU.
+#include "service_process.hpp"
+#include "support/device_test.hpp"
+
+#include <carve/carve.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const char* what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what);
+    ++failures;
+  }
+}
+
+bool holds(const void* device_ptr, std::size_t n, unsigned char v) {
+  const auto host = carve::test::to_host(static_cast<const unsigned char*>(device_ptr), n);
+  return std::all_of(host.begin(), host.end(), [v](unsigned char c) { return c == v; });
+}
+
+} // namespace
+
+int main() {
+  carve::test::skip_without_device();
+  int devices = 0;
+  carve::test::check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  using namespace carve::service;
+  carve::test::ServedProcess server({"--backend", "cuda", "--segment-size", "2MiB"});
+  if (!server.listening()) {
+    std::printf("carve-served did not start:\n%s\n", server.output().c_str());
+    return 1;
+  }
+  auto client = AllocationClient::connect(ClientOptions{server.socket(), "cuda-test", std::chrono::seconds(60)});
+  if (!client) {
+    std::printf("FAILED: connect: %s\n", client.error().message.c_str());
+    return 1;
+  }
+  expect(client->server().backend == carve::ExportKind::cuda_ipc, "the server lends CUDA memory");
+  expect(client->server().cards == devices, "one card per device");
+
+  for (int card = 0; card < devices; ++card) {
+    auto a = client->allocate(256 << 10, card);
+    auto b = client->allocate(128 << 10, card);
+    if (!a || !b) {
+      std::printf("FAILED: allocate on GPU%d: %s\n", card, (!a ? a.error() : b.error()).message.c_str());
+      return 1;
+    }
+    expect(a->info.card == card && b->info.card == card, "a card with room serves its own requests");
+    expect(a->info.segment == b->info.segment, "small regions share a segment");
+    expect(client->mapped_segments() == static_cast<std::size_t>(card + 1), "a segment is opened once");
+    expect(cudaMemset(a->ptr, 0x5a, a->info.size) == cudaSuccess, "cudaMemset through the IPC mapping");
+    expect(cudaMemset(b->ptr, 0x3c, b->info.size) == cudaSuccess, "cudaMemset through the IPC mapping");
+    expect(holds(a->ptr, a->info.size, 0x5a), "the first region holds what was written");
+    expect(holds(b->ptr, b->info.size, 0x3c), "the second region holds what was written");
+    const auto q = client->query(static_cast<char*>(b->ptr) + 100);
+    expect(q && q->id == b->info.id, "pointer to region id");
+    expect(static_cast<bool>(client->free(a->ptr)), "free");
+    expect(static_cast<bool>(client->free(b->ptr)), "free");
+  }
+  const auto stats = client->stats();
+  expect(stats && stats->consistent && stats->live_regions == 0, "the server's books balance");
+  expect(server.stop() == 0, "carve-served stops cleanly");
+  std::printf("%s\n", failures == 0 ? "all passed" : "some checks failed");
+  return failures == 0 ? 0 : 1;
+}

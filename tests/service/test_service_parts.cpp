@@ -1,0 +1,411 @@
+// The allocation service's parts in one process: AnyStrategy, SharedMemoryCard, LeasedUpstream,
+// AllocationService driven by encoded messages, the socket rules and carve-served's settings.
+#include "service_process.hpp"
+#include "support/topology_data.hpp"
+
+#include <carve/carve.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace carve::service;
+using carve::Errc;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+template <class M>
+M reply_as(const Outgoing& o) {
+  const auto d = decode_reply(o.bytes);
+  REQUIRE(d);
+  REQUIRE_MESSAGE(std::holds_alternative<M>(d->body),
+                  (std::holds_alternative<ErrorReply>(d->body) ? std::get<ErrorReply>(d->body).message : ""));
+  return std::get<M>(d->body);
+}
+
+} // namespace
+
+TEST_CASE("AnyStrategy decides as the strategy it holds") {
+  const auto& topo = carve::test::dgx1();
+  const carve::BandwidthWeightedPicker<carve::AnyStrategy> any_weighted(
+      topo, carve::parse_strategy("weighted-score:history=2"));
+  const carve::BandwidthWeightedPicker<carve::WeightedScore> weighted(topo, carve::WeightedScore{1.0, 1.0, 2.0});
+  const carve::BandwidthWeightedPicker<carve::AnyStrategy> any_threshold(
+      topo, carve::parse_strategy("threshold-most-free:threshold=30,strict"));
+  const carve::BandwidthWeightedPicker<carve::ThresholdMostFree> threshold(topo, carve::ThresholdMostFree{30.0, true});
+  carve::BorrowHistory history(8, 64);
+  std::mt19937 rng(1);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<carve::CardState> states;
+    for (int c = 0; c < 8; ++c) {
+      const std::size_t free = (rng() % 16) * MiB;
+      states.push_back({free, free});
+    }
+    const int requester = static_cast<int>(rng() % 8);
+    states[static_cast<std::size_t>(requester)] = {};
+    const std::size_t bytes = (1 + rng() % 8) * MiB;
+    const auto a = any_weighted.pick(requester, bytes, states, &history);
+    const auto b = weighted.pick(requester, bytes, states, &history);
+    REQUIRE(a.has_value() == b.has_value());
+    if (a) {
+      CHECK(a->card == b->card);
+      history.record(requester, a->card, bytes);
+    }
+    const auto c = any_threshold.pick(requester, bytes, states);
+    const auto d = threshold.pick(requester, bytes, states);
+    REQUIRE(c.has_value() == d.has_value());
+    if (c) {
+      CHECK(c->card == d->card);
+    }
+  }
+}
+
+TEST_CASE("strategies are read from text and written back") {
+  for (const char* text :
+       {"largest-bandwidth", "threshold-most-free:threshold=48", "threshold-most-free:threshold=30,strict",
+        "weighted-score:free=1,bandwidth=2,history=0.25"}) {
+    CAPTURE(text);
+    CHECK(carve::to_string(carve::parse_strategy(text)) == text);
+  }
+  CHECK(carve::to_string(carve::parse_strategy("weighted-score")) == "weighted-score:free=1,bandwidth=1,history=0.5");
+  CHECK(std::string(carve::parse_strategy("threshold-most-free").name()) == "threshold-most-free");
+  const auto error = [](const char* text) {
+    try {
+      (void)carve::parse_strategy(text);
+    } catch (const carve::Exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error("fastest") ==
+        "unknown strategy 'fastest' (use largest-bandwidth, threshold-most-free or weighted-score)");
+  CHECK(error("weighted-score:free=-1") == "strategy weighted-score: free=-1 is not a non-negative number");
+  CHECK(error("weighted-score:strict") == "strategy weighted-score has no setting 'strict'");
+  CHECK(error("largest-bandwidth:threshold=3") == "strategy largest-bandwidth has no setting 'threshold=3'");
+  CHECK(error("threshold-most-free:threshold=fast") ==
+        "strategy threshold-most-free: threshold=fast is not a non-negative number");
+}
+
+TEST_CASE("SharedMemoryCard: a capacity, and memory another process can map") {
+  carve::SharedMemoryCard card(MiB, "carve-test");
+  CHECK(card.try_allocate(0, 256).error() == carve::Errc::invalid_size);
+  CHECK(card.try_allocate(4096, 3).error() == carve::Errc::invalid_size);
+  CHECK(card.try_allocate(4096, 1 << 20).error() == carve::Errc::no_space); // beyond a page
+  CHECK(card.try_allocate(2 * MiB, 256).error() == carve::Errc::no_space);  // beyond the card
+  void* p = *card.try_allocate(256 * KiB, 4096);
+  REQUIRE(p != nullptr);
+  CHECK(card.owns(static_cast<char*>(p) + 1000));
+  int elsewhere = 0;
+  CHECK_FALSE(card.owns(&elsewhere));
+  CHECK(card.free_bytes() == 768 * KiB);
+  CHECK_FALSE(card.export_segment(p, 128 * KiB)); // not the size it was allocated with
+  int dummy = 0;
+  CHECK_FALSE(card.export_segment(&dummy, 256 * KiB));
+  const auto e = card.export_segment(p, 256 * KiB);
+  REQUIRE(e);
+  CHECK(e->kind == carve::ExportKind::shared_memory);
+  CHECK(e->size == 256 * KiB);
+  std::memset(p, 0x21, 256 * KiB);
+
+  // A child maps the descriptor, sees what was written, writes back; it cannot resize it.
+  const pid_t child = carve::test::fork_child([&] {
+    void* q = ::mmap(nullptr, 256 * KiB, PROT_READ | PROT_WRITE, MAP_SHARED, e->fd, 0);
+    if (q == MAP_FAILED) {
+      return 1;
+    }
+    auto* bytes = static_cast<unsigned char*>(q);
+    if (bytes[0] != 0x21 || bytes[256 * KiB - 1] != 0x21) {
+      return 2;
+    }
+    bytes[1000] = 0x7e;
+    if (::ftruncate(e->fd, 4096) == 0 || ::ftruncate(e->fd, static_cast<off_t>(MiB)) == 0) {
+      return 3; // sealed against shrinking and growing
+    }
+    return 0;
+  });
+  CHECK(carve::test::wait_exit(child) == 0);
+  CHECK(static_cast<unsigned char*>(p)[1000] == 0x7e);
+
+  struct stat st {};
+  REQUIRE(::fstat(e->fd, &st) == 0);
+  const int fd = e->fd;
+  card.deallocate(p, 256 * KiB, 4096);
+  CHECK(::fstat(fd, &st) != 0); // its descriptor is closed with it
+  CHECK(card.free_bytes() == MiB);
+}
+
+TEST_CASE("LeasedUpstream: ids, locations, and a released segment's leases") {
+  LeasedUpstream<carve::SharedMemoryCard> card(carve::SharedMemoryCard(4 * MiB));
+  void* a = *card.try_allocate(MiB, 512);
+  void* b = *card.try_allocate(MiB, 512);
+  REQUIRE(a);
+  REQUIRE(b);
+  const auto la = card.locate(static_cast<char*>(a) + 100);
+  const auto lb = card.locate(b);
+  REQUIRE(la);
+  REQUIRE(lb);
+  CHECK(la->offset == 100);
+  CHECK(la->segment_size == MiB);
+  CHECK(la->segment != lb->segment);
+  int local = 0;
+  CHECK_FALSE(card.locate(&local));
+  CHECK_FALSE(card.locate(nullptr));
+  REQUIRE(card.lease(la->segment));
+  REQUIRE(card.lease(la->segment));
+  CHECK(card.leased_count() == 1);
+  card.deallocate(b, MiB, 512); // not leased: released, forgotten
+  CHECK_FALSE(card.lease(lb->segment));
+  CHECK(card.take_retired().empty());
+  card.deallocate(a, MiB, 512); // leased twice: retired; shared memory goes back at once
+  CHECK(card.free_bytes() == 4 * MiB);
+  CHECK(card.take_retired() == std::vector<SegmentId>{la->segment});
+  CHECK(card.take_retired().empty());
+  CHECK_FALSE(card.locate(a));
+  CHECK_FALSE(card.lease(la->segment)); // no new leases on a retired segment
+  CHECK(card.retired_count() == 1);
+  CHECK(card.unlease(la->segment));
+  CHECK(card.unlease(la->segment));
+  CHECK_FALSE(card.unlease(la->segment));
+  CHECK(card.retired_count() == 0);
+  CHECK(card.leased_count() == 0);
+}
+
+TEST_CASE("LeasedUpstream keeps memory the upstream must not free while it is mapped") {
+  LeasedUpstream<carve::test::CudaIpcLikeCard> card(carve::test::CudaIpcLikeCard(4 * MiB));
+  carve::CachingPool pool(card, carve::PoolOptions{.granularity = 512, .segment_size = MiB, .idle_threshold = 0});
+  auto p = pool.try_allocate(3 * MiB);
+  REQUIRE(p);
+  const auto where = card.locate(*p);
+  REQUIRE(where);
+  REQUIRE(card.lease(where->segment));
+  REQUIRE(pool.try_deallocate(*p, 3 * MiB)); // idle threshold 0: the pool gives the segment back
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(card.free_bytes() == MiB); // but the memory stays allocated while it is mapped
+  CHECK(card.held_count() == 1);
+  CHECK_FALSE(pool.try_allocate(2 * MiB)); // and it is not there to be had
+  CHECK(card.take_retired() == std::vector<SegmentId>{where->segment});
+  CHECK(card.unlease(where->segment)); // the last mapper is done
+  CHECK(card.free_bytes() == 4 * MiB);
+  CHECK(card.held_count() == 0);
+  CHECK(pool.try_allocate(2 * MiB));
+}
+
+TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
+  const auto& topo = carve::test::dgx1();
+  std::vector<carve::SharedMemoryCard> cards;
+  for (int i = 0; i < 8; ++i) {
+    cards.emplace_back(8 * MiB);
+  }
+  ServiceOptions options;
+  options.pool.segment_size = MiB;
+  options.pool.idle_threshold = 0;
+  AllocationService<carve::SharedMemoryCard> service(topo, cards, options);
+  const ClientId a = service.connect(PeerCredentials{100, 0, 0});
+  const ClientId b = service.connect(PeerCredentials{200, 0, 0});
+  std::vector<Outgoing> out;
+  const auto send = [&](ClientId who, const Request& r, std::uint32_t seq) {
+    out.clear();
+    service.receive(who, encode(r, seq), out);
+    return out;
+  };
+
+  // Before Hello nothing is served, and the connection is closed.
+  auto o = send(a, Request{StatsRequest{}}, 1);
+  REQUIRE(o.size() == 1);
+  CHECK(o[0].close_after);
+  CHECK(reply_as<ErrorReply>(o[0]).message == "the first message must be Hello");
+  const ClientId a2 = service.connect(PeerCredentials{100, 0, 0});
+  o = send(a2, Request{Hello{"a"}}, 1);
+  CHECK(reply_as<HelloReply>(o[0]).peer_pid == 100);
+  CHECK(reply_as<HelloReply>(o[0]).cards == 8);
+  send(b, Request{Hello{"b"}}, 1);
+
+  // The first region of a segment comes with its descriptor; the next one of the same segment not.
+  o = send(a2, Request{Allocate{64 * KiB, 0}}, 2);
+  REQUIRE(o.size() == 1);
+  const auto first = reply_as<Allocated>(o[0]);
+  CHECK(first.new_mapping);
+  CHECK(o[0].fd >= 0);
+  CHECK(first.region.card == 0);
+  o = send(a2, Request{Allocate{64 * KiB, 0}}, 3);
+  const auto second = reply_as<Allocated>(o[0]);
+  CHECK_FALSE(second.new_mapping);
+  CHECK(o[0].fd == -1);
+  CHECK(second.region.segment == first.region.segment);
+  CHECK(second.region.offset == first.region.offset + 64 * KiB);
+  o = send(b, Request{Allocate{4 * KiB, 0}}, 2); // b maps the same segment: a descriptor for b
+  const auto third = reply_as<Allocated>(o[0]);
+  CHECK(third.new_mapping);
+  CHECK(third.region.segment == first.region.segment);
+
+  // b can neither free nor query a's regions; a's stay.
+  o = send(b, Request{Free{first.region.id}}, 3);
+  CHECK(reply_as<ErrorReply>(o[0]).code == Errc::permission_denied);
+  o = send(b, Request{Query{first.region.id}}, 4);
+  CHECK(reply_as<ErrorReply>(o[0]).code == Errc::permission_denied);
+  o = send(a2, Request{Query{first.region.id}}, 4);
+  CHECK(reply_as<QueryReply>(o[0]).region == first.region);
+  CHECK(service.consistent());
+
+  // a goes away: its regions are reclaimed; b's stays, and so does the segment b maps.
+  out.clear();
+  service.disconnect(a2, out);
+  CHECK(out.empty());
+  CHECK(service.region_count() == 1);
+  CHECK(service.consistent());
+  const auto s = service.stats(b);
+  CHECK(s.reclaimed_regions == 2);
+  CHECK(s.my_regions == 1);
+  CHECK(s.cards[0].bytes_in_use == 4 * KiB);
+
+  // b frees its last region: the pool releases the segment (idle threshold 0), b is told.
+  o = send(b, Request{Free{third.region.id}}, 5);
+  REQUIRE(o.size() == 2);
+  CHECK(reply_as<Freed>(o[0]).region == third.region.id);
+  CHECK(reply_as<SegmentsRetired>(o[1]).segments == std::vector<SegmentId>{first.region.segment});
+  CHECK(o[1].to == b);
+  CHECK(service.stats(b).retired_segments == 1);
+  o = send(b, Request{Unmapped{{first.region.segment, 12345}}}, 6); // unknown ids are ignored
+  CHECK(o.empty());
+  CHECK(service.stats(b).retired_segments == 0);
+  CHECK(service.stats(b).leased_segments == 0);
+  CHECK(service.consistent());
+}
+
+TEST_CASE("socket directories are checked") {
+  carve::test::TempDir dir;
+  const auto message = [](const std::filesystem::path& d) {
+    try {
+      prepare_socket_directory(d);
+    } catch (const carve::Exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(message(dir.path()) == "accepted");
+  const auto open = dir.path() / "open";
+  std::filesystem::create_directory(open);
+  ::chmod(open.c_str(), 0775);
+  CHECK(message(open) == "socket directory " + open.string() +
+                             " is writable by group or others (mode 0775); use a directory only this user can write");
+  const auto sticky = dir.path() / "sticky";
+  std::filesystem::create_directory(sticky);
+  ::chmod(sticky.c_str(), 01777);
+  CHECK(message(sticky).find("(mode 1777)") != std::string::npos);
+  CHECK(message(dir.path() / "missing" / "deeper").find("No such file or directory") != std::string::npos);
+  const auto created = dir.path() / "made";
+  CHECK(message(created) == "accepted");
+  struct stat st {};
+  REQUIRE(::stat(created.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  if (::geteuid() == 0) {
+    const auto foreign = dir.path() / "foreign";
+    std::filesystem::create_directory(foreign);
+    REQUIRE(::chown(foreign.c_str(), 65534, 65534) == 0);
+    CHECK(message(foreign) ==
+          "socket directory " + foreign.string() + " belongs to uid 65534, not to this server's uid 0");
+  }
+}
+
+TEST_CASE("the default socket path") {
+  const char* saved_socket = std::getenv("CARVE_SOCKET");
+  const char* saved_run = std::getenv("XDG_RUNTIME_DIR");
+  const std::string keep_socket = saved_socket ? saved_socket : "";
+  const std::string keep_run = saved_run ? saved_run : "";
+  ::setenv("CARVE_SOCKET", "/run/x/carve.sock", 1);
+  CHECK(default_socket_path() == "/run/x/carve.sock");
+  ::unsetenv("CARVE_SOCKET");
+  ::setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+  CHECK(default_socket_path() == "/run/user/1000/carve/served.sock");
+  ::unsetenv("XDG_RUNTIME_DIR");
+  CHECK(default_socket_path() == "/tmp/carve-" + std::to_string(::geteuid()) + "/served.sock");
+  if (saved_socket) {
+    ::setenv("CARVE_SOCKET", keep_socket.c_str(), 1);
+  }
+  if (saved_run) {
+    ::setenv("XDG_RUNTIME_DIR", keep_run.c_str(), 1);
+  }
+}
+
+TEST_CASE("carve-served's settings from flags and a file") {
+  carve::test::TempDir dir;
+  const auto file = dir.path() / "served.conf";
+  std::ofstream(file) << "# carve-served\n"
+                         "topology = description:/etc/machine.txt\n"
+                         "strategy weighted-score:history=1   # spread borrowing\n"
+                         "card-memory 2GiB\n"
+                         "card-memory 3=512MiB\n"
+                         "idle-threshold 1GiB\n"
+                         "bandwidth nvlink=25\n"
+                         "\n"
+                         "max-clients 8\n";
+  const std::vector<std::string_view> args{"--config", file.c_str(), "--socket=/tmp/s/x.sock", "--max-clients", "16"};
+  const ServerConfig c = parse_server_args(args);
+  CHECK(c.topology == "description:/etc/machine.txt");
+  CHECK(carve::to_string(c.service.strategy) == "weighted-score:free=1,bandwidth=1,history=1");
+  CHECK(c.capacity_of(0) == 2ull << 30);
+  CHECK(c.capacity_of(3) == 512ull << 20);
+  CHECK(c.service.pool.idle_threshold == 1ull << 30);
+  CHECK(c.bandwidths.nvlink == 25.0);
+  CHECK(c.max_clients == 16); // the flag after --config wins
+  CHECK(c.socket_path == "/tmp/s/x.sock");
+  CHECK(c.server_options().max_clients == 16);
+
+  const auto error = [](std::vector<std::string_view> a) {
+    try {
+      (void)parse_server_args(a);
+    } catch (const carve::Exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(error({"--granularity"}) == "--granularity needs a value");
+  CHECK(error({"topology"}) == "unexpected argument 'topology' (settings are --key value)");
+  CHECK(error({"--topology", "smi:x"}) == "--topology: 'smi:x' is not nvidia-smi:FILE, description:FILE or cuda");
+  CHECK(error({"--max-clients", "0"}) == "--max-clients: '0' is not a whole number >= 1");
+  CHECK(error({"--bandwidth", "nvlink"}) ==
+        "--bandwidth: 'nvlink' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
+  CHECK(error({"--backend", "gpu"}) == "--backend: 'gpu' is not shared-memory or cuda");
+  CHECK(error({"--card-memory", "99=1GiB"}) == "--card-memory: card 99 is past the limit of 64 cards");
+  CHECK(error({"--config", "/nonexistent.conf"}) == "config file /nonexistent.conf cannot be read");
+  std::ofstream(file) << "strategy weighted-score\nidle-threshold\n";
+  CHECK(error({"--config", file.c_str()}) == file.string() + " line 2: expected: idle-threshold VALUE");
+  std::ofstream(file) << "\n\nfrobnicate 3\n";
+  CHECK(error({"--config", file.c_str()}) == file.string() + " line 3: unknown setting 'frobnicate'");
+  CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "cuda"}).topology == "cuda");
+}
+
+TEST_CASE("a topology and simulated cards from the settings") {
+  ServerConfig c;
+  c.topology = "nvidia-smi:" + std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
+  c.bandwidths.nvlink = 25.0;
+  c.card_memory = 64 * MiB;
+  c.card_memory_of[7] = 16 * MiB;
+  const carve::Topology t = load_topology(c);
+  CHECK(t.gpu_count() == 8);
+  CHECK(t.path_bandwidth(t.gpu(0), t.gpu(3)) == 50.0);
+  const auto cards = shared_memory_cards(c, t);
+  REQUIRE(cards.size() == 8);
+  CHECK(cards[0].capacity() == 64 * MiB);
+  CHECK(cards[7].capacity() == 16 * MiB);
+
+  c.topology = "description:" + std::string(CARVE_TEST_DATA_DIR) + "/topology/seed_fig1.txt";
+  c.max_hops = 3;
+  CHECK(load_topology(c).options().max_hops == 3);
+  c.topology = "description:" + std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
+  try {
+    (void)load_topology(c);
+    FAIL("an nvidia-smi text is not a description");
+  } catch (const carve::Exception& e) {
+    CHECK(std::string(e.what()).find("/dgx1_v100.txt: line 1:") != std::string::npos);
+  }
+}
