@@ -3,7 +3,7 @@
 // carve's own and checks that all give the same answers before timing anything.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -104,7 +104,7 @@ struct RunWalkBoundaryNearest {
   }
 };
 
-// The seed's method done literally in software: for every start, AND the m slot bits to get
+// The per-start search done literally in software: for every start, AND the m slot bits to get
 // that start's avail bit, then take the lowest and highest avail bits. O(N * m).
 struct LiteralBoundaryNearest {
   template <std::uint32_t N>

@@ -113,6 +113,19 @@ inline void print_ratio(const MedianCollector& c, const std::string& label, cons
               ratio >= target ? "met" : "MISSED");
 }
 
+// Prints "label: a / b = ratio (target <= t: met)": what a layer costs over what it wraps.
+inline void print_overhead(const MedianCollector& c, const std::string& label, const std::string& layered,
+                           const std::string& bare, double max_ratio) {
+  const auto l = c.ns(layered);
+  const auto b = c.ns(bare);
+  if (!l || !b) {
+    return;
+  }
+  const double ratio = *l / *b;
+  std::printf("  %-58s %9.2f ns / %7.2f ns = %8.3fx   (target <= %gx: %s)\n", label.c_str(), *l, *b, ratio, max_ratio,
+              ratio <= max_ratio ? "met" : "MISSED");
+}
+
 inline void print_bound(const MedianCollector& c, const std::string& label, const std::string& name, double max_ns) {
   if (const auto t = c.ns(name)) {
     std::printf("  %-58s %9.2f ns   (target <= %g ns: %s)\n", label.c_str(), *t, max_ns,

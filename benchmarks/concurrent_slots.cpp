@@ -6,7 +6,7 @@
 // under boundary-nearest, request sizes from a fixed pseudo-random sequence of 1..8.
 #include "compare.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <benchmark/benchmark.h>
 

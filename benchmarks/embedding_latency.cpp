@@ -21,8 +21,6 @@
 #include <pipeline.hpp>
 #include <workload.hpp>
 
-#include <carve/carve.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

@@ -17,7 +17,7 @@
 // --mirror_mib=N shrinks the mirror (the smoke test uses 64).
 #include "compare.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -7,7 +7,7 @@
 // so two-hop paths matter). Before timing, both pickers must choose the same card every time.
 #include "compare.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
 
 #include <benchmark/benchmark.h>
 

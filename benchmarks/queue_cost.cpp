@@ -16,7 +16,7 @@
 // examples/embedding_lookup (60% small, 35% medium, 5% large with thresholds 128 and 512).
 #include "compare.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/queue.hpp>
 #include <query_sizes.hpp>
 
 #include <benchmark/benchmark.h>

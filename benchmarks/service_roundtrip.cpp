@@ -10,7 +10,7 @@
 #include "compare.hpp"
 #include "service/service_process.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <benchmark/benchmark.h>
 

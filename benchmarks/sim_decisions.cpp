@@ -6,7 +6,8 @@
 // cost about what best-fit (also a walk over the free runs) costs; the printed targets check that.
 #include "compare.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
+#include <carve/slot.hpp>
 
 #include <benchmark/benchmark.h>
 

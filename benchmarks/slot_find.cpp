@@ -1,13 +1,12 @@
 // How fast a fit policy finds room: carve's word-parallel search against the run-walking scan
-// (the shape of Linux's bitmap_find_next_zero_area) and the seed's per-start AND done literally.
+// (the shape of Linux's bitmap_find_next_zero_area) and a per-start AND of the m slot bits done
+// literally.
 //
 // Inputs are snapshots of random allocate/free processes (see workload.hpp). Before timing,
 // every implementation is run on every input and must give the same answer.
 #include "baselines.hpp"
 #include "compare.hpp"
 #include "workload.hpp"
-
-#include <carve/carve.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -2,7 +2,7 @@
 // request size to look up.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -5,10 +5,12 @@
 #   bash cmake/dev.sh demo    build and run the examples, then the workgroup scheduling simulator
 #                             on its built-in default (results in build/slot_sim_out/)
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
-#                             device builds for sm_80 and sm_90 when nvcc is present),
+#                             device builds for sm_80 and sm_90 when nvcc is present, and the
+#                             compile time of a .cu that includes the umbrella header),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                             the tests labelled `concurrent` under ThreadSanitizer, the
-#                             libFuzzer targets for a short run each, and a clang-format check
+#                             libFuzzer targets for a short run each, and a clang-format check;
+#                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
 set -euo pipefail
 
@@ -53,12 +55,11 @@ run_tests() { # run_tests <dir>
 demo() {
   build demo -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF
   cmake --build "$root/build/demo" --target run_examples
-  say "slot_sim: seed 001's experiment, 200 seeds x every policy"
+  say "slot_sim: the workgroup-queue experiment, 200 seeds x every policy"
   (cd "$root" && build/demo/examples/slot_sim --out build/slot_sim_out)
 }
 
 format_check() {
-  say "clang-format"
   (cd "$root" && git ls-files --cached --others --exclude-standard '*.hpp' '*.cpp' '*.cu' '*.cuh' |
     xargs clang-format --dry-run --Werror)
 }
@@ -82,7 +83,6 @@ fuzz_run() { # fuzz_run <target> <seed files...>
 }
 
 fuzz_check() {
-  say "clang++ libFuzzer (ASan + UBSan)"
   build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g"
@@ -90,27 +90,69 @@ fuzz_check() {
   fuzz_run fuzz_service_protocol "$root"/tests/data/service/*.bin
 }
 
-tests() {
-  find_nvcc
-  say "g++, warnings as errors (device code with nvcc if present)"
+# stage <title> <function>: runs one stage of the test command and records how long it took.
+stage_times=()
+stage() {
+  local title=$1 start=$SECONDS
+  shift
+  say "$title"
+  "$@"
+  stage_times+=("$(printf '%5d s  %s' $((SECONDS - start)) "$title")")
+}
+
+release_stage() {
   build release -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON
   run_tests release
+}
 
-  say "clang++, AddressSanitizer + UndefinedBehaviorSanitizer"
+# What a .cu that includes <carve/carve.hpp> and uses carve's allocators in kernels costs to
+# compile, once per architecture CI builds for.
+umbrella_compile_time() {
+  local nvcc=${CUDACXX:-$(command -v nvcc || true)}
+  if [ -z "$nvcc" ]; then
+    echo "no nvcc: skipped"
+    return
+  fi
+  for arch in 80 90; do
+    local start=$SECONDS
+    "$nvcc" -std=c++20 -arch=sm_$arch -I"$root/include" -c "$root/examples/compose_block_scratch.cu" -o /dev/null
+    echo "examples/compose_block_scratch.cu (includes <carve/carve.hpp>, carve allocators in a kernel):" \
+      "$((SECONDS - start)) s for sm_$arch"
+  done
+}
+
+asan_stage() {
   local sanitize="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1"
   build asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_BENCHMARKS=OFF -DCMAKE_CXX_FLAGS="$sanitize" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 run_tests asan
+}
 
-  say "clang++, ThreadSanitizer (tests labelled concurrent)"
-  build tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
-    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" \
-    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread"
+# Only the tests labelled `concurrent` run under ThreadSanitizer, so only they are built.
+tsan_stage() {
+  cmake -S "$root" -B "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON \
+    -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+  local targets
+  targets=$(ctest --test-dir "$root/build/tsan" -N -L concurrent | sed -n 's/^ *Test *#[0-9]*: //p')
+  # shellcheck disable=SC2086 # one target per word
+  cmake --build "$root/build/tsan" -j "$jobs" --target $targets
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
     --output-on-failure
+}
 
-  fuzz_check
-  format_check
+tests() {
+  find_nvcc
+  local start=$SECONDS
+  stage "g++, warnings as errors (device code with nvcc for sm_80 and sm_90 if present)" release_stage
+  stage "nvcc: compile time of a .cu that includes <carve/carve.hpp>" umbrella_compile_time
+  stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
+  stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
+  stage "clang++ libFuzzer (ASan + UBSan)" fuzz_check
+  stage "clang-format" format_check
+  say "stage times"
+  printf '%s\n' "${stage_times[@]}"
+  printf '%5d s  in all\n' $((SECONDS - start))
 }
 
 bench() {

@@ -1,4 +1,5 @@
-// slot_sim: seed 001's workgroup scheduling experiment, on the built-in workload or your own.
+// slot_sim: the workgroup-queue experiment (random sizes and run times on one compute unit), on
+// the built-in workload or your own.
 //
 //   slot_sim                                  200 seeds x every policy, results in slot_sim_out/
 //   slot_sim --sizes "bimodal 1 8 32 64 0.25" --cus 4 --cu-choice least-loaded

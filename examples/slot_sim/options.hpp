@@ -287,7 +287,8 @@ inline std::string to_text(const Config& c) {
 }
 
 inline const char* usage() {
-  return R"(slot_sim: seed 001's workgroup scheduling experiment, on any workload.
+  return R"(slot_sim: the workgroup-queue experiment (random sizes and run times on one compute unit),
+on any workload.
 
 usage: slot_sim [--key value]...        run a sweep and write its results to --out
        slot_sim merge OUT DIR...        combine the results of shards run with --shard

@@ -1,5 +1,5 @@
-// The tables slot_sim prints, summary.csv, and the figures (SVG): the seed's figures 12-14
-// and the per-slot wear histogram.
+// The tables slot_sim prints, summary.csv, and the figures (SVG): workgroups remaining and free
+// slots over time, the paired makespan difference, and the per-slot wear histogram.
 #pragma once
 
 #include "results.hpp"
@@ -163,14 +163,14 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
   const std::string& ref = res.policies.front();
 
   const std::string run_count = fmt::format("{} runs", runs_of(ref));
-  Plot remaining{"Workgroups remaining (seed 001, figure 12)",
+  Plot remaining{"Workgroups remaining",
                  {machine, workload + "; mean over " + run_count},
                  "cycle",
                  "workgroups not yet finished",
                  {},
                  false,
                  true};
-  Plot idle{"Free slots while workgroups wait (figure 13)",
+  Plot idle{"Free slots while workgroups wait",
             {machine, workload,
              "mean over the runs with workgroups waiting, while at least half of the runs have some; from the first "
              "sample after cycle 0"},
@@ -180,7 +180,7 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
             false,
             true};
   Plot delta{
-      "Paired makespan difference (figure 14)",
+      "Paired makespan difference",
       {machine, workload, "each run's " + ref + " makespan minus the policy's on the same workload; " + run_count},
       "share of runs (sorted by difference)",
       "cycles saved against " + ref,

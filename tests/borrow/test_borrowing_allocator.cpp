@@ -1,7 +1,8 @@
 #include "support/errors.hpp"
 #include "support/topology_data.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
+#include <carve/mr.hpp>
 
 #include <doctest/doctest.h>
 

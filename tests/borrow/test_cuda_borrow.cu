@@ -72,15 +72,20 @@ int main() {
   expect(pool.trim() > 0, "trim calls cudaFree");
   expect(pool.try_allocate(std::size_t{1} << 50).error() == carve::Errc::no_space, "an impossible request");
 
-  std::vector<carve::CudaDeviceResource> cards;
-  for (int d = 0; d < devices; ++d) {
-    cards.emplace_back(d);
-  }
-  carve::BorrowingAllocator alloc(topo, cards);
-  const auto h = alloc.allocate(1 << 20, devices - 1);
+  using Pool = carve::CachingPool<carve::CudaDeviceResource>;
+  carve::BorrowingAllocator<Pool> alloc(topo, [](int d) { return Pool(carve::CudaDeviceResource(d)); });
+  const auto h = alloc.borrow(1 << 20, devices - 1);
   expect(h.has_value() && h->card == devices - 1, "a card with room allocates locally");
   if (h) {
-    expect(alloc.deallocate(*h).has_value(), "deallocate through the allocator");
+    expect(alloc.give_back(*h).has_value(), "give back through the allocator");
+  }
+  carve::CachingPool last(alloc.card(devices - 1)); // a pool over the card's memory, borrowed when full
+  const auto q = last.try_allocate(n);
+  expect(q.has_value(), "a pool over borrower.card(i)");
+  if (q) {
+    fill<<<64, 256>>>(static_cast<unsigned char*>(*q), n, 0x33);
+    expect(cudaDeviceSynchronize() == cudaSuccess && filled(*q, n, 0x33), "a kernel writes it");
+    last.deallocate(*q, n);
   }
   std::printf(failures == 0 ? "all passed\n" : "%d failed\n", failures);
   return failures == 0 ? 0 : 1;

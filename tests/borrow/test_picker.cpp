@@ -1,7 +1,7 @@
 #include "support/errors.hpp"
 #include "support/topology_data.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
 
 #include <doctest/doctest.h>
 
@@ -79,10 +79,11 @@ TEST_CASE("(b) most free memory among cards at or above the threshold") {
   // Strict: no candidate.
   const BandwidthWeightedPicker strict(dgx1(), ThresholdMostFree{30.0, true});
   CHECK(strict.pick(0, 4 * GiB, cards(2, {{0, 0}, {5, 30}, {6, 20}})).error() == Errc::no_space);
-  // The seed's 48 GB/s threshold: with 25 GB/s per link, NV2 = 50 passes, NV1 = 25 does not.
+  // The default 48 GB/s threshold lies between PCIe and NVLink speeds: with 25 GB/s per link, NV2 = 50 passes,
+  // NV1 = 25 does not.
   const Topology fast = Topology::from_nvidia_smi(carve::test::topology_text("dgx1_v100.txt"), {25.0, 24.0, 10.0});
-  const BandwidthWeightedPicker seed(fast, ThresholdMostFree{});
-  CHECK(seed.pick(0, GiB, cards(8, {{0, 0}, {1, 30}, {4, 9}}))->card == 4);
+  const BandwidthWeightedPicker by_default(fast, ThresholdMostFree{});
+  CHECK(by_default.pick(0, GiB, cards(8, {{0, 0}, {1, 30}, {4, 9}}))->card == 4);
 }
 
 TEST_CASE("(c) weighted score: free memory, bandwidth, and borrowing history") {

@@ -26,7 +26,7 @@ void check_canonical(const Decoded& d, std::span<const std::uint8_t> input) {
     const std::vector<std::uint8_t> again = encode(d->body, d->sequence);
     require(again.size() == input.size() && std::equal(again.begin(), again.end(), input.begin()));
   } else {
-    require(!d.error().reason.empty());
+    require(!d.error().message.empty());
     require(d.error().fatal || d.error().code == carve::Errc::bad_message);
   }
 }

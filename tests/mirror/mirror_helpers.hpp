@@ -2,7 +2,7 @@
 // page behind an allocation holds exactly what a shadow copy says the host wrote.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
 
 #include <cstddef>
 #include <cstring>

@@ -9,8 +9,6 @@
 // checks it outside ThreadSanitizer), and ThreadSanitizer would rightly call it one.
 #include "mirror_helpers.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -4,8 +4,6 @@
 // in a child process, so handlers installed here never leak into another test.
 #include "mirror_helpers.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <sys/mman.h>

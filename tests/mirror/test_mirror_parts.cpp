@@ -3,7 +3,7 @@
 #include "slot/reference.hpp"
 #include "support/errors.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
 
 #include <doctest/doctest.h>
 

@@ -3,8 +3,6 @@
 #include "mirror_helpers.hpp"
 #include "support/errors.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <carve/mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -63,13 +64,7 @@ public:
   }
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    auto it = live_.upper_bound(a);
-    if (it == live_.begin()) {
-      return false;
-    }
-    --it;
-    return a - it->first < it->second.bytes;
+    return detail::block_containing(live_, p, [](const Block& b) { return b.bytes; }) != live_.end();
   }
   std::size_t free_bytes() const {
     const std::lock_guard lock(mutex_);

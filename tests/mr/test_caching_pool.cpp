@@ -1,5 +1,6 @@
 #include "support/errors.hpp"
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
+#include <carve/tier.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // carve's pool plugs into CCCL's memory-resource machinery. CCCL 3.0 keeps it behind an opt-in
 // macro, which must come before the first CCCL include.
 #define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
 
 #include <doctest/doctest.h>
 
@@ -50,4 +50,25 @@ TEST_CASE("a CachingPool through a CCCL resource_ref") {
   CHECK(pool.stats().bytes_in_use == 0);
   CHECK(pool.stats().bytes_cached == 64 << 10);
   CHECK(pool == pool);
+}
+
+TEST_CASE("stacks keep the properties their parts share, and CCCL's resource_ref takes them") {
+  using Counted = carve::StatsResource<Pool>;
+  using Stack = carve::Segregator<4096, Pool, Counted>;
+  static_assert(carve::SynchronousResourceWith<Counted, cuda::mr::host_accessible>);
+  static_assert(carve::SynchronousResourceWith<Stack, cuda::mr::host_accessible>);
+  static_assert(!carve::SynchronousResourceWith<Stack, cuda::mr::device_accessible>);
+  static_assert(carve::SynchronousResourceWith<carve::ResourceRef<Pool>, cuda::mr::host_accessible>);
+  static_assert(
+      carve::SynchronousResourceWith<carve::LimitResource<carve::ResourceRef<Pool>>, cuda::mr::host_accessible>);
+  Stack stack(SimulatedCard(1 << 20), SimulatedCard(4 << 20));
+  int* small = make_ints(HostRef(stack), 100);  // 400 bytes: the first pool
+  int* large = make_ints(HostRef(stack), 5000); // 20000 bytes: the counted one
+  CHECK(small[99] == 99);
+  CHECK(large[4999] == 4999);
+  CHECK(stack.small().stats().live_blocks == 1);
+  CHECK(stack.large().stats().allocations == 1);
+  HostRef(stack).deallocate(small, 400, alignof(int));
+  HostRef(stack).deallocate(large, 20000, alignof(int));
+  CHECK(stack.large().stats().bytes_in_use == 0);
 }

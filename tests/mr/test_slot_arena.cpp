@@ -226,3 +226,51 @@ TEST_CASE("a segregator sends small requests to a slot arena and the rest to a p
   CHECK(heap_stack.small().free_bytes() == heap_stack.small().capacity());
   CHECK(heap_stack.large().stats().bytes_in_use == 0);
 }
+
+TEST_CASE("the block-scratch stack on host threads: local arena first, then a shared global arena") {
+  // compose_block_scratch.cu's stack, run by host threads standing in for one block's threads.
+  using Local = SlotArena<carve::ConcurrentSlotAllocator<64, carve::BoundaryNearestFit, cuda::thread_scope_block>>;
+  using Global = SlotArena<carve::ConcurrentSlotAllocatorRef<1024>>;
+  using Scratch = carve::FallbackResource<Local, Global>;
+  alignas(128) static std::byte local_memory[64 * 128];
+  alignas(128) static std::byte global_memory[1024 * 128];
+  std::vector<carve::bits::word> words(carve::bits::word_count(1024));
+  Global global(global_memory, 128,
+                carve::ConcurrentSlotAllocatorRef<1024>(carve::BorrowedSlotWords<1024>(words.data())));
+  global.reset(global_memory, 128);
+  static Scratch scratch; // as a __shared__ variable is: default-constructed, then set up by one thread
+  scratch.primary().reset(local_memory, 128);
+  scratch.fallback() = global;
+
+  std::atomic<int> failures{0};
+  std::atomic<int> from_global{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (unsigned item = static_cast<unsigned>(t); item < 4000; item += 4) {
+        const std::size_t bytes = (1 + item * 37 % 200) * sizeof(unsigned);
+        auto p = scratch.try_allocate(bytes, alignof(unsigned));
+        while (!p) {
+          p = scratch.try_allocate(bytes, alignof(unsigned));
+        }
+        auto* values = static_cast<unsigned*>(*p);
+        const std::size_t n = bytes / sizeof(unsigned);
+        for (std::size_t i = 0; i < n; ++i) {
+          values[i] = item;
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          failures += values[i] != item ? 1 : 0;
+        }
+        from_global += scratch.fallback().owns(*p) ? 1 : 0;
+        scratch.deallocate(*p, bytes, alignof(unsigned));
+      }
+    });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  CHECK(failures == 0);
+  MESSAGE(from_global.load() << " of 4000 items spilled to the global arena");
+  CHECK(scratch.primary().free_bytes() == scratch.primary().capacity());
+  CHECK(global.free_bytes() == global.capacity()); // the handle sees the same words
+}

@@ -1,7 +1,7 @@
 // Request types, size functions and a scripted clock for the SizeTieredQueue tests.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/queue.hpp>
 
 #include <atomic>
 #include <cstdint>

@@ -4,8 +4,6 @@
 #include "queue_helpers.hpp"
 #include "support/errors.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <map>

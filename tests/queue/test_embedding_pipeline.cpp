@@ -9,8 +9,6 @@
 #include <pipeline.hpp>
 #include <workload.hpp>
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -5,8 +5,6 @@
 // alone, including that it waits its Backoff only after losing a race to another thread.
 #include "queue_helpers.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -580,4 +578,70 @@ TEST_CASE("MpmcRing waits its Backoff only after losing a race to another thread
       MESSAGE("one core: the two threads may never race, so the wait count is not checked");
     }
   }
+}
+
+TEST_CASE("consumers that put requests back: every request popped for good exactly once") {
+  using Q = carve::SizeTieredQueue<Request, RequestSize>;
+  Q q(carve::TierThresholds{100, 1000}, 1024);
+  constexpr std::uint64_t per_producer = 20000;
+  constexpr int producers = 2;
+  std::vector<std::atomic<int>> seen(per_producer * producers);
+  std::atomic<std::uint64_t> put_back{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < producers; ++p) {
+    threads.emplace_back([&, p] {
+      for (std::uint64_t i = 0; i < per_producer; ++i) {
+        const std::uint64_t id = static_cast<std::uint64_t>(p) * per_producer + i;
+        auto r = Request::make(1 + id * 37 % 2000, id);
+        while (!q.try_push(std::move(r))) {
+          std::this_thread::yield();
+        }
+      }
+    });
+  }
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(static_cast<std::uint32_t>(c) + 5);
+      for (;;) {
+        auto r = q.pop(std::chrono::milliseconds(1));
+        if (!r) {
+          if (r.error() == Errc::closed) {
+            return;
+          }
+          continue;
+        }
+        if (rng() % 4 == 0) { // cannot place it yet: back to the head of its tier
+          auto back = std::move(*r);
+          if (q.try_push_front(std::move(back))) {
+            ++put_back;
+            continue;
+          }
+          r = std::move(back); // that tier's room for put-back requests is full: keep it
+        }
+        if (*r->payload != r->id) {
+          seen[0] += 1000; // torn request
+        }
+        ++seen[r->id];
+      }
+    });
+  }
+  for (int p = 0; p < producers; ++p) {
+    threads[static_cast<std::size_t>(p)].join();
+  }
+  q.close();
+  for (std::size_t t = producers; t < threads.size(); ++t) {
+    threads[t].join();
+  }
+  bool once = true;
+  for (const auto& s : seen) {
+    once &= s == 1;
+  }
+  CHECK(once);
+  CHECK(put_back > 0);
+  CHECK(q.empty());
+  std::uint64_t requeued = 0;
+  for (std::uint32_t t = 0; t < q.tier_count(); ++t) {
+    requeued += q.stats().tier[t].requeued;
+  }
+  CHECK(requeued == put_back);
 }

@@ -4,8 +4,6 @@
 #include "queue_helpers.hpp"
 #include "support/errors.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -298,4 +296,72 @@ TEST_CASE("an MpmcRing of capacity 0 refuses every push and keeps the item") {
   CHECK_FALSE(ring.try_pop().has_value());
   CHECK_FALSE(ring.front_stamp().has_value());
   CHECK(ring.size() == 0);
+}
+
+TEST_CASE_TEMPLATE("a request put back goes to the head of its tier", Lanes, CARVE_TEST_LANES) {
+  Queue<Lanes> q(thresholds({128, 512}), 8);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    REQUIRE(q.try_push(Request::make(10, i)));
+  }
+  auto first = q.try_pop();
+  REQUIRE(first);
+  CHECK(first->id == 0);
+  REQUIRE(q.try_push(Request::make(10, 4)));
+  // The consumer could not place request 0: it goes back in front of 1, 2, 3 and 4.
+  REQUIRE(q.try_push_front(std::move(*first)));
+  CHECK(q.size(0) == 5);
+  const auto stats = q.stats();
+  CHECK(stats.tier[0].requeued == 1);
+  CHECK(stats.tier[0].enqueued == 6);
+  CHECK(stats.tier[0].depth == 5);
+  std::vector<std::uint64_t> order;
+  while (auto r = q.try_pop()) {
+    CHECK(*r->payload == r->id); // moved whole through the requeue
+    order.push_back(r->id);
+  }
+  CHECK(order == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+  // Several put back: they come out in the order they were put back, before the tier's others.
+  REQUIRE(q.try_push(Request::make(10, 10)));
+  REQUIRE(q.try_push_front(Request::make(10, 20)));
+  REQUIRE(q.try_push_front(Request::make(10, 21)));
+  order.clear();
+  while (auto r = q.try_pop()) {
+    order.push_back(r->id);
+  }
+  CHECK(order == std::vector<std::uint64_t>{20, 21, 10});
+  CHECK(q.empty());
+}
+
+TEST_CASE("put back after close: still popped before the queue reports closed") {
+  Queue<carve::RingLanes<>> q(thresholds({128}), 4);
+  REQUIRE(q.try_push(Request::make(1, 1)));
+  auto r = q.try_pop();
+  REQUIRE(r);
+  q.close();
+  CHECK(q.try_push(Request::make(1, 2)).error() == Errc::closed);
+  REQUIRE(q.try_push_front(std::move(*r))); // it was in the queue before close(): nothing is lost
+  auto again = q.try_pop();
+  REQUIRE(again);
+  CHECK(again->id == 1);
+  CHECK(q.try_pop().error() == Errc::closed);
+}
+
+TEST_CASE("the room for requests put back is bounded, and a refusal leaves the request with the caller") {
+  using Q = Queue<carve::RingLanes<>>;
+  Q q(thresholds({128}), 4); // a tier of 4: at most 4 put back
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    REQUIRE(q.try_push_front(Request::make(1, i)));
+  }
+  auto extra = Request::make(1, 99);
+  CHECK(q.try_push_front(std::move(extra)).error() == Errc::full);
+  REQUIRE(extra.payload != nullptr);
+  CHECK(*extra.payload == 99);
+  CHECK(q.try_push(Request::make(1, 7))); // the tier's own capacity is untouched
+  CHECK(q.size() == 5);
+  CHECK(Q::requeue_capacity == 64);
+  Q big(thresholds({128}), 1000);
+  for (std::uint64_t i = 0; i < Q::requeue_capacity; ++i) {
+    REQUIRE(big.try_push_front(Request::make(1, i)));
+  }
+  CHECK(big.try_push_front(Request::make(1, 64)).error() == Errc::full);
 }

@@ -211,7 +211,7 @@ public:
     }
     auto d = service::decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
     if (!d) {
-      throw std::runtime_error("undecodable reply: " + d.error().reason);
+      throw std::runtime_error("undecodable reply: " + d.error().message);
     }
     return std::move(*d);
   }

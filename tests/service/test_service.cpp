@@ -2,7 +2,7 @@
 // run in this process and in forked children, on the shared-memory (simulated card) backend.
 #include "service_process.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <doctest/doctest.h>
 

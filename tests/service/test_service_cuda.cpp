@@ -4,7 +4,7 @@
 #include "service_process.hpp"
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <algorithm>
 #include <chrono>

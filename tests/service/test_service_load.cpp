@@ -4,7 +4,7 @@
 // an id handed out twice would show; the server's books must balance at the end.
 #include "service_process.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <doctest/doctest.h>
 

@@ -63,7 +63,7 @@ TEST_CASE("every message survives a round trip and re-encodes to the same bytes"
   for (const Request& r : sample_requests()) {
     const Bytes b = encode(r, seq);
     const auto d = decode_request(b);
-    REQUIRE_MESSAGE(d, (d ? "" : d.error().reason));
+    REQUIRE_MESSAGE(d, (d ? "" : d.error().message));
     CHECK(d->sequence == seq);
     CHECK(d->body == r);
     CHECK(encode(d->body, d->sequence) == b);
@@ -72,7 +72,7 @@ TEST_CASE("every message survives a round trip and re-encodes to the same bytes"
   for (const Reply& r : sample_replies()) {
     const Bytes b = encode(r, seq);
     const auto d = decode_reply(b);
-    REQUIRE_MESSAGE(d, (d ? "" : d.error().reason));
+    REQUIRE_MESSAGE(d, (d ? "" : d.error().message));
     CHECK(d->sequence == seq);
     CHECK(d->body == r);
     CHECK(encode(d->body, d->sequence) == b);
@@ -102,7 +102,7 @@ TEST_CASE("a truncated message never decodes") {
   cut[8] = static_cast<std::uint8_t>(cut.size() - header_size);
   const auto d = decode_request(cut);
   REQUIRE_FALSE(d);
-  CHECK(d.error().reason == "malformed payload: message ends inside a field");
+  CHECK(d.error().message == "malformed payload: message ends inside a field");
   CHECK(d.error().sequence == 3);
 }
 
@@ -112,21 +112,21 @@ TEST_CASE("header errors name the problem") {
     REQUIRE_FALSE(d);
     return d.error();
   };
-  CHECK(reason(Bytes(8, 0)).reason == "truncated header (8 bytes)");
-  CHECK(reason(header(0xdeadbeef, 1, 1, 0, 1)).reason == "not a carve message (bad magic)");
+  CHECK(reason(Bytes(8, 0)).message == "truncated header (8 bytes)");
+  CHECK(reason(header(0xdeadbeef, 1, 1, 0, 1)).message == "not a carve message (bad magic)");
   const auto v = reason(header(protocol_magic, 7, 1, 0, 1));
   CHECK(v.code == Errc::unsupported_version);
-  CHECK(v.reason == "protocol version 7 is not supported (this side speaks 1)");
-  CHECK(reason(header(protocol_magic, 1, 5, 4, 1)).reason == "header announces 4 payload bytes but 0 arrived");
+  CHECK(v.message == "protocol version 7 is not supported (this side speaks 1)");
+  CHECK(reason(header(protocol_magic, 1, 5, 4, 1)).message == "header announces 4 payload bytes but 0 arrived");
   Bytes trailing = encode(Request{StatsRequest{}}, 1);
   trailing.push_back(0);
   trailing[8] = 1;
-  CHECK(reason(trailing).reason == "malformed payload: trailing bytes");
+  CHECK(reason(trailing).message == "malformed payload: trailing bytes");
   Bytes big = header(protocol_magic, 1, 2, max_request_size, 1);
   big.resize(header_size + max_request_size);
-  CHECK(reason(big).reason == "message of 4112 bytes exceeds the limit of 4096");
+  CHECK(reason(big).message == "message of 4112 bytes exceeds the limit of 4096");
   const auto unknown = reason(header(protocol_magic, 1, 0x8001, 0, 4)); // a reply type sent as a request
-  CHECK(unknown.reason == "unknown message type 32769");
+  CHECK(unknown.message == "unknown message type 32769");
   CHECK_FALSE(unknown.fatal);
   CHECK(unknown.sequence == 4);
 }
@@ -136,7 +136,7 @@ TEST_CASE("out-of-range values are refused") {
     b[at] = value;
     const auto d = decode_reply(b);
     REQUIRE_FALSE(d);
-    CHECK(d.error().reason == "malformed payload: " + why);
+    CHECK(d.error().message == "malformed payload: " + why);
   };
   const Bytes hello = encode(Reply{HelloReply{1, 2, 3, 4, 5, carve::ExportKind::shared_memory}}, 1);
   fails(hello, hello.size() - 1, 9, "unknown export kind");
@@ -156,7 +156,7 @@ TEST_CASE("text and lists have limits, and a count cannot outrun the message") {
 
   Bytes b = encode(Request{Hello{"x"}}, 1);
   b[header_size] = 65; // one more than max_name_length
-  CHECK(decode_request(b).error().reason == "malformed payload: text longer than its limit");
+  CHECK(decode_request(b).error().message == "malformed payload: text longer than its limit");
 
   Unmapped many;
   many.segments.assign(max_segment_list + 10, 7);
@@ -167,10 +167,10 @@ TEST_CASE("text and lists have limits, and a count cannot outrun the message") {
   Bytes count = encode(Request{Unmapped{{1}}}, 1);
   count[header_size] = 0xff;
   count[header_size + 1] = 0x01; // 511 entries announced, one present
-  CHECK(decode_request(count).error().reason == "malformed payload: list longer than its limit");
+  CHECK(decode_request(count).error().message == "malformed payload: list longer than its limit");
   count[header_size] = 100; // within the limit, but 800 bytes do not follow
   count[header_size + 1] = 0;
-  CHECK(decode_request(count).error().reason == "malformed payload: list count exceeds the message");
+  CHECK(decode_request(count).error().message == "malformed payload: list count exceeds the message");
 }
 
 TEST_CASE("random damage: every result is an error or a message that re-encodes to itself") {

@@ -4,7 +4,7 @@
 #include "service_process.hpp"
 #include "support/topology_data.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,7 @@
 // The dispatcher on scenarios small enough to work out by hand.
 #include "support/errors.hpp"
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
+#include <carve/slot.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
 
 #include <doctest/doctest.h>
 

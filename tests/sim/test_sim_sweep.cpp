@@ -1,6 +1,7 @@
 // The sweep runs seeds on several threads (this test also runs under ThreadSanitizer).
 #include "support/errors.hpp"
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
+#include <carve/slot.hpp>
 
 #include <doctest/doctest.h>
 

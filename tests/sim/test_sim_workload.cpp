@@ -1,5 +1,5 @@
 // Workload generation, distributions as text, and CSV traces.
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,7 +2,7 @@
 // Every test compares carve against these.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -34,8 +34,8 @@ SlotBitmap<N> to_bitmap(const Slots& s) {
   return b;
 }
 
-// Every start i with slots [i, i + m) free, by checking each start slot by slot: the seed's
-// method done literally. O(N * m), so only for small bitmaps.
+// Every start i with slots [i, i + m) free, by checking each start slot by slot: the per-start
+// AND of m slot bits done literally. O(N * m), so only for small bitmaps.
 inline std::vector<std::uint32_t> literal_run_starts(const Slots& s, std::uint32_t m) {
   std::vector<std::uint32_t> starts;
   const auto n = static_cast<std::uint32_t>(s.size());
@@ -113,7 +113,8 @@ inline std::optional<std::uint32_t> ref_best(const Slots& s, std::uint32_t m) {
   return best->first;
 }
 
-// The seed's rule, literally: i the lowest start, j the highest; i if i + j <= N - m.
+// The boundary-nearest rule, literally: i the lowest start, j the highest; i if i + j <= N - m, so whichever
+// of the two lies nearer its own end of the slot space wins, ties going low.
 inline std::optional<std::uint32_t> ref_boundary_nearest(const std::vector<std::uint32_t>& starts, std::uint32_t n,
                                                          std::uint32_t m) {
   if (starts.empty()) {

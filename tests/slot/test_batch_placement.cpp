@@ -4,8 +4,6 @@
 // is checked here by reducing candidates the way they do.
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -3,8 +3,6 @@
 // what the surviving allocations say.
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>

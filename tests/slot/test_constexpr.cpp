@@ -1,6 +1,6 @@
 // The slot code runs in constant evaluation: every check here is a static_assert, so this file
 // failing to compile is the test failing.
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <doctest/doctest.h>
 

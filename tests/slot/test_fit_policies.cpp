@@ -1,7 +1,5 @@
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -115,7 +113,7 @@ TEST_CASE("policies have names for reports") {
   CHECK(std::strcmp(carve::policy_name<NotAPolicy>(), "custom") == 0);
 }
 
-TEST_CASE("the seed's worked examples") {
+TEST_CASE("every policy's pick in two small bitmaps, worked out by hand") {
   SUBCASE("16 slots 0111_1001_1111_1100, m = 4: run starts 1 and 7..10, choose 1") {
     SlotBitmap<16> b = SlotBitmap<16>::all_taken();
     b.release({1, 4});

@@ -1,7 +1,5 @@
 #include "reference_release_aligned.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <cstring>

@@ -1,7 +1,5 @@
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <random>

@@ -1,7 +1,5 @@
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -61,7 +59,7 @@ TEST_CASE("from_words clears bits past the end") {
   CHECK(b == SlotBitmap<70>{});
 }
 
-TEST_CASE("the seed's 16-slot example has run starts 1 and 7..10 for m = 4") {
+TEST_CASE("16 slots 0111_1001_1111_1100 have run starts 1 and 7..10 for m = 4") {
   // 0111_1001_1111_1100, slot 0 first.
   SlotBitmap<16> b = SlotBitmap<16>::all_taken();
   b.release({1, 4});
@@ -76,7 +74,7 @@ TEST_CASE("the seed's 16-slot example has run starts 1 and 7..10 for m = 4") {
   CHECK(got == std::vector<std::uint32_t>{1, 7, 8, 9, 10});
 }
 
-TEST_CASE("the seed's 128-slot example has run starts {2, 3, 124, 125} for m = 3") {
+TEST_CASE("128 slots with 0-1 and 6-123 taken have run starts {2, 3, 124, 125} for m = 3") {
   SlotBitmap<128> b;
   b.occupy({0, 2});
   b.occupy({6, 118});

@@ -3,8 +3,6 @@
 // semantics (what moves between lanes and what a lane past the warp keeps).
 #include "reference.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <random>

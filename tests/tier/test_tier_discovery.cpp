@@ -1,6 +1,7 @@
 // Tier discovery from a fake sysfs tree, disk tiers, and memory behind a plan: a NUMA node here
 // and a mapped file, with bytes written and read back.
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
+#include <carve/tier.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
 // TierPlanner: the placement rules, the share arithmetic (checked by hand), plans that exhaust
 // tiers, unmet demand, the first-come-first-served comparison, the table and JSON, bad input.
-#include <carve/carve.hpp>
+#include <carve/tier.hpp>
 
 #include <doctest/doctest.h>
 
@@ -82,7 +82,7 @@ TEST_CASE("subtasks split evenly with the remainder on the first ones, or as giv
   CHECK(given[3].bytes == 4);
 }
 
-TEST_CASE("shares by hand: the seed reserves whole shares of the tiers a GPU uses") {
+TEST_CASE("shares by hand: by default a GPU reserves whole shares of the tiers it uses") {
   // Capacity 100 per GPU; demands 130, 110, 160, 50 -> extras 30, 10, 60, 0.
   const TierPlanner planner(gpus(4, 100), three_tiers(100, 200, 1000));
   const auto plan = planner.plan({{450, {130, 110, 160, 50}}});

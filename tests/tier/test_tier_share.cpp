@@ -1,7 +1,9 @@
 // A GPU's tier reservations as real memory: how a share splits over a tier's NUMA nodes, the
 // TierShareResource that draws from the parts, GpuSpill, and a PagedMirror whose devices are
 // spill shares.
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
+#include <carve/mr.hpp>
+#include <carve/tier.hpp>
 
 #include <doctest/doctest.h>
 

@@ -1,8 +1,6 @@
 #include "support/errors.hpp"
 #include "support/topology_data.hpp"
 
-#include <carve/carve.hpp>
-
 #include <doctest/doctest.h>
 
 #include <string>

@@ -1,7 +1,7 @@
 #include "support/errors.hpp"
 #include "support/topology_data.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/topology.hpp>
 
 #include <doctest/doctest.h>
 
@@ -89,7 +89,7 @@ TEST_CASE("CPUs and switches relay PCIe; a GPU does not") {
   CHECK(t.path_bandwidth(cpu, g0) == 16.0);
 }
 
-TEST_CASE("GpuRelay::any_link: the seed's CPU0-GPU3-GPU0 path, which the default rule does not allow") {
+TEST_CASE("GpuRelay::any_link: CPU0-GPU3-GPU0, PCIe into a GPU and on over NVLink, which the default rule forbids") {
   // GPU0's own PCIe path is narrow (x8, 8 GB/s); GPU3 has a full one and a double NVLink to GPU0.
   TopologyBuilder b({20.0, 16.0, 10.0});
   const NodeId cpu0 = b.add_cpu("CPU0");
@@ -146,13 +146,13 @@ TEST_CASE("builder mistakes throw and change nothing") {
   CHECK_THROWS_ERRC(carve::Errc::out_of_range, (void)t.path_bandwidth(g0, NodeId{9}));
 }
 
-TEST_CASE("the seed's Fig. 1 board from a description") {
+TEST_CASE("two CPUs and eight GPUs in PCIe pairs, joined by NVLink, from a description") {
   const Topology t = Topology::from_description(carve::test::topology_text("seed_fig1.txt"));
   REQUIRE(t.gpu_count() == 8);
   CHECK(t.node_count() == 14);
   CHECK(t.options().max_hops == 3);
   CHECK(t.bandwidths().nvlink == 25.0);
-  // GPU0's widest peers are GPU3 and GPU6 (two NVLinks each), as in the seed's experiment.
+  // GPU0's widest peers are GPU3 and GPU6 (two NVLinks each).
   CHECK(t.path_bandwidth(t.gpu(0), t.gpu(3)) == 50.0);
   CHECK(t.path_bandwidth(t.gpu(0), t.gpu(6)) == 50.0);
   CHECK(t.path_bandwidth(t.gpu(0), t.gpu(1)) == 25.0);

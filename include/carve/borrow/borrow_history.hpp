@@ -1,5 +1,5 @@
-// carve/borrow/borrow_history.hpp — who borrowed from whom, recently: the seed's kept history of
-// (time, size, lender) per requester, which the weighted strategy reads.
+// carve/borrow/borrow_history.hpp — who borrowed from whom, recently: a kept history of (time,
+// size, lender) per requester, which the weighted strategy reads to spread borrowing.
 //
 // A window of the last `window` borrows; counts per (requester, lender) are kept up to date as
 // records enter and leave it, so reading them is O(1). Not synchronised: BorrowingAllocator

@@ -37,6 +37,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
 #include <carve/topology/topology.hpp>
@@ -288,14 +289,9 @@ private:
 
   // Whether `p` lies in a live block handed out for `requester`.
   bool lent_to(const void* p, int requester) const noexcept {
-    const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const std::lock_guard lock(mutex_);
-    auto it = lent_.upper_bound(addr);
-    if (it == lent_.begin()) {
-      return false;
-    }
-    --it;
-    return addr - it->first < it->second.bytes && it->second.requester == requester;
+    const auto it = detail::block_containing(lent_, p, [](const Lent& l) { return l.bytes; });
+    return it != lent_.end() && it->second.requester == requester;
   }
 
   // What `requester` can reach: its own card (when `local`) and every card with a path to it.

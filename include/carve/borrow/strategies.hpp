@@ -1,4 +1,5 @@
-// carve/borrow/strategies.hpp — the three ways of choosing a lender that the seed describes.
+// carve/borrow/strategies.hpp — three ways of choosing a lender: the widest path, the most free
+// memory among well-connected cards, and a weighted score of free memory, bandwidth and history.
 #pragma once
 
 #include <carve/borrow/pick_strategy.hpp>
@@ -17,7 +18,7 @@ struct LargestBandwidth {
 // request fails); otherwise the widest path wins, as in (a).
 struct ThresholdMostFree {
   static constexpr const char* name = "threshold-most-free";
-  double threshold_gbps = 48.0; // the seed's example figure
+  double threshold_gbps = 48.0; // between PCIe (16-32 GB/s) and NVLink (50+ GB/s): NVLink-connected cards only
   bool strict = false;
 
   constexpr bool eligible(const Candidate& c) const noexcept { return !strict || c.bandwidth_gbps >= threshold_gbps; }

@@ -10,7 +10,7 @@
 //   std::memset(*p, 1, 4096);                                 // a plain store: its page is now dirty
 //   auto report = mirror.sync();                              // copies that one page, nothing else
 //
-// The seed's virtual GPU (seed 002, SPEC §3). Construction asks the backend for its devices and
+// One virtual GPU over several. Construction asks the backend for its devices and
 // reserves host address space equal to their total memory (PROT_NONE, committed per allocation),
 // cut into pages of options.page_size; the page table maps each host page to a page of one device.
 // An allocation takes contiguous host pages and, on the devices the Placement policy chooses, device
@@ -19,8 +19,8 @@
 // behind them, adjacent pages coalesced into one copy per device run, queued on each device's
 // stream so devices copy in parallel, higher-priority allocations first; fetch() brings pages that
 // device code wrote back. The compute side (submit / dispatch / release) hands devices or SM
-// partitions to requests in priority order and answers with the seed's pair: a compute resource and
-// a virtual address.
+// partitions to requests in priority order and answers with a pair: a compute resource and a
+// virtual address.
 //
 // The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
 // Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is

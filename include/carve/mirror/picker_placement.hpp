@@ -6,7 +6,7 @@
 //
 // The requesting device is the request's `near` device (the one the dispatcher gave the work to),
 // else `home`. The whole allocation goes to one device when one can hold it: the requester if it
-// has room, else the lender the picker's strategy chooses (seed 000's rules). When no single device
+// has room, else the lender the picker's strategy chooses (borrow/). When no single device
 // can, the pages are spread: the requester's free pages first, then the picker's next choice, and
 // so on, so the pages furthest from the requester are the fewest. Device ordinals are the
 // topology's GPU ordinals; the topology must describe as many GPUs as the mirror has devices.

@@ -5,7 +5,7 @@
 //   for (const carve::ComputeGrant& g : dispatcher.dispatch()) launch(g.device, g.units);
 //   dispatcher.release(g);
 //
-// The compute side of the virtual device (seed 002): each device's compute units (SMs, CUs) are
+// The compute side of the virtual device: each device's compute units (SMs, CUs) are
 // slots, and a request takes a contiguous partition of them on one device (compute_units = 0: a
 // whole device). Requests wait in a queue ordered by priority (higher first; equal priorities in
 // submission order). dispatch() serves them from the front: each goes to the device where it fits

@@ -32,6 +32,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/pool_stats.hpp>
 #include <carve/mr/simulated_card.hpp>
@@ -176,13 +177,7 @@ public:
   // Whether `p` lies in a segment this pool holds (a live block or a cached one).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
-    const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    auto it = segments_.upper_bound(addr);
-    if (it == segments_.begin()) {
-      return false;
-    }
-    --it;
-    return addr - it->first < it->second;
+    return detail::block_containing(segments_, p, [](std::size_t size) { return size; }) != segments_.end();
   }
 
   // The largest request that would succeed now, assuming the upstream's free memory is in one

@@ -28,6 +28,9 @@ class LimitResource : public CcclSpellings<LimitResource<R, Scope>> {
 public:
   using resource_type = R;
 
+  // A budget of nothing (every request: no_space) until assigned: how a __shared__ stack starts.
+  constexpr LimitResource() requires cuda::std::default_initializable<R>
+  = default;
   // `budget` bytes of `resource` (the resource itself, or what its constructor takes).
   template <class Resource>
   requires cuda::std::constructible_from<R, Resource>
@@ -120,8 +123,8 @@ private:
     return cuda::atomic_ref<cuda::std::size_t, Scope>(used_);
   }
 
-  R r_;
-  cuda::std::size_t budget_;
+  R r_{};
+  cuda::std::size_t budget_ = 0;
   cuda::std::size_t used_ = 0; // touched only through atomic_ref
 };
 

@@ -1,6 +1,6 @@
 // carve/queue/round_robin.hpp — RoundRobin: serve the tiers in turn, skipping empty ones.
 //
-// The manager of the scheme this follows: one request from tier 0, then tier 1, then tier 2,
+// One request from tier 0, then tier 1, then tier 2,
 // then tier 0 again; an empty tier is passed over. A small request therefore waits for at most
 // one request of every other tier, however many large ones are queued.
 #pragma once

@@ -3,7 +3,7 @@
 // Thresholds t1 < t2 < ... < tk cut sizes into k + 1 tiers. Each threshold is an inclusive upper
 // bound, the largest size of its tier: a size s goes to tier_of(s) = the number of thresholds
 // strictly below s. Tier 0 holds sizes 0..t1 (t1 included), tier i holds t_i + 1 .. t_(i+1), the
-// last tier everything above tk. As in the scheme this follows, with 128 and 512 vectors tier 0
+// last tier everything above tk. With thresholds of 128 and 512 vectors, tier 0
 // holds requests of at most 128 vectors (exactly 128 included), tier 1 those of 129..512, tier 2
 // everything from 513 up:
 //

@@ -33,6 +33,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/segment_mapping.hpp>
@@ -143,12 +144,8 @@ public:
   // Whether `p` lies in a live region of this client.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    auto it = state_->regions.upper_bound(address(p));
-    if (it == state_->regions.begin()) {
-      return false;
-    }
-    --it;
-    return !it->second.orphan && address(p) - it->first < it->second.info.size;
+    const auto it = state_->find(p);
+    return it != state_->regions.end() && !it->second.orphan;
   }
   friend bool operator==(const AllocationClient& a, const AllocationClient& b) noexcept { return a.state_ == b.state_; }
 
@@ -346,12 +343,7 @@ private:
     }
 
     std::map<std::uintptr_t, LocalRegion>::iterator find(const void* p) {
-      auto it = regions.upper_bound(address(p));
-      if (it == regions.begin()) {
-        return regions.end();
-      }
-      --it;
-      return address(p) - it->first < it->second.info.size ? it : regions.end();
+      return carve::detail::block_containing(regions, p, [](const LocalRegion& r) { return r.info.size; });
     }
 
     // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
@@ -428,7 +420,7 @@ private:
         }
         auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
         if (!decoded) {
-          return lost("carve-served sent a message that does not decode: " + decoded.error().reason);
+          return lost("carve-served sent a message that does not decode: " + decoded.error().message);
         }
         return std::move(*decoded);
       }

@@ -100,7 +100,7 @@ public:
     auto decoded = decode_request(message);
     if (!decoded) {
       ++counters_.rejected;
-      send(out, client, ErrorReply{decoded.error().code, decoded.error().reason}, decoded.error().sequence,
+      send(out, client, ErrorReply{decoded.error().code, decoded.error().message}, decoded.error().sequence,
            decoded.error().fatal || !c.greeted);
       return;
     }

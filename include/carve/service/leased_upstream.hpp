@@ -21,6 +21,7 @@
 // by them even when a new segment reuses an old address. Copies share one state. Thread-safe.
 #pragma once
 
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/protocol.hpp>
@@ -114,17 +115,12 @@ public:
   // The live segment holding `p`; nullopt when none does.
   std::optional<SegmentLocation> locate(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    auto at = state_->live.upper_bound(address(p));
-    if (at == state_->live.begin()) {
+    const auto size_of = [&](SegmentId id) { return state_->segments.find(id)->second.size; };
+    const auto at = carve::detail::block_containing(state_->live, p, size_of);
+    if (at == state_->live.end()) {
       return std::nullopt;
     }
-    --at;
-    const Segment& s = state_->segments.at(at->second);
-    const std::uintptr_t offset = address(p) - at->first;
-    if (offset >= s.size) {
-      return std::nullopt;
-    }
-    return SegmentLocation{at->second, offset, s.size};
+    return SegmentLocation{at->second, address(p) - at->first, size_of(at->second)};
   }
 
   // Exports the segment to one more process; nullopt (and no lease) when the segment is not

@@ -25,7 +25,7 @@
 // message that decodes re-encodes to the same bytes (the fuzz target checks both).
 #pragma once
 
-#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/wire.hpp>
 
@@ -394,9 +394,8 @@ constexpr MessageType message_type() noexcept {
 // What decoding found wrong. `fatal`: the byte stream cannot be trusted any more (bad header,
 // malformed payload), so the receiver answers once and closes the connection; an unknown but
 // well-framed message type is not fatal.
-struct DecodeError {
-  Errc code = Errc::bad_message;
-  std::string reason;
+// Why a message does not decode (an Error: code and message), and what the reply to it needs.
+struct DecodeError : Error {
   bool fatal = true;
   std::uint32_t sequence = 0; // the header's, when the header was readable (for the error reply)
 };
@@ -443,7 +442,7 @@ cuda::std::expected<Decoded<Variant>, DecodeError> decode(std::span<const std::u
   using Result = cuda::std::expected<Decoded<Variant>, DecodeError>;
   std::uint32_t sequence = 0;
   const auto fail = [&sequence](Errc code, std::string reason, bool fatal = true) {
-    return Result(cuda::std::unexpect, DecodeError{code, std::move(reason), fatal, sequence});
+    return Result(cuda::std::unexpect, DecodeError{{code, std::move(reason)}, fatal, sequence});
   };
   if (bytes.size() > max_size) {
     return fail(Errc::bad_message, "message of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +

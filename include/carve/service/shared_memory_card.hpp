@@ -1,4 +1,4 @@
-// carve/mr/shared_memory_card.hpp — a simulated card whose memory other processes can map.
+// carve/service/shared_memory_card.hpp — a simulated card whose memory other processes can map.
 //
 //   carve::SharedMemoryCard card(64 << 20);              // 64 MiB, like SimulatedCard
 //   void* p = *card.try_allocate(2 << 20, 256);
@@ -15,6 +15,7 @@
 #include <carve/core/os_page_size.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
 
@@ -106,13 +107,8 @@ public:
   // Whether `p` lies in a live allocation of this card.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    auto it = state_->segments.upper_bound(addr);
-    if (it == state_->segments.begin()) {
-      return false;
-    }
-    --it;
-    return addr - it->first < it->second.size;
+    return detail::block_containing(state_->segments, p, [](const Segment& s) { return s.size; }) !=
+           state_->segments.end();
   }
 
   std::size_t capacity() const noexcept { return budget_.capacity(); }

@@ -126,7 +126,7 @@ public:
     return n;
   }
 
-  // How many placements covered each slot: the seed's wear.
+  // How many placements covered each slot: its wear (even wear means both ends are used alike).
   const std::array<std::uint64_t, N>& wear() const { return wear_; }
   const allocator_type& allocator() const { return allocator_; }
 

@@ -2,12 +2,12 @@
 //
 // Time runs in cycles. At each cycle t:
 //   1. every workgroup that finishes at t releases its slots (releases come before allocations,
-//      as in seed 001);
+//      so slots freed at t can be taken at t);
 //   2. workgroups arriving at t join the back of the queue;
 //   3. up to `width` times, the first `window` queued workgroups are tried in order and the
 //      first that fits is dispatched (on the compute unit `choice` picks) and leaves the queue.
 //      With window 1 a head that fits nowhere blocks everything behind it (head-of-line
-//      blocking, the seed's allocate_fifo); a larger window backfills past it.
+//      blocking, a strict FIFO); a larger window backfills past it.
 // A workgroup dispatched at t is released at t + duration. The makespan is the cycle of the
 // last release. Nothing changes between releases and arrivals, so the simulation jumps from
 // one such event to the next: cost grows with the number of workgroups, not of cycles.

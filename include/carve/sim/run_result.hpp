@@ -16,7 +16,7 @@ struct Placement {
   SlotRange range{0, 0}; // for the bound (PooledCu) only the count is meaningful
 };
 
-// The state every `sample_every` cycles (figures 12 and 13 of the seed).
+// The state every `sample_every` cycles: queue length and idle slots over time.
 struct Series {
   std::uint32_t sample_every = 0;
   std::vector<std::uint32_t> remaining; // workgroups not yet finished (queued, running or yet to arrive)

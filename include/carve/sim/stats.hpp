@@ -1,8 +1,8 @@
 // carve/sim/stats.hpp — summaries of repeated runs and paired comparisons between policies.
 //
 // Every policy runs on the same workloads (one per seed), so policies are compared run by run:
-// the difference of two makespans on the same seed removes the seed's own luck, which is far
-// larger than most differences between policies (the seed's figure 14).
+// the difference of two makespans on the same seed removes that workload's own luck, which is
+// far larger than most differences between policies.
 #pragma once
 
 #include <algorithm>
@@ -82,7 +82,7 @@ inline Summary summarize(std::vector<double> values) {
 }
 
 // A candidate against a reference on the same runs; differences are reference - candidate, so
-// a positive difference means the candidate finished sooner (the seed's "delta time").
+// a positive difference means the candidate finished sooner.
 struct PairedComparison {
   Summary difference;
   double wins = 0; // share of runs where the candidate is strictly lower

@@ -106,7 +106,8 @@ private:
   double p_; // bimodal: probability of the second mode; geometric: the mean
 };
 
-// How workgroups arrive: all queued at cycle 0 (the seed's experiment), or a Poisson stream.
+// How workgroups arrive: all queued at cycle 0 (a batch drained as fast as it can be), or a
+// Poisson stream.
 struct Arrivals {
   double per_cycle = 0.0; // 0: everything at cycle 0; else the mean arrivals per cycle
 

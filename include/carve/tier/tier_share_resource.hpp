@@ -19,6 +19,7 @@
 
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/tier/spill_tier.hpp>
 #include <carve/tier/tier_discovery.hpp>
@@ -178,14 +179,9 @@ public:
 
   // Whether `p` lies in a live allocation of this share.
   bool owns(const void* p) const noexcept {
-    const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const std::lock_guard lock(state_->mutex);
-    auto it = state_->owner.upper_bound(addr);
-    if (it == state_->owner.begin()) {
-      return false;
-    }
-    --it;
-    return addr - it->first < it->second.bytes;
+    return detail::block_containing(state_->owner, p, [](const State::Owned& o) { return o.bytes; }) !=
+           state_->owner.end();
   }
 
   const std::vector<SharePart>& parts() const noexcept { return state_->parts; }

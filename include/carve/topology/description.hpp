@@ -1,7 +1,7 @@
 // carve/topology/description.hpp — Topology::from_description: a machine written down by hand,
 // for machines without nvidia-smi (or boards that only exist on paper).
 //
-//   # the seed's Fig. 1 board, first socket       (everything after # is a comment)
+//   # a two-socket board, first socket      (everything after # is a comment)
 //   bandwidth nvlink 25          # GB/s per link of a type (before the first node)
 //   max_hops 3                   # links on a path (default 2)
 //   gpu_relay any                # a GPU relays between any links (default: nvlink, NVLink to

@@ -13,15 +13,14 @@
 // hardware forwards it onto GPU3's NVLinks. Traffic "through" a GPU is the GPU's copy engines
 // copying out of its own memory again: NCCL does that only from NVLink to NVLink (its
 // NVLink-through-an-intermediate-GPU paths), where both legs are many times wider than PCIe.
-// So the seed's example path CPU0-GPU3-GPU0 (SPEC §2) is not a path here by default: CPU0
-// reaches GPU0 over its own PCIe path. GpuRelay::any_link lets a GPU relay between any two of
-// its links (the seed's looser model, a store-and-forward through the relay's memory), for
-// users who do stage copies that way.
+// So a path such as CPU0-GPU3-GPU0 is not a path here by default: CPU0 reaches GPU0 over its
+// own PCIe path. GpuRelay::any_link lets a GPU relay between any two of its links (a store-and-
+// forward through the relay's memory), for users who do stage copies that way.
 //
 // Every pair is computed once when the topology is built (O(nodes x links x layers), where the
 // layers stop once no path widens), so queries are table look-ups.
-// Host-only code: bad input throws (std::invalid_argument from the builder, carve::Exception from
-// the readers).
+// Host-only code: bad input throws carve::Exception (invalid_argument from the builder, from the
+// readers with the line).
 #pragma once
 
 #include <carve/core/error.hpp>

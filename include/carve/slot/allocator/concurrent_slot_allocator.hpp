@@ -1,4 +1,4 @@
-// carve/slot/concurrent_slot_allocator.hpp — slot allocation shared by many threads, lock-free.
+// carve/slot/allocator/concurrent_slot_allocator.hpp — slot allocation shared by many threads, lock-free.
 //
 //   __shared__ carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block> slots;
 //   if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
@@ -149,7 +149,7 @@ public:
     // Word by word (no SlotBitmap<N> on the stack: N / 8 bytes is a lot for a device thread).
     constexpr std::uint32_t last = bits::word_count(N) - 1;
     const AtomicWords<N, Scope> words = live();
-    for (std::uint32_t k = 0; k < last; ++k) {
+    for (std::uint32_t k = 0; k + 1 <= last; ++k) { // not k < last: nvcc warns when last is 0
       words.atomic(k).store(bits::all_ones, cuda::std::memory_order_relaxed);
     }
     words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);

@@ -1,4 +1,4 @@
-// carve/slot/dynamic_slot_allocator.hpp — SlotAllocator with the number of slots chosen at run time.
+// carve/slot/allocator/dynamic_slot_allocator.hpp — SlotAllocator with the number of slots chosen at run time.
 //
 //   carve::DynamicSlotAllocator<carve::FirstFit> pages(device_bytes / page_size);
 //   auto r = pages.allocate(16);           // expected<SlotRange, Errc>, exactly as SlotAllocator

@@ -1,4 +1,4 @@
-// carve/slot/sharded_slot_allocator.hpp — many independent slot bitmaps behind one interface.
+// carve/slot/allocator/sharded_slot_allocator.hpp — many independent slot bitmaps behind one interface.
 //
 // Under heavy concurrency an exact policy on one bitmap sends every thread to the same words
 // (the lowest free run, say). Sharding splits the slots into `Shards` bitmaps of `ShardSlots`

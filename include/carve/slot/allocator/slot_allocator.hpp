@@ -1,4 +1,4 @@
-// carve/slot/slot_allocator.hpp — checked allocation of contiguous slots under a fit policy.
+// carve/slot/allocator/slot_allocator.hpp — checked allocation of contiguous slots under a fit policy.
 //
 //   carve::SlotAllocator<128> slots;                 // boundary-nearest by default
 //   auto r = slots.allocate(4);                      // expected<SlotRange, Errc>

@@ -1,4 +1,4 @@
-// carve/slot/batch_placement.hpp — placing a batch of workgroups on K compute units at once.
+// carve/slot/batch/batch_placement.hpp — placing a batch of workgroups on K compute units at once.
 //
 // Requests are taken in order, each seeing the bitmaps as the requests before it left them:
 // every unit's fit policy proposes a start, the CU-choice rule picks a unit, and that unit's

@@ -1,4 +1,4 @@
-// carve/slot/cu_choice.hpp — which compute unit gets a workgroup when several could take it.
+// carve/slot/batch/cu_choice.hpp — which compute unit gets a workgroup when several could take it.
 //
 // A scheduler with K compute units asks each unit's fit policy where m slots would go, then a
 // CU-choice rule picks among the units that can take the request. A rule is an ordering:

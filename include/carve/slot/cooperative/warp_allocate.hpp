@@ -1,4 +1,4 @@
-// carve/slot/warp_allocate.hpp — one allocation for all the lanes of a warp that ask together.
+// carve/slot/cooperative/warp_allocate.hpp — one allocation for all the lanes of a warp that ask together.
 // The device function exists under a CUDA compiler only (sm_70 or newer); share_of, the
 // arithmetic it relies on, everywhere.
 //

@@ -1,4 +1,4 @@
-// carve/slot/warp_scan.hpp — warp- and block-cooperative searches for the lowest and highest
+// carve/slot/cooperative/warp_scan.hpp — warp- and block-cooperative searches for the lowest and highest
 // start of m free slots, for bitmaps of hundreds to tens of thousands of slots.
 //
 // A warp reads 32 words at once (one per lane), turns each into a RunSegment and reduces them

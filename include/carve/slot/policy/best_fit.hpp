@@ -1,4 +1,4 @@
-// carve/slot/best_fit.hpp — the start of the smallest maximal free run that holds m.
+// carve/slot/policy/best_fit.hpp — the start of the smallest maximal free run that holds m.
 //
 // Keeps large runs intact for large requests. Ties go to the lowest run, and a run of exactly m
 // ends the search early. Cost is one walk over the free runs: O(words + runs).

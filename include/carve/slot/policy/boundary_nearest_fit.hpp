@@ -1,4 +1,4 @@
-// carve/slot/boundary_nearest_fit.hpp — the fit closest to either end of the slot space.
+// carve/slot/policy/boundary_nearest_fit.hpp — the fit closest to either end of the slot space.
 //
 // Let i be the lowest start of m free slots and j the highest. i lies i slots from the low end;
 // a run at j ends N - j - m slots from the high end. The nearer one wins, ties going low:
@@ -20,7 +20,7 @@ namespace carve {
 struct BoundaryNearestFit {
   static constexpr const char* name = "boundary-nearest";
 
-  // The seed's rule, given both extreme candidates.
+  // The rule, given both extreme candidates: the low one when i + j <= N - m, else the high one.
   CARVE_HOST_DEVICE static constexpr cuda::std::optional<std::uint32_t> pick(runs::StartBounds b, std::uint32_t slots,
                                                                              std::uint32_t m) noexcept {
     if (!b.found) {

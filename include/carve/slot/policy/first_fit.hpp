@@ -1,4 +1,4 @@
-// carve/slot/first_fit.hpp — the lowest start that fits (the classic address-ordered first fit).
+// carve/slot/policy/first_fit.hpp — the lowest start that fits (the classic address-ordered first fit).
 #pragma once
 
 #include <carve/core/config.hpp>

@@ -1,4 +1,4 @@
-// carve/slot/fit_policy.hpp — the concept every fit policy models.
+// carve/slot/policy/fit_policy.hpp — the concept every fit policy models.
 //
 // A fit policy chooses where a request for m contiguous slots goes:
 //

@@ -1,4 +1,4 @@
-// carve/slot/hinted_fit_policy.hpp — policies that take a hint beside m, and policies that
+// carve/slot/policy/hinted_fit_policy.hpp — policies that take a hint beside m, and policies that
 // remember what they placed.
 //
 // A scheduler often knows more about a request than its size: how long the workgroup is expected

@@ -1,4 +1,4 @@
-// carve/slot/last_fit.hpp — the highest start that fits: allocations grow down from the top.
+// carve/slot/policy/last_fit.hpp — the highest start that fits: allocations grow down from the top.
 #pragma once
 
 #include <carve/core/config.hpp>

@@ -1,4 +1,4 @@
-// carve/slot/release_aligned_fit.hpp — place a workgroup beside neighbours that release after it.
+// carve/slot/policy/release_aligned_fit.hpp — place a workgroup beside neighbours that release after it.
 //
 // Contiguous slots fragment when a run is released while the runs on both sides of it stay taken:
 // a hole opens that no larger request can use. Where that happens is decided at placement time.

@@ -1,4 +1,4 @@
-// carve/slot/free_runs.hpp — the maximal runs of free slots, lowest first, as a forward range.
+// carve/slot/search/free_runs.hpp — the maximal runs of free slots, lowest first, as a forward range.
 //
 //   for (carve::SlotRange run : bitmap.free_runs()) { ... }
 //

@@ -1,4 +1,4 @@
-// carve/slot/run_search.hpp — finding runs of free slots in a bitmap held as 64-bit words.
+// carve/slot/search/run_search.hpp — finding runs of free slots in a bitmap held as 64-bit words.
 //
 // These functions work on any WordSource (a SlotBitmap's own storage, a snapshot, a live
 // bitmap read atomically word by word), which is why they are free functions. Bits past the

@@ -1,4 +1,4 @@
-// carve/slot/run_segment.hpp — a stretch of slots summarised for one request size m.
+// carve/slot/search/run_segment.hpp — a stretch of slots summarised for one request size m.
 //
 // To find the lowest and highest start of m free slots, a stretch of the bitmap only needs to
 // report its free run at each end and the extreme starts that lie wholly inside it. Two

@@ -1,4 +1,4 @@
-// carve/slot/atomic_words.hpp — a live bitmap as a WordSource: each word is loaded atomically
+// carve/slot/storage/atomic_words.hpp — a live bitmap as a WordSource: each word is loaded atomically
 // when a search reaches it.
 //
 // A search over AtomicWords sees each word as it was at the moment it was read, so its answer

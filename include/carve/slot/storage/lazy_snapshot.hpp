@@ -1,4 +1,4 @@
-// carve/slot/lazy_snapshot.hpp — the words of a live bitmap that one search has seen.
+// carve/slot/storage/lazy_snapshot.hpp — the words of a live bitmap that one search has seen.
 //
 // A fit policy searching a live bitmap reads words while other threads change them. LazySnapshot
 // loads a word the first time the search asks for it and answers later reads of it from that

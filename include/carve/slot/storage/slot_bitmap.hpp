@@ -1,4 +1,4 @@
-// carve/slot/slot_bitmap.hpp — one bit per slot, 1 = free, 0 = taken.
+// carve/slot/storage/slot_bitmap.hpp — one bit per slot, 1 = free, 0 = taken.
 //
 // SlotBitmap<N> is the state of N equal slots (e.g. a compute unit's shared memory cut into
 // 128 slots of 512 bytes). It is a plain value: trivially copyable, constexpr, and usable in
@@ -94,7 +94,7 @@ public:
     words_[word_count - 1] = tail_mask;
   }
 
-  // Bit i is set iff slots [i, i + m) are all free (the seed's "avail_mask"). Empty for m == 0
+  // Bit i is set iff slots [i, i + m) are all free (the "avail mask"). Empty for m == 0
   // and m > N. Built by log2(m) whole-bitmap shift-and steps: O(words * log m).
   CARVE_HOST_DEVICE constexpr SlotBitmap run_starts(std::uint32_t m) const noexcept {
     if (m == 0 || m > N) {

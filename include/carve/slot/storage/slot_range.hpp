@@ -1,4 +1,4 @@
-// carve/slot/slot_range.hpp — a run of contiguous slots: what an allocation hands out.
+// carve/slot/storage/slot_range.hpp — a run of contiguous slots: what an allocation hands out.
 #pragma once
 
 #include <carve/core/bits.hpp>

@@ -1,4 +1,4 @@
-// carve/slot/slot_words.hpp — where a concurrent slot bitmap's words live.
+// carve/slot/storage/slot_words.hpp — where a concurrent slot bitmap's words live.
 //
 // ConcurrentSlotAllocator works on words it owns (OwnedSlotWords: a member array, constant-
 // initialised to all free, so the allocator can be a __device__ global) or on words it does not
@@ -49,13 +49,15 @@ class BorrowedSlotWords {
 public:
   static constexpr std::uint32_t word_count = bits::word_count(N);
 
+  // No words yet (a __shared__ declaration, say): assign real ones before use.
+  constexpr BorrowedSlotWords() noexcept = default;
   // `words` must hold word_count 8-byte-aligned words laid out as above (reset() writes them).
   CARVE_HOST_DEVICE constexpr explicit BorrowedSlotWords(bits::word* words) noexcept : words_(words) {}
 
   CARVE_HOST_DEVICE constexpr bits::word* data() const noexcept { return words_; }
 
 private:
-  bits::word* words_;
+  bits::word* words_ = nullptr;
 };
 
 static_assert(SlotWords<OwnedSlotWords<130>> && SlotWords<BorrowedSlotWords<130>>);

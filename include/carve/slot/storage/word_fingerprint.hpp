@@ -1,4 +1,4 @@
-// carve/slot/word_fingerprint.hpp — whether two reads of a live bitmap saw the same words,
+// carve/slot/storage/word_fingerprint.hpp — whether two reads of a live bitmap saw the same words,
 // without keeping a copy of either.
 //
 // A read of L words is summarised as a polynomial in a point x, modulo the prime p = 2^61 - 1

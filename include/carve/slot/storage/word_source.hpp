@@ -1,4 +1,4 @@
-// carve/slot/word_source.hpp — what the run searches read: anything that yields bitmap words.
+// carve/slot/storage/word_source.hpp — what the run searches read: anything that yields bitmap words.
 //
 // A span of words (a SlotBitmap's storage, a snapshot) is a word source; so is a view that
 // loads each word atomically only when a search reaches it (see AtomicWords), which lets a

@@ -1,0 +1,91 @@
+// The combinators in kernels: a block-shared stack of a slot arena, a fallback to a global
+// arena, a limit and counters, every thread allocating and freeing at once. Built by nvcc for
+// every architecture in CI; run where a GPU is present (exit code 77 without one).
+#include "support/device_test.hpp"
+
+#include <carve/carve.hpp>
+
+#include <cstdio>
+
+namespace {
+
+using Local =
+    carve::SlotArena<carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block>>;
+using Global = carve::SlotArena<carve::ConcurrentSlotAllocatorRef<2048, carve::FirstFit>>;
+using Counted = carve::StatsResource<carve::LimitResource<Global>>;
+using Stack = carve::FallbackResource<Local, carve::Segregator<512, Counted, Global>>;
+
+constexpr unsigned blocks = 32;
+constexpr unsigned threads = 256;
+
+// Every thread allocates 1..1000 bytes, writes them, checks them and frees them, 16 times.
+__global__ void hammer(Global global, unsigned* failures, unsigned long long* served) {
+  __shared__ alignas(64) std::byte local_memory[128 * 64];
+  __shared__ Stack stack;
+  if (threadIdx.x == 0) {
+    stack.primary().reset(local_memory, 64);
+    stack.fallback().small() = Counted(carve::LimitResource<Global>(global, 64 << 10));
+    stack.fallback().large() = global;
+  }
+  __syncthreads();
+  const unsigned id = blockIdx.x * blockDim.x + threadIdx.x;
+  for (unsigned round = 0; round < 16; ++round) {
+    const std::size_t bytes = 1 + (id * 131 + round * 977) % 1000;
+    auto p = stack.try_allocate(bytes, 8);
+    while (!p) {
+      if (p.error() != carve::Errc::no_space) {
+        atomicAdd(failures, 1u);
+        return;
+      }
+      p = stack.try_allocate(bytes, 8);
+    }
+    auto* b = static_cast<unsigned char*>(*p);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      b[i] = static_cast<unsigned char>(id);
+    }
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (b[i] != static_cast<unsigned char>(id)) {
+        atomicAdd(failures, 1u); // someone else was handed the same bytes
+        break;
+      }
+    }
+    stack.deallocate(*p, bytes, 8);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const carve::ResourceStats s = stack.fallback().small().stats();
+    if (s.bytes_in_use != 0 || s.allocations != s.deallocations || s.peak_bytes > (64 << 10)) {
+      atomicAdd(failures, 1u);
+    }
+    atomicAdd(served, s.allocations);
+  }
+}
+
+__global__ void reset(Global global) { global.slots().reset(); }
+__global__ void free_bytes(Global global, unsigned long long* out) { *out = global.free_bytes(); }
+
+} // namespace
+
+int main() {
+  using namespace carve::test;
+  skip_without_device();
+  std::byte* memory = nullptr;
+  carve::bits::word* words = nullptr;
+  check(cudaMalloc(&memory, 2048 * 64), "cudaMalloc arena");
+  check(cudaMalloc(&words, carve::bits::word_count(2048) * sizeof(carve::bits::word)), "cudaMalloc words");
+  const Global global(memory, 64,
+                      carve::ConcurrentSlotAllocatorRef<2048, carve::FirstFit>(carve::BorrowedSlotWords<2048>(words)));
+  reset<<<1, 1>>>(global);
+  unsigned* d_failures = to_device(std::vector<unsigned>{0});
+  unsigned long long* d_served = to_device(std::vector<unsigned long long>{0, 0});
+  hammer<<<blocks, threads>>>(global, d_failures, d_served);
+  free_bytes<<<1, 1>>>(global, d_served + 1);
+  check(cudaDeviceSynchronize(), "kernels");
+  const auto f = to_host(d_failures, 1);
+  const auto s = to_host(d_served, 2);
+  expect(f[0] == 0, "no thread saw its bytes change, every counter balanced");
+  expect(s[1] == 2048 * 64, "every byte of the global arena came back");
+  std::printf("%llu allocations went through the counted, limited level\n", s[0]);
+  std::printf(failures == 0 ? "all passed\n" : "%d failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}
