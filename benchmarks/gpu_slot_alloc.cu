@@ -7,7 +7,7 @@
 // with each configuration against the targets (met / MISSED): 100k single-slot allocations in
 // <= 10 us of kernel time, and no cliff up to m = 64 (no m slower than 4x m = 1).
 // Needs a GPU; without one it says so and exits.
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
 // needs ceil(bins * 4 / 256) contiguous slots. The warp allocates them, builds the histogram in
 // that scratch with shared-memory atomics, copies it out and frees the slots. The host checks
 // every histogram.
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cuda_runtime.h>
 

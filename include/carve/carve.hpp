@@ -22,8 +22,3 @@
 #include <carve/slot.hpp>     // slots on a compute unit (host and device)
 #include <carve/tier.hpp>     // spill tiers shared fairly among GPUs (host)
 #include <carve/topology.hpp> // the machine's cards and links (host)
-
-// Kernels and their launchers: only under a CUDA compiler.
-#if defined(__CUDACC__)
-#include <carve/cuda/batch_kernels.cuh>
-#endif

@@ -31,3 +31,8 @@
 #include <carve/slot/storage/slot_words.hpp>
 #include <carve/slot/storage/word_fingerprint.hpp>
 #include <carve/slot/storage/word_source.hpp>
+
+// Batch placement kernels and their launchers: only under a CUDA compiler.
+#if defined(__CUDACC__)
+#include <carve/slot/batch/batch_kernels.cuh>
+#endif

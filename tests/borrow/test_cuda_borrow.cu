@@ -2,7 +2,9 @@
 // and a BorrowingAllocator across every device. Exit code 77 (skipped) without a GPU.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
+#include <carve/mr.hpp>
+#include <carve/topology.hpp>
 #include <carve/topology/cuda_discovery.hpp>
 
 #include <cuda_runtime.h>

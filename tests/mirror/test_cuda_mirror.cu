@@ -3,7 +3,7 @@
 // mirror memory on every device and fetch() bringing it back. Exit code 77 (skipped) without a GPU.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
 
 #include <cuda_runtime.h>
 

@@ -3,7 +3,8 @@
 // every architecture in CI; run where a GPU is present (exit code 77 without one).
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdio>
 

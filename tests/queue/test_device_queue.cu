@@ -4,7 +4,7 @@
 // reported as carve::Errc on the device.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/queue.hpp>
 
 #include <cuda_runtime.h>
 

@@ -1,6 +1,6 @@
 // Batch placement on K compute units (place_batch, evaluate_cu), the CU-choice rules and
 // share_of, against brute-force loops written from the rules' descriptions. The device kernels
-// (carve/cuda/batch_kernels.cuh) run the same steps; the order-independence the kernels rely on
+// (carve/slot/batch/batch_kernels.cuh) run the same steps; the order-independence the kernels rely on
 // is checked here by reducing candidates the way they do.
 #include "reference.hpp"
 

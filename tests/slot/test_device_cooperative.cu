@@ -3,7 +3,7 @@
 // ownership stamps), warp-aggregated allocation, warp and block searches, and the batch kernels.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cuda_runtime.h>
 

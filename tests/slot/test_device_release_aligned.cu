@@ -2,7 +2,7 @@
 // releases, and every answer matches the host's.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cuda_runtime.h>
 

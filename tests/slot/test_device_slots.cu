@@ -2,7 +2,7 @@
 // an allocator in shared memory replaying a random allocate/free sequence.
 #include "support/device_test.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@
 // Requests are taken in order, each seeing the bitmaps as the requests before it left them:
 // every unit's fit policy proposes a start, the CU-choice rule picks a unit, and that unit's
 // bitmap is updated. This header holds the per-request steps and a plain loop over them (the
-// reference, usable on the host or by one device thread); carve/cuda/batch_kernels.cuh runs the
+// reference, usable on the host or by one device thread); carve/slot/batch/batch_kernels.cuh runs the
 // same steps with one thread per unit.
 #pragma once
 

@@ -1,5 +1,5 @@
-// carve/cuda/batch_kernels.cuh — kernels for schedulers that place many workgroups at once.
-// CUDA only (nvcc); <carve/carve.hpp> includes it when compiled by a CUDA compiler.
+// carve/slot/batch/batch_kernels.cuh — kernels for schedulers that place many workgroups at once.
+// CUDA only (nvcc); <carve/slot.hpp> and <carve/carve.hpp> include it under a CUDA compiler.
 //
 //   launch_place_batch: K slot bitmaps (one per SM/CU) in device memory and R requests; each
 //     request gets a placement (unit and start) under a fit policy and a CU-choice rule, in
