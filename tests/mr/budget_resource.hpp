@@ -57,7 +57,7 @@ public:
     if (it->second.bytes != bytes || it->second.alignment != alignment) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
-    ::operator delete (p, std::align_val_t{alignment});
+    ::operator delete (reinterpret_cast<void*>(it->first), std::align_val_t{alignment}); // the block, as recorded
     used_ -= bytes;
     live_.erase(it);
     return {};
