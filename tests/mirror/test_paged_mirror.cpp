@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -479,6 +480,23 @@ TEST_CASE("requests whose memory does not fit yet wait, and in strict order hold
   const auto grants = mirror.dispatch();
   REQUIRE(grants.size() == 2);
   CHECK(grants[0].compute.ticket == *big);
+}
+
+TEST_CASE("sizes near SIZE_MAX are refused, not wrapped to zero pages") {
+  HostBackend devices;
+  add_cards(devices, {{4 * 64 * KiB, 2}});
+  PagedMirror mirror(devices, {.page_size = 64 * KiB});
+  constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+  for (const std::size_t bytes : {huge, huge - 64 * KiB + 2, huge / 2 + 1}) {
+    CAPTURE(bytes);
+    CHECK(mirror.submit({.bytes = bytes, .priority = 9, .compute_units = 1}).error() == Errc::no_space);
+    CHECK(mirror.try_allocate(bytes).error() == Errc::no_space);
+  }
+  CHECK(mirror.queued_requests() == 0);
+  // Nothing was queued ahead of it, so a small request is granted at once.
+  REQUIRE(mirror.submit({.bytes = 4 * KiB, .priority = 0, .compute_units = 1}));
+  CHECK(mirror.dispatch().size() == 1);
+  CHECK(mirror.free_bytes() == 3 * 64 * KiB);
 }
 
 TEST_CASE("higher-priority allocations are copied first on every device") {

@@ -311,8 +311,9 @@ public:
 
   // --- compute -------------------------------------------------------------------------------
 
-  // Queues a request for compute and memory. Errors: invalid_size (0 bytes, more memory than the
-  // mirror holds, more compute units than any device has).
+  // Queues a request for compute and memory. Errors: invalid_size (0 bytes, more compute units
+  // than any device has), no_space (more memory than the mirror holds: it could never be granted,
+  // and in strict priority order it would hold back every request behind it for good).
   cuda::std::expected<std::uint64_t, Errc> submit(const ResourceRequest& r) {
     const std::lock_guard control(control_);
     if (r.bytes == 0) {
@@ -476,8 +477,9 @@ private:
   }
 
   std::size_t bytes_of(std::uint64_t pages) const noexcept { return static_cast<std::size_t>(pages) * page_size_; }
+  // Rounded up without forming bytes + page_size - 1, which wraps for sizes near SIZE_MAX.
   std::uint64_t pages_for(std::size_t bytes) const noexcept {
-    return (std::uint64_t{bytes} + page_size_ - 1) / page_size_;
+    return std::uint64_t{bytes / page_size_} + (bytes % page_size_ != 0 ? 1 : 0);
   }
   std::byte* host_address(std::uint32_t page) const noexcept { return tracker_.base() + bytes_of(page); }
   std::size_t device_offset(std::uint32_t page) const noexcept { return bytes_of(page); }
