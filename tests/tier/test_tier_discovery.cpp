@@ -9,8 +9,18 @@
 #include <numaif.h>
 #endif
 
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <utility>
+#include <vector>
 #include <fstream>
 #include <random>
 #include <string>
@@ -34,13 +44,19 @@ void write(const fs::path& file, const std::string& text) {
   std::ofstream(file) << text;
 }
 
-void fake_node(const fs::path& sysfs, int id, const std::string& cpus, std::uint64_t total_kb, std::uint64_t free_kb) {
+// `more` is further "Key: kB" lines of the node's meminfo.
+void fake_node(const fs::path& sysfs, int id, const std::string& cpus, std::uint64_t total_kb, std::uint64_t free_kb,
+               const std::vector<std::pair<std::string, std::uint64_t>>& more = {}) {
   const fs::path node = sysfs / "devices/system/node" / ("node" + std::to_string(id));
   write(node / "cpulist", cpus + "\n");
   const std::string n = "Node " + std::to_string(id) + " ";
-  write(node / "meminfo", n + "MemTotal:       " + std::to_string(total_kb) + " kB\n" + n +
-                              "MemFree:        " + std::to_string(free_kb) + " kB\n" + n +
-                              "MemUsed:        " + std::to_string(total_kb - free_kb) + " kB\n");
+  std::string info = n + "MemTotal:       " + std::to_string(total_kb) + " kB\n" + n +
+                     "MemFree:        " + std::to_string(free_kb) + " kB\n" + n +
+                     "MemUsed:        " + std::to_string(total_kb - free_kb) + " kB\n";
+  for (const auto& [key, kb] : more) {
+    info += n + key + ":   " + std::to_string(kb) + " kB\n";
+  }
+  write(node / "meminfo", info);
 }
 
 } // namespace
@@ -67,6 +83,22 @@ TEST_CASE("CPU-less nodes become the CXL tier") {
   CHECK(tiers[1].name == "cxl");
   CHECK(tiers[1].numa_nodes == std::vector<int>{2});
   CHECK(tiers[1].priority == 2);
+}
+
+TEST_CASE("tiers are sized by available memory, not by MemFree") {
+  // A 24 GiB machine whose page cache holds 19 GiB: MemFree says 1 GiB, a user means 21.
+  TempDir sys;
+  constexpr std::uint64_t gib_kb = 1 << 20;
+  fake_node(sys.path, 0, "0-1", 24 * gib_kb, 1 * gib_kb,
+            {{"Active(file)", 10 * gib_kb}, {"Inactive(file)", 9 * gib_kb}, {"KReclaimable", gib_kb}});
+  fake_node(sys.path, 1, "2-3", 8 * gib_kb, 1 * gib_kb, {{"Inactive(file)", 20 * gib_kb}}); // more than it has
+  const auto nodes = carve::discover_memory_nodes(sys.path);
+  REQUIRE(nodes.size() == 2);
+  CHECK(nodes[0].free_bytes == (1ull << 30));
+  CHECK(nodes[0].available_bytes == (21ull << 30));
+  CHECK(nodes[1].available_bytes == (8ull << 30)); // never more than MemTotal
+  CHECK(carve::memory_tiers(nodes)[0].capacity == (29ull << 30));
+  CHECK(carve::memory_tiers(nodes, 16ull << 30)[0].capacity == (16ull << 30)); // a cap the user gives
 }
 
 TEST_CASE("the kernel's memory tiers are used when every node has one") {
@@ -150,6 +182,55 @@ TEST_CASE("a mapped file holds what is written to it, within its budget") {
   CHECK_THROWS_AS(carve::MappedFileResource(dir.path / "missing", 1), carve::Exception);
 }
 
+// Runs `body` in a child process inside its own mount namespace with a 4 MiB tmpfs at `dir`;
+// its exit code is the result. Nothing when this process may not mount (not root).
+template <class Body>
+std::optional<int> on_tiny_filesystem(const fs::path& dir, Body body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("carve-test", dir.c_str(), "tmpfs", 0, "size=4m") != 0) {
+      ::_exit(77);
+    }
+    ::_exit(body());
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    return std::nullopt;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_CASE("a disk tier holds real blocks: a full disk is no_space, not a SIGBUS later") {
+  TempDir dir;
+  const auto result = on_tiny_filesystem(dir.path, [&] {
+    carve::MappedFileResource file(dir.path, 64 << 20); // the budget promises more than the disk has
+    const auto refused = [&](std::size_t bytes) {
+      const auto p = file.try_allocate(bytes, 4096);
+      return !p && p.error() == carve::Errc::no_space;
+    };
+    if (!refused(8 << 20)) {
+      return 1; // a sparse file would have been granted
+    }
+    auto* a = static_cast<unsigned char*>(*file.try_allocate(3 << 20, 4096));
+    std::memset(a, 0x5a, 3 << 20); // every byte has a block behind it
+    if (!refused(3 << 20)) {
+      return 2;
+    }
+    if (file.free_bytes() != (61u << 20)) {
+      return 3; // a refused call gives its budget back
+    }
+    file.deallocate(a, 3 << 20, 4096);
+    return file.try_allocate(3 << 20, 4096) ? 0 : 4; // the space came back
+  });
+  if (!result) {
+    MESSAGE("skipped: mounting a small tmpfs needs root");
+    return;
+  }
+  CHECK(*result == 0);
+}
+
 TEST_CASE("large alignments: the slack is trimmed, the mapping is aligned and whole") {
   TempDir dir;
   carve::MappedFileResource file(dir.path, 64 << 20);
@@ -199,6 +280,35 @@ TEST_CASE("memory on NUMA node 0 round-trips and lives on node 0") {
   node0.deallocate(p, bytes, 4096);
   CHECK(node0.free_bytes() == bytes);
   CHECK_THROWS_AS(carve::NumaNodeResource(::numa_max_node() + 1, 1), carve::Exception);
+}
+
+// Pages of [p, p + bytes) that are in memory now.
+std::size_t resident_pages(void* p, std::size_t bytes) {
+  const std::size_t page = carve::os_page_size();
+  std::vector<unsigned char> in(bytes / page);
+  REQUIRE(::mincore(p, bytes, in.data()) == 0);
+  return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char v) { return v & 1; }));
+}
+
+TEST_CASE("node memory is there when it is handed out, unless the user asks for a plan") {
+  if (::numa_available() < 0) {
+    MESSAGE("NUMA is not available here");
+    return;
+  }
+  constexpr std::size_t bytes = 4 << 20;
+  carve::NumaNodeResource populated(0, bytes);
+  CHECK(populated.backing() == carve::MemoryBacking::populate);
+  void* p = populated.allocate(bytes, 4096);
+  CHECK(resident_pages(p, bytes) == bytes / carve::os_page_size());
+  int where = -1;
+  REQUIRE(::get_mempolicy(&where, nullptr, 0, p, MPOL_F_NODE | MPOL_F_ADDR) == 0);
+  CHECK(where == 0);
+  populated.deallocate(p, bytes, 4096);
+
+  carve::NumaNodeResource planned(0, bytes, carve::MemoryBacking::on_first_touch);
+  void* q = planned.allocate(bytes, 4096);
+  CHECK(resident_pages(q, bytes) == 0);
+  planned.deallocate(q, bytes, 4096);
 }
 
 TEST_CASE("a plan backed by real memory: DRAM on node 0 and a disk file") {

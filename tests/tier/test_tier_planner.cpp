@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,29 @@ TEST_CASE("bad input is refused with a clear error") {
                        carve::Exception);
   CHECK_THROWS_WITH_AS(planner.plan({{10, {4, 5}}}), "tier planner: task 0's subtasks add up to 9 bytes, not 10",
                        carve::Exception);
+}
+
+TEST_CASE("sums of sizes past 2^64 bytes are refused, not wrapped") {
+  const std::vector<SpillTier> tiers = {{"dram", 1 << 20, 1}};
+  const std::uint64_t huge = carve::parse_bytes("10000000TiB"); // 0.6 of 2^64
+  const TierPlanner one(gpus(1, 1), tiers);
+  // Two tasks on one GPU: its demand would wrap to 3147.2 PiB.
+  CHECK_THROWS_WITH_AS(one.plan({{huge, {}, "a"}, {huge, {}, "b"}}),
+                       "tier planner: GPU 0's subtasks with task 'b' need more than 2^64 bytes (16 EiB)",
+                       carve::Exception);
+  CHECK_THROWS_WITH_AS(one.first_come_first_served({{huge}, {huge}}),
+                       "tier planner: GPU 0's subtasks with task 1 need more than 2^64 bytes (16 EiB)",
+                       carve::Exception);
+  // Each GPU's demand fits, but their sum, which bounds the plan's unmet total, would not.
+  const TierPlanner two(gpus(2, 1), tiers);
+  CHECK_THROWS_WITH_AS(two.plan({{huge, {huge, 0}, "a"}, {huge, {0, huge}, "b"}}),
+                       "tier planner: the tasks with task 'b' need more than 2^64 bytes (16 EiB)", carve::Exception);
+  CHECK_THROWS_WITH_AS(two.plan({{5, {huge, huge}, "c"}}),
+                       "tier planner: the subtasks of task 'c' add up to more than 2^64 bytes (16 EiB)", carve::Exception);
+  // Just below the limit still plans.
+  const auto fits = one.plan({{huge}, {std::numeric_limits<std::uint64_t>::max() - huge}});
+  CHECK(fits.gpus[0].demand == std::numeric_limits<std::uint64_t>::max());
+  CHECK(fits.unmet() == std::numeric_limits<std::uint64_t>::max() - 1 - (1 << 20));
 }
 
 TEST_CASE("sizes as people write them") {

@@ -101,8 +101,8 @@ TEST_CASE("splitting GPU after GPU against figures that shrink never promises a 
     nodes = carve::subtract_parts(nodes, parts);
   }
   CHECK(placed == 120 * MiB);
-  CHECK(nodes[0].free_bytes == 0);
-  CHECK(nodes[1].free_bytes == 0);
+  CHECK(nodes[0].available_bytes == 0);
+  CHECK(nodes[1].available_bytes == 0);
   CHECK_THROWS_AS(carve::split_share(dram, 1, 4, {-1, nodes}), carve::Exception);
 }
 

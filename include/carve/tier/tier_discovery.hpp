@@ -8,6 +8,7 @@
 // statvfs. The sysfs root is a parameter so tests can point it at a fake tree.
 #pragma once
 
+#include <carve/core/checked_math.hpp>
 #include <carve/tier/spill_tier.hpp>
 
 #include <sys/statvfs.h>
@@ -28,8 +29,11 @@ struct MemoryNode {
   int id;
   bool has_cpus;
   std::uint64_t total_bytes;
-  std::uint64_t free_bytes;
-  int memory_tier; // the kernel's memory_tier<K>, or -1 when the kernel does not say
+  std::uint64_t free_bytes; // MemFree: unused pages only, often a small part of what can be had
+  int memory_tier;          // the kernel's memory_tier<K>, or -1 when the kernel does not say
+  // What a program can have without swapping: MemFree plus the node's page cache and reclaimable
+  // slab, at most MemTotal. The per-node form of /proc/meminfo's MemAvailable, which sizes tiers.
+  std::uint64_t available_bytes = free_bytes;
 };
 
 namespace detail {
@@ -72,8 +76,8 @@ inline std::vector<int> parse_list(const std::string& text, const std::filesyste
   return ids;
 }
 
-// The value of "Node <n> <key>: <value> kB" in a node's meminfo, in bytes.
-inline std::uint64_t meminfo_bytes(const std::string& text, const std::string& key, const std::filesystem::path& file) {
+// The value of "Node <n> <key>: <value> kB" in a node's meminfo, in bytes; nothing when absent.
+inline std::optional<std::uint64_t> find_meminfo_bytes(const std::string& text, const std::string& key) {
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {
@@ -81,10 +85,31 @@ inline std::uint64_t meminfo_bytes(const std::string& text, const std::string& k
     std::string node, id, name, unit;
     unsigned long long value = 0;
     if (words >> node >> id >> name >> value >> unit && name == key + ":" && unit == "kB") {
-      return value * 1024;
+      if (const auto bytes = checked_mul<std::uint64_t>(value, 1024)) {
+        return *bytes;
+      }
     }
   }
-  throw Exception(Errc::invalid_argument, "no " + key + " in " + file.string());
+  return std::nullopt;
+}
+
+inline std::uint64_t meminfo_bytes(const std::string& text, const std::string& key, const std::filesystem::path& file) {
+  if (const auto bytes = find_meminfo_bytes(text, key)) {
+    return *bytes;
+  }
+  throw Exception(Errc::invalid_argument, "no " + key + " (in kB, below 2^54) in " + file.string());
+}
+
+// MemFree plus what the kernel reclaims before it swaps: file pages and reclaimable slab
+// (KReclaimable, or SReclaimable on kernels before 4.20). Terms the kernel omits count 0.
+inline std::uint64_t meminfo_available(const std::string& text, std::uint64_t total, std::uint64_t free) {
+  const auto term = [&](const char* key) { return find_meminfo_bytes(text, key).value_or(0); };
+  const std::uint64_t slab = find_meminfo_bytes(text, "KReclaimable").value_or(term("SReclaimable"));
+  std::uint64_t sum = free;
+  for (const std::uint64_t t : {term("Active(file)"), term("Inactive(file)"), slab}) {
+    sum = checked_add(sum, t).value_or(total);
+  }
+  return std::min(sum, total);
 }
 
 } // namespace detail
@@ -133,8 +158,9 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
     const bool cpus =
         !detail::parse_list(detail::read_text(entry.path() / "cpulist"), entry.path() / "cpulist").empty();
     const auto tier = tier_of.find(id);
-    nodes.push_back(
-        {id, cpus, total, detail::meminfo_bytes(info, "MemFree", meminfo), tier == tier_of.end() ? -1 : tier->second});
+    const std::uint64_t free = std::min(detail::meminfo_bytes(info, "MemFree", meminfo), total);
+    nodes.push_back({id, cpus, total, free, tier == tier_of.end() ? -1 : tier->second,
+                     detail::meminfo_available(info, total, free)});
   }
   std::sort(nodes.begin(), nodes.end(), [](const MemoryNode& a, const MemoryNode& b) { return a.id < b.id; });
   return nodes;
@@ -155,10 +181,12 @@ inline SpillTier disk_tier(const std::filesystem::path& directory, int priority,
   return {std::move(name), capacity ? std::min(*capacity, free) : free, priority, 0, {}, directory.string()};
 }
 
-// Memory tiers from nodes, fastest first, sized by free memory: the kernel's memory tiers when
-// every node has one, else "dram" (nodes with CPUs) then "cxl" (CPU-less nodes). Priorities
-// start at 1.
-inline std::vector<SpillTier> memory_tiers(const std::vector<MemoryNode>& nodes) {
+// Memory tiers from nodes, fastest first, each sized by its nodes' available memory and at most
+// `cap` bytes when given (spill need not take every page the machine could free): the kernel's
+// memory tiers when every node has one, else "dram" (nodes with CPUs) then "cxl" (CPU-less
+// nodes). Priorities start at 1.
+inline std::vector<SpillTier> memory_tiers(const std::vector<MemoryNode>& nodes,
+                                           std::optional<std::uint64_t> cap = std::nullopt) {
   std::map<std::pair<int, std::string>, SpillTier> groups; // ordered fastest first
   const bool kernel_tiers =
       !nodes.empty() && std::all_of(nodes.begin(), nodes.end(), [](const MemoryNode& n) { return n.memory_tier >= 0; });
@@ -166,12 +194,18 @@ inline std::vector<SpillTier> memory_tiers(const std::vector<MemoryNode>& nodes)
     const auto key = kernel_tiers ? std::pair{n.memory_tier, "memory_tier" + std::to_string(n.memory_tier)}
                                   : std::pair{n.has_cpus ? 0 : 1, std::string(n.has_cpus ? "dram" : "cxl")};
     SpillTier& tier = groups.try_emplace(key, SpillTier{key.second, 0, 0}).first->second;
-    tier.capacity += n.free_bytes;
+    const auto capacity = checked_add(tier.capacity, n.available_bytes);
+    if (!capacity) {
+      throw Exception(Errc::invalid_argument, "memory tiers: node " + std::to_string(n.id) + " brings tier '" +
+                                                  tier.name + "' past 2^64 bytes");
+    }
+    tier.capacity = *capacity;
     tier.numa_nodes.push_back(n.id);
   }
   std::vector<SpillTier> tiers;
   for (auto& [key, tier] : groups) {
     tier.priority = static_cast<int>(tiers.size()) + 1;
+    tier.capacity = cap ? std::min(*cap, tier.capacity) : tier.capacity;
     tiers.push_back(std::move(tier));
   }
   return tiers;

@@ -18,6 +18,7 @@
 // the rest flows to the GPUs planned after it.
 #pragma once
 
+#include <carve/core/checked_math.hpp>
 #include <carve/tier/spill_tier.hpp>
 
 #include <algorithm>
@@ -181,7 +182,7 @@ public:
 private:
   std::vector<std::uint64_t> subtask_sizes(const TierTask& task, std::size_t index) const {
     const std::size_t g = gpus_.size();
-    const std::string name = task.name.empty() ? "task " + std::to_string(index) : "task '" + task.name + "'";
+    const std::string name = task_name(task, index);
     if (task.need == 0) {
       throw Exception(Errc::invalid_argument, "tier planner: " + name + " needs no memory");
     }
@@ -197,7 +198,14 @@ private:
       throw Exception(Errc::invalid_argument, "tier planner: " + name + " has " + std::to_string(task.subtasks.size()) +
                                                   " subtask sizes for " + std::to_string(g) + " GPUs");
     }
-    const std::uint64_t sum = std::accumulate(task.subtasks.begin(), task.subtasks.end(), std::uint64_t{0});
+    std::uint64_t sum = 0;
+    for (const std::uint64_t bytes : task.subtasks) {
+      const auto next = checked_add(sum, bytes);
+      if (!next) {
+        throw too_large("the subtasks of " + name + " add up to");
+      }
+      sum = *next;
+    }
     if (sum != task.need) {
       throw Exception(Errc::invalid_argument, "tier planner: " + name + "'s subtasks add up to " + std::to_string(sum) +
                                                   " bytes, not " + std::to_string(task.need));
@@ -213,13 +221,31 @@ private:
     return c;
   }
 
+  static std::string task_name(const TierTask& task, std::size_t index) {
+    return task.name.empty() ? "task " + std::to_string(index) : "task '" + task.name + "'";
+  }
+  // Thrown where a sum of sizes would pass 2^64 bytes: wrapped, it would be a small, wrong size.
+  static Exception too_large(const std::string& what) {
+    return Exception(Errc::invalid_argument, "tier planner: " + what + " more than 2^64 bytes (16 EiB)");
+  }
+
   TierPlan start_plan(const std::vector<TierTask>& tasks, const char* method) const {
     TierPlan p{tiers_, {}, place(tasks), options_, method};
     for (const TierGpu& g : gpus_) {
       p.gpus.push_back({g.ordinal, g.capacity, 0, 0, std::vector<GpuTierUse>(tiers_.size()), 0});
     }
+    // The total over all GPUs bounds every sum a plan reports (TierPlan::unmet among them).
+    std::uint64_t total = 0;
     for (const SubtaskPlacement& s : p.placements) {
-      p.gpus[s.gpu].demand += s.bytes;
+      GpuPlan& gpu = p.gpus[s.gpu];
+      const auto demand = checked_add(gpu.demand, s.bytes);
+      const auto sum = checked_add(total, s.bytes);
+      if (!demand || !sum) {
+        throw too_large((demand ? std::string("the tasks") : "GPU " + std::to_string(gpu.ordinal) + "'s subtasks") +
+                        " with " + task_name(tasks[s.task], s.task) + " need");
+      }
+      gpu.demand = *demand;
+      total = *sum;
     }
     for (GpuPlan& g : p.gpus) {
       g.extra = g.demand > g.capacity ? g.demand - g.capacity : 0;

@@ -7,6 +7,13 @@
 //   MappedFileResource memory in files under a directory (a disk tier), mapped shared; each
 //                      file is unlinked at once, so nothing is left behind if the process dies.
 //
+// What they hand out is backed when it is handed out. Files get their blocks with
+// posix_fallocate, so a full disk is a no_space from try_allocate rather than a SIGBUS at a
+// later store into a sparse hole. Node memory is faulted in on its node at allocation
+// (MemoryBacking::populate, the default), so a node without the room refuses there; with
+// MemoryBacking::on_first_touch the pages are only a promise the kernel may break later (cheaper
+// for shares that are mostly never touched).
+//
 // Both are carve::UpstreamResources (carve/mr/memory_resource.hpp) with a byte budget —
 // typically a GPU's share of the tier — so a CachingPool, a PagedMirror backend or a
 // TierShareResource can sit on top of them, and they have the CCCL allocate/deallocate
@@ -30,6 +37,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -87,6 +95,25 @@ inline void* map_aligned(std::size_t bytes, std::size_t alignment, int fd) noexc
 }
 
 inline void unmap_pages(void* p, std::size_t bytes) noexcept { ::munmap(p, whole_pages(bytes)); }
+
+// Faults in every page of a fresh private mapping, false when the memory is not there. The
+// kernel's MADV_POPULATE_WRITE (Linux 5.14) reports a shortage as an error; before it, only a
+// store faults a page in, and a shortage then meets the OOM killer, not an error.
+inline bool populate(void* p, std::size_t bytes) noexcept {
+#if defined(MADV_POPULATE_WRITE)
+  if (::madvise(p, whole_pages(bytes), MADV_POPULATE_WRITE) == 0) {
+    return true;
+  }
+  if (errno != EINVAL) {
+    return false;
+  }
+#endif
+  const std::size_t page = os_page_size();
+  for (std::size_t at = 0; at < bytes; at += page) {
+    static_cast<volatile char*>(p)[at] = 0;
+  }
+  return true;
+}
 } // namespace detail
 
 #if __has_include(<numa.h>)
@@ -95,11 +122,18 @@ inline constexpr bool numa_resource_available = true;
 inline constexpr bool numa_resource_available = false;
 #endif
 
+// When node memory gets its physical pages.
+enum class MemoryBacking {
+  populate,       // at allocation, on the node; no room there is no_space
+  on_first_touch, // when first written; the allocation is a plan, not a reservation
+};
+
 class NumaNodeResource : public CcclSpellings<NumaNodeResource> {
 public:
   // Throws carve::Exception when this build has no libnuma, the system no NUMA support
   // (unsupported), or there is no such node (invalid_argument).
-  NumaNodeResource(int node, std::size_t budget) : node_(node), budget_(budget) {
+  NumaNodeResource(int node, std::size_t budget, MemoryBacking backing = MemoryBacking::populate)
+      : node_(node), budget_(budget), backing_(backing) {
 #if __has_include(<numa.h>)
     if (::numa_available() < 0) {
       throw Exception(Errc::unsupported, "NUMA is not available on this system");
@@ -126,8 +160,13 @@ public:
       return cuda::std::unexpected(Errc::no_space);
     }
 #if __has_include(<numa.h>)
-    ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // pages land on the node when first touched
+    ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // every page faulted in lands on the node
 #endif
+    if (backing_ == MemoryBacking::populate && !detail::populate(p, bytes)) {
+      detail::unmap_pages(p, bytes);
+      budget_.give_back(bytes);
+      return cuda::std::unexpected(Errc::no_space);
+    }
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
@@ -136,6 +175,7 @@ public:
   }
 
   int node() const noexcept { return node_; }
+  MemoryBacking backing() const noexcept { return backing_; }
   std::size_t capacity() const noexcept { return budget_.capacity(); }
   std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
   friend bool operator==(const NumaNodeResource& a, const NumaNodeResource& b) noexcept {
@@ -148,6 +188,7 @@ public:
 private:
   int node_;
   ByteBudget budget_;
+  MemoryBacking backing_;
 };
 static_assert(UpstreamResource<NumaNodeResource>);
 
@@ -198,7 +239,8 @@ private:
       return nullptr;
     }
     ::unlink(path.c_str());
-    void* p = ::ftruncate(fd, static_cast<off_t>(detail::whole_pages(bytes))) == 0
+    // Blocks, not a sparse length: a store into a hole the disk cannot fill is a SIGBUS.
+    void* p = ::posix_fallocate(fd, 0, static_cast<off_t>(detail::whole_pages(bytes))) == 0
                   ? detail::map_aligned(bytes, alignment, fd)
                   : nullptr;
     ::close(fd); // the mapping keeps the file alive

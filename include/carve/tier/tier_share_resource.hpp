@@ -42,7 +42,7 @@ namespace carve {
 // What split_share knows about the machine; both fields optional.
 struct SpillNodes {
   int home = -1;                 // the GPU's NUMA node; -1 when unknown
-  std::vector<MemoryNode> nodes; // free memory per node (discover_memory_nodes()); empty when unknown
+  std::vector<MemoryNode> nodes; // available memory per node (discover_memory_nodes()); empty when unknown
 };
 
 struct SharePart {
@@ -51,8 +51,8 @@ struct SharePart {
 };
 
 // How `bytes` of a tier for GPU number `gpu` (its index in the plan) spread over the tier.
-// Throws carve::Exception when the tier has neither nodes nor a directory, or when the nodes' free
-// memory (when known) cannot hold the bytes.
+// Throws carve::Exception when the tier has neither nodes nor a directory, or when the nodes'
+// available memory (when known) cannot hold the bytes.
 inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t bytes, std::size_t gpu,
                                           const SpillNodes& where = {}) {
   if (bytes == 0) {
@@ -68,7 +68,7 @@ inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t b
   const auto free_on = [&](int node) -> std::optional<std::uint64_t> {
     for (const MemoryNode& n : where.nodes) {
       if (n.id == node) {
-        return n.free_bytes;
+        return n.available_bytes;
       }
     }
     return std::nullopt;
@@ -100,7 +100,7 @@ inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t b
     }
   }
   throw Exception(Errc::no_space, "tier '" + tier.name + "': its nodes have " + std::to_string(bytes - left) +
-                                      " bytes free, the share needs " + std::to_string(bytes));
+                                      " bytes available, the share needs " + std::to_string(bytes));
 }
 
 // The node figures with the given parts taken away, for the next GPU's split.
@@ -108,7 +108,7 @@ inline std::vector<MemoryNode> subtract_parts(std::vector<MemoryNode> nodes, con
   for (const SharePart& part : parts) {
     for (MemoryNode& n : nodes) {
       if (n.id == part.node) {
-        n.free_bytes -= std::min(n.free_bytes, part.bytes);
+        n.available_bytes -= std::min(n.available_bytes, part.bytes);
       }
     }
   }
