@@ -9,21 +9,21 @@
 #include <numaif.h>
 #endif
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <optional>
-#include <utility>
-#include <vector>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fs = std::filesystem;
 

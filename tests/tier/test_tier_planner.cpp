@@ -261,7 +261,8 @@ TEST_CASE("sums of sizes past 2^64 bytes are refused, not wrapped") {
   CHECK_THROWS_WITH_AS(two.plan({{huge, {huge, 0}, "a"}, {huge, {0, huge}, "b"}}),
                        "tier planner: the tasks with task 'b' need more than 2^64 bytes (16 EiB)", carve::Exception);
   CHECK_THROWS_WITH_AS(two.plan({{5, {huge, huge}, "c"}}),
-                       "tier planner: the subtasks of task 'c' add up to more than 2^64 bytes (16 EiB)", carve::Exception);
+                       "tier planner: the subtasks of task 'c' add up to more than 2^64 bytes (16 EiB)",
+                       carve::Exception);
   // Just below the limit still plans.
   const auto fits = one.plan({{huge}, {std::numeric_limits<std::uint64_t>::max() - huge}});
   CHECK(fits.gpus[0].demand == std::numeric_limits<std::uint64_t>::max());
