@@ -170,8 +170,24 @@ TEST_CASE("construction learns the devices and reserves their total") {
   CHECK(mirror.device_pages(2) == 0);  // unavailable: no pages
   CHECK(mirror.capacity() == 112 * 64 * KiB);
   CHECK(mirror.free_bytes() == mirror.capacity());
-  CHECK(mirror.tracking_mechanism() == carve::TrackingMechanism::explicit_calls);
   CHECK(mirror.devices()[0].compute_units == 16);
+}
+
+TEST_CASE("by default plain stores are tracked and synced") {
+  HostBackend devices;
+  add_cards(devices, {{256 * KiB, 1}});
+  PagedMirror mirror(devices, {.page_size = 4 * KiB});
+  CHECK(mirror.tracking_mechanism() == (carve::userfaultfd_tracking_available() ? carve::TrackingMechanism::userfaultfd
+                                                                                : carve::TrackingMechanism::mprotect));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * KiB));
+  CHECK(mirror.sync()->pages == 0);
+  std::memset(p + 4 * KiB, 0x3c, 8 * KiB); // two pages, no write() or mark_dirty()
+  CHECK(mirror.sync()->pages == 2);
+  wait_all(devices);
+  std::vector<unsigned char> want(64 * KiB, 0);
+  std::fill_n(want.begin() + 4 * KiB, 8 * KiB, 0x3c);
+  CHECK(device_mismatches(mirror, devices, p, want) == 0);
+  REQUIRE(mirror.try_deallocate(p));
 }
 
 TEST_CASE("page sizes must be powers of two, whole OS pages, at most 1 GiB") {

@@ -72,7 +72,10 @@ namespace carve {
 
 struct MirrorOptions {
   std::size_t page_size = std::size_t{64} << 10; // a power of two, a multiple of the OS page: 4 KiB, 64 KiB, 2 MiB
-  WriteTracking tracking = WriteTracking::explicit_calls;
+  // Plain stores are seen unless asked otherwise: userfaultfd write-protection where the kernel
+  // has it (Linux >= 6.7), else mprotect (see write_tracking.hpp). explicit_calls is cheaper but
+  // syncs only what write() and mark_dirty() name.
+  WriteTracking tracking = WriteTracking::automatic;
   DispatchOrder dispatch_order = DispatchOrder::strict_priority;
 };
 

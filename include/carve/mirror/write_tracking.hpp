@@ -3,8 +3,9 @@
 // WriteTracking::explicit_calls   only write() and mark_dirty() make pages dirty; plain stores
 //                                 into the mirror are not seen (the cheapest mode, and the only
 //                                 one that needs nothing from the kernel).
-// WriteTracking::automatic        any store marks its page dirty: the best mechanism the kernel
-//                                 offers, chosen when the mirror is built (mechanism() says which):
+// WriteTracking::automatic        any store marks its page dirty (MirrorOptions' default): the best
+//                                 mechanism the kernel offers, chosen when the mirror is built
+//                                 (tracking_mechanism() says which):
 //   TrackingMechanism::userfaultfd   userfaultfd write-protection in asynchronous mode (Linux >=
 //                                 6.7: UFFD_FEATURE_WP_ASYNC with PAGEMAP_SCAN). The kernel
 //                                 resolves the first store to a clean page itself and records it
