@@ -28,9 +28,6 @@ constexpr const char* usage = R"(usage: carve-served [--key value]...
   --strategy TEXT         largest-bandwidth | threshold-most-free[:threshold=G,strict]
                           | weighted-score[:free=W,bandwidth=W,history=W]
   --history-window N      borrows the weighted strategy remembers
-  --idle-threshold SIZE   cached bytes per card before segments go back to the card
-  --segment-size SIZE     segments that small requests share
-  --granularity SIZE      block sizes are multiples of it
   --max-clients N         connections at once
 )";
 

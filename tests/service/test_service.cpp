@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -32,8 +34,7 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 const std::string dgx1_file = std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
 
 std::vector<std::string> dgx1(std::vector<std::string> extra = {}) {
-  std::vector<std::string> args{"--topology", "nvidia-smi:" + dgx1_file, "--card-memory",
-                                "16MiB",      "--segment-size",          "1MiB"};
+  std::vector<std::string> args{"--topology", "nvidia-smi:" + dgx1_file, "--card-memory", "16MiB"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -113,13 +114,12 @@ TEST_CASE("borrowing across cards follows the picker, for every strategy") {
     REQUIRE(server.listening());
     AllocationClient client = connect(server);
 
-    // The same requests against an in-process BorrowingAllocator with the same machine, cards,
-    // pool settings and strategy: the server must decide exactly as the picker does.
+    // The same requests against an in-process BorrowingAllocator with the same machine, cards
+    // and strategy: the server must decide exactly as the picker does. (Its cards hand each
+    // region a segment of its own, as SimulatedCard hands out blocks.)
     const auto topo = carve::Topology::from_nvidia_smi(carve::test::read_text(dgx1_file));
-    using Pool = carve::CachingPool<carve::SimulatedCard>;
-    carve::BorrowingAllocator<Pool, carve::AnyStrategy> oracle(
-        topo, [](int) { return Pool(carve::SimulatedCard(16 * MiB), {.granularity = 512, .segment_size = 1 * MiB}); },
-        carve::parse_strategy(strategy));
+    carve::BorrowingAllocator<carve::SimulatedCard, carve::AnyStrategy> oracle(
+        topo, [](int) { return carve::SimulatedCard(16 * MiB); }, carve::parse_strategy(strategy));
     std::mt19937 rng(7);
     std::vector<std::pair<svc::Region, carve::BorrowHandle>> held;
     int borrowed = 0;
@@ -160,71 +160,91 @@ TEST_CASE("borrowing across cards follows the picker, for every strategy") {
   }
 }
 
-TEST_CASE("regions are shared memory both processes see, and keep their ids") {
+// Every byte in any mapping `c` holds.
+bool mappings_hold(const AllocationClient& c, unsigned char value) {
+  for (const svc::MappedSegment& m : c.mappings()) {
+    const auto* bytes = static_cast<const unsigned char*>(m.base);
+    if (std::find(bytes, bytes + m.size, value) != bytes + m.size) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether [p, p + 1) is mapped in this process.
+bool mapped_here(const void* p) {
+  unsigned char in = 0;
+  void* page = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) & ~(carve::os_page_size() - 1));
+  return ::mincore(page, 1, &in) == 0;
+}
+
+TEST_CASE("regions keep their ids, and each is a segment its client alone maps") {
   ServedProcess server(dgx1());
-  AllocationClient a = connect(server, "writer");
+  AllocationClient a = connect(server, "a");
   auto r = a.allocate(64 * KiB, 2);
   REQUIRE(r);
   CHECK(r->info.card == 2);
   CHECK(r->info.size == 64 * KiB);
-  auto* bytes = static_cast<unsigned char*>(r->ptr);
-  for (std::size_t i = 0; i < r->info.size; ++i) {
-    bytes[i] = static_cast<unsigned char>(i * 7 + 1);
-  }
+  CHECK(r->info.offset == 0);
+  std::memset(r->ptr, 0xa1, r->info.size);
   // pointer -> id here, and the server's record of it
   CHECK(a.region_of(r->ptr) == r->info.id);
-  CHECK_FALSE(a.region_of(bytes + 1));
-  const auto q = a.query(bytes + 1000); // any byte of the region
+  CHECK_FALSE(a.region_of(static_cast<unsigned char*>(r->ptr) + 1));
+  const auto q = a.query(static_cast<unsigned char*>(r->ptr) + 1000); // any byte of the region
   REQUIRE(q);
   CHECK(*q == r->info);
-  // A second small region shares the segment: no new mapping.
-  auto r2 = a.allocate(4 * KiB, 2);
-  REQUIRE(r2);
-  CHECK(r2->info.segment == r->info.segment);
-  CHECK(a.mapped_segments() == 1);
-  CHECK(static_cast<unsigned char*>(r2->ptr) - bytes == static_cast<std::ptrdiff_t>(r2->info.offset - r->info.offset));
+  // A second region, kept while the first is freed: a segment of its own, not a neighbour.
+  auto kept = a.allocate(4 * KiB, 2);
+  REQUIRE(kept);
+  CHECK(kept->info.segment != r->info.segment);
+  CHECK(a.mapped_segments() == 2);
+  std::memset(kept->ptr, 0xa2, kept->info.size);
 
   Signal freed;
   Signal written;
+  Signal checked;
   const svc::RegionInfo first = r->info;
   const pid_t child = carve::test::fork_child([&] {
-    auto b = AllocationClient::connect(ClientOptions{server.socket(), "reader", 10s});
+    auto b = AllocationClient::connect(ClientOptions{server.socket(), "b", 10s});
     if (!b || !freed.wait()) {
       return 1;
     }
-    // The pool hands the freed block out again (exact size, lowest address): it is the same memory.
-    auto mine = b->allocate(64 * KiB, 2);
-    if (!mine || mine->info.segment != first.segment || mine->info.offset != first.offset) {
-      return 2;
-    }
-    const auto* seen = static_cast<const unsigned char*>(mine->ptr);
-    for (std::size_t i = 0; i < mine->info.size; ++i) {
-      if (seen[i] != static_cast<unsigned char>(i * 7 + 1)) {
-        return 3; // what the parent wrote
+    std::vector<svc::Region> mine;
+    for (int i = 0; i < 8; ++i) { // the freed size, and sizes that would fit beside `kept`
+      auto got = b->allocate(i == 0 ? 64 * KiB : 4 * KiB * static_cast<std::size_t>(i), 2);
+      if (!got || got->info.segment == first.segment || got->info.segment == r->info.segment) {
+        return 2;
       }
+      const auto* seen = static_cast<const unsigned char*>(got->ptr);
+      if (std::any_of(seen, seen + got->info.size, [](unsigned char c) { return c != 0; })) {
+        return 3; // fresh memory, never what `a` wrote
+      }
+      std::memset(got->ptr, 0xb7, got->info.size);
+      mine.push_back(*got);
     }
-    std::memset(mine->ptr, 0xb7, mine->info.size);
-    if (!b->free(mine->ptr)) {
+    if (mappings_hold(*b, 0xa1) || mappings_hold(*b, 0xa2)) {
       return 4;
     }
     written.post();
-    return 0;
+    return checked.wait() ? 0 : 5; // holds its regions until the parent has looked
   });
   REQUIRE(a.free(r->ptr));
   CHECK_FALSE(a.region_of(r->ptr));
+  CHECK(a.mapped_segments() == 1);
+  CHECK_FALSE(mapped_here(r->ptr)); // a freed region's segment is unmapped at once
   freed.post();
   REQUIRE(written.wait());
+  // `b` filled eight live regions with 0xb7: none of it shows through anything `a` maps.
+  CHECK_FALSE(mappings_hold(a, 0xb7));
+  CHECK(std::all_of(static_cast<unsigned char*>(kept->ptr), static_cast<unsigned char*>(kept->ptr) + kept->info.size,
+                    [](unsigned char c) { return c == 0xa2; }));
+  checked.post();
   CHECK(carve::test::wait_exit(child) == 0);
   auto again = a.allocate(64 * KiB, 2);
   REQUIRE(again);
-  CHECK(again->info.offset == first.offset);
   CHECK(again->info.id != first.id); // ids are never reused
-  const auto* seen = static_cast<const unsigned char*>(again->ptr);
-  bool all = true;
-  for (std::size_t i = 0; i < again->info.size; ++i) {
-    all = all && seen[i] == 0xb7; // what the child wrote
-  }
-  CHECK(all);
+  CHECK_FALSE(mappings_hold(a, 0xb7));
+  CHECK(stats_of(a).consistent);
   CHECK(server.stop() == 0);
 }
 
@@ -352,8 +372,7 @@ TEST_CASE("the socket is owner-only, in a directory the server checks") {
 }
 
 TEST_CASE("a client killed mid-stream has everything reclaimed") {
-  // idle-threshold 0: free segments go straight back to the cards, so an idle server holds none.
-  ServedProcess server(dgx1({"--idle-threshold", "0"}));
+  ServedProcess server(dgx1());
   AllocationClient observer = connect(server, "observer");
   const auto before = stats_of(observer);
   REQUIRE(before.clients == 1);
@@ -592,37 +611,28 @@ TEST_CASE("a second server on a live socket is refused") {
   CHECK(c.connected());
 }
 
-TEST_CASE("segments the pools give back are unmapped by their clients") {
-  ServedProcess server(dgx1({"--idle-threshold", "0"}));
+TEST_CASE("a freed region's segment is unmapped and goes back to its card") {
+  ServedProcess server(dgx1());
   AllocationClient c = connect(server, "mapper");
-  AllocationClient observer = connect(server, "observer");
-  auto big = c.allocate(3 * MiB, 4); // a segment of its own
+  auto big = c.allocate(3 * MiB, 4);
   REQUIRE(big);
   CHECK(c.mapped_segments() == 1);
-  REQUIRE(c.free(big->ptr));
-  // The pool gave the segment back while `c` still maps it. Shared memory goes back to the card
-  // at once (the stale mapping only holds host pages until `c` unmaps); the lease remains.
-  const auto held = stats_of(observer);
-  CHECK(held.retired_segments == 1);
+  const auto held = stats_of(c);
   CHECK(held.leased_segments == 1);
-  CHECK(held.cards[4].bytes_reserved == 0);
-  CHECK(held.cards[4].free_bytes == 16 * MiB);
-  CHECK(held.consistent);
-
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  std::size_t unmapped = 0;
-  while (c.mapped_segments() != 0 && std::chrono::steady_clock::now() < deadline) {
-    unmapped += c.process_notices();
-    std::this_thread::sleep_for(1ms);
-  }
-  CHECK(unmapped == 1);
+  CHECK(held.cards[4].bytes_in_use == 3 * MiB);
+  CHECK(held.cards[4].bytes_reserved == 3 * MiB);
+  CHECK(held.cards[4].free_bytes == 13 * MiB);
+  REQUIRE(c.free(big->ptr));
   CHECK(c.mapped_segments() == 0);
   const auto released = stats_of(c); // sent after the client's Unmapped, so it sees the release
   CHECK(released.retired_segments == 0);
   CHECK(released.leased_segments == 0);
   CHECK(released.cards[4].free_bytes == 16 * MiB);
+  CHECK(released.cards[4].upstream_allocations == 1);
+  CHECK(released.cards[4].upstream_frees == 1);
   CHECK(released.consistent);
-  CHECK(c.allocate(3 * MiB, 4)); // and the card's memory is there again
+  CHECK(c.process_notices() == 0); // the notice of the retired segment finds nothing left to unmap
+  CHECK(c.allocate(3 * MiB, 4));   // and the card's memory is there again
 }
 
 TEST_CASE("cards and stats describe the machine") {
@@ -667,7 +677,7 @@ TEST_CASE("bad settings stop carve-served with a clear message") {
   };
   refuses({}, "no topology");
   refuses(dgx1({"--strategy", "fastest"}), "unknown strategy 'fastest'");
-  refuses(dgx1({"--idle-threshold", "lots"}), "--idle-threshold: size 'lots': expected a number");
+  refuses(dgx1({"--card-memory", "lots"}), "size 'lots': expected a number");
   refuses(dgx1({"--card-memory", "9=1GiB"}), "card-memory names card 9 but the topology has 8 GPUs");
   refuses({"--topology", "nvidia-smi:/nonexistent"}, "topology file /nonexistent cannot be read");
   refuses(dgx1({"--frobnicate", "1"}), "unknown setting 'frobnicate'");

@@ -103,7 +103,7 @@ TEST_CASE("8 client processes x 10k allocations: nothing lost, nothing owned twi
   const std::string topo = std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
   // Cards 0 and 1, which most requests name, are small: they fill up and borrow from peers.
   ServedProcess server({"--topology", "nvidia-smi:" + topo, "--card-memory", "4MiB", "--card-memory", "0=384KiB",
-                        "--card-memory", "1=384KiB", "--segment-size", "256KiB", "--idle-threshold", "1MiB"});
+                        "--card-memory", "1=384KiB"});
   REQUIRE(server.listening());
 
   const auto start = std::chrono::steady_clock::now();

@@ -3,6 +3,7 @@
 #include "service_process.hpp"
 #include "support/topology_data.hpp"
 
+#include <carve/mr.hpp>
 #include <carve/service.hpp>
 
 #include <doctest/doctest.h>
@@ -205,10 +206,7 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   for (int i = 0; i < 8; ++i) {
     cards.emplace_back(8 * MiB);
   }
-  ServiceOptions options;
-  options.pool.segment_size = MiB;
-  options.pool.idle_threshold = 0;
-  AllocationService<carve::SharedMemoryCard> service(topo, cards, options);
+  AllocationService<carve::SharedMemoryCard> service(topo, cards);
   const ClientId a = service.connect(PeerCredentials{100, 0, 0});
   const ClientId b = service.connect(PeerCredentials{200, 0, 0});
   std::vector<Outgoing> out;
@@ -229,23 +227,26 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   CHECK(reply_as<HelloReply>(o[0]).cards == 8);
   send(b, Request{Hello{"b"}}, 1);
 
-  // The first region of a segment comes with its descriptor; the next one of the same segment not.
+  // Every region is a segment of its own, leased to its client alone: each comes with a descriptor.
   o = send(a2, Request{Allocate{64 * KiB, 0}}, 2);
   REQUIRE(o.size() == 1);
   const auto first = reply_as<Allocated>(o[0]);
   CHECK(first.new_mapping);
   CHECK(o[0].fd >= 0);
   CHECK(first.region.card == 0);
+  CHECK(first.region.offset == 0);
+  CHECK(first.segment_size == 64 * KiB);
   o = send(a2, Request{Allocate{64 * KiB, 0}}, 3);
   const auto second = reply_as<Allocated>(o[0]);
-  CHECK_FALSE(second.new_mapping);
-  CHECK(o[0].fd == -1);
-  CHECK(second.region.segment == first.region.segment);
-  CHECK(second.region.offset == first.region.offset + 64 * KiB);
-  o = send(b, Request{Allocate{4 * KiB, 0}}, 2); // b maps the same segment: a descriptor for b
+  CHECK(second.new_mapping);
+  CHECK(o[0].fd >= 0);
+  CHECK(second.region.segment != first.region.segment);
+  o = send(b, Request{Allocate{4 * KiB, 0}}, 2);
   const auto third = reply_as<Allocated>(o[0]);
   CHECK(third.new_mapping);
-  CHECK(third.region.segment == first.region.segment);
+  CHECK(third.region.segment != first.region.segment);
+  CHECK(third.region.segment != second.region.segment);
+  CHECK(service.stats(b).leased_segments == 3);
 
   // b can neither free nor query a's regions; a's stay.
   o = send(b, Request{Free{first.region.id}}, 3);
@@ -256,7 +257,7 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   CHECK(reply_as<QueryReply>(o[0]).region == first.region);
   CHECK(service.consistent());
 
-  // a goes away: its regions are reclaimed; b's stays, and so does the segment b maps.
+  // a goes away: its regions are reclaimed and their segments released; b's stays.
   out.clear();
   service.disconnect(a2, out);
   CHECK(out.empty());
@@ -267,14 +268,19 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   CHECK(s.my_regions == 1);
   CHECK(s.cards[0].bytes_in_use == 4 * KiB);
 
-  // b frees its last region: the pool releases the segment (idle threshold 0), b is told.
+  CHECK(s.leased_segments == 1);
+  CHECK(s.cards[0].free_bytes == 8 * MiB - 4 * KiB);
+
+  // b frees its region: the segment goes back to the card (shared memory: b's mapping keeps its
+  // own pages until b unmaps), and b is told to unmap it.
   o = send(b, Request{Free{third.region.id}}, 5);
   REQUIRE(o.size() == 2);
   CHECK(reply_as<Freed>(o[0]).region == third.region.id);
-  CHECK(reply_as<SegmentsRetired>(o[1]).segments == std::vector<SegmentId>{first.region.segment});
+  CHECK(reply_as<SegmentsRetired>(o[1]).segments == std::vector<SegmentId>{third.region.segment});
   CHECK(o[1].to == b);
   CHECK(service.stats(b).retired_segments == 1);
-  o = send(b, Request{Unmapped{{first.region.segment, 12345}}}, 6); // unknown ids are ignored
+  CHECK(service.stats(b).cards[0].free_bytes == 8 * MiB);
+  o = send(b, Request{Unmapped{{third.region.segment, 12345}}}, 6); // unknown ids are ignored
   CHECK(o.empty());
   CHECK(service.stats(b).retired_segments == 0);
   CHECK(service.stats(b).leased_segments == 0);
@@ -344,7 +350,6 @@ TEST_CASE("carve-served's settings from flags and a file") {
                          "strategy weighted-score:history=1   # spread borrowing\n"
                          "card-memory 2GiB\n"
                          "card-memory 3=512MiB\n"
-                         "idle-threshold 1GiB\n"
                          "bandwidth nvlink=25\n"
                          "\n"
                          "max-clients 8\n";
@@ -354,7 +359,6 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(carve::to_string(c.service.strategy) == "weighted-score:free=1,bandwidth=1,history=1");
   CHECK(c.capacity_of(0) == 2ull << 30);
   CHECK(c.capacity_of(3) == 512ull << 20);
-  CHECK(c.service.pool.idle_threshold == 1ull << 30);
   CHECK(c.bandwidths.nvlink == 25.0);
   CHECK(c.max_clients == 16); // the flag after --config wins
   CHECK(c.socket_path == "/tmp/s/x.sock");

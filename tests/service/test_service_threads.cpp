@@ -67,7 +67,6 @@ TEST_CASE("a server thread and client threads") {
   }
   ServerOptions options;
   options.socket_path = dir.path() / "served.sock";
-  options.service.pool.segment_size = MiB;
   options.service.strategy = carve::WeightedScore{};
   carve::AllocationServer<carve::SharedMemoryCard> server(carve::test::dgx1(), cards, options); // the pinned names
   std::thread serving([&] { server.run(); });

@@ -5,18 +5,22 @@
 //   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
 //   if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
 //
-//   carve::CachingPool pool(carve::ref(*client));   // or stack pools on remote memory
 //
-// allocate() asks the server, maps the region's segment into this process the first time a
-// region of it arrives (shared memory: mmap of the descriptor passed with the reply; CUDA: the
-// IPC handle opened once) and caches the mapping, so later regions of the same segment cost one
-// round trip and no system call. The client remembers pointer -> region id, so free() and
-// query() take the pointer. When the server retires a segment (its pool gave it back to the
-// card), the client unmaps it during its next call, or in process_notices().
+// allocate() asks the server for a region, which is a segment of its own that only this client
+// maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC handle), and
+// free() unmaps it and gives it back. The client remembers pointer -> region id, so free() and
+// query() take the pointer.
 //
 // The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
 // are allocate / free with the message dropped, so remote memory stacks under pools and
-// fallbacks like any other.
+// fallbacks like any other. That is how small allocations should go: a CachingPool over the
+// client leases segments from the server and serves blocks from them without a round trip,
+//
+//   carve::CachingPool pool(carve::ref(*client));        // a client-side pool over leases
+//   void* p = pool.allocate(256, 256);                   // a round trip only for a new lease
+//   pool.trim();                                         // idle leases go back to the server
+//
+// and the server still counts every leased byte against this client.
 //
 // Errors are values (carve::Error: an Errc and a message): the server's (no_space naming every
 // card's largest free block, out_of_range for an unknown card, permission_denied, ...), and
@@ -218,6 +222,15 @@ public:
     const std::lock_guard lock(state_->mutex);
     return state_->segments.size();
   }
+  // Every segment mapped into this process for this client: all the server's memory it can reach.
+  std::vector<MappedSegment> mappings() const {
+    const std::lock_guard lock(state_->mutex);
+    std::vector<MappedSegment> out;
+    for (const auto& [key, s] : state_->segments) {
+      out.push_back(s.mapping);
+    }
+    return out;
+  }
   std::size_t live_regions() const {
     const std::lock_guard lock(state_->mutex);
     return state_->regions.size();
@@ -329,8 +342,9 @@ private:
         // disconnected: lose_connection() has made the region an orphan; drop it below
       }
       const auto again = regions.find(address(p));
-      release_segment_use(again->second.segment_key);
+      const LocalRegion gone = again->second;
       regions.erase(again);
+      release_segment_use(gone.segment_key, gone.info.segment);
       return {};
     }
 
@@ -505,11 +519,20 @@ private:
       }
     }
 
-    void release_segment_use(std::uint64_t key) {
+    // A segment this process holds no region in is unmapped at once (the server gives each
+    // region a segment of its own, so the segment of a freed region is done with), and the server
+    // is told, so that it can end the lease.
+    void release_segment_use(std::uint64_t key, SegmentId id) {
       LocalSegment& s = segments.at(key);
-      if (--s.live == 0 && s.orphan) {
-        unmap_segment(s.mapping);
-        segments.erase(key);
+      if (--s.live != 0) {
+        return;
+      }
+      const bool orphan = s.orphan;
+      unmap_segment(s.mapping);
+      segments.erase(key);
+      if (!orphan) {
+        by_segment.erase(id);
+        unmapped({id});
       }
     }
 

@@ -6,9 +6,17 @@
 //   service.receive(id, message_bytes, outgoing);    // its request; replies (and notices) queued
 //   service.disconnect(id, outgoing);                // it left or died: its regions are reclaimed
 //
-// One CachingPool per card and the BandwidthWeightedPicker, as a BorrowingAllocator over the
-// cards wrapped in LeasedUpstream (so segments can be lent out). The allocator's BorrowHistory
-// is the service's borrowing history: the weighted strategy reads it on every pick.
+// A BorrowingAllocator with the BandwidthWeightedPicker over the cards wrapped in LeasedUpstream
+// (so segments can be lent out). The allocator's BorrowHistory is the service's borrowing
+// history: the weighted strategy reads it on every pick.
+//
+// Every region is a segment of its own, exported to its client alone: clients never share a
+// segment, so a client can reach only memory the server gave it, and a pointer it keeps after a
+// free reaches only pages no one else is given (shared memory: the released memfd lives on in
+// that one mapping; CUDA IPC: the segment stays allocated until the client closes its handle).
+// Small requests therefore belong in a pool on the client's side, over the client's leases
+// (CachingPool over carve::ref(client)): the server is asked only for new leases, returns and
+// trims, and still knows every byte a client holds, so a client that dies gives it all back.
 //
 // Rules it enforces: the first message is Hello; a client frees and queries only the regions it
 // allocated (permission_denied otherwise; not_allocated for an id nobody holds); a message that
@@ -22,8 +30,6 @@
 #include <carve/borrow/any_strategy.hpp>
 #include <carve/borrow/borrowing_allocator.hpp>
 #include <carve/core/error.hpp>
-#include <carve/mr/caching_pool.hpp>
-#include <carve/mr/pool_stats.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
@@ -50,7 +56,6 @@
 namespace carve::service {
 
 struct ServiceOptions {
-  PoolOptions pool{};
   AnyStrategy strategy{};
   std::size_t history_window = 1024; // borrows the weighted strategy remembers
 };
@@ -69,16 +74,17 @@ template <ExportableResource Upstream>
 class AllocationService {
 public:
   using card_type = LeasedUpstream<Upstream>;
-  using pool_type = CachingPool<card_type>;
-  using allocator_type = BorrowingAllocator<pool_type, AnyStrategy>;
+  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>;
 
   // Throws carve::Exception when the cards do not match the topology's GPUs (or exceed
-  // max_cards), std::invalid_argument for bad pool options.
+  // max_cards).
   AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
       : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
     for (int c = 0; c < topology.gpu_count(); ++c) {
       names_.push_back(topology.node(topology.gpu(c)).name);
     }
+    counters_.taken.assign(cards_.size(), 0);
+    counters_.returned.assign(cards_.size(), 0);
   }
 
   AllocationService(const AllocationService&) = delete;
@@ -134,6 +140,7 @@ public:
     for (const RegionId r : c.regions) {
       const auto region = regions_.find(r);
       (void)allocator_.give_back(region->second.handle);
+      ++counters_.returned[static_cast<std::size_t>(region->second.handle.card)];
       regions_.erase(region);
       ++counters_.reclaimed;
     }
@@ -159,15 +166,17 @@ public:
       s.my_bytes = me->second.bytes;
     }
     const std::vector<CardState> states = allocator_.card_states();
+    const std::vector<CardUse> use = card_use();
     for (int c = 0; c < card_count(); ++c) {
-      const PoolStats p = allocator_.resource(c).stats();
-      const card_type& card = cards_[static_cast<std::size_t>(c)];
+      const auto i = static_cast<std::size_t>(c);
+      const card_type& card = cards_[i];
       s.leased_segments += card.leased_count();
       s.retired_segments += card.retired_count();
-      s.cards.push_back(CardStats{card.capacity(), states[static_cast<std::size_t>(c)].free_bytes,
-                                  states[static_cast<std::size_t>(c)].largest_free_block, p.bytes_in_use,
-                                  p.bytes_cached, p.bytes_reserved, p.live_blocks, p.segments, p.cache_hits,
-                                  p.upstream_allocations, p.upstream_frees});
+      // The server keeps no cache (clients pool inside their own leases): cached bytes and hits
+      // are 0, and every region is one segment taken from the card.
+      s.cards.push_back(CardStats{card.capacity(), states[i].free_bytes, states[i].largest_free_block, use[i].bytes,
+                                  0, card.capacity() - card.free_bytes(), use[i].regions, card.held_count(), 0,
+                                  counters_.taken[i], counters_.returned[i]});
     }
     const auto now = std::chrono::steady_clock::now();
     std::map<std::pair<int, int>, BorrowCount> pairs;
@@ -215,29 +224,26 @@ public:
     return out;
   }
 
-  // Every pool's invariants hold, and the region table agrees with the pools and the leases.
+  // The region table agrees with the cards and the leases: every region is a live segment of
+  // its card, mapped by its owner alone, and every leased segment has its mapper on record.
   bool consistent() const {
-    std::vector<std::size_t> in_use(static_cast<std::size_t>(card_count()), 0);
-    std::vector<std::size_t> blocks(in_use.size(), 0);
-    const std::size_t g = options_.pool.granularity;
+    std::vector<std::size_t> regions(static_cast<std::size_t>(card_count()), 0);
     for (const auto& [id, r] : regions_) {
-      const auto card = static_cast<std::size_t>(r.handle.card);
-      in_use[card] += (r.handle.size + g - 1) / g * g;
-      ++blocks[card];
+      ++regions[static_cast<std::size_t>(r.handle.card)];
       const auto owner = clients_.find(r.owner);
-      if (owner == clients_.end() || owner->second.regions.count(id) != 1) {
+      const auto mappers = mappers_.find(r.segment);
+      if (owner == clients_.end() || owner->second.regions.count(id) != 1 || mappers == mappers_.end() ||
+          mappers->second != std::vector<ClientId>{r.owner}) {
         return false;
       }
     }
     std::size_t leased = 0;
     for (int c = 0; c < card_count(); ++c) {
-      const auto& pool = allocator_.resource(c);
-      const PoolStats p = pool.stats();
-      if (!pool.consistent() || p.bytes_in_use != in_use[static_cast<std::size_t>(c)] ||
-          p.live_blocks != blocks[static_cast<std::size_t>(c)]) {
+      const card_type& card = cards_[static_cast<std::size_t>(c)];
+      if (card.live_count() != regions[static_cast<std::size_t>(c)]) {
         return false;
       }
-      leased += cards_[static_cast<std::size_t>(c)].leased_count();
+      leased += card.leased_count();
     }
     return leased == mappers_.size();
   }
@@ -274,7 +280,23 @@ private:
     std::uint64_t failed = 0;
     std::uint64_t reclaimed = 0;
     std::uint64_t rejected = 0;
+    std::vector<std::uint64_t> taken;    // per card: segments taken for regions
+    std::vector<std::uint64_t> returned; // per card: regions given back (freed or reclaimed)
   };
+  struct CardUse {
+    std::uint64_t bytes = 0;
+    std::uint64_t regions = 0;
+  };
+
+  std::vector<CardUse> card_use() const {
+    std::vector<CardUse> use(static_cast<std::size_t>(card_count()));
+    for (const auto& [id, r] : regions_) {
+      CardUse& u = use[static_cast<std::size_t>(r.handle.card)];
+      u.bytes += r.handle.size;
+      ++u.regions;
+    }
+    return use;
+  }
 
   allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options) {
     if (topology.gpu_count() < 1 || topology.gpu_count() > max_cards) {
@@ -288,8 +310,9 @@ private:
     for (Upstream& u : cards) {
       cards_.emplace_back(std::move(u));
     }
+    // Copies of a LeasedUpstream share its state: the allocator's cards are the service's.
     return allocator_type(
-        topology, [&](int c) { return pool_type(cards_[static_cast<std::size_t>(c)], options.pool); }, options.strategy,
+        topology, [&](int c) { return cards_[static_cast<std::size_t>(c)]; }, options.strategy,
         options.history_window);
   }
 
@@ -319,37 +342,32 @@ private:
       ++counters_.failed;
       return send(out, id, error(h.error().code, std::move(h.error().message)), seq);
     }
+    // The block is a segment of its own (no pool sits between the allocator and the card), so it
+    // is new and is leased to this client alone.
     card_type& card = cards_[static_cast<std::size_t>(h->card)];
     const auto where = card.locate(h->address);
-    Allocated a;
-    a.kind = Upstream::export_kind;
-    int fd = -1;
-    auto mapping = c.mappings.find(where ? where->segment : 0);
-    if (where && mapping == c.mappings.end()) {
-      const auto e = card.lease(where->segment);
-      if (e) {
-        mapping = c.mappings.emplace(where->segment, Mapping{h->card, 0, false}).first;
-        mappers_[where->segment].push_back(id);
-        a.new_mapping = true;
-        a.device = e->device;
-        a.handle = e->handle;
-        fd = e->fd;
-      }
-    }
-    if (!where || mapping == c.mappings.end()) {
+    const auto e = where ? card.lease(where->segment) : std::nullopt;
+    if (!e) {
       (void)allocator_.give_back(*h);
       ++counters_.failed;
       return send(out, id, error(Errc::no_space, "card " + std::to_string(h->card) + " cannot export its memory"), seq);
     }
+    c.mappings.emplace(where->segment, Mapping{h->card, 1, false});
+    mappers_[where->segment] = {id};
     const RegionId rid = next_region_++;
     regions_.emplace(rid, Region{id, *h, where->segment, where->offset});
+    ++counters_.taken[static_cast<std::size_t>(h->card)];
     c.regions.insert(rid);
     c.bytes += h->size;
-    ++mapping->second.live;
     ++counters_.allocations;
+    Allocated a;
+    a.kind = Upstream::export_kind;
+    a.new_mapping = true;
+    a.device = e->device;
+    a.handle = e->handle;
     a.region = info(rid, regions_.at(rid));
     a.segment_size = where->segment_size;
-    out.push_back(Outgoing{id, encode(Reply{a}, seq), fd, false});
+    out.push_back(Outgoing{id, encode(Reply{a}, seq), e->fd, false});
   }
 
   void handle(ClientId id, Client& c, std::uint32_t seq, const Free& m, std::vector<Outgoing>& out) {
@@ -357,9 +375,10 @@ private:
     if (r == regions_.end()) {
       return;
     }
-    if (const auto e = allocator_.give_back(r->second.handle); !e) { // the table and the pools disagree
+    if (const auto e = allocator_.give_back(r->second.handle); !e) { // the table and the cards disagree
       return send(out, id, error(e.error(), "region " + std::to_string(m.region) + " could not be freed"), seq);
     }
+    ++counters_.returned[static_cast<std::size_t>(r->second.handle.card)];
     --c.mappings.at(r->second.segment).live;
     c.regions.erase(m.region);
     c.bytes -= r->second.handle.size;

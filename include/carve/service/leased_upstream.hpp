@@ -173,6 +173,11 @@ public:
   std::size_t held_count() const {
     return count([](const Segment& s) { return !s.released; });
   }
+  // Segments the pool above holds now (not released to this adaptor).
+  std::size_t live_count() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->live.size();
+  }
   // Segments at least one process maps.
   std::size_t leased_count() const {
     return count([](const Segment& s) { return s.leases > 0; });

@@ -16,9 +16,6 @@
 //   card-memory N=SIZE     of card N only
 //   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
 //   history-window N       borrows the weighted strategy remembers (default 1024)
-//   idle-threshold SIZE    cached bytes a card's pool keeps before giving segments back
-//   segment-size SIZE      segments small requests share (default 2MiB)
-//   granularity SIZE       block sizes are multiples of it (default 512)
 //   max-clients N          connections served at once (default 256)
 //
 // Sizes are written as in "64MiB", "1.5GiB", "4096". Any mistake throws carve::Exception naming
@@ -27,7 +24,6 @@
 
 #include <carve/borrow/any_strategy.hpp>
 #include <carve/core/error.hpp>
-#include <carve/mr/pool_stats.hpp>
 #include <carve/service/allocation_server.hpp>
 #include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
@@ -163,12 +159,6 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     }
   } else if (key == "history-window") {
     c.service.history_window = config_count(k, value, 1);
-  } else if (key == "idle-threshold") {
-    c.service.pool.idle_threshold = config_size(k, value);
-  } else if (key == "segment-size") {
-    c.service.pool.segment_size = config_size(k, value);
-  } else if (key == "granularity") {
-    c.service.pool.granularity = config_size(k, value);
   } else if (key == "max-clients") {
     c.max_clients = config_count(k, value, 1);
   } else {
