@@ -145,6 +145,11 @@ public:
       return cuda::std::unexpected(Errc::no_space);
     }
   }
+  // The resource form's figures for ClientOptions::card, as the server sees it now (one round
+  // trip each, 0 when the server cannot be reached): so that a CachingPool stacks on the client.
+  std::size_t free_bytes() const { return card_figure(&CardInfo::free_bytes); }
+  std::size_t capacity() const { return card_figure(&CardInfo::capacity); }
+
   // Whether `p` lies in a live region of this client.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
@@ -239,6 +244,13 @@ public:
 
 private:
   static std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+  std::size_t card_figure(std::uint64_t CardInfo::*figure) const {
+    const std::lock_guard lock(state_->mutex);
+    const auto r = state_->call_for<CardsReply>(CardsRequest{});
+    const auto card = static_cast<std::size_t>(state_->options.card);
+    return r && card < r->cards.size() ? static_cast<std::size_t>(r->cards[card].*figure) : 0;
+  }
 
   struct LocalSegment {
     MappedSegment mapping;
@@ -585,7 +597,8 @@ private:
   std::unique_ptr<State> state_;
 };
 
-static_assert(MemoryResource<AllocationClient> && OwnsMemory<AllocationClient> && ChecksDeallocation<AllocationClient>);
+static_assert(UpstreamResource<AllocationClient> && OwnsMemory<AllocationClient> &&
+              ChecksDeallocation<AllocationClient>);
 
 } // namespace carve::service
 

@@ -174,8 +174,8 @@ public:
       s.retired_segments += card.retired_count();
       // The server keeps no cache (clients pool inside their own leases): cached bytes and hits
       // are 0, and every region is one segment taken from the card.
-      s.cards.push_back(CardStats{card.capacity(), states[i].free_bytes, states[i].largest_free_block, use[i].bytes,
-                                  0, card.capacity() - card.free_bytes(), use[i].regions, card.held_count(), 0,
+      s.cards.push_back(CardStats{card.capacity(), states[i].free_bytes, states[i].largest_free_block, use[i].bytes, 0,
+                                  card.capacity() - card.free_bytes(), use[i].regions, card.held_count(), 0,
                                   counters_.taken[i], counters_.returned[i]});
     }
     const auto now = std::chrono::steady_clock::now();
@@ -312,8 +312,7 @@ private:
     }
     // Copies of a LeasedUpstream share its state: the allocator's cards are the service's.
     return allocator_type(
-        topology, [&](int c) { return cards_[static_cast<std::size_t>(c)]; }, options.strategy,
-        options.history_window);
+        topology, [&](int c) { return cards_[static_cast<std::size_t>(c)]; }, options.strategy, options.history_window);
   }
 
   template <class M>
