@@ -2,6 +2,7 @@
 // run in this process and in forked children, on the shared-memory (simulated card) backend.
 #include "service_process.hpp"
 
+#include <carve/mr.hpp>
 #include <carve/service.hpp>
 
 #include <doctest/doctest.h>
@@ -246,6 +247,57 @@ TEST_CASE("regions keep their ids, and each is a segment its client alone maps")
   CHECK_FALSE(mappings_hold(a, 0xb7));
   CHECK(stats_of(a).consistent);
   CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a client-side pool serves small blocks from its leases; the server still counts every byte") {
+  ServedProcess server(dgx1());
+  AllocationClient observer = connect(server, "observer");
+  Signal filled;
+  const pid_t child = carve::test::fork_child([&] {
+    auto c = AllocationClient::connect(ClientOptions{server.socket(), "pooled", 10s, 3});
+    if (!c) {
+      return 1;
+    }
+    carve::CachingPool pool(carve::ref(*c), {.granularity = 256, .segment_size = 1 * MiB});
+    std::vector<void*> blocks;
+    for (int i = 0; i < 1000; ++i) { // 1000 x 512 B: one 1 MiB lease
+      auto p = pool.try_allocate(512, 256);
+      if (!p) {
+        return 2;
+      }
+      std::memset(*p, i & 0xff, 512);
+      blocks.push_back(*p);
+    }
+    const auto s = c->stats();
+    if (!s || s->my_regions != 1 || s->my_bytes != 1 * MiB || !c->owns(blocks.back())) {
+      return 3;
+    }
+    for (void* p : blocks) {
+      pool.deallocate(p, 512, 256);
+    }
+    pool.trim(); // the idle lease goes back to the server
+    const auto after = c->stats();
+    if (!after || after->my_regions != 0 || c->mapped_segments() != 0) {
+      return 4;
+    }
+    for (int i = 0; i < 10; ++i) {
+      (void)pool.try_allocate(512, 256); // a new lease, held when the process dies
+    }
+    filled.post();
+    ::pause();
+    return 0;
+  });
+  REQUIRE(filled.wait());
+  const auto held = wait_for(observer, [](const svc::StatsReply& s) { return s.live_regions == 1; });
+  CHECK(held.live_regions == 1);
+  CHECK(held.cards[3].bytes_in_use == 1 * MiB);
+  ::kill(child, SIGKILL);
+  CHECK(carve::test::wait_exit(child) == 128 + SIGKILL);
+  const auto after = wait_for(observer, [](const svc::StatsReply& s) { return s.clients == 1; });
+  CHECK(after.live_regions == 0);
+  CHECK(after.reclaimed_regions == 1);
+  CHECK(after.cards[3].free_bytes == 16 * MiB);
+  CHECK(after.consistent);
 }
 
 TEST_CASE("a client frees and queries only its own regions") {
