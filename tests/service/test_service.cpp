@@ -437,9 +437,11 @@ TEST_CASE("a client killed mid-stream has everything reclaimed") {
     }
     std::mt19937 rng(3);
     std::vector<void*> held;
-    for (int i = 0;; ++i) {
-      if (i == 200) {
-        busy.post();
+    bool posted = false;
+    for (int allocations = 0;;) {
+      if (allocations == 250 && !posted) {
+        busy.post(); // the parent then kills it at some later point of the stream
+        posted = true;
       }
       if (held.size() > 150 || (!held.empty() && rng() % 4 == 0)) {
         const std::size_t k = rng() % held.size();
@@ -450,6 +452,7 @@ TEST_CASE("a client killed mid-stream has everything reclaimed") {
       if (auto r = c->allocate(4 * KiB + rng() % (600 * KiB), static_cast<int>(rng() % 8))) {
         std::memset(r->ptr, 0x3c, 64);
         held.push_back(r->ptr);
+        ++allocations;
       }
     }
   });
@@ -462,7 +465,7 @@ TEST_CASE("a client killed mid-stream has everything reclaimed") {
   CHECK(after.clients == 1);
   CHECK(after.live_regions == 0);
   CHECK(after.reclaimed_regions > 0);
-  CHECK(after.allocations > 200);
+  CHECK(after.allocations > 250);
   CHECK(after.consistent);
   CHECK(after.leased_segments == 0);
   CHECK(after.retired_segments == 0);
