@@ -10,6 +10,8 @@
 // carve/mr/cuda_mr.hpp); NumaNodeResource needs libnuma when used (carve::numa).
 #pragma once
 
+static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or pass -std=c++20 (g++, clang++, nvcc)");
+
 #include <carve/version.hpp>
 
 #include <carve/borrow.hpp>   // borrowing across GPUs by link bandwidth (host)
