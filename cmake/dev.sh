@@ -12,12 +12,15 @@
 #                             libFuzzer targets for a short run each, and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
+#   bash cmake/dev.sh docs    the API reference (Doxygen) in build/docs/html; fails on any
+#                             warning, an undocumented public name among them (the Doxyfile's
+#                             INPUT lists the folders it covers so far)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev
-  libconcurrentqueue-dev libboost-dev liburing-dev)
+  libconcurrentqueue-dev libboost-dev liburing-dev doxygen)
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -158,6 +161,15 @@ tests() {
   printf '%5d s  in all\n' $((SECONDS - start))
 }
 
+# WARN_AS_ERROR=FAIL_ON_WARNINGS in the Doxyfile: Doxygen prints every warning, finishes the
+# reference, then exits non-zero if there was any.
+docs() {
+  local start=$SECONDS
+  mkdir -p "$root/build/docs"
+  (cd "$root" && doxygen Doxyfile)
+  echo "API reference in build/docs/html/index.html ($((SECONDS - start)) s)"
+}
+
 bench() {
   build bench -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_EXAMPLES=OFF
   for b in "$root"/build/bench/benchmarks/bench_*; do
@@ -172,8 +184,9 @@ case "$command" in
 demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
+docs) install_missing && docs ;;
 *)
-  echo "usage: bash cmake/dev.sh demo|test|bench [benchmark flags]" >&2
+  echo "usage: bash cmake/dev.sh demo|test|bench|docs [benchmark flags]" >&2
   exit 2
   ;;
 esac
