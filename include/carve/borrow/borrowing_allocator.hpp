@@ -201,7 +201,7 @@ public:
   /// GPUs in the topology.
   int card_count() const noexcept { return static_cast<int>(cards_.size()); }
   /// Card i's own resource (its pool, say): for stats and trimming. Throws std::out_of_range
-  /// for an unknown card.
+  /// (from vector::at) for an unknown card.
   CardResource& resource(int card) { return *cards_.at(static_cast<std::size_t>(card)); }
   /// Card i's own resource, read-only.
   const CardResource& resource(int card) const { return *cards_.at(static_cast<std::size_t>(card)); }
