@@ -41,7 +41,8 @@ struct Candidate {
 struct PickScore {
   double primary = 0.0;   ///< compared first
   double secondary = 0.0; ///< breaks ties of primary
-  /// Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
+  /// Equal when both parts are.
+  // Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
   friend constexpr bool operator==(const PickScore& a, const PickScore& b) noexcept {
     return a.primary == b.primary && a.secondary == b.secondary;
   }

@@ -18,7 +18,8 @@ namespace carve {
 /// device) is never mistaken for a node index: Topology::gpu(ordinal) converts.
 struct NodeId {
   std::uint32_t value = 0; ///< the index
-  /// Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
+  /// Equal at the same index.
+  // Written out rather than defaulted: nvcc's host pass rejects the implicit operator==.
   friend constexpr bool operator==(NodeId a, NodeId b) noexcept { return a.value == b.value; }
   /// By index.
   friend constexpr auto operator<=>(NodeId a, NodeId b) noexcept { return a.value <=> b.value; }
