@@ -2,7 +2,7 @@
 /// Topology::from_description: a machine written down by hand,
 /// for machines without nvidia-smi (or boards that only exist on paper).
 ///
-/// @code
+/// @code{.unparsed}
 /// # a two-socket board, first socket      (everything after # is a comment)
 /// bandwidth nvlink 25          # GB/s per link of a type (before the first node)
 /// max_hops 3                   # links on a path (default 2)
