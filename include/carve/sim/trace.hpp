@@ -1,7 +1,7 @@
 /// @file carve/sim/trace.hpp
 /// Workloads as CSV traces, to replay a real workload or share a generated one.
 ///
-/// @code
+/// @code{.unparsed}
 /// arrival,size,duration,expected
 /// 0,12,40,40
 /// 0,3,95,
