@@ -16,7 +16,7 @@
 /// becomes.
 ///
 /// NVML: define CARVE_WITH_NVML and link NVML (the carve::nvml CMake target does both when the
-/// toolkit has nvml.h and CUDA::nvml; see the README). Without it the runtime cannot count
+/// toolkit has `nvml.h` and CUDA::nvml). Without it the runtime cannot count
 /// NVLinks, so bonded links (NV2, NV12, NV18) are undercounted as one link each. Defining
 /// CARVE_WITH_NVML where `<nvml.h>` is not on the include path is an error, not a silent fallback.
 /// Throws carve::Exception (device_error) when there is no CUDA device or a query fails.
