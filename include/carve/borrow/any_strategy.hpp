@@ -1,19 +1,24 @@
-// carve/borrow/any_strategy.hpp — one of the built-in pick strategies, chosen at run time.
-//
-//   carve::AnyStrategy s = carve::parse_strategy("weighted-score:free=1,bandwidth=2,history=0.5");
-//   carve::BandwidthWeightedPicker<carve::AnyStrategy> picker(topology, s);
-//
-// A program that reads its strategy from a configuration (a server, a command-line tool) cannot
-// name the strategy type at compile time. AnyStrategy holds one of LargestBandwidth,
-// ThresholdMostFree and WeightedScore and forwards to it, so it is itself a PickStrategy; its
-// decisions are exactly those of the strategy it holds. A strategy of your own still plugs in
-// as a template argument, which costs nothing per pick.
-//
-// Text form (parse_strategy / to_string):
-//   largest-bandwidth
-//   threshold-most-free[:threshold=GBPS][,strict]          (default threshold 48)
-//   weighted-score[:free=W][,bandwidth=W][,history=W]      (defaults 1, 1, 0.5)
-// Bad text throws std::invalid_argument naming the offending part.
+/// @file carve/borrow/any_strategy.hpp
+/// One of the built-in pick strategies, chosen at run time.
+///
+/// @code
+/// carve::AnyStrategy s = carve::parse_strategy("weighted-score:free=1,bandwidth=2,history=0.5");
+/// carve::BandwidthWeightedPicker<carve::AnyStrategy> picker(topology, s);
+/// @endcode
+///
+/// A program that reads its strategy from a configuration (a server, a command-line tool) cannot
+/// name the strategy type at compile time. AnyStrategy holds one of LargestBandwidth,
+/// ThresholdMostFree and WeightedScore and forwards to it, so it is itself a PickStrategy; its
+/// decisions are exactly those of the strategy it holds. A strategy of your own still plugs in
+/// as a template argument, which costs nothing per pick.
+///
+/// Text form (parse_strategy / to_string):
+/// @code{.unparsed}
+/// largest-bandwidth
+/// threshold-most-free[:threshold=GBPS][,strict]          (default threshold 48)
+/// weighted-score[:free=W][,bandwidth=W][,history=W]      (defaults 1, 1, 0.5)
+/// @endcode
+/// Bad text throws carve::Exception (invalid_argument) naming the offending part.
 #pragma once
 
 #include <carve/borrow/pick_strategy.hpp>
@@ -31,24 +36,31 @@
 
 namespace carve {
 
+/// One of the built-in strategies, chosen at run time; a PickStrategy that forwards to it.
 class AnyStrategy {
 public:
+  /// The strategies it can hold.
   using variant_type = std::variant<LargestBandwidth, ThresholdMostFree, WeightedScore>;
 
+  /// LargestBandwidth.
   AnyStrategy() = default;
+  /// Holds `strategy`; implicit, so each built-in strategy is an AnyStrategy.
   template <class S>
-  requires std::is_constructible_v<variant_type, S> AnyStrategy(S strategy)
-      : strategy_(strategy) {} // implicit: each built-in strategy is an AnyStrategy
+  requires std::is_constructible_v<variant_type, S> AnyStrategy(S strategy) : strategy_(strategy) {}
 
+  /// The held strategy's eligible.
   bool eligible(const Candidate& c) const noexcept {
     return std::visit([&](const auto& s) { return s.eligible(c); }, strategy_);
   }
+  /// The held strategy's score.
   PickScore score(const Candidate& c) const noexcept {
     return std::visit([&](const auto& s) { return s.score(c); }, strategy_);
   }
+  /// The held strategy's name.
   const char* name() const noexcept {
     return std::visit([](const auto& s) { return strategy_name<std::decay_t<decltype(s)>>(); }, strategy_);
   }
+  /// The held strategy.
   const variant_type& get() const noexcept { return strategy_; }
 
 private:
@@ -71,6 +83,8 @@ inline double parse_weight(std::string_view strategy, std::string_view key, std:
 
 } // namespace detail
 
+/// The strategy `text` names in the text form above; throws carve::Exception (invalid_argument)
+/// for text that is not in it.
 inline AnyStrategy parse_strategy(std::string_view text) {
   const std::size_t colon = text.find(':');
   const std::string_view name = text.substr(0, colon);
@@ -115,7 +129,7 @@ inline AnyStrategy parse_strategy(std::string_view text) {
   return largest;
 }
 
-// The text parse_strategy reads back to the same strategy.
+/// The text parse_strategy reads back to the same strategy.
 inline std::string to_string(const AnyStrategy& strategy) {
   const auto number = [](double v) {
     char buf[32];

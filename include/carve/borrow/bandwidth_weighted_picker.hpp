@@ -1,27 +1,31 @@
-// carve/borrow/bandwidth_weighted_picker.hpp — which card lends memory to a card that is full.
-//
-//   carve::BandwidthWeightedPicker picker(topology);              // LargestBandwidth
-//   auto pick = picker.pick(/*requester*/ 0, bytes, card_states); // expected<Pick, Errc>
-//
-// The requester itself when its largest free block holds the request. Otherwise every other
-// card that can hold it and has a path to the requester (within the topology's max_hops)
-// becomes a Candidate, and the strategy (carve/borrow/strategies.hpp, or any PickStrategy)
-// chooses; equal scores go to the wider path, then fewer hops, then more free memory, then the
-// lower ordinal. A card without room is never chosen.
-//
-// Cards are GPU ordinals 0..topology.gpu_count()-1. Path bandwidths between them are copied out
-// of the topology when the picker is built, so a pick reads one row of a small table and does
-// not allocate; 16 cards take well under a microsecond (benchmarks/picker.cpp).
-//
-// Two forms, the same decision:
-//   pick(...)            -> expected<Pick, Errc>       noexcept, never allocates: for hot paths.
-//   pick_explained(...)  -> carve::Result<Pick>        the error carries a sentence for people:
-//     "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)",
-//     or, when cards had room but were ruled out, which ones and why (no path within
-//     max_hops, or the strategy declined them, e.g. ThresholdMostFree{.strict = true}).
-// Errors: out_of_range for an unknown requester or a card list of the wrong length; no_space
-// when no card can lend (explain_no_pick() gives pick_explained()'s sentence for a pick() that
-// failed, no_card_message() the first part alone).
+/// @file carve/borrow/bandwidth_weighted_picker.hpp
+/// Which card lends memory to a card that is full.
+///
+/// @code
+/// carve::BandwidthWeightedPicker picker(topology);              // LargestBandwidth
+/// auto pick = picker.pick(/*requester*/ 0, bytes, card_states); // expected<Pick, Errc>
+/// @endcode
+///
+/// The requester itself when its largest free block holds the request. Otherwise every other
+/// card that can hold it and has a path to the requester (within the topology's max_hops)
+/// becomes a Candidate, and the strategy (carve/borrow/strategies.hpp, or any PickStrategy)
+/// chooses; equal scores go to the wider path, then fewer hops, then more free memory, then the
+/// lower ordinal. A card without room is never chosen.
+///
+/// Cards are GPU ordinals 0..topology.gpu_count()-1. Path bandwidths between them are copied out
+/// of the topology when the picker is built, so a pick reads one row of a small table and does
+/// not allocate; 16 cards take well under a microsecond (benchmarks/picker.cpp).
+///
+/// Two forms, the same decision:
+/// - `pick(...)` returns `expected<Pick, Errc>`; noexcept, never allocates: for hot paths.
+/// - `pick_explained(...)` returns `carve::Result<Pick>`, whose error carries a sentence for people:
+///   "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)",
+///   or, when cards had room but were ruled out, which ones and why (no path within
+///   max_hops, or the strategy declined them, e.g. `ThresholdMostFree{.strict = true}`).
+///
+/// Errors: out_of_range for an unknown requester or a card list of the wrong length; no_space
+/// when no card can lend (explain_no_pick() gives pick_explained()'s sentence for a pick() that
+/// failed, no_card_message() the first part alone).
 #pragma once
 
 #include <carve/borrow/borrow_history.hpp>
@@ -41,17 +45,18 @@
 
 namespace carve {
 
-// What a card can give right now.
+/// What a card can give right now.
 struct CardState {
-  std::size_t free_bytes = 0;         // in total (cached plus what the card itself has free)
-  std::size_t largest_free_block = 0; // in one piece
+  std::size_t free_bytes = 0;         ///< in total (cached plus what the card itself has free)
+  std::size_t largest_free_block = 0; ///< in one piece
 };
 
+/// The card chosen to serve a request.
 struct Pick {
-  int card = -1;
-  bool local = false;          // the requester itself
-  double bandwidth_gbps = 0.0; // of the path from the requester (infinite when local)
-  int hops = 0;
+  int card = -1;               ///< GPU ordinal
+  bool local = false;          ///< the requester itself
+  double bandwidth_gbps = 0.0; ///< of the path from the requester (infinite when local)
+  int hops = 0;                ///< links on that path (0 when local)
 };
 
 namespace detail {
@@ -65,16 +70,20 @@ inline std::string free_blocks_list(std::span<const CardState> cards) {
 }
 } // namespace detail
 
-// "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
+/// "no card can hold 3.0 GiB (largest free block per card: GPU0 1.2 GiB, GPU1 0 B, ...)".
 inline std::string no_card_message(std::size_t bytes, std::span<const CardState> cards) {
   return "no card can hold " + format_bytes(bytes) + " " + detail::free_blocks_list(cards);
 }
 
+/// Chooses the card that serves a request: the requester when it has room, else a lender chosen
+/// by `Strategy`. Immutable after construction, so threads may share one.
 template <PickStrategy Strategy = LargestBandwidth>
 class BandwidthWeightedPicker {
 public:
+  /// The strategy that ranks lenders.
   using strategy_type = Strategy;
 
+  /// For the GPUs of `topology`, whose path bandwidths and hop counts are copied in.
   explicit BandwidthWeightedPicker(const Topology& topology, Strategy strategy = {})
       : cards_(topology.gpu_count()), strategy_(strategy) {
     const auto n = static_cast<std::size_t>(cards_);
@@ -89,7 +98,7 @@ public:
     }
   }
 
-  // `cards[c]` is card c's state; `history` (optional) feeds Candidate::borrow_share.
+  /// `cards[c]` is card c's state; `history` (optional) feeds Candidate::borrow_share.
   cuda::std::expected<Pick, Errc> pick(int requester, std::size_t bytes, std::span<const CardState> cards,
                                        const BorrowHistory* history = nullptr) const noexcept {
     if (!valid(requester, cards)) {
@@ -123,8 +132,8 @@ public:
     return Pick{best, false, best_candidate.bandwidth_gbps, best_candidate.hops};
   }
 
-  // The same decision as pick(), with an error that explains itself (see the top of this
-  // header). Allocates only to build the message of an error.
+  /// The same decision as pick(), with an error that explains itself (see the top of this
+  /// header). Allocates only to build the message of an error.
   Result<Pick> pick_explained(int requester, std::size_t bytes, std::span<const CardState> cards,
                               const BorrowHistory* history = nullptr) const {
     if (const auto p = pick(requester, bytes, cards, history)) {
@@ -140,8 +149,8 @@ public:
     return fail(Errc::no_space, explain_no_pick(requester, bytes, cards, history));
   }
 
-  // Why pick() found no card for (requester, bytes): no_card_message() when no other card has
-  // a free block that large; otherwise which cards had room and why each was ruled out.
+  /// Why pick() found no card for (requester, bytes): no_card_message() when no other card has
+  /// a free block that large; otherwise which cards had room and why each was ruled out.
   std::string explain_no_pick(int requester, std::size_t bytes, std::span<const CardState> cards,
                               const BorrowHistory* history = nullptr) const {
     if (!valid(requester, cards)) {
@@ -173,15 +182,18 @@ public:
            detail::free_blocks_list(cards);
   }
 
+  /// GPUs the picker knows.
   int card_count() const noexcept { return cards_; }
-  // GB/s between two cards as the picker sees them (from the topology).
+  /// GB/s between two cards as the picker sees them (from the topology).
   double bandwidth(int from, int to) const noexcept { return bandwidth_[index(from, to)]; }
+  /// Links on the path between two cards (from the topology).
   int hops(int from, int to) const noexcept { return hops_[index(from, to)]; }
+  /// The strategy.
   const Strategy& strategy() const noexcept { return strategy_; }
 
 private:
-  // The best figures among the cards that could lend, and the requester's borrows in the
-  // history, for the relative shares.
+  /// The best figures among the cards that could lend, and the requester's borrows in the
+  /// history, for the relative shares.
   struct Shares {
     std::size_t most_free = 0;
     double widest = 0.0;
@@ -235,8 +247,8 @@ private:
     return card != requester && cards[static_cast<std::size_t>(card)].largest_free_block >= bytes &&
            bandwidth(requester, card) > 0.0;
   }
-  // Strategy score first; then wider, fewer hops (a relay's links stay free for its own
-  // traffic), more free memory, lower ordinal (ordinals ascend, so the first seen wins).
+  /// Strategy score first; then wider, fewer hops (a relay's links stay free for its own
+  /// traffic), more free memory, lower ordinal (ordinals ascend, so the first seen wins).
   static bool preferred(const PickScore& s, const Candidate& c, const PickScore& best_s, const Candidate& best) {
     if (s != best_s) {
       return s > best_s;

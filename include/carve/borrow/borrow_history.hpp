@@ -1,9 +1,10 @@
-// carve/borrow/borrow_history.hpp — who borrowed from whom, recently: a kept history of (time,
-// size, lender) per requester, which the weighted strategy reads to spread borrowing.
-//
-// A window of the last `window` borrows; counts per (requester, lender) are kept up to date as
-// records enter and leave it, so reading them is O(1). Not synchronised: BorrowingAllocator
-// guards it with its own lock.
+/// @file carve/borrow/borrow_history.hpp
+/// Who borrowed from whom, recently: a kept history of (time,
+/// size, lender) per requester, which the weighted strategy reads to spread borrowing.
+///
+/// A window of the last `window` borrows; counts per (requester, lender) are kept up to date as
+/// records enter and leave it, so reading them is O(1). Not synchronised: BorrowingAllocator
+/// guards it with its own lock.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -16,15 +17,19 @@
 
 namespace carve {
 
+/// One borrow.
 struct BorrowRecord {
-  std::chrono::steady_clock::time_point time;
-  int requester = -1;
-  int lender = -1;
-  std::size_t bytes = 0;
+  std::chrono::steady_clock::time_point time; ///< when it was made
+  int requester = -1;                         ///< the card that asked
+  int lender = -1;                            ///< the card that lent
+  std::size_t bytes = 0;                      ///< how much
 };
 
+/// The last `window` borrows among `cards` cards, with counts per (requester, lender). Not
+/// synchronised.
 class BorrowHistory {
 public:
+  /// Empty. Throws carve::Exception (invalid_argument) for fewer than one card or a window of 0.
   BorrowHistory(int cards, std::size_t window) : cards_(cards), window_(window) {
     if (cards < 1 || window < 1) {
       throw Exception(Errc::invalid_argument,
@@ -35,7 +40,8 @@ public:
     ring_.reserve(window);
   }
 
-  // Throws std::out_of_range for a card outside 0..cards-1.
+  /// Adds a borrow, dropping the oldest once the window is full. Throws carve::Exception
+  /// (out_of_range) for a card outside 0..cards-1.
   void record(int requester, int lender, std::size_t bytes,
               std::chrono::steady_clock::time_point time = std::chrono::steady_clock::now()) {
     check(requester);
@@ -53,12 +59,12 @@ public:
     ++totals_[static_cast<std::size_t>(requester)];
   }
 
-  // Borrows by `requester` from `lender` in the window.
+  /// Borrows by `requester` from `lender` in the window.
   std::uint32_t count(int requester, int lender) const noexcept { return counts_[index(requester, lender)]; }
-  // All borrows by `requester` in the window.
+  /// All borrows by `requester` in the window.
   std::uint32_t total(int requester) const noexcept { return totals_[static_cast<std::size_t>(requester)]; }
 
-  // The records in the window, oldest first.
+  /// The records in the window, oldest first.
   std::vector<BorrowRecord> records() const {
     std::vector<BorrowRecord> out;
     out.reserve(ring_.size());
@@ -68,7 +74,9 @@ public:
     }
     return out;
   }
+  /// Cards tracked.
   int cards() const noexcept { return cards_; }
+  /// Borrows kept.
   std::size_t window() const noexcept { return window_; }
 
 private:

@@ -1,34 +1,36 @@
-// carve/borrow/borrowing_allocator.hpp — memory for a card, borrowed from its best-connected
-// peer when the card itself is full: one resource per card plus a BandwidthWeightedPicker.
-//
-//   using Pool = carve::CachingPool<carve::SimulatedCard>;
-//   carve::BorrowingAllocator<Pool> borrower(topology, [](int gpu) { return Pool(carve::SimulatedCard(16ull << 30));
-//   });
-//
-//   carve::CachingPool pool(borrower.card(0));          // GPU0's memory, borrowed when GPU0 is full
-//   auto p = pool.try_allocate(3 << 20);                // expected<void*, Errc>
-//
-//   auto h = borrower.borrow(3ull << 30, /*requesting card*/ 0);   // the explained form
-//   if (h) { use(h->card, h->address); (void)borrower.give_back(*h); }
-//   else   { std::puts(h.error().message.c_str()); }   // "no card can hold 3.0 GiB (...)"
-//
-// CardResource is what each card allocates from: a CachingPool over the card, a StatsResource
-// over that, anything that models carve::UpstreamResource (free_bytes and capacity feed the
-// picker; a largest_allocation() is used where the resource has one). Cards are built from a
-// function of the GPU ordinal (for resources that cannot move, like CachingPool) or moved in
-// from a vector.
-//
-// Two ways in, one decision. borrow(bytes, requester) returns a BorrowHandle, or a carve::Error
-// whose message explains the refusal (BandwidthWeightedPicker::explain_no_pick). card(i) is a
-// carve::MemoryResource for card i that allocates locally when it fits and else on the lender
-// the strategy picks; peers(i) only ever borrows (a stack's level after the card's own pool).
-// Either frees by pointer: the allocator remembers which card holds every live block.
-//
-// Each allocation snapshots every card's state, picks, and allocates from the chosen card;
-// should that card turn out full after all (a real GPU is shared with other processes), it is
-// struck off and the pick repeated. Borrows are recorded in a BorrowHistory for the weighted
-// strategy. Thread-safe: picks are serialised by one lock (so two threads never both count on
-// the same free block); the cards' own resources do the rest.
+/// @file carve/borrow/borrowing_allocator.hpp
+/// Memory for a card, borrowed from its best-connected
+/// peer when the card itself is full: one resource per card plus a BandwidthWeightedPicker.
+///
+/// @code
+/// using Pool = carve::CachingPool<carve::SimulatedCard>;
+/// carve::BorrowingAllocator<Pool> borrower(topology, [](int) { return Pool(carve::SimulatedCard(16ull << 30)); });
+///
+/// carve::CachingPool pool(borrower.card(0));          // GPU0's memory, borrowed when GPU0 is full
+/// auto p = pool.try_allocate(3 << 20);                // expected<void*, Errc>
+///
+/// auto h = borrower.borrow(3ull << 30, /*requesting card*/ 0);   // the explained form
+/// if (h) { use(h->card, h->address); (void)borrower.give_back(*h); }
+/// else   { std::puts(h.error().message.c_str()); }   // "no card can hold 3.0 GiB (...)"
+/// @endcode
+///
+/// CardResource is what each card allocates from: a CachingPool over the card, a StatsResource
+/// over that, anything that models carve::UpstreamResource (free_bytes and capacity feed the
+/// picker; a largest_allocation() is used where the resource has one). Cards are built from a
+/// function of the GPU ordinal (for resources that cannot move, like CachingPool) or moved in
+/// from a vector.
+///
+/// Two ways in, one decision. borrow(bytes, requester) returns a BorrowHandle, or a carve::Error
+/// whose message explains the refusal (BandwidthWeightedPicker::explain_no_pick). card(i) is a
+/// carve::MemoryResource for card i that allocates locally when it fits and else on the lender
+/// the strategy picks; peers(i) only ever borrows (a stack's level after the card's own pool).
+/// Either frees by pointer: the allocator remembers which card holds every live block.
+///
+/// Each allocation snapshots every card's state, picks, and allocates from the chosen card;
+/// should that card turn out full after all (a real GPU is shared with other processes), it is
+/// struck off and the pick repeated. Borrows are recorded in a BorrowHistory for the weighted
+/// strategy. Thread-safe: picks are serialised by one lock (so two threads never both count on
+/// the same free block); the cards' own resources do the rest.
 #pragma once
 
 #include <carve/borrow/bandwidth_weighted_picker.hpp>
@@ -60,41 +62,45 @@
 
 namespace carve {
 
-// What borrow hands out and give_back takes back.
+/// What borrow hands out and give_back takes back.
 struct BorrowHandle {
-  int card = -1;           // the card whose memory this is
-  int requester = -1;      // the card that asked; card != requester means borrowed
-  void* address = nullptr; // in the lending card's address space (host memory for SimulatedCard)
-  std::size_t size = 0;    // bytes asked for
-  std::size_t alignment = default_alignment;
+  int card = -1;                             ///< the card whose memory this is
+  int requester = -1;                        ///< the card that asked; card != requester means borrowed
+  void* address = nullptr;                   ///< in the lending card's address space (host memory for SimulatedCard)
+  std::size_t size = 0;                      ///< bytes asked for
+  std::size_t alignment = default_alignment; ///< as asked for
+  /// Whether the memory is on another card than the requester's.
   bool borrowed() const noexcept { return card != requester; }
 };
 
-// One decision, with the figures that drove it; passed to the on_decision callback.
+/// One decision, with the figures that drove it; passed to the on_decision callback.
 struct BorrowDecision {
-  int requester = -1;
-  int lender = -1;
-  std::size_t bytes = 0;
-  double bandwidth_gbps = 0.0; // requester -> lender (infinite when local)
-  int hops = 0;
-  std::vector<CardState> cards;   // every card's state when the pick was made
-  std::vector<double> bandwidths; // requester -> every card
+  int requester = -1;             ///< the card that asked
+  int lender = -1;                ///< the card chosen (the requester itself when local)
+  std::size_t bytes = 0;          ///< bytes asked for
+  double bandwidth_gbps = 0.0;    ///< requester -> lender (infinite when local)
+  int hops = 0;                   ///< links on that path
+  std::vector<CardState> cards;   ///< every card's state when the pick was made
+  std::vector<double> bandwidths; ///< requester -> every card
 };
 
-// A card resource that can say how large one block could be (CachingPool can).
+/// A card resource that can say how large one block could be (CachingPool can).
 template <class R>
 concept ReportsLargestAllocation = requires(const R& r) {
   { r.largest_allocation() } -> std::convertible_to<std::size_t>;
 };
 
+/// One `CardResource` per GPU of a topology, and a picker that lends a full card's requests to a
+/// peer. Thread-safe.
 template <UpstreamResource CardResource, PickStrategy Strategy = LargestBandwidth>
 class BorrowingAllocator {
 public:
+  /// What each card allocates from.
   using card_resource_type = CardResource;
   class Card;
 
-  // `make_card(i)` builds the resource of GPU ordinal i, for every GPU of the topology. Throws
-  // carve::Exception (invalid_argument) for a topology without GPUs or a history window of 0.
+  /// `make_card(i)` builds the resource of GPU ordinal i, for every GPU of the topology. Throws
+  /// carve::Exception (invalid_argument) for a topology without GPUs or a history window of 0.
   template <class MakeCard>
   requires std::invocable<MakeCard&, int> && std::same_as<std::invoke_result_t<MakeCard&, int>, CardResource>
   BorrowingAllocator(const Topology& topology, MakeCard make_card, Strategy strategy = {},
@@ -108,8 +114,8 @@ public:
     }
   }
 
-  // `cards[i]` is the resource of GPU ordinal i; there must be one per GPU of the topology
-  // (else carve::Exception, invalid_argument).
+  /// `cards[i]` is the resource of GPU ordinal i; there must be one per GPU of the topology
+  /// (else carve::Exception, invalid_argument).
   BorrowingAllocator(const Topology& topology, std::vector<CardResource> cards, Strategy strategy = {},
                      std::size_t history_window = 1024) requires std::move_constructible<CardResource>
       : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window) {
@@ -126,10 +132,10 @@ public:
   BorrowingAllocator(const BorrowingAllocator&) = delete;
   BorrowingAllocator& operator=(const BorrowingAllocator&) = delete;
 
-  // Errors (nothing is allocated): invalid_size for 0 bytes or an alignment that is not a power
-  // of two; out_of_range for an unknown requesting card; no_space when no card can lend the
-  // request, with the picker's explanation as the message (each card's largest free block, and
-  // why cards with room were ruled out).
+  /// Errors (nothing is allocated): invalid_size for 0 bytes or an alignment that is not a power
+  /// of two; out_of_range for an unknown requesting card; no_space when no card can lend the
+  /// request, with the picker's explanation as the message (each card's largest free block, and
+  /// why cards with room were ruled out).
   Result<BorrowHandle> borrow(std::size_t bytes, int requesting_card, std::size_t alignment = default_alignment) {
     const auto h = take(bytes, requesting_card, alignment, true);
     if (h) {
@@ -149,9 +155,9 @@ public:
     }
   }
 
-  // Errors (nothing changes): out_of_range for a handle naming no card; not_allocated when the
-  // handle is stale, forged or altered (not a live block of that card); invalid_size when its
-  // size or alignment differs from the allocation's.
+  /// Errors (nothing changes): out_of_range for a handle naming no card; not_allocated when the
+  /// handle is stale, forged or altered (not a live block of that card); invalid_size when its
+  /// size or alignment differs from the allocation's.
   cuda::std::expected<void, Errc> give_back(const BorrowHandle& handle) noexcept {
     if (handle.card < 0 || handle.card >= card_count()) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -159,25 +165,25 @@ public:
     return release(handle.address, handle.size, handle.alignment, handle.card);
   }
 
-  // Card i's memory as a carve::MemoryResource: local when it fits, else borrowed.
+  /// Card i's memory as a carve::MemoryResource: local when it fits, else borrowed.
   Card card(int i) noexcept { return Card(*this, i, true); }
-  // Memory for card i from its peers only: never its own.
+  /// Memory for card i from its peers only: never its own.
   Card peers(int i) noexcept { return Card(*this, i, false); }
 
-  // Why a request for `bytes` by `requesting_card` would find no card now.
+  /// Why a request for `bytes` by `requesting_card` would find no card now.
   std::string explain_no_pick(int requesting_card, std::size_t bytes) const {
     const std::lock_guard lock(mutex_);
     return picker_.explain_no_pick(requesting_card, bytes, card_states(), &history_);
   }
 
-  // Called after every successful allocation, under the allocator's lock (keep it short; it
-  // must not throw).
+  /// Called after every successful allocation, under the allocator's lock (keep it short; it
+  /// must not throw).
   void on_decision(std::function<void(const BorrowDecision&)> callback) {
     const std::lock_guard lock(mutex_);
     on_decision_ = std::move(callback);
   }
 
-  // Every card's state now: what its resource has free, and the largest block it could give.
+  /// Every card's state now: what its resource has free, and the largest block it could give.
   std::vector<CardState> card_states() const {
     std::vector<CardState> states;
     states.reserve(cards_.size());
@@ -192,17 +198,21 @@ public:
     return states;
   }
 
+  /// GPUs in the topology.
   int card_count() const noexcept { return static_cast<int>(cards_.size()); }
-  // Card i's own resource (its pool, say): for stats and trimming.
+  /// Card i's own resource (its pool, say): for stats and trimming. Throws std::out_of_range
+  /// (from vector::at) for an unknown card.
   CardResource& resource(int card) { return *cards_.at(static_cast<std::size_t>(card)); }
+  /// Card i's own resource, read-only.
   const CardResource& resource(int card) const { return *cards_.at(static_cast<std::size_t>(card)); }
+  /// The picker that chooses lenders.
   const BandwidthWeightedPicker<Strategy>& picker() const noexcept { return picker_; }
-  // A copy of the borrowing history, taken under the lock.
+  /// A copy of the borrowing history, taken under the lock.
   BorrowHistory history() const {
     const std::lock_guard lock(mutex_);
     return history_;
   }
-  // Blocks handed out and not yet given back.
+  /// Blocks handed out and not yet given back.
   std::size_t live_blocks() const {
     const std::lock_guard lock(mutex_);
     return lent_.size();
@@ -216,7 +226,7 @@ private:
     std::size_t alignment;
   };
 
-  // The one allocation path. `local` false: the requester's own card is not a candidate.
+  /// The one allocation path. `local` false: the requester's own card is not a candidate.
   cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment,
                                                bool local) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
@@ -266,7 +276,7 @@ private:
     return cuda::std::unexpected(Errc::no_space);
   }
 
-  // `card` -1: whichever card holds it. `requester` -1: whoever asked.
+  /// `card` -1: whichever card holds it. `requester` -1: whoever asked.
   cuda::std::expected<void, Errc> release(void* p, std::size_t bytes, std::size_t alignment, int card,
                                           int requester = -1) noexcept {
     Lent lent{};
@@ -287,14 +297,14 @@ private:
     return {};
   }
 
-  // Whether `p` lies in a live block handed out for `requester`.
+  /// Whether `p` lies in a live block handed out for `requester`.
   bool lent_to(const void* p, int requester) const noexcept {
     const std::lock_guard lock(mutex_);
     const auto it = detail::block_containing(lent_, p, [](const Lent& l) { return l.bytes; });
     return it != lent_.end() && it->second.requester == requester;
   }
 
-  // What `requester` can reach: its own card (when `local`) and every card with a path to it.
+  /// What `requester` can reach: its own card (when `local`) and every card with a path to it.
   template <class Figure>
   std::size_t reachable_sum(int requester, bool local, Figure figure) const {
     std::size_t total = 0;
@@ -312,16 +322,18 @@ private:
   BorrowHistory history_;
   std::vector<std::unique_ptr<CardResource>> cards_;
   mutable std::mutex mutex_;
-  std::map<std::uintptr_t, Lent> lent_; // every live block, by address
+  std::map<std::uintptr_t, Lent> lent_; ///< every live block, by address
   std::function<void(const BorrowDecision&)> on_decision_;
 };
 
-// Memory for one card as a carve::MemoryResource: a handle on the allocator (which must outlive
-// it), so it copies freely and stacks under pools and fallbacks. owns(p) is true for blocks it
-// handed out; free_bytes and capacity sum the cards it can reach.
+/// Memory for one card as a carve::MemoryResource: a handle on the allocator (which must outlive
+/// it), so it copies freely and stacks under pools and fallbacks. owns(p) is true for blocks it
+/// handed out; free_bytes and capacity sum the cards it can reach.
 template <UpstreamResource CardResource, PickStrategy Strategy>
 class BorrowingAllocator<CardResource, Strategy>::Card : public CcclSpellings<Card> {
 public:
+  /// From this card when it fits (unless this is a peers() handle), else from the lender the
+  /// strategy picks. Errors: invalid_size (check_request); no_space when no card can lend.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const auto h = borrower_->take(bytes, requester_, alignment, local_);
     if (!h) {
@@ -329,34 +341,40 @@ public:
     }
     return h->address;
   }
+  /// Back to the card that holds it; misuse ends the program (see try_deallocate).
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::BorrowingAllocator::Card::deallocate", p, bytes, r.error());
     }
   }
-  // Errors (nothing changes): not_allocated when `p` is not a live block this card handed out;
-  // invalid_size when `bytes` or `alignment` differ from the allocation's.
+  /// Errors (nothing changes): not_allocated when `p` is not a live block this card handed out;
+  /// invalid_size when `bytes` or `alignment` differ from the allocation's.
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     return borrower_->release(p, bytes, alignment, -1, requester_);
   }
+  /// Whether `p` is a live block this handle's card was given.
   bool owns(const void* p) const noexcept { return borrower_->lent_to(p, requester_); }
 
+  /// Free bytes summed over the cards this handle can reach.
   std::size_t free_bytes() const {
     return borrower_->reachable_sum(requester_, local_, [](const CardResource& r) { return r.free_bytes(); });
   }
+  /// Capacity summed over the cards this handle can reach.
   std::size_t capacity() const {
     return borrower_->reachable_sum(requester_, local_, [](const CardResource& r) { return r.capacity(); });
   }
 
+  /// The card this handle allocates for.
   int requester() const noexcept { return requester_; }
-  // Why a request for `bytes` would find no card now.
+  /// Why a request for `bytes` would find no card now.
   std::string explain_no_pick(std::size_t bytes) const { return borrower_->explain_no_pick(requester_, bytes); }
 
+  /// Equal when both are handles for the same card of the same allocator, in the same mode.
   friend bool operator==(const Card& a, const Card& b) noexcept {
     return a.borrower_ == b.borrower_ && a.requester_ == b.requester_ && a.local_ == b.local_;
   }
 
-  // Where the memory lives is where every card's memory lives.
+  /// Where the memory lives is where every card's memory lives.
   template <class Property>
   requires detail::declares_property<CardResource, Property>
   friend constexpr void get_property(const Card&, Property) noexcept {}

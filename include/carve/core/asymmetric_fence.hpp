@@ -1,18 +1,21 @@
-// carve/core/asymmetric_fence.hpp — a fence split into a free half for the hot path and an
-// expensive half for the rare one (host threads only).
-//
-//   hot thread:   store X; asymmetric_fence_light(); load Y
-//   rare thread:  store Y; asymmetric_fence_heavy(); load X
-//
-// Together the two act like a sequentially consistent fence on each side (the Dekker pattern
-// holds: at least one thread sees the other's store), but the light half is only a compiler
-// barrier. The heavy half makes every running thread of the process pass a full memory barrier
-// (Linux membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED; a few microseconds with threads running
-// on other cores). The same split as folly's asymmetric_thread_fence_light/heavy.
-//
-// Only where asymmetric_fences_available() is true: Linux with membarrier (4.14+, not blocked by
-// seccomp). Elsewhere, and on devices, callers keep their read-modify-writes. GPU threads never
-// see the heavy half, so a fast path built on this must be taken by host threads only.
+/// @file carve/core/asymmetric_fence.hpp
+/// A fence split into a free half for the hot path and an
+/// expensive half for the rare one (host threads only).
+///
+/// @code
+/// hot thread:   store X; asymmetric_fence_light(); load Y
+/// rare thread:  store Y; asymmetric_fence_heavy(); load X
+/// @endcode
+///
+/// Together the two act like a sequentially consistent fence on each side (the Dekker pattern
+/// holds: at least one thread sees the other's store), but the light half is only a compiler
+/// barrier. The heavy half makes every running thread of the process pass a full memory barrier
+/// (Linux membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED; a few microseconds with threads running
+/// on other cores). The same split as folly's asymmetric_thread_fence_light/heavy.
+///
+/// Only where asymmetric_fences_available() is true: Linux with membarrier (4.14+, not blocked by
+/// seccomp). Elsewhere, and on devices, callers keep their read-modify-writes. GPU threads never
+/// see the heavy half, so a fast path built on this must be taken by host threads only.
 #pragma once
 
 #include <carve/core/config.hpp>

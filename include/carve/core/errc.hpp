@@ -1,7 +1,8 @@
-// carve/core/errc.hpp — the error values every carve operation reports.
-//
-// Paths that can run on a device return `cuda::std::expected<T, carve::Errc>`; host-only layers
-// may turn an Errc into a std::error_code (or throw a std::system_error carrying it).
+/// @file carve/core/errc.hpp
+/// The error values every carve operation reports.
+///
+/// Paths that can run on a device return `cuda::std::expected<T, carve::Errc>`; host-only layers
+/// may turn an Errc into a std::error_code (or throw a std::system_error carrying it).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -11,36 +12,38 @@
 
 namespace carve {
 
-// The numeric values travel in the allocation service's wire protocol (carve/service/): add new
-// values at the end only.
+/// Why a carve operation failed.
+///
+/// The numeric values travel in the allocation service's wire protocol (carve/service/): add new
+/// values at the end only.
 enum class Errc {
-  no_space = 1,       // no run of free slots (or bytes) large enough for the request
-  invalid_size,       // a size of zero, or larger than the resource can ever hold
-  out_of_range,       // a range that ends past the resource or wraps around
-  not_allocated,      // releasing something that is (partly) free already
-  invalid_placement,  // a fit policy proposed a run that is not free: a bug in that policy
-  invalid_thresholds, // tier thresholds that are empty, unsorted, repeated or too many
-  full,               // a bounded queue (or the tier a request belongs to) has no room
-  empty,              // nothing to take from a queue
-  closed,             // the queue was closed: no more pushes; pops end once it has drained
-  timed_out,          // a blocking call's deadline passed first
-  invalid_argument,   // a parameter outside its documented domain (a zero capacity, a weight list of the wrong length)
-  device_error,       // a device (or its copy engine) failed an operation
+  no_space = 1,       ///< no run of free slots (or bytes) large enough for the request
+  invalid_size,       ///< a size of zero, or larger than the resource can ever hold
+  out_of_range,       ///< a range that ends past the resource or wraps around
+  not_allocated,      ///< releasing something that is (partly) free already
+  invalid_placement,  ///< a fit policy proposed a run that is not free: a bug in that policy
+  invalid_thresholds, ///< tier thresholds that are empty, unsorted, repeated or too many
+  full,               ///< a bounded queue (or the tier a request belongs to) has no room
+  empty,              ///< nothing to take from a queue
+  closed,             ///< the queue was closed: no more pushes; pops end once it has drained
+  timed_out,          ///< a blocking call's deadline passed first
+  invalid_argument,   ///< a parameter outside its documented domain (a zero capacity, a wrong-length weight list)
+  device_error,       ///< a device (or its copy engine) failed an operation
 
   // Talking to a server (carve/service/).
-  permission_denied,   // the thing named belongs to another client
-  bad_message,         // a message that does not decode: malformed, truncated, oversized or unknown
-  unsupported_version, // the other side speaks a protocol version (or needs a feature) this build lacks
-  disconnected,        // the connection is gone (the server stopped, restarted or timed out)
+  permission_denied,   ///< the thing named belongs to another client
+  bad_message,         ///< a message that does not decode: malformed, truncated, oversized or unknown
+  unsupported_version, ///< the other side speaks a protocol version (or needs a feature) this build lacks
+  disconnected,        ///< the connection is gone (the server stopped, restarted or timed out)
 
-  unsupported, // the system or this build lacks what the call needs (NUMA, a GPU, a kernel feature)
-  io_error,    // reading or writing a file or device failed
+  unsupported, ///< the system or this build lacks what the call needs (NUMA, a GPU, a kernel feature)
+  io_error,    ///< reading or writing a file or device failed
 };
 
-// The highest value, for decoders that check a number they were sent.
+/// The highest value, for decoders that check a number they were sent.
 inline constexpr Errc last_errc = Errc::io_error;
 
-// A short, stable, lowercase description; never null.
+/// A short, stable, lowercase description; never null.
 CARVE_HOST_DEVICE constexpr const char* to_string(Errc e) noexcept {
   switch (e) {
   case Errc::no_space:
@@ -91,14 +94,18 @@ public:
 };
 } // namespace detail
 
+/// The std::error_category of carve's Errc values (named "carve"; messages from to_string).
 inline const std::error_category& error_category() noexcept {
   static const detail::ErrcCategory category;
   return category;
 }
 
+/// `e` as a std::error_code; found by argument-dependent lookup, so `std::error_code ec = e;` works.
 inline std::error_code make_error_code(Errc e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 } // namespace carve
 
+/// @cond
 template <>
 struct std::is_error_code_enum<carve::Errc> : std::true_type {};
+/// @endcond

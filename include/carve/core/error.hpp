@@ -1,14 +1,17 @@
-// carve/core/error.hpp — how carve fails: one error value, one exception, one rule for constructors.
-//
-//   device paths      cuda::std::expected<T, carve::Errc>     (no strings, no exceptions)
-//   host, explained   carve::Result<T> = cuda::std::expected<T, carve::Error>   {code, message}
-//   host, throwing    carve::Exception (what() is the message; error() the Error)
-//
-// Constructors: a constructor given bad input throws carve::Exception with the code and a
-// message saying what was wrong, and builds nothing. Device code cannot throw, so the few types
-// a kernel constructs check the same input there and, instead of throwing, leave the object
-// refusing every call with the code (their status() tells it). Out of memory in the throwing
-// `allocate` spelling that CCCL and std::pmr call is std::bad_alloc, as their contracts require.
+/// @file carve/core/error.hpp
+/// How carve fails: one error value, one exception, one rule for constructors.
+///
+/// @code
+/// device paths      cuda::std::expected<T, carve::Errc>     (no strings, no exceptions)
+/// host, explained   carve::Result<T> = cuda::std::expected<T, carve::Error>   {code, message}
+/// host, throwing    carve::Exception (what() is the message; error() the Error)
+/// @endcode
+///
+/// Constructors: a constructor given bad input throws carve::Exception with the code and a
+/// message saying what was wrong, and builds nothing. Device code cannot throw, so the few types
+/// a kernel constructs check the same input there and, instead of throwing, leave the object
+/// refusing every call with the code (their status() tells it). Out of memory in the throwing
+/// `allocate` spelling that CCCL and std::pmr call is std::bad_alloc, as their contracts require.
 #pragma once
 
 #include <carve/core/errc.hpp>
@@ -21,40 +24,48 @@
 
 namespace carve {
 
-// A failure explained: the code a program acts on and a sentence a person reads.
+/// A failure explained: the code a program acts on and a sentence a person reads.
 struct Error {
-  Errc code = Errc::invalid_argument;
-  std::string message;
+  Errc code = Errc::invalid_argument; ///< what a program acts on
+  std::string message;                ///< what a person reads; may be empty
 
-  // The message, or the code's description when there is none.
+  /// The message, or the code's description when there is none.
   std::string describe() const { return message.empty() ? std::string(to_string(code)) : message; }
 
+  /// Equal when code and message are.
   friend bool operator==(const Error&, const Error&) = default;
 };
 
+/// A host result: a `T`, or the Error explaining why there is none.
 template <class T>
 using Result = cuda::std::expected<T, Error>;
 
+/// The failed Result for `code` and `message`: `return carve::fail(Errc::invalid_argument, "...");`.
 inline cuda::std::unexpected<Error> fail(Errc code, std::string message) {
   return cuda::std::unexpected(Error{code, std::move(message)});
 }
 
-// The one exception carve throws. A std::runtime_error, so existing handlers catch it; what()
-// is the message alone, so it prints as the sentence it is.
+/// The one exception carve throws. A std::runtime_error, so existing handlers catch it; what()
+/// is the message alone, so it prints as the sentence it is.
 class Exception : public std::runtime_error {
 public:
+  /// Carries `error`; what() is its Error::describe().
   explicit Exception(Error error) : std::runtime_error(error.describe()), error_(std::move(error)) {}
+  /// Carries Error{code, message}.
   Exception(Errc code, std::string message) : Exception(Error{code, std::move(message)}) {}
 
+  /// The error carried.
   const Error& error() const noexcept { return error_; }
+  /// The error's code.
   Errc code() const noexcept { return error_.code; }
+  /// The error's code as a std::error_code.
   std::error_code error_code() const noexcept { return make_error_code(error_.code); }
 
 private:
   Error error_;
 };
 
-// The value of `r`, or throws its error.
+/// The value of `r`, or throws its error.
 template <class T>
 T value_or_throw(Result<T>&& r) {
   if (!r) {

@@ -1,4 +1,5 @@
-// carve/core/format_bytes.hpp — byte counts as people read them, for messages and reports.
+/// @file carve/core/format_bytes.hpp
+/// Byte counts as people read them, for messages and reports.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,8 @@
 
 namespace carve {
 
-// 1536 -> "1.5 KiB", 3 << 30 -> "3.0 GiB"; exact byte counts below 1 KiB ("512 B").
+/// `bytes` in binary units with one decimal: 1536 is "1.5 KiB", 3 GiB is "3.0 GiB"; exact below
+/// 1 KiB ("512 B").
 inline std::string format_bytes(std::uint64_t bytes) {
   static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double value = static_cast<double>(bytes);

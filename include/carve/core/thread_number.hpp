@@ -1,13 +1,16 @@
-// carve/core/thread_number.hpp — a small number per running thread, for picking a shard.
-//
-//   const std::uint32_t shard = carve::thread_number() % shards;
-//
-// Host: each thread takes the lowest number no running thread holds, and gives it back when
-// it exits, so up to n threads running at once get the numbers 0..n-1 however many threads
-// came and went before them (a thread pool rebuilt per job, a test creating thousands). Taking
-// and giving back lock a mutex, once per thread; reading the number is a thread_local load.
-// Device: one number per warp of the grid (a warp's threads run in lock-step, so they would
-// share a shard's cache line anyway).
+/// @file carve/core/thread_number.hpp
+/// A small number per running thread, for picking a shard.
+///
+/// @code
+/// const std::uint32_t shard = carve::thread_number() % shards;
+/// @endcode
+///
+/// Host: each thread takes the lowest number no running thread holds, and gives it back when
+/// it exits, so up to n threads running at once get the numbers 0..n-1 however many threads
+/// came and went before them (a thread pool rebuilt per job, a test creating thousands). Taking
+/// and giving back lock a mutex, once per thread; reading the number is a thread_local load.
+/// Device: one number per warp of the grid (a warp's threads run in lock-step, so they would
+/// share a shard's cache line anyway).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -74,6 +77,8 @@ inline std::uint32_t host_thread_number() noexcept {
 #endif
 } // namespace detail
 
+/// This thread's number: on the host the lowest number no other running thread holds, on a
+/// device the warp's index in the grid. Thread-safe; a thread_local load after the first call.
 CARVE_HOST_DEVICE inline std::uint32_t thread_number() noexcept {
   NV_IF_ELSE_TARGET(NV_IS_DEVICE,
                     (const std::uint32_t block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

@@ -1,15 +1,18 @@
-// carve/mr/as_pmr.hpp — any carve resource as a std::pmr::memory_resource, so the standard
-// library's pmr containers allocate from it.
-//
-//   carve::CachingPool pool(carve::SimulatedCard(64 << 20));
-//   auto pmr = carve::as_pmr(pool);                  // refers to pool; does not copy it
-//   std::pmr::vector<int> v(&pmr);                   // v's storage comes from the pool
-//
-// The adaptor refers to the resource, which must outlive it (and every container using it).
-// do_allocate throws std::bad_alloc when the resource has no space, as the pmr contract
-// requires, and carve::Exception for a request no resource could serve (an alignment that is
-// not a power of two); a request for 0 bytes is served as 1 byte, since pmr allows it and carve
-// resources do not. Two adaptors are equal when they refer to the same resource. Host-only.
+/// @file carve/mr/as_pmr.hpp
+/// Any carve resource as a std::pmr::memory_resource, so the standard
+/// library's pmr containers allocate from it.
+///
+/// @code
+/// carve::CachingPool pool(carve::SimulatedCard(64 << 20));
+/// auto pmr = carve::as_pmr(pool);                  // refers to pool; does not copy it
+/// std::pmr::vector<int> v(&pmr);                   // v's storage comes from the pool
+/// @endcode
+///
+/// The adaptor refers to the resource, which must outlive it (and every container using it).
+/// do_allocate throws std::bad_alloc when the resource has no space, as the pmr contract
+/// requires, and carve::Exception for a request no resource could serve (an alignment that is
+/// not a power of two); a request for 0 bytes is served as 1 byte, since pmr allows it and carve
+/// resources do not. Two adaptors are equal when they refer to the same resource. Host-only.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -22,11 +25,14 @@
 
 namespace carve {
 
+/// A std::pmr::memory_resource that allocates from a carve resource `R` it refers to.
 template <MemoryResource R>
 class PmrResource final : public std::pmr::memory_resource {
 public:
+  /// Allocates from `resource`, which must outlive the adaptor.
   explicit PmrResource(R& resource) noexcept : r_(&resource) {}
 
+  /// The resource referred to.
   R& resource() const noexcept { return *r_; }
 
 private:
@@ -52,7 +58,7 @@ private:
   R* r_;
 };
 
-// A std::pmr::memory_resource that allocates from `resource`.
+/// A std::pmr::memory_resource that allocates from `resource`.
 template <MemoryResource R>
 PmrResource<R> as_pmr(R& resource) noexcept {
   return PmrResource<R>(resource);

@@ -1,32 +1,35 @@
-// carve/mr/caching_pool.hpp — a memory resource adaptor that keeps freed blocks for reuse, and
-// gives them back when too many sit idle.
-//
-//   carve::CachingPool pool(carve::SimulatedCard(16ull << 30), {.idle_threshold = 1ull << 30});
-//   auto p = pool.try_allocate(3 << 20);            // expected<void*, Errc>
-//   pool.deallocate(*p, 3 << 20);                   // cached, not freed
-//   pool.trim();                                    // free segments back to the card
-//
-// Serving a request: a cached block of exactly the rounded size; else the smallest larger one,
-// split (the rest stays cached); else a new segment from the upstream (small requests share
-// segments of PoolOptions::segment_size). If the upstream says no, the pool returns its free
-// segments and asks once more. Freed blocks merge with free neighbours of the same segment.
-// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
-//
-// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
-// segments (segments none of whose bytes is handed out), least recently freed first: on every
-// deallocation while the cache is over PoolOptions::idle_threshold, and on demand with trim().
-// Releasing whole segments means the cache does not land exactly on the threshold: the last
-// segment released may take the cache below it, and free blocks in segments that still hold a
-// live block stay cached above it. stats() reports what is held, used, cached and how
-// fragmented the cache is.
-//
-// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
-// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
-// satisfies carve::SynchronousResource (what CCCL's
-// cuda::mr::synchronous_resource requires, checked on every build) and CCCL's own concept where
-// <cuda/memory_resource> is available (resource in CCCL 3.0, synchronous_resource from 3.1; see
-// carve/mr/cuda_mr.hpp), and forwards its upstream's properties (host_accessible for
-// SimulatedCard, device_accessible for CudaDeviceResource).
+/// @file carve/mr/caching_pool.hpp
+/// A memory resource adaptor that keeps freed blocks for reuse, and
+/// gives them back when too many sit idle.
+///
+/// @code
+/// carve::CachingPool pool(carve::SimulatedCard(16ull << 30), {.idle_threshold = 1ull << 30});
+/// auto p = pool.try_allocate(3 << 20);            // expected<void*, Errc>
+/// pool.deallocate(*p, 3 << 20);                   // cached, not freed
+/// pool.trim();                                    // free segments back to the card
+/// @endcode
+///
+/// Serving a request: a cached block of exactly the rounded size; else the smallest larger one,
+/// split (the rest stays cached); else a new segment from the upstream (small requests share
+/// segments of PoolOptions::segment_size). If the upstream says no, the pool returns its free
+/// segments and asks once more. Freed blocks merge with free neighbours of the same segment.
+/// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
+///
+/// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
+/// segments (segments none of whose bytes is handed out), least recently freed first: on every
+/// deallocation while the cache is over PoolOptions::idle_threshold, and on demand with trim().
+/// Releasing whole segments means the cache does not land exactly on the threshold: the last
+/// segment released may take the cache below it, and free blocks in segments that still hold a
+/// live block stay cached above it. stats() reports what is held, used, cached and how
+/// fragmented the cache is.
+///
+/// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
+/// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
+/// satisfies carve::SynchronousResource (what CCCL's
+/// cuda::mr::synchronous_resource requires, checked on every build) and CCCL's own concept where
+/// `<cuda/memory_resource>` is available (resource in CCCL 3.0, synchronous_resource from 3.1; see
+/// carve/mr/cuda_mr.hpp), and forwards its upstream's properties (host_accessible for
+/// SimulatedCard, device_accessible for CudaDeviceResource).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -51,14 +54,17 @@
 
 namespace carve {
 
+/// A caching MemoryResource over `Upstream`: freed blocks are kept and reused, idle segments go
+/// back. Thread-safe (one mutex).
 template <UpstreamResource Upstream>
 requires std::move_constructible<Upstream>
 class CachingPool : public CcclSpellings<CachingPool<Upstream>> {
 public:
+  /// The resource the pool takes segments from.
   using upstream_type = Upstream;
 
-  // Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
-  // segment size a positive multiple of it.
+  /// Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
+  /// segment size a positive multiple of it.
   explicit CachingPool(Upstream upstream, PoolOptions options = {})
       : upstream_(std::move(upstream)), options_(options) {
     const std::size_t g = options_.granularity;
@@ -73,16 +79,16 @@ public:
   CachingPool(const CachingPool&) = delete;
   CachingPool& operator=(const CachingPool&) = delete;
 
-  // Returns every segment to the upstream; blocks still handed out become invalid with it.
+  /// Returns every segment to the upstream; blocks still handed out become invalid with it.
   ~CachingPool() {
     for (const auto& [base, size] : segments_) {
       upstream_.deallocate(to_ptr(base), size, options_.granularity);
     }
   }
 
-  // Errors (nothing changes): invalid_size for 0 bytes or an alignment that is not a power of
-  // two; no_space for an alignment above the granularity, a size too large to round, or when
-  // neither the cache nor the upstream (after the cache is returned to it) can hold the request.
+  /// Errors (nothing changes): invalid_size for 0 bytes or an alignment that is not a power of
+  /// two; no_space for an alignment above the granularity, a size too large to round, or when
+  /// neither the cache nor the upstream (after the cache is returned to it) can hold the request.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -112,8 +118,8 @@ public:
     }
   }
 
-  // Errors (nothing changes): not_allocated when `p` is not a live block of this pool (never
-  // allocated, or freed already); invalid_size when `bytes` does not match its allocation.
+  /// Errors (nothing changes): not_allocated when `p` is not a live block of this pool (never
+  /// allocated, or freed already); invalid_size when `bytes` does not match its allocation.
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                  std::size_t alignment = default_alignment) noexcept {
     const std::lock_guard lock(mutex_);
@@ -134,25 +140,26 @@ public:
     return {};
   }
 
-  // deallocate cannot report an error (it is noexcept), so misuse ends the program with a
-  // message (core/misuse.hpp); try_deallocate reports it instead.
+  /// deallocate cannot report an error (it is noexcept), so misuse ends the program with a
+  /// message (core/misuse.hpp); try_deallocate reports it instead.
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::CachingPool::deallocate", p, bytes, r.error());
     }
   }
 
-  // Returns whole free segments (no byte of them handed out) to the upstream, least recently
-  // freed first, one at a time while more than `keep_cached` bytes are cached; stops when the
-  // cache is at or below `keep_cached` or no whole free segment is left. So it releases whole
-  // segments only, never part of one: the cache can end below `keep_cached` (by less than the
-  // last segment released) or above it (by free blocks in segments still partly in use).
-  // Returns the bytes released (the sizes of the segments returned).
+  /// Returns whole free segments (no byte of them handed out) to the upstream, least recently
+  /// freed first, one at a time while more than `keep_cached` bytes are cached; stops when the
+  /// cache is at or below `keep_cached` or no whole free segment is left. So it releases whole
+  /// segments only, never part of one: the cache can end below `keep_cached` (by less than the
+  /// last segment released) or above it (by free blocks in segments still partly in use).
+  /// Returns the bytes released (the sizes of the segments returned).
   std::size_t trim(std::size_t keep_cached = 0) {
     const std::lock_guard lock(mutex_);
     return release_free_segments(keep_cached);
   }
 
+  /// The pool's counters now, taken under its lock.
   PoolStats stats() const {
     const std::lock_guard lock(mutex_);
     PoolStats s = counters_;
@@ -166,24 +173,24 @@ public:
     return s;
   }
 
-  // Bytes the card could still hand out through this pool: cached plus the upstream's free.
+  /// Bytes the card could still hand out through this pool: cached plus the upstream's free.
   std::size_t free_bytes() const {
     const std::lock_guard lock(mutex_);
     return cached_ + upstream_.free_bytes();
   }
-  // The upstream's capacity: what this pool could ever hold.
+  /// The upstream's capacity: what this pool could ever hold.
   std::size_t capacity() const { return upstream_.capacity(); }
 
-  // Whether `p` lies in a segment this pool holds (a live block or a cached one).
+  /// Whether `p` lies in a segment this pool holds (a live block or a cached one).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
     return detail::block_containing(segments_, p, [](std::size_t size) { return size; }) != segments_.end();
   }
 
-  // The largest request that would succeed now, assuming the upstream's free memory is in one
-  // piece (true for SimulatedCard, nearly so for a GPU's virtual address space): the largest
-  // cached block, or the upstream's free memory plus the whole free segments the pool would
-  // return to it first.
+  /// The largest request that would succeed now, assuming the upstream's free memory is in one
+  /// piece (true for SimulatedCard, nearly so for a GPU's virtual address space): the largest
+  /// cached block, or the upstream's free memory plus the whole free segments the pool would
+  /// return to it first.
   std::size_t largest_allocation() const {
     const std::lock_guard lock(mutex_);
     std::size_t from_upstream = upstream_.free_bytes();
@@ -196,11 +203,13 @@ public:
     return std::max(free_.empty() ? 0 : free_.rbegin()->first, from_upstream);
   }
 
+  /// The upstream resource.
   const Upstream& upstream() const noexcept { return upstream_; }
+  /// The options the pool was built with.
   const PoolOptions& options() const noexcept { return options_; }
 
-  // Checks every invariant: blocks tile their segments exactly, no two free neighbours are left
-  // unmerged, the size index matches the blocks, and the byte counts add up. For tests.
+  /// Checks every invariant: blocks tile their segments exactly, no two free neighbours are left
+  /// unmerged, the size index matches the blocks, and the byte counts add up. For tests.
   bool consistent() const {
     const std::lock_guard lock(mutex_);
     std::size_t in_use = 0;
@@ -254,9 +263,10 @@ public:
            free_blocks == free_.size() && reserved == reserved_ && in_use + cached == reserved;
   }
 
+  /// Equal only to itself: blocks go back to the pool that gave them.
   friend bool operator==(const CachingPool& a, const CachingPool& b) noexcept { return &a == &b; }
 
-  // Forwards every property the upstream declares (CCCL's get_property protocol).
+  /// Forwards every property the upstream declares (CCCL's get_property protocol).
   template <class Property>
   requires detail::declares_property<Upstream, Property>
   friend constexpr void get_property(const CachingPool&, Property) noexcept {}
@@ -264,22 +274,22 @@ public:
 private:
   struct Block {
     std::size_t size = 0;
-    std::uintptr_t segment = 0; // base address of the segment it belongs to
+    std::uintptr_t segment = 0; ///< base address of the segment it belongs to
     bool free = false;
-    std::uint64_t freed_at = 0; // for least-recently-used release
+    std::uint64_t freed_at = 0; ///< for least-recently-used release
   };
   using BlockMap = std::map<std::uintptr_t, Block>;
 
   static void* to_ptr(std::uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
   static std::uintptr_t to_addr(void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
 
-  // The block size for a valid request (check_request), or 0 when the pool cannot serve it: an
-  // alignment above the granularity, or a size that overflows when rounded.
+  /// The block size for a valid request (check_request), or 0 when the pool cannot serve it: an
+  /// alignment above the granularity, or a size that overflows when rounded.
   std::size_t rounded(std::size_t bytes, std::size_t alignment) const noexcept {
     return alignment > options_.granularity ? 0 : round_up(bytes, options_.granularity);
   }
 
-  // Best fit from the cache: exact size, else the smallest larger block, split. 0 if none.
+  /// Best fit from the cache: exact size, else the smallest larger block, split. 0 if none.
   std::uintptr_t take_cached(std::size_t size) {
     const auto it = free_.lower_bound({size, 0});
     if (it == free_.end()) {
@@ -294,7 +304,7 @@ private:
     return addr;
   }
 
-  // Cuts `b` (at `addr`, just taken) down to `size`; the rest becomes a cached block.
+  /// Cuts `b` (at `addr`, just taken) down to `size`; the rest becomes a cached block.
   void split(std::uintptr_t addr, Block& b, std::size_t size) {
     if (b.size == size) {
       return;
@@ -344,7 +354,7 @@ private:
     return base;
   }
 
-  // Marks a live block free and merges it with free neighbours in its segment.
+  /// Marks a live block free and merges it with free neighbours in its segment.
   void give_back(typename BlockMap::iterator it) {
     ++tick_;
     it->second.free = true;
@@ -371,8 +381,8 @@ private:
     free_.insert({it->second.size, it->first});
   }
 
-  // Oldest idle whole segment first. A linear scan per segment released: no allocation, so it
-  // is safe inside the noexcept deallocation path, and pools hold few segments.
+  /// Oldest idle whole segment first. A linear scan per segment released: no allocation, so it
+  /// is safe inside the noexcept deallocation path, and pools hold few segments.
   std::size_t release_free_segments(std::size_t keep_cached) noexcept {
     std::size_t released = 0;
     while (cached_ > keep_cached) {
@@ -404,15 +414,15 @@ private:
   Upstream upstream_;
   PoolOptions options_;
   mutable std::mutex mutex_;
-  BlockMap blocks_;                                       // every block, by address
-  std::set<std::pair<std::size_t, std::uintptr_t>> free_; // free blocks by (size, address)
-  std::map<std::uintptr_t, std::size_t> segments_;        // upstream allocations: base -> size
+  BlockMap blocks_;                                       ///< every block, by address
+  std::set<std::pair<std::size_t, std::uintptr_t>> free_; ///< free blocks by (size, address)
+  std::map<std::uintptr_t, std::size_t> segments_;        ///< upstream allocations: base -> size
   std::size_t in_use_ = 0;
   std::size_t cached_ = 0;
   std::size_t reserved_ = 0;
   std::size_t live_ = 0;
   std::uint64_t tick_ = 0;
-  PoolStats counters_; // the event counters and peaks; sizes are filled in by stats()
+  PoolStats counters_; ///< the event counters and peaks; sizes are filled in by stats()
 };
 
 static_assert(UpstreamResource<CachingPool<SimulatedCard>> && OwnsMemory<CachingPool<SimulatedCard>> &&

@@ -1,7 +1,8 @@
-// carve/mr/cuda_current_device.hpp — makes a CUDA device current for one scope and puts the
-// caller's back afterwards, so carve's calls never change which device the program works on.
-//
-// Needs the CUDA runtime: declares something only where <cuda_runtime_api.h> is on the include path.
+/// @file carve/mr/cuda_current_device.hpp
+/// Makes a CUDA device current for one scope and puts the
+/// caller's back afterwards, so carve's calls never change which device the program works on.
+///
+/// Needs the CUDA runtime: declares something only where `<cuda_runtime_api.h>` is on the include path.
 #pragma once
 
 #if __has_include(<cuda_runtime_api.h>)

@@ -1,12 +1,15 @@
-// carve/mr/cuda_device_resource.hpp — cudaMalloc / cudaFree on one device, as a pool upstream.
-//
-//   carve::CudaDeviceResource gpu3(3);
-//   carve::CachingPool pool(gpu3);
-//
-// Needs the CUDA runtime: compiled only where <cuda_runtime_api.h> is on the include path (nvcc,
-// or a target linked to CUDA::cudart); elsewhere this header declares nothing, so <carve/carve.hpp>
-// still compiles with a plain host compiler. Link CUDA::cudart (or cudart_static) to use it.
-// Each call makes `device` current and restores the caller's device afterwards.
+/// @file carve/mr/cuda_device_resource.hpp
+/// `cudaMalloc` / `cudaFree` on one device, as a pool upstream.
+///
+/// @code
+/// carve::CudaDeviceResource gpu3(3);
+/// carve::CachingPool pool(gpu3);
+/// @endcode
+///
+/// Needs the CUDA runtime: compiled only where `<cuda_runtime_api.h>` is on the include path (nvcc,
+/// or a target linked to CUDA::cudart); elsewhere this header declares nothing, so `<carve/carve.hpp>`
+/// still compiles with a plain host compiler. Link CUDA::cudart (or cudart_static) to use it.
+/// Each call makes `device` current and restores the caller's device afterwards.
 #pragma once
 
 #if __has_include(<cuda_runtime_api.h>)
@@ -26,12 +29,15 @@
 
 namespace carve {
 
+/// Device memory of one CUDA device (cudaMalloc / cudaFree): an ExportableResource. Thread-safe
+/// as the CUDA runtime is.
 class CudaDeviceResource : public CcclSpellings<CudaDeviceResource> {
 public:
+  /// Segments leave the process as CUDA IPC handles.
   static constexpr ExportKind export_kind = ExportKind::cuda_ipc;
-  static constexpr bool release_while_mapped = false; // cudaFree before the importer closes is undefined
+  static constexpr bool release_while_mapped = false; ///< cudaFree before the importer closes is undefined
 
-  // Throws carve::Exception (invalid_argument) when there is no such CUDA device.
+  /// Throws carve::Exception (invalid_argument) when there is no such CUDA device.
   explicit CudaDeviceResource(int device) : device_(device) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
@@ -40,11 +46,12 @@ public:
     }
   }
 
+  /// The CUDA ordinal.
   int device() const noexcept { return device_; }
 
-  // Errors: invalid_size (check_request); no_space for an alignment above 256 (cudaMalloc aligns
-  // to 256 bytes and no further) or when cudaMalloc fails (the error is cleared, so it does not
-  // leak into later calls).
+  /// Errors: invalid_size (check_request); no_space for an alignment above 256 (cudaMalloc aligns
+  /// to 256 bytes and no further) or when cudaMalloc fails (the error is cleared, so it does not
+  /// leak into later calls).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -61,18 +68,20 @@ public:
     return p;
   }
 
+  /// cudaFree on the resource's device (errors are cleared, not reported).
   void deallocate(void* p, std::size_t, std::size_t) noexcept {
     const detail::CudaCurrentDevice current(device_);
     cudaFree(p);
     cudaGetLastError();
   }
 
-  // The driver's figures (cudaMemGetInfo); 0 if the query fails.
+  /// The device's free memory (cudaMemGetInfo); 0 if the query fails.
   std::size_t free_bytes() const noexcept { return info().first; }
+  /// The device's total memory (cudaMemGetInfo); 0 if the query fails.
   std::size_t capacity() const noexcept { return info().second; }
 
-  // A CUDA IPC handle for an allocation of this resource (`bytes` as allocated), for a server
-  // that lends it to other processes (carve/service/); nullopt when the runtime refuses.
+  /// A CUDA IPC handle for an allocation of this resource (`bytes` as allocated), for a server
+  /// that lends it to other processes (carve/service/); nullopt when the runtime refuses.
   std::optional<SegmentExport> export_segment(void* base, std::size_t bytes) const {
     static_assert(sizeof(cudaIpcMemHandle_t) == SegmentExport::handle_bytes);
     const detail::CudaCurrentDevice current(device_);
@@ -89,11 +98,13 @@ public:
     return e;
   }
 
+  /// Equal when on the same device.
   friend bool operator==(const CudaDeviceResource& a, const CudaDeviceResource& b) noexcept {
     return a.device_ == b.device_;
   }
 
 #if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is device memory.
   friend constexpr void get_property(const CudaDeviceResource&, cuda::mr::device_accessible) noexcept {}
 #endif
 

@@ -1,25 +1,26 @@
-// carve/mr/cuda_mr.hpp — carve's memory-resource concept, and whether CCCL's memory-resource
-// concepts (<cuda/memory_resource>) are available, so that carve's resources can declare their
-// properties for them.
-//
-// CCCL 3.0 ships cuda::mr::resource, resource_with, resource_ref and the host_accessible /
-// device_accessible properties, but only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is
-// defined before the first CCCL include; CCCL 3.1 and later call the synchronous concept
-// cuda::mr::synchronous_resource (allocate_sync / deallocate_sync) and give the name `resource`
-// to stream-ordered resources. <cuda/memory_resource> also needs the CUDA runtime headers
-// (cuda::stream_ref names cudaStream_t), so a plain host build without the toolkit's include
-// directory gets none of this. carve declares properties when that macro is defined, or when
-// CARVE_ENABLE_CUDA_MR is (for a CCCL whose memory resources need no opt-in).
-//
-// So that the synchronous interface is checked on every build, whatever CCCL is installed,
-// carve states it itself: carve::SynchronousResource<R> requires what CCCL 3.1's
-// cuda::mr::synchronous_resource requires (allocate_sync(bytes, alignment) -> void*,
-// deallocate_sync(p, bytes, alignment) -> void, == and !=), and
-// carve::SynchronousResourceWith<R, Properties...> adds CCCL's has_property test for each
-// property (a get_property(const R&, Property) found by argument-dependent lookup). Every carve
-// resource static_asserts it. Where CCCL has synchronous_resource
-// (CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE), the resources are checked against CCCL's own concept
-// as well; with CCCL 3.0, against cuda::mr::resource (allocate / deallocate).
+/// @file carve/mr/cuda_mr.hpp
+/// carve's memory-resource concept, and whether CCCL's memory-resource
+/// concepts (`<cuda/memory_resource>`) are available, so that carve's resources can declare their
+/// properties for them.
+///
+/// CCCL 3.0 ships cuda::mr::resource, resource_with, resource_ref and the host_accessible /
+/// device_accessible properties, but only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is
+/// defined before the first CCCL include; CCCL 3.1 and later call the synchronous concept
+/// cuda::mr::synchronous_resource (allocate_sync / deallocate_sync) and give the name `resource`
+/// to stream-ordered resources. `<cuda/memory_resource>` also needs the CUDA runtime headers
+/// (`cuda::stream_ref` names `cudaStream_t`), so a plain host build without the toolkit's include
+/// directory gets none of this. carve declares properties when that macro is defined, or when
+/// CARVE_ENABLE_CUDA_MR is (for a CCCL whose memory resources need no opt-in).
+///
+/// So that the synchronous interface is checked on every build, whatever CCCL is installed,
+/// carve states it itself: carve::SynchronousResource<R> requires what CCCL 3.1's
+/// cuda::mr::synchronous_resource requires (allocate_sync(bytes, alignment) -> void*,
+/// deallocate_sync(p, bytes, alignment) -> void, == and !=), and
+/// carve::SynchronousResourceWith<R, Properties...> adds CCCL's has_property test for each
+/// property (a get_property(const R&, Property) found by argument-dependent lookup). Every carve
+/// resource static_asserts it. Where CCCL has synchronous_resource
+/// (CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE), the resources are checked against CCCL's own concept
+/// as well; with CCCL 3.0, against cuda::mr::resource (allocate / deallocate).
 #pragma once
 
 #if defined(LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE) || defined(CARVE_ENABLE_CUDA_MR)
@@ -43,18 +44,20 @@
 namespace carve {
 
 #if defined(CARVE_HAS_CUDA_MR)
+/// Whether CCCL's memory-resource concepts are available in this build (CARVE_HAS_CUDA_MR).
 inline constexpr bool cuda_mr_available = true;
 #else
 inline constexpr bool cuda_mr_available = false;
 #endif
 
-// Gives a MemoryResource the spellings CCCL's resource_ref and std::pmr callers use:
-// allocate / allocate_sync, which throw std::bad_alloc when the resource is out of space (the
-// contract both follow) and carve::Exception for a request no resource could serve, and
-// deallocate_sync. The derived class provides try_allocate, deallocate and ==.
+/// Gives a MemoryResource the spellings CCCL's resource_ref and std::pmr callers use:
+/// allocate / allocate_sync, which throw std::bad_alloc when the resource is out of space (the
+/// contract both follow) and carve::Exception for a request no resource could serve, and
+/// deallocate_sync. The derived class provides try_allocate, deallocate and ==.
 template <class Derived>
 class CcclSpellings {
 public:
+  /// try_allocate, throwing: std::bad_alloc for no_space, carve::Exception for any other error.
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
     const cuda::std::expected<void*, Errc> p = self().try_allocate(bytes, alignment);
     if (p) {
@@ -66,9 +69,11 @@ public:
     throw Exception(p.error(), "cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
                                    std::to_string(alignment) + ": " + to_string(p.error()));
   }
+  /// allocate, under the name CCCL 3.1's synchronous_resource uses.
   void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
     return allocate(bytes, alignment);
   }
+  /// deallocate, under the name CCCL 3.1's synchronous_resource uses.
   void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     self().deallocate(p, bytes, alignment);
   }
@@ -85,11 +90,11 @@ concept declares_property = requires(const R& r, P p) {
 };
 } // namespace detail
 
-// What CCCL 3.1's cuda::mr::synchronous_resource requires, stated without CCCL so that every
-// build checks it. Semantic requirements (as CCCL's): allocate_sync returns memory of at least
-// `bytes` aligned to `alignment` or throws (std::bad_alloc when out of memory);
-// deallocate_sync takes back exactly what allocate_sync gave, with the same size and
-// alignment; two resources compare equal when one can free what the other allocated.
+/// What CCCL 3.1's cuda::mr::synchronous_resource requires, stated without CCCL so that every
+/// build checks it. Semantic requirements (as CCCL's): allocate_sync returns memory of at least
+/// `bytes` aligned to `alignment` or throws (std::bad_alloc when out of memory);
+/// deallocate_sync takes back exactly what allocate_sync gave, with the same size and
+/// alignment; two resources compare equal when one can free what the other allocated.
 template <class R>
 concept SynchronousResource = std::equality_comparable<R> &&
     requires(R& r, void* p, std::size_t bytes, std::size_t alignment) {
@@ -97,7 +102,7 @@ concept SynchronousResource = std::equality_comparable<R> &&
   { r.deallocate_sync(p, bytes, alignment) } -> std::same_as<void>;
 };
 
-// A SynchronousResource that declares every one of `Properties` (cuda::mr::synchronous_resource_with).
+/// A SynchronousResource that declares every one of `Properties` (cuda::mr::synchronous_resource_with).
 template <class R, class... Properties>
 concept SynchronousResourceWith = SynchronousResource<R> &&(detail::declares_property<R, Properties>&&...);
 

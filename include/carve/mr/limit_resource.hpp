@@ -1,14 +1,17 @@
-// carve/mr/limit_resource.hpp — a byte budget in front of a resource.
-//
-//   carve::LimitResource<carve::ResourceRef<Pool>> tenant(carve::ref(pool), 256 << 20);  // 256 MiB for this tenant
-//
-// Bytes are counted as asked for (not as the resource rounds them); a request that would take
-// the live total past the budget gets no_space (so a FallbackResource can pass it on) and never
-// reaches the resource. The count is an atomic of scope `Scope`: many threads may share one
-// budget, and the budget is never exceeded, not even for a moment. free_bytes is what is left of
-// the budget (or of the resource, when that is less); capacity is the budget (or the resource's
-// capacity, when that is less). owns, trim and try_deallocate pass through where the resource
-// has them.
+/// @file carve/mr/limit_resource.hpp
+/// A byte budget in front of a resource.
+///
+/// @code
+/// carve::LimitResource<carve::ResourceRef<Pool>> tenant(carve::ref(pool), 256 << 20);  // 256 MiB for this tenant
+/// @endcode
+///
+/// Bytes are counted as asked for (not as the resource rounds them); a request that would take
+/// the live total past the budget gets no_space (so a FallbackResource can pass it on) and never
+/// reaches the resource. The count is an atomic of scope `Scope`: many threads may share one
+/// budget, and the budget is never exceeded, not even for a moment. free_bytes is what is left of
+/// the budget (or of the resource, when that is less); capacity is the budget (or the resource's
+/// capacity, when that is less). owns, trim and try_deallocate pass through where the resource
+/// has them.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -23,20 +26,24 @@
 
 namespace carve {
 
+/// Resource `R` behind a budget of bytes counted by threads of scope `Scope`. A MemoryResource.
 template <MemoryResource R, cuda::thread_scope Scope = cuda::thread_scope_device>
 class LimitResource : public CcclSpellings<LimitResource<R, Scope>> {
 public:
+  /// The resource behind the budget.
   using resource_type = R;
 
-  // A budget of nothing (every request: no_space) until assigned: how a __shared__ stack starts.
+  /// A budget of nothing (every request: no_space) until assigned: how a __shared__ stack starts.
   constexpr LimitResource() requires cuda::std::default_initializable<R>
   = default;
-  // `budget` bytes of `resource` (the resource itself, or what its constructor takes).
+  /// `budget` bytes of `resource` (the resource itself, or what its constructor takes).
   template <class Resource>
   requires cuda::std::constructible_from<R, Resource>
       CARVE_HOST_DEVICE constexpr LimitResource(Resource&& resource, cuda::std::size_t budget)
       : r_(cuda::std::forward<Resource>(resource)), budget_(budget) {}
 
+  /// From the resource if the budget has `bytes` left. Errors: invalid_size (check_request);
+  /// no_space (over budget); the resource's own.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
                                                                   cuda::std::size_t alignment) noexcept {
@@ -57,12 +64,14 @@ public:
     return p;
   }
 
+  /// To the resource; `bytes` go back to the budget.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
     r_.deallocate(p, bytes, alignment);
     used_ref().fetch_sub(bytes, cuda::std::memory_order_relaxed);
   }
 
+  /// The resource's try_deallocate; the budget gets `bytes` back only when it succeeds.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
@@ -74,12 +83,15 @@ public:
     return r;
   }
 
+  /// The budget in bytes.
   CARVE_HOST_DEVICE cuda::std::size_t budget() const noexcept { return budget_; }
+  /// Bytes allocated through this resource and not yet freed.
   CARVE_HOST_DEVICE cuda::std::size_t used_bytes() const noexcept {
     return cuda::atomic_ref<cuda::std::size_t, Scope>(const_cast<cuda::std::size_t&>(used_))
         .load(cuda::std::memory_order_relaxed);
   }
 
+  /// What is left of the budget, or of the resource when that is less.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t free_bytes() const {
     const cuda::std::size_t left = budget_ - used_bytes();
@@ -90,6 +102,7 @@ public:
       return left;
     }
   }
+  /// The budget, or the resource's capacity when that is less.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const {
     if constexpr (ReportsCapacity<R>) {
@@ -99,21 +112,28 @@ public:
       return budget_;
     }
   }
+  /// The resource's owns, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE bool owns(const void* p) const noexcept requires OwnsMemory<R> { return r_.owns(p); }
+  /// The resource's trim, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t trim() requires Trimmable<R> { return r_.trim(); }
+  /// The resource's stats, where it has them.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE decltype(auto) stats() const requires ReportsStats<R> { return r_.stats(); }
 
+  /// The resource behind the budget.
   CARVE_HOST_DEVICE constexpr R& inner() noexcept { return r_; }
+  /// The resource behind the budget.
   CARVE_HOST_DEVICE constexpr const R& inner() const noexcept { return r_; }
 
+  /// Equal when the resources are and the budgets are the same size.
   friend CARVE_HOST_DEVICE constexpr bool
   operator==(const LimitResource& a, const LimitResource& b) noexcept requires cuda::std::equality_comparable<R> {
     return a.r_ == b.r_ && a.budget_ == b.budget_;
   }
 
+  /// Declares every CCCL memory property the resource declares.
   template <class Property>
   requires detail::declares_property<R, Property>
   friend constexpr void get_property(const LimitResource&, Property) noexcept {}
@@ -125,7 +145,7 @@ private:
 
   R r_{};
   cuda::std::size_t budget_ = 0;
-  cuda::std::size_t used_ = 0; // touched only through atomic_ref
+  cuda::std::size_t used_ = 0; ///< touched only through atomic_ref
 };
 
 static_assert(UpstreamResource<LimitResource<detail::ResourceArchetype>>);

@@ -1,4 +1,5 @@
-// carve/mr/pool_stats.hpp — a caching pool's settings and what it reports about itself.
+/// @file carve/mr/pool_stats.hpp
+/// A caching pool's settings and what it reports about itself.
 #pragma once
 
 #include <cstddef>
@@ -7,42 +8,44 @@
 
 namespace carve {
 
+/// How a CachingPool sizes, shares and keeps its blocks.
 struct PoolOptions {
-  // Block sizes are multiples of this, so every block starts this aligned; it is also the
-  // largest alignment a request may ask for. cudaMalloc aligns to 256; 512 is PyTorch's and
-  // CUB's smallest size class.
+  /// Block sizes are multiples of this, so every block starts this aligned; it is also the
+  /// largest alignment a request may ask for. cudaMalloc aligns to 256; 512 is PyTorch's and
+  /// CUB's smallest size class.
   std::size_t granularity = 512;
-  // Requests smaller than this share segments of this size from the upstream (fewer upstream
-  // calls, which cost ~100 us each on a GPU); larger ones get a segment of their own size.
+  /// Requests smaller than this share segments of this size from the upstream (fewer upstream
+  /// calls, which cost ~100 us each on a GPU); larger ones get a segment of their own size.
   std::size_t segment_size = std::size_t{2} << 20;
-  // Cached bytes kept for reuse. When a deallocation leaves the cache above it, whole free
-  // segments go back to the upstream, least recently freed first, until the cache is at or
-  // below it or no whole free segment is left (free blocks in a segment that still holds a live
-  // block cannot go back, so the cache may stay above it).
+  /// Cached bytes kept for reuse. When a deallocation leaves the cache above it, whole free
+  /// segments go back to the upstream, least recently freed first, until the cache is at or
+  /// below it or no whole free segment is left (free blocks in a segment that still holds a live
+  /// block cannot go back, so the cache may stay above it).
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
 };
 
+/// A CachingPool's counters at one moment (CachingPool::stats()).
 struct PoolStats {
-  std::size_t bytes_in_use = 0;   // in live blocks (rounded to the granularity)
-  std::size_t bytes_cached = 0;   // in free blocks kept for reuse
-  std::size_t bytes_reserved = 0; // held from the upstream: in use + cached
-  std::size_t peak_in_use = 0;
-  std::size_t peak_reserved = 0;
-  std::size_t live_blocks = 0;
-  std::size_t cached_blocks = 0;
-  std::size_t segments = 0; // upstream allocations currently held
-  std::size_t largest_cached_block = 0;
-  std::uint64_t allocations = 0;   // successful allocate calls
-  std::uint64_t deallocations = 0; // successful deallocate calls
-  std::uint64_t cache_hits = 0;    // allocations served without asking the upstream
-  std::uint64_t splits = 0;        // cached blocks cut to size (the rest stayed cached)
-  std::uint64_t merges = 0;        // freed blocks joined with a free neighbour
-  std::uint64_t upstream_allocations = 0;
-  std::uint64_t upstream_frees = 0;
-  std::uint64_t upstream_failures = 0; // upstream said no (then the pool trimmed and retried)
+  std::size_t bytes_in_use = 0;           ///< in live blocks (rounded to the granularity)
+  std::size_t bytes_cached = 0;           ///< in free blocks kept for reuse
+  std::size_t bytes_reserved = 0;         ///< held from the upstream: in use + cached
+  std::size_t peak_in_use = 0;            ///< the most bytes_in_use has been
+  std::size_t peak_reserved = 0;          ///< the most bytes_reserved has been
+  std::size_t live_blocks = 0;            ///< blocks handed out and not yet freed
+  std::size_t cached_blocks = 0;          ///< free blocks kept for reuse
+  std::size_t segments = 0;               ///< upstream allocations currently held
+  std::size_t largest_cached_block = 0;   ///< the largest request the cache alone could serve
+  std::uint64_t allocations = 0;          ///< successful allocate calls
+  std::uint64_t deallocations = 0;        ///< successful deallocate calls
+  std::uint64_t cache_hits = 0;           ///< allocations served without asking the upstream
+  std::uint64_t splits = 0;               ///< cached blocks cut to size (the rest stayed cached)
+  std::uint64_t merges = 0;               ///< freed blocks joined with a free neighbour
+  std::uint64_t upstream_allocations = 0; ///< segments taken from the upstream
+  std::uint64_t upstream_frees = 0;       ///< segments given back to it
+  std::uint64_t upstream_failures = 0;    ///< upstream said no (then the pool trimmed and retried)
 
-  // How scattered the cache is: 0 when all cached bytes form one block (or nothing is cached),
-  // approaching 1 as they split into many small blocks. 1 - largest cached block / cached bytes.
+  /// How scattered the cache is: 0 when all cached bytes form one block (or nothing is cached),
+  /// approaching 1 as they split into many small blocks. 1 - largest cached block / cached bytes.
   double fragmentation() const noexcept {
     return bytes_cached == 0 ? 0.0
                              : 1.0 - static_cast<double>(largest_cached_block) / static_cast<double>(bytes_cached);

@@ -1,24 +1,27 @@
-// carve/mr/segment_export.hpp — what another process needs to map one of a resource's
-// allocations: the concept of a resource whose memory can leave the process.
-//
-//   struct MyCard {   // a carve::UpstreamResource, plus:
-//     static constexpr carve::ExportKind export_kind = carve::ExportKind::shared_memory;
-//     static constexpr bool release_while_mapped = true;
-//     std::optional<carve::SegmentExport> export_segment(void* base, std::size_t bytes) const;
-//   };
-//
-// `base` and `bytes` are a live allocation as try_allocate made it; the answer describes that
-// whole allocation (a "segment"), nullopt when the resource does not know it or the system
-// refuses to export it. Semantic requirements: the export stays valid
-// until the segment is deallocated; a descriptor in it is owned by the resource (the receiver
-// gets its own copy, e.g. through SCM_RIGHTS, and must not close the resource's).
-// `release_while_mapped` says whether a segment may be deallocated while another process still
-// maps it: true for shared memory (a mapping holds its pages by itself), false for CUDA IPC
-// (freeing exported memory before the importer's cudaIpcCloseMemHandle is undefined).
-//
-// carve ships two: SharedMemoryCard (kind shared_memory: a memfd, mapped with mmap) and, where
-// the CUDA runtime is available, CudaDeviceResource (kind cuda_ipc: a cudaIpcMemHandle_t, opened
-// with cudaIpcOpenMemHandle).
+/// @file carve/mr/segment_export.hpp
+/// What another process needs to map one of a resource's
+/// allocations: the concept of a resource whose memory can leave the process.
+///
+/// @code
+/// struct MyCard {   // a carve::UpstreamResource, plus:
+///   static constexpr carve::ExportKind export_kind = carve::ExportKind::shared_memory;
+///   static constexpr bool release_while_mapped = true;
+///   std::optional<carve::SegmentExport> export_segment(void* base, std::size_t bytes) const;
+/// };
+/// @endcode
+///
+/// `base` and `bytes` are a live allocation as try_allocate made it; the answer describes that
+/// whole allocation (a "segment"), nullopt when the resource does not know it or the system
+/// refuses to export it. Semantic requirements: the export stays valid
+/// until the segment is deallocated; a descriptor in it is owned by the resource (the receiver
+/// gets its own copy, e.g. through SCM_RIGHTS, and must not close the resource's).
+/// `release_while_mapped` says whether a segment may be deallocated while another process still
+/// maps it: true for shared memory (a mapping holds its pages by itself), false for CUDA IPC
+/// (freeing exported memory before the importer's cudaIpcCloseMemHandle is undefined).
+///
+/// carve ships two: SharedMemoryCard (kind shared_memory: a memfd, mapped with mmap) and, where
+/// the CUDA runtime is available, CudaDeviceResource (kind cuda_ipc: a cudaIpcMemHandle_t, opened
+/// with cudaIpcOpenMemHandle).
 #pragma once
 
 #include <carve/mr/memory_resource.hpp>
@@ -31,11 +34,13 @@
 
 namespace carve {
 
+/// How a segment leaves the process.
 enum class ExportKind : std::uint8_t {
-  shared_memory = 1, // a file descriptor of shared memory; the segment is its first `size` bytes
-  cuda_ipc = 2,      // a CUDA IPC memory handle of the segment's device allocation
+  shared_memory = 1, ///< a file descriptor of shared memory; the segment is its first `size` bytes
+  cuda_ipc = 2,      ///< a CUDA IPC memory handle of the segment's device allocation
 };
 
+/// The enumerator's name ("shared_memory", "cuda_ipc"); never null.
 constexpr const char* to_string(ExportKind k) noexcept {
   switch (k) {
   case ExportKind::shared_memory:
@@ -46,16 +51,19 @@ constexpr const char* to_string(ExportKind k) noexcept {
   return "unknown";
 }
 
+/// One exported segment: what another process needs to map it.
 struct SegmentExport {
-  static constexpr std::size_t handle_bytes = 64; // CUDA_IPC_HANDLE_SIZE
+  static constexpr std::size_t handle_bytes = 64; ///< CUDA_IPC_HANDLE_SIZE
 
-  ExportKind kind = ExportKind::shared_memory;
-  std::size_t size = 0;                            // bytes of the whole segment
-  int fd = -1;                                     // shared_memory: the resource's descriptor (borrowed, do not close)
-  int device = -1;                                 // cuda_ipc: the CUDA ordinal that holds the memory
-  std::array<std::uint8_t, handle_bytes> handle{}; // cuda_ipc: the cudaIpcMemHandle_t bytes
+  ExportKind kind = ExportKind::shared_memory; ///< which of the fields below apply
+  std::size_t size = 0;                        ///< bytes of the whole segment
+  int fd = -1;                                 ///< shared_memory: the resource's descriptor (borrowed, do not close)
+  int device = -1;                             ///< cuda_ipc: the CUDA ordinal that holds the memory
+  std::array<std::uint8_t, handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t bytes
 };
 
+/// An UpstreamResource whose allocations another process can map: `export_kind`,
+/// `release_while_mapped` and `export_segment(base, bytes)` as above.
 template <class R>
 concept ExportableResource = UpstreamResource<R> && requires(const R& r, void* base, std::size_t bytes) {
   { R::export_kind } -> std::convertible_to<ExportKind>;

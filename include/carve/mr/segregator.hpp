@@ -1,14 +1,17 @@
-// carve/mr/segregator.hpp — small requests to one resource, large ones to another.
-//
-//   carve::Segregator<4096, carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
-//       carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
-//
-// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate
-// routes by the same size, so neither part needs to know what it owns. A part that has no room
-// says no_space; the request does not move to the other part (put a FallbackResource in the
-// stack for that). Capabilities: owns when both parts know theirs; free_bytes and capacity
-// (sums) and trim where the parts have them; try_deallocate when both parts check theirs. Parts
-// are held by value (carve::ref(r) to share one); __host__ __device__ wherever both parts are.
+/// @file carve/mr/segregator.hpp
+/// Small requests to one resource, large ones to another.
+///
+/// @code
+/// carve::Segregator<4096, carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
+///     carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
+/// @endcode
+///
+/// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate
+/// routes by the same size, so neither part needs to know what it owns. A part that has no room
+/// says no_space; the request does not move to the other part (put a FallbackResource in the
+/// stack for that). Capabilities: owns when both parts know theirs; free_bytes and capacity
+/// (sums) and trim where the parts have them; try_deallocate when both parts check theirs. Parts
+/// are held by value (carve::ref(r) to share one); __host__ __device__ wherever both parts are.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -22,16 +25,19 @@
 
 namespace carve {
 
+/// Requests of at most `Threshold` bytes to `Small`, larger ones to `Large`. A MemoryResource.
 template <cuda::std::size_t Threshold, MemoryResource Small, MemoryResource Large>
 class Segregator : public detail::ResourcePair<Small, Large>,
                    public CcclSpellings<Segregator<Threshold, Small, Large>> {
   using Pair = detail::ResourcePair<Small, Large>;
 
 public:
+  /// The largest request that goes to Small.
   static constexpr cuda::std::size_t threshold = Threshold;
 
   using Pair::Pair;
 
+  /// From the part the size selects; its errors are returned as they are.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
                                                                   cuda::std::size_t alignment) noexcept {
@@ -39,6 +45,7 @@ public:
                               : this->second_.try_allocate(bytes, alignment);
   }
 
+  /// To the part the size selects.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
     if (bytes <= Threshold) {
@@ -48,6 +55,7 @@ public:
     }
   }
 
+  /// deallocate, checked by the part the size selects (where both parts check).
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
@@ -56,11 +64,16 @@ public:
                               : this->second_.try_deallocate(p, bytes, alignment);
   }
 
+  /// The part for small requests.
   CARVE_HOST_DEVICE constexpr Small& small() noexcept { return this->first_; }
+  /// The part for small requests.
   CARVE_HOST_DEVICE constexpr const Small& small() const noexcept { return this->first_; }
+  /// The part for large requests.
   CARVE_HOST_DEVICE constexpr Large& large() noexcept { return this->second_; }
+  /// The part for large requests.
   CARVE_HOST_DEVICE constexpr const Large& large() const noexcept { return this->second_; }
 
+  /// A property both parts declare the stack declares too.
   template <class Property>
   requires detail::declares_property<Small, Property> && detail::declares_property<Large, Property>
   friend constexpr void get_property(const Segregator&, Property) noexcept {}

@@ -1,16 +1,19 @@
-// carve/mr/stats_resource.hpp — counts what passes through a resource.
-//
-//   carve::StatsResource<carve::CachingPool<carve::SimulatedCard>> pool(carve::SimulatedCard(1 << 30));
-//   ...
-//   carve::ResourceStats s = pool.stats();   // allocations, deallocations, bytes_in_use, peak_bytes, failed
-//
-// Every call is counted with relaxed atomics of scope `Scope` (a block-shared arena can count at
-// block scope), so many threads, host or device, may share one. bytes_in_use and peak_bytes
-// count the bytes asked for, not what the resource rounded them to; `failed` counts every
-// refused call (try_allocate errors, and try_deallocate errors where the resource checks).
-// Counters read while other threads allocate are each exact, but not taken at one instant.
-// Capabilities of the resource (owns, free_bytes, capacity, trim, try_deallocate) pass through;
-// its own stats() is inner().stats().
+/// @file carve/mr/stats_resource.hpp
+/// Counts what passes through a resource.
+///
+/// @code
+/// carve::StatsResource<carve::CachingPool<carve::SimulatedCard>> pool(carve::SimulatedCard(1 << 30));
+/// ...
+/// carve::ResourceStats s = pool.stats();   // allocations, deallocations, bytes_in_use, peak_bytes, failed
+/// @endcode
+///
+/// Every call is counted with relaxed atomics of scope `Scope` (a block-shared arena can count at
+/// block scope), so many threads, host or device, may share one. bytes_in_use and peak_bytes
+/// count the bytes asked for, not what the resource rounded them to; `failed` counts every
+/// refused call (try_allocate errors, and try_deallocate errors where the resource checks).
+/// Counters read while other threads allocate are each exact, but not taken at one instant.
+/// Capabilities of the resource (owns, free_bytes, capacity, trim, try_deallocate) pass through;
+/// its own stats() is inner().stats().
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -26,26 +29,30 @@
 
 namespace carve {
 
+/// What a StatsResource counted.
 struct ResourceStats {
-  cuda::std::uint64_t allocations = 0;   // successful try_allocate calls
-  cuda::std::uint64_t deallocations = 0; // deallocate calls (and successful try_deallocate calls)
-  cuda::std::size_t bytes_in_use = 0;    // asked for by live allocations
-  cuda::std::size_t peak_bytes = 0;      // the most bytes_in_use has been
-  cuda::std::uint64_t failed = 0;        // refused calls
+  cuda::std::uint64_t allocations = 0;   ///< successful try_allocate calls
+  cuda::std::uint64_t deallocations = 0; ///< deallocate calls (and successful try_deallocate calls)
+  cuda::std::size_t bytes_in_use = 0;    ///< asked for by live allocations
+  cuda::std::size_t peak_bytes = 0;      ///< the most bytes_in_use has been
+  cuda::std::uint64_t failed = 0;        ///< refused calls
 };
 
+/// Resource `R` with every call counted (atomics of scope `Scope`). A MemoryResource.
 template <MemoryResource R, cuda::thread_scope Scope = cuda::thread_scope_device>
 class StatsResource : public CcclSpellings<StatsResource<R, Scope>> {
 public:
+  /// The resource counted.
   using resource_type = R;
 
   constexpr StatsResource() requires cuda::std::default_initializable<R>
   = default;
-  // The resource from its constructor's arguments.
+  /// The resource from its constructor's arguments.
   template <class... Args>
   requires cuda::std::constructible_from<R, Args...> CARVE_HOST_DEVICE constexpr explicit StatsResource(Args&&... args)
       : r_(cuda::std::forward<Args>(args)...) {}
 
+  /// The resource's try_allocate, counted.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
                                                                   cuda::std::size_t alignment) noexcept {
@@ -61,8 +68,8 @@ public:
     return p;
   }
 
-  // The bytes leave the count before they go back, and join it after they were handed out, so
-  // bytes_in_use (and its peak) never counts more than the resource really has out.
+  /// The bytes leave the count before they go back, and join it after they were handed out, so
+  /// bytes_in_use (and its peak) never counts more than the resource really has out.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
     counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);
@@ -70,6 +77,7 @@ public:
     counter(counts_.deallocations).fetch_add(1, cuda::std::memory_order_relaxed);
   }
 
+  /// The resource's try_deallocate, counted (where it has one).
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
@@ -85,29 +93,37 @@ public:
     return r;
   }
 
-  // The counters now, each read atomically.
+  /// The counters now, each read atomically.
   CARVE_HOST_DEVICE ResourceStats stats() const noexcept {
     return {load(counts_.allocations), load(counts_.deallocations), load(counts_.bytes_in_use),
             load(counts_.peak_bytes), load(counts_.failed)};
   }
 
+  /// The resource's owns, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE bool owns(const void* p) const noexcept requires OwnsMemory<R> { return r_.owns(p); }
+  /// The resource's free_bytes, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t free_bytes() const requires ReportsFreeBytes<R> { return r_.free_bytes(); }
+  /// The resource's capacity, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const requires ReportsCapacity<R> { return r_.capacity(); }
+  /// The resource's trim, where it has one.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE cuda::std::size_t trim() requires Trimmable<R> { return r_.trim(); }
 
+  /// The resource counted.
   CARVE_HOST_DEVICE constexpr R& inner() noexcept { return r_; }
+  /// The resource counted.
   CARVE_HOST_DEVICE constexpr const R& inner() const noexcept { return r_; }
 
+  /// Equal when the resources are (the counts are not compared).
   friend CARVE_HOST_DEVICE constexpr bool
   operator==(const StatsResource& a, const StatsResource& b) noexcept requires cuda::std::equality_comparable<R> {
     return a.r_ == b.r_;
   }
 
+  /// Declares every CCCL memory property the resource declares.
   template <class Property>
   requires detail::declares_property<R, Property>
   friend constexpr void get_property(const StatsResource&, Property) noexcept {}
@@ -123,8 +139,8 @@ private:
   }
 
   R r_{};
-  // Plain fields touched only through atomic_ref, so the adaptor stays constant-initialisable
-  // (a __shared__ variable) and copyable (a snapshot).
+  /// Plain fields touched only through atomic_ref, so the adaptor stays constant-initialisable
+  /// (a __shared__ variable) and copyable (a snapshot).
   ResourceStats counts_{};
 };
 

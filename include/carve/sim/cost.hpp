@@ -1,10 +1,11 @@
-// carve/sim/cost.hpp — what the allocator's decisions cost, timed apart from the simulator.
-//
-// Timing each call inside the simulation would measure the clock more than the allocator (a
-// clock read costs about as much as a find on 128 slots). Instead the run records every call
-// it made (DispatchOptions::record_ops) and the calls are replayed here, in order, on fresh
-// allocators, as one timed loop. The replay repeats the run's exact sequence, so failed
-// searches of a blocked head and the releases between decisions are included, as in use.
+/// @file carve/sim/cost.hpp
+/// What the allocator's decisions cost, timed apart from the simulator.
+///
+/// Timing each call inside the simulation would measure the clock more than the allocator (a
+/// clock read costs about as much as a find on 128 slots). Instead the run records every call
+/// it made (DispatchOptions::record_ops) and the calls are replayed here, in order, on fresh
+/// allocators, as one timed loop. The replay repeats the run's exact sequence, so failed
+/// searches of a blocked head and the releases between decisions are included, as in use.
 #pragma once
 
 #include <carve/sim/compute_unit.hpp>
@@ -18,8 +19,8 @@
 
 namespace carve::sim {
 
-// Nanoseconds per decision (placement attempt) for the recorded `ops` of a run on `cus` units
-// of ContiguousCu<N, Fit>: the fastest of `repeats` replays, divided by `decisions`.
+/// Nanoseconds per decision (placement attempt) for the recorded `ops` of a run on `cus` units
+/// of ContiguousCu<N, Fit>: the fastest of `repeats` replays, divided by `decisions`.
 template <std::uint32_t N, class Fit>
 double replay_ns_per_decision(const std::vector<AllocatorOp>& ops, std::uint32_t cus, std::uint64_t decisions,
                               const Fit& fit = Fit{}, int repeats = 3) {

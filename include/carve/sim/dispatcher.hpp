@@ -1,16 +1,17 @@
-// carve/sim/dispatcher.hpp — the workgroup dispatcher: a FIFO of workgroups over compute units.
-//
-// Time runs in cycles. At each cycle t:
-//   1. every workgroup that finishes at t releases its slots (releases come before allocations,
-//      so slots freed at t can be taken at t);
-//   2. workgroups arriving at t join the back of the queue;
-//   3. up to `width` times, the first `window` queued workgroups are tried in order and the
-//      first that fits is dispatched (on the compute unit `choice` picks) and leaves the queue.
-//      With window 1 a head that fits nowhere blocks everything behind it (head-of-line
-//      blocking, a strict FIFO); a larger window backfills past it.
-// A workgroup dispatched at t is released at t + duration. The makespan is the cycle of the
-// last release. Nothing changes between releases and arrivals, so the simulation jumps from
-// one such event to the next: cost grows with the number of workgroups, not of cycles.
+/// @file carve/sim/dispatcher.hpp
+/// The workgroup dispatcher: a FIFO of workgroups over compute units.
+///
+/// Time runs in cycles. At each cycle t:
+///   1. every workgroup that finishes at t releases its slots (releases come before allocations,
+///      so slots freed at t can be taken at t);
+///   2. workgroups arriving at t join the back of the queue;
+///   3. up to `width` times, the first `window` queued workgroups are tried in order and the
+///      first that fits is dispatched (on the compute unit `choice` picks) and leaves the queue.
+///      With window 1 a head that fits nowhere blocks everything behind it (head-of-line
+///      blocking, a strict FIFO); a larger window backfills past it.
+/// A workgroup dispatched at t is released at t + duration. The makespan is the cycle of the
+/// last release. Nothing changes between releases and arrivals, so the simulation jumps from
+/// one such event to the next: cost grows with the number of workgroups, not of cycles.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -31,16 +32,19 @@
 #include <string>
 #include <vector>
 
+/// The workgroup scheduling simulator: workloads, compute units, the dispatcher, sweeps over
+/// seeds and policies, and their statistics.
 namespace carve::sim {
 
-// Which compute unit gets a workgroup that fits on several.
+/// Which compute unit gets a workgroup that fits on several.
 enum class CuChoice {
-  first,           // the lowest-numbered unit where it fits
-  least_loaded,    // the unit with the most free slots
-  nearest_boundary // the unit where the policy's start lies nearest an end of the slots
-                   // (ties: most free slots, then lowest number)
+  first,           ///< the lowest-numbered unit where it fits
+  least_loaded,    ///< the unit with the most free slots
+  nearest_boundary ///< the unit where the policy's start lies nearest an end of the slots
+                   ///< (ties: most free slots, then lowest number)
 };
 
+/// Its name in reports: "first", "least-loaded", "nearest-boundary".
 inline const char* to_string(CuChoice c) {
   switch (c) {
   case CuChoice::first:
@@ -53,13 +57,14 @@ inline const char* to_string(CuChoice c) {
   return "?";
 }
 
+/// How the dispatcher runs.
 struct DispatchOptions {
-  std::uint32_t cus = 1;    // compute units
-  std::uint32_t window = 1; // workgroups the dispatcher looks at: 1 is a strict FIFO
-  std::uint32_t width = 1;  // dispatches per cycle; 0 for no limit
-  CuChoice choice = CuChoice::first;
-  std::uint32_t sample_every = 0; // cycles between time-series samples; 0 for none
-  bool record_ops = false;        // keep every allocator call in RunResult::ops
+  std::uint32_t cus = 1;             ///< compute units
+  std::uint32_t window = 1;          ///< workgroups the dispatcher looks at: 1 is a strict FIFO
+  std::uint32_t width = 1;           ///< dispatches per cycle; 0 for no limit
+  CuChoice choice = CuChoice::first; ///< which unit gets a workgroup that fits on several
+  std::uint32_t sample_every = 0;    ///< cycles between time-series samples; 0 for none
+  bool record_ops = false;           ///< keep every allocator call in RunResult::ops
 };
 
 namespace detail {
@@ -105,8 +110,9 @@ void wear_statistics(const std::vector<Cu>& units, RunResult& out) {
 
 } // namespace detail
 
-// Runs `workgroups` through the dispatcher on `options.cus` copies of `prototype`.
-// Throws std::invalid_argument for a workgroup that can never fit or never finishes.
+/// Runs `workgroups` through the dispatcher on `options.cus` copies of `prototype`.
+/// Throws carve::Exception (invalid_argument) for a workgroup that can never fit or never
+/// finishes, and for no compute units or a window of 0.
 template <ComputeUnit Cu>
 RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptions& options,
                    const Cu& prototype = Cu{}) {

@@ -1,9 +1,10 @@
-// carve/sim/random.hpp — the simulator's random numbers, the same with every standard library.
-//
-// The standard distributions are implementation-defined (libstdc++ and libc++ draw different
-// numbers from the same engine), so a seed would not name the same workload everywhere. These
-// are small, specified algorithms: xoshiro256** seeded through splitmix64, unbiased bounded
-// integers by rejection, and Box-Muller normals.
+/// @file carve/sim/random.hpp
+/// The simulator's random numbers, the same with every standard library.
+///
+/// The standard distributions are implementation-defined (libstdc++ and libc++ draw different
+/// numbers from the same engine), so a seed would not name the same workload everywhere. These
+/// are small, specified algorithms: xoshiro256** seeded through splitmix64, unbiased bounded
+/// integers by rejection, and Box-Muller normals.
 #pragma once
 
 #include <cmath>
@@ -12,8 +13,10 @@
 
 namespace carve::sim {
 
+/// xoshiro256** with the distributions the simulator draws from; one per thread.
 class Rng {
 public:
+  /// The state for `seed`, spread by splitmix64.
   explicit constexpr Rng(std::uint64_t seed) noexcept {
     for (std::uint64_t& s : state_) {
       seed += 0x9e37'79b9'7f4a'7c15ull; // splitmix64
@@ -24,6 +27,7 @@ public:
     }
   }
 
+  /// The next 64 random bits.
   constexpr std::uint64_t next() noexcept {
     const std::uint64_t result = rotl(state_[1] * 5, 7) * 9;
     const std::uint64_t t = state_[1] << 17;
@@ -36,8 +40,8 @@ public:
     return result;
   }
 
-  // Uniform in [lo, hi] (inclusive), unbiased: draws below 2^64 mod span are rejected, so every
-  // residue is equally likely.
+  /// Uniform in [lo, hi] (inclusive), unbiased: draws below 2^64 mod span are rejected, so every
+  /// residue is equally likely.
   constexpr std::uint64_t uniform(std::uint64_t lo, std::uint64_t hi) noexcept {
     const std::uint64_t span = hi - lo + 1;
     if (span == 0) { // the whole 64-bit range
@@ -51,10 +55,10 @@ public:
     return lo + x % span;
   }
 
-  // Uniform in [0, 1), 53 random bits.
+  /// Uniform in [0, 1), 53 random bits.
   constexpr double unit() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
-  // Standard normal (Box-Muller; the second value is dropped to keep the stream simple).
+  /// Standard normal (Box-Muller; the second value is dropped to keep the stream simple).
   double normal() noexcept {
     const double u = 1.0 - unit(); // (0, 1]: log is finite
     const double v = unit();

@@ -1,8 +1,9 @@
-// carve/sim/stats.hpp — summaries of repeated runs and paired comparisons between policies.
-//
-// Every policy runs on the same workloads (one per seed), so policies are compared run by run:
-// the difference of two makespans on the same seed removes that workload's own luck, which is
-// far larger than most differences between policies.
+/// @file carve/sim/stats.hpp
+/// Summaries of repeated runs and paired comparisons between policies.
+///
+/// Every policy runs on the same workloads (one per seed), so policies are compared run by run:
+/// the difference of two makespans on the same seed removes that workload's own luck, which is
+/// far larger than most differences between policies.
 #pragma once
 
 #include <algorithm>
@@ -15,7 +16,7 @@
 
 namespace carve::sim {
 
-// The two-sided 95% critical value of Student's t with `df` degrees of freedom.
+/// The two-sided 95% critical value of Student's t with `df` degrees of freedom.
 inline double t_critical_95(std::size_t df) {
   // Exact for the smallest df, then the Cornish-Fisher expansion around the normal quantile
   // (error below 0.001 from df = 5 on).
@@ -35,7 +36,7 @@ inline double t_critical_95(std::size_t df) {
          (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * n * n * n);
 }
 
-// The value below which a share `q` of `sorted` lies (linear interpolation between ranks).
+/// The value below which a share `q` of `sorted` lies (linear interpolation between ranks).
 inline double quantile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) {
     return std::nan("");
@@ -46,15 +47,19 @@ inline double quantile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
+/// Mean, spread and confidence interval of a set of values.
 struct Summary {
-  std::size_t n = 0;
-  double mean = 0;
-  double stddev = 0;
-  double median = 0;
-  double ci_low = 0, ci_high = 0; // 95% confidence interval of the mean (Student t)
-  double p2_5 = 0, p97_5 = 0;     // the middle 95% of the values themselves
+  std::size_t n = 0; ///< values
+  double mean = 0;   ///< their mean
+  double stddev = 0; ///< sample standard deviation (n - 1)
+  double median = 0; ///< their median
+  /// The low end of the 95% confidence interval of the mean (Student t).
+  double ci_low = 0, ci_high = 0; ///< the high end of that interval
+  /// The 2.5th percentile: with p97_5, the middle 95% of the values themselves.
+  double p2_5 = 0, p97_5 = 0; ///< the 97.5th percentile
 };
 
+/// The Summary of `values` (all zero when there are none).
 inline Summary summarize(std::vector<double> values) {
   Summary s;
   s.n = values.size();
@@ -81,15 +86,17 @@ inline Summary summarize(std::vector<double> values) {
   return s;
 }
 
-// A candidate against a reference on the same runs; differences are reference - candidate, so
-// a positive difference means the candidate finished sooner.
+/// A candidate against a reference on the same runs; differences are reference - candidate, so
+/// a positive difference means the candidate finished sooner.
 struct PairedComparison {
-  Summary difference;
-  double wins = 0; // share of runs where the candidate is strictly lower
-  double ties = 0;
-  double losses = 0;
+  Summary difference; ///< of reference - candidate, run by run
+  double wins = 0;    ///< share of runs where the candidate is strictly lower
+  double ties = 0;    ///< share of runs where the two are equal
+  double losses = 0;  ///< share of runs where the candidate is higher
 };
 
+/// `candidate` against `reference`, run i against run i. Throws carve::Exception
+/// (invalid_argument) when the two do not have the same number of runs.
 inline PairedComparison compare_paired(const std::vector<double>& reference, const std::vector<double>& candidate) {
   if (reference.size() != candidate.size()) {
     throw Exception(Errc::invalid_argument, "compare_paired: the runs do not pair up");
@@ -110,8 +117,8 @@ inline PairedComparison compare_paired(const std::vector<double>& reference, con
   return c;
 }
 
-// For each run, the share of the lowest value that each candidate holds: 1 for the single best,
-// 1/k each for a k-way tie. Returns one share sum per candidate (divide by runs for a rate).
+/// For each run, the share of the lowest value that each candidate holds: 1 for the single best,
+/// 1/k each for a k-way tie. Returns one share sum per candidate (divide by runs for a rate).
 inline std::vector<double> best_shares(const std::vector<std::vector<double>>& candidates) {
   std::vector<double> shares(candidates.size(), 0.0);
   if (candidates.empty()) {

@@ -1,14 +1,17 @@
-// carve/sim/sweep.hpp — many seeds x many policies, on all cores.
-//
-// Each seed names one workload; every policy runs on that same workload, so results pair up
-// by seed. Work is handed out a seed at a time to `threads` std::threads; results land in a
-// table indexed by (seed, policy), so no two threads ever write the same place.
-//
-//   std::vector<carve::sim::PolicyRunner> policies = {
-//       carve::sim::contiguous<128, carve::FirstFit>(),
-//       carve::sim::contiguous<128, carve::BoundaryNearestFit>(),
-//       carve::sim::bound<128>()};
-//   auto table = carve::sim::sweep(policies, seeds, [&](std::uint64_t seed) { return generate(spec, seed); }, opts);
+/// @file carve/sim/sweep.hpp
+/// Many seeds x many policies, on all cores.
+///
+/// Each seed names one workload; every policy runs on that same workload, so results pair up
+/// by seed. Work is handed out a seed at a time to `threads` std::threads; results land in a
+/// table indexed by (seed, policy), so no two threads ever write the same place.
+///
+/// @code
+/// std::vector<carve::sim::PolicyRunner> policies = {
+///     carve::sim::contiguous<128, carve::FirstFit>(),
+///     carve::sim::contiguous<128, carve::BoundaryNearestFit>(),
+///     carve::sim::bound<128>()};
+/// auto table = carve::sim::sweep(policies, seeds, [&](std::uint64_t seed) { return generate(spec, seed); }, opts);
+/// @endcode
 #pragma once
 
 #include <carve/sim/compute_unit.hpp>
@@ -31,18 +34,18 @@
 
 namespace carve::sim {
 
-// One policy (or the bound) as something the sweep can run.
+/// One policy (or the bound) as something the sweep can run.
 struct PolicyRunner {
-  std::string name;
-  bool is_bound = false; // the contiguity-free bound, not a policy
-  // Runs a workload; with `measure_cost` also replays the allocator calls and returns the
-  // nanoseconds per decision in `ns_per_decision`.
+  std::string name;      ///< shown in reports
+  bool is_bound = false; ///< the contiguity-free bound, not a policy
+  /// Runs a workload; with `measure_cost` also replays the allocator calls and returns the
+  /// nanoseconds per decision in `ns_per_decision`.
   std::function<RunResult(const std::vector<Workgroup>&, const DispatchOptions&, bool measure_cost,
                           double& ns_per_decision)>
       run;
 };
 
-// A carve fit policy (any FitPolicyFor<Fit, N>, hinted or not) on ContiguousCu<N, Fit>.
+/// A carve fit policy (any FitPolicyFor<Fit, N>, hinted or not) on ContiguousCu<N, Fit>.
 template <std::uint32_t N, class Fit>
 requires FitPolicyFor<sized_fit_t<Fit, N>, N> PolicyRunner contiguous(Fit fit = Fit{},
                                                                       std::string name = policy_name<Fit>()) {
@@ -58,7 +61,7 @@ requires FitPolicyFor<sized_fit_t<Fit, N>, N> PolicyRunner contiguous(Fit fit = 
           }};
 }
 
-// The bound: the same dispatcher on slots that need not be contiguous.
+/// The bound: the same dispatcher on slots that need not be contiguous.
 template <std::uint32_t N>
 PolicyRunner bound(std::string name = "bound") {
   return {std::move(name), true, [](const std::vector<Workgroup>& w, const DispatchOptions& options, bool, double& ns) {
@@ -67,21 +70,23 @@ PolicyRunner bound(std::string name = "bound") {
           }};
 }
 
+/// How a sweep runs.
 struct SweepOptions {
-  DispatchOptions dispatch{};
-  unsigned threads = 0;     // 0: one per hardware thread
-  bool measure_cost = true; // replay allocator calls to time them
-  bool keep_placements = false;
-  // Called on the calling thread about ten times a second while the sweep runs.
+  DispatchOptions dispatch{};   ///< for every run
+  unsigned threads = 0;         ///< 0: one per hardware thread
+  bool measure_cost = true;     ///< replay allocator calls to time them
+  bool keep_placements = false; ///< keep RunResult::placements (large for long workloads)
+  /// Called on the calling thread about ten times a second while the sweep runs.
   std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
+/// One (seed, policy) run of a sweep.
 struct SweepCell {
-  RunResult result;
-  double ns_per_decision = 0;
+  RunResult result;           ///< what the run measured
+  double ns_per_decision = 0; ///< the allocator's cost per decision, when measured
 };
 
-// result[s][p]: seed seeds[s] under policies[p]. Exceptions from a run are rethrown here.
+/// result[s][p]: seed seeds[s] under policies[p]. Exceptions from a run are rethrown here.
 inline std::vector<std::vector<SweepCell>> sweep(const std::vector<PolicyRunner>& policies,
                                                  const std::vector<std::uint64_t>& seeds,
                                                  const std::function<std::vector<Workgroup>(std::uint64_t)>& workload,

@@ -1,15 +1,18 @@
-// carve/sim/trace.hpp — workloads as CSV traces, to replay a real workload or share a generated one.
-//
-//   arrival,size,duration,expected
-//   0,12,40,40
-//   0,3,95,
-//
-// One workgroup per line: the cycle it arrives, its size in slots, its run time in cycles, and
-// optionally the run time the dispatcher expects (the hint; empty or absent means "the run
-// time"). The header line, blank lines and lines starting with '#' are skipped. Workgroups are
-// queued in arrival order, file order among equal arrivals. Any bad line throws carve::Exception (sim::input_error)
-// naming the file and line: a wrong field count, a field that is not a whole number, a negative number, a size of 0 or
-// above the slots of a compute unit, a run time of 0. A trace with no workgroups is an error too.
+/// @file carve/sim/trace.hpp
+/// Workloads as CSV traces, to replay a real workload or share a generated one.
+///
+/// @code{.unparsed}
+/// arrival,size,duration,expected
+/// 0,12,40,40
+/// 0,3,95,
+/// @endcode
+///
+/// One workgroup per line: the cycle it arrives, its size in slots, its run time in cycles, and
+/// optionally the run time the dispatcher expects (the hint; empty or absent means "the run
+/// time"). The header line, blank lines and lines starting with '#' are skipped. Workgroups are
+/// queued in arrival order, file order among equal arrivals. Any bad line throws carve::Exception (sim::input_error)
+/// naming the file and line: a wrong field count, a field that is not a whole number, a negative number, a size of 0 or
+/// above the slots of a compute unit, a run time of 0. A trace with no workgroups is an error too.
 #pragma once
 
 #include <carve/sim/input_error.hpp>
@@ -25,8 +28,10 @@
 
 namespace carve::sim {
 
+/// The header line write_trace writes.
 inline constexpr const char* trace_header = "arrival,size,duration,expected";
 
+/// Writes `workgroups` as a trace (with the header), in queue order.
 inline void write_trace(std::ostream& out, const std::vector<Workgroup>& workgroups) {
   out << trace_header << '\n';
   for (const Workgroup& w : workgroups) {
@@ -34,7 +39,7 @@ inline void write_trace(std::ostream& out, const std::vector<Workgroup>& workgro
   }
 }
 
-// Reads a trace for compute units of `slots` slots; `name` is used in error messages.
+/// Reads a trace for compute units of `slots` slots; `name` is used in error messages.
 inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& name, std::uint32_t slots) {
   std::vector<Workgroup> out;
   std::string text;
@@ -96,6 +101,7 @@ inline std::vector<Workgroup> read_trace(std::istream& in, const std::string& na
   return out;
 }
 
+/// Reads the trace file at `path`; throws input_error also when it cannot be opened.
 inline std::vector<Workgroup> read_trace_file(const std::string& path, std::uint32_t slots) {
   std::ifstream in(path);
   if (!in) {

@@ -1,16 +1,19 @@
-// carve/sim/workload.hpp — workgroups and the seeded distributions they are drawn from.
-//
-// A workload is a list of workgroups in queue order. Each has a size in slots, a run time in
-// cycles, the cycle it arrives at the dispatcher, and the run time the dispatcher *expects*
-// (what a hinted policy is told; equal to the real run time unless noise is asked for).
-//
-// Distributions are written as text, the same on the command line, in a config file and in
-// reports: words separated by spaces or colons.
-//   uniform LO HI                    every integer in [LO, HI] equally likely
-//   bimodal LO HI LO2 HI2 P          uniform in [LO2, HI2] with probability P, else in [LO, HI]
-//   geometric MEAN [MAX]             1, 2, 3, ... with P(k) falling geometrically, mean MEAN
-//                                    (draws above MAX are redrawn)
-//   fixed V                          always V
+/// @file carve/sim/workload.hpp
+/// Workgroups and the seeded distributions they are drawn from.
+///
+/// A workload is a list of workgroups in queue order. Each has a size in slots, a run time in
+/// cycles, the cycle it arrives at the dispatcher, and the run time the dispatcher *expects*
+/// (what a hinted policy is told; equal to the real run time unless noise is asked for).
+///
+/// Distributions are written as text, the same on the command line, in a config file and in
+/// reports: words separated by spaces or colons.
+/// @code{.unparsed}
+/// uniform LO HI                    every integer in [LO, HI] equally likely
+/// bimodal LO HI LO2 HI2 P          uniform in [LO2, HI2] with probability P, else in [LO, HI]
+/// geometric MEAN [MAX]             1, 2, 3, ... with P(k) falling geometrically, mean MEAN
+///                                  (draws above MAX are redrawn)
+/// fixed V                          always V
+/// @endcode
 #pragma once
 
 #include <carve/sim/input_error.hpp>
@@ -27,34 +30,44 @@
 
 namespace carve::sim {
 
+/// One workgroup of a workload.
 struct Workgroup {
-  std::uint32_t arrival = 0;  // cycle at which it joins the back of the queue
-  std::uint32_t size = 1;     // contiguous slots, 1..N
-  std::uint32_t duration = 1; // cycles from dispatch to release, >= 1
-  std::uint32_t expected = 1; // the run time the dispatcher believes (the hint), >= 1
+  std::uint32_t arrival = 0;  ///< cycle at which it joins the back of the queue
+  std::uint32_t size = 1;     ///< contiguous slots, 1..N
+  std::uint32_t duration = 1; ///< cycles from dispatch to release, >= 1
+  std::uint32_t expected = 1; ///< the run time the dispatcher believes (the hint), >= 1
 
+  /// Equal when every field is.
   friend bool operator==(const Workgroup&, const Workgroup&) = default;
 };
 
+/// A distribution of whole numbers (sizes, run times), in the text form above.
 class Distribution {
 public:
+  /// Which of the forms above.
   enum class Kind { uniform, bimodal, geometric, fixed };
 
+  /// Every integer in [lo, hi] equally likely.
   static Distribution uniform(std::uint32_t lo, std::uint32_t hi) { return {Kind::uniform, lo, hi, 0, 0, 0.0}; }
+  /// Uniform in [lo2, hi2] with probability p, else in [lo, hi].
   static Distribution bimodal(std::uint32_t lo, std::uint32_t hi, std::uint32_t lo2, std::uint32_t hi2, double p) {
     return {Kind::bimodal, lo, hi, lo2, hi2, p};
   }
+  /// 1, 2, 3, ... falling geometrically with the given mean; draws above `max` are redrawn.
   static Distribution geometric(double mean, std::uint32_t max = std::numeric_limits<std::uint32_t>::max()) {
     return {Kind::geometric, 1, max, 0, 0, mean};
   }
+  /// Always v.
   static Distribution fixed(std::uint32_t v) { return {Kind::fixed, v, v, 0, 0, 0.0}; }
 
-  // Parses the text form above. `where` names the source for errors ("--sizes", "sim.conf").
+  /// Parses the text form above. `where` names the source for errors ("--sizes", "sim.conf");
+  /// bad text throws input_error.
   static Distribution parse(std::string_view text, const std::string& where, std::size_t line = 0);
 
-  // The text form; parse(to_string()) gives the same distribution.
+  /// The text form; parse(to_string()) gives the same distribution.
   std::string to_string() const;
 
+  /// One value drawn with `rng`.
   std::uint32_t draw(Rng& rng) const {
     switch (kind_) {
     case Kind::uniform:
@@ -76,7 +89,7 @@ public:
     return lo_;
   }
 
-  // The mean of a draw (for geometric: of the untruncated distribution).
+  /// The mean of a draw (for geometric: of the untruncated distribution).
   double mean() const {
     switch (kind_) {
     case Kind::uniform:
@@ -90,11 +103,14 @@ public:
     return 0;
   }
 
-  // The smallest and largest value a draw can return.
+  /// The smallest value a draw can return.
   std::uint32_t min() const { return kind_ == Kind::bimodal ? std::min(lo_, lo2_) : lo_; }
+  /// The largest value a draw can return.
   std::uint32_t max() const { return kind_ == Kind::bimodal ? std::max(hi_, hi2_) : hi_; }
+  /// Which form it is.
   Kind kind() const { return kind_; }
 
+  /// Equal when the same form with the same parameters.
   friend bool operator==(const Distribution&, const Distribution&) = default;
 
 private:
@@ -103,30 +119,34 @@ private:
 
   Kind kind_;
   std::uint32_t lo_, hi_, lo2_, hi2_;
-  double p_; // bimodal: probability of the second mode; geometric: the mean
+  double p_; ///< bimodal: probability of the second mode; geometric: the mean
 };
 
-// How workgroups arrive: all queued at cycle 0 (a batch drained as fast as it can be), or a
-// Poisson stream.
+/// How workgroups arrive: all queued at cycle 0 (a batch drained as fast as it can be), or a
+/// Poisson stream.
 struct Arrivals {
-  double per_cycle = 0.0; // 0: everything at cycle 0; else the mean arrivals per cycle
+  double per_cycle = 0.0; ///< 0: everything at cycle 0; else the mean arrivals per cycle
 
+  /// Parses "at-once" or "poisson RATE"; bad text throws input_error naming `where` and `line`.
   static Arrivals parse(std::string_view text, const std::string& where, std::size_t line = 0);
+  /// The text form parse reads back.
   std::string to_string() const;
+  /// Equal at the same rate.
   friend bool operator==(const Arrivals&, const Arrivals&) = default;
 };
 
+/// What generate() draws a workload from.
 struct WorkloadSpec {
-  std::uint32_t count = 1000;
-  Distribution sizes = Distribution::uniform(1, 32);
-  Distribution durations = Distribution::uniform(10, 100);
-  Arrivals arrivals{};
-  // The expected run time is the real one times exp(hint_noise * Z), Z standard normal: 0 gives
-  // exact hints, 0.5 gives hints that are typically 40% off.
+  std::uint32_t count = 1000;                              ///< workgroups
+  Distribution sizes = Distribution::uniform(1, 32);       ///< slots per workgroup
+  Distribution durations = Distribution::uniform(10, 100); ///< run time in cycles
+  Arrivals arrivals{};                                     ///< when they arrive
+  /// The expected run time is the real one times exp(hint_noise * Z), Z standard normal: 0 gives
+  /// exact hints, 0.5 gives hints that are typically 40% off.
   double hint_noise = 0.0;
 };
 
-// The workload for one seed. The same (spec, seed) gives the same workgroups everywhere.
+/// The workload for one seed. The same (spec, seed) gives the same workgroups everywhere.
 inline std::vector<Workgroup> generate(const WorkloadSpec& spec, std::uint64_t seed) {
   Rng rng(seed);
   std::vector<Workgroup> out;

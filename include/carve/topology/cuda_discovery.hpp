@@ -1,22 +1,25 @@
-// carve/topology/cuda_discovery.hpp — the Topology of the GPUs in this machine, asked of the CUDA
-// runtime (and of NVML, when enabled).
-//
-//   carve::Topology topo = carve::discover_topology();   // GPU ordinals as CUDA numbers them
-//
-// Needs the CUDA runtime: declared only where <cuda_runtime_api.h> is on the include path
-// (nvcc, or a target linked to CUDA::cudart), so <carve/carve.hpp> still compiles without it.
-//
-// This header only asks: the runtime for peer access, native atomics and the P2P performance
-// rank of every pair, NVML (when enabled) for the far end of every active NVLink. Turning those
-// answers into links is plain host code, tested without a GPU: count_nvlinks() and
-// topology_from_gpu_links() in carve/topology/gpu_links.hpp, which also says what each pair
-// becomes.
-//
-// NVML: define CARVE_WITH_NVML and link NVML (the carve::nvml CMake target does both when the
-// toolkit has nvml.h and CUDA::nvml; see the README). Without it the runtime cannot count
-// NVLinks, so bonded links (NV2, NV12, NV18) are undercounted as one link each. Defining
-// CARVE_WITH_NVML where <nvml.h> is not on the include path is an error, not a silent fallback.
-// Throws std::runtime_error when there is no CUDA device or a query fails.
+/// @file carve/topology/cuda_discovery.hpp
+/// The Topology of the GPUs in this machine, asked of the CUDA
+/// runtime (and of NVML, when enabled).
+///
+/// @code
+/// carve::Topology topo = carve::discover_topology();   // GPU ordinals as CUDA numbers them
+/// @endcode
+///
+/// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` is on the include path
+/// (nvcc, or a target linked to CUDA::cudart), so `<carve/carve.hpp>` still compiles without it.
+///
+/// This header only asks: the runtime for peer access, native atomics and the P2P performance
+/// rank of every pair, NVML (when enabled) for the far end of every active NVLink. Turning those
+/// answers into links is plain host code, tested without a GPU: count_nvlinks() and
+/// topology_from_gpu_links() in carve/topology/gpu_links.hpp, which also says what each pair
+/// becomes.
+///
+/// NVML: define CARVE_WITH_NVML and link NVML (the carve::nvml CMake target does both when the
+/// toolkit has `nvml.h` and CUDA::nvml). Without it the runtime cannot count
+/// NVLinks, so bonded links (NV2, NV12, NV18) are undercounted as one link each. Defining
+/// CARVE_WITH_NVML where `<nvml.h>` is not on the include path is an error, not a silent fallback.
+/// Throws carve::Exception (device_error) when there is no CUDA device or a query fails.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -41,8 +44,8 @@
 
 namespace carve {
 
-// Whether discover_topology() counts NVLinks with NVML (true when built with CARVE_WITH_NVML).
 #if defined(CARVE_WITH_NVML)
+/// Whether discover_topology() counts NVLinks with NVML (true when built with CARVE_WITH_NVML).
 inline constexpr bool nvml_link_counts = true;
 #else
 inline constexpr bool nvml_link_counts = false;
@@ -108,6 +111,8 @@ inline std::vector<std::vector<int>> nvml_far_ends(const std::vector<PciAddress>
 
 } // namespace detail
 
+/// The GPUs of this machine, numbered as CUDA numbers them, and their links, asked of the CUDA
+/// runtime (and NVML); throws as described above.
 inline Topology discover_topology(LinkBandwidths bw = {}, PathOptions options = {}) {
   using detail::cuda_check;
   int count = 0;

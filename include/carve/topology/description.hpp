@@ -1,20 +1,23 @@
-// carve/topology/description.hpp — Topology::from_description: a machine written down by hand,
-// for machines without nvidia-smi (or boards that only exist on paper).
-//
-//   # a two-socket board, first socket      (everything after # is a comment)
-//   bandwidth nvlink 25          # GB/s per link of a type (before the first node)
-//   max_hops 3                   # links on a path (default 2)
-//   gpu_relay any                # a GPU relays between any links (default: nvlink, NVLink to
-//                                #   NVLink only; see carve/topology/topology.hpp)
-//   cpu CPU0
-//   pcie_switch PLX0             # also: nvswitch NAME, nic NAME
-//   gpu GPU0                     # ordinal 0, the next free one; or: gpu NAME ordinal 4
-//   link CPU0 PLX0 pcie 32       # link A B TYPE [xCOUNT] [GB/s per link]
-//   link PLX0 GPU0 pcie
-//   link GPU0 GPU1 nvlink x2
-//
-// Link types: nvlink, pcie, system (alias sys), inter_socket (aliases qpi, upi). Nodes must be
-// declared before their links. Any mistake throws carve::Exception (parse_error.hpp) with its line.
+/// @file carve/topology/description.hpp
+/// Topology::from_description: a machine written down by hand,
+/// for machines without nvidia-smi (or boards that only exist on paper).
+///
+/// @code{.unparsed}
+/// # a two-socket board, first socket      (everything after # is a comment)
+/// bandwidth nvlink 25          # GB/s per link of a type (before the first node)
+/// max_hops 3                   # links on a path (default 2)
+/// gpu_relay any                # a GPU relays between any links (default: nvlink, NVLink to
+///                              #   NVLink only; see carve/topology/topology.hpp)
+/// cpu CPU0
+/// pcie_switch PLX0             # also: nvswitch NAME, nic NAME
+/// gpu GPU0                     # ordinal 0, the next free one; or: gpu NAME ordinal 4
+/// link CPU0 PLX0 pcie 32       # link A B TYPE [xCOUNT] [GB/s per link]
+/// link PLX0 GPU0 pcie
+/// link GPU0 GPU1 nvlink x2
+/// @endcode
+///
+/// Link types: nvlink, pcie, system (alias sys), inter_socket (aliases qpi, upi). Nodes must be
+/// declared before their links. Any mistake throws carve::Exception (parse_error.hpp) with its line.
 #pragma once
 
 #include <carve/topology/parse_error.hpp>

@@ -1,19 +1,20 @@
-// carve/topology/nvidia_smi.hpp — Topology::from_nvidia_smi: reads `nvidia-smi topo -m` output.
-//
-// Accepted: the matrix as printed by current and older drivers, columns separated by tabs or
-// spaces, with or without terminal underlining; `X` on the diagonal; NV<n> (n bonded NVLinks),
-// PIX, PXB, PHB, NODE, SYS and the older SOC; GPU<n> and NIC rows (NIC<n> named through the "NIC
-// Legend" block, or older names such as mlx5_0 used directly); the CPU Affinity, NUMA Affinity
-// and GPU NUMA ID columns. Text before the header (a shell prompt) and the legends after the
-// matrix are skipped.
-//
-// How cells become links: NV<n> is an nvlink link of count n. Any other cell is one end-to-end
-// PCIe path of its class: PIX, PXB, PHB and NODE a `pcie` link, SYS and SOC a `system` link (as
-// wide as the narrower of PCIe and the inter-socket link).
-//
-// Malformed text throws carve::Exception (parse_error.hpp) with the 1-based line: no header, a duplicate or unknown
-// column, a row that is missing, out of order, ragged or too long, an unknown code, a diagonal
-// that is not X, an asymmetric matrix, a NIC Legend entry for no column.
+/// @file carve/topology/nvidia_smi.hpp
+/// Topology::from_nvidia_smi: reads `nvidia-smi topo -m` output.
+///
+/// Accepted: the matrix as printed by current and older drivers, columns separated by tabs or
+/// spaces, with or without terminal underlining; `X` on the diagonal; NV<n> (n bonded NVLinks),
+/// PIX, PXB, PHB, NODE, SYS and the older SOC; GPU<n> and NIC rows (NIC<n> named through the "NIC
+/// Legend" block, or older names such as mlx5_0 used directly); the CPU Affinity, NUMA Affinity
+/// and GPU NUMA ID columns. Text before the header (a shell prompt) and the legends after the
+/// matrix are skipped.
+///
+/// How cells become links: NV<n> is an nvlink link of count n. Any other cell is one end-to-end
+/// PCIe path of its class: PIX, PXB, PHB and NODE a `pcie` link, SYS and SOC a `system` link (as
+/// wide as the narrower of PCIe and the inter-socket link).
+///
+/// Malformed text throws carve::Exception (parse_error.hpp) with the 1-based line: no header, a duplicate or unknown
+/// column, a row that is missing, out of order, ragged or too long, an unknown code, a diagonal
+/// that is not X, an asymmetric matrix, a NIC Legend entry for no column.
 #pragma once
 
 #include <carve/core/error.hpp>

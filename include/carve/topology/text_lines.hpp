@@ -1,4 +1,5 @@
-// carve/topology/text_lines.hpp — line and token splitting shared by the topology readers.
+/// @file carve/topology/text_lines.hpp
+/// Line and token splitting shared by the topology readers.
 #pragma once
 
 #include <cstddef>

@@ -1,26 +1,29 @@
-// carve/topology/topology.hpp — a machine's cards and links, with the best path between any two.
-//
-//   auto topo = carve::Topology::from_nvidia_smi(text);          // or TopologyBuilder, or
-//   double gbps = topo.path_bandwidth(topo.gpu(0), topo.gpu(7));  // from_description(text)
-//
-// A path's bandwidth is that of its narrowest link. Between two nodes the widest path wins, and
-// among equally wide paths the one with fewer links. Paths have at most PathOptions::max_hops
-// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths).
-//
-// What may relay traffic: CPUs, PCIe switches and NVSwitches relay anything; a NIC never does;
-// a GPU, by default (GpuRelay::nvlink_only), only from NVLink to NVLink. Why: a GPU's PCIe port
-// is an end point, not a switch. A PCIe transfer addressed to GPU3 ends in GPU3's memory; no
-// hardware forwards it onto GPU3's NVLinks. Traffic "through" a GPU is the GPU's copy engines
-// copying out of its own memory again: NCCL does that only from NVLink to NVLink (its
-// NVLink-through-an-intermediate-GPU paths), where both legs are many times wider than PCIe.
-// So a path such as CPU0-GPU3-GPU0 is not a path here by default: CPU0 reaches GPU0 over its
-// own PCIe path. GpuRelay::any_link lets a GPU relay between any two of its links (a store-and-
-// forward through the relay's memory), for users who do stage copies that way.
-//
-// Every pair is computed once when the topology is built (O(nodes x links x layers), where the
-// layers stop once no path widens), so queries are table look-ups.
-// Host-only code: bad input throws carve::Exception (invalid_argument from the builder, from the
-// readers with the line).
+/// @file carve/topology/topology.hpp
+/// A machine's cards and links, with the best path between any two.
+///
+/// @code
+/// auto topo = carve::Topology::from_nvidia_smi(text);          // or TopologyBuilder, or
+/// double gbps = topo.path_bandwidth(topo.gpu(0), topo.gpu(7));  // from_description(text)
+/// @endcode
+///
+/// A path's bandwidth is that of its narrowest link. Between two nodes the widest path wins, and
+/// among equally wide paths the one with fewer links. Paths have at most PathOptions::max_hops
+/// links (default 2: one intermediate, like NCCL's NVLink-through-a-GPU paths).
+///
+/// What may relay traffic: CPUs, PCIe switches and NVSwitches relay anything; a NIC never does;
+/// a GPU, by default (GpuRelay::nvlink_only), only from NVLink to NVLink. Why: a GPU's PCIe port
+/// is an end point, not a switch. A PCIe transfer addressed to GPU3 ends in GPU3's memory; no
+/// hardware forwards it onto GPU3's NVLinks. Traffic "through" a GPU is the GPU's copy engines
+/// copying out of its own memory again: NCCL does that only from NVLink to NVLink (its
+/// NVLink-through-an-intermediate-GPU paths), where both legs are many times wider than PCIe.
+/// So a path such as CPU0-GPU3-GPU0 is not a path here by default: CPU0 reaches GPU0 over its
+/// own PCIe path. GpuRelay::any_link lets a GPU relay between any two of its links (a store-and-
+/// forward through the relay's memory), for users who do stage copies that way.
+///
+/// Every pair is computed once when the topology is built (O(nodes x links x layers), where the
+/// layers stop once no path widens), so queries are table look-ups.
+/// Host-only code: bad input throws carve::Exception (invalid_argument from the builder, from the
+/// readers with the line).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -42,52 +45,62 @@
 
 namespace carve {
 
-// Which links a GPU passes traffic between (see the top of this header).
+/// Which links a GPU passes traffic between (see the top of this header).
 enum class GpuRelay : std::uint8_t {
-  nvlink_only, // NVLink in, NVLink out (the default; what NCCL does)
-  any_link,    // any link in, any link out, e.g. CPU0 -> GPU3 -> GPU0 over PCIe then NVLink
+  nvlink_only, ///< NVLink in, NVLink out (the default; what NCCL does)
+  any_link,    ///< any link in, any link out, e.g. CPU0 -> GPU3 -> GPU0 over PCIe then NVLink
 };
 
+/// Which paths a Topology considers.
 struct PathOptions {
-  int max_hops = 2; // links on a path, >= 1; longer indirect paths need a larger value
-  GpuRelay gpu_relay = GpuRelay::nvlink_only;
+  int max_hops = 2;                           ///< links on a path, >= 1; longer indirect paths need a larger value
+  GpuRelay gpu_relay = GpuRelay::nvlink_only; ///< what a GPU may relay
 };
 
 class TopologyBuilder;
 
+/// A machine's nodes and links, and the best path between every two nodes. Immutable once
+/// built, so threads may share one.
 class Topology {
 public:
-  // Reads the matrix printed by `nvidia-smi topo -m` (see carve/topology/nvidia_smi.hpp).
+  /// Reads the matrix printed by `nvidia-smi topo -m` (see carve/topology/nvidia_smi.hpp).
   static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw = {});
+  /// The same with path options.
   static Topology from_nvidia_smi(std::string_view text, LinkBandwidths bw, PathOptions options);
-  // Reads carve's small machine description (see carve/topology/description.hpp).
+  /// Reads carve's small machine description (see carve/topology/description.hpp).
   static Topology from_description(std::string_view text);
 
-  // GB/s over the best path; 0 when no path of at most max_hops links exists; +infinity from a
-  // node to itself (local memory is not a link).
+  /// GB/s over the best path; 0 when no path of at most max_hops links exists; +infinity from a
+  /// node to itself (local memory is not a link).
   double path_bandwidth(NodeId from, NodeId to) const { return pair(from, to).bandwidth; }
-  // Links on that path: 0 from a node to itself, -1 when there is no path.
+  /// Links on that path: 0 from a node to itself, -1 when there is no path.
   int hops(NodeId from, NodeId to) const { return pair(from, to).hops; }
-  // The nodes along that path, `from` first and `to` last; empty when there is none.
+  /// The nodes along that path, `from` first and `to` last; empty when there is none.
   std::span<const NodeId> path(NodeId from, NodeId to) const {
     const Pair& p = pair(from, to);
     return std::span<const NodeId>(path_nodes_).subspan(p.path_offset, p.path_length);
   }
 
-  // The node of the GPU with this CUDA ordinal. Throws std::out_of_range for an unknown one.
+  /// The node of the GPU with this CUDA ordinal. Throws carve::Exception (out_of_range) for an
+  /// unknown one.
   NodeId gpu(int ordinal) const {
     if (ordinal < 0 || static_cast<std::size_t>(ordinal) >= gpus_.size() || !gpus_[static_cast<std::size_t>(ordinal)]) {
       throw Exception(Errc::out_of_range, "carve::Topology: no GPU with ordinal " + std::to_string(ordinal));
     }
     return *gpus_[static_cast<std::size_t>(ordinal)];
   }
-  // Ordinals run from 0 to gpu_count() - 1 without gaps (the builder checks).
+  /// Ordinals run from 0 to gpu_count() - 1 without gaps (the builder checks).
   int gpu_count() const noexcept { return static_cast<int>(gpus_.size()); }
 
+  /// Nodes in the machine.
   std::size_t node_count() const noexcept { return nodes_.size(); }
+  /// A node; throws std::out_of_range (from vector::at) for an unknown id.
   const Node& node(NodeId id) const { return nodes_.at(id.value); }
+  /// Every node, indexed by NodeId::value.
   std::span<const Node> nodes() const noexcept { return nodes_; }
+  /// Every link.
   std::span<const Link> links() const noexcept { return links_; }
+  /// The node called `name` ("GPU0", "CPU1", ...), or nullopt.
   std::optional<NodeId> find(std::string_view name) const {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].name == name) {
@@ -97,16 +110,19 @@ public:
     return std::nullopt;
   }
 
+  /// The bandwidths links were given by default.
   const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
+  /// The path options in force.
   const PathOptions& options() const noexcept { return options_; }
 
-  // The same machine with another path length limit, or other path options (all pairs are
-  // recomputed).
+  /// The same machine with another path length limit, or other path options (all pairs are
+  /// recomputed).
   Topology with_max_hops(int max_hops) const {
     PathOptions o = options_;
     o.max_hops = max_hops;
     return with_options(o);
   }
+  /// The same machine with other path options (all pairs are recomputed).
   Topology with_options(PathOptions options) const {
     Topology t = *this;
     t.options_ = options;
@@ -134,7 +150,7 @@ private:
     return pairs_[std::size_t{from.value} * n + to.value];
   }
 
-  // Whether traffic that arrived at `via` (over NVLink or not) may leave over `out`.
+  /// Whether traffic that arrived at `via` (over NVLink or not) may leave over `out`.
   bool relays(NodeId via, bool arrived_by_nvlink, LinkType out) const {
     switch (nodes_[via.value].kind) {
     case NodeKind::cpu:
@@ -149,12 +165,12 @@ private:
     return false;
   }
 
-  // Widest path per source by hop count: layer h holds, for every (node, how it was reached)
-  // state, the widest walk of exactly h links. Allowing walks (not just simple paths) loses
-  // nothing: cutting a cycle out of a walk keeps every relay legal (a GPU relays NVLink to
-  // NVLink on both visits, so also across the cut; with GpuRelay::any_link it relays anything)
-  // and never narrows it, so the widest walk with the fewest links is a simple path. A layer that widens nothing ends
-  // the search early, so a large max_hops costs only as many layers as the machine needs.
+  /// Widest path per source by hop count: layer h holds, for every (node, how it was reached)
+  /// state, the widest walk of exactly h links. Allowing walks (not just simple paths) loses
+  /// nothing: cutting a cycle out of a walk keeps every relay legal (a GPU relays NVLink to
+  /// NVLink on both visits, so also across the cut; with GpuRelay::any_link it relays anything)
+  /// and never narrows it, so the widest walk with the fewest links is a simple path. A layer that widens nothing ends
+  /// the search early, so a large max_hops costs only as many layers as the machine needs.
   void compute_paths() {
     if (options_.max_hops < 1) {
       throw Exception(Errc::invalid_argument, "carve::Topology: max_hops must be at least 1");
@@ -164,7 +180,7 @@ private:
     constexpr std::uint32_t none = std::numeric_limits<std::uint32_t>::max();
     struct Step {
       double width = 0.0;
-      std::uint32_t from = none; // previous state
+      std::uint32_t from = none; ///< previous state
     };
     pairs_.assign(n * n, Pair{});
     path_nodes_.clear();
@@ -237,25 +253,26 @@ private:
 
   std::vector<Node> nodes_;
   std::vector<Link> links_;
-  std::vector<std::optional<NodeId>> gpus_; // by ordinal
+  std::vector<std::optional<NodeId>> gpus_; ///< by ordinal
   LinkBandwidths bandwidths_;
   PathOptions options_;
-  std::vector<Pair> pairs_; // n x n, row = from
+  std::vector<Pair> pairs_; ///< n x n, row = from
   std::vector<NodeId> path_nodes_;
 };
 
-// Builds a Topology node by node and link by link. Every mistake (unknown node, duplicate
-// name or ordinal, non-positive bandwidth or count, a link from a node to itself) throws
-// std::invalid_argument and leaves the builder unchanged.
+/// Builds a Topology node by node and link by link. Every mistake (unknown node, duplicate
+/// name or ordinal, non-positive bandwidth or count, a link from a node to itself) throws
+/// carve::Exception (invalid_argument) and leaves the builder unchanged.
 class TopologyBuilder {
 public:
+  /// No nodes yet; links without an explicit bandwidth get `bw`'s figure for their type.
   explicit TopologyBuilder(LinkBandwidths bw = {}) : bandwidths_(bw) {
     check_bandwidth(bw.nvlink);
     check_bandwidth(bw.pcie);
     check_bandwidth(bw.inter_socket);
   }
 
-  // A GPU gets the next free ordinal unless one is given.
+  /// A GPU gets the next free ordinal unless one is given.
   NodeId add_gpu(std::string name, int ordinal = -1) {
     if (ordinal < 0) {
       ordinal = 0;
@@ -270,10 +287,15 @@ public:
     nodes_.back().ordinal = ordinal;
     return id;
   }
+  /// A CPU socket.
   NodeId add_cpu(std::string name) { return add(NodeKind::cpu, std::move(name)); }
+  /// A PCIe switch or host bridge.
   NodeId add_pcie_switch(std::string name) { return add(NodeKind::pcie_switch, std::move(name)); }
+  /// An NVSwitch.
   NodeId add_nvswitch(std::string name) { return add(NodeKind::nvswitch, std::move(name)); }
+  /// A network card.
   NodeId add_nic(std::string name) { return add(NodeKind::nic, std::move(name)); }
+  /// A node of any kind (a GPU gets the next free ordinal).
   NodeId add(NodeKind kind, std::string name) {
     if (kind == NodeKind::gpu) {
       return add_gpu(std::move(name));
@@ -281,8 +303,8 @@ public:
     return add_node(kind, std::move(name));
   }
 
-  // `count` parallel links of `type`, each `per_link_gbps` wide (default: the LinkBandwidths
-  // figure for the type).
+  /// `count` parallel links of `type`, each `per_link_gbps` wide (default: the LinkBandwidths
+  /// figure for the type).
   void add_link(NodeId a, NodeId b, LinkType type, int count = 1, std::optional<double> per_link_gbps = {},
                 std::string label = {}) {
     check_node(a);
@@ -302,10 +324,12 @@ public:
     links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
   }
 
+  /// A node added so far, to fill in details (NUMA node, CPU affinity); throws for an unknown id.
   Node& node(NodeId id) {
     check_node(id);
     return nodes_[id.value];
   }
+  /// The node called `name`, or nullopt.
   std::optional<NodeId> find(std::string_view name) const {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].name == name) {
@@ -314,10 +338,12 @@ public:
     }
     return std::nullopt;
   }
+  /// Nodes added so far.
   std::size_t node_count() const noexcept { return nodes_.size(); }
+  /// The default link bandwidths.
   const LinkBandwidths& bandwidths() const noexcept { return bandwidths_; }
 
-  // Computes every pair's best path. GPU ordinals must run 0..count-1 without gaps.
+  /// Computes every pair's best path. GPU ordinals must run 0..count-1 without gaps.
   Topology build(PathOptions options = {}) const {
     Topology t;
     t.nodes_ = nodes_;

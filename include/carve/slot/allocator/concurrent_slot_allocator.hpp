@@ -1,28 +1,31 @@
-// carve/slot/allocator/concurrent_slot_allocator.hpp — slot allocation shared by many threads, lock-free.
-//
-//   __shared__ carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block> slots;
-//   if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
-//   __syncthreads();
-//   auto r = slots.allocate(4);             // from any thread of the block
-//
-// Same calls, errors and policies as SlotAllocator; the words are updated with
-// cuda::atomic_ref<_, Scope>, so the identical code runs on host threads and device threads
-// (thread_scope_block for a bitmap in shared memory, device for global memory, system for
-// memory shared with the host).
-//
-// allocate: find a candidate in a LazySnapshot of the words (loading only the words the policy
-// reads), then claim it word by word, lowest word first, with fetch_and and check the old
-// value. A word where some bits were already taken loses the race: exactly the bits this call
-// took are given back, then the search starts again from fresh words. Some thread always wins a
-// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
-// bit is taken only by the fetch_and that saw it free.
-//
-// deallocate: the caller owns the range, so no one else can change its bits; they are checked
-// (all taken) and then released word by word with a compare-exchange that refuses a word whose
-// bits are partly free. A double free of a range that is still free changes nothing and returns
-// not_allocated; of two threads freeing the same range at once, exactly one succeeds. (As with
-// any allocator, a double free that arrives after the slots were handed out again cannot be
-// told from a real free.)
+/// @file carve/slot/allocator/concurrent_slot_allocator.hpp
+/// Slot allocation shared by many threads, lock-free.
+///
+/// @code
+/// __shared__ carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block> slots;
+/// if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
+/// __syncthreads();
+/// auto r = slots.allocate(4);             // from any thread of the block
+/// @endcode
+///
+/// Same calls, errors and policies as SlotAllocator; the words are updated with
+/// cuda::atomic_ref<_, Scope>, so the identical code runs on host threads and device threads
+/// (thread_scope_block for a bitmap in shared memory, device for global memory, system for
+/// memory shared with the host).
+///
+/// allocate: find a candidate in a LazySnapshot of the words (loading only the words the policy
+/// reads), then claim it word by word, lowest word first, with fetch_and and check the old
+/// value. A word where some bits were already taken loses the race: exactly the bits this call
+/// took are given back, then the search starts again from fresh words. Some thread always wins a
+/// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
+/// bit is taken only by the fetch_and that saw it free.
+///
+/// deallocate: the caller owns the range, so no one else can change its bits; they are checked
+/// (all taken) and then released word by word with a compare-exchange that refuses a word whose
+/// bits are partly free. A double free of a range that is still free changes nothing and returns
+/// not_allocated; of two threads freeing the same range at once, exactly one succeeds. (As with
+/// any allocator, a double free that arrives after the slots were handed out again cannot be
+/// told from a real free.)
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -45,12 +48,16 @@
 
 namespace carve {
 
+/// N slots under policy `Fit`, allocated and freed lock-free by threads of scope `Scope`, over
+/// words kept by `Words` (OwnedSlotWords: in the object; BorrowedSlotWords: elsewhere).
 template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device,
           SlotWords Words = OwnedSlotWords<N>>
 requires FitPolicyFor<sized_fit_t<Fit, N>, N>
 class ConcurrentSlotAllocator {
 public:
+  /// The policy object, shared by every thread.
   using policy_type = sized_fit_t<Fit, N>;
+  /// Which threads may share the allocator (block, device or system).
   static constexpr cuda::thread_scope scope = Scope;
 
   static_assert(!RemembersPlacements<policy_type>,
@@ -58,22 +65,22 @@ public:
                 "placements to it, so a policy that remembers its placements (such as ReleaseAlignedFit) would "
                 "decide from memory that is never written: use SlotAllocator, which owns its policy");
 
-  // All slots free, constant-initialised (so it can be a __device__ or static global).
+  /// All slots free, constant-initialised (so it can be a __device__ or static global).
   constexpr ConcurrentSlotAllocator() noexcept = default;
-  // Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory.
+  /// Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory.
   CARVE_HOST_DEVICE constexpr explicit ConcurrentSlotAllocator(Words words, policy_type fit = {}) noexcept
       : words_(words), fit_(fit) {}
 
-  // m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
-  // (the policy found no place in words that a second read showed unchanged, see below);
-  // invalid_placement (the policy proposed a run that was not free in what it was shown).
-  //
-  // "No space" is confirmed by reading again every word the search read. Up to 4096 slots the
-  // snapshot still holds all of them and compares each. A larger bitmap does not fit in a
-  // thread's snapshot (and a copy per thread, N / 8 bytes, is too much on a device), so there the
-  // failed search is repeated between two reads of every word, compared by fingerprint
-  // (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
-  // with any check by value, a word that changes and changes back between the two reads passes.)
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
+  /// (the policy found no place in words that a second read showed unchanged, see below);
+  /// invalid_placement (the policy proposed a run that was not free in what it was shown).
+  ///
+  /// "No space" is confirmed by reading again every word the search read. Up to 4096 slots the
+  /// snapshot still holds all of them and compares each. A larger bitmap does not fit in a
+  /// thread's snapshot (and a copy per thread, N / 8 bytes, is too much on a device), so there the
+  /// failed search is repeated between two reads of every word, compared by fingerprint
+  /// (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
+  /// with any check by value, a word that changes and changes back between the two reads passes.)
   CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     if (m == 0 || m > N) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -110,8 +117,8 @@ public:
     }
   }
 
-  // Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
-  // of the range is free: a double free).
+  /// Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
+  /// of the range is free: a double free).
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -143,8 +150,8 @@ public:
     return {};
   }
 
-  // All slots free. Not safe against concurrent calls: use it before sharing the allocator
-  // (e.g. by one thread of a block, followed by __syncthreads()).
+  /// All slots free. Not safe against concurrent calls: use it before sharing the allocator
+  /// (e.g. by one thread of a block, followed by __syncthreads()).
   CARVE_HOST_DEVICE void reset() noexcept {
     // Word by word (no SlotBitmap<N> on the stack: N / 8 bytes is a lot for a device thread).
     constexpr std::uint32_t last = bits::word_count(N) - 1;
@@ -155,10 +162,13 @@ public:
     words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);
   }
 
-  // The bitmap as read word by word now (exact when no other thread is active).
+  /// The bitmap as read word by word now (exact when no other thread is active).
   CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept { return LazySnapshot<N, Scope>(live()).bitmap(); }
+  /// Free slots as read word by word now (a snapshot, so only a hint while others allocate).
   CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept { return snapshot().free_count(); }
+  /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
+  /// The policy object.
   CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
 
 private:
@@ -173,7 +183,7 @@ private:
     }
   }
 
-  // Takes every slot of `range` or none of them.
+  /// Takes every slot of `range` or none of them.
   CARVE_HOST_DEVICE bool claim(SlotRange range) noexcept {
     const AtomicWords<N, Scope> words = live();
     std::uint32_t claimed_words = 0;
@@ -201,11 +211,11 @@ private:
     return false;
   }
 
-  mutable Words words_{}; // only ever touched through atomic_ref, which needs a non-const word
+  mutable Words words_{}; ///< only ever touched through atomic_ref, which needs a non-const word
   [[no_unique_address]] policy_type fit_{};
 };
 
-// A ConcurrentSlotAllocator over words it does not own.
+/// A ConcurrentSlotAllocator over words it does not own.
 template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device>
 using ConcurrentSlotAllocatorRef = ConcurrentSlotAllocator<N, Fit, Scope, BorrowedSlotWords<N>>;
 

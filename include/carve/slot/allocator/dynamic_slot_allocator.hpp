@@ -1,14 +1,17 @@
-// carve/slot/allocator/dynamic_slot_allocator.hpp — SlotAllocator with the number of slots chosen at run time.
-//
-//   carve::DynamicSlotAllocator<carve::FirstFit> pages(device_bytes / page_size);
-//   auto r = pages.allocate(16);           // expected<SlotRange, Errc>, exactly as SlotAllocator
-//
-// For slot spaces whose size is only known once a program runs and may be large: a GPU's pages
-// (millions of them), a device's SMs. The words follow SlotBitmap's layout (slot s is bit s % 64 of
-// word s / 64, 1 = free, bits past the last slot zero) and every search is the fit policy's
-// `find_in` over them (WordSearchingFitPolicy), so placement is the same code SlotBitmap uses.
-// Errors and guarantees are SlotAllocator's: a failed call returns an Errc and changes nothing.
-// Host-only (the words live in a std::vector); not synchronised.
+/// @file carve/slot/allocator/dynamic_slot_allocator.hpp
+/// SlotAllocator with the number of slots chosen at run time.
+///
+/// @code
+/// carve::DynamicSlotAllocator<carve::FirstFit> pages(device_bytes / page_size);
+/// auto r = pages.allocate(16);           // expected<SlotRange, Errc>, exactly as SlotAllocator
+/// @endcode
+///
+/// For slot spaces whose size is only known once a program runs and may be large: a GPU's pages
+/// (millions of them), a device's SMs. The words follow SlotBitmap's layout (slot s is bit s % 64 of
+/// word s / 64, 1 = free, bits past the last slot zero) and every search is the fit policy's
+/// `find_in` over them (WordSearchingFitPolicy), so placement is the same code SlotBitmap uses.
+/// Errors and guarantees are SlotAllocator's: a failed call returns an Errc and changes nothing.
+/// Host-only (the words live in a std::vector); not synchronised.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -30,6 +33,7 @@
 
 namespace carve {
 
+/// A run-time number of slots under policy `Fit` (a WordSearchingFitPolicy); host only, one owner.
 template <class Fit = BoundaryNearestFit>
 class DynamicSlotAllocator {
   static_assert(
@@ -41,9 +45,10 @@ class DynamicSlotAllocator {
                 "DynamicSlotAllocator searches its words through the policy's find_in (WordSearchingFitPolicy)");
 
 public:
+  /// The policy object.
   using policy_type = Fit;
 
-  // All `slots` free. Throws carve::Exception (invalid_argument) for 0 slots or more than max_slots.
+  /// All `slots` free. Throws carve::Exception (invalid_argument) for 0 slots or more than max_slots.
   explicit DynamicSlotAllocator(std::uint32_t slots, Fit fit = {}) : slots_(slots), fit_(fit) {
     if (slots == 0 || slots > max_slots) {
       throw Exception(Errc::invalid_argument,
@@ -53,8 +58,8 @@ public:
     reset();
   }
 
-  // m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > size()),
-  // no_space, invalid_placement (a policy that proposed a run that is not free).
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > size()),
+  /// no_space, invalid_placement (a policy that proposed a run that is not free).
   cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     if (m == 0 || m > slots_) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -74,8 +79,8 @@ public:
     return range;
   }
 
-  // Returns a taken range (all or part of an allocation). Errors: invalid_size (empty),
-  // out_of_range (past the end or wrapping), not_allocated (any slot of it already free).
+  /// Returns a taken range (all or part of an allocation). Errors: invalid_size (empty),
+  /// out_of_range (past the end or wrapping), not_allocated (any slot of it already free).
   cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -90,6 +95,7 @@ public:
     return {};
   }
 
+  /// Frees every slot.
   void reset() noexcept {
     for (bits::word& w : words_) {
       w = bits::all_ones;
@@ -98,12 +104,15 @@ public:
     free_ = slots_;
   }
 
+  /// Slots in all, as constructed.
   std::uint32_t size() const noexcept { return slots_; }
+  /// Free slots (kept as a count, so O(1)).
   std::uint32_t free_count() const noexcept { return free_; }
+  /// Whether `slot` is free; false past the end.
   bool is_free(std::uint32_t slot) const noexcept {
     return slot < slots_ && (words_[slot / bits::word_bits] >> (slot % bits::word_bits) & 1) != 0;
   }
-  // Free slots inside `r`, which must lie within the allocator.
+  /// Free slots inside `r`, which must lie within the allocator.
   std::uint32_t free_count(SlotRange r) const noexcept {
     std::uint32_t n = 0;
     for (const WordMask w : word_masks(r)) {
@@ -111,7 +120,7 @@ public:
     }
     return n;
   }
-  // The largest request that can succeed now. O(words + runs).
+  /// The largest request that can succeed now. O(words + runs).
   std::uint32_t largest_free_run() const noexcept {
     std::uint32_t best = 0;
     for (const SlotRange run : free_runs()) {
@@ -119,9 +128,12 @@ public:
     }
     return best;
   }
+  /// The maximal free runs, lowest first; a view of this allocator (not on a temporary).
   FreeRuns<> free_runs() const& noexcept { return {words(), slots_}; }
   void free_runs() const&& = delete;
+  /// The bitmap words (SlotBitmap's layout), valid until the allocator changes or dies.
   cuda::std::span<const bits::word> words() const noexcept { return {words_.data(), words_.size()}; }
+  /// The policy object.
   const Fit& policy() const noexcept { return fit_; }
 
 private:

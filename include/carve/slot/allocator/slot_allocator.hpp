@@ -1,17 +1,20 @@
-// carve/slot/allocator/slot_allocator.hpp — checked allocation of contiguous slots under a fit policy.
-//
-//   carve::SlotAllocator<128> slots;                 // boundary-nearest by default
-//   auto r = slots.allocate(4);                      // expected<SlotRange, Errc>
-//   if (r) { ...; slots.deallocate(*r); }
-//
-//   carve::SlotAllocator<128, carve::ReleaseAlignedFit> timed;        // a hinted policy
-//   timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});
-//
-// Every call either succeeds or returns an Errc and leaves the state exactly as it was. The
-// allocator is a value (no pointers, no heap), so it can live in shared memory, in a constexpr
-// context, or be copied as a snapshot. It is not synchronised: one thread owns it (see
-// ConcurrentSlotAllocator for shared use). Because it owns its policy object, it reports every
-// placement to a policy that remembers them (hinted_fit_policy.hpp). A carve::SlotSource.
+/// @file carve/slot/allocator/slot_allocator.hpp
+/// Checked allocation of contiguous slots under a fit policy.
+///
+/// @code
+/// carve::SlotAllocator<128> slots;                 // boundary-nearest by default
+/// auto r = slots.allocate(4);                      // expected<SlotRange, Errc>
+/// if (r) { ...; slots.deallocate(*r); }
+///
+/// carve::SlotAllocator<128, carve::ReleaseAlignedFit> timed;        // a hinted policy
+/// timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});
+/// @endcode
+///
+/// Every call either succeeds or returns an Errc and leaves the state exactly as it was. The
+/// allocator is a value (no pointers, no heap), so it can live in shared memory, in a constexpr
+/// context, or be copied as a snapshot. It is not synchronised: one thread owns it (see
+/// ConcurrentSlotAllocator for shared use). Because it owns its policy object, it reports every
+/// placement to a policy that remembers them (hinted_fit_policy.hpp). A carve::SlotSource.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -28,18 +31,22 @@
 
 namespace carve {
 
+/// N slots under policy `Fit`, as a value: checked calls, one owner, no synchronisation.
 template <std::uint32_t N, class Fit = BoundaryNearestFit>
 requires FitPolicyFor<sized_fit_t<Fit, N>, N>
 class SlotAllocator {
 public:
+  /// The policy object the allocator owns (sized for N when `Fit` names a sized form).
   using policy_type = sized_fit_t<Fit, N>;
 
+  /// All slots free, default policy object.
   constexpr SlotAllocator() noexcept = default;
+  /// All slots free, with policy object `fit`.
   CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : fit_(fit) {}
 
-  // m contiguous slots placed by the policy.
-  // Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
-  // invalid_placement when the policy breaks its contract (only possible with user policies).
+  /// m contiguous slots placed by the policy.
+  /// Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
+  /// invalid_placement when the policy breaks its contract (only possible with user policies).
   CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     if (m == 0 || m > N) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -53,8 +60,8 @@ public:
     return taken;
   }
 
-  // The same with a hint for a hinted policy (see hinted_fit_policy.hpp), e.g. when the request
-  // is expected to be released. Same errors; only exists for hinted policies.
+  /// The same with a hint for a hinted policy (see hinted_fit_policy.hpp), e.g. when the request
+  /// is expected to be released. Same errors; only exists for hinted policies.
   template <class F = policy_type>
   requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
       CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
@@ -73,10 +80,10 @@ public:
     return taken;
   }
 
-  // Returns a range to the free pool. It may be any taken range: a whole allocation, or part of
-  // one (e.g. shrinking a workgroup's scratch).
-  // Errors: invalid_size for an empty range; out_of_range when it ends past N or wraps;
-  // not_allocated when any slot in it is already free (a double free).
+  /// Returns a range to the free pool. It may be any taken range: a whole allocation, or part of
+  /// one (e.g. shrinking a workgroup's scratch).
+  /// Errors: invalid_size for an empty range; out_of_range when it ends past N or wraps;
+  /// not_allocated when any slot in it is already free (a double free).
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -91,17 +98,22 @@ public:
     return {};
   }
 
-  // Frees every slot (e.g. when a persistent kernel starts a new round).
+  /// Frees every slot (e.g. when a persistent kernel starts a new round).
   CARVE_HOST_DEVICE constexpr void reset() noexcept { bitmap_.reset(); }
 
+  /// The slots' state.
   CARVE_HOST_DEVICE constexpr const SlotBitmap<N>& bitmap() const noexcept { return bitmap_; }
+  /// The policy object.
   CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
+  /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
+  /// Free slots.
   CARVE_HOST_DEVICE constexpr std::uint32_t free_count() const noexcept { return bitmap_.free_count(); }
+  /// The largest request that can succeed now.
   CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept { return bitmap_.largest_free_run(); }
 
 private:
-  // Occupies the run the policy chose, after checking it.
+  /// Occupies the run the policy chose, after checking it.
   CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> take(cuda::std::optional<std::uint32_t> start,
                                                                         std::uint32_t m) noexcept {
     if (!start) {

@@ -1,12 +1,13 @@
-// carve/slot/batch/batch_kernels.cuh — kernels for schedulers that place many workgroups at once.
-// CUDA only (nvcc); <carve/slot.hpp> and <carve/carve.hpp> include it under a CUDA compiler.
-//
-//   launch_place_batch: K slot bitmaps (one per SM/CU) in device memory and R requests; each
-//     request gets a placement (unit and start) under a fit policy and a CU-choice rule, in
-//     request order, exactly as carve::place_batch computes it on the host. One block; one
-//     thread per unit, so a request costs one fit search per thread plus a block reduction.
-//   launch_run_start_masks: the run-start mask ("avail mask") of K bitmaps for one size m, for
-//     callers that decide placement themselves.
+/// @file carve/slot/batch/batch_kernels.cuh
+/// Kernels for schedulers that place many workgroups at once.
+/// CUDA only (nvcc); `<carve/slot.hpp>` and `<carve/carve.hpp>` include it under a CUDA compiler.
+///
+/// - launch_place_batch: K slot bitmaps (one per SM/CU) in device memory and R requests; each
+///   request gets a placement (unit and start) under a fit policy and a CU-choice rule, in
+///   request order, exactly as carve::place_batch computes it on the host. One block; one
+///   thread per unit, so a request costs one fit search per thread plus a block reduction.
+/// - launch_run_start_masks: the run-start mask ("avail mask") of K bitmaps for one size m, for
+///   callers that decide placement themselves.
 #pragma once
 
 #include <carve/slot/batch/batch_placement.hpp>
@@ -20,15 +21,17 @@
 #include <cuda/std/cstdint>
 
 namespace carve {
+/// The kernels behind the launch_ functions, for callers that choose their own launch.
 namespace kernels {
 
+/// Lane `src`'s candidate (a warp shuffle; all 32 lanes call together).
 __device__ inline CuCandidate shuffle(const CuCandidate& c, int src) {
   constexpr unsigned all = 0xffff'ffffu;
   return {__shfl_sync(all, c.cu, src), __shfl_sync(all, c.fits, src) != 0, __shfl_sync(all, c.start, src),
           __shfl_sync(all, c.free, src), __shfl_sync(all, c.distance, src)};
 }
 
-// The best candidate of the block under `rule`, in every thread. `scratch`: one per warp.
+/// The best candidate of the block under `rule`, in every thread. `scratch`: one per warp.
 template <CuChoiceRule Rule>
 __device__ CuCandidate block_best(const Rule& rule, CuCandidate mine, CuCandidate* scratch) {
   for (int d = 16; d > 0; d /= 2) {
@@ -47,6 +50,7 @@ __device__ CuCandidate block_best(const Rule& rule, CuCandidate mine, CuCandidat
   return best;
 }
 
+/// launch_place_batch's kernel: one block of whole warps (at most 1024 threads).
 template <std::uint32_t N, class Fit, CuChoiceRule Rule>
 __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const std::uint32_t* sizes,
                             std::uint32_t requests, BatchPlacement* out, Fit fit, Rule rule) {
@@ -76,6 +80,7 @@ __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const s
   }
 }
 
+/// launch_run_start_masks's kernel: any grid, a grid-stride loop over the bitmaps.
 template <std::uint32_t N>
 __global__ void run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t count, std::uint32_t m,
                                 SlotBitmap<N>* out) {
@@ -86,9 +91,9 @@ __global__ void run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t coun
 
 } // namespace kernels
 
-// Places `requests` requests (sizes[r] slots each) on `units` bitmaps, updating them; out[r]
-// receives each request's placement or error. All pointers are device memory. Returns the
-// launch error, if any; the work completes in stream order.
+/// Places `requests` requests (sizes[r] slots each) on `units` bitmaps, updating them; out[r]
+/// receives each request's placement or error. All pointers are device memory. Returns the
+/// launch error, if any; the work completes in stream order.
 template <std::uint32_t N, class Fit = BoundaryNearestFit, CuChoiceRule Rule = FirstFittingCu>
 requires FitPolicyFor<Fit, N> cudaError_t launch_place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units,
                                                              const std::uint32_t* sizes, std::uint32_t requests,
@@ -104,7 +109,7 @@ requires FitPolicyFor<Fit, N> cudaError_t launch_place_batch(SlotBitmap<N>* bitm
   return cudaGetLastError();
 }
 
-// out[k] = bitmaps[k].run_starts(m) for k < count (device memory).
+/// out[k] = bitmaps[k].run_starts(m) for k < count (device memory).
 template <std::uint32_t N>
 cudaError_t launch_run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t count, std::uint32_t m,
                                    SlotBitmap<N>* out, cudaStream_t stream = nullptr) {

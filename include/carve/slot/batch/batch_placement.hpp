@@ -1,10 +1,11 @@
-// carve/slot/batch/batch_placement.hpp — placing a batch of workgroups on K compute units at once.
-//
-// Requests are taken in order, each seeing the bitmaps as the requests before it left them:
-// every unit's fit policy proposes a start, the CU-choice rule picks a unit, and that unit's
-// bitmap is updated. This header holds the per-request steps and a plain loop over them (the
-// reference, usable on the host or by one device thread); carve/slot/batch/batch_kernels.cuh runs the
-// same steps with one thread per unit.
+/// @file carve/slot/batch/batch_placement.hpp
+/// Placing a batch of workgroups on K compute units at once.
+///
+/// Requests are taken in order, each seeing the bitmaps as the requests before it left them:
+/// every unit's fit policy proposes a start, the CU-choice rule picks a unit, and that unit's
+/// bitmap is updated. This header holds the per-request steps and a plain loop over them (the
+/// reference, usable on the host or by one device thread); carve/slot/batch/batch_kernels.cuh runs the
+/// same steps with one thread per unit.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -20,19 +21,21 @@
 
 namespace carve {
 
+/// Where a request went: a unit and the slots taken on it.
 struct CuPlacement {
-  std::uint32_t cu;
-  SlotRange range;
+  std::uint32_t cu; ///< the unit's index
+  SlotRange range;  ///< the slots taken on that unit
 
+  /// Equal when unit and range are.
   friend CARVE_HOST_DEVICE constexpr bool operator==(const CuPlacement& a, const CuPlacement& b) noexcept {
     return a.cu == b.cu && a.range == b.range;
   }
 };
 
-// A request's outcome: where it went, or invalid_size (m == 0 or m > N) / no_space (no unit fits).
+/// A request's outcome: where it went, or invalid_size (m == 0 or m > N) / no_space (no unit fits).
 using BatchPlacement = cuda::std::expected<CuPlacement, Errc>;
 
-// What unit `cu` would do with a request for m slots.
+/// What unit `cu` would do with a request for m slots.
 template <std::uint32_t N, class Fit>
 requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr CuCandidate
 evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::uint32_t m) noexcept {
@@ -42,7 +45,7 @@ evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::
   return {cu, start.has_value(), s, bitmap.free_count(), s < from_top ? s : from_top};
 }
 
-// The outcome for the winning candidate (already chosen by a CuChoiceRule).
+/// The outcome for the winning candidate (already chosen by a CuChoiceRule).
 CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best, std::uint32_t m) noexcept {
   if (!best.fits) {
     return cuda::std::unexpected(Errc::no_space);
@@ -50,7 +53,7 @@ CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best,
   return CuPlacement{best.cu, {best.start, m}};
 }
 
-// Places every request in order and records each outcome; `out` holds sizes.size() entries.
+/// Places every request in order and records each outcome; `out` holds sizes.size() entries.
 template <std::uint32_t N, class Fit, CuChoiceRule Rule>
 requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda::std::span<SlotBitmap<N>> bitmaps,
                                                                            cuda::std::span<const std::uint32_t> sizes,

@@ -1,15 +1,18 @@
-// carve/slot/batch/cu_choice.hpp — which compute unit gets a workgroup when several could take it.
-//
-// A scheduler with K compute units asks each unit's fit policy where m slots would go, then a
-// CU-choice rule picks among the units that can take the request. A rule is an ordering:
-//
-//   struct MyRule {
-//     CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const;
-//   };
-//
-// `better` must be a strict weak ordering in which a unit that fits beats one that does not;
-// carve's rules break every tie by the lower unit index, so the choice is the same whatever order
-// the candidates are compared in (a sequential loop, a block-wide reduction).
+/// @file carve/slot/batch/cu_choice.hpp
+/// Which compute unit gets a workgroup when several could take it.
+///
+/// A scheduler with K compute units asks each unit's fit policy where m slots would go, then a
+/// CU-choice rule picks among the units that can take the request. A rule is an ordering:
+///
+/// @code
+/// struct MyRule {
+///   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const;
+/// };
+/// @endcode
+///
+/// `better` must be a strict weak ordering in which a unit that fits beats one that does not;
+/// carve's rules break every tie by the lower unit index, so the choice is the same whatever order
+/// the candidates are compared in (a sequential loop, a block-wide reduction).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -19,22 +22,27 @@
 
 namespace carve {
 
+/// What one compute unit's fit policy says about a request: the input to a CU-choice rule.
 struct CuCandidate {
-  std::uint32_t cu;       // the unit's index
-  bool fits;              // the policy found room
-  std::uint32_t start;    // where the policy would put the request (when it fits)
-  std::uint32_t free;     // free slots on the unit before the request
-  std::uint32_t distance; // slots between the run and the nearer end of the unit (when it fits)
+  std::uint32_t cu;       ///< the unit's index
+  bool fits;              ///< the policy found room
+  std::uint32_t start;    ///< where the policy would put the request (when it fits)
+  std::uint32_t free;     ///< free slots on the unit before the request
+  std::uint32_t distance; ///< slots between the run and the nearer end of the unit (when it fits)
 };
 
+/// A CU-choice rule: `better(a, b)`, a strict weak ordering in which a unit that fits beats one
+/// that does not.
 template <class R>
 concept CuChoiceRule = requires(const R& rule, const CuCandidate& a, const CuCandidate& b) {
   { rule.better(a, b) } -> cuda::std::same_as<bool>;
 };
 
-// The lowest-numbered unit that fits.
+/// The lowest-numbered unit that fits.
 struct FirstFittingCu {
+  /// Shown in reports and tools.
   static constexpr const char* name = "first-cu";
+  /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
     if (a.fits != b.fits) {
       return a.fits;
@@ -43,9 +51,11 @@ struct FirstFittingCu {
   }
 };
 
-// The unit with the most free slots (spreads load), ties to the lower index.
+/// The unit with the most free slots (spreads load), ties to the lower index.
 struct LeastLoadedCu {
+  /// Shown in reports and tools.
   static constexpr const char* name = "least-loaded";
+  /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
     if (a.fits != b.fits) {
       return a.fits;
@@ -57,10 +67,12 @@ struct LeastLoadedCu {
   }
 };
 
-// The unit where the policy's run lands nearest an end of the slot space (packs tightest); ties
-// to the emptier unit, then the lower index.
+/// The unit where the policy's run lands nearest an end of the slot space (packs tightest); ties
+/// to the emptier unit, then the lower index.
 struct NearestBoundaryCu {
+  /// Shown in reports and tools.
   static constexpr const char* name = "nearest-boundary";
+  /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
     if (a.fits != b.fits) {
       return a.fits;

@@ -1,12 +1,13 @@
-// carve/slot/cooperative/warp_allocate.hpp — one allocation for all the lanes of a warp that ask together.
-// The device function exists under a CUDA compiler only (sm_70 or newer); share_of, the
-// arithmetic it relies on, everywhere.
-//
-// When the lanes of a warp call allocate at the same time, mostly with the same size, one claim
-// of k * m slots by a leader replaces k claims of m, so k times fewer atomics hit the bitmap's
-// hottest words. Each lane still receives (and later frees) its own m slots; a lane's range is
-// independent of the others'. Lanes are grouped by size with __match_any_sync; when a group's
-// combined run does not fit, its lanes fall back to allocating one by one.
+/// @file carve/slot/cooperative/warp_allocate.hpp
+/// One allocation for all the lanes of a warp that ask together.
+/// The device function exists under a CUDA compiler only (sm_70 or newer); share_of, the
+/// arithmetic it relies on, everywhere.
+///
+/// When the lanes of a warp call allocate at the same time, mostly with the same size, one claim
+/// of k * m slots by a leader replaces k claims of m, so k times fewer atomics hit the bitmap's
+/// hottest words. Each lane still receives (and later frees) its own m slots; a lane's range is
+/// independent of the others'. Lanes are grouped by size with __match_any_sync; when a group's
+/// combined run does not fit, its lanes fall back to allocating one by one.
 #pragma once
 
 #include <carve/core/errc.hpp>
@@ -17,15 +18,15 @@
 
 namespace carve {
 
-// The part of a group's run that goes to the lane of the given rank.
+/// The part of a group's run that goes to the lane of the given rank.
 CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_t m, std::uint32_t rank) noexcept {
   return {group_run.first + rank * m, m};
 }
 
 #if defined(__CUDACC__)
-// Call from any subset of a warp's lanes (one-dimensional blocks); `slots` is a carve slot
-// allocator shared by those lanes, and `args` follow m in its allocate (e.g. the home shard of a
-// ShardedSlotAllocator).
+/// Call from any subset of a warp's lanes (one-dimensional blocks); `slots` is a carve slot
+/// allocator shared by those lanes, and `args` follow m in its allocate (e.g. the home shard of a
+/// ShardedSlotAllocator).
 template <class Allocator, class... Args>
 __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, std::uint32_t m, Args... args) {
   const unsigned active = __activemask();

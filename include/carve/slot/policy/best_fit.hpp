@@ -1,7 +1,8 @@
-// carve/slot/policy/best_fit.hpp — the start of the smallest maximal free run that holds m.
-//
-// Keeps large runs intact for large requests. Ties go to the lowest run, and a run of exactly m
-// ends the search early. Cost is one walk over the free runs: O(words + runs).
+/// @file carve/slot/policy/best_fit.hpp
+/// The start of the smallest maximal free run that holds m.
+///
+/// Keeps large runs intact for large requests. Ties go to the lowest run, and a run of exactly m
+/// ends the search early. Cost is one walk over the free runs: O(words + runs).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -12,9 +13,12 @@
 
 namespace carve {
 
+/// Best fit: the smallest free run that holds m, lowest first among equals.
 struct BestFit {
+  /// Shown in reports and tools.
   static constexpr const char* name = "best-fit";
 
+  /// The start in the first `slots` slots of `words`, or nullopt when nothing fits or m == 0.
   template <WordSource Words>
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots,
                                                                          std::uint32_t m) const noexcept {
@@ -38,6 +42,7 @@ struct BestFit {
     return best;
   }
 
+  /// The start in `bitmap`, or nullopt when nothing fits or m == 0.
   template <std::uint32_t N>
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
                                                                       std::uint32_t m) const noexcept {

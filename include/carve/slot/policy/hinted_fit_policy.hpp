@@ -1,24 +1,27 @@
-// carve/slot/policy/hinted_fit_policy.hpp — policies that take a hint beside m, and policies that
-// remember what they placed.
-//
-// A scheduler often knows more about a request than its size: how long the workgroup is expected
-// to run, or which kernel it belongs to. A hinted policy receives that as a value of its own
-// `hint_type`:
-//
-//   struct MyHintedFit {
-//     using hint_type = MyHint;
-//     find(const SlotBitmap<N>&, m) const;                  // still a FitPolicyFor<MyHintedFit, N>
-//     find(const SlotBitmap<N>&, m, const MyHint&) const;   // what SlotAllocator::allocate(m, hint) calls
-//   };
-//
-// The plain find is required too, so a hinted policy works wherever any policy does (a request
-// without a hint gets the plain choice). The semantic rules of FitPolicy apply to both finds.
-//
-// A policy may also keep per-slot memory of its own placements (e.g. when each run is expected
-// back). SlotAllocator calls `placed(range, hint)` after each successful hinted allocation and
-// `placed(range)` after each successful allocation without one, and nothing else: a tracking
-// policy may rely on what it recorded only for slots that are taken now, because releases, partial
-// releases and reset() are not reported to it.
+/// @file carve/slot/policy/hinted_fit_policy.hpp
+/// Policies that take a hint beside m, and policies that
+/// remember what they placed.
+///
+/// A scheduler often knows more about a request than its size: how long the workgroup is expected
+/// to run, or which kernel it belongs to. A hinted policy receives that as a value of its own
+/// `hint_type`:
+///
+/// @code
+/// struct MyHintedFit {
+///   using hint_type = MyHint;
+///   find(const SlotBitmap<N>&, m) const;                  // still a FitPolicyFor<MyHintedFit, N>
+///   find(const SlotBitmap<N>&, m, const MyHint&) const;   // what SlotAllocator::allocate(m, hint) calls
+/// };
+/// @endcode
+///
+/// The plain find is required too, so a hinted policy works wherever any policy does (a request
+/// without a hint gets the plain choice). The semantic rules of FitPolicy apply to both finds.
+///
+/// A policy may also keep per-slot memory of its own placements (e.g. when each run is expected
+/// back). SlotAllocator calls `placed(range, hint)` after each successful hinted allocation and
+/// `placed(range)` after each successful allocation without one, and nothing else: a tracking
+/// policy may rely on what it recorded only for slots that are taken now, because releases, partial
+/// releases and reset() are not reported to it.
 #pragma once
 
 #include <carve/slot/policy/fit_policy.hpp>
@@ -31,6 +34,7 @@
 
 namespace carve {
 
+/// A FitPolicyFor<F, N> that also takes a hint: `F::hint_type` and `find(bitmap, m, hint)`.
 template <class F, std::uint32_t N>
 concept HintedFitPolicyFor = FitPolicyFor<F, N> && requires {
   typename F::hint_type;
@@ -38,21 +42,21 @@ concept HintedFitPolicyFor = FitPolicyFor<F, N> && requires {
   { fit.find(bitmap, m, hint) } -> cuda::std::same_as<cuda::std::optional<std::uint32_t>>;
 };
 
-// Tracks placements made without a hint.
+/// Tracks placements made without a hint.
 template <class F>
 concept TracksPlacements = requires(F& fit, SlotRange range) {
   fit.placed(range);
 };
 
-// Tracks placements made with a hint.
+/// Tracks placements made with a hint.
 template <class F>
 concept TracksHintedPlacements = requires(F& fit, SlotRange range, const typename F::hint_type& hint) {
   fit.placed(range, hint);
 };
 
-// Keeps memory of its placements: only an allocator that owns its policy object and reports
-// every placement to it (SlotAllocator) can feed such a policy. ConcurrentSlotAllocator,
-// ShardedSlotAllocator and DynamicSlotAllocator refuse it at compile time.
+/// Keeps memory of its placements: only an allocator that owns its policy object and reports
+/// every placement to it (SlotAllocator) can feed such a policy. ConcurrentSlotAllocator,
+/// ShardedSlotAllocator and DynamicSlotAllocator refuse it at compile time.
 template <class F>
 concept RemembersPlacements = TracksPlacements<F> || TracksHintedPlacements<F>;
 

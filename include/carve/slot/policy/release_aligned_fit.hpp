@@ -1,34 +1,36 @@
-// carve/slot/policy/release_aligned_fit.hpp — place a workgroup beside neighbours that release after it.
-//
-// Contiguous slots fragment when a run is released while the runs on both sides of it stay taken:
-// a hole opens that no larger request can use. Where that happens is decided at placement time.
-// A workgroup put next to a neighbour that is released *before* it leaves a hole behind that
-// neighbour for as long as the workgroup outlives it; put next to one released *after* it, its
-// own release merges into the free run beside it and nothing is stranded.
-//
-// The hint is the tick at which the request is expected to be released (now + expected run time,
-// in any clock the caller keeps: cycles, microseconds). The policy remembers the expected release
-// of every slot it placed and scores each candidate start, i.e. either end of each free run that
-// holds m (a start inside a run would split it into two holes):
-//   damage = the ticks by which the request outlives a taken neighbour, summed over its sides;
-//   slack  = the ticks by which its taken neighbours outlive it, summed over its sides;
-// the smallest damage wins, then the smallest slack (the tightest match in time keeps neighbours
-// that live long for requests that live long), then the lowest start. The ends of the slot space,
-// and slots placed without a hint, count as neighbours that are never released.
-//
-// Ticks are compared modulo 2^32, so a counter may wrap; expected releases of live workgroups must
-// lie within 2^31 ticks of each other. Without a hint (plain find) the policy is
-// BoundaryNearestFit. Cost: one walk over the free runs, O(words + runs), like BestFit; memory:
-// N ticks and N bits beside the bitmap.
-//
-// Use it as SlotAllocator<N, ReleaseAlignedFit>: the allocator sizes the per-slot memory
-// (ReleaseAlignedPlacements<N>) and reports every placement to it. Allocators shared by many
-// threads cannot report placements, so they refuse this policy at compile time.
-//
-// In the workgroup simulator (README, "Workgroup scheduling simulator") this recovers 27-41% of
-// the makespan that contiguity costs on mixed-size workloads with exact hints, against 7-23% for
-// boundary-nearest; noisy hints shrink the gain, and where rare huge requests need the middle
-// kept whole boundary-nearest does better.
+/// @file carve/slot/policy/release_aligned_fit.hpp
+/// Place a workgroup beside neighbours that release after it.
+///
+/// Contiguous slots fragment when a run is released while the runs on both sides of it stay taken:
+/// a hole opens that no larger request can use. Where that happens is decided at placement time.
+/// A workgroup put next to a neighbour that is released *before* it leaves a hole behind that
+/// neighbour for as long as the workgroup outlives it; put next to one released *after* it, its
+/// own release merges into the free run beside it and nothing is stranded.
+///
+/// The hint is the tick at which the request is expected to be released (now + expected run time,
+/// in any clock the caller keeps: cycles, microseconds). The policy remembers the expected release
+/// of every slot it placed and scores each candidate start, i.e. either end of each free run that
+/// holds m (a start inside a run would split it into two holes):
+/// - damage: the ticks by which the request outlives a taken neighbour, summed over its sides;
+/// - slack: the ticks by which its taken neighbours outlive it, summed over its sides.
+///
+/// The smallest damage wins, then the smallest slack (the tightest match in time keeps neighbours
+/// that live long for requests that live long), then the lowest start. The ends of the slot space,
+/// and slots placed without a hint, count as neighbours that are never released.
+///
+/// Ticks are compared modulo 2^32, so a counter may wrap; expected releases of live workgroups must
+/// lie within 2^31 ticks of each other. Without a hint (plain find) the policy is
+/// BoundaryNearestFit. Cost: one walk over the free runs, O(words + runs), like BestFit; memory:
+/// N ticks and N bits beside the bitmap.
+///
+/// Use it as SlotAllocator<N, ReleaseAlignedFit>: the allocator sizes the per-slot memory
+/// (ReleaseAlignedPlacements<N>) and reports every placement to it. Allocators shared by many
+/// threads cannot report placements, so they refuse this policy at compile time.
+///
+/// In the workgroup scheduling simulator (examples/slot_sim) this recovers 27-41% of
+/// the makespan that contiguity costs on mixed-size workloads with exact hints, against 7-23% for
+/// boundary-nearest; noisy hints shrink the gain, and where rare huge requests need the middle
+/// kept whole boundary-nearest does better.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -44,37 +46,47 @@
 
 namespace carve {
 
-// When a request is expected to be released, in the caller's ticks.
+/// When a request is expected to be released, in the caller's ticks.
 struct ExpectedRelease {
-  std::uint32_t tick;
+  std::uint32_t tick; ///< compared modulo 2^32
 };
 
 template <std::uint32_t N>
 class ReleaseAlignedPlacements;
 
-// The policy: what users name. Its state for N slots is ReleaseAlignedPlacements<N>.
+/// The policy: what users name. Its state for N slots is ReleaseAlignedPlacements<N>.
 struct ReleaseAlignedFit {
+  /// Shown in reports and tools.
   static constexpr const char* name = "release-aligned";
+  /// The hint: when the request is expected back.
   using hint_type = ExpectedRelease;
+  /// The policy with its per-slot memory for N slots.
   template <std::uint32_t N>
   using for_slots = ReleaseAlignedPlacements<N>;
 };
 
-// The policy for N slots, with the expected release of every slot it placed.
+/// The policy for N slots, with the expected release of every slot it placed.
 template <std::uint32_t N>
 class ReleaseAlignedPlacements {
 public:
+  /// Shown in reports and tools.
   static constexpr const char* name = ReleaseAlignedFit::name;
+  /// The hint: when the request is expected back.
   using hint_type = ExpectedRelease;
 
+  /// Nothing placed yet.
   constexpr ReleaseAlignedPlacements() noexcept = default;
+  /// Nothing placed yet (what SlotAllocator<N, ReleaseAlignedFit> builds from its policy value).
   CARVE_HOST_DEVICE constexpr ReleaseAlignedPlacements(ReleaseAlignedFit) noexcept {}
 
+  /// Without a hint: BoundaryNearestFit's choice.
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
                                                                       std::uint32_t m) const noexcept {
     return BoundaryNearestFit{}.find(bitmap, m);
   }
 
+  /// The run end with the least damage, then the least slack, then the lowest start; nullopt
+  /// when nothing fits, m == 0 or m > N.
   CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap, std::uint32_t m,
                                                                       ExpectedRelease hint) const noexcept {
     if (m == 0 || m > N) {
@@ -106,7 +118,7 @@ public:
     return best;
   }
 
-  // Records when the slots of `range` are expected back.
+  /// Records when the slots of `range` are expected back.
   CARVE_HOST_DEVICE constexpr void placed(SlotRange range, ExpectedRelease hint) noexcept {
     for (std::uint32_t s = range.first; s < range.end(); ++s) {
       release_[s] = hint.tick;
@@ -114,7 +126,7 @@ public:
     }
   }
 
-  // A placement without a hint: its slots count as never released.
+  /// A placement without a hint: its slots count as never released.
   CARVE_HOST_DEVICE constexpr void placed(SlotRange range) noexcept {
     for (std::uint32_t s = range.first; s < range.end(); ++s) {
       set_known(s, false);
@@ -122,7 +134,7 @@ public:
   }
 
 private:
-  // Lexicographic (damage, slack); sums of at most two sides fit easily in 64 bits.
+  /// Lexicographic (damage, slack); sums of at most two sides fit easily in 64 bits.
   struct Score {
     std::uint64_t damage = 0;
     std::uint64_t slack = 0;
@@ -137,14 +149,14 @@ private:
     }
   };
 
-  // A neighbour that is never released: no damage, and the loosest possible match.
+  /// A neighbour that is never released: no damage, and the loosest possible match.
   static constexpr Score never_released{0, std::uint64_t{1} << 31};
 
-  // The neighbour just below `start` (slot start - 1, or the low end of the slot space).
+  /// The neighbour just below `start` (slot start - 1, or the low end of the slot space).
   CARVE_HOST_DEVICE constexpr Score side(std::uint32_t start, ExpectedRelease hint) const noexcept {
     return start == 0 ? never_released : versus(start - 1, hint);
   }
-  // The neighbour at `end` (the first slot past a run, or the high end).
+  /// The neighbour at `end` (the first slot past a run, or the high end).
   CARVE_HOST_DEVICE constexpr Score side_above(std::uint32_t end, ExpectedRelease hint) const noexcept {
     return end == N ? never_released : versus(end, hint);
   }

@@ -1,9 +1,12 @@
-// carve/slot/search/free_runs.hpp — the maximal runs of free slots, lowest first, as a forward range.
-//
-//   for (carve::SlotRange run : bitmap.free_runs()) { ... }
-//
-// Each step costs a count-trailing-zeros per word it crosses, so walking all runs is
-// O(words + runs). The range is a view: it must not outlive the words it reads.
+/// @file carve/slot/search/free_runs.hpp
+/// The maximal runs of free slots, lowest first, as a forward range.
+///
+/// @code
+/// for (carve::SlotRange run : bitmap.free_runs()) { ... }
+/// @endcode
+///
+/// Each step costs a count-trailing-zeros per word it crosses, so walking all runs is
+/// O(words + runs). The range is a view: it must not outlive the words it reads.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -16,29 +19,36 @@
 
 namespace carve {
 
+/// The maximal free runs of `slots` slots held in `Extent` words (a view over the words).
 template <cuda::std::size_t Extent = cuda::std::dynamic_extent>
 class FreeRuns {
 public:
+  /// A forward iterator whose values are the runs (SlotRange), lowest first.
   class iterator {
   public:
-    using value_type = SlotRange;
-    using reference = SlotRange; // runs are computed, not stored: a C++20 forward iterator over values
-    using difference_type = cuda::std::ptrdiff_t;
-    using iterator_concept = cuda::std::forward_iterator_tag;
-    using iterator_category = cuda::std::input_iterator_tag;
+    using value_type = SlotRange; ///< a run
+    using reference = SlotRange;  ///< runs are computed, not stored: a C++20 forward iterator over values
+    using difference_type = cuda::std::ptrdiff_t;             ///< as iterators require
+    using iterator_concept = cuda::std::forward_iterator_tag; ///< a forward iterator in C++20 terms
+    using iterator_category = cuda::std::input_iterator_tag;  ///< an input iterator in C++17 terms
 
+    /// A singular iterator.
     constexpr iterator() noexcept = default;
 
+    /// The current run.
     CARVE_HOST_DEVICE constexpr SlotRange operator*() const noexcept { return run_; }
+    /// On to the next run.
     CARVE_HOST_DEVICE constexpr iterator& operator++() noexcept {
       seek(static_cast<std::uint32_t>(run_.end()));
       return *this;
     }
+    /// On to the next run; returns the iterator as it was.
     CARVE_HOST_DEVICE constexpr iterator operator++(int) noexcept {
       iterator before = *this;
       ++*this;
       return before;
     }
+    /// Equal at the same run.
     friend CARVE_HOST_DEVICE constexpr bool operator==(const iterator& a, const iterator& b) noexcept {
       return a.run_ == b.run_;
     }
@@ -57,17 +67,20 @@ public:
       run_ = {first, last - first}; // the end iterator is {slots, 0}
     }
 
-    // A pointer rather than a span: a span of static extent has no default constructor, and a
-    // forward iterator needs one.
+    /// A pointer rather than a span: a span of static extent has no default constructor, and a
+    /// forward iterator needs one.
     const bits::word* words_ = nullptr;
     std::uint32_t slots_ = 0;
     SlotRange run_{0, 0};
   };
 
+  /// The runs of the first `slots` slots of `words` (SlotBitmap's layout; bits past them zero).
   CARVE_HOST_DEVICE constexpr FreeRuns(runs::words_view<Extent> words, std::uint32_t slots) noexcept
       : words_(words), slots_(slots) {}
 
+  /// The lowest run.
   CARVE_HOST_DEVICE constexpr iterator begin() const noexcept { return iterator(words_, slots_, 0); }
+  /// Past the highest run.
   CARVE_HOST_DEVICE constexpr iterator end() const noexcept { return iterator(words_, slots_, slots_); }
 
 private:

@@ -1,12 +1,13 @@
-// carve/slot/search/run_search.hpp — finding runs of free slots in a bitmap held as 64-bit words.
-//
-// These functions work on any WordSource (a SlotBitmap's own storage, a snapshot, a live
-// bitmap read atomically word by word), which is why they are free functions. Bits past the
-// last slot must be zero (taken), so no search ever reports a slot that does not exist.
-//
-// Cost: one pass over the words from one end, O(log m) work per word, and the search stops at
-// the first word that settles the answer. A run longer than a word is tracked by a carry: the
-// number of free slots that touch the boundary of the words already visited.
+/// @file carve/slot/search/run_search.hpp
+/// Finding runs of free slots in a bitmap held as 64-bit words.
+///
+/// These functions work on any WordSource (a SlotBitmap's own storage, a snapshot, a live
+/// bitmap read atomically word by word), which is why they are free functions. Bits past the
+/// last slot must be zero (taken), so no search ever reports a slot that does not exist.
+///
+/// Cost: one pass over the words from one end, O(log m) work per word, and the search stops at
+/// the first word that settles the answer. A run longer than a word is tracked by a carry: the
+/// number of free slots that touch the boundary of the words already visited.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -18,19 +19,21 @@
 #include <cuda/std/optional>
 #include <cuda/std/span>
 
+/// Searches for runs of free slots over any WordSource.
 namespace carve::runs {
 
+/// Bitmap words as a span (of static extent when the size is known at compile time).
 template <cuda::std::size_t Extent>
 using words_view = cuda::std::span<const bits::word, Extent>;
 
-// The lowest and highest start of m free slots: the two candidates boundary-nearest weighs.
-// `found` is false when no run of m fits (then the starts mean nothing). A flag rather than an
-// optional keeps this hottest path in registers: GCC tends to build an optional of a struct on
-// the stack.
+/// The lowest and highest start of m free slots: the two candidates boundary-nearest weighs.
+/// `found` is false when no run of m fits (then the starts mean nothing). A flag rather than an
+/// optional keeps this hottest path in registers: GCC tends to build an optional of a struct on
+/// the stack.
 struct StartBounds {
-  std::uint32_t lowest;
-  std::uint32_t highest;
-  bool found;
+  std::uint32_t lowest;  ///< the lowest start
+  std::uint32_t highest; ///< the highest start
+  bool found;            ///< whether a run of m fits at all
 };
 
 namespace detail {
@@ -64,7 +67,7 @@ template <WordSource Words>
 inline constexpr bool small_words = static_word_count<Words> == 1 || static_word_count<Words> == 2;
 } // namespace detail
 
-// Lowest start s such that slots [s, s + m) are all free.
+/// Lowest start s such that slots [s, s + m) are all free.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(const Words& words,
                                                                             std::uint32_t m) noexcept {
@@ -95,7 +98,7 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> lowest_start(cons
   }
 }
 
-// Highest start s such that slots [s, s + m) are all free.
+/// Highest start s such that slots [s, s + m) are all free.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(const Words& words,
                                                                              std::uint32_t m) noexcept {
@@ -125,6 +128,8 @@ CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> highest_start(con
   }
 }
 
+/// lowest_start and highest_start together (one pass on one- and two-word bitmaps); `found` is
+/// false for m == 0 and when no run of m fits.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr StartBounds start_bounds(const Words& words, std::uint32_t m) noexcept {
   // Returning early for m == 0 lets the inlined scans below drop their own check (boundary-nearest
@@ -168,14 +173,14 @@ CARVE_HOST_DEVICE constexpr std::uint32_t next_with(const Words& words, std::uin
 }
 } // namespace detail
 
-// First free slot at or after `from`; `slots` (the bitmap's size) when there is none.
+/// First free slot at or after `from`; `slots` (the bitmap's size) when there is none.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr std::uint32_t next_free(const Words& words, std::uint32_t slots,
                                                     std::uint32_t from) noexcept {
   return detail::next_with(words, slots, from, true);
 }
 
-// First taken slot at or after `from`; `slots` when the bitmap is free from there to the end.
+/// First taken slot at or after `from`; `slots` when the bitmap is free from there to the end.
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr std::uint32_t next_taken(const Words& words, std::uint32_t slots,
                                                      std::uint32_t from) noexcept {

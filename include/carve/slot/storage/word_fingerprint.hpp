@@ -1,15 +1,16 @@
-// carve/slot/storage/word_fingerprint.hpp — whether two reads of a live bitmap saw the same words,
-// without keeping a copy of either.
-//
-// A read of L words is summarised as a polynomial in a point x, modulo the prime p = 2^61 - 1
-// (each word contributes its two 32-bit halves as coefficients). Two different reads are two
-// different polynomials of degree below 2L, which agree at no more than 2L - 1 points; with x
-// drawn at random for each comparison (fingerprint_point), a difference therefore goes unseen
-// with probability below 2L / p — under 1e-12 for a million words. Memory: one 64-bit value per
-// read, however large the bitmap; cost: two multiplications modulo p per word.
-//
-// ConcurrentSlotAllocator uses it to confirm "no space" on bitmaps too large for a thread to
-// keep every word it searched (see there).
+/// @file carve/slot/storage/word_fingerprint.hpp
+/// Whether two reads of a live bitmap saw the same words,
+/// without keeping a copy of either.
+///
+/// A read of L words is summarised as a polynomial in a point x, modulo the prime p = 2^61 - 1
+/// (each word contributes its two 32-bit halves as coefficients). Two different reads are two
+/// different polynomials of degree below 2L, which agree at no more than 2L - 1 points; with x
+/// drawn at random for each comparison (fingerprint_point), a difference therefore goes unseen
+/// with probability below 2L / p — under 1e-12 for a million words. Memory: one 64-bit value per
+/// read, however large the bitmap; cost: two multiplications modulo p per word.
+///
+/// ConcurrentSlotAllocator uses it to confirm "no space" on bitmaps too large for a thread to
+/// keep every word it searched (see there).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -58,7 +59,7 @@ CARVE_HOST_DEVICE constexpr std::uint64_t mix(std::uint64_t x) noexcept { // spl
 
 } // namespace fingerprint_detail
 
-// The fingerprint of words [0, words.size()) at point x (x < 2^61 - 1).
+/// The fingerprint of words [0, words.size()) at point x (x < 2^61 - 1).
 template <WordSource Words>
 CARVE_HOST_DEVICE constexpr std::uint64_t word_fingerprint(const Words& words, std::uint64_t x) noexcept {
   namespace fp = fingerprint_detail;
@@ -71,8 +72,8 @@ CARVE_HOST_DEVICE constexpr std::uint64_t word_fingerprint(const Words& words, s
   return h;
 }
 
-// A point for one comparison, drawn from the clock (and the calling thread), so it does not
-// depend on the words being compared.
+/// A point for one comparison, drawn from the clock (and the calling thread), so it does not
+/// depend on the words being compared.
 CARVE_HOST_DEVICE inline std::uint64_t fingerprint_point() noexcept {
   std::uint64_t seed = 0;
   NV_IF_ELSE_TARGET(NV_IS_DEVICE,
