@@ -34,9 +34,11 @@ void print_decision(const carve::Topology& topo, const carve::BorrowDecision& d)
     std::printf("fits locally\n");
     return;
   }
+  // The path the requester's loads take: no GPU relays them (the picker scores the same).
+  const carve::Topology loads = topo.with_options({topo.options().max_hops, carve::GpuRelay::never});
   std::string path;
-  for (const carve::NodeId n : topo.path(topo.gpu(d.requester), topo.gpu(d.lender))) {
-    path += (path.empty() ? "" : " -> ") + topo.node(n).name;
+  for (const carve::NodeId n : loads.path(loads.gpu(d.requester), loads.gpu(d.lender))) {
+    path += (path.empty() ? "" : " -> ") + loads.node(n).name;
   }
   std::printf("GPU%d has only %s free in one piece -> borrows on GPU%d at %.0f GB/s (%s)\n", d.requester,
               mib(d.cards[static_cast<std::size_t>(d.requester)].largest_free_block).c_str(), d.lender,

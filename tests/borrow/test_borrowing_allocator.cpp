@@ -54,6 +54,57 @@ bool all_back(B& alloc) {
 
 } // namespace
 
+TEST_CASE("peer access: switched on once per pair before its first borrow; unmappable lenders are skipped") {
+  // GPU3 cannot map GPU0 (as if cudaDeviceCanAccessPeer said so); every other pair can.
+  std::vector<std::vector<bool>> can(8, std::vector<bool>(8, true));
+  can[0][3] = false;
+  using Mapped = BorrowingAllocator<Pool, carve::LargestBandwidth, carve::SimulatedPeerAccess>;
+  Mapped alloc(dgx1(), pools(16 * MiB), {}, 1024, carve::SimulatedPeerAccess(can));
+  const auto local = alloc.borrow(12 * MiB, 0);
+  REQUIRE(local);
+  CHECK(alloc.peer_access().enable_calls(0, 0) == 0); // a card's own memory needs nothing
+  // GPU3 is 40 GB/s away but cannot be mapped: GPU4, the other NV2 peer, lends.
+  CHECK(alloc.picker().bandwidth(0, 3) == 0.0);
+  const auto a = alloc.borrow(8 * MiB, 0);
+  const auto b = alloc.borrow(6 * MiB, 0);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->card == 4);
+  CHECK(b->card == 4);
+  CHECK(alloc.peer_access().enable_calls(0, 4) == 1); // once for the pair, not per borrow
+  CHECK(alloc.peer_access().enable_calls(0, 3) == 0);
+  // With only GPU3 holding room, GPU0 is refused, and the message says why.
+  const auto full = alloc.borrow(8 * MiB, 0);
+  const auto c = alloc.borrow(5 * MiB, 0); // GPU4 has 2 MiB left
+  REQUIRE(full);
+  CHECK(full->card == 1);
+  std::vector<BorrowHandle> fill;
+  for (int card : {0, 1, 2, 4, 5, 6, 7}) {
+    while (auto h = alloc.borrow(MiB, card)) {
+      if (h->card != card) {
+        REQUIRE(alloc.give_back(*h));
+        break;
+      }
+      fill.push_back(*h);
+    }
+  }
+  const auto refused = alloc.borrow(MiB, 0);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == Errc::no_space);
+  CHECK(refused.error().message.find("GPU3 has room but GPU0 cannot map its memory (no peer access between them)") !=
+        std::string::npos);
+  CHECK(alloc.card(0).try_allocate(MiB, 256).error() == Errc::no_space); // so a fallback takes it
+  for (const auto& h : fill) {
+    REQUIRE(alloc.give_back(h));
+  }
+  for (const auto* h : {&local, &a, &b, &full, &c}) {
+    if (*h) {
+      REQUIRE(alloc.give_back(**h));
+    }
+  }
+  CHECK(all_back(alloc));
+}
+
 TEST_CASE("a full card borrows from its best-linked peer") {
   Borrower alloc(dgx1(), pools(16 * MiB));
   std::vector<carve::BorrowDecision> decisions;
@@ -71,7 +122,7 @@ TEST_CASE("a full card borrows from its best-linked peer") {
   REQUIRE(decisions.size() == 2);
   CHECK(decisions[1].lender == 3);
   CHECK(decisions[1].bandwidth_gbps == 40.0);
-  CHECK(decisions[1].bandwidths[5] == 20.0);
+  CHECK(decisions[1].bandwidths[5] == 10.0); // a direct system path: no GPU relays a peer's loads
   CHECK(decisions[1].cards[0].largest_free_block == 4 * MiB);
   CHECK(alloc.history().count(0, 3) == 1);
   // The borrowed memory is real and belongs to GPU3's pool.
@@ -153,7 +204,7 @@ TEST_CASE("a card that turns out full after the pick is struck off and the pick 
   const auto a = alloc.borrow(8 * MiB, 0);
   REQUIRE(a);
   CHECK(a->card == 0);
-  const auto b = alloc.borrow(4 * MiB, 0);
+  const auto b = alloc.borrow(6 * MiB, 0);
   REQUIRE(b);
   CHECK(b->card == 4); // GPU3 looked best but had nothing; GPU4 is next at 40 GB/s, one hop
   CHECK(alloc.resource(3).stats().upstream_failures == 2);

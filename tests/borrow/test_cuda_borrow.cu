@@ -75,7 +75,16 @@ int main() {
   expect(pool.try_allocate(std::size_t{1} << 50).error() == carve::Errc::no_space, "an impossible request");
 
   using Pool = carve::CachingPool<carve::CudaDeviceResource>;
-  carve::BorrowingAllocator<Pool> alloc(topo, [](int d) { return Pool(carve::CudaDeviceResource(d)); });
+  carve::BorrowingAllocator<Pool, carve::LargestBandwidth, carve::CudaPeerAccess> alloc(
+      topo, [](int d) { return Pool(carve::CudaDeviceResource(d)); }, {}, 1024, carve::CudaPeerAccess());
+  for (int r = 0; r < devices; ++r) {
+    for (int l = 0; l < devices; ++l) {
+      int driver = 0;
+      cudaDeviceCanAccessPeer(&driver, r, l);
+      expect(r == l || alloc.peer_access().can_access(r, l) == (driver != 0), "the driver's peer matrix");
+      expect(r == l || (alloc.picker().bandwidth(r, l) > 0.0) <= (driver != 0), "unmappable lenders are never scored");
+    }
+  }
   const auto h = alloc.borrow(1 << 20, devices - 1);
   expect(h.has_value() && h->card == devices - 1, "a card with room allocates locally");
   if (h) {

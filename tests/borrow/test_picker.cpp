@@ -47,18 +47,24 @@ TEST_CASE("the requester itself when it has room") {
 
 TEST_CASE("(a) largest bandwidth; equal bandwidth goes to fewer hops, more free memory, the lower ordinal") {
   const BandwidthWeightedPicker<LargestBandwidth> picker(dgx1());
-  // GPU0 full. GPU2, 3, 4, 7 are all 40 GB/s away; with equal free memory the direct links
-  // (GPU3, GPU4) beat the two-hop paths, and of those the lower ordinal wins.
+  // GPU0 full. A borrowed block is read where it lies, so only direct links count: GPU3 and GPU4
+  // (NV2) are 40 GB/s away, GPU1 and GPU2 (NV1) 20, the rest 10 over the system path (two NVLink
+  // hops through GPU3 would be 40, but a GPU does not relay another's loads); of the widest the
+  // lower ordinal wins.
   auto p = picker.pick(0, 4 * GiB, cards(16, {{0, 1}}));
   REQUIRE(p);
   CHECK(p->card == 3);
   CHECK(p->bandwidth_gbps == 40.0);
   CHECK(p->hops == 1);
-  // Fewer hops come before free memory; free memory before the ordinal.
+  CHECK(picker.bandwidth(0, 2) == 20.0);
+  CHECK(picker.hops(0, 2) == 1);
+  CHECK(picker.bandwidth(0, 7) == 10.0);
+  // Bandwidth comes before free memory; free memory before the ordinal.
   CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {7, 20}}))->card == 3);
   CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {4, 20}}))->card == 4);
   CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}}))->card == 4);
-  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}, {4, 2}, {7, 20}}))->card == 7);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}, {4, 2}, {7, 20}}))->card == 1);
+  CHECK(picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {3, 2}, {4, 2}, {2, 20}}))->card == 2);
   // A card without room is never chosen, however fast.
   p = picker.pick(0, 4 * GiB, cards(16, {{0, 1}, {2, 3}, {3, 3}, {4, 3}, {7, 3}}));
   REQUIRE(p);
@@ -68,14 +74,15 @@ TEST_CASE("(a) largest bandwidth; equal bandwidth goes to fewer hops, more free 
 
 TEST_CASE("(b) most free memory among cards at or above the threshold") {
   const BandwidthWeightedPicker picker(dgx1(), ThresholdMostFree{30.0});
-  // GPU5 has the most memory but is only 20 GB/s away; of the 40 GB/s cards GPU7 has the most.
+  // GPU5 has the most memory but is only 10 GB/s away, GPU7 more than GPU3 but also 10 GB/s
+  // away; of the 40 GB/s cards GPU3 has the most.
   auto p = picker.pick(0, 4 * GiB, cards(8, {{0, 0}, {5, 30}, {7, 12}, {3, 10}}));
   REQUIRE(p);
-  CHECK(p->card == 7);
+  CHECK(p->card == 3);
   // Nobody fast has room: non-strict falls back to the widest path that has room.
   p = picker.pick(0, 4 * GiB, cards(2, {{0, 0}, {5, 30}, {6, 20}}));
   REQUIRE(p);
-  CHECK(p->card == 5); // 20 GB/s both; GPU5 has more free
+  CHECK(p->card == 5); // 10 GB/s both; GPU5 has more free
   // Strict: no candidate.
   const BandwidthWeightedPicker strict(dgx1(), ThresholdMostFree{30.0, true});
   CHECK(strict.pick(0, 4 * GiB, cards(2, {{0, 0}, {5, 30}, {6, 20}})).error() == Errc::no_space);
@@ -93,9 +100,10 @@ TEST_CASE("(c) weighted score: free memory, bandwidth, and borrowing history") {
   // Free memory only: the roomiest.
   const BandwidthWeightedPicker free_only(dgx1(), WeightedScore{1.0, 0.0, 0.0});
   CHECK(free_only.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 5);
-  // Both: GPU5 has 30 GiB at 20 GB/s -> 1.0 + 0.5 = 1.5; GPU3 has 8 at 40 -> 0.27 + 1.0 = 1.27.
+  // Both: GPU5 has 40 GiB at 10 GB/s -> 1.0 + 0.25 = 1.25; GPU3 has 8 at 40 -> 0.2 + 1.0 = 1.2.
   const BandwidthWeightedPicker both(dgx1(), WeightedScore{1.0, 1.0, 0.0});
-  CHECK(both.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 5);
+  CHECK(both.pick(0, GiB, cards(8, {{0, 0}, {5, 40}}))->card == 5);
+  CHECK(both.pick(0, GiB, cards(8, {{0, 0}, {5, 30}}))->card == 3); // 1.25 against 1.27
   // History: GPU0 keeps borrowing from GPU3; the next borrow goes elsewhere.
   const BandwidthWeightedPicker with_history(dgx1(), WeightedScore{1.0, 1.0, 1.0});
   BorrowHistory history(8, 16);
@@ -105,8 +113,14 @@ TEST_CASE("(c) weighted score: free memory, bandwidth, and borrowing history") {
   history.record(0, 3, GiB);
   CHECK(with_history.pick(0, GiB, state, &history)->card == 4); // GPU3 scores 2 - 1, GPU4 2
   history.record(0, 4, GiB);
-  history.record(1, 2, GiB); // another requester's borrowing does not count against GPU2 for GPU0
-  CHECK(with_history.pick(0, GiB, state, &history)->card == 2); // GPU2 and GPU7 score 2 (two hops)
+  CHECK(with_history.pick(0, GiB, state, &history)->card == 4); // GPU3 2 - 2/3, GPU4 2 - 1/3
+  // With GPU3 and GPU4 full, the NV1 peers remain: GPU0's own borrows from GPU1 count against
+  // GPU1, another requester's borrows from GPU2 do not count against GPU2.
+  const auto nv1 = cards(8, {{0, 0}, {3, 0}, {4, 0}});
+  history.record(0, 1, GiB);
+  history.record(1, 2, GiB);
+  history.record(1, 2, GiB);
+  CHECK(with_history.pick(0, GiB, nv1, &history)->card == 2); // GPU1 2 - 1/4, GPU2 2
 }
 
 TEST_CASE("history window: old borrows fall out") {
@@ -160,8 +174,8 @@ TEST_CASE("pick_explained: the same decision, and an error that says why") {
   REQUIRE_FALSE(declined);
   CHECK(declined.error().code == Errc::no_space);
   CHECK(declined.error().message ==
-        "no card can lend 4.0 GiB to GPU0: GPU5 has room but the threshold-most-free strategy declines it (20 GB/s); "
-        "GPU6 has room but the threshold-most-free strategy declines it (20 GB/s) (largest free block per card: GPU0 "
+        "no card can lend 4.0 GiB to GPU0: GPU5 has room but the threshold-most-free strategy declines it (10 GB/s); "
+        "GPU6 has room but the threshold-most-free strategy declines it (10 GB/s) (largest free block per card: GPU0 "
         "0 B, GPU1 2.0 GiB, GPU2 2.0 GiB, GPU3 2.0 GiB, GPU4 2.0 GiB, GPU5 8.0 GiB, GPU6 8.0 GiB, GPU7 2.0 GiB)");
   // Through AnyStrategy the name is that of the strategy it holds.
   const BandwidthWeightedPicker<carve::AnyStrategy> any(dgx1(), carve::parse_strategy("threshold-most-free:strict"));

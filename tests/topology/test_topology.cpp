@@ -71,6 +71,36 @@ TEST_CASE("parallel links add, the narrowest link bounds a path, fewer hops brea
   CHECK(c4.hops(c4.gpu(0), c4.gpu(4)) == 4);
 }
 
+TEST_CASE("link lines between the same two nodes add up") {
+  const Topology t = Topology::from_description("bandwidth nvlink 25\ngpu GPU0\ngpu GPU1\ngpu GPU2\n"
+                                                "link GPU0 GPU1 nvlink\nlink GPU1 GPU0 nvlink\n"       // twice: 50
+                                                "link GPU0 GPU2 nvlink x2\nlink GPU2 GPU0 nvlink 10\n" // 50 + 10
+                                                "link GPU1 GPU2 nvlink\nlink GPU1 GPU2 pcie\n"); // types stay apart
+  CHECK(t.path_bandwidth(t.gpu(0), t.gpu(1)) == 50.0);
+  CHECK(t.path_bandwidth(t.gpu(0), t.gpu(2)) == 60.0);
+  const Topology direct = t.with_options({1, carve::GpuRelay::never});
+  CHECK(direct.path_bandwidth(direct.gpu(1), direct.gpu(2)) == 25.0); // the wider type, not the sum
+  CHECK(t.links().size() == 4);
+  CHECK(t.links()[0].count == 2);
+  CHECK(t.links()[0].label == "nvlink+nvlink");
+}
+
+TEST_CASE("GpuRelay::never: a peer's loads take the direct path, not two NVLink hops") {
+  // GPU0 -NV1- GPU2, and GPU0 -NV2- GPU3 -NV2- GPU2: a copy staged through GPU3 gets 40 GB/s, a
+  // kernel on GPU0 reading GPU2's memory gets the direct link's 20.
+  const std::string text = "gpu GPU0\ngpu GPU2\ngpu GPU3\nlink GPU0 GPU2 nvlink\n"
+                           "link GPU0 GPU3 nvlink x2\nlink GPU3 GPU2 nvlink x2\n";
+  const Topology copies = Topology::from_description(text);
+  CHECK(copies.path_bandwidth(copies.gpu(0), copies.gpu(1)) == 40.0);
+  CHECK(copies.hops(copies.gpu(0), copies.gpu(1)) == 2);
+  const Topology loads = copies.with_options({2, carve::GpuRelay::never});
+  CHECK(loads.path_bandwidth(loads.gpu(0), loads.gpu(1)) == 20.0);
+  CHECK(loads.hops(loads.gpu(0), loads.gpu(1)) == 1);
+  const Topology described = Topology::from_description("gpu_relay never\n" + text);
+  CHECK(described.options().gpu_relay == carve::GpuRelay::never);
+  CHECK(described.path_bandwidth(described.gpu(0), described.gpu(1)) == 20.0);
+}
+
 TEST_CASE("CPUs and switches relay PCIe; a GPU does not") {
   TopologyBuilder b({20.0, 16.0, 10.0});
   const NodeId cpu = b.add_cpu("CPU0");

@@ -37,6 +37,7 @@
 
 #include <cuda/std/expected>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdio>
 #include <span>
@@ -83,17 +84,30 @@ public:
   /// The strategy that ranks lenders.
   using strategy_type = Strategy;
 
-  /// For the GPUs of `topology`, whose path bandwidths and hop counts are copied in.
+  /// For the GPUs of `topology`. A borrowed block is used where it lies, by the requester's
+  /// loads and stores, so each pair is scored by the path such an access takes: the topology's
+  /// paths with no GPU relaying (GpuRelay::never), whose bandwidths and hop counts are copied in.
   explicit BandwidthWeightedPicker(const Topology& topology, Strategy strategy = {})
+      : BandwidthWeightedPicker(topology, strategy, [](int, int) { return true; }) {}
+
+  /// The same, for machines where some pairs of cards cannot map each other's memory at all
+  /// (`mappable(requester, lender)` false, e.g. cudaDeviceCanAccessPeer said no): those lenders
+  /// are never picked, and explain_no_pick() says why.
+  template <class Mappable>
+  requires std::predicate<Mappable&, int, int> BandwidthWeightedPicker(const Topology& topology, Strategy strategy,
+                                                                       Mappable mappable)
       : cards_(topology.gpu_count()), strategy_(strategy) {
     const auto n = static_cast<std::size_t>(cards_);
+    const Topology access = topology.with_options({topology.options().max_hops, GpuRelay::never});
     bandwidth_.resize(n * n);
     hops_.resize(n * n);
+    mappable_.resize(n * n);
     for (int a = 0; a < cards_; ++a) {
       for (int b = 0; b < cards_; ++b) {
         const std::size_t i = static_cast<std::size_t>(a) * n + static_cast<std::size_t>(b);
-        bandwidth_[i] = topology.path_bandwidth(topology.gpu(a), topology.gpu(b));
-        hops_[i] = topology.hops(topology.gpu(a), topology.gpu(b));
+        mappable_[i] = a == b || mappable(a, b);
+        bandwidth_[i] = mappable_[i] ? access.path_bandwidth(access.gpu(a), access.gpu(b)) : 0.0;
+        hops_[i] = mappable_[i] ? access.hops(access.gpu(a), access.gpu(b)) : -1;
       }
     }
   }
@@ -164,6 +178,11 @@ public:
         continue;
       }
       why += why.empty() ? ": " : "; ";
+      if (!mappable_[index(requester, c)]) {
+        why += "GPU" + std::to_string(c) + " has room but GPU" + std::to_string(requester) +
+               " cannot map its memory (no peer access between them)";
+        continue;
+      }
       if (!lendable(requester, c, bytes, cards)) {
         why += "GPU" + std::to_string(c) + " has room but no path to GPU" + std::to_string(requester) +
                " within the topology's max_hops";
@@ -184,8 +203,11 @@ public:
 
   /// GPUs the picker knows.
   int card_count() const noexcept { return cards_; }
-  /// GB/s between two cards as the picker sees them (from the topology).
+  /// GB/s of `from`'s accesses to memory on `to` (the topology's path without GPU relays; 0
+  /// when `from` cannot map `to`'s memory).
   double bandwidth(int from, int to) const noexcept { return bandwidth_[index(from, to)]; }
+  /// Whether `from` can map memory on `to` at all.
+  bool mappable(int from, int to) const noexcept { return mappable_[index(from, to)]; }
   /// Links on the path between two cards (from the topology).
   int hops(int from, int to) const noexcept { return hops_[index(from, to)]; }
   /// The strategy.
@@ -266,6 +288,7 @@ private:
   Strategy strategy_;
   std::vector<double> bandwidth_;
   std::vector<int> hops_;
+  std::vector<bool> mappable_; ///< requester x lender: may the requester map the lender's memory
 };
 
 } // namespace carve

@@ -26,6 +26,11 @@
 /// the strategy picks; peers(i) only ever borrows (a stack's level after the card's own pool).
 /// Either frees by pointer: the allocator remembers which card holds every live block.
 ///
+/// A borrowed block is used where it lies, by the requester's kernels, so a lender counts only if
+/// the requester can map its memory: the Access policy (carve/borrow/peer_access.hpp) says which
+/// pairs can, and is asked to switch a pair on before the pair's first borrow. AlwaysMapped, the
+/// default, is right for host memory; CudaPeerAccess for cards behind CudaDeviceResource.
+///
 /// Each allocation snapshots every card's state, picks, and allocates from the chosen card;
 /// should that card turn out full after all (a real GPU is shared with other processes), it is
 /// struck off and the pick repeated. Borrows are recorded in a BorrowHistory for the weighted
@@ -35,6 +40,7 @@
 
 #include <carve/borrow/bandwidth_weighted_picker.hpp>
 #include <carve/borrow/borrow_history.hpp>
+#include <carve/borrow/peer_access.hpp>
 #include <carve/borrow/strategies.hpp>
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
@@ -91,8 +97,8 @@ concept ReportsLargestAllocation = requires(const R& r) {
 };
 
 /// One `CardResource` per GPU of a topology, and a picker that lends a full card's requests to a
-/// peer. Thread-safe.
-template <UpstreamResource CardResource, PickStrategy Strategy = LargestBandwidth>
+/// peer the requester can map. Thread-safe.
+template <UpstreamResource CardResource, PickStrategy Strategy = LargestBandwidth, PeerAccess Access = AlwaysMapped>
 class BorrowingAllocator {
 public:
   /// What each card allocates from.
@@ -104,21 +110,26 @@ public:
   template <class MakeCard>
   requires std::invocable<MakeCard&, int> && std::same_as<std::invoke_result_t<MakeCard&, int>, CardResource>
   BorrowingAllocator(const Topology& topology, MakeCard make_card, Strategy strategy = {},
-                     std::size_t history_window = 1024)
-      : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window) {
+                     std::size_t history_window = 1024, Access access = {})
+      : access_(std::move(access)), picker_(topology, strategy, mappable()),
+        history_(std::max(topology.gpu_count(), 1), history_window) {
     if (topology.gpu_count() < 1) {
       throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: the topology has no GPUs");
     }
     for (int i = 0; i < topology.gpu_count(); ++i) {
       cards_.push_back(std::unique_ptr<CardResource>(new CardResource(make_card(i))));
     }
+    enabled_.assign(cards_.size() * cards_.size(), false);
   }
 
   /// `cards[i]` is the resource of GPU ordinal i; there must be one per GPU of the topology
   /// (else carve::Exception, invalid_argument).
   BorrowingAllocator(const Topology& topology, std::vector<CardResource> cards, Strategy strategy = {},
-                     std::size_t history_window = 1024) requires std::move_constructible<CardResource>
-      : picker_(topology, strategy), history_(std::max(topology.gpu_count(), 1), history_window) {
+                     std::size_t history_window = 1024,
+                     Access access = {}) requires std::move_constructible<CardResource>
+      : access_(std::move(access)),
+        picker_(topology, strategy, mappable()),
+        history_(std::max(topology.gpu_count(), 1), history_window) {
     if (cards.size() != static_cast<std::size_t>(topology.gpu_count()) || cards.empty()) {
       throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: " + std::to_string(cards.size()) +
                                                   " card resources for a topology with " +
@@ -127,6 +138,7 @@ public:
     for (CardResource& card : cards) {
       cards_.push_back(std::make_unique<CardResource>(std::move(card)));
     }
+    enabled_.assign(cards_.size() * cards_.size(), false);
   }
 
   BorrowingAllocator(const BorrowingAllocator&) = delete;
@@ -150,6 +162,10 @@ public:
                                           std::to_string(card_count()) + ")");
     case Errc::no_space:
       return fail(Errc::no_space, explain_no_pick(requesting_card, bytes));
+    case Errc::unsupported: { // the only lender could not be mapped after all
+      const std::lock_guard lock(mutex_);
+      return fail(Errc::unsupported, access_failure_);
+    }
     default:
       return fail(h.error(), to_string(h.error()));
     }
@@ -207,6 +223,8 @@ public:
   const CardResource& resource(int card) const { return *cards_.at(static_cast<std::size_t>(card)); }
   /// The picker that chooses lenders.
   const BandwidthWeightedPicker<Strategy>& picker() const noexcept { return picker_; }
+  /// The peer-access policy (for its records; switching pairs on is the allocator's job).
+  const Access& peer_access() const noexcept { return access_; }
   /// A copy of the borrowing history, taken under the lock.
   BorrowHistory history() const {
     const std::lock_guard lock(mutex_);
@@ -242,10 +260,22 @@ private:
         states[static_cast<std::size_t>(requester)] = CardState{};
       }
       const std::vector<CardState> seen = on_decision_ ? states : std::vector<CardState>{};
+      Errc refused = Errc::no_space;
       for (int attempt = 0; attempt < card_count(); ++attempt) {
         const auto pick = picker_.pick(requester, bytes, states, &history_);
         if (!pick) {
           break;
+        }
+        const std::size_t pair =
+            static_cast<std::size_t>(requester) * cards_.size() + static_cast<std::size_t>(pick->card);
+        if (pick->card != requester && !enabled_[pair]) {
+          if (auto on = access_.enable(requester, pick->card); !on) {
+            access_failure_ = std::move(on.error().message);
+            states[static_cast<std::size_t>(pick->card)] = CardState{}; // unreachable after all
+            refused = Errc::unsupported;
+            continue;
+          }
+          enabled_[pair] = true;
         }
         CardResource& lender = *cards_[static_cast<std::size_t>(pick->card)];
         const auto block = lender.try_allocate(bytes, alignment);
@@ -271,9 +301,15 @@ private:
         }
         return BorrowHandle{pick->card, requester, *block, bytes, alignment};
       }
+      return cuda::std::unexpected(refused);
     } catch (const std::bad_alloc&) { // the allocator's own bookkeeping could not grow
     }
     return cuda::std::unexpected(Errc::no_space);
+  }
+
+  /// The picker's view of the Access policy (used while the allocator is built).
+  auto mappable() const {
+    return [this](int requester, int lender) { return static_cast<bool>(access_.can_access(requester, lender)); };
   }
 
   /// `card` -1: whichever card holds it. `requester` -1: whoever asked.
@@ -318,8 +354,11 @@ private:
     return total;
   }
 
+  Access access_; ///< declared before picker_, which reads it when built
   BandwidthWeightedPicker<Strategy> picker_;
   BorrowHistory history_;
+  std::string access_failure_; ///< why the last enable() failed
+  std::vector<bool> enabled_;  ///< requester x lender: switched on already
   std::vector<std::unique_ptr<CardResource>> cards_;
   mutable std::mutex mutex_;
   std::map<std::uintptr_t, Lent> lent_; ///< every live block, by address
@@ -329,15 +368,16 @@ private:
 /// Memory for one card as a carve::MemoryResource: a handle on the allocator (which must outlive
 /// it), so it copies freely and stacks under pools and fallbacks. owns(p) is true for blocks it
 /// handed out; free_bytes and capacity sum the cards it can reach.
-template <UpstreamResource CardResource, PickStrategy Strategy>
-class BorrowingAllocator<CardResource, Strategy>::Card : public CcclSpellings<Card> {
+template <UpstreamResource CardResource, PickStrategy Strategy, PeerAccess Access>
+class BorrowingAllocator<CardResource, Strategy, Access>::Card : public CcclSpellings<Card> {
 public:
   /// From this card when it fits (unless this is a peers() handle), else from the lender the
-  /// strategy picks. Errors: invalid_size (check_request); no_space when no card can lend.
+  /// strategy picks. Errors: invalid_size (check_request); no_space when no card can lend (one
+  /// that cannot be mapped included, so that a fallback takes the request).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const auto h = borrower_->take(bytes, requester_, alignment, local_);
     if (!h) {
-      return cuda::std::unexpected(h.error());
+      return cuda::std::unexpected(h.error() == Errc::unsupported ? Errc::no_space : h.error());
     }
     return h->address;
   }

@@ -7,7 +7,7 @@
 /// bandwidth nvlink 25          # GB/s per link of a type (before the first node)
 /// max_hops 3                   # links on a path (default 2)
 /// gpu_relay any                # a GPU relays between any links (default: nvlink, NVLink to
-///                              #   NVLink only; see carve/topology/topology.hpp)
+///                              #   NVLink only; never: no relay; see carve/topology/topology.hpp)
 /// cpu CPU0
 /// pcie_switch PLX0             # also: nvswitch NAME, nic NAME
 /// gpu GPU0                     # ordinal 0, the next free one; or: gpu NAME ordinal 4
@@ -17,7 +17,8 @@
 /// @endcode
 ///
 /// Link types: nvlink, pcie, system (alias sys), inter_socket (aliases qpi, upi). Nodes must be
-/// declared before their links. Any mistake throws carve::Exception (parse_error.hpp) with its line.
+/// declared before their links. Lines linking the same two nodes with the same type add up. Any mistake throws
+/// carve::Exception (parse_error.hpp) with its line.
 #pragma once
 
 #include <carve/topology/parse_error.hpp>
@@ -135,10 +136,12 @@ inline Topology Topology::from_description(std::string_view text) {
       }
       options.max_hops = hops;
     } else if (t[0] == "gpu_relay") {
-      if (t.size() != 2 || (t[1] != "nvlink" && t[1] != "any")) {
-        throw fail("expected: gpu_relay nvlink (the default) or gpu_relay any");
+      if (t.size() != 2 || (t[1] != "nvlink" && t[1] != "any" && t[1] != "never")) {
+        throw fail("expected: gpu_relay nvlink (the default), gpu_relay any or gpu_relay never");
       }
-      options.gpu_relay = t[1] == "any" ? GpuRelay::any_link : GpuRelay::nvlink_only;
+      options.gpu_relay = t[1] == "any"     ? GpuRelay::any_link
+                          : t[1] == "never" ? GpuRelay::never
+                                            : GpuRelay::nvlink_only;
     } else if (const auto kind = node_kind_named(t[0])) {
       if (*kind == NodeKind::gpu && t.size() == 4 && t[2] == "ordinal") {
         const int ordinal = parse_small_uint(t[3]);

@@ -18,7 +18,10 @@
 /// NVLink-through-an-intermediate-GPU paths), where both legs are many times wider than PCIe.
 /// So a path such as CPU0-GPU3-GPU0 is not a path here by default: CPU0 reaches GPU0 over its
 /// own PCIe path. GpuRelay::any_link lets a GPU relay between any two of its links (a store-and-
-/// forward through the relay's memory), for users who do stage copies that way.
+/// forward through the relay's memory), for users who do stage copies that way. Both describe
+/// copies. A kernel that dereferences a peer's memory uses no relay at all (GpuRelay::never): its
+/// loads go over the direct link, or over PCIe through switches and CPUs, never through a third
+/// GPU, so a pointer borrowed from a card two NVLink hops away is only as fast as the direct path.
 ///
 /// Every pair is computed once when the topology is built (O(nodes x links x layers), where the
 /// layers stop once no path widens), so queries are table look-ups.
@@ -49,6 +52,9 @@ namespace carve {
 enum class GpuRelay : std::uint8_t {
   nvlink_only, ///< NVLink in, NVLink out (the default; what NCCL does)
   any_link,    ///< any link in, any link out, e.g. CPU0 -> GPU3 -> GPU0 over PCIe then NVLink
+  /// Nothing: the paths a GPU's own loads and stores to another GPU's memory take (peer access).
+  /// A GPU does not forward another GPU's memory traffic; only copies staged through it relay.
+  never,
 };
 
 /// Which paths a Topology considers.
@@ -158,7 +164,8 @@ private:
     case NodeKind::nvswitch:
       return true;
     case NodeKind::gpu:
-      return options_.gpu_relay == GpuRelay::any_link || (arrived_by_nvlink && out == LinkType::nvlink);
+      return options_.gpu_relay == GpuRelay::any_link ||
+             (options_.gpu_relay == GpuRelay::nvlink_only && arrived_by_nvlink && out == LinkType::nvlink);
     case NodeKind::nic:
       return false;
     }
@@ -304,7 +311,9 @@ public:
   }
 
   /// `count` parallel links of `type`, each `per_link_gbps` wide (default: the LinkBandwidths
-  /// figure for the type).
+  /// figure for the type). Links of one type between the same two nodes are one link whose
+  /// bandwidth is their sum, however many lines they were given in: two NVLinks are twice as
+  /// wide as one whether written `x2` or twice.
   void add_link(NodeId a, NodeId b, LinkType type, int count = 1, std::optional<double> per_link_gbps = {},
                 std::string label = {}) {
     check_node(a);
@@ -320,6 +329,18 @@ public:
     check_bandwidth(per_link);
     if (label.empty()) {
       label = std::string(to_string(type));
+    }
+    for (Link& l : links_) {
+      if (l.type == type && ((l.a == a && l.b == b) || (l.a == b && l.b == a))) {
+        if (l.per_link_gbps == per_link) {
+          l.count += count;
+        } else { // links of different widths: one link as wide as all of them
+          l.per_link_gbps = l.bandwidth() + per_link * count;
+          l.count = 1;
+        }
+        l.label += "+" + label;
+        return;
+      }
     }
     links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
   }
