@@ -242,6 +242,17 @@ public:
     return leased == mappers_.size();
   }
 
+  // For the server's handshake deadline and idle policy: whether `client` has said Hello, and
+  // whether it holds memory (regions, or segments it maps).
+  bool greeted(ClientId client) const {
+    const auto it = clients_.find(client);
+    return it != clients_.end() && it->second.greeted;
+  }
+  bool holds_memory(ClientId client) const {
+    const auto it = clients_.find(client);
+    return it != clients_.end() && (!it->second.regions.empty() || !it->second.mappings.empty());
+  }
+
   int card_count() const noexcept { return allocator_.card_count(); }
   std::size_t client_count() const noexcept { return clients_.size(); }
   std::size_t region_count() const noexcept { return regions_.size(); }
