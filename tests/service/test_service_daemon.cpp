@@ -7,12 +7,15 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -84,6 +87,45 @@ std::optional<svc::ErrorReply> refusal(RawConnection& raw) {
   }
   return std::nullopt;
 }
+
+// A datagram socket standing in for the service manager's notification socket. `abstract`:
+// in the abstract namespace (NOTIFY_SOCKET then starts with '@').
+class FakeNotifySocket {
+public:
+  FakeNotifySocket(const std::filesystem::path& dir, bool abstract)
+      : fd_(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+    REQUIRE(fd_);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    name_ = abstract ? "@carve-test-notify-" + std::to_string(::getpid()) + "-" + std::to_string(++made_)
+                     : (dir / "notify.sock").string();
+    REQUIRE(name_.size() < sizeof addr.sun_path);
+    std::memcpy(addr.sun_path, name_.data(), name_.size());
+    auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name_.size());
+    if (abstract) {
+      addr.sun_path[0] = '\0';
+    } else {
+      ++length;
+    }
+    REQUIRE(::bind(fd_.get(), reinterpret_cast<const sockaddr*>(&addr), length) == 0);
+  }
+  const std::string& name() const noexcept { return name_; }
+  // The next datagram, or nullopt after 10 s.
+  std::optional<std::string> next() {
+    pollfd p{fd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) {
+      return std::nullopt;
+    }
+    char buffer[512];
+    const ssize_t n = ::recv(fd_.get(), buffer, sizeof buffer, 0);
+    return n < 0 ? std::nullopt : std::optional<std::string>(std::string(buffer, static_cast<std::size_t>(n)));
+  }
+
+private:
+  svc::UniqueFd fd_;
+  std::string name_;
+  static inline int made_ = 0;
+};
 
 } // namespace
 
@@ -215,5 +257,158 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   const auto r = later.allocate(64 * KiB, 1);
   REQUIRE(r);
   CHECK(later.free(r->ptr));
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("under a service manager it reports READY=1 and, on SIGTERM, STOPPING=1") {
+  for (const bool abstract : {false, true}) {
+    CAPTURE(abstract);
+    carve::test::TempDir dir;
+    FakeNotifySocket manager(dir.path(), abstract);
+    const std::string name = manager.name();
+    ServedProcess server(dgx1(), {}, [&name] { ::setenv("NOTIFY_SOCKET", name.c_str(), 1); });
+    REQUIRE(server.listening());
+    const pid_t pid = server.pid();
+    CHECK(manager.next() == "READY=1\nMAINPID=" + std::to_string(pid));
+    AllocationClient c = connect(server); // ready means ready: the socket answers
+    CHECK(c.stats());
+    CHECK(server.stop(SIGTERM) == 0);
+    CHECK(manager.next() == "STOPPING=1");
+  }
+}
+
+TEST_CASE("--ready-fd gets a line once the server listens; --pidfile holds its pid until it exits") {
+  carve::test::TempDir dir;
+  const auto pidfile = dir.path() / "served.pid";
+  int ready[2] = {-1, -1};
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  ServedProcess server(dgx1({"--ready-fd", "9", "--pidfile", pidfile.string()}), {}, [&ready] {
+    ::dup2(ready[1], 9); // dup2 clears close-on-exec on the copy
+  });
+  ::close(ready[1]);
+  REQUIRE(server.listening());
+  std::string said;
+  for (;;) { // until the server closes its end
+    pollfd p{ready[0], POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    char buffer[64];
+    const ssize_t n = ::read(ready[0], buffer, sizeof buffer);
+    REQUIRE(n >= 0);
+    if (n == 0) {
+      break;
+    }
+    said.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(ready[0]);
+  CHECK(said == "READY=1\n");
+  CHECK(carve::test::read_text(pidfile) == std::to_string(server.pid()) + "\n");
+  AllocationClient c = connect(server);
+  CHECK(c.stats());
+  CHECK(server.stop(SIGTERM) == 0);
+  CHECK_FALSE(std::filesystem::exists(pidfile));
+}
+
+TEST_CASE("SIGTERM stops accepting, answers the calls in flight, then exits 0") {
+  ServedProcess server(dgx1());
+  RawConnection raw(server.socket());
+  REQUIRE(raw.send(svc::Request{svc::Hello{"pipelined"}}, 1));
+  REQUIRE(raw.receive());
+  // Requests the client does not read the answers of: the replies fill its socket, the server's
+  // queue for it, then the requests wait in the server's socket.
+  std::uint32_t sent = 0;
+  for (std::uint32_t seq = 2; seq < 600; ++seq) {
+    if (svc::send_message(raw.fd(), svc::encode(svc::Request{svc::StatsRequest{}}, seq), -1, true) != 0) {
+      break;
+    }
+    ++sent;
+  }
+  REQUIRE(sent > 100);
+  std::this_thread::sleep_for(100ms);
+  REQUIRE(::kill(server.pid(), SIGTERM) == 0);
+  std::uint32_t answered = 0;
+  for (;;) {
+    const auto r = raw.receive();
+    if (!r || r->sequence == 0) {
+      REQUIRE_MESSAGE(r, "the server closed the connection without saying why");
+      const auto* bye = std::get_if<svc::ErrorReply>(&r->body);
+      REQUIRE(bye);
+      CHECK(bye->message == "the server is shutting down");
+      break;
+    }
+    CHECK(r->sequence == answered + 2);
+    CHECK(std::holds_alternative<svc::StatsReply>(r->body));
+    ++answered;
+  }
+  CHECK(answered == sent);
+  CHECK(server.wait() == 0);
+  const auto after = try_connect(server);
+  REQUIRE_FALSE(after);
+  CHECK(after.error().code == Errc::disconnected);
+  CHECK(after.error().message.find("no carve-served socket") == 0);
+}
+
+TEST_CASE("wait_reclaimed returns once a killed client's regions are back") {
+  ServedProcess server(dgx1({"--idle-threshold", "0"}));
+  AllocationClient observer = connect(server);
+  int go[2] = {-1, -1};
+  REQUIRE(::pipe(go) == 0);
+  const pid_t victim = carve::test::fork_child([&] {
+    auto c = AllocationClient::connect(ClientOptions{server.socket(), "victim", 10s});
+    for (int i = 0; c && i < 3; ++i) {
+      if (!c->allocate(300 * KiB, i)) {
+        return 1;
+      }
+    }
+    if (!c || ::write(go[1], "x", 1) != 1) {
+      return 2;
+    }
+    ::pause();
+    return 0;
+  });
+  char x = 0;
+  REQUIRE(::read(go[0], &x, 1) == 1);
+  ::close(go[0]);
+  ::close(go[1]);
+  const auto held = observer.stats();
+  REQUIRE(held);
+  CHECK(held->live_regions == 3);
+
+  // Still connected: the wait ends with timed_out.
+  const auto early = observer.wait_reclaimed_pid(static_cast<std::uint32_t>(victim), 100ms);
+  REQUIRE_FALSE(early);
+  CHECK(early.error().code == Errc::timed_out);
+  CHECK(early.error().message == "a client of pid " + std::to_string(victim) + " is still connected after 100 ms");
+
+  ::kill(victim, SIGKILL);
+  CHECK(carve::test::wait_exit(victim) == 128 + SIGKILL);
+  const auto reclaimed = observer.wait_reclaimed_pid(static_cast<std::uint32_t>(victim), 5s);
+  REQUIRE_MESSAGE(reclaimed, (reclaimed ? "" : reclaimed.error().message));
+  CHECK(*reclaimed == 3);
+  const auto after = observer.stats(); // no polling: the books are settled already
+  REQUIRE(after);
+  CHECK(after->clients == 1);
+  CHECK(after->live_regions == 0);
+  CHECK(after->reclaimed_regions == 3);
+  CHECK(after->consistent);
+  for (const svc::CardStats& card : after->cards) {
+    CHECK(card.bytes_in_use == 0);
+    CHECK(card.bytes_reserved == 0);
+  }
+
+  // Nobody of that pid any more: the answer is immediate. A client in this process, by id.
+  CHECK(observer.wait_reclaimed_pid(static_cast<std::uint32_t>(victim), 0ms));
+  auto other = connect(server);
+  const std::uint32_t other_id = other.server().client_id;
+  CHECK(observer.wait_reclaimed_client(other_id, 50ms).error().code == Errc::timed_out);
+  other = connect(server); // the old session hangs up
+  CHECK(observer.wait_reclaimed_client(other_id, 5s));
+
+  // Bad input: refused, and the connection stays usable.
+  CHECK(observer.wait_reclaimed_pid(0, 1s).error().code == Errc::invalid_argument);
+  CHECK(observer.wait_reclaimed_pid(static_cast<std::uint32_t>(::getpid()), 1s).error().message ==
+        "a client cannot wait for its own reclaim");
+  CHECK(observer.wait_reclaimed_client(observer.server().client_id, 1s).error().code == Errc::invalid_argument);
+  CHECK(observer.wait_reclaimed_pid(1, std::chrono::hours(2)).error().code == Errc::invalid_argument);
+  CHECK(observer.stats());
   CHECK(server.stop() == 0);
 }

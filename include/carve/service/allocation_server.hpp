@@ -311,8 +311,9 @@ private:
     return t;
   }
 
-  // The deadlines are checked on a periodic tick, a fraction of the shortest timeout, and only
-  // while some connection could expire: an idle server does not wake up.
+  // The deadlines (handshakes, idleness, WaitReclaimed) are checked on a periodic tick, a
+  // fraction of the shortest timeout, and only while something could expire: an idle server
+  // does not wake up.
   std::chrono::milliseconds tick_interval() const {
     std::chrono::milliseconds shortest{0};
     for (const auto t : {options_.handshake_timeout, options_.idle_timeout}) {
@@ -321,14 +322,15 @@ private:
       }
     }
     return shortest.count() == 0
-               ? shortest
+               ? std::chrono::milliseconds{50} // WaitReclaimed deadlines alone
                : std::clamp(shortest / 8, std::chrono::milliseconds{5}, std::chrono::milliseconds{1000});
   }
   void start_ticking() {
-    const auto interval = tick_interval();
-    if (ticking_ || interval.count() == 0) {
+    if (ticking_ ||
+        (options_.handshake_timeout.count() == 0 && options_.idle_timeout.count() == 0 && !service_.waits_pending())) {
       return;
     }
+    const auto interval = tick_interval();
     itimerspec t{};
     t.it_value = t.it_interval = timespec_of(interval);
     ticking_ = ::timerfd_settime(tick_.get(), 0, &t, nullptr) == 0;
@@ -373,7 +375,9 @@ private:
       }
       dispatch(out);
     }
-    if (!watching) {
+    service_.expire_waits(now, out);
+    dispatch(out);
+    if (!watching && !service_.waits_pending()) {
       itimerspec off{};
       ::timerfd_settime(tick_.get(), 0, &off, nullptr);
       ticking_ = false;
@@ -430,6 +434,9 @@ private:
                         out);
       } else {
         service_.receive(id, std::span<const std::uint8_t>(buffer_.data(), r.size), out);
+        if (service_.waits_pending()) {
+          start_ticking();
+        }
       }
       dispatch(out);
       out.clear();
