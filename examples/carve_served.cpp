@@ -114,10 +114,15 @@ void remove_pidfile(const std::filesystem::path& path) {
 
 template <class Upstream>
 int serve(const carve::service::ServerConfig& config, const carve::Topology& topology, std::vector<Upstream> cards) {
+  if (config.ready_fd && ::fcntl(*config.ready_fd, F_GETFD) < 0) {
+    throw carve::Exception(carve::Errc::invalid_argument,
+                           "ready-fd " + std::to_string(*config.ready_fd) + " is not an open descriptor");
+  }
   const rlim_t descriptors = raise_descriptor_limit();
   auto notify = carve::service::connect_notify_socket();
-  if (!notify) {
-    throw carve::Exception(notify.error());
+  if (!notify) { // an environment left over from elsewhere must not keep the server from running
+    std::fprintf(stderr, "carve-served: not notifying the service manager: %s\n", notify.error().message.c_str());
+    notify = carve::service::UniqueFd{};
   }
   carve::AllocationServer<Upstream> server(topology, std::move(cards), config.server_options());
   running_server = &server;

@@ -306,6 +306,10 @@ TEST_CASE("--ready-fd gets a line once the server listens; --pidfile holds its p
   CHECK(c.stats());
   CHECK(server.stop(SIGTERM) == 0);
   CHECK_FALSE(std::filesystem::exists(pidfile));
+
+  ServedProcess closed(dgx1({"--ready-fd", "42"}));
+  CHECK(closed.wait() == 1);
+  CHECK(closed.output().find("carve-served: ready-fd 42 is not an open descriptor") != std::string::npos);
 }
 
 TEST_CASE("SIGTERM stops accepting, answers the calls in flight, then exits 0") {

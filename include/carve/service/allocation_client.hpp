@@ -251,10 +251,9 @@ private:
     request.timeout_ms = static_cast<std::uint32_t>(timeout.count());
     const std::lock_guard lock(state_->mutex);
     // The reply comes when the wait ends: give it that long on top of the usual reply timeout.
-    const auto usual = state_->options.timeout;
-    state_->options.timeout = usual + timeout;
+    state_->extra_wait = timeout;
     auto r = state_->call_for<Reclaimed>(request);
-    state_->options.timeout = usual;
+    state_->extra_wait = std::chrono::milliseconds{0};
     if (!r) {
       return cuda::std::unexpected(std::move(r.error()));
     }
@@ -407,7 +406,7 @@ private:
         return e == EPIPE || e == ECONNRESET ? server_hung_up()
                                              : lost("cannot send to carve-served: " + detail::errno_text(e));
       }
-      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+      const auto deadline = std::chrono::steady_clock::now() + options.timeout + extra_wait;
       for (;;) {
         std::vector<UniqueFd> received;
         auto message = next_message(deadline, received);
@@ -580,6 +579,7 @@ private:
     }
 
     ClientOptions options;
+    std::chrono::milliseconds extra_wait{0}; // on top of options.timeout, for a call answered late
     mutable std::mutex mutex;
     UniqueFd socket;
     HelloReply hello;

@@ -239,8 +239,15 @@ private:
         if (e == EINTR || e == ECONNABORTED) {
           continue;
         }
-        if ((e == EMFILE || e == ENFILE) && refuse_for_descriptors(e)) {
-          continue;
+        if (e == EMFILE || e == ENFILE) {
+          // accept4 fails so even with nobody waiting: the descriptor is taken first.
+          const Refusal r = refuse_for_descriptors(e);
+          if (r == Refusal::refused) {
+            continue;
+          }
+          if (r == Refusal::nobody_waiting) {
+            return;
+          }
         }
         if (e != EAGAIN && e != EWOULDBLOCK) {
           pause_accepting(); // out of descriptors without a reserve, or out of kernel memory
@@ -273,12 +280,12 @@ private:
 
   // The process is out of descriptors and a client waits: free the reserve, accept that client,
   // tell it why it is refused, close it and take the reserve back. Without this the listener
-  // stays readable and epoll reports it again at once, forever. False when the reserve is gone
-  // (another thread of the process took the slot) or nobody was waiting after all.
-  bool refuse_for_descriptors(int error) {
-    if (!reserve_) {
+  // stays readable and epoll reports it again at once, forever.
+  enum class Refusal { refused, nobody_waiting, no_reserve };
+  Refusal refuse_for_descriptors(int error) {
+    if (!reserve_) { // another thread of the process took the slot last time
       reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      return false;
+      return Refusal::no_reserve;
     }
     reserve_.reset();
     UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
@@ -293,7 +300,10 @@ private:
       fd.reset();
     }
     reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    return accepted && reserve_;
+    if (!reserve_) {
+      return Refusal::no_reserve;
+    }
+    return accepted ? Refusal::refused : Refusal::nobody_waiting;
   }
 
   void pause_accepting() {

@@ -297,7 +297,8 @@ private:
     SegmentId segment = 0;
     std::uint64_t offset = 0;
   };
-  struct Wait { // a WaitReclaimed not answered yet
+  static constexpr std::ptrdiff_t max_waits_per_client = 64; // bounds what one client can make us keep
+  struct Wait {                                              // a WaitReclaimed not answered yet
     ClientId waiter = 0;
     std::uint32_t seq = 0;
     WaitReclaimed what;
@@ -433,6 +434,13 @@ private:
     }
     if (!still_connected(m)) {
       return send(out, id, Reclaimed{counters_.reclaimed}, seq);
+    }
+    if (std::count_if(waits_.begin(), waits_.end(), [id](const Wait& w) { return w.waiter == id; }) >=
+        max_waits_per_client) {
+      return send(out, id,
+                  error(Errc::no_space,
+                        "a client may wait for at most " + std::to_string(max_waits_per_client) + " reclaims at once"),
+                  seq);
     }
     waits_.push_back(Wait{id, seq, m, std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms)});
   }
