@@ -176,15 +176,12 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
 }
 
 TEST_CASE("timeouts are checked settings") {
-  for (const auto& [value, ok] : std::vector<std::pair<std::string, bool>>{{"200ms", true},
-                                                                           {"5s", true},
-                                                                           {"2min", true},
-                                                                           {"0", true},
-                                                                           {"200", false},
-                                                                           {"5h", false},
-                                                                           {"-1s", false},
-                                                                           {"ms", false},
-                                                                           {"1441min", false}}) {
+  const std::vector<std::pair<std::string, bool>> cases{{"200ms", true}, {"5s", true},   {"2min", true},
+                                                        {"0", true},     {"200", false}, {"5h", false},
+                                                        {"-1s", false},  {"ms", false},  {"1441min", false}};
+  for (const auto& entry : cases) {
+    const std::string& value = entry.first;
+    const bool ok = entry.second;
     CAPTURE(value);
     const std::vector<std::string_view> args{"--handshake-timeout", value};
     if (ok) {
