@@ -3,14 +3,29 @@
 //
 //   carve-served --topology nvidia-smi:topo.txt --card-memory 16GiB --strategy weighted-score
 //
-// SIGTERM or SIGINT stops it cleanly: every client is disconnected, every region reclaimed,
-// the memory returned to the cards and the socket removed.
+// Readiness, once the socket listens: "READY=1" to the service manager when $NOTIFY_SOCKET is set
+// (systemd Type=notify; see examples/carve-served.service), a line on --ready-fd, the pid in
+// --pidfile. SIGTERM or SIGINT stops it cleanly: no new connections (the socket goes at once),
+// requests that already arrived are answered and owed replies sent (for at most --drain-timeout),
+// then every client is disconnected, every region reclaimed, the memory returned to the cards,
+// and it exits 0.
+//
+// Every segment of the shared-memory backend keeps its memfd open (the server must be able to
+// export it to the next client, and a mapping cannot be turned back into a descriptor without
+// CAP_CHECKPOINT_RESTORE), so the server raises its soft descriptor limit to the hard one.
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/service/server_config.hpp>
 #include <carve/topology/cuda_discovery.hpp>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -29,35 +44,123 @@ constexpr const char* usage = R"(usage: carve-served [--key value]...
                           | weighted-score[:free=W,bandwidth=W,history=W]
   --history-window N      borrows the weighted strategy remembers
   --max-clients N         connections at once
+  --handshake-timeout T   a connection must say Hello within T (default 5s; 0: no limit)
+  --idle-timeout T        close clients that hold no memory and sent nothing for T (default 0: never)
+  --drain-timeout T       after SIGTERM, how long owed replies may take (default 2s)
+  --pidfile PATH          write the pid there once listening (removed on exit)
+  --ready-fd N            write "READY=1" and a newline to descriptor N once listening, then close it
+Times: 200ms, 5s, 10min. Under systemd (NOTIFY_SOCKET set) it reports READY=1 and STOPPING=1.
 )";
 
 void (*stop_server)(void*) = nullptr;
 void* running_server = nullptr;
+int notify_fd = -1; // the service manager's socket, or -1
 
 extern "C" void on_signal(int) {
   if (stop_server != nullptr) {
+    (void)carve::service::notify_service_manager(notify_fd, "STOPPING=1"); // one send(2)
     stop_server(running_server); // AllocationServer::request_stop: one write(2) to an eventfd
+  }
+}
+
+// The soft limit up to the hard one: a descriptor per live segment adds up, and the hard limit
+// is what the administrator allows (systemd's LimitNOFILE=, or ulimit -Hn).
+rlim_t raise_descriptor_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) {
+    return 0;
+  }
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit raised = r;
+    raised.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      r = raised;
+    }
+  }
+  return r.rlim_cur;
+}
+
+// Writes the pid to `path` (replacing the file whole, so a reader never sees half of it).
+void write_pidfile(const std::filesystem::path& path) {
+  const std::filesystem::path temp = path.string() + ".tmp";
+  const std::string text = std::to_string(::getpid()) + "\n";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (fd >= 0) {
+    ::close(fd);
+  }
+  if (!ok || ::rename(temp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(temp.c_str());
+    throw carve::Exception(carve::Errc::io_error, "pidfile " + path.string() + ": " + std::strerror(e));
+  }
+}
+
+// Removes the pidfile if it still names this process (another instance may have replaced it).
+void remove_pidfile(const std::filesystem::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  long pid = 0;
+  if (f != nullptr) {
+    const bool read = std::fscanf(f, "%ld", &pid) == 1;
+    std::fclose(f);
+    if (read && pid == static_cast<long>(::getpid())) {
+      ::unlink(path.c_str());
+    }
   }
 }
 
 template <class Upstream>
 int serve(const carve::service::ServerConfig& config, const carve::Topology& topology, std::vector<Upstream> cards) {
+  if (config.ready_fd && ::fcntl(*config.ready_fd, F_GETFD) < 0) {
+    throw carve::Exception(carve::Errc::invalid_argument,
+                           "ready-fd " + std::to_string(*config.ready_fd) + " is not an open descriptor");
+  }
+  const rlim_t descriptors = raise_descriptor_limit();
+  auto notify = carve::service::connect_notify_socket();
+  if (!notify) { // an environment left over from elsewhere must not keep the server from running
+    std::fprintf(stderr, "carve-served: not notifying the service manager: %s\n", notify.error().message.c_str());
+    notify = carve::service::UniqueFd{};
+  }
   carve::AllocationServer<Upstream> server(topology, std::move(cards), config.server_options());
   running_server = &server;
+  notify_fd = notify->get();
   stop_server = [](void* s) { static_cast<carve::AllocationServer<Upstream>*>(s)->request_stop(); };
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
-  std::printf("carve-served: listening on %s: %d cards, %s backend, strategy %s\n", server.socket_path().c_str(),
-              topology.gpu_count(), carve::to_string(Upstream::export_kind),
-              carve::to_string(config.service.strategy).c_str());
+  if (!config.pidfile.empty()) {
+    write_pidfile(config.pidfile);
+  }
+  std::printf("carve-served: listening on %s: %d cards, %s backend, strategy %s, up to %llu descriptors\n",
+              server.socket_path().c_str(), topology.gpu_count(), carve::to_string(Upstream::export_kind),
+              carve::to_string(config.service.strategy).c_str(), static_cast<unsigned long long>(descriptors));
   std::fflush(stdout);
+  if (config.ready_fd) {
+    constexpr std::string_view ready = "READY=1\n";
+    const bool written = ::write(*config.ready_fd, ready.data(), ready.size()) == static_cast<ssize_t>(ready.size());
+    const int e = errno;
+    ::close(*config.ready_fd);
+    if (!written) {
+      throw carve::Exception(carve::Errc::io_error,
+                             "ready-fd " + std::to_string(*config.ready_fd) + ": " + std::strerror(e));
+    }
+  }
+  if (*notify) {
+    const std::string ready = "READY=1\nMAINPID=" + std::to_string(::getpid());
+    if (const int e = carve::service::notify_service_manager(notify->get(), ready); e != 0) {
+      std::fprintf(stderr, "carve-served: cannot tell the service manager it is ready: %s\n", std::strerror(e));
+    }
+  }
   server.run();
+  stop_server = nullptr;
+  notify_fd = -1;
   const auto stats = server.service().stats();
   std::printf("carve-served: stopping: disconnecting %llu clients, reclaiming %llu regions\n",
               static_cast<unsigned long long>(stats.clients), static_cast<unsigned long long>(stats.live_regions));
-  stop_server = nullptr;
+  if (!config.pidfile.empty()) {
+    remove_pidfile(config.pidfile);
+  }
   return 0;
 }
 

@@ -44,12 +44,7 @@ struct Harness {
   static std::vector<carve::SharedMemoryCard> cards() {
     return {carve::SharedMemoryCard(4 << 20), carve::SharedMemoryCard(1 << 20)};
   }
-  static ServiceOptions options() {
-    ServiceOptions o;
-    o.pool.segment_size = 256 << 10;
-    o.pool.idle_threshold = 512 << 10;
-    return o;
-  }
+  static ServiceOptions options() { return {}; }
 
   void greet() {
     client = service.connect(PeerCredentials{1, 0, 0});

@@ -83,8 +83,10 @@ inline pid_t fork_child(const std::function<int()>& body) {
   return pid;
 }
 
-// Runs a program with fork/exec, its output going to `log`.
-inline pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+// Runs a program with fork/exec, its output going to `log`. `in_child` runs in the child before
+// exec (set limits, environment, descriptors); it must not throw.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::path& log,
+                   const std::function<void()>& in_child = {}) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -93,6 +95,9 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       ::close(fd);
+    }
+    if (in_child) {
+      in_child();
     }
     std::vector<char*> args;
     for (const std::string& a : argv) {
@@ -117,11 +122,12 @@ inline std::string read_text(const std::filesystem::path& p) {
 // arguments name one.
 class ServedProcess {
 public:
-  explicit ServedProcess(std::vector<std::string> args, std::filesystem::path socket = {})
+  explicit ServedProcess(std::vector<std::string> args, std::filesystem::path socket = {},
+                         const std::function<void()>& in_child = {})
       : socket_(socket.empty() ? dir_.path() / "served.sock" : std::move(socket)), log_(dir_.path() / "served.log") {
     std::vector<std::string> argv{CARVE_SERVED, "--socket", socket_.string()};
     argv.insert(argv.end(), args.begin(), args.end());
-    pid_ = spawn(argv, log_);
+    pid_ = spawn(argv, log_, in_child);
     wait_until_ready();
   }
   ServedProcess(const ServedProcess&) = delete;

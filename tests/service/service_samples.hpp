@@ -18,7 +18,8 @@ inline std::vector<service::Request> sample_requests() {
           Query{0xfedcba9876543210ull},
           StatsRequest{},
           CardsRequest{},
-          Unmapped{{1, 2, 0xffffffffffffffffull}}};
+          Unmapped{{1, 2, 0xffffffffffffffffull}},
+          WaitReclaimed{7, 4242, 1500}};
 }
 
 inline std::vector<service::Reply> sample_replies() {
@@ -59,7 +60,8 @@ inline std::vector<service::Reply> sample_replies() {
           s,
           CardsReply{{c0, c1}},
           SegmentsRetired{{4, 5}},
-          ErrorReply{Errc::permission_denied, "region 17 belongs to another client"}};
+          ErrorReply{Errc::permission_denied, "region 17 belongs to another client"},
+          Reclaimed{12}};
 }
 
 } // namespace carve::test

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -54,26 +55,19 @@ svc::StatsReply stats_of(AllocationClient& c) {
   return *s;
 }
 
-// Polls the server's stats until `done` holds (a reclaim happens when the server notices).
-template <class Pred>
-svc::StatsReply wait_for(AllocationClient& c, Pred done) {
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  svc::StatsReply s = stats_of(c);
-  while (!done(s) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(2ms);
-    s = stats_of(c);
-  }
-  return s;
-}
-
 // Raw requests (no assertions: children use them too).
-bool hello(RawConnection& raw) {
+// The connection's client id, once the server has answered Hello.
+std::optional<std::uint32_t> hello_id(RawConnection& raw) {
   if (!raw.send(svc::Request{svc::Hello{"raw"}}, 1)) {
-    return false;
+    return std::nullopt;
   }
   const auto r = raw.receive();
-  return r && std::holds_alternative<svc::HelloReply>(r->body);
+  if (!r || !std::holds_alternative<svc::HelloReply>(r->body)) {
+    return std::nullopt;
+  }
+  return std::get<svc::HelloReply>(r->body).client_id;
 }
+bool hello(RawConnection& raw) { return hello_id(raw).has_value(); }
 
 // The error a raw request gets (nullopt for any other answer).
 std::optional<svc::ErrorReply> error_for(RawConnection& raw, const svc::Request& request, std::uint32_t seq) {
@@ -461,7 +455,11 @@ TEST_CASE("a client killed mid-stream has everything reclaimed") {
   ::kill(victim, SIGKILL);
   CHECK(carve::test::wait_exit(victim) == 128 + SIGKILL);
 
-  const auto after = wait_for(observer, [](const svc::StatsReply& s) { return s.clients == 1; });
+  // The server reclaims when it notices the hang-up; the reply comes once it has.
+  const auto reclaimed = observer.wait_reclaimed_pid(static_cast<std::uint32_t>(victim), 10s);
+  REQUIRE_MESSAGE(reclaimed, (reclaimed ? "" : reclaimed.error().message));
+  const auto after = stats_of(observer);
+  CHECK(*reclaimed == after.reclaimed_regions);
   CHECK(after.clients == 1);
   CHECK(after.live_regions == 0);
   CHECK(after.reclaimed_regions > 0);
@@ -489,6 +487,7 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
     return b;
   };
   int rejected = 0;
+  std::vector<std::uint32_t> damaged; // client ids of the connections that get damaged messages
   const auto expect_closed_after_error = [&](RawConnection& raw, Errc code, const std::string& text) {
     const auto r = raw.receive();
     REQUIRE(r);
@@ -580,7 +579,9 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
                                           svc::Unmapped{{1, 2}}};
     for (int conn = 0; conn < 20; ++conn) {
       RawConnection raw(server.socket());
-      REQUIRE(hello(raw));
+      const auto id = hello_id(raw);
+      REQUIRE(id);
+      damaged.push_back(*id);
       for (int i = 0; i < 50; ++i) {
         auto m = svc::encode(valid[rng() % valid.size()], 2 + static_cast<std::uint32_t>(i));
         const int flips = 1 + static_cast<int>(rng() % 3);
@@ -597,7 +598,10 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
     }
   }
   AllocationClient c = connect(server);
-  const auto s = wait_for(c, [](const svc::StatsReply& st) { return st.clients == 1 && st.live_regions == 0; });
+  for (const std::uint32_t id : damaged) {
+    REQUIRE(c.wait_reclaimed_client(id, 10s));
+  }
+  const auto s = stats_of(c);
   CHECK(s.consistent);
   CHECK(s.clients == 1);
   CHECK(s.live_regions == 0);

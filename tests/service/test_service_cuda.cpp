@@ -34,7 +34,7 @@ int main() {
   int devices = 0;
   carve::test::check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   using namespace carve::service;
-  carve::test::ServedProcess server({"--backend", "cuda", "--segment-size", "2MiB"});
+  carve::test::ServedProcess server({"--backend", "cuda"});
   if (!server.listening()) {
     std::printf("carve-served did not start:\n%s\n", server.output().c_str());
     return 1;

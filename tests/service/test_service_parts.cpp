@@ -372,7 +372,7 @@ TEST_CASE("carve-served's settings from flags and a file") {
     }
     return std::string("accepted");
   };
-  CHECK(error({"--granularity"}) == "--granularity needs a value");
+  CHECK(error({"--max-clients"}) == "--max-clients needs a value");
   CHECK(error({"topology"}) == "unexpected argument 'topology' (settings are --key value)");
   CHECK(error({"--topology", "smi:x"}) == "--topology: 'smi:x' is not nvidia-smi:FILE, description:FILE or cuda");
   CHECK(error({"--max-clients", "0"}) == "--max-clients: '0' is not a whole number >= 1");
@@ -381,8 +381,8 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(error({"--backend", "gpu"}) == "--backend: 'gpu' is not shared-memory or cuda");
   CHECK(error({"--card-memory", "99=1GiB"}) == "--card-memory: card 99 is past the limit of 64 cards");
   CHECK(error({"--config", "/nonexistent.conf"}) == "config file /nonexistent.conf cannot be read");
-  std::ofstream(file) << "strategy weighted-score\nidle-threshold\n";
-  CHECK(error({"--config", file.c_str()}) == file.string() + " line 2: expected: idle-threshold VALUE");
+  std::ofstream(file) << "strategy weighted-score\nmax-clients\n";
+  CHECK(error({"--config", file.c_str()}) == file.string() + " line 2: expected: max-clients VALUE");
   std::ofstream(file) << "\n\nfrobnicate 3\n";
   CHECK(error({"--config", file.c_str()}) == file.string() + " line 3: unknown setting 'frobnicate'");
   CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "cuda"}).topology == "cuda");

@@ -44,6 +44,7 @@
 #include <carve/borrow/strategies.hpp>
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
+#include <carve/core/system_refusal.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
@@ -147,11 +148,26 @@ public:
   /// Errors (nothing is allocated): invalid_size for 0 bytes or an alignment that is not a power
   /// of two; out_of_range for an unknown requesting card; no_space when no card can lend the
   /// request, with the picker's explanation as the message (each card's largest free block, and
-  /// why cards with room were ruled out).
+  /// why cards with room were ruled out), or, when a card with room failed because the system
+  /// refused it memory (carve/core/system_refusal.hpp), that card and the system's reason;
+  /// unsupported when the only lender could not be mapped (the PeerAccess policy's message).
   Result<BorrowHandle> borrow(std::size_t bytes, int requesting_card, std::size_t alignment = default_alignment) {
-    const auto h = take(bytes, requesting_card, alignment, true);
+    Refusals refusals;
+    const auto h = take(bytes, requesting_card, alignment, true, &refusals);
     if (h) {
       return *h;
+    }
+    if (h.error() == Errc::no_space && refusals.first) {
+      // The picker chose cards with room and the system said no: that is the cause, not the
+      // strategy or the cards' free memory.
+      std::string m = "card " + std::to_string(refusals.first_card) + ": the system refused the memory (" +
+                      describe(refusals.first) + ") while GPU" + std::to_string(requesting_card) + " asked for " +
+                      format_bytes(bytes);
+      for (std::size_t i = 1; i < refusals.cards.size(); ++i) {
+        m += (i == 1 ? (refusals.cards.size() > 2 ? "; cards " : "; card ") : ", ") + std::to_string(refusals.cards[i]);
+      }
+      return fail(Errc::no_space,
+                  refusals.cards.size() > 1 ? m + (refusals.cards.size() > 2 ? " were" : " was") + " refused too" : m);
     }
     switch (h.error()) {
     case Errc::invalid_size:
@@ -243,10 +259,16 @@ private:
     std::size_t bytes;
     std::size_t alignment;
   };
+  /// Cards whose resource failed because the system refused it memory (SystemRefusal).
+  struct Refusals {
+    SystemRefusal first;
+    int first_card = -1;
+    std::vector<int> cards;
+  };
 
   /// The one allocation path. `local` false: the requester's own card is not a candidate.
-  cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment,
-                                               bool local) noexcept {
+  cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment, bool local,
+                                               Refusals* refusals = nullptr) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -256,6 +278,9 @@ private:
     try {
       const std::lock_guard lock(mutex_);
       std::vector<CardState> states = card_states();
+      if (refusals != nullptr) {
+        refusals->cards.reserve(cards_.size());
+      }
       if (!local) {
         states[static_cast<std::size_t>(requester)] = CardState{};
       }
@@ -278,9 +303,17 @@ private:
           enabled_[pair] = true;
         }
         CardResource& lender = *cards_[static_cast<std::size_t>(pick->card)];
+        clear_system_refusal();
         const auto block = lender.try_allocate(bytes, alignment);
         if (!block) {
           states[static_cast<std::size_t>(pick->card)] = CardState{}; // full after all: strike it off
+          if (const SystemRefusal why = last_system_refusal(); why && refusals != nullptr) {
+            if (!refusals->first) {
+              refusals->first = why;
+              refusals->first_card = pick->card;
+            }
+            refusals->cards.push_back(pick->card); // reserved below: cannot throw
+          }
           continue;
         }
         try {

@@ -189,6 +189,19 @@ public:
     return std::move(r->cards);
   }
 
+  // Waits until the server has reclaimed every region of process `pid` (all its connections
+  // closed, e.g. after it died), or of one client (its HelloReply::client_id): the moment a test
+  // or a supervisor can count on the memory being back. Answers at once when none is connected.
+  // Returns the server's count of reclaimed regions then. Errors: timed_out when one is still
+  // connected after `timeout`; invalid_argument for 0 or a timeout outside 0 ms .. 1 h (nothing
+  // is sent), and for this client's own id or pid; disconnected.
+  Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
+    return wait_reclaimed(WaitReclaimed{0, pid, 0}, timeout);
+  }
+  Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
+    return wait_reclaimed(WaitReclaimed{client_id, 0, 0}, timeout);
+  }
+
   // Hangs up (if still connected) and connects again: a new session, which owns none of the
   // old regions (they become orphans).
   Result<void> reconnect() {
@@ -250,6 +263,26 @@ private:
     const auto r = state_->call_for<CardsReply>(CardsRequest{});
     const auto card = static_cast<std::size_t>(state_->options.card);
     return r && card < r->cards.size() ? static_cast<std::size_t>(r->cards[card].*figure) : 0;
+  }
+
+  Result<std::uint64_t> wait_reclaimed(WaitReclaimed request, std::chrono::milliseconds timeout) {
+    if (timeout.count() < 0 || timeout.count() > max_wait_ms) {
+      return fail(Errc::invalid_argument, "a wait of " + std::to_string(timeout.count()) + " ms is outside 0 ms .. " +
+                                              std::to_string(max_wait_ms) + " ms");
+    }
+    if (request.pid == 0 && request.client_id == 0) {
+      return fail(Errc::invalid_argument, "wait_reclaimed needs a pid or a client id other than 0");
+    }
+    request.timeout_ms = static_cast<std::uint32_t>(timeout.count());
+    const std::lock_guard lock(state_->mutex);
+    // The reply comes when the wait ends: give it that long on top of the usual reply timeout.
+    state_->extra_wait = timeout;
+    auto r = state_->call_for<Reclaimed>(request);
+    state_->extra_wait = std::chrono::milliseconds{0};
+    if (!r) {
+      return cuda::std::unexpected(std::move(r.error()));
+    }
+    return r->reclaimed_regions;
   }
 
   struct LocalSegment {
@@ -399,7 +432,7 @@ private:
         return e == EPIPE || e == ECONNRESET ? server_hung_up()
                                              : lost("cannot send to carve-served: " + detail::errno_text(e));
       }
-      const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+      const auto deadline = std::chrono::steady_clock::now() + options.timeout + extra_wait;
       for (;;) {
         std::vector<UniqueFd> received;
         auto message = next_message(deadline, received);
@@ -581,6 +614,7 @@ private:
     }
 
     ClientOptions options;
+    std::chrono::milliseconds extra_wait{0}; // on top of options.timeout, for a call answered late
     mutable std::mutex mutex;
     UniqueFd socket;
     HelloReply hello;

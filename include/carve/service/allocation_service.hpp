@@ -149,7 +149,25 @@ public:
     }
     clients_.erase(it);
     collect_retired(out);
+    settle_waits(client, out);
   }
+
+  // Ends the WaitReclaimed requests whose time is up (timed_out). The server calls it on a tick
+  // while waits_pending().
+  void expire_waits(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out) {
+    std::erase_if(waits_, [&](const Wait& w) {
+      if (now < w.deadline) {
+        return false;
+      }
+      const std::string who = w.what.client_id != 0 ? "client " + std::to_string(w.what.client_id)
+                                                    : "a client of pid " + std::to_string(w.what.pid);
+      send(out, w.waiter,
+           error(Errc::timed_out, who + " is still connected after " + std::to_string(w.what.timeout_ms) + " ms"),
+           w.seq);
+      return true;
+    });
+  }
+  bool waits_pending() const noexcept { return !waits_.empty(); }
 
   StatsReply stats(ClientId asking = 0) const {
     StatsReply s;
@@ -248,6 +266,17 @@ public:
     return leased == mappers_.size();
   }
 
+  // For the server's handshake deadline and idle policy: whether `client` has said Hello, and
+  // whether it holds memory (regions, or segments it maps).
+  bool greeted(ClientId client) const {
+    const auto it = clients_.find(client);
+    return it != clients_.end() && it->second.greeted;
+  }
+  bool holds_memory(ClientId client) const {
+    const auto it = clients_.find(client);
+    return it != clients_.end() && (!it->second.regions.empty() || !it->second.mappings.empty());
+  }
+
   int card_count() const noexcept { return allocator_.card_count(); }
   std::size_t client_count() const noexcept { return clients_.size(); }
   std::size_t region_count() const noexcept { return regions_.size(); }
@@ -273,6 +302,13 @@ private:
     BorrowHandle handle;
     SegmentId segment = 0;
     std::uint64_t offset = 0;
+  };
+  static constexpr std::ptrdiff_t max_waits_per_client = 64; // bounds what one client can make us keep
+  struct Wait {                                              // a WaitReclaimed not answered yet
+    ClientId waiter = 0;
+    std::uint32_t seq = 0;
+    WaitReclaimed what;
+    std::chrono::steady_clock::time_point deadline;
   };
   struct Counters {
     std::uint64_t allocations = 0;
@@ -401,6 +437,53 @@ private:
     send(out, id, CardsReply{cards()}, seq);
   }
 
+  void handle(ClientId id, Client& c, std::uint32_t seq, const WaitReclaimed& m, std::vector<Outgoing>& out) {
+    if ((m.client_id == 0) == (m.pid == 0)) {
+      return send(out, id, error(Errc::invalid_argument, "name a client id or a pid, not both or neither"), seq);
+    }
+    if (m.timeout_ms > max_wait_ms) {
+      return send(out, id,
+                  error(Errc::invalid_argument, "a wait of " + std::to_string(m.timeout_ms) +
+                                                    " ms is longer than the limit of " + std::to_string(max_wait_ms)),
+                  seq);
+    }
+    if (m.client_id == id || (m.pid != 0 && m.pid == c.peer.pid)) {
+      return send(out, id, error(Errc::invalid_argument, "a client cannot wait for its own reclaim"), seq);
+    }
+    if (!still_connected(m)) {
+      return send(out, id, Reclaimed{counters_.reclaimed}, seq);
+    }
+    if (std::count_if(waits_.begin(), waits_.end(), [id](const Wait& w) { return w.waiter == id; }) >=
+        max_waits_per_client) {
+      return send(out, id,
+                  error(Errc::no_space,
+                        "a client may wait for at most " + std::to_string(max_waits_per_client) + " reclaims at once"),
+                  seq);
+    }
+    waits_.push_back(Wait{id, seq, m, std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms)});
+  }
+
+  bool still_connected(const WaitReclaimed& m) const {
+    if (m.client_id != 0) {
+      return clients_.count(m.client_id) != 0;
+    }
+    return std::any_of(clients_.begin(), clients_.end(), [&](const auto& c) { return c.second.peer.pid == m.pid; });
+  }
+
+  // `gone` has been reclaimed: its own waits end, and those it satisfied are answered.
+  void settle_waits(ClientId gone, std::vector<Outgoing>& out) {
+    std::erase_if(waits_, [&](const Wait& w) {
+      if (w.waiter == gone) {
+        return true;
+      }
+      if (still_connected(w.what)) {
+        return false;
+      }
+      send(out, w.waiter, Reclaimed{counters_.reclaimed}, w.seq);
+      return true;
+    });
+  }
+
   // No reply. Segments the client still holds regions in, or never mapped, are ignored.
   void handle(ClientId id, Client& c, std::uint32_t, const Unmapped& m, std::vector<Outgoing>&) {
     for (const SegmentId s : m.segments) {
@@ -486,6 +569,7 @@ private:
   std::unordered_map<ClientId, Client> clients_;
   std::unordered_map<RegionId, Region> regions_;
   std::unordered_map<SegmentId, std::vector<ClientId>> mappers_; // who maps each leased segment
+  std::vector<Wait> waits_;
   ClientId next_client_ = 1;
   RegionId next_region_ = 1;
   Counters counters_;

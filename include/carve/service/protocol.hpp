@@ -13,7 +13,8 @@
 // Requests are at most max_request_size bytes, replies at most max_message_size. The first
 // request on a connection must be Hello. Every request but Unmapped gets exactly one reply: the
 // matching reply type or ErrorReply. The server may also send SegmentsRetired (sequence 0) at
-// any time; a client unmaps those segments and answers with Unmapped (no reply).
+// any time; a client unmaps those segments and answers with Unmapped (no reply). A reply may
+// come long after its request: WaitReclaimed waits for other clients to go.
 //
 // A shared-memory segment's descriptor travels as SCM_RIGHTS with the Allocated reply that
 // first uses the segment (Allocated::new_mapping); the client keeps its mapping until
@@ -76,6 +77,9 @@ enum class MessageType : std::uint16_t {
   cards_reply = 0x8006,
   segments_retired = 0x8007, // unsolicited, sequence 0
   error = 0x80ff,
+  // Added after version 1 was first released; the values need not follow on.
+  wait_reclaimed = 0x0020, // request
+  reclaimed = 0x8020,      // its reply
 };
 
 // ---- requests ----
@@ -115,7 +119,21 @@ struct Unmapped {
   friend bool operator==(const Unmapped&, const Unmapped&) = default;
 };
 
-using Request = std::variant<Hello, Allocate, Free, Query, StatsRequest, CardsRequest, Unmapped>;
+// Waits until the server has reclaimed everything of one client (client_id, as HelloReply names
+// it) or of every client of one process (pid): it replies Reclaimed once none of them is
+// connected any more (at once when none is), or ErrorReply timed_out after timeout_ms. For a
+// client that died: its connection closes when the kernel notices, and its regions are freed
+// then. Exactly one of client_id and pid is non-zero; timeout_ms is at most max_wait_ms.
+struct WaitReclaimed {
+  static constexpr MessageType type = MessageType::wait_reclaimed;
+  std::uint32_t client_id = 0;
+  std::uint32_t pid = 0;
+  std::uint32_t timeout_ms = 0;
+  friend bool operator==(const WaitReclaimed&, const WaitReclaimed&) = default;
+};
+inline constexpr std::uint32_t max_wait_ms = 3600 * 1000;
+
+using Request = std::variant<Hello, Allocate, Free, Query, StatsRequest, CardsRequest, Unmapped, WaitReclaimed>;
 
 // ---- replies ----
 
@@ -265,8 +283,14 @@ struct ErrorReply {
   friend bool operator==(const ErrorReply&, const ErrorReply&) = default;
 };
 
-using Reply =
-    std::variant<HelloReply, Allocated, Freed, QueryReply, StatsReply, CardsReply, SegmentsRetired, ErrorReply>;
+struct Reclaimed {
+  static constexpr MessageType type = MessageType::reclaimed;
+  std::uint64_t reclaimed_regions = 0; // StatsReply::reclaimed_regions when the wait ended
+  friend bool operator==(const Reclaimed&, const Reclaimed&) = default;
+};
+
+using Reply = std::variant<HelloReply, Allocated, Freed, QueryReply, StatsReply, CardsReply, SegmentsRetired,
+                           ErrorReply, Reclaimed>;
 
 // ---- fields: the wire layout of each message, in order ----
 
@@ -306,6 +330,14 @@ void fields(A&, Is<CardsRequest> auto&) {}
 template <class A>
 void fields(A& a, Is<Unmapped> auto& m) {
   a.list(m.segments, max_segment_list);
+}
+template <class A>
+void fields(A& a, Is<WaitReclaimed> auto& m) {
+  a(m.client_id, m.pid, m.timeout_ms);
+}
+template <class A>
+void fields(A& a, Is<Reclaimed> auto& m) {
+  a(m.reclaimed_regions);
 }
 template <class A>
 void fields(A& a, Is<HelloReply> auto& m) {

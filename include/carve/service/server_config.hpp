@@ -17,8 +17,14 @@
 //   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
 //   history-window N       borrows the weighted strategy remembers (default 1024)
 //   max-clients N          connections served at once (default 256)
+//   handshake-timeout TIME a connection must say Hello within it (default 5s; 0: no limit)
+//   idle-timeout TIME      close clients that hold no memory and sent nothing for it (default 0: never)
+//   drain-timeout TIME     after SIGTERM, how long owed replies may take to go out (default 2s)
+//   pidfile PATH           write the server's pid there once it listens; removed on exit
+//   ready-fd N             write "READY=1\n" to descriptor N once it listens, then close it
 //
-// Sizes are written as in "64MiB", "1.5GiB", "4096". Any mistake throws carve::Exception naming
+// Sizes are written as in "64MiB", "1.5GiB", "4096"; times as in "200ms", "5s", "10min" (a bare
+// number is refused, except 0). Any mistake throws carve::Exception naming
 // the key, the value and, for a file, the line.
 #pragma once
 
@@ -33,6 +39,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -58,13 +65,27 @@ struct ServerConfig {
   std::map<int, std::uint64_t> card_memory_of; // per-card capacities that differ
   ServiceOptions service{};
   std::size_t max_clients = 256;
+  std::chrono::milliseconds handshake_timeout = ServerOptions{}.handshake_timeout;
+  std::chrono::milliseconds idle_timeout = ServerOptions{}.idle_timeout;
+  std::chrono::milliseconds drain_timeout = ServerOptions{}.drain_timeout;
+  std::filesystem::path pidfile; // empty: none
+  std::optional<int> ready_fd;   // unset: none
 
   // The capacity of simulated card `card`.
   std::uint64_t capacity_of(int card) const {
     const auto it = card_memory_of.find(card);
     return it == card_memory_of.end() ? card_memory : it->second;
   }
-  ServerOptions server_options() const { return ServerOptions{socket_path, service, max_clients}; }
+  ServerOptions server_options() const {
+    ServerOptions o;
+    o.socket_path = socket_path;
+    o.service = service;
+    o.max_clients = max_clients;
+    o.handshake_timeout = handshake_timeout;
+    o.idle_timeout = idle_timeout;
+    o.drain_timeout = drain_timeout;
+    return o;
+  }
 };
 
 namespace detail {
@@ -85,6 +106,24 @@ inline std::uint64_t config_size(std::string_view key, std::string_view value) {
   } catch (const std::exception& e) {
     throw Exception(Errc::invalid_argument, std::string(key) + ": " + e.what());
   }
+}
+
+// "200ms", "5s", "10min", "0". At most 24 hours.
+inline std::chrono::milliseconds config_duration(std::string_view key, std::string_view value) {
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  const std::string_view unit(end, static_cast<std::size_t>(value.data() + value.size() - end));
+  const std::uint64_t scale = unit == "ms"             ? 1
+                              : unit == "s"            ? 1000
+                              : unit == "min"          ? 60000
+                              : unit.empty() && n == 0 ? 1
+                                                       : 0;
+  constexpr std::uint64_t day = 24ull * 3600 * 1000;
+  if (ec != std::errc{} || end == value.data() || scale == 0 || n > day / scale) {
+    throw Exception(Errc::invalid_argument, std::string(key) + ": '" + std::string(value) +
+                                                "' is not a time such as 200ms, 5s or 10min (at most 24 hours)");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(n * scale));
 }
 
 inline std::string config_text(std::istream& in) {
@@ -161,6 +200,25 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     c.service.history_window = config_count(k, value, 1);
   } else if (key == "max-clients") {
     c.max_clients = config_count(k, value, 1);
+  } else if (key == "handshake-timeout") {
+    c.handshake_timeout = detail::config_duration(k, value);
+  } else if (key == "idle-timeout") {
+    c.idle_timeout = detail::config_duration(k, value);
+  } else if (key == "drain-timeout") {
+    c.drain_timeout = detail::config_duration(k, value);
+  } else if (key == "pidfile") {
+    if (value.empty()) {
+      throw Exception(Errc::invalid_argument, "pidfile: the path is empty");
+    }
+    c.pidfile = std::string(value);
+  } else if (key == "ready-fd") {
+    const auto fd = config_count(k, value, 0);
+    if (fd <= 2 || fd > 1u << 20) {
+      throw Exception(Errc::invalid_argument,
+                      "ready-fd: '" + std::string(value) +
+                          "' is not a descriptor above 2 (0, 1 and 2 are the standard streams)");
+    }
+    c.ready_fd = static_cast<int>(fd);
   } else {
     throw Exception(Errc::invalid_argument, "unknown setting '" + std::string(key) + "'");
   }

@@ -10,9 +10,22 @@
 // memfd is sealed against growing and shrinking, so a process it was passed to cannot truncate
 // it under the others (which would make their accesses fault). Copies are handles to the same
 // card and compare equal. Thread-safe. Linux only (memfd_create).
+//
+// Descriptors: each live allocation keeps its memfd open, one descriptor per segment, because
+// export_segment may be asked for it at any time while it lives (the server exports a segment
+// again to every client that gets a region of it, also after the pool cached it). Closing the
+// memfd after mmap and reopening the mapping through /proc/self/map_files/<start>-<end> was
+// measured: it works for root but fails with EPERM for an ordinary user (it needs
+// CAP_CHECKPOINT_RESTORE), and re-creating the memfd and copying would break the sharing with
+// processes that map the old one. So the descriptor stays, and a process serving many segments
+// needs a descriptor limit to match (carve-served raises its soft limit to the hard one). When
+// the system refuses (memfd_create fails with EMFILE, the memory is not there), try_allocate
+// notes which call failed and why (carve/core/system_refusal.hpp), so the failure names the real
+// cause.
 #pragma once
 
 #include <carve/core/os_page_size.hpp>
+#include <carve/core/system_refusal.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/block_lookup.hpp>
@@ -23,6 +36,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -44,8 +58,9 @@ public:
       : budget_(capacity_bytes), state_(std::make_shared<State>(std::move(name))) {}
 
   // Errors: invalid_size (check_request); no_space for an alignment above the page size, a full
-  // card, or when the system refuses the memory.
+  // card, or when the system refuses the memory (then noted: last_system_refusal()).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    clear_system_refusal(); // a card that is merely full is not the system's refusal
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -54,9 +69,14 @@ public:
     }
     const int fd = ::memfd_create(state_->name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
     void* p = MAP_FAILED;
-    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
-        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
-      p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd < 0) {
+      note_system_refusal("memfd_create", errno);
+    } else if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      note_system_refusal("ftruncate", errno);
+    } else if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      note_system_refusal("fcntl(F_ADD_SEALS)", errno);
+    } else if (p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
+      note_system_refusal("mmap", errno);
     }
     if (p != MAP_FAILED) {
       try {
@@ -64,6 +84,7 @@ public:
         state_->segments.emplace(reinterpret_cast<std::uintptr_t>(p), Segment{fd, bytes});
         return p;
       } catch (const std::bad_alloc&) {
+        note_system_refusal("operator new", ENOMEM);
         ::munmap(p, bytes);
       }
     }

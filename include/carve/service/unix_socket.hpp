@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -295,6 +296,57 @@ inline ReceivedMessage receive_message(int fd, std::span<std::uint8_t> buffer, s
   r.size = static_cast<std::size_t>(n);
   r.truncated = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
   return r;
+}
+
+// A datagram socket connected to the service manager's notification socket ($NOTIFY_SOCKET:
+// systemd's sd_notify protocol, spoken directly so that no library is needed); an empty UniqueFd
+// when the variable is unset. A name starting with '@' is in the abstract namespace. Errors:
+// invalid_argument for a name that is not an absolute path or '@' name, or too long;
+// disconnected when nothing listens there.
+inline Result<UniqueFd> connect_notify_socket() {
+  const char* env = std::getenv("NOTIFY_SOCKET");
+  if (env == nullptr || *env == '\0') {
+    return UniqueFd{};
+  }
+  const std::string_view name(env);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if ((name.front() != '/' && name.front() != '@') || name.size() >= sizeof addr.sun_path) {
+    return fail(Errc::invalid_argument,
+                "NOTIFY_SOCKET '" + std::string(name) +
+                    "' is not an absolute path or an abstract '@' name that fits a socket address");
+  }
+  std::memcpy(addr.sun_path, name.data(), name.size());
+  socklen_t length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  if (name.front() == '@') {
+    addr.sun_path[0] = '\0'; // abstract: the length, not a terminator, ends the name
+  } else {
+    ++length;
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd) {
+    return fail(Errc::io_error, std::string("socket(): ") + detail::errno_text(errno));
+  }
+  while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
+    if (errno != EINTR) {
+      return fail(Errc::disconnected, "NOTIFY_SOCKET " + std::string(name) + ": " + detail::errno_text(errno));
+    }
+  }
+  return fd;
+}
+
+// Sends one notification ("READY=1\nMAINPID=42", "STOPPING=1") on a socket from
+// connect_notify_socket(). Async-signal-safe. Returns 0 or an errno value.
+inline int notify_service_manager(int fd, std::string_view state) noexcept {
+  if (fd < 0) {
+    return EBADF;
+  }
+  while (::send(fd, state.data(), state.size(), MSG_NOSIGNAL) < 0) {
+    if (errno != EINTR) {
+      return errno;
+    }
+  }
+  return 0;
 }
 
 } // namespace carve::service
