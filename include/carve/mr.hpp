@@ -12,6 +12,7 @@
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/cuda_stream_events.hpp>
 #include <carve/mr/fallback_resource.hpp>
 #include <carve/mr/limit_resource.hpp>
 #include <carve/mr/memory_resource.hpp>
@@ -22,3 +23,5 @@
 #include <carve/mr/simulated_card.hpp>
 #include <carve/mr/slot_arena.hpp>
 #include <carve/mr/stats_resource.hpp>
+#include <carve/mr/stream_events.hpp>
+#include <carve/mr/stream_ordered_pool.hpp>

@@ -23,7 +23,10 @@ static_assert(cuda::mr::resource<Pool>);
 static_assert(cuda::mr::resource_with<Pool, cuda::mr::host_accessible>);
 static_assert(!cuda::mr::resource_with<Pool, cuda::mr::device_accessible>);
 using HostRef = cuda::mr::resource_ref<cuda::mr::host_accessible>;
+// The stream-ordered pool over CUDA streams is CCCL's stream-ordered resource.
+static_assert(cuda::mr::async_resource<carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams>>);
 #else
+static_assert(cuda::mr::resource<carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams>>);
 static_assert(cuda::mr::synchronous_resource<Pool>);
 static_assert(cuda::mr::synchronous_resource_with<Pool, cuda::mr::host_accessible>);
 static_assert(!cuda::mr::synchronous_resource_with<Pool, cuda::mr::device_accessible>);

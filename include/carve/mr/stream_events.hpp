@@ -1,0 +1,102 @@
+/// @file carve/mr/stream_events.hpp
+/// Streams and the events recorded on them, as a stream-ordered pool needs them: the
+/// `StreamEvents` concept, and `SimulatedStreams`, its host twin with ordered completion.
+///
+/// A stream runs its work in order. An event recorded on a stream completes when everything
+/// queued on that stream before it has run. That is all a stream-ordered pool relies on: a block
+/// freed on stream S may be handed to S again at once (whatever uses it next is queued behind
+/// what used it before), and to another stream only once an event recorded at the free has
+/// completed. `CudaStreams` (carve/mr/cuda_stream_events.hpp) is the real thing;
+/// `SimulatedStreams` runs the same pool code on the host, where a test decides when work
+/// completes.
+#pragma once
+
+#include <carve/core/error.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace carve {
+
+/// What a stream-ordered pool needs of streams: `record(stream)` returns an event that completes
+/// once the work queued on `stream` so far has run, `completed(event)` asks without waiting, and
+/// `release(event)` gives the event back. Streams compare equal when they are the same stream.
+template <class S>
+concept StreamEvents = requires(S& s, typename S::stream_type stream, typename S::event_type event) {
+  { s.record(stream) } -> std::same_as<Result<typename S::event_type>>;
+  { s.completed(event) } -> std::convertible_to<bool>;
+  { s.release(event) }
+  noexcept;
+  { stream == stream } -> std::convertible_to<bool>;
+};
+
+/// A simulated stream: a number. Two streams are the same when their numbers are.
+struct SimulatedStream {
+  std::uint32_t id = 0; ///< which stream
+  /// Same stream.
+  friend constexpr bool operator==(SimulatedStream, SimulatedStream) = default;
+};
+
+/// Streams whose work a test queues and completes by hand, in order per stream: the host twin of
+/// CUDA streams and events. Thread-safe; copies share nothing, so hand the pool a reference
+/// wrapper or keep one instance (the pool holds it by value; see StreamOrderedPool::streams()).
+class SimulatedStreams {
+public:
+  /// A stream.
+  using stream_type = SimulatedStream;
+  /// An event: the stream and how much of its work must have run.
+  struct event_type {
+    std::uint32_t stream = 0;   ///< where it was recorded
+    std::uint64_t position = 0; ///< the work queued on that stream when it was recorded
+  };
+
+  /// `streams` streams, numbered from 0, with nothing queued.
+  explicit SimulatedStreams(std::uint32_t streams) : queued_(streams, 0), done_(streams, 0) {}
+  SimulatedStreams(SimulatedStreams&& other) noexcept
+      : queued_(std::move(other.queued_)), done_(std::move(other.done_)) {}
+
+  /// Queues one piece of work on `s` (a kernel that uses a block, say).
+  void enqueue(SimulatedStream s) {
+    const std::lock_guard lock(mutex_);
+    ++queued_.at(s.id);
+  }
+  /// Runs the oldest `n` pieces of `s`'s queued work (all of it when fewer are queued).
+  void complete(SimulatedStream s, std::uint64_t n = ~std::uint64_t{0}) {
+    const std::lock_guard lock(mutex_);
+    const std::uint64_t left = queued_.at(s.id) - done_.at(s.id);
+    done_[s.id] += n < left ? n : left;
+  }
+  /// Work queued on `s` that has not run.
+  std::uint64_t pending(SimulatedStream s) const {
+    const std::lock_guard lock(mutex_);
+    return queued_.at(s.id) - done_.at(s.id);
+  }
+
+  /// An event after everything queued on `s` so far. Errors: out_of_range for an unknown stream.
+  Result<event_type> record(SimulatedStream s) {
+    const std::lock_guard lock(mutex_);
+    if (s.id >= queued_.size()) {
+      return fail(Errc::out_of_range, "no simulated stream " + std::to_string(s.id));
+    }
+    return event_type{s.id, queued_[s.id]};
+  }
+  /// Whether the work before the event has run.
+  bool completed(event_type e) const {
+    const std::lock_guard lock(mutex_);
+    return done_.at(e.stream) >= e.position;
+  }
+  /// Nothing to give back.
+  void release(event_type) noexcept {}
+
+private:
+  mutable std::mutex mutex_;
+  std::vector<std::uint64_t> queued_;
+  std::vector<std::uint64_t> done_;
+};
+
+static_assert(StreamEvents<SimulatedStreams>);
+
+} // namespace carve

@@ -1,0 +1,316 @@
+/// @file carve/mr/stream_ordered_pool.hpp
+/// A caching pool whose frees are ordered on streams: a block freed on a stream is reused on that
+/// stream at once, and on another only after an event recorded at the free has completed.
+///
+/// @code
+/// carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams> pool(carve::CudaDeviceResource(0));
+/// void* p = pool.allocate(stream_a, 1 << 20, 256);   // CCCL's stream-ordered spelling
+/// kernel<<<grid, block, 0, stream_a.get()>>>(p);
+/// pool.deallocate(stream_a, p, 1 << 20, 256);         // the kernel may still be running
+/// void* q = pool.allocate(stream_b, 1 << 20, 256);   // not p, until stream_a has passed the free
+/// @endcode
+///
+/// A plain caching pool hands a freed block out again at once, while kernels queued before the
+/// free may still be using it; that is safe only when the next user is queued behind them on the
+/// same stream. Here each free records an event (Streams::record) on the freeing stream. An
+/// allocation on stream S takes, in this order: a cached block freed on S (stream order makes it
+/// safe), a cached block from any stream whose event has completed, or new memory from the
+/// upstream. This is the rule of PyTorch's CUDA caching allocator and of cudaMallocAsync pools.
+///
+/// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
+/// block serves requests between half its size and its size, so small requests do not pin large
+/// blocks. The synchronous spellings (try_allocate / deallocate without a stream) are for callers
+/// that have synchronised: a synchronous free is reusable by any stream at once, and a
+/// synchronous allocation takes only blocks whose events have completed.
+///
+/// Errors (nothing changes): invalid_size (check_request); no_space when the upstream refuses and
+/// no cached block fits. A free whose event cannot be recorded keeps its block with its stream
+/// (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven
+/// from the host, whatever memory the upstream hands out.
+#pragma once
+
+#include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/mr/stream_events.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace carve {
+
+/// How StreamOrderedPool rounds and caches.
+struct StreamPoolOptions {
+  std::size_t granularity = 512; ///< block sizes are multiples of it (a power of two)
+};
+
+/// What a StreamOrderedPool has done so far.
+struct StreamPoolStats {
+  std::size_t bytes_in_use = 0;         ///< in blocks handed out
+  std::size_t bytes_cached = 0;         ///< in blocks waiting for reuse
+  std::size_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
+  std::size_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
+  std::size_t upstream_allocations = 0; ///< blocks taken from the upstream
+  std::size_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
+};
+
+/// A stream-ordered caching pool over `Upstream`, with streams and events from `Streams`.
+template <MemoryResource Upstream, StreamEvents Streams>
+class StreamOrderedPool : public CcclSpellings<StreamOrderedPool<Upstream, Streams>> {
+public:
+  using CcclSpellings<StreamOrderedPool>::allocate; // the synchronous spellings
+  /// The stream type allocations name.
+  using stream_type = typename Streams::stream_type;
+
+  /// Throws carve::Exception (invalid_argument) for a granularity that is not a power of two.
+  explicit StreamOrderedPool(Upstream upstream, Streams streams = Streams(), StreamPoolOptions options = {})
+      : upstream_(std::move(upstream)), streams_(std::move(streams)), options_(options) {
+    if (options.granularity == 0 || (options.granularity & (options.granularity - 1)) != 0) {
+      throw Exception(Errc::invalid_argument, "carve::StreamOrderedPool: granularity must be a power of two");
+    }
+  }
+  ~StreamOrderedPool() { release_all(); }
+  StreamOrderedPool(const StreamOrderedPool&) = delete;
+  StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
+
+  /// A block for work queued on `stream`. Errors: see the top of this header.
+  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+    return take(bytes, alignment, stream);
+  }
+  /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing
+  /// changes): not_allocated when `p` is not a live block of this pool; invalid_size when
+  /// `bytes` or `alignment` are not the allocation's.
+  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                 std::size_t alignment) noexcept {
+    return give(p, bytes, alignment, stream);
+  }
+
+  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception
+  /// otherwise.
+  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
+    const auto p = try_allocate(stream, bytes, alignment);
+    if (!p && p.error() == Errc::no_space) {
+      throw std::bad_alloc();
+    }
+    if (!p) {
+      throw Exception(p.error(), "carve::StreamOrderedPool: cannot allocate " + std::to_string(bytes) +
+                                     " bytes aligned to " + std::to_string(alignment));
+    }
+    return *p;
+  }
+  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
+  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
+      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
+    }
+  }
+  /// The older CCCL spelling of the same (cuda::mr::async_resource in CCCL before 3.1).
+  void* allocate_async(std::size_t bytes, std::size_t alignment, stream_type stream) {
+    return allocate(stream, bytes, alignment);
+  }
+  /// The older CCCL spelling of deallocate(stream, ...).
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_type stream) noexcept {
+    deallocate(stream, p, bytes, alignment);
+  }
+
+  /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return take(bytes, alignment, std::nullopt);
+  }
+  /// The synchronous free: the caller has synchronised, so any stream may reuse the block at once.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    return give(p, bytes, alignment, std::nullopt);
+  }
+  /// Synchronous; misuse ends the program (see try_deallocate).
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
+    }
+  }
+
+  /// Gives every cached block whose event has completed back to the upstream; returns the bytes.
+  std::size_t trim() noexcept {
+    const std::lock_guard lock(mutex_);
+    std::size_t freed = 0;
+    for (auto it = cached_.begin(); it != cached_.end();) {
+      if (!ready(it->second)) {
+        ++it;
+        continue;
+      }
+      freed += it->first;
+      drop_event(it->second);
+      upstream_.deallocate(it->second.address, it->first, it->second.alignment);
+      stats_.bytes_cached -= it->first;
+      it = cached_.erase(it);
+    }
+    return freed;
+  }
+
+  /// Whether `p` lies in a block handed out by this pool.
+  bool owns(const void* p) const noexcept {
+    const std::lock_guard lock(mutex_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = live_.upper_bound(a);
+    return it != live_.begin() && a < (--it)->first + it->second.size;
+  }
+  /// The figures so far.
+  StreamPoolStats stats() const noexcept {
+    const std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  /// The streams and events (a test's SimulatedStreams, to queue and complete work).
+  Streams& streams() noexcept { return streams_; }
+  /// The upstream.
+  const Upstream& upstream() const noexcept { return upstream_; }
+  /// Pools are equal only to themselves.
+  friend bool operator==(const StreamOrderedPool& a, const StreamOrderedPool& b) noexcept { return &a == &b; }
+
+private:
+  using event_type = typename Streams::event_type;
+  struct Cached {
+    void* address = nullptr;
+    std::size_t alignment = 0;
+    std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere
+    std::optional<event_type> event;     ///< recorded at the free; nullopt when none is needed
+  };
+  struct Live {
+    std::size_t size = 0;      ///< the block's whole size
+    std::size_t bytes = 0;     ///< as asked for
+    std::size_t alignment = 0; ///< as asked for
+  };
+
+  /// Whether any stream may take the block now.
+  bool ready(Cached& c) noexcept {
+    if (!c.event) {
+      return !c.freed_on; // a synchronous free; or an event that could not be recorded: never
+    }
+    return static_cast<bool>(streams_.completed(*c.event));
+  }
+  void drop_event(Cached& c) noexcept {
+    if (c.event) {
+      streams_.release(*c.event);
+      c.event.reset();
+    }
+  }
+
+  cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
+                                        std::optional<stream_type> stream) noexcept {
+    if (const auto ok = check_request(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    const std::size_t size = round_up(bytes, options_.granularity);
+    if (size == 0) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    try {
+      const std::lock_guard lock(mutex_);
+      // Blocks between `size` and twice it, smallest first: the same stream's first, then any
+      // whose free has completed.
+      const auto first = cached_.lower_bound(size);
+      const auto last = cached_.upper_bound(size > ~std::size_t{0} / 2 ? ~std::size_t{0} : 2 * size);
+      auto pick = cached_.end();
+      for (auto it = first; it != last; ++it) {
+        if (reinterpret_cast<std::uintptr_t>(it->second.address) % alignment != 0) {
+          continue;
+        }
+        if (stream && it->second.freed_on == stream) {
+          pick = it;
+          ++stats_.same_stream_reuses;
+          break;
+        }
+      }
+      if (pick == cached_.end()) {
+        for (auto it = first; it != last; ++it) {
+          if (reinterpret_cast<std::uintptr_t>(it->second.address) % alignment != 0) {
+            continue;
+          }
+          if (ready(it->second)) {
+            pick = it;
+            stats_.cross_stream_reuses += it->second.freed_on ? 1u : 0u;
+            break;
+          }
+          ++stats_.waits_avoided;
+        }
+      }
+      if (pick != cached_.end()) {
+        void* p = pick->second.address;
+        const std::size_t whole = pick->first;
+        live_.emplace(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment});
+        drop_event(pick->second);
+        cached_.erase(pick);
+        stats_.bytes_cached -= whole;
+        stats_.bytes_in_use += whole;
+        return p;
+      }
+      const auto fresh = upstream_.try_allocate(size, alignment);
+      if (!fresh) {
+        return cuda::std::unexpected(fresh.error() == Errc::invalid_size ? Errc::invalid_size : Errc::no_space);
+      }
+      try {
+        live_.emplace(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
+      } catch (...) {
+        upstream_.deallocate(*fresh, size, alignment);
+        throw;
+      }
+      ++stats_.upstream_allocations;
+      stats_.bytes_in_use += size;
+      return *fresh;
+    } catch (const std::exception&) { // the pool's own bookkeeping could not grow
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+
+  cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
+                                       std::optional<stream_type> stream) noexcept {
+    try {
+      const std::lock_guard lock(mutex_);
+      const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
+      if (it == live_.end()) {
+        return cuda::std::unexpected(Errc::not_allocated);
+      }
+      if (it->second.bytes != bytes || it->second.alignment != alignment) {
+        return cuda::std::unexpected(Errc::invalid_size);
+      }
+      Cached c{p, alignment, stream, std::nullopt};
+      if (stream) {
+        if (auto e = streams_.record(*stream)) {
+          c.event = *e;
+        } // else: no event, so the block stays with its stream (see take)
+      }
+      const std::size_t size = it->second.size;
+      cached_.emplace(size, c);
+      live_.erase(it);
+      stats_.bytes_in_use -= size;
+      stats_.bytes_cached += size;
+      return {};
+    } catch (const std::exception&) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+
+  void release_all() noexcept {
+    for (auto& [size, c] : cached_) {
+      drop_event(c);
+      upstream_.deallocate(c.address, size, c.alignment);
+    }
+    cached_.clear();
+  }
+
+  Upstream upstream_;
+  Streams streams_;
+  StreamPoolOptions options_;
+  mutable std::mutex mutex_;
+  std::multimap<std::size_t, Cached> cached_; ///< by block size
+  std::map<std::uintptr_t, Live> live_;       ///< by address
+  StreamPoolStats stats_;
+};
+
+} // namespace carve

@@ -1,0 +1,208 @@
+// StreamOrderedPool on simulated streams: a block freed on a stream is reused there at once and
+// on another stream only after the free's event has completed, checked by hand, against a model
+// over random operations, and with threads.
+#include <carve/mr.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+using carve::Errc;
+using carve::SimulatedCard;
+using carve::SimulatedStream;
+using carve::SimulatedStreams;
+using Pool = carve::StreamOrderedPool<SimulatedCard, SimulatedStreams>;
+
+static_assert(carve::MemoryResource<Pool> && carve::OwnsMemory<Pool>);
+static_assert(carve::StreamEvents<SimulatedStreams>);
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr SimulatedStream s0{0};
+constexpr SimulatedStream s1{1};
+constexpr SimulatedStream s2{2};
+} // namespace
+
+TEST_CASE("a freed block: at once on its own stream, on another only after the free's event") {
+  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(3));
+  void* p = *pool.try_allocate(s0, 4 * KiB, 256);
+  pool.streams().enqueue(s0); // a kernel on s0 uses p
+  REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 256));
+  // Another stream gets other memory while s0's kernel may still be running.
+  void* q = *pool.try_allocate(s1, 4 * KiB, 256);
+  CHECK(q != p);
+  CHECK(pool.stats().waits_avoided == 1);
+  // The same stream may reuse it: its next kernel is queued behind the one that used p.
+  void* again = *pool.try_allocate(s0, 4 * KiB, 256);
+  CHECK(again == p);
+  CHECK(pool.stats().same_stream_reuses == 1);
+  pool.streams().enqueue(s0);
+  REQUIRE(pool.try_deallocate(s0, again, 4 * KiB, 256));
+  // Once s0 has run past the free, any stream may have it.
+  void* early = *pool.try_allocate(s2, 4 * KiB, 256);
+  CHECK(early != p);
+  pool.streams().complete(s0, 1); // the first kernel only: the free came after the second
+  void* r = *pool.try_allocate(s2, 4 * KiB, 256);
+  CHECK(r != p);
+  pool.streams().complete(s0);
+  void* t = *pool.try_allocate(s2, 4 * KiB, 256);
+  CHECK(t == p);
+  CHECK(pool.stats().cross_stream_reuses == 1);
+  // The synchronous form: a synchronous free is reusable anywhere, a synchronous allocation
+  // takes only blocks whose events have completed.
+  REQUIRE(pool.try_deallocate(t, 4 * KiB, 256));
+  CHECK(*pool.try_allocate(4 * KiB, 256) == p);
+  for (void* b : {p, q, r, early}) {
+    REQUIRE(pool.try_deallocate(b, 4 * KiB, 256));
+  }
+  pool.trim();
+  CHECK(pool.stats().bytes_in_use == 0);
+  CHECK(pool.upstream().used_bytes() == 0);
+}
+
+TEST_CASE("sizes: a cached block serves requests between half its size and its size") {
+  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(1), {.granularity = 512});
+  void* big = *pool.try_allocate(s0, 8 * KiB, 256);
+  REQUIRE(pool.try_deallocate(s0, big, 8 * KiB, 256));
+  CHECK(*pool.try_allocate(s0, 1 * KiB, 256) != big); // too small for it: would pin 8 KiB
+  void* half = *pool.try_allocate(s0, 4 * KiB + 1, 256);
+  CHECK(half == big);
+  CHECK(pool.stats().bytes_in_use == 8 * KiB + 1 * KiB);
+  REQUIRE(pool.try_deallocate(s0, half, 4 * KiB + 1, 256));
+}
+
+TEST_CASE("bad input is refused and changes nothing") {
+  Pool pool(SimulatedCard(64 * KiB), SimulatedStreams(2));
+  CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(s0, 128 * KiB, 256).error() == Errc::no_space);
+  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 256).error() == Errc::no_space);
+  void* p = *pool.try_allocate(s0, 1 * KiB, 256);
+  int local = 0;
+  CHECK(pool.try_deallocate(s0, &local, 1 * KiB, 256).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(s0, p, 2 * KiB, 256).error() == Errc::invalid_size);
+  CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::invalid_size);
+  CHECK(pool.owns(p));
+  REQUIRE(pool.try_deallocate(s0, p, 1 * KiB, 256));
+  CHECK_FALSE(pool.owns(p));
+  CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
+  CHECK_THROWS_AS(pool.allocate(s0, 128 * KiB, 256), std::bad_alloc);
+  CHECK_THROWS_AS(Pool(SimulatedCard(KiB), SimulatedStreams(1), {.granularity = 3}), carve::Exception);
+  pool.streams().complete(s0);
+  CHECK(pool.trim() == 1 * KiB);
+  CHECK(pool.upstream().used_bytes() == 0);
+}
+
+TEST_CASE("random streams against a model: never handed to another stream before its event") {
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    constexpr std::uint32_t streams = 4;
+    Pool pool(SimulatedCard(4 << 20), SimulatedStreams(streams), {.granularity = 256});
+    struct Held {
+      std::size_t bytes;
+      std::uint32_t stream;
+    };
+    std::map<void*, Held> held;
+    // The model: for each freed address, the stream and the position of its event.
+    struct Freed {
+      std::uint32_t stream;
+      std::uint64_t position;
+    };
+    std::map<void*, Freed> freed;
+    std::vector<std::uint64_t> queued(streams, 0);
+    std::vector<std::uint64_t> done(streams, 0);
+    for (int step = 0; step < 3000; ++step) {
+      const auto s = static_cast<std::uint32_t>(rng() % streams);
+      const auto dice = static_cast<unsigned>(rng() % 10);
+      if (dice < 4) {
+        const std::size_t bytes = 64 + rng() % (16 * KiB);
+        const auto p = pool.try_allocate(SimulatedStream{s}, bytes, 256);
+        REQUIRE(p);
+        REQUIRE(held.count(*p) == 0); // never owned twice
+        if (const auto f = freed.find(*p); f != freed.end()) {
+          // Reused: on the stream that freed it, or after that stream passed the free.
+          CHECK((f->second.stream == s || done[f->second.stream] >= f->second.position));
+          freed.erase(f);
+        }
+        held[*p] = {bytes, s};
+        std::memset(*p, static_cast<int>(s), bytes);
+      } else if (dice < 8 && !held.empty()) {
+        auto it = held.begin();
+        std::advance(it, static_cast<long>(rng() % held.size()));
+        const std::uint32_t on = rng() % 3 == 0 ? s : it->second.stream; // freed on another stream too
+        pool.streams().enqueue(SimulatedStream{on});
+        ++queued[on];
+        REQUIRE(pool.try_deallocate(SimulatedStream{on}, it->first, it->second.bytes, 256));
+        freed[it->first] = {on, queued[on]};
+        held.erase(it);
+      } else {
+        const std::uint64_t n = rng() % 3;
+        pool.streams().complete(SimulatedStream{s}, n);
+        done[s] = std::min(queued[s], done[s] + n);
+      }
+    }
+    for (const auto& [p, h] : held) {
+      REQUIRE(pool.try_deallocate(p, h.bytes, 256));
+    }
+    for (std::uint32_t s = 0; s < streams; ++s) {
+      pool.streams().complete(SimulatedStream{s});
+    }
+    pool.trim();
+    CHECK(pool.stats().bytes_in_use == 0);
+    CHECK(pool.stats().bytes_cached == 0);
+    CHECK(pool.upstream().used_bytes() == 0);
+  }
+}
+
+TEST_CASE("threads, each with its stream, never share a block") {
+  constexpr unsigned threads = 4;
+  Pool pool(SimulatedCard(8 << 20), SimulatedStreams(threads), {.granularity = 256});
+  std::atomic<int> overlaps{0};
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      const SimulatedStream mine{t};
+      std::vector<std::pair<unsigned char*, std::size_t>> held;
+      for (int i = 0; i < 2000; ++i) {
+        if (held.size() < 8 && rng() % 2 == 0) {
+          const std::size_t bytes = 64 + rng() % (4 * KiB);
+          auto* p = static_cast<unsigned char*>(*pool.try_allocate(mine, bytes, 256));
+          std::memset(p, static_cast<int>(t + 1), bytes);
+          held.emplace_back(p, bytes);
+        } else if (!held.empty()) {
+          auto [p, bytes] = held.back();
+          held.pop_back();
+          for (std::size_t k = 0; k < bytes; ++k) {
+            if (p[k] != static_cast<unsigned char>(t + 1)) {
+              ++overlaps;
+              break;
+            }
+          }
+          pool.streams().enqueue(mine);
+          (void)pool.try_deallocate(mine, p, bytes, 256);
+          if (rng() % 4 == 0) {
+            pool.streams().complete(mine);
+          }
+        }
+      }
+      for (auto [p, bytes] : held) {
+        (void)pool.try_deallocate(mine, p, bytes, 256);
+      }
+      pool.streams().complete(mine);
+    });
+  }
+  for (std::thread& w : workers) {
+    w.join();
+  }
+  CHECK(overlaps == 0);
+  CHECK(pool.stats().cross_stream_reuses + pool.stats().same_stream_reuses > 0);
+  pool.trim();
+  CHECK(pool.upstream().used_bytes() == 0);
+}
