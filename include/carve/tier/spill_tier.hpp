@@ -24,7 +24,7 @@ struct TierGpu {
 struct TierTask {
   std::uint64_t need;                       ///< total memory the task needs
   std::vector<std::uint64_t> subtasks = {}; ///< one size per GPU, summing to need; empty: split evenly
-  std::string name = {};                    ///< for reports; empty: numbered
+  std::string name = {};                    ///< for error messages; empty: "task <index>"
 };
 
 /// Memory that GPUs' overflow spills into, shared among them by the planner.
