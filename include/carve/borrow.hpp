@@ -1,7 +1,8 @@
-// <carve/borrow.hpp> — memory borrowed across GPUs by link bandwidth: the picker, its strategies, and
-// BorrowingAllocator.
-//
-// Host-only.
+/// @file carve/borrow.hpp
+/// Memory borrowed across GPUs by link bandwidth: the picker, its strategies, and
+/// BorrowingAllocator.
+///
+/// Host-only.
 #pragma once
 
 #include <carve/borrow/any_strategy.hpp>

@@ -1,13 +1,14 @@
-// <carve/carve.hpp> — every carve component; each folder also has its own umbrella
-// (<carve/slot.hpp>, <carve/mr.hpp>, ...) for programs that need one part.
-//
-// Compiles with any C++20 compiler given CCCL's libcu++ headers, and with nvcc in a .cu file
-// whose kernels instantiate carve's allocators. Formatting support for fmt is separate: include
-// <carve/fmt.hpp> (and link fmt) to print bitmaps, ranges and errors. Parts that need the CUDA
-// runtime (CudaDeviceResource, CudaMirrorBackend, discover_topology, the service's CUDA IPC
-// mapping) appear only where <cuda_runtime_api.h> is on the include path; CCCL memory-resource
-// properties only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is defined (see
-// carve/mr/cuda_mr.hpp); NumaNodeResource needs libnuma when used (carve::numa).
+/// @file carve/carve.hpp
+/// Every carve component; each folder also has its own umbrella
+/// (`<carve/slot.hpp>`, `<carve/mr.hpp>`, ...) for programs that need one part.
+///
+/// Compiles with any C++20 compiler given CCCL's libcu++ headers, and with nvcc in a .cu file
+/// whose kernels instantiate carve's allocators. Formatting support for fmt is separate: include
+/// `<carve/fmt.hpp>` (and link fmt) to print bitmaps, ranges and errors. Parts that need the CUDA
+/// runtime (CudaDeviceResource, CudaMirrorBackend, discover_topology, the service's CUDA IPC
+/// mapping) appear only where `<cuda_runtime_api.h>` is on the include path; CCCL memory-resource
+/// properties only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is defined (see
+/// carve/mr/cuda_mr.hpp); NumaNodeResource needs libnuma when used (carve::numa).
 #pragma once
 
 static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or pass -std=c++20 (g++, clang++, nvcc)");

@@ -1,6 +1,7 @@
-// <carve/core.hpp> — the pieces every carve component uses: bit operations, errors, configuration.
-//
-// Host and device.
+/// @file carve/core.hpp
+/// The pieces every carve component uses: bit operations, errors, configuration.
+///
+/// Host and device.
 #pragma once
 
 #include <carve/core/asymmetric_fence.hpp>

@@ -1,9 +1,14 @@
-// <carve/fmt.hpp> — fmt formatters for carve's value types. Optional: needs the fmt library,
-// which <carve/carve.hpp> does not pull in. Width, fill and alignment work as for strings.
-//
-//   fmt::print("{}\n", bitmap);   // 0111_1001_1111_1100   (slot 0 first, 1 = free)
-//   fmt::print("{}\n", range);    // [7, 11)
-//   fmt::print("{}\n", errc);     // no space
+/// @file carve/fmt.hpp
+/// fmt formatters for carve's value types: SlotBitmap, SlotRange and Errc.
+///
+/// Optional: needs the fmt library, which `<carve/carve.hpp>` does not pull in. Width, fill and
+/// alignment work as for strings.
+///
+/// @code
+/// fmt::print("{}\n", bitmap);   // 0111_1001_1111_1100   (slot 0 first, 1 = free)
+/// fmt::print("{}\n", range);    // [7, 11)
+/// fmt::print("{}\n", errc);     // no space
+/// @endcode
 #pragma once
 
 #include <carve/carve.hpp>
@@ -13,6 +18,9 @@
 #include <cstdint>
 #include <string>
 
+// The specialisations below are fmt's extension points, described in the file's comment; the
+// reference leaves them out, as it does std::is_error_code_enum<carve::Errc>.
+/// @cond
 template <std::uint32_t N>
 struct fmt::formatter<carve::SlotBitmap<N>> : fmt::formatter<fmt::string_view> {
   template <class FormatContext>
@@ -44,3 +52,4 @@ struct fmt::formatter<carve::Errc> : fmt::formatter<fmt::string_view> {
     return fmt::formatter<fmt::string_view>::format(carve::to_string(e), ctx);
   }
 };
+/// @endcond

@@ -1,7 +1,8 @@
-// <carve/mirror.hpp> — one virtual device over several: PagedMirror and its parts.
-//
-// Host-only (Linux). CudaMirrorBackend needs the CUDA runtime (declared only with
-// <cuda_runtime_api.h>).
+/// @file carve/mirror.hpp
+/// One virtual device over several: PagedMirror and its parts.
+///
+/// Host-only (Linux). CudaMirrorBackend needs the CUDA runtime (declared only with
+/// `<cuda_runtime_api.h>`).
 #pragma once
 
 #include <carve/mirror/atomic_page_bits.hpp>

@@ -1,9 +1,10 @@
-// <carve/mr.hpp> — memory resources: the MemoryResource concept, the resources (SimulatedCard,
-// CudaDeviceResource, CachingPool, SlotArena) and the combinators that stack them (FallbackResource,
-// Segregator, StatsResource, LimitResource, ref, as_pmr).
-//
-// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
-// nothing without <cuda_runtime_api.h>).
+/// @file carve/mr.hpp
+/// Memory resources: the MemoryResource concept, the resources (SimulatedCard,
+/// CudaDeviceResource, CachingPool, SlotArena) and the combinators that stack them (FallbackResource,
+/// Segregator, StatsResource, LimitResource, ref, as_pmr).
+///
+/// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
+/// nothing without `<cuda_runtime_api.h>`).
 #pragma once
 
 #include <carve/mr/as_pmr.hpp>

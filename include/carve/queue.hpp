@@ -1,6 +1,7 @@
-// <carve/queue.hpp> — requests queued by size: SizeTieredQueue, its lanes and its drain policies.
-//
-// Host and device lanes; blocking calls are host-only.
+/// @file carve/queue.hpp
+/// Requests queued by size: SizeTieredQueue, its lanes and its drain policies.
+///
+/// Host and device lanes; blocking calls are host-only.
 #pragma once
 
 #include <carve/queue/backoff.hpp>

@@ -1,9 +1,10 @@
-// <carve/service.hpp> — the allocation service: carve-served's AllocationServer and the applications'
-// AllocationClient.
-//
-// Host-only, Linux (Unix sockets, memfd, epoll, SO_PEERCRED). Where <cuda_runtime_api.h> is on
-// the include path a client can map CUDA IPC memory (link CUDA::cudart then, or define
-// CARVE_SERVICE_NO_CUDA).
+/// @file carve/service.hpp
+/// The allocation service: carve-served's AllocationServer and the applications'
+/// AllocationClient.
+///
+/// Host-only, Linux (Unix sockets, memfd, epoll, SO_PEERCRED). Where `<cuda_runtime_api.h>` is on
+/// the include path a client can map CUDA IPC memory (link CUDA::cudart then, or define
+/// CARVE_SERVICE_NO_CUDA).
 #pragma once
 
 #if defined(__linux__)

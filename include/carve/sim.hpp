@@ -1,9 +1,10 @@
-// <carve/sim.hpp> — the workgroup scheduling simulator (host only).
-//
-// Replays workgroup queues on any workload: a FIFO dispatcher places workgroups on
-// compute units whose slots are managed by carve's SlotAllocator under any fit policy, and
-// measures makespan, fragmentation, wear and the allocator's cost against the bound of slots
-// that need not be contiguous. examples/slot_sim is the command-line tool built on it.
+/// @file carve/sim.hpp
+/// The workgroup scheduling simulator (host only).
+///
+/// Replays workgroup queues on any workload: a FIFO dispatcher places workgroups on
+/// compute units whose slots are managed by carve's SlotAllocator under any fit policy, and
+/// measures makespan, fragmentation, wear and the allocator's cost against the bound of slots
+/// that need not be contiguous. examples/slot_sim is the command-line tool built on it.
 #pragma once
 
 #include <carve/sim/compute_unit.hpp>

@@ -1,8 +1,9 @@
-// <carve/slot.hpp> — slots on a compute unit: bitmaps and their searches, fit policies, the
-// allocators (one owner, lock-free shared, sharded, sized at run time), warp- and block-cooperative
-// searches, and placing batches of workgroups.
-//
-// Host and device.
+/// @file carve/slot.hpp
+/// Slots on a compute unit: bitmaps and their searches, fit policies, the
+/// allocators (one owner, lock-free shared, sharded, sized at run time), warp- and block-cooperative
+/// searches, and placing batches of workgroups.
+///
+/// Host and device.
 #pragma once
 
 #include <carve/slot/allocator/concurrent_slot_allocator.hpp>

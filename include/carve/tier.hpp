@@ -1,7 +1,8 @@
-// <carve/tier.hpp> — spill tiers shared fairly among GPUs: the planner, its reports, discovery, and the
-// resources that back a plan.
-//
-// Host-only (Linux). NumaNodeResource needs libnuma when used (link carve::numa).
+/// @file carve/tier.hpp
+/// Spill tiers shared fairly among GPUs: the planner, its reports, discovery, and the
+/// resources that back a plan.
+///
+/// Host-only (Linux). NumaNodeResource needs libnuma when used (link carve::numa).
 #pragma once
 
 #include <carve/tier/byte_size.hpp>

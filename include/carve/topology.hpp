@@ -1,7 +1,8 @@
-// <carve/topology.hpp> — the machine's cards and links: readers for nvidia-smi text and descriptions,
-// path bandwidths.
-//
-// Host-only. discover_topology() needs the CUDA runtime (see cuda_discovery.hpp).
+/// @file carve/topology.hpp
+/// The machine's cards and links: readers for nvidia-smi text and descriptions,
+/// path bandwidths.
+///
+/// Host-only. discover_topology() needs the CUDA runtime (see cuda_discovery.hpp).
 #pragma once
 
 #include <carve/topology/cuda_discovery.hpp>

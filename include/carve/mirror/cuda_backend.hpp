@@ -1,23 +1,27 @@
-// carve/mirror/cuda_backend.hpp — PagedMirror over the CUDA devices of this machine.
-//
-//   carve::CudaMirrorBackend gpus({.bytes_per_device = 8ull << 30});   // 8 GiB of every GPU
-//   carve::PagedMirror mirror(gpus, {.page_size = 2 << 20, .tracking = carve::WriteTracking::automatic});
-//   ...
-//   const auto parts = mirror.segments(p, n);                            // a kernel per device
-//   for (const carve::MirrorSegment& s : *parts)
-//     kernel<<<grid, block, 0, gpus.stream(s.device)>>>(gpus.device_pointer(s.device, s.device_offset), s.bytes);
-//
-// Construction queries each device (cudaGetDeviceCount, cudaMemGetInfo, the SM count and compute
-// mode), takes its share of device memory in one cudaMalloc, and creates one non-blocking stream
-// and one event per device. Copies are cudaMemcpyAsync on the device's stream; wait(d) records the
-// event and waits for it. Mirror memory is pinned with cudaHostRegister as allocations appear, so
-// copies are real DMA that overlap across devices (when pinning fails the copies still work, staged
-// by the driver). A device whose compute mode is "prohibited" or whose memory cannot be had is
-// reported unavailable, and the mirror leaves it alone.
-//
-// Needs the CUDA runtime: declared only where <cuda_runtime_api.h> is on the include path (nvcc, or
-// a target linked to CUDA::cudart), so <carve/carve.hpp> compiles without it. Construction throws
-// std::runtime_error when there is no CUDA device; the copy calls report Errc::device_error.
+/// @file carve/mirror/cuda_backend.hpp
+/// PagedMirror over the CUDA devices of this machine.
+///
+/// @code
+/// carve::CudaMirrorBackend gpus({.bytes_per_device = 8ull << 30});   // 8 GiB of every GPU
+/// carve::PagedMirror mirror(gpus, {.page_size = 2 << 20, .tracking = carve::WriteTracking::automatic});
+/// ...
+/// const auto parts = mirror.segments(p, n);                            // a kernel per device
+/// for (const carve::MirrorSegment& s : *parts)
+///   kernel<<<grid, block, 0, gpus.stream(s.device)>>>(gpus.device_pointer(s.device, s.device_offset), s.bytes);
+/// @endcode
+///
+/// Construction queries each device (cudaGetDeviceCount, cudaMemGetInfo, the SM count and compute
+/// mode), takes its share of device memory in one cudaMalloc, and creates one non-blocking stream
+/// and one event per device. Copies are cudaMemcpyAsync on the device's stream; wait(d) records the
+/// event and waits for it. Mirror memory is pinned with cudaHostRegister as allocations appear, so
+/// copies are real DMA that overlap across devices (when pinning fails the copies still work, staged
+/// by the driver). A device whose compute mode is "prohibited" or whose memory cannot be had is
+/// reported unavailable, and the mirror leaves it alone.
+///
+/// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` is on the include path (nvcc,
+/// or a target linked to CUDA::cudart), so `<carve/carve.hpp>` compiles without it. Construction
+/// throws carve::Exception (device_error) when there is no CUDA device; the copy calls report
+/// Errc::device_error.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -37,15 +41,20 @@
 
 namespace carve {
 
+/// Which devices a CudaMirrorBackend uses, and how much of each.
 struct CudaMirrorOptions {
-  std::vector<int> devices{};       // CUDA ordinals to use; empty: every device
-  std::size_t bytes_per_device = 0; // 0: free_fraction of what each device has free
-  double free_fraction = 0.5;
-  bool pin_host_memory = true; // cudaHostRegister mirror memory as allocations appear
+  std::vector<int> devices{};       ///< CUDA ordinals to use; empty: every device
+  std::size_t bytes_per_device = 0; ///< 0: free_fraction of what each device has free (whole 2 MiB)
+  double free_fraction = 0.5;       ///< used when bytes_per_device is 0
+  bool pin_host_memory = true;      ///< cudaHostRegister mirror memory as allocations appear
 };
 
+/// A MirrorBackend over CUDA devices: one cudaMalloc, stream and event per device. Not copyable.
 class CudaMirrorBackend {
 public:
+  /// Opens every device in `options`. Throws carve::Exception (device_error) when there is no
+  /// CUDA device, an ordinal is unknown, or a device cannot be queried or given a stream; what was
+  /// opened before is closed.
   explicit CudaMirrorBackend(CudaMirrorOptions options = {}) : pin_(options.pin_host_memory) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -70,10 +79,12 @@ public:
       throw;
     }
   }
+  /// Frees every device's memory, stream and event.
   ~CudaMirrorBackend() { close_all(); }
   CudaMirrorBackend(const CudaMirrorBackend&) = delete;
   CudaMirrorBackend& operator=(const CudaMirrorBackend&) = delete;
 
+  /// The devices, in the order of `options.devices`.
   std::vector<DeviceInfo> devices() const {
     std::vector<DeviceInfo> out;
     for (const Device& d : devices_) {
@@ -82,6 +93,8 @@ public:
     return out;
   }
 
+  /// cudaMemcpyAsync from the host on device d's stream. Errors: out_of_range for an unknown
+  /// device or a range past its memory; device_error when CUDA fails.
   cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
                                                  std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
@@ -92,6 +105,7 @@ public:
                                                 devices_[d].stream)
                               : cudaErrorInvalidDevice);
   }
+  /// cudaMemcpyAsync to the host on device d's stream. Errors as copy_to_device.
   cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
                                                std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
@@ -102,6 +116,7 @@ public:
                                                 devices_[d].stream)
                               : cudaErrorInvalidDevice);
   }
+  /// cudaMemsetAsync on device d's stream. Errors as copy_to_device.
   cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -110,6 +125,8 @@ public:
     return check(current.ok() ? cudaMemsetAsync(devices_[d].memory + offset, 0, bytes, devices_[d].stream)
                               : cudaErrorInvalidDevice);
   }
+  /// Waits for everything queued on device d. Errors: out_of_range for an unknown or unavailable
+  /// device; device_error when CUDA reports a failure.
   cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
     if (d >= devices_.size() || devices_[d].memory == nullptr) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -124,20 +141,25 @@ public:
     return check(cudaEventSynchronize(devices_[d].done));
   }
 
+  /// Pins new mirror memory (when pin_host_memory); a failure leaves it pageable.
   void host_committed(void* p, std::size_t bytes) noexcept {
     if (pin_ && cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
       cudaGetLastError(); // pageable memory still copies, only slower
     }
   }
+  /// Unpins mirror memory before it goes.
   void host_released(void* p, std::size_t) noexcept {
     if (pin_ && cudaHostUnregister(p) != cudaSuccess) {
       cudaGetLastError(); // it was never pinned
     }
   }
 
-  // Device memory behind a mirror segment, for kernels; its stream, to order them after copies.
+  /// Device memory behind a mirror segment, for kernels. Throws std::out_of_range (from
+  /// vector::at) for an unknown device, as the next two do.
   void* device_pointer(std::size_t d, std::size_t offset) const { return devices_.at(d).memory + offset; }
+  /// Device d's stream, to order kernels after its copies.
   cudaStream_t stream(std::size_t d) const { return devices_.at(d).stream; }
+  /// Device d's CUDA ordinal.
   int cuda_ordinal(std::size_t d) const { return devices_.at(d).ordinal; }
 
 private:

@@ -1,9 +1,9 @@
-// carve/mirror/device_segments.hpp — a run of host pages cut into pieces that are contiguous on
-// one device.
-//
-// Adjacent host pages become one copy when the page table puts them on the same device at
-// consecutive device pages; that is all coalescing needs, and why the placement policies and the
-// device page allocator try to give an allocation long runs.
+/// @file carve/mirror/device_segments.hpp
+/// A run of host pages cut into pieces that are contiguous on one device.
+///
+/// Adjacent host pages become one copy when the page table puts them on the same device at
+/// consecutive device pages; that is all coalescing needs, and why the placement policies and the
+/// device page allocator try to give an allocation long runs.
 #pragma once
 
 #include <carve/mirror/page_table.hpp>
@@ -13,15 +13,18 @@
 
 namespace carve {
 
+/// Host pages [host_page, host_page + pages) held at device pages [device_page, ...) of `device`.
 struct DeviceSegment {
-  std::uint32_t device = 0;
-  std::uint32_t host_page = 0;
-  std::uint32_t device_page = 0;
-  std::uint32_t pages = 0;
+  std::uint32_t device = 0;      ///< the device's index in the backend
+  std::uint32_t host_page = 0;   ///< first host page
+  std::uint32_t device_page = 0; ///< its page in the device's mirror memory
+  std::uint32_t pages = 0;       ///< pages in the piece
+  /// Equal when every field is.
   friend bool operator==(const DeviceSegment&, const DeviceSegment&) = default;
 };
 
-// Calls f(DeviceSegment) for each maximal piece of `host_pages` (all mapped) in address order.
+/// Calls f(DeviceSegment) for each maximal piece of `host_pages` in address order; unmapped
+/// pages are skipped (callers pass mapped ranges).
 template <class F>
 void for_each_device_segment(const PageTable& table, SlotRange host_pages, F&& f) {
   DeviceSegment seg;

@@ -1,33 +1,34 @@
-// carve/mirror/fault_handler.hpp — the SIGSEGV handler behind mprotect-based write tracking.
-//
-// A mirror in TrackingMechanism::mprotect keeps clean pages read-only and registers a FaultTarget
-// here. The first store to such a page raises SIGSEGV; the handler finds the target whose range
-// holds the address, makes the page writable, marks it dirty and returns, and the store is retried
-// and succeeds. Any other fault — outside every target, or on a page of a target that is not
-// allocated — goes to the handler that was installed before carve's (sigaction with SA_SIGINFO or
-// a plain handler), or, when there was none, gets the default action: the program's usual crash.
-// The handler is installed by the first target and stays: a handler installed after it may chain
-// to it, so taking it away could break that one. Code that later replaces the SIGSEGV action
-// without chaining (a test framework between test cases, say) takes carve's out of the way: every
-// new target puts carve's handler back in front, chaining to the one it displaces. Up to
-// max_fault_targets targets at a time.
-//
-// What runs inside the handler, and why each is safe there:
-//   - atomic loads, fetch_or and fetch_add on lock-free 64-bit atomics (AtomicPageBits, the
-//     registry below): signal-safe by [support.signal];
-//   - mprotect(2): not on POSIX's list of async-signal-safe functions, but on Linux it is a bare
-//     system call that takes no user-space lock (glibc's wrapper only sets errno, which the
-//     handler saves and restores); garbage collectors rely on exactly this;
-//   - sigaction(2), raise(3), write(2), abort(3): on POSIX's list.
-// Nothing allocates, locks, or touches a C++ object that could be half-updated: the registry holds
-// plain atomics, and a target is never destroyed while a handler may be reading it (unregister
-// waits for handlers in flight).
-//
-// When mprotect on one page fails (ENOMEM: the process reached vm.max_map_count, as a scattered
-// dirty pattern splits the mapping into many pieces), the handler makes writable the whole run of
-// clean allocated pages around the address and marks all of them dirty. That run is bounded by
-// pages whose protection differs, so the change merges mappings instead of splitting them and
-// cannot fail for that reason; the price is copying those pages at the next sync.
+/// @file carve/mirror/fault_handler.hpp
+/// The SIGSEGV handler behind mprotect-based write tracking.
+///
+/// A mirror in TrackingMechanism::mprotect keeps clean pages read-only and registers a FaultTarget
+/// here. The first store to such a page raises SIGSEGV; the handler finds the target whose range
+/// holds the address, makes the page writable, marks it dirty and returns, and the store is retried
+/// and succeeds. Any other fault — outside every target, or on a page of a target that is not
+/// allocated — goes to the handler that was installed before carve's (sigaction with SA_SIGINFO or
+/// a plain handler), or, when there was none, gets the default action: the program's usual crash.
+/// The handler is installed by the first target and stays: a handler installed after it may chain
+/// to it, so taking it away could break that one. Code that later replaces the SIGSEGV action
+/// without chaining (a test framework between test cases, say) takes carve's out of the way: every
+/// new target puts carve's handler back in front, chaining to the one it displaces. Up to
+/// max_fault_targets targets at a time.
+///
+/// What runs inside the handler, and why each is safe there:
+///   - atomic loads, fetch_or and fetch_add on lock-free 64-bit atomics (AtomicPageBits, the
+///     registry below): C++ allows lock-free atomic operations in a signal handler;
+///   - mprotect(2): not on POSIX's list of async-signal-safe functions, but on Linux it is a bare
+///     system call that takes no user-space lock (glibc's wrapper only sets errno, which the
+///     handler saves and restores); garbage collectors rely on exactly this;
+///   - sigaction(2), raise(3), write(2), abort(3): on POSIX's list.
+/// Nothing allocates, locks, or touches a C++ object that could be half-updated: the registry holds
+/// plain atomics, and a target is never destroyed while a handler may be reading it (unregister
+/// waits for handlers in flight).
+///
+/// When mprotect on one page fails (ENOMEM: the process reached vm.max_map_count, as a scattered
+/// dirty pattern splits the mapping into many pieces), the handler makes writable the whole run of
+/// clean allocated pages around the address and marks all of them dirty. That run is bounded by
+/// pages whose protection differs, so the change merges mappings instead of splitting them and
+/// cannot fail for that reason; the price is copying those pages at the next sync.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -49,15 +50,16 @@
 
 namespace carve {
 
-// What the handler needs to know about one mirror.
+/// What the handler needs to know about one mirror.
 struct FaultTarget {
-  std::byte* base = nullptr;
-  std::size_t bytes = 0;
-  std::size_t page_size = 0;
-  AtomicPageBits* allocated = nullptr; // pages the program may write
-  AtomicPageBits* dirty = nullptr;     // pages written since their last sync
+  std::byte* base = nullptr;           ///< the mirror's first address
+  std::size_t bytes = 0;               ///< its size
+  std::size_t page_size = 0;           ///< the unit `allocated` and `dirty` count in
+  AtomicPageBits* allocated = nullptr; ///< pages the program may write
+  AtomicPageBits* dirty = nullptr;     ///< pages written since their last sync
 };
 
+/// The most targets registered at a time.
 inline constexpr std::size_t max_fault_targets = 64;
 
 namespace detail {
@@ -192,8 +194,9 @@ inline void install_fault_handler() {
 
 } // namespace detail
 
-// Registers `target` (which must stay valid and unchanged until unregister_fault_target).
-// Throws std::runtime_error when max_fault_targets are registered already.
+/// Registers `target` (which must stay valid and unchanged until unregister_fault_target), putting
+/// carve's handler in front first. Throws carve::Exception (unsupported) when max_fault_targets
+/// are registered already or the handler cannot be installed. Thread-safe.
 inline void register_fault_target(const FaultTarget* target) {
   detail::install_fault_handler();
   for (detail::FaultSlot& slot : detail::fault_registry().slots) {
@@ -205,7 +208,8 @@ inline void register_fault_target(const FaultTarget* target) {
   throw Exception(Errc::unsupported, "carve: too many mirrors with mprotect write tracking at once");
 }
 
-// After this returns no handler is using `target`, so it may be destroyed.
+/// After this returns no handler is using `target`, so it may be destroyed. Thread-safe; an
+/// unknown target is ignored.
 inline void unregister_fault_target(const FaultTarget* target) noexcept {
   for (detail::FaultSlot& slot : detail::fault_registry().slots) {
     const FaultTarget* expected = target;
@@ -218,7 +222,7 @@ inline void unregister_fault_target(const FaultTarget* target) noexcept {
   }
 }
 
-// Faults the handler has resolved in this process (for measurements).
+/// Faults the handler has resolved in this process (for measurements).
 inline std::uint64_t resolved_fault_count() noexcept {
   return detail::fault_registry().faults_resolved.load(std::memory_order_relaxed);
 }

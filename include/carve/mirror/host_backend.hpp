@@ -1,16 +1,19 @@
-// carve/mirror/host_backend.hpp — devices played by host memory: PagedMirror without a GPU.
-//
-//   carve::HostMirrorBackend<> devices;
-//   devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 0", .compute_units = 108});
-//   devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 1", .compute_units = 108});
-//   carve::PagedMirror mirror(devices);
-//
-// Devices register themselves: each brings a card (any carve::UpstreamResource; SimulatedCard by default)
-// from which the backend takes the device's memory once, and a description. Every device has its
-// own HostCopyStream, so copies to different devices run at the same time, each in order, as on
-// GPUs. device_memory(d) shows what a device holds, which is how tests compare it with the host.
-// Not copyable or movable (the streams' threads refer to it). Registration is not thread-safe;
-// the copy calls are, per the MirrorBackend contract.
+/// @file carve/mirror/host_backend.hpp
+/// Devices played by host memory: PagedMirror without a GPU.
+///
+/// @code
+/// carve::HostMirrorBackend<> devices;
+/// devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 0", .compute_units = 108});
+/// devices.register_device(carve::SimulatedCard(256 << 20), {.name = "card 1", .compute_units = 108});
+/// carve::PagedMirror mirror(devices);
+/// @endcode
+///
+/// Devices register themselves: each brings a card (any carve::UpstreamResource; SimulatedCard by
+/// default) from which the backend takes the device's memory once, and a description. Every device
+/// has its own HostCopyStream, so copies to different devices run at the same time, each in order,
+/// as on GPUs. device_memory(d) shows what a device holds, which is how tests compare it with the
+/// host. Not copyable or movable (the streams' threads refer to it). Registration is not
+/// thread-safe; the copy calls are, per the MirrorBackend contract.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -31,25 +34,28 @@
 
 namespace carve {
 
+/// How register_device describes a device.
 struct HostDeviceSpec {
-  std::string name{};              // default: "card <index>"
-  std::size_t bytes = 0;           // taken from the card; 0 for all of its free memory
-  std::uint32_t compute_units = 0; // what the dispatcher may hand out
-  bool available = true;           // false: registered, but the mirror must not use it
+  std::string name{};              ///< default: "card <index>"
+  std::size_t bytes = 0;           ///< taken from the card; 0 for all of its free memory
+  std::uint32_t compute_units = 0; ///< what the dispatcher may hand out
+  bool available = true;           ///< false: registered, but the mirror must not use it
 };
 
+/// A MirrorBackend whose devices are memory taken from `Card`s, each with a copy thread.
 template <UpstreamResource Card = SimulatedCard>
 class HostMirrorBackend {
 public:
-  // Device memory is aligned for the largest page size PagedMirror takes.
+  /// Device memory is aligned for the largest page size PagedMirror takes.
   static constexpr std::size_t alignment = std::size_t{2} << 20;
 
+  /// No devices yet.
   HostMirrorBackend() = default;
   HostMirrorBackend(const HostMirrorBackend&) = delete;
   HostMirrorBackend& operator=(const HostMirrorBackend&) = delete;
 
-  // Adds a device and returns its index. Throws carve::Exception (no_space) when the card cannot
-  // give the bytes (nothing is registered then).
+  /// Adds a device and returns its index. Throws carve::Exception (no_space) when the card cannot
+  /// give the bytes (nothing is registered then).
   std::size_t register_device(Card card, HostDeviceSpec spec = {}) {
     const std::size_t index = devices_.size();
     const std::size_t bytes = spec.bytes != 0 ? spec.bytes : static_cast<std::size_t>(card.free_bytes());
@@ -68,6 +74,7 @@ public:
     return index;
   }
 
+  /// The devices registered so far, by index.
   std::vector<DeviceInfo> devices() const {
     std::vector<DeviceInfo> out;
     for (const auto& d : devices_) {
@@ -76,6 +83,8 @@ public:
     return out;
   }
 
+  /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
+  /// or a range past its memory; device_error when the queue cannot grow.
   cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
                                                  std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
@@ -83,6 +92,7 @@ public:
     }
     return queued(devices_[d]->stream.copy(devices_[d]->memory + offset, src, bytes));
   }
+  /// Queues `bytes` from `offset` in device d to `dst`. Errors as copy_to_device.
   cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
                                                std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
@@ -90,12 +100,14 @@ public:
     }
     return queued(devices_[d]->stream.copy(dst, devices_[d]->memory + offset, bytes));
   }
+  /// Queues zeroing `bytes` at `offset` in device d. Errors as copy_to_device.
   cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     return queued(devices_[d]->stream.zero(devices_[d]->memory + offset, bytes));
   }
+  /// Blocks until everything queued on device d has run. Errors: out_of_range for an unknown device.
   cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
     if (d >= devices_.size()) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -104,10 +116,12 @@ public:
     return {};
   }
 
-  // What device d holds (call wait(d) first to see the effect of queued copies).
+  /// What device d holds (call wait(d) first to see the effect of queued copies). Throws
+  /// std::out_of_range (from vector::at) for an unknown device.
   std::span<const std::byte> device_memory(std::size_t d) const {
     return {devices_.at(d)->memory, devices_.at(d)->info.capacity};
   }
+  /// Devices registered.
   std::size_t device_count() const noexcept { return devices_.size(); }
 
 private:

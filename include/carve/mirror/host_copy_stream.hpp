@@ -1,9 +1,9 @@
-// carve/mirror/host_copy_stream.hpp — a queue of copies run in order by one thread: a host stand-in
-// for a device's copy stream.
-//
-// copy() and zero() queue work and return at once; wait() blocks until everything queued before it
-// has run. Several streams run at the same time, as several devices' copy engines do, which is what
-// makes HostMirrorBackend's sync asynchronous per device. Thread-safe.
+/// @file carve/mirror/host_copy_stream.hpp
+/// A queue of copies run in order by one thread: a host stand-in for a device's copy stream.
+///
+/// copy() and zero() queue work and return at once; wait() blocks until everything queued before it
+/// has run. Several streams run at the same time, as several devices' copy engines do, which is what
+/// makes HostMirrorBackend's sync asynchronous per device. Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -16,9 +16,12 @@
 
 namespace carve {
 
+/// Copies and fills run in order on a thread of its own. Thread-safe; not copyable.
 class HostCopyStream {
 public:
+  /// Starts the thread. Throws std::system_error when it cannot be started.
   HostCopyStream() : worker_([this] { run(); }) {}
+  /// Runs what is queued, then stops the thread.
   ~HostCopyStream() {
     {
       const std::lock_guard lock(mutex_);
@@ -30,10 +33,13 @@ public:
   HostCopyStream(const HostCopyStream&) = delete;
   HostCopyStream& operator=(const HostCopyStream&) = delete;
 
-  // false when the queue cannot grow (out of memory); nothing is queued then.
+  /// Queues a memcpy; both buffers must stay valid until wait() returns. false when the queue
+  /// cannot grow (out of memory); nothing is queued then.
   bool copy(void* dst, const void* src, std::size_t bytes) noexcept { return push({dst, src, bytes}); }
+  /// Queues zeroing `bytes` at `dst`; false as for copy().
   bool zero(void* dst, std::size_t bytes) noexcept { return push({dst, nullptr, bytes}); }
 
+  /// Blocks until everything queued before the call has run.
   void wait() noexcept {
     std::unique_lock lock(mutex_);
     const std::uint64_t target = queued_;

@@ -1,39 +1,41 @@
-// carve/mirror/paged_mirror.hpp — one large virtual device over several devices, kept in step page
-// by page.
-//
-//   carve::HostMirrorBackend<> devices;                       // or carve::CudaMirrorBackend
-//   devices.register_device(carve::SimulatedCard(1 << 30));
-//   devices.register_device(carve::SimulatedCard(1 << 30));
-//   carve::PagedMirror mirror(devices, {.page_size = 64 << 10, .tracking = carve::WriteTracking::automatic});
-//
-//   auto p = mirror.try_allocate(256 << 20);                  // expected<void*, Errc>
-//   std::memset(*p, 1, 4096);                                 // a plain store: its page is now dirty
-//   auto report = mirror.sync();                              // copies that one page, nothing else
-//
-// One virtual GPU over several. Construction asks the backend for its devices and
-// reserves host address space equal to their total memory (PROT_NONE, committed per allocation),
-// cut into pages of options.page_size; the page table maps each host page to a page of one device.
-// An allocation takes contiguous host pages and, on the devices the Placement policy chooses, device
-// pages (runs of them where possible, found by the Fit policy in a DynamicSlotAllocator per device).
-// Host code reads and writes the host copy; sync() copies only the dirty pages to the device pages
-// behind them, adjacent pages coalesced into one copy per device run, queued on each device's
-// stream so devices copy in parallel, higher-priority allocations first; fetch() brings pages that
-// device code wrote back. The compute side (submit / dispatch / release) hands devices or SM
-// partitions to requests in priority order and answers with a pair: a compute resource and a
-// virtual address.
-//
-// The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
-// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
-// not a power of two), no_space (more than the whole mirror could ever hold, an alignment above
-// the page size, not enough free pages now), out_of_range (a range that is not inside one
-// allocation, an unknown device), not_allocated (a pointer that is not an allocation),
-// device_error (a copy failed: the pages stay dirty). Construction throws carve::Exception
-// (invalid_argument for a bad page size or no usable device; what the kernel refused).
-//
-// Thread safety: write(), mark_dirty(), is_dirty(), locate(), segments() and plain stores may come
-// from any number of threads, also while another thread syncs; a page stored to during a sync is
-// copied again by the next one. The other calls serialise on an internal lock. Stores into memory
-// being fetched, deallocated, or written by write() at the same time are races, as for any memory.
+/// @file carve/mirror/paged_mirror.hpp
+/// One large virtual device over several devices, kept in step page by page.
+///
+/// @code
+/// carve::HostMirrorBackend<> devices;                       // or carve::CudaMirrorBackend
+/// devices.register_device(carve::SimulatedCard(1 << 30));
+/// devices.register_device(carve::SimulatedCard(1 << 30));
+/// carve::PagedMirror mirror(devices, {.page_size = 64 << 10, .tracking = carve::WriteTracking::automatic});
+///
+/// auto p = mirror.try_allocate(256 << 20);                  // expected<void*, Errc>
+/// std::memset(*p, 1, 4096);                                 // a plain store: its page is now dirty
+/// auto report = mirror.sync();                              // copies that one page, nothing else
+/// @endcode
+///
+/// One virtual GPU over several. Construction asks the backend for its devices and
+/// reserves host address space equal to their total memory (PROT_NONE, committed per allocation),
+/// cut into pages of options.page_size; the page table maps each host page to a page of one device.
+/// An allocation takes contiguous host pages and, on the devices the Placement policy chooses, device
+/// pages (runs of them where possible, found by the Fit policy in a DynamicSlotAllocator per device).
+/// Host code reads and writes the host copy; sync() copies only the dirty pages to the device pages
+/// behind them, adjacent pages coalesced into one copy per device run, queued on each device's
+/// stream so devices copy in parallel, higher-priority allocations first; fetch() brings pages that
+/// device code wrote back. The compute side (submit / dispatch / release) hands devices or SM
+/// partitions to requests in priority order and answers with a pair: a compute resource and a
+/// virtual address.
+///
+/// The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
+/// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
+/// not a power of two), no_space (more than the whole mirror could ever hold, an alignment above
+/// the page size, not enough free pages now), out_of_range (a range that is not inside one
+/// allocation, an unknown device), not_allocated (a pointer that is not an allocation),
+/// device_error (a copy failed: the pages stay dirty). Construction throws carve::Exception
+/// (invalid_argument for a bad page size or no usable device; what the kernel refused).
+///
+/// Thread safety: write(), mark_dirty(), is_dirty(), locate(), segments() and plain stores may come
+/// from any number of threads, also while another thread syncs; a page stored to during a sync is
+/// copied again by the next one. The other calls serialise on an internal lock. Stores into memory
+/// being fetched, deallocated, or written by write() at the same time are races, as for any memory.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -70,58 +72,69 @@
 
 namespace carve {
 
+/// How a PagedMirror is built.
 struct MirrorOptions {
-  std::size_t page_size = std::size_t{64} << 10; // a power of two, a multiple of the OS page: 4 KiB, 64 KiB, 2 MiB
-  // Plain stores are seen unless asked otherwise: userfaultfd write-protection where the kernel
-  // has it (Linux >= 6.7), else mprotect (see write_tracking.hpp). explicit_calls is cheaper but
-  // syncs only what write() and mark_dirty() name.
+  /// A power of two, a multiple of the OS page, at most 1 GiB: 4 KiB, 64 KiB, 2 MiB.
+  std::size_t page_size = std::size_t{64} << 10;
+  /// Plain stores are seen unless asked otherwise: userfaultfd write-protection where the kernel
+  /// has it (Linux >= 6.7), else mprotect (see write_tracking.hpp). explicit_calls is cheaper but
+  /// syncs only what write() and mark_dirty() name.
   WriteTracking tracking = WriteTracking::automatic;
-  DispatchOrder dispatch_order = DispatchOrder::strict_priority;
+  DispatchOrder dispatch_order = DispatchOrder::strict_priority; ///< for submit / dispatch
 };
 
-// Where an allocation's pages should go: its priority (higher syncs first) and the device that
-// will use it (placement policies that care put its pages there or close).
+/// Where an allocation's pages should go: its priority (higher syncs first) and the device that
+/// will use it (placement policies that care put its pages there or close).
 struct MirrorHint {
-  int priority = 0;
-  std::optional<std::uint32_t> near = std::nullopt;
+  int priority = 0;                                 ///< higher syncs first
+  std::optional<std::uint32_t> near = std::nullopt; ///< the device that will use the memory
 };
 
-// A request for compute and memory together.
+/// A request for compute and memory together.
 struct ResourceRequest {
-  std::size_t bytes = 0;
-  int priority = 0;
-  std::uint32_t compute_units = 0; // 0: a whole device
+  std::size_t bytes = 0;           ///< memory wanted
+  int priority = 0;                ///< higher is served first
+  std::uint32_t compute_units = 0; ///< contiguous units on one device; 0: a whole device
 };
 
+/// What a request received: compute units and memory near them.
 struct ResourceGrant {
-  ComputeGrant compute{};  // the compute resource: device and unit range
-  void* address = nullptr; // the memory, placed near compute.device by the placement policy
-  std::size_t bytes = 0;
+  ComputeGrant compute{};  ///< the compute resource: device and unit range
+  void* address = nullptr; ///< the memory, placed near compute.device by the placement policy
+  std::size_t bytes = 0;   ///< as requested
 };
 
-// A piece of mirror memory that lives in one run of one device's pages.
+/// A piece of mirror memory that lives in one run of one device's pages.
 struct MirrorSegment {
-  std::uint32_t device = 0;
-  std::size_t device_offset = 0; // into the backend's memory for the mirror on that device
-  std::byte* host = nullptr;
-  std::size_t bytes = 0;
+  std::uint32_t device = 0;      ///< the device's index in the backend
+  std::size_t device_offset = 0; ///< into the backend's memory for the mirror on that device
+  std::byte* host = nullptr;     ///< the piece's host address
+  std::size_t bytes = 0;         ///< the piece's size
 };
 
+/// One virtual device over `Backend`'s devices, pages placed by `Placement` and found on each device
+/// by `Fit` (see the file's description). A MemoryResource; not copyable.
 template <MirrorBackend Backend, PagePlacement Placement = FillPlacement, class Fit = FirstFit>
 requires WordSearchingFitPolicy<Fit>
 class PagedMirror {
 public:
-  using backend_type = Backend;
-  using placement_type = Placement;
+  using backend_type = Backend;     ///< the devices
+  using placement_type = Placement; ///< the placement policy
 
+  /// The largest page size the mirror takes.
   static constexpr std::size_t max_page_size = std::size_t{1} << 30;
 
+  /// Asks `backend` (which must outlive the mirror) for its devices and reserves their total
+  /// memory in host addresses. Throws carve::Exception: invalid_argument for a bad page size, more
+  /// than max_mirror_devices devices, more than 2^31 pages, or no available device with a whole
+  /// page; as WriteTracker does for the tracking mode and the reservation.
   explicit PagedMirror(Backend& backend, MirrorOptions options = {}, Placement placement = {})
       : backend_(backend), options_(options), placement_(std::move(placement)), devices_(backend.devices()),
         page_size_(checked_page_size(options.page_size)), device_pages_(make_device_pages(devices_, page_size_)),
         host_pages_(total_pages(device_pages_)), tracker_(host_pages_.size(), page_size_, options.tracking),
         table_(host_pages_.size()), dispatcher_(devices_, options.dispatch_order) {}
 
+  /// Waits for every device, then gives back every allocation's host memory.
   ~PagedMirror() {
     wait_all();
     const std::unique_lock lock(allocations_mutex_);
@@ -134,8 +147,8 @@ public:
 
   // --- memory -------------------------------------------------------------------------------
 
-  // `bytes` of zeroed memory, rounded up to whole pages, host and device copies equal; it starts
-  // on a page, so any alignment up to the page size is met.
+  /// `bytes` of zeroed memory, rounded up to whole pages, host and device copies equal; it starts
+  /// on a page, so any alignment up to the page size is met.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = 1,
                                                 MirrorHint hint = {}) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
@@ -152,30 +165,32 @@ public:
     }
   }
 
-  // Frees an allocation whole. Errors (nothing changes): not_allocated when `p` is not an address
-  // try_allocate returned (or was freed already); invalid_size when `bytes` is not its size.
+  /// Frees an allocation whole. Errors (nothing changes): not_allocated when `p` is not an address
+  /// try_allocate returned (or was freed already); invalid_size when `bytes` is not its size.
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment = 1) noexcept {
     const std::lock_guard control(control_);
     return deallocate_locked(p, bytes, alignment);
   }
-  // The same without naming the size, which the mirror knows.
+  /// The same without naming the size, which the mirror knows.
   cuda::std::expected<void, Errc> try_deallocate(void* p) noexcept {
     const std::lock_guard control(control_);
     return deallocate_locked(p, std::nullopt, 1);
   }
+  /// try_deallocate; a misuse (an address it never gave, a wrong size) stops the program
+  /// (report_misuse).
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::PagedMirror::deallocate", p, bytes, r.error());
     }
   }
-  // Whether `p` lies in the mirror's address space (allocated or not).
+  /// Whether `p` lies in the mirror's address space (allocated or not).
   bool owns(const void* p) const noexcept {
     const auto* b = static_cast<const std::byte*>(p);
     return b >= tracker_.base() && b < tracker_.base() + capacity();
   }
 
-  // Copies n bytes into the mirror at dst and marks the pages dirty. Errors: out_of_range when
-  // [dst, dst + n) is not inside one allocation (nothing is written).
+  /// Copies n bytes into the mirror at dst and marks the pages dirty. Errors: out_of_range when
+  /// [dst, dst + n) is not inside one allocation (nothing is written).
   cuda::std::expected<void, Errc> write(void* dst, const void* src, std::size_t n) {
     const std::shared_lock lock(allocations_mutex_);
     const auto pages = pages_of(dst, n);
@@ -190,7 +205,7 @@ public:
     return {};
   }
 
-  // Marks the pages of [p, p + n) dirty (after plain stores in explicit mode). Errors: out_of_range.
+  /// Marks the pages of [p, p + n) dirty (after plain stores in explicit mode). Errors: out_of_range.
   cuda::std::expected<void, Errc> mark_dirty(const void* p, std::size_t n) {
     const std::shared_lock lock(allocations_mutex_);
     const auto pages = pages_of(p, n);
@@ -203,24 +218,24 @@ public:
     return {};
   }
 
-  // Copies every dirty page to its device page and waits until every device has finished all the
-  // work queued so far. On device_error the pages whose copies failed are dirty again, so a later
-  // sync retries them.
+  /// Copies every dirty page to its device page and waits until every device has finished all the
+  /// work queued so far. On device_error the pages whose copies failed are dirty again, so a later
+  /// sync retries them.
   cuda::std::expected<SyncReport, Errc> sync() {
     const std::lock_guard control(control_);
     return sync_locked(/*everything=*/false);
   }
 
-  // Copies every allocated page, dirty or not, and leaves all clean: the full sync that sync()
-  // avoids. For measurements, and for memory changed behind the tracker's back (explicit mode).
+  /// Copies every allocated page, dirty or not, and leaves all clean: the full sync that sync()
+  /// avoids. For measurements, and for memory changed behind the tracker's back (explicit mode).
   cuda::std::expected<SyncReport, Errc> sync_all() {
     const std::lock_guard control(control_);
     return sync_locked(/*everything=*/true);
   }
 
-  // Replaces the host copy of the pages of [p, p + n) with what the devices hold (after device code
-  // wrote them). Host writes to those pages not yet synced are lost; the report counts the pages.
-  // Errors: out_of_range, device_error (the host copy may then be partly updated; it stays dirty).
+  /// Replaces the host copy of the pages of [p, p + n) with what the devices hold (after device code
+  /// wrote them). Host writes to those pages not yet synced are lost; the report counts the pages.
+  /// Errors: out_of_range, device_error (the host copy may then be partly updated; it stays dirty).
   cuda::std::expected<FetchReport, Errc> fetch(const void* p, std::size_t n) {
     const std::lock_guard control(control_);
     const std::shared_lock lock(allocations_mutex_);
@@ -266,15 +281,15 @@ public:
 
   // --- where memory lives ---------------------------------------------------------------------
 
-  // The device page behind the page holding p; nullopt when p is not in an allocation.
+  /// The device page behind the page holding p; nullopt when p is not in an allocation.
   std::optional<PageLocation> locate(const void* p) const {
     const std::shared_lock lock(allocations_mutex_);
     const auto pages = pages_of(p, 1);
     return pages ? table_.find(pages->first) : std::nullopt;
   }
 
-  // [p, p + n) cut into the pieces that are contiguous on one device, in address order (to launch
-  // a kernel per device on its part). Errors: out_of_range.
+  /// [p, p + n) cut into the pieces that are contiguous on one device, in address order (to launch
+  /// a kernel per device on its part). Errors: out_of_range.
   cuda::std::expected<std::vector<MirrorSegment>, Errc> segments(const void* p, std::size_t n) const {
     const std::shared_lock lock(allocations_mutex_);
     const auto pages = pages_of(p, n);
@@ -296,13 +311,14 @@ public:
     return out;
   }
 
+  /// Whether the page holding `p` is dirty; false when `p` is not in an allocation.
   bool is_dirty(const void* p) {
     const std::shared_lock lock(allocations_mutex_);
     const auto pages = pages_of(p, 1);
     return pages && tracker_.is_dirty(pages->first);
   }
 
-  // Dirty pages over all allocations, as the tracker knows them now.
+  /// Dirty pages over all allocations, as the tracker knows them now.
   std::uint64_t dirty_pages() {
     const std::shared_lock lock(allocations_mutex_);
     std::uint64_t n = 0;
@@ -314,9 +330,9 @@ public:
 
   // --- compute -------------------------------------------------------------------------------
 
-  // Queues a request for compute and memory. Errors: invalid_size (0 bytes, more compute units
-  // than any device has), no_space (more memory than the mirror holds: it could never be granted,
-  // and in strict priority order it would hold back every request behind it for good).
+  /// Queues a request for compute and memory. Errors: invalid_size (0 bytes, more compute units
+  /// than any device has), no_space (more memory than the mirror holds: it could never be granted,
+  /// and in strict priority order it would hold back every request behind it for good).
   cuda::std::expected<std::uint64_t, Errc> submit(const ResourceRequest& r) {
     const std::lock_guard control(control_);
     if (r.bytes == 0) {
@@ -332,9 +348,9 @@ public:
     return ticket;
   }
 
-  // Grants queued requests in priority order: each gets a compute resource, then its memory near
-  // that device. A request whose memory does not fit now stays queued (and, in strict priority
-  // order, holds back the ones behind it).
+  /// Grants queued requests in priority order: each gets a compute resource, then its memory near
+  /// that device. A request whose memory does not fit now stays queued (and, in strict priority
+  /// order, holds back the ones behind it).
   std::vector<ResourceGrant> dispatch() {
     const std::lock_guard control(control_);
     std::vector<ResourceGrant> out;
@@ -351,7 +367,7 @@ public:
     return out;
   }
 
-  // Gives back a grant's compute units and frees its memory. Errors: not_allocated.
+  /// Gives back a grant's compute units and frees its memory. Errors: not_allocated.
   cuda::std::expected<void, Errc> release(const ResourceGrant& g) {
     const std::lock_guard control(control_);
     if (auto r = dispatcher_.release(g.compute); !r) {
@@ -360,7 +376,7 @@ public:
     return deallocate_locked(g.address, std::nullopt, 1);
   }
 
-  // Withdraws a queued request. Errors: not_allocated when it is not queued.
+  /// Withdraws a queued request. Errors: not_allocated when it is not queued.
   cuda::std::expected<void, Errc> cancel(std::uint64_t ticket) {
     const std::lock_guard control(control_);
     auto r = dispatcher_.cancel(ticket);
@@ -370,6 +386,7 @@ public:
     return r;
   }
 
+  /// Requests submitted and not yet granted or cancelled.
   std::size_t queued_requests() const {
     const std::lock_guard control(control_);
     return dispatcher_.queued();
@@ -377,8 +394,11 @@ public:
 
   // --- description ---------------------------------------------------------------------------
 
+  /// Bytes per page.
   std::size_t page_size() const noexcept { return page_size_; }
+  /// Bytes the mirror holds: every available device's whole pages.
   std::size_t capacity() const noexcept { return bytes_of(host_pages_.size()); }
+  /// Bytes in free device pages, all devices together.
   std::size_t free_bytes() const {
     const std::lock_guard control(control_);
     std::uint64_t pages = 0;
@@ -387,27 +407,35 @@ public:
     }
     return static_cast<std::size_t>(pages) * page_size_;
   }
+  /// Devices the backend reported, usable or not.
   std::size_t device_count() const noexcept { return devices_.size(); }
+  /// The devices, as the backend described them at construction.
   const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
+  /// Pages on `device`; 0 for an unknown or unavailable one.
   std::uint32_t device_pages(std::uint32_t device) const noexcept {
     return device < device_pages_.size() && device_pages_[device] ? device_pages_[device]->size() : 0;
   }
+  /// Free pages on `device`; 0 for an unknown or unavailable one.
   std::uint32_t device_free_pages(std::uint32_t device) const {
     const std::lock_guard control(control_);
     return device < device_pages_.size() && device_pages_[device] ? device_pages_[device]->free_count() : 0;
   }
+  /// Live allocations.
   std::size_t allocation_count() const {
     const std::shared_lock lock(allocations_mutex_);
     return allocations_.size();
   }
+  /// How dirty pages are found (the mechanism `options.tracking` led to).
   TrackingMechanism tracking_mechanism() const noexcept { return tracker_.mechanism(); }
-  // The reserved host range: every allocation lies inside it.
+  /// The reserved host range: every allocation lies inside it.
   const std::byte* host_base() const noexcept { return tracker_.base(); }
+  /// The backend.
   Backend& backend() noexcept { return backend_; }
+  /// The placement policy (with any state it keeps).
   const Placement& placement() const noexcept { return placement_; }
 
-  // Why allocate(bytes) fails: "cannot allocate 3.0 GiB: the mirror holds 2.0 GiB (1.5 GiB free:
-  // card 0 0.5 GiB, card 1 1.0 GiB)".
+  /// Why try_allocate(bytes) fails: "cannot allocate 3.0 GiB: the mirror holds 2.0 GiB (1.5 GiB free:
+  /// card 0 0.5 GiB, card 1 1.0 GiB)".
   std::string allocation_failure_message(std::size_t bytes) const {
     const std::lock_guard control(control_);
     std::string m = "cannot allocate " + format_bytes(bytes) + ": the mirror holds " + format_bytes(capacity()) + " (";

@@ -1,15 +1,17 @@
-// carve/mirror/picker_placement.hpp — pages near the device that will use them, as
-// BandwidthWeightedPicker decides.
-//
-//   carve::PickerPlacement placement(carve::BandwidthWeightedPicker(topology));   // LargestBandwidth
-//   carve::PagedMirror mirror(backend, options, placement);
-//
-// The requesting device is the request's `near` device (the one the dispatcher gave the work to),
-// else `home`. The whole allocation goes to one device when one can hold it: the requester if it
-// has room, else the lender the picker's strategy chooses (borrow/). When no single device
-// can, the pages are spread: the requester's free pages first, then the picker's next choice, and
-// so on, so the pages furthest from the requester are the fewest. Device ordinals are the
-// topology's GPU ordinals; the topology must describe as many GPUs as the mirror has devices.
+/// @file carve/mirror/picker_placement.hpp
+/// Pages near the device that will use them, as BandwidthWeightedPicker decides.
+///
+/// @code
+/// carve::PickerPlacement placement(carve::BandwidthWeightedPicker(topology));   // LargestBandwidth
+/// carve::PagedMirror mirror(backend, options, placement);
+/// @endcode
+///
+/// The requesting device is the request's `near` device (the one the dispatcher gave the work to),
+/// else `home`. The whole allocation goes to one device when one can hold it: the requester if it
+/// has room, else the lender the picker's strategy chooses (borrow/). When no single device
+/// can, the pages are spread: the requester's free pages first, then the picker's next choice, and
+/// so on, so the pages furthest from the requester are the fewest. Device ordinals are the
+/// topology's GPU ordinals; the topology must describe as many GPUs as the mirror has devices.
 #pragma once
 
 #include <carve/borrow/bandwidth_weighted_picker.hpp>
@@ -25,12 +27,14 @@
 
 namespace carve {
 
+/// A PagePlacement that asks a BandwidthWeightedPicker, keeping a BorrowHistory of its own.
 template <PickStrategy Strategy = LargestBandwidth>
 class PickerPlacement {
 public:
-  static constexpr const char* name = "picker";
+  static constexpr const char* name = "picker"; ///< for reports
 
-  // `history_window`: how many borrows the strategy's history term looks back over (0: none kept).
+  /// `home`: the requester when a request names no `near` device. `history_window`: how many
+  /// borrows the strategy's history term looks back over (0: none kept).
   explicit PickerPlacement(BandwidthWeightedPicker<Strategy> picker, std::uint32_t home = 0,
                            std::size_t history_window = 64)
       : picker_(std::move(picker)), home_(home) {
@@ -39,6 +43,8 @@ public:
     }
   }
 
+  /// The plan. Errors: out_of_range when the topology's GPU count differs from the devices' or the
+  /// requester is not one of them; no_space when no reachable device has room for what is left.
   cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r, std::span<const DevicePageState> devices) {
     if (devices.size() != static_cast<std::size_t>(picker_.card_count())) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -83,7 +89,9 @@ public:
     return plan;
   }
 
+  /// The picker.
   const BandwidthWeightedPicker<Strategy>& picker() const noexcept { return picker_; }
+  /// The requester for requests without a `near` device.
   std::uint32_t home() const noexcept { return home_; }
 
 private:

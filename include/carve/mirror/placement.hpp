@@ -1,21 +1,23 @@
-// carve/mirror/placement.hpp — which devices hold a new allocation's pages: the policy concept and
-// two policies.
-//
-//   struct MyPlacement {
-//     cuda::std::expected<carve::PlacementPlan, carve::Errc>
-//     place(const carve::PlacementRequest& request, std::span<const carve::DevicePageState> devices);
-//   };
-//
-// A plan is a list of (device, pages) chunks in host-address order: the allocation's first
-// chunk.pages host pages go to the first chunk's device, and so on. Semantic requirements: the
-// chunks add up to request.pages; no device gets more pages than it has free; unavailable devices
-// get none; when that is impossible, place() returns Errc::no_space. PagedMirror checks every plan
-// before using it and refuses a broken one with Errc::invalid_placement. place() may keep state
-// (a striping cursor); PagedMirror calls it under its lock.
-//
-// carve ships FillPlacement (device by device), StripePlacement (round robin in stripes) and
-// PickerPlacement (carve/mirror/picker_placement.hpp: near the device that will use the memory,
-// else on the best connected one, as BandwidthWeightedPicker decides).
+/// @file carve/mirror/placement.hpp
+/// Which devices hold a new allocation's pages: the policy concept and two policies.
+///
+/// @code
+/// struct MyPlacement {
+///   cuda::std::expected<carve::PlacementPlan, carve::Errc>
+///   place(const carve::PlacementRequest& request, std::span<const carve::DevicePageState> devices);
+/// };
+/// @endcode
+///
+/// A plan is a list of (device, pages) chunks in host-address order: the allocation's first
+/// chunk.pages host pages go to the first chunk's device, and so on. Semantic requirements: the
+/// chunks add up to request.pages; no device gets more pages than it has free; unavailable devices
+/// get none; when that is impossible, place() returns Errc::no_space. PagedMirror checks every plan
+/// before using it and refuses a broken one with Errc::invalid_placement. place() may keep state
+/// (a striping cursor); PagedMirror calls it under its lock.
+///
+/// carve ships FillPlacement (device by device), StripePlacement (round robin in stripes) and
+/// PickerPlacement (carve/mirror/picker_placement.hpp: near the device that will use the memory,
+/// else on the best connected one, as BandwidthWeightedPicker decides).
 #pragma once
 
 #include <carve/core/errc.hpp>
@@ -32,27 +34,34 @@
 
 namespace carve {
 
+/// One device's pages, as a placement policy sees them.
 struct DevicePageState {
-  std::uint32_t free_pages = 0;
-  std::uint32_t total_pages = 0;
-  bool available = true;
+  std::uint32_t free_pages = 0;  ///< pages not holding any allocation
+  std::uint32_t total_pages = 0; ///< pages the mirror may use on the device
+  bool available = true;         ///< false: the policy must give it no pages
 };
 
+/// A new allocation to place.
 struct PlacementRequest {
-  std::uint32_t pages = 0;
-  std::size_t page_size = 0;
-  int priority = 0;
-  std::optional<std::uint32_t> near{}; // the device that will use the memory, when known
+  std::uint32_t pages = 0;             ///< pages to place
+  std::size_t page_size = 0;           ///< the mirror's page size in bytes
+  int priority = 0;                    ///< the allocation's priority (higher syncs first)
+  std::optional<std::uint32_t> near{}; ///< the device that will use the memory, when known
 };
 
+/// `pages` consecutive host pages of an allocation on `device`.
 struct PlacementChunk {
-  std::uint32_t device = 0;
-  std::uint32_t pages = 0;
+  std::uint32_t device = 0; ///< the device's index in the backend
+  std::uint32_t pages = 0;  ///< pages in the chunk
+  /// Equal when both fields are.
   friend bool operator==(const PlacementChunk&, const PlacementChunk&) = default;
 };
 
+/// Chunks in host-address order, adding up to the request's pages.
 using PlacementPlan = std::vector<PlacementChunk>;
 
+/// A policy that places an allocation's pages on devices (see the file's description for the
+/// semantic requirements).
 template <class P>
 concept PagePlacement = requires(P& p, const PlacementRequest& r, std::span<const DevicePageState> devices) {
   { p.place(r, devices) } -> std::same_as<cuda::std::expected<PlacementPlan, Errc>>;
@@ -76,10 +85,11 @@ inline void append(PlacementPlan& plan, std::uint32_t device, std::uint32_t page
 }
 } // namespace detail
 
-// Device 0 until it is full, then device 1, ...: an allocation spans as few devices as possible.
+/// Device 0 until it is full, then device 1, ...: an allocation spans as few devices as possible.
 struct FillPlacement {
-  static constexpr const char* name = "fill";
+  static constexpr const char* name = "fill"; ///< for reports
 
+  /// The plan, or no_space when the available devices' free pages cannot hold the request.
   cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r,
                                                  std::span<const DevicePageState> devices) const {
     if (detail::usable_pages(devices) < r.pages) {
@@ -98,16 +108,18 @@ struct FillPlacement {
   }
 };
 
-// Stripes of `stripe_pages` pages dealt round robin over the devices with room, starting where
-// the previous allocation stopped, so every device carries a share of every large allocation
-// (their copies run in parallel) and small allocations spread out. A stripe is contiguous in host
-// addresses and, when the device has such a run free, in device pages, so a dirty stripe is one
-// copy.
+/// Stripes of `stripe_pages` pages dealt round robin over the devices with room, starting where
+/// the previous allocation stopped, so every device carries a share of every large allocation
+/// (their copies run in parallel) and small allocations spread out. A stripe is contiguous in host
+/// addresses and, when the device has such a run free, in device pages, so a dirty stripe is one
+/// copy.
 struct StripePlacement {
-  static constexpr const char* name = "stripe";
-  std::uint32_t stripe_pages = 16;
-  std::uint32_t next_device = 0; // where the next allocation starts
+  static constexpr const char* name = "stripe"; ///< for reports
+  std::uint32_t stripe_pages = 16;              ///< pages per stripe
+  std::uint32_t next_device = 0;                ///< where the next allocation starts
 
+  /// The plan, moving the cursor on. Errors: invalid_size for stripe_pages == 0; no_space when the
+  /// available devices' free pages cannot hold the request.
   cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r, std::span<const DevicePageState> devices) {
     if (stripe_pages == 0) {
       return cuda::std::unexpected(Errc::invalid_size);

@@ -1,19 +1,22 @@
-// carve/mirror/priority_dispatcher.hpp — compute resources handed to requests in priority order.
-//
-//   carve::PriorityDispatcher dispatcher(backend.devices());
-//   auto t = dispatcher.submit({.priority = 10, .compute_units = 32});   // 32 SMs on one device
-//   for (const carve::ComputeGrant& g : dispatcher.dispatch()) launch(g.device, g.units);
-//   dispatcher.release(g);
-//
-// The compute side of the virtual device: each device's compute units (SMs, CUs) are
-// slots, and a request takes a contiguous partition of them on one device (compute_units = 0: a
-// whole device). Requests wait in a queue ordered by priority (higher first; equal priorities in
-// submission order). dispatch() serves them from the front: each goes to the device where it fits
-// with the most units free (least loaded; ties to the lower device), placed in the device's units by
-// BoundaryNearestFit, so partitions pack against both ends and large ones still find room. With
-// DispatchOrder::strict_priority (the default) a request that cannot be served yet stops the pass,
-// so nothing of lower priority overtakes it; DispatchOrder::backfill lets smaller, lower-priority
-// requests use what the head leaves idle. Host-only; not synchronised (PagedMirror locks it).
+/// @file carve/mirror/priority_dispatcher.hpp
+/// Compute resources handed to requests in priority order.
+///
+/// @code
+/// carve::PriorityDispatcher dispatcher(backend.devices());
+/// auto t = dispatcher.submit({.priority = 10, .compute_units = 32});   // 32 SMs on one device
+/// for (const carve::ComputeGrant& g : dispatcher.dispatch()) launch(g.device, g.units);
+/// dispatcher.release(g);
+/// @endcode
+///
+/// The compute side of the virtual device: each device's compute units (SMs, CUs) are
+/// slots, and a request takes a contiguous partition of them on one device (compute_units = 0: a
+/// whole device). Requests wait in a queue ordered by priority (higher first; equal priorities in
+/// submission order). dispatch() serves them from the front: each goes to the device where it fits
+/// with the most units free (least loaded; ties to the lower device), placed in the device's units by
+/// BoundaryNearestFit, so partitions pack against both ends and large ones still find room. With
+/// DispatchOrder::strict_priority (the default) a request that cannot be served yet stops the pass,
+/// so nothing of lower priority overtakes it; DispatchOrder::backfill lets smaller, lower-priority
+/// requests use what the head leaves idle. Host-only; not synchronised (PagedMirror locks it).
 #pragma once
 
 #include <carve/core/errc.hpp>
@@ -33,23 +36,31 @@
 
 namespace carve {
 
-enum class DispatchOrder { strict_priority, backfill };
+/// What a dispatch pass does with a request it cannot serve yet.
+enum class DispatchOrder {
+  strict_priority, ///< stops the pass: nothing of lower priority overtakes it
+  backfill         ///< goes on: later requests may use what it leaves idle
+};
 
+/// Compute units wanted on one device.
 struct ComputeRequest {
-  int priority = 0;                // higher is served first (real-time work above batch work)
-  std::uint32_t compute_units = 0; // contiguous units on one device; 0 for a whole device
+  int priority = 0;                ///< higher is served first (real-time work above batch work)
+  std::uint32_t compute_units = 0; ///< contiguous units on one device; 0 for a whole device
 };
 
-// The compute resource a request received: `units` of `device`. `ticket` names the request.
+/// The compute resource a request received: `units` of `device`. `ticket` names the request.
 struct ComputeGrant {
-  std::uint64_t ticket = 0;
-  std::uint32_t device = 0;
-  SlotRange units{0, 0};
-  int priority = 0;
+  std::uint64_t ticket = 0; ///< what submit() returned
+  std::uint32_t device = 0; ///< the device's index
+  SlotRange units{0, 0};    ///< the partition of its compute units
+  int priority = 0;         ///< the request's priority
 };
 
+/// A priority queue of ComputeRequests over the devices' compute units. One owner; not
+/// synchronised.
 class PriorityDispatcher {
 public:
+  /// One slot per compute unit of every available device (devices without units get no work).
   explicit PriorityDispatcher(std::span<const DeviceInfo> devices, DispatchOrder order = DispatchOrder::strict_priority)
       : order_(order) {
     for (const DeviceInfo& d : devices) {
@@ -61,8 +72,8 @@ public:
     }
   }
 
-  // Queues a request and returns its ticket. Errors: invalid_size when no usable device has that
-  // many compute units (it could never be served).
+  /// Queues a request and returns its ticket. Errors: invalid_size when no usable device has that
+  /// many compute units (it could never be served).
   cuda::std::expected<std::uint64_t, Errc> submit(ComputeRequest r) {
     if (!could_ever_fit(r)) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -72,7 +83,7 @@ public:
     return ticket;
   }
 
-  // Removes a queued request. Errors: not_allocated when the ticket is not queued.
+  /// Removes a queued request. Errors: not_allocated when the ticket is not queued.
   cuda::std::expected<void, Errc> cancel(std::uint64_t ticket) {
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->first.ticket == ticket) {
@@ -83,9 +94,9 @@ public:
     return cuda::std::unexpected(Errc::not_allocated);
   }
 
-  // Serves queued requests in priority order. Each candidate grant is offered to admit(grant); when
-  // it returns false the grant is taken back and the request stays queued (as if it did not fit),
-  // e.g. because its memory could not be placed. Returns the accepted grants, in order.
+  /// Serves queued requests in priority order. Each candidate grant is offered to admit(grant); when
+  /// it returns false the grant is taken back and the request stays queued (as if it did not fit),
+  /// e.g. because its memory could not be placed. Returns the accepted grants, in order.
   template <class Admit>
   std::vector<ComputeGrant> dispatch(Admit&& admit) {
     std::vector<ComputeGrant> granted;
@@ -109,11 +120,12 @@ public:
     }
     return granted;
   }
+  /// dispatch(admit) admitting every grant.
   std::vector<ComputeGrant> dispatch() {
     return dispatch([](const ComputeGrant&) { return true; });
   }
 
-  // Gives a grant's units back. Errors: not_allocated when it is not held (released already).
+  /// Gives a grant's units back. Errors: not_allocated when it is not held (released already).
   cuda::std::expected<void, Errc> release(const ComputeGrant& g) {
     const auto it = held_.find(g.ticket);
     if (it == held_.end() || it->second.device != g.device || !(it->second.units == g.units)) {
@@ -124,11 +136,15 @@ public:
     return {};
   }
 
+  /// Requests waiting.
   std::size_t queued() const noexcept { return queue_.size(); }
+  /// Grants not yet released.
   std::size_t held() const noexcept { return held_.size(); }
+  /// Free compute units of `device`; 0 for an unknown or unusable one.
   std::uint32_t free_units(std::uint32_t device) const {
     return device < units_.size() && units_[device] ? units_[device]->free_count() : 0;
   }
+  /// What a pass does with a request it cannot serve.
   DispatchOrder order() const noexcept { return order_; }
 
 private:

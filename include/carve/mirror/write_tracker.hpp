@@ -1,22 +1,24 @@
-// carve/mirror/write_tracker.hpp — the dirty pages of a mirror, under any tracking mechanism.
-//
-// WriteTracker owns the mirror's reserved address range and knows, per page, whether it is
-// allocated and whether it is dirty. PagedMirror drives it:
-//   commit(pages), track(pages)      an allocation appears: its memory is committed, then
-//                                    write-protected (a backend may pin it in between);
-//   release(pages)                   it goes: memory handed back;
-//   mark_dirty(pages)                an explicit write;
-//   prepare_host_write(pages)        before carve itself writes the host copy (write(), fetch()):
-//                                    under mprotect the pages are made writable first, so carve's
-//                                    copy does not fault page by page;
-//   mark_clean(pages)                after fetch(): host and device agree again;
-//   harvest(pages, emit)             sync(): every dirty run in `pages` is passed to emit and is
-//                                    clean (and write-protected, in automatic modes) afterwards.
-// The harvest order is what makes concurrent stores safe: a page's dirty state is cleared (and
-// the page write-protected) before its copy is queued, so a store that lands after that point
-// marks the page dirty again for the next sync, and a store before it is in the copy.
-// commit/release/mark_clean/harvest are called under PagedMirror's lock; mark_dirty and
-// prepare_host_write from any thread.
+/// @file carve/mirror/write_tracker.hpp
+/// The dirty pages of a mirror, under any tracking mechanism.
+///
+/// WriteTracker owns the mirror's reserved address range and knows, per page, whether it is
+/// allocated and whether it is dirty. PagedMirror drives it:
+/// - commit(pages), track(pages): an allocation appears: its memory is committed, then
+///   write-protected (a backend may pin it in between);
+/// - release(pages): it goes: memory handed back;
+/// - mark_dirty(pages): an explicit write;
+/// - prepare_host_write(pages): before carve itself writes the host copy (write(), fetch()):
+///   under mprotect the pages are made writable first, so carve's copy does not fault page by
+///   page;
+/// - mark_clean(pages): after fetch(): host and device agree again;
+/// - harvest(pages, emit): sync(): every dirty run in `pages` is passed to emit and is clean (and
+///   write-protected, in automatic modes) afterwards.
+///
+/// The harvest order is what makes concurrent stores safe: a page's dirty state is cleared (and
+/// the page write-protected) before its copy is queued, so a store that lands after that point
+/// marks the page dirty again for the next sync, and a store before it is in the copy.
+/// commit/release/mark_clean/harvest are called under PagedMirror's lock; mark_dirty and
+/// prepare_host_write from any thread.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -44,10 +46,14 @@
 
 namespace carve {
 
+/// A mirror's reserved range and its allocated and dirty pages (see the file's description for
+/// which calls need the mirror's lock). Not copyable.
 class WriteTracker {
 public:
-  // Reserves pages * page_size bytes. Throws std::runtime_error when `mode` forces a mechanism
-  // this kernel lacks, std::system_error when the address space cannot be reserved.
+  /// Reserves pages * page_size bytes and sets up the mechanism `mode` asks for. Throws
+  /// carve::Exception: unsupported when `mode` forces a mechanism this kernel lacks or the SIGSEGV
+  /// handler cannot be installed (or max_fault_targets trackers use it already); no_space when the
+  /// address space cannot be reserved.
   WriteTracker(std::uint32_t pages, std::size_t page_size, WriteTracking mode)
       : range_(std::size_t{pages} * page_size), page_size_(page_size), allocated_(pages), dirty_(pages) {
     if (mode == WriteTracking::automatic || mode == WriteTracking::automatic_userfaultfd) {
@@ -68,6 +74,7 @@ public:
       register_fault_target(target_.get());
     }
   }
+  /// Stops tracking and gives the address range back.
   ~WriteTracker() {
     if (target_) {
       unregister_fault_target(target_.get());
@@ -80,20 +87,25 @@ public:
   WriteTracker(const WriteTracker&) = delete;
   WriteTracker& operator=(const WriteTracker&) = delete;
 
+  /// The mechanism chosen.
   TrackingMechanism mechanism() const noexcept { return mechanism_; }
+  /// The first address of the range.
   std::byte* base() const noexcept { return range_.data(); }
+  /// Bytes per page.
   std::size_t page_size() const noexcept { return page_size_; }
+  /// Pages in the range.
   std::uint32_t pages() const noexcept { return allocated_.size(); }
+  /// Whether `page` is tracked (committed and handed out).
   bool allocated(std::uint32_t page) const noexcept { return allocated_.test(page); }
 
-  // Makes the pages readable and writable (zero). Returns 0 or the errno of the failure (then
-  // nothing changed). track() must follow before the pages are handed out.
+  /// Makes the pages readable and writable (zero). Returns 0 or the errno of the failure (then
+  /// nothing changed). track() must follow before the pages are handed out.
   int commit(SlotRange pages) noexcept {
     return range_.commit(offset(pages.first), bytes(pages), PROT_READ | PROT_WRITE);
   }
 
-  // Starts tracking writes to committed pages, all clean: write-protects them in automatic modes.
-  // Returns 0 or the errno of the failure (then the pages are as commit() left them).
+  /// Starts tracking writes to committed pages, all clean: write-protects them in automatic modes.
+  /// Returns 0 or the errno of the failure (then the pages are as commit() left them).
   int track(SlotRange pages) noexcept {
     if (mechanism_ == TrackingMechanism::mprotect &&
         ::mprotect(base() + offset(pages.first), bytes(pages), PROT_READ) != 0) {
@@ -118,7 +130,7 @@ public:
     return 0;
   }
 
-  // Hands committed pages back (tracked or not).
+  /// Hands committed pages back (tracked or not).
   void release(SlotRange pages) noexcept {
     allocated_.clear(pages);
     dirty_.clear(pages);
@@ -129,8 +141,11 @@ public:
     range_.decommit(offset(pages.first), bytes(pages));
   }
 
+  /// The pages were written (an explicit write). Any thread.
   void mark_dirty(SlotRange pages) noexcept { dirty_.set(pages); }
 
+  /// Before carve writes the pages itself: under mprotect they are marked dirty and made writable.
+  /// Any thread.
   void prepare_host_write(SlotRange pages) noexcept {
     if (mechanism_ == TrackingMechanism::mprotect) {
       // Dirty first, writable second: the order the fault handler uses.
@@ -140,6 +155,8 @@ public:
     }
   }
 
+  /// The pages match the devices again: write-protected and clean (they stay dirty when they
+  /// cannot be protected).
   void mark_clean(SlotRange pages) noexcept {
     if (mechanism_ == TrackingMechanism::mprotect) {
       if (::mprotect(base() + offset(pages.first), bytes(pages), PROT_READ) != 0) {
@@ -151,6 +168,7 @@ public:
     dirty_.clear(pages);
   }
 
+  /// Whether `page` was written since it was last clean (userfaultfd: after a scan).
   bool is_dirty(std::uint32_t page) noexcept {
     if (mechanism_ == TrackingMechanism::userfaultfd) {
       collect_written({page, 1}, /*protect=*/false);
@@ -158,8 +176,8 @@ public:
     return dirty_.test(page);
   }
 
-  // Calls emit(SlotRange run) for each maximal run of dirty pages within `pages`, lowest first;
-  // the runs are clean when emit sees them.
+  /// Calls emit(SlotRange run) for each maximal run of dirty pages within `pages`, lowest first;
+  /// the runs are clean when emit sees them.
   template <class Emit>
   void harvest(SlotRange pages, Emit&& emit) {
     if (mechanism_ == TrackingMechanism::userfaultfd) {
@@ -194,7 +212,7 @@ public:
     flush();
   }
 
-  // Dirty pages within `pages` as this tracker knows them now (userfaultfd: after a scan).
+  /// Dirty pages within `pages` as this tracker knows them now (userfaultfd: after a scan).
   std::uint32_t dirty_count(SlotRange pages) noexcept {
     if (mechanism_ == TrackingMechanism::userfaultfd) {
       collect_written(pages, /*protect=*/false);

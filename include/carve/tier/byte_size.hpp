@@ -1,6 +1,7 @@
-// carve/tier/byte_size.hpp — sizes written the way people write them: "80GiB", "1.5 TiB",
-// "512MB", "4096". Binary (KiB, MiB, GiB, TiB) and decimal (kB, MB, GB, TB) units; no unit means
-// bytes. Throws carve::Exception naming the text for anything else, including negative sizes.
+/// @file carve/tier/byte_size.hpp
+/// Sizes written the way people write them: "80GiB", "1.5 TiB", "512MB", "4096".
+///
+/// Binary (KiB, MiB, GiB, TiB) and decimal (kB, MB, GB, TB) units; no unit means bytes.
 #pragma once
 
 #include <carve/tier/spill_tier.hpp>
@@ -13,6 +14,9 @@
 
 namespace carve {
 
+/// The bytes `text` names, rounded to a whole byte; spaces around the number and unit are allowed.
+/// Throws carve::Exception (invalid_argument) naming the text for anything else: no number, an
+/// unknown unit, a negative size, or one past 2^64 - 1.
 inline std::uint64_t parse_bytes(std::string_view text) {
   const std::string s(text);
   const auto bad = [&](const char* why) { return Exception(Errc::invalid_argument, "size '" + s + "': " + why); };

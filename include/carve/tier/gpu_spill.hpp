@@ -1,12 +1,15 @@
-// carve/tier/gpu_spill.hpp — a GPU's reservations from a TierPlan, allocated up front.
-//
-//   carve::GpuSpill spill(plan, /*gpu*/ 0, {.home = 0, .nodes = carve::discover_memory_nodes()});
-//   for (const carve::SpillRegion& r : spill.regions()) { ... r.data, r.bytes, r.numa_node ... }
-//
-// Every reserved byte is allocated when the GpuSpill is made, spread over each tier as
-// split_share() says (the GPU's own NUMA node first, then the tier's other nodes by free
-// memory; files for a disk tier), and released when it goes away. For memory drawn as it is
-// needed, use a TierShareResource per tier instead.
+/// @file carve/tier/gpu_spill.hpp
+/// A GPU's reservations from a TierPlan, allocated up front.
+///
+/// @code
+/// carve::GpuSpill spill(plan, /*gpu*/ 0, {.home = 0, .nodes = carve::discover_memory_nodes()});
+/// for (const carve::SpillRegion& r : spill.regions()) { ... r.data, r.bytes, r.numa_node ... }
+/// @endcode
+///
+/// Every reserved byte is allocated when the GpuSpill is made, spread over each tier as
+/// split_share() says (the GPU's own NUMA node first, then the tier's other nodes by free
+/// memory; files for a disk tier), and released when it goes away. For memory drawn as it is
+/// needed, use a TierShareResource per tier instead.
 #pragma once
 
 #include <carve/tier/spill_tier.hpp>
@@ -22,18 +25,22 @@
 
 namespace carve {
 
+/// One allocated piece of a GPU's reservation: on one NUMA node, or in one file.
 struct SpillRegion {
-  std::size_t tier;
-  void* data;
-  std::uint64_t bytes;
-  int numa_node; // -1 for a file
+  std::size_t tier;    ///< index into the plan's tiers
+  void* data;          ///< the first byte
+  std::uint64_t bytes; ///< the piece's size
+  int numa_node;       ///< -1 for a file
 };
 
+/// GPU `gpu`'s reservation on every tier of a plan, allocated when made and released when
+/// destroyed. Move-only.
 class GpuSpill {
 public:
-  // Throws carve::Exception when a tier cannot be backed (no NUMA support, no directory, too little free
-  // memory on the tier's nodes) or the system refuses the memory; whatever was allocated before
-  // is released.
+  /// Allocates every byte the plan reserves for `gpu`. Throws carve::Exception: invalid_argument
+  /// for an unknown GPU; when a tier cannot be backed (no NUMA support, no directory, too little
+  /// free memory on the tier's nodes) or the system refuses the memory. Whatever was allocated
+  /// before is released.
   GpuSpill(const TierPlan& plan, std::size_t gpu, const SpillNodes& where = {}) {
     if (gpu >= plan.gpus.size()) {
       throw Exception(Errc::invalid_argument, "GPU spill: the plan has no GPU " + std::to_string(gpu));
@@ -57,7 +64,9 @@ public:
       throw;
     }
   }
+  /// Takes the other's regions; it is left empty.
   GpuSpill(GpuSpill&& other) noexcept : regions_(std::exchange(other.regions_, {})) {}
+  /// Releases this one's regions, then takes the other's.
   GpuSpill& operator=(GpuSpill&& other) noexcept {
     if (this != &other) {
       release();
@@ -65,8 +74,10 @@ public:
     }
     return *this;
   }
+  /// Releases every region.
   ~GpuSpill() { release(); }
 
+  /// The allocated pieces, tier by tier.
   const std::vector<SpillRegion>& regions() const noexcept { return regions_; }
 
 private:

@@ -1,11 +1,13 @@
-// carve/tier/tier_discovery.hpp — this machine's spill tiers, read from Linux sysfs.
-//
-// NUMA nodes are listed in <sysfs>/devices/system/node/node<N>; a node whose cpulist is empty
-// has memory but no CPUs, which is how CXL memory expanders (and other far memory) appear. When
-// the kernel groups nodes into memory tiers (<sysfs>/devices/virtual/memory_tiering/
-// memory_tier<K>/nodelist, a lower K being faster), those tiers are used; otherwise nodes with
-// CPUs form the DRAM tier and CPU-less nodes the CXL tier. A disk tier is a directory, sized by
-// statvfs. The sysfs root is a parameter so tests can point it at a fake tree.
+/// @file carve/tier/tier_discovery.hpp
+/// This machine's spill tiers, read from Linux sysfs.
+///
+/// NUMA nodes are listed in `<sysfs>/devices/system/node/node<N>`; a node whose cpulist is empty
+/// has memory but no CPUs, which is how CXL memory expanders (and other far memory) appear. When
+/// the kernel groups nodes into memory tiers
+/// (`<sysfs>/devices/virtual/memory_tiering/memory_tier<K>/nodelist`, a lower K being faster),
+/// those tiers are used; otherwise nodes with CPUs form the DRAM tier and CPU-less nodes the CXL
+/// tier. A disk tier is a directory, sized by statvfs. The sysfs root is a parameter so tests can
+/// point it at a fake tree.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
@@ -25,14 +27,15 @@
 
 namespace carve {
 
+/// A NUMA node with memory, as sysfs describes it.
 struct MemoryNode {
-  int id;
-  bool has_cpus;
-  std::uint64_t total_bytes;
-  std::uint64_t free_bytes; // MemFree: unused pages only, often a small part of what can be had
-  int memory_tier;          // the kernel's memory_tier<K>, or -1 when the kernel does not say
-  // What a program can have without swapping: MemFree plus the node's page cache and reclaimable
-  // slab, at most MemTotal. The per-node form of /proc/meminfo's MemAvailable, which sizes tiers.
+  int id;                    ///< the node's number
+  bool has_cpus;             ///< false for CXL and other far memory
+  std::uint64_t total_bytes; ///< MemTotal
+  std::uint64_t free_bytes;  ///< MemFree: unused pages only, often a small part of what can be had
+  int memory_tier;           ///< the kernel's `memory_tier<K>`, or -1 when the kernel does not say
+  /// What a program can have without swapping: MemFree plus the node's page cache and reclaimable
+  /// slab, at most MemTotal. The per-node form of /proc/meminfo's MemAvailable, which sizes tiers.
   std::uint64_t available_bytes = free_bytes;
 };
 
@@ -114,8 +117,9 @@ inline std::uint64_t meminfo_available(const std::string& text, std::uint64_t to
 
 } // namespace detail
 
-// Every NUMA node with memory. Throws carve::Exception when the node directory is missing or a file in
-// it cannot be read or parsed.
+/// Every NUMA node with memory, by id. Throws carve::Exception: unsupported when the node
+/// directory is missing, io_error when a file in it cannot be read, invalid_argument when one
+/// cannot be parsed.
 inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path& sysfs = "/sys") {
   const std::filesystem::path nodes_dir = sysfs / "devices/system/node";
   if (!std::filesystem::is_directory(nodes_dir)) {
@@ -166,8 +170,9 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
   return nodes;
 }
 
-// A directory as a spill tier, sized by the space free to unprivileged users, or by `capacity`
-// when that is given and smaller (a tier need not claim the whole disk).
+/// A directory as a spill tier, sized by the space free to unprivileged users, or by `capacity`
+/// when that is given and smaller (a tier need not claim the whole disk). Throws carve::Exception:
+/// invalid_argument when it is not a directory, io_error when statvfs fails.
 inline SpillTier disk_tier(const std::filesystem::path& directory, int priority, std::string name = "disk",
                            std::optional<std::uint64_t> capacity = std::nullopt) {
   if (!std::filesystem::is_directory(directory)) {
@@ -181,10 +186,11 @@ inline SpillTier disk_tier(const std::filesystem::path& directory, int priority,
   return {std::move(name), capacity ? std::min(*capacity, free) : free, priority, 0, {}, directory.string()};
 }
 
-// Memory tiers from nodes, fastest first, each sized by its nodes' available memory and at most
-// `cap` bytes when given (spill need not take every page the machine could free): the kernel's
-// memory tiers when every node has one, else "dram" (nodes with CPUs) then "cxl" (CPU-less
-// nodes). Priorities start at 1.
+/// Memory tiers from nodes, fastest first, each sized by its nodes' available memory and at most
+/// `cap` bytes when given (spill need not take every page the machine could free): the kernel's
+/// memory tiers when every node has one, else "dram" (nodes with CPUs) then "cxl" (CPU-less
+/// nodes). Priorities start at 1. Throws carve::Exception (invalid_argument) when a tier's size
+/// would pass 2^64 bytes.
 inline std::vector<SpillTier> memory_tiers(const std::vector<MemoryNode>& nodes,
                                            std::optional<std::uint64_t> cap = std::nullopt) {
   std::map<std::pair<int, std::string>, SpillTier> groups; // ordered fastest first

@@ -1,21 +1,22 @@
-// carve/tier/tier_planner.hpp — fair, pre-reserved shares of spill tiers for every GPU.
-//
-// Tasks are each split into one subtask per GPU and placed by the rules below; a GPU whose
-// subtasks need more than its memory has an extra to spill. GPUs are planned one after another,
-// each offered from every tier a share = the tier's remaining capacity / the GPUs not yet
-// planned, and its extra is served from tier 1 while the share lasts, then tier 2, and so on.
-// The shares are set aside before any task runs, so no GPU can take over a tier's capacity (and
-// with it the tier's bandwidth) from the others, as happens when memory is simply handed out in
-// the order GPUs ask for it (first_come_first_served, kept here for comparison).
-//
-// Placement: tasks are taken largest first (ties keep their input order). With no more tasks
-// than GPUs, subtask k of every task goes to GPU k. With more tasks than GPUs, tasks alternate
-// direction: even tasks put subtask k on GPU k, odd ones on GPU G-1-k, so consecutive tasks start
-// on opposite ends and a large first subtask does not always land on GPU 0.
-//
-// Reservation: as in the original scheme, a GPU that uses a tier reserves its whole share of it
-// (what it does not fill stays idle). With `hand_back_unused`, it reserves only what it uses and
-// the rest flows to the GPUs planned after it.
+/// @file carve/tier/tier_planner.hpp
+/// Fair, pre-reserved shares of spill tiers for every GPU.
+///
+/// Tasks are each split into one subtask per GPU and placed by the rules below; a GPU whose
+/// subtasks need more than its memory has an extra to spill. GPUs are planned one after another,
+/// each offered from every tier a share = the tier's remaining capacity / the GPUs not yet
+/// planned, and its extra is served from tier 1 while the share lasts, then tier 2, and so on.
+/// The shares are set aside before any task runs, so no GPU can take over a tier's capacity (and
+/// with it the tier's bandwidth) from the others, as happens when memory is simply handed out in
+/// the order GPUs ask for it (first_come_first_served, kept here for comparison).
+///
+/// Placement: tasks are taken largest first (ties keep their input order). With no more tasks
+/// than GPUs, subtask k of every task goes to GPU k. With more tasks than GPUs, tasks alternate
+/// direction: even tasks put subtask k on GPU k, odd ones on GPU G-1-k, so consecutive tasks start
+/// on opposite ends and a large first subtask does not always land on GPU 0.
+///
+/// Reservation: by default a GPU that uses a tier reserves its whole share of it (what it does
+/// not fill stays idle). With `hand_back_unused`, it reserves only what it uses and the rest flows
+/// to the GPUs planned after it.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
@@ -31,39 +32,45 @@
 
 namespace carve {
 
+/// How the fair-share plan reserves.
 struct TierPlanOptions {
-  bool hand_back_unused = false;
+  bool hand_back_unused = false; ///< reserve only what a GPU uses of its share, not all of it
 };
 
+/// Where one subtask runs.
 struct SubtaskPlacement {
-  std::size_t task;    // index into the task list as given
-  std::size_t subtask; // k
-  std::size_t gpu;     // index into the planner's GPU list (ordinal order)
-  std::uint64_t bytes;
+  std::size_t task;    ///< index into the task list as given
+  std::size_t subtask; ///< k
+  std::size_t gpu;     ///< index into the planner's GPU list (ordinal order)
+  std::uint64_t bytes; ///< the subtask's size
 };
 
+/// One GPU's use of one tier in a plan.
 struct GpuTierUse {
-  std::uint64_t share;    // offered when the GPU was planned
-  std::uint64_t used;     // bytes of the GPU's extra placed on this tier
-  std::uint64_t reserved; // bytes set aside for the GPU on this tier (>= used)
+  std::uint64_t share;    ///< offered when the GPU was planned
+  std::uint64_t used;     ///< bytes of the GPU's extra placed on this tier
+  std::uint64_t reserved; ///< bytes set aside for the GPU on this tier (>= used)
 };
 
+/// One GPU in a plan: what its subtasks need and where its extra spills.
 struct GpuPlan {
-  int ordinal;
-  std::uint64_t capacity;
-  std::uint64_t demand; // sum of the GPU's subtasks
-  std::uint64_t extra;  // demand - capacity, or 0
-  std::vector<GpuTierUse> tiers;
-  std::uint64_t unmet; // extra no tier could take
+  int ordinal;                   ///< the GPU's number
+  std::uint64_t capacity;        ///< its memory for the tasks
+  std::uint64_t demand;          ///< sum of the GPU's subtasks
+  std::uint64_t extra;           ///< demand - capacity, or 0
+  std::vector<GpuTierUse> tiers; ///< one per tier, in the plan's tier order
+  std::uint64_t unmet;           ///< extra no tier could take
 };
 
+/// A plan: the placements and every GPU's use of every tier.
 struct TierPlan {
-  std::vector<SpillTier> tiers;
-  std::vector<GpuPlan> gpus;
-  std::vector<SubtaskPlacement> placements;
-  TierPlanOptions options;
-  std::string method; // "fair shares" or "first come, first served"
+  std::vector<SpillTier> tiers;             ///< the planner's tiers
+  std::vector<GpuPlan> gpus;                ///< in ordinal order, as planned
+  std::vector<SubtaskPlacement> placements; ///< every subtask of every task
+  TierPlanOptions options;                  ///< the planner's options
+  std::string method;                       ///< "fair shares" or "first come, first served"
 
+  /// Bytes of extra no tier could take, over all GPUs.
   std::uint64_t unmet() const {
     std::uint64_t total = 0;
     for (const GpuPlan& g : gpus) {
@@ -73,12 +80,14 @@ struct TierPlan {
   }
 };
 
+/// Plans GPUs' spill over tiers (see the file's description). A value; its calls are const.
 class TierPlanner {
 public:
-  // GPUs are kept in ordinal order, whatever order they are given in: "GPU k" in the placement
-  // rules and the planning order both mean the k-th ordinal, and gpus() and every plan list them
-  // so. Throws carve::Exception for: no GPUs, a GPU without memory, a GPU ordinal given twice, no tiers,
-  // a tier without capacity, or tier priorities that do not strictly increase.
+  /// GPUs are kept in ordinal order, whatever order they are given in: "GPU k" in the placement
+  /// rules and the planning order both mean the k-th ordinal, and gpus() and every plan list them
+  /// so. Throws carve::Exception (invalid_argument) for: no GPUs, a GPU without memory, a GPU
+  /// ordinal given twice, no tiers, a tier without capacity, or tier priorities that do not
+  /// strictly increase.
   TierPlanner(std::vector<TierGpu> gpus, std::vector<SpillTier> tiers, TierPlanOptions options = {})
       : gpus_(std::move(gpus)), tiers_(std::move(tiers)), options_(options) {
     if (gpus_.empty()) {
@@ -113,11 +122,14 @@ public:
     }
   }
 
+  /// The GPUs, in ordinal order.
   const std::vector<TierGpu>& gpus() const noexcept { return gpus_; }
+  /// The tiers, in priority order.
   const std::vector<SpillTier>& tiers() const noexcept { return tiers_; }
 
-  // Where every subtask goes. Throws carve::Exception for a task needing nothing, or subtask sizes that
-  // are not one per GPU or do not add up to the task's need.
+  /// Where every subtask goes. Throws carve::Exception (invalid_argument) for a task needing
+  /// nothing, subtask sizes that are not one per GPU or do not add up to the task's need, or
+  /// sizes summing past 2^64 bytes.
   std::vector<SubtaskPlacement> place(const std::vector<TierTask>& tasks) const {
     const std::size_t g = gpus_.size();
     std::vector<std::size_t> order(tasks.size());
@@ -138,7 +150,7 @@ public:
     return placements;
   }
 
-  // The fair-share plan.
+  /// The fair-share plan. Throws as place() does.
   TierPlan plan(const std::vector<TierTask>& tasks) const {
     TierPlan p = start_plan(tasks, "fair shares");
     std::vector<std::uint64_t> remaining = capacities();
@@ -159,8 +171,8 @@ public:
     return p;
   }
 
-  // The practice fair shares replace: each GPU in turn takes what it needs from the fastest tier
-  // that still has room, leaving the rest to whoever comes later.
+  /// The practice fair shares replace: each GPU in turn takes what it needs from the fastest tier
+  /// that still has room, leaving the rest to whoever comes later. Throws as place() does.
   TierPlan first_come_first_served(const std::vector<TierTask>& tasks) const {
     TierPlan p = start_plan(tasks, "first come, first served");
     std::vector<std::uint64_t> remaining = capacities();

@@ -1,4 +1,5 @@
-// carve/tier/tier_report.hpp — a TierPlan as a table, as JSON, and how fair it is.
+/// @file carve/tier/tier_report.hpp
+/// A TierPlan as a table, as JSON, and how fair it is.
 #pragma once
 
 #include <carve/core/format_bytes.hpp>
@@ -12,7 +13,8 @@
 
 namespace carve {
 
-// One row per GPU: capacity, demand, extra, then per tier "used / reserved", then unmet.
+/// The plan as text: its method, then one row per GPU: capacity, demand, extra, then per tier
+/// "used / reserved", then unmet.
 inline std::string format_table(const TierPlan& plan) {
   std::string out = plan.method + (plan.options.hand_back_unused ? " (unused shares handed back)" : "") + "\n";
   char cell[128];
@@ -108,6 +110,8 @@ private:
 };
 } // namespace detail
 
+/// The plan as one JSON object: method, hand_back_unused, tiers, gpus (with their use of every
+/// tier) and placements (GPUs named by ordinal).
 inline std::string to_json(const TierPlan& plan) {
   detail::JsonWriter json;
   json.open('{');
@@ -141,23 +145,24 @@ inline std::string to_json(const TierPlan& plan) {
   return json.take();
 }
 
-// How evenly a plan treats the GPUs that spill (extra > 0). A GPU's share of a tier is its
-// reservation there over the tier's capacity. A tier's bandwidth is split among the GPUs holding
-// reservations on it, in proportion to those reservations, so a GPU's share of tier-1 bandwidth
-// is its reservation over all reservations on tier 1 (the two shares differ when part of the
-// tier is left unreserved).
+/// How evenly a plan treats the GPUs that spill (extra > 0). A GPU's share of a tier is its
+/// reservation there over the tier's capacity. A tier's bandwidth is split among the GPUs holding
+/// reservations on it, in proportion to those reservations, so a GPU's share of tier-1 bandwidth
+/// is its reservation over all reservations on tier 1 (the two shares differ when part of the
+/// tier is left unreserved). The worst values are 0 when no GPU spills.
 struct TierFairness {
-  int spilling_gpus = 0;
-  double worst_tier1_share = 0;           // the smallest share of tier 1's capacity among spilling GPUs
-  int worst_tier1_gpu = -1;               // its ordinal
-  double worst_tier1_bandwidth_share = 0; // the smallest share of tier 1's bandwidth among spilling GPUs
-  int worst_tier1_bandwidth_gpu = -1;     // its ordinal
-  double worst_tier1_coverage = 0;        // the smallest fraction of a spilling GPU's extra on tier 1
-  // With bandwidths known: the longest time a spilling GPU needs to read its spill once, all
-  // GPUs reading at the same time. 0 when bandwidths are unknown; infinite with unmet demand.
+  int spilling_gpus = 0;                  ///< GPUs with extra > 0
+  double worst_tier1_share = 0;           ///< the smallest share of tier 1's capacity among spilling GPUs
+  int worst_tier1_gpu = -1;               ///< its ordinal
+  double worst_tier1_bandwidth_share = 0; ///< the smallest share of tier 1's bandwidth among spilling GPUs
+  int worst_tier1_bandwidth_gpu = -1;     ///< its ordinal
+  double worst_tier1_coverage = 0;        ///< the smallest fraction of a spilling GPU's extra on tier 1
+  /// With bandwidths known: the longest time a spilling GPU needs to read its spill once, all
+  /// GPUs reading at the same time. 0 when bandwidths are unknown; infinite with unmet demand.
   double worst_spill_read_seconds = 0;
 };
 
+/// The plan's fairness figures (TierFairness).
 inline TierFairness fairness(const TierPlan& plan) {
   TierFairness f;
   f.worst_tier1_share = std::numeric_limits<double>::infinity();

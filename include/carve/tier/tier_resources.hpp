@@ -1,26 +1,26 @@
-// carve/tier/tier_resources.hpp — real memory for a spill tier.
-//
-//   NumaNodeResource   memory on one NUMA node (DRAM or CXL), bound there with libnuma. Works
-//                      when <numa.h> is found (Debian: libnuma-dev) and the program links
-//                      libnuma (CMake: carve::numa); otherwise constructing one throws
-//                      carve::Exception.
-//   MappedFileResource memory in files under a directory (a disk tier), mapped shared; each
-//                      file is unlinked at once, so nothing is left behind if the process dies.
-//
-// What they hand out is backed when it is handed out. Files get their blocks with
-// posix_fallocate, so a full disk is a no_space from try_allocate rather than a SIGBUS at a
-// later store into a sparse hole. Node memory is faulted in on its node at allocation
-// (MemoryBacking::populate, the default), so a node without the room refuses there; with
-// MemoryBacking::on_first_touch the pages are only a promise the kernel may break later (cheaper
-// for shares that are mostly never touched).
-//
-// Both are carve::UpstreamResources (carve/mr/memory_resource.hpp) with a byte budget —
-// typically a GPU's share of the tier — so a CachingPool, a PagedMirror backend or a
-// TierShareResource can sit on top of them, and they have the CCCL allocate/deallocate
-// spellings. They hand out whole pages at any power-of-two alignment up to 1 GiB (PagedMirror's
-// host backend asks for 2 MiB). try_allocate: invalid_size for zero bytes or an alignment that
-// is not a power of two; no_space for an alignment above 1 GiB, a request past the budget, or
-// when the system refuses the memory.
+/// @file carve/tier/tier_resources.hpp
+/// Real memory for a spill tier.
+///
+/// - NumaNodeResource: memory on one NUMA node (DRAM or CXL), bound there with libnuma. Works
+///   when `<numa.h>` is found (Debian: libnuma-dev) and the program links libnuma (CMake:
+///   carve::numa); otherwise constructing one throws carve::Exception.
+/// - MappedFileResource: memory in files under a directory (a disk tier), mapped shared; each
+///   file is unlinked at once, so nothing is left behind if the process dies.
+///
+/// What they hand out is backed when it is handed out. Files get their blocks with
+/// posix_fallocate, so a full disk is a no_space from try_allocate rather than a SIGBUS at a
+/// later store into a sparse hole. Node memory is faulted in on its node at allocation
+/// (MemoryBacking::populate, the default), so a node without the room refuses there; with
+/// MemoryBacking::on_first_touch the pages are only a promise the kernel may break later (cheaper
+/// for shares that are mostly never touched).
+///
+/// Both are carve::UpstreamResources (carve/mr/memory_resource.hpp) with a byte budget —
+/// typically a GPU's share of the tier — so a CachingPool, a PagedMirror backend or a
+/// TierShareResource can sit on top of them, and they have the CCCL allocate/deallocate
+/// spellings. They hand out whole pages at any power-of-two alignment up to 1 GiB (PagedMirror's
+/// host backend asks for 2 MiB). try_allocate: invalid_size for zero bytes or an alignment that
+/// is not a power of two; no_space for an alignment above 1 GiB, a request past the budget, or
+/// when the system refuses the memory.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -117,21 +117,24 @@ inline bool populate(void* p, std::size_t bytes) noexcept {
 } // namespace detail
 
 #if __has_include(<numa.h>)
+/// Whether this build found `<numa.h>`, so that a NumaNodeResource can be made.
 inline constexpr bool numa_resource_available = true;
 #else
 inline constexpr bool numa_resource_available = false;
 #endif
 
-// When node memory gets its physical pages.
+/// When node memory gets its physical pages.
 enum class MemoryBacking {
-  populate,       // at allocation, on the node; no room there is no_space
-  on_first_touch, // when first written; the allocation is a plan, not a reservation
+  populate,       ///< at allocation, on the node; no room there is no_space
+  on_first_touch, ///< when first written; the allocation is a plan, not a reservation
 };
 
+/// Up to `budget` bytes on NUMA node `node`, in whole pages. Copies share the budget;
+/// thread-safe.
 class NumaNodeResource : public CcclSpellings<NumaNodeResource> {
 public:
-  // Throws carve::Exception when this build has no libnuma, the system no NUMA support
-  // (unsupported), or there is no such node (invalid_argument).
+  /// Throws carve::Exception when this build has no libnuma or the system no NUMA support
+  /// (unsupported), or there is no such node (invalid_argument).
   NumaNodeResource(int node, std::size_t budget, MemoryBacking backing = MemoryBacking::populate)
       : node_(node), budget_(budget), backing_(backing) {
 #if __has_include(<numa.h>)
@@ -147,6 +150,8 @@ public:
 #endif
   }
 
+  /// Fresh pages bound to the node, backed as backing() says. Errors as the file's description
+  /// says; no_space also when populating finds no room on the node.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -169,19 +174,26 @@ public:
     }
     return p;
   }
+  /// Unmaps the pages and gives their bytes back to the budget.
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
     detail::unmap_pages(p, bytes);
     budget_.give_back(bytes);
   }
 
+  /// The NUMA node.
   int node() const noexcept { return node_; }
+  /// When pages get their memory.
   MemoryBacking backing() const noexcept { return backing_; }
+  /// The budget.
   std::size_t capacity() const noexcept { return budget_.capacity(); }
+  /// Bytes of the budget not handed out.
   std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  /// Equal when both are copies sharing one budget.
   friend bool operator==(const NumaNodeResource& a, const NumaNodeResource& b) noexcept {
     return a.budget_ == b.budget_;
   }
 #if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is host memory.
   friend constexpr void get_property(const NumaNodeResource&, cuda::mr::host_accessible) noexcept {}
 #endif
 
@@ -192,9 +204,11 @@ private:
 };
 static_assert(UpstreamResource<NumaNodeResource>);
 
+/// Up to `budget` bytes in unlinked files under `directory`, one file per allocation. Copies share
+/// the budget; thread-safe.
 class MappedFileResource : public CcclSpellings<MappedFileResource> {
 public:
-  // Throws carve::Exception (invalid_argument) when `directory` is not a directory.
+  /// Throws carve::Exception (invalid_argument) when `directory` is not a directory.
   MappedFileResource(std::filesystem::path directory, std::size_t budget)
       : directory_(std::move(directory)), budget_(budget) {
     if (!std::filesystem::is_directory(directory_)) {
@@ -202,6 +216,8 @@ public:
     }
   }
 
+  /// A new file's blocks, mapped shared. Errors as the file's description says; no_space also
+  /// when the file cannot be made or its blocks allocated (a full disk).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -216,18 +232,24 @@ public:
     }
     return p;
   }
+  /// Unmaps the file (which then goes away) and gives its bytes back to the budget.
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
     detail::unmap_pages(p, bytes);
     budget_.give_back(bytes);
   }
 
+  /// Where the files go.
   const std::filesystem::path& directory() const noexcept { return directory_; }
+  /// The budget.
   std::size_t capacity() const noexcept { return budget_.capacity(); }
+  /// Bytes of the budget not handed out.
   std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  /// Equal when both are copies sharing one budget.
   friend bool operator==(const MappedFileResource& a, const MappedFileResource& b) noexcept {
     return a.budget_ == b.budget_;
   }
 #if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is host memory.
   friend constexpr void get_property(const MappedFileResource&, cuda::mr::host_accessible) noexcept {}
 #endif
 

@@ -1,20 +1,22 @@
-// carve/tier/tier_share_resource.hpp — one GPU's reservation on one spill tier, as a memory
-// resource.
-//
-//   const carve::TierPlan plan = planner.plan(tasks);
-//   carve::SpillNodes where{.home = topology.node(topology.gpu(0)).numa_node.value_or(-1),
-//                           .nodes = carve::discover_memory_nodes()};
-//   carve::TierShareResource dram(plan, /*gpu*/ 0, /*tier*/ 0, where);
-//   carve::CachingPool pool(dram);              // or a PagedMirror host backend's card
-//
-// A memory tier's share is split over the tier's NUMA nodes by split_share(): the GPU's own node
-// first (the node nearest it, nvidia-smi's "NUMA Affinity"), then the tier's other nodes, most
-// free memory first, each taking what it has free. Without free-memory figures the nodes are
-// taken in turn starting at a different node for each GPU, and the first takes the whole share.
-// A disk tier's share is one part, files in the tier's directory. Free-memory figures are a
-// snapshot: splitting several GPUs' shares against the same snapshot may promise a node's free
-// memory twice; give each GPU the figures minus what earlier splits took (subtract_parts) to
-// avoid that.
+/// @file carve/tier/tier_share_resource.hpp
+/// One GPU's reservation on one spill tier, as a memory resource.
+///
+/// @code
+/// const carve::TierPlan plan = planner.plan(tasks);
+/// carve::SpillNodes where{.home = topology.node(topology.gpu(0)).numa_node.value_or(-1),
+///                         .nodes = carve::discover_memory_nodes()};
+/// carve::TierShareResource dram(plan, /*gpu*/ 0, /*tier*/ 0, where);
+/// carve::CachingPool pool(dram);              // or a PagedMirror host backend's card
+/// @endcode
+///
+/// A memory tier's share is split over the tier's NUMA nodes by split_share(): the GPU's own node
+/// first (the node nearest it, nvidia-smi's "NUMA Affinity"), then the tier's other nodes, most
+/// free memory first, each taking what it has free. Without free-memory figures the nodes are
+/// taken in turn starting at a different node for each GPU, and the first takes the whole share.
+/// A disk tier's share is one part, files in the tier's directory. Free-memory figures are a
+/// snapshot: splitting several GPUs' shares against the same snapshot may promise a node's free
+/// memory twice; give each GPU the figures minus what earlier splits took (subtract_parts) to
+/// avoid that.
 #pragma once
 
 #include <carve/core/misuse.hpp>
@@ -39,20 +41,21 @@
 
 namespace carve {
 
-// What split_share knows about the machine; both fields optional.
+/// What split_share knows about the machine; both fields optional.
 struct SpillNodes {
-  int home = -1;                 // the GPU's NUMA node; -1 when unknown
-  std::vector<MemoryNode> nodes; // available memory per node (discover_memory_nodes()); empty when unknown
+  int home = -1;                 ///< the GPU's NUMA node; -1 when unknown
+  std::vector<MemoryNode> nodes; ///< available memory per node (discover_memory_nodes()); empty when unknown
 };
 
+/// One piece of a share: a budget on one NUMA node or in the tier's directory.
 struct SharePart {
-  int node;            // the NUMA node; -1 for files in the tier's directory
-  std::uint64_t bytes; // this part's budget
+  int node;            ///< the NUMA node; -1 for files in the tier's directory
+  std::uint64_t bytes; ///< this part's budget
 };
 
-// How `bytes` of a tier for GPU number `gpu` (its index in the plan) spread over the tier.
-// Throws carve::Exception when the tier has neither nodes nor a directory, or when the nodes'
-// available memory (when known) cannot hold the bytes.
+/// How `bytes` of a tier for GPU number `gpu` (its index in the plan) spread over the tier; empty
+/// for 0 bytes. Throws carve::Exception: invalid_argument when the tier has neither nodes nor a
+/// directory, no_space when the nodes' available memory (when known) cannot hold the bytes.
 inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t bytes, std::size_t gpu,
                                           const SpillNodes& where = {}) {
   if (bytes == 0) {
@@ -103,7 +106,7 @@ inline std::vector<SharePart> split_share(const SpillTier& tier, std::uint64_t b
                                       " bytes available, the share needs " + std::to_string(bytes));
 }
 
-// The node figures with the given parts taken away, for the next GPU's split.
+/// The node figures with the given parts taken away, for the next GPU's split.
 inline std::vector<MemoryNode> subtract_parts(std::vector<MemoryNode> nodes, const std::vector<SharePart>& parts) {
   for (const SharePart& part : parts) {
     for (MemoryNode& n : nodes) {
@@ -115,11 +118,14 @@ inline std::vector<MemoryNode> subtract_parts(std::vector<MemoryNode> nodes, con
   return nodes;
 }
 
+/// One GPU's reservation on one tier: a NumaNodeResource or MappedFileResource per SharePart,
+/// tried in split order. Copies are handles to the same share; thread-safe. An UpstreamResource
+/// that owns its memory and checks deallocations.
 class TierShareResource : public CcclSpellings<TierShareResource> {
 public:
-  // The reservation of GPU number `gpu` (index into plan.gpus) on tier number `tier`. Throws
-  // carve::Exception when the tier cannot be backed (see split_share; NumaNodeResource,
-  // MappedFileResource) or the GPU or tier does not exist.
+  /// The reservation of GPU number `gpu` (index into plan.gpus) on tier number `tier`. Throws
+  /// carve::Exception: out_of_range when the GPU or tier does not exist; when the tier cannot be
+  /// backed, as split_share, NumaNodeResource and MappedFileResource do.
   TierShareResource(const TierPlan& plan, std::size_t gpu, std::size_t tier, const SpillNodes& where = {})
       : state_(std::make_shared<State>()) {
     if (gpu >= plan.gpus.size() || tier >= plan.tiers.size()) {
@@ -137,8 +143,8 @@ public:
     }
   }
 
-  // From the first part (the GPU's own node first) that has room. Errors: invalid_size
-  // (check_request); no_space when no part can hold the request.
+  /// From the first part (the GPU's own node first) that has room. Errors: invalid_size
+  /// (check_request); no_space when no part can hold the request.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -155,13 +161,15 @@ public:
     }
     return cuda::std::unexpected(Errc::no_space);
   }
+  /// try_deallocate; a misuse (a pointer it never gave, a wrong size) stops the program
+  /// (report_misuse).
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::TierShareResource::deallocate", p, bytes, r.error());
     }
   }
-  // Errors (nothing changes): not_allocated when `p` is not a live allocation of this share;
-  // invalid_size when `bytes` is not the size it was allocated with.
+  /// Returns `p` to its part. Errors (nothing changes): not_allocated when `p` is not a live
+  /// allocation of this share; invalid_size when `bytes` is not the size it was allocated with.
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     std::size_t part = 0;
     {
@@ -177,24 +185,29 @@ public:
     return {};
   }
 
-  // Whether `p` lies in a live allocation of this share.
+  /// Whether `p` lies in a live allocation of this share.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
     return detail::block_containing(state_->owner, p, [](const State::Owned& o) { return o.bytes; }) !=
            state_->owner.end();
   }
 
+  /// How the share was split, in the order parts are tried.
   const std::vector<SharePart>& parts() const noexcept { return state_->parts; }
+  /// The share's bytes, all parts together.
   std::size_t capacity() const noexcept {
     return sum([](const auto& r) { return r.capacity(); });
   }
+  /// Bytes not handed out, all parts together (a request may still fail if no one part has it).
   std::size_t free_bytes() const noexcept {
     return sum([](const auto& r) { return r.free_bytes(); });
   }
+  /// Equal when both are handles to the same share.
   friend bool operator==(const TierShareResource& a, const TierShareResource& b) noexcept {
     return a.state_ == b.state_;
   }
 #if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is host memory.
   friend constexpr void get_property(const TierShareResource&, cuda::mr::host_accessible) noexcept {}
 #endif
 
@@ -204,9 +217,10 @@ private:
     std::vector<NumaNodeResource> nodes; // the memory parts, in split order
     std::vector<MappedFileResource> files;
     std::mutex mutex;
+    /// A live allocation.
     struct Owned {
-      std::size_t part;
-      std::size_t bytes;
+      std::size_t part;  ///< index into nodes, then files
+      std::size_t bytes; ///< the size it was allocated with
     };
     std::map<std::uintptr_t, Owned> owner; // live allocations by address
   };
