@@ -33,6 +33,7 @@ public:
   using event_type = cudaEvent_t;
 
   CudaStreams() = default;
+  /// Takes over the other's spare events.
   CudaStreams(CudaStreams&& other) noexcept : spare_(std::move(other.spare_)) { other.spare_.clear(); }
   CudaStreams& operator=(CudaStreams&&) = delete;
   ~CudaStreams() {

@@ -55,6 +55,7 @@ public:
 
   /// `streams` streams, numbered from 0, with nothing queued.
   explicit SimulatedStreams(std::uint32_t streams) : queued_(streams, 0), done_(streams, 0) {}
+  /// Takes over the other's streams (not thread-safe: nothing else may use `other`).
   SimulatedStreams(SimulatedStreams&& other) noexcept
       : queued_(std::move(other.queued_)), done_(std::move(other.done_)) {}
 
