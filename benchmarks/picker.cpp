@@ -52,7 +52,8 @@ Topology sixteen_gpu_board() {
 }
 
 // The per-request search a picker without precomputed paths does: widest path (fewest hops on
-// ties) from the requester to every node, over simple paths of at most max_hops links.
+// ties) from the requester to every node, over simple paths of at most max_hops links that a
+// peer's loads can take (no GPU relays them, as carve's picker scores).
 class NaivePicker {
 public:
   explicit NaivePicker(const Topology& t) : topo_(t) {}
@@ -89,10 +90,10 @@ public:
   }
 
 private:
-  bool relays(NodeId at, LinkType in, LinkType out) const {
+  bool relays(NodeId at, LinkType, LinkType) const {
     switch (topo_.node(at).kind) {
     case NodeKind::gpu:
-      return in == LinkType::nvlink && out == LinkType::nvlink;
+      return false;
     case NodeKind::nic:
       return false;
     default:
