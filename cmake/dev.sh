@@ -12,6 +12,8 @@
 #                             libFuzzer targets for a short run each, and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
+#   bash cmake/dev.sh gpu     on a machine with a GPU: every gpu-labelled test and GPU benchmark,
+#                             reported in build/gpu/gpu-report.md and .csv (without one: builds)
 #   bash cmake/dev.sh docs    the API reference (Doxygen) in build/docs/html; fails on any
 #                             warning, an undocumented public name among them (the Doxyfile's
 #                             INPUT lists the folders it covers so far)
@@ -188,6 +190,69 @@ docs() {
   echo "API reference in build/docs/html/index.html ($((SECONDS - start)) s)"
 }
 
+# Everything that needs a GPU, on a machine with one: builds for the local GPU's architecture,
+# runs every test labelled `gpu` (under compute-sanitizer's memcheck and racecheck too, when the
+# tool is there) and every GPU benchmark, and writes build/gpu/gpu-report.md and
+# build/gpu/gpu-report.csv: the device, driver and toolkit, each test's result and each
+# benchmark's lines against their targets. Without a GPU it builds all of it for sm_80 and sm_90,
+# says so and exits 0.
+gpu() {
+  find_nvcc
+  local nvcc=${CUDACXX:-$(command -v nvcc || true)}
+  if [ -z "$nvcc" ]; then
+    echo "dev.sh gpu: no nvcc (set CUDACXX or put the CUDA toolkit's bin on PATH)" >&2
+    exit 1
+  fi
+  local arch="" device="none" driver="none"
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+    device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+  fi
+  build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}"
+  local dir="$root/build/gpu" toolkit
+  toolkit=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+  local report="$dir/gpu-report.md" csv="$dir/gpu-report.csv"
+  {
+    echo "# carve on a GPU"
+    echo
+    echo "device: $device; driver: $driver; CUDA toolkit: $toolkit; built for: ${arch:-80;90}"
+    echo
+  } >"$report"
+  echo "kind,name,result" >"$csv"
+  if [ -z "$arch" ]; then
+    echo "No GPU here: every GPU test and benchmark was built for sm_80 and sm_90; nothing ran." >>"$report"
+    cat "$report"
+    return 0
+  fi
+  local t sanitizer
+  sanitizer=$(command -v compute-sanitizer || true)
+  echo "## Tests" >>"$report"
+  while read -r t; do
+    local result=passed
+    ctest --test-dir "$dir" -R "^${t}\$" --output-on-failure >/dev/null 2>&1 || result=FAILED
+    local exe
+    exe=$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')
+    if [ -n "$sanitizer" ] && [ -x "$exe" ]; then
+      for tool in memcheck racecheck; do
+        "$sanitizer" --tool "$tool" --error-exitcode 1 "$exe" >/dev/null 2>&1 || result="$result, $tool FAILED"
+      done
+    fi
+    echo "- $t: $result" >>"$report"
+    echo "test,$t,$result" >>"$csv"
+  done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  echo >>"$report"
+  echo "## Benchmarks" >>"$report"
+  for b in "$dir"/benchmarks/bench_gpu_*; do
+    [ -x "$b" ] || continue
+    echo "### $(basename "$b")" >>"$report"
+    echo '```' >>"$report"
+    "$b" | tee -a "$report" | grep -E "met|MISSED" | sed "s|^|bench,$(basename "$b"),|; s|,  *|,|" >>"$csv" || true
+    echo '```' >>"$report"
+  done
+  cat "$report"
+}
+
 bench() {
   build bench -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_EXAMPLES=OFF
   for b in "$root"/build/bench/benchmarks/bench_*; do
@@ -203,8 +268,9 @@ demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
+gpu) install_missing && gpu ;;
 *)
-  echo "usage: bash cmake/dev.sh demo|test|bench|docs [benchmark flags]" >&2
+  echo "usage: bash cmake/dev.sh demo|test|bench|docs|gpu [benchmark flags]" >&2
   exit 2
   ;;
 esac
