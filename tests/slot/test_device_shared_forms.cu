@@ -1,0 +1,133 @@
+// The forms of the concurrent slot allocator that kernels share through global memory, compiled
+// for the device and run where a GPU exists: ConcurrentSlotAllocatorRef over BorrowedSlotWords
+// (above 4096 slots, where a search first takes a fingerprint of the words), ShardedSlotAllocator
+// with a home shard per block, and warp_allocate over both. Every thread allocates, the host
+// checks that no slot is held twice and that the bitmap holds exactly what was handed out, then
+// every thread frees and the bitmap must be empty.
+#include "support/device_test.hpp"
+
+#include <carve/slot.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+namespace {
+
+constexpr std::uint32_t threads = 4096;
+constexpr std::uint32_t big = 16384; // > 4096: the fingerprinted search
+using Big = carve::ConcurrentSlotAllocatorRef<big, carve::BoundaryNearestFit, cuda::thread_scope_device>;
+using Sharded = carve::ShardedSlotAllocator<256, 64, carve::FirstFit, cuda::thread_scope_device>;
+constexpr carve::SlotRange none{0xffff'ffffu, 0};
+
+__global__ void reset_big(carve::bits::word* words) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    Big(carve::BorrowedSlotWords<big>{words}).reset();
+  }
+}
+__global__ void reset_sharded(carve::bits::word* words) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    Sharded(words).reset();
+  }
+}
+
+template <bool Aggregated>
+__global__ void allocate_big(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= threads) {
+    return;
+  }
+  Big alloc(carve::BorrowedSlotWords<big>{words});
+  const auto r = Aggregated ? carve::warp_allocate(alloc, m) : alloc.allocate(m);
+  out[i] = r ? *r : none;
+}
+
+template <bool Aggregated>
+__global__ void allocate_sharded(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= threads) {
+    return;
+  }
+  const Sharded s(words, blockIdx.x); // each block at home in its own shard
+  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m);
+  out[i] = r ? *r : none;
+}
+
+__global__ void free_big(carve::bits::word* words, const carve::SlotRange* held, int* failures) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < threads && held[i].count != 0 && !Big(carve::BorrowedSlotWords<big>{words}).deallocate(held[i])) {
+    atomicAdd(failures, 1);
+  }
+}
+__global__ void free_sharded(carve::bits::word* words, const carve::SlotRange* held, int* failures) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < threads && held[i].count != 0 && !Sharded(words).deallocate(held[i])) {
+    atomicAdd(failures, 1);
+  }
+}
+
+// Whether the ranges are disjoint, and the words hold exactly them (bit set = slot taken).
+bool consistent(const std::vector<carve::SlotRange>& held, const std::vector<carve::bits::word>& words,
+                std::uint32_t slots) {
+  std::vector<int> owner(slots, 0);
+  for (const carve::SlotRange& r : held) {
+    for (std::uint32_t s = r.first; r.count != 0 && s < r.first + r.count; ++s) {
+      if (s >= slots || owner[s]++ != 0) {
+        return false;
+      }
+    }
+  }
+  for (std::uint32_t s = 0; s < slots; ++s) {
+    const bool free = (words[s / 64] >> (s % 64) & 1u) != 0;
+    if (free == (owner[s] != 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <class Alloc, class Reset, class Allocate, class Free>
+void run(const char* name, std::uint32_t slots, std::uint32_t word_count, Reset reset, Allocate allocate, Free free) {
+  carve::bits::word* words = nullptr;
+  carve::SlotRange* held = nullptr;
+  int* failures = nullptr;
+  carve::test::check(cudaMalloc(&words, word_count * sizeof(carve::bits::word)), "cudaMalloc");
+  carve::test::check(cudaMalloc(&held, threads * sizeof(carve::SlotRange)), "cudaMalloc");
+  carve::test::check(cudaMalloc(&failures, sizeof(int)), "cudaMalloc");
+  for (const std::uint32_t m : {1u, 3u, 4u}) {
+    reset<<<1, 1>>>(words);
+    carve::test::check(cudaMemset(failures, 0, sizeof(int)), "cudaMemset");
+    allocate<<<threads / 128, 128>>>(words, m, held);
+    carve::test::check(cudaDeviceSynchronize(), "allocate");
+    const auto ranges = carve::test::to_host(held, threads);
+    const auto taken = carve::test::to_host(words, word_count);
+    const auto granted = std::count_if(ranges.begin(), ranges.end(), [](carve::SlotRange r) { return r.count != 0; });
+    std::printf("%s, m = %u: %ld of %u granted\n", name, m, static_cast<long>(granted), threads);
+    carve::test::expect(consistent(ranges, taken, slots), name);
+    carve::test::expect(granted == std::min<long>(threads, slots / m) || m > 1, "every fitting request granted");
+    free<<<threads / 128, 128>>>(words, held, failures);
+    carve::test::check(cudaDeviceSynchronize(), "free");
+    const auto after = carve::test::to_host(words, word_count);
+    carve::test::expect(carve::test::to_host(failures, 1)[0] == 0, "every free accepted");
+    carve::test::expect(consistent(std::vector<carve::SlotRange>{}, after, slots), "all back");
+  }
+  cudaFree(words);
+  cudaFree(held);
+  cudaFree(failures);
+}
+
+} // namespace
+
+int main() {
+  carve::test::skip_without_device();
+  run<Big>("ConcurrentSlotAllocatorRef<16384>, per thread", big, carve::bits::word_count(big), reset_big,
+           allocate_big<false>, free_big);
+  run<Big>("ConcurrentSlotAllocatorRef<16384>, warp-aggregated", big, carve::bits::word_count(big), reset_big,
+           allocate_big<true>, free_big);
+  run<Sharded>("ShardedSlotAllocator<256, 64>, per thread", Sharded::size(), Sharded::word_count, reset_sharded,
+               allocate_sharded<false>, free_sharded);
+  run<Sharded>("ShardedSlotAllocator<256, 64>, warp-aggregated", Sharded::size(), Sharded::word_count, reset_sharded,
+               allocate_sharded<true>, free_sharded);
+  std::printf(carve::test::failures == 0 ? "all passed\n" : "%d failed\n", carve::test::failures);
+  return carve::test::failures == 0 ? 0 : 1;
+}
