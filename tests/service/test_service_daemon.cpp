@@ -203,35 +203,59 @@ TEST_CASE("timeouts are checked settings") {
                        doctest::Contains("ready-fd: '1' is not a descriptor above 2"), carve::Exception);
 }
 
+TEST_CASE("live segments hold no server descriptor") {
+  ServedProcess server(dgx1());
+  AllocationClient c = connect(server);
+  const auto before = c.stats();
+  REQUIRE(before);
+  std::vector<void*> held;
+  for (int i = 0; i < 64; ++i) {
+    auto r = c.allocate(64 * KiB, i % 8);
+    REQUIRE(r);
+    held.push_back(r->ptr);
+  }
+  const auto during = c.stats();
+  REQUIRE(during);
+  CHECK(during->live_regions == 64);
+  // Each segment's memfd went to the client with its reply; the server kept none.
+  CHECK(during->open_descriptors == before->open_descriptors);
+  for (void* p : held) {
+    REQUIRE(c.free(p));
+  }
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again once they free up") {
-  // 24 descriptors in all: the server's own (standard streams, socket, epoll, timers, reserve) and
-  // a dozen or so for clients and segments (a freed region's segment closes its memfd).
-  ServedProcess server(dgx1({"--max-clients", "100"}), {}, [] {
+  // 24 descriptors in all: the server's own (standard streams, socket, epoll, timers, reserve)
+  // and one per client connection. Segments hold none, so clients are what use them up.
+  ServedProcess server(dgx1({"--max-clients", "100", "--handshake-timeout", "60s"}), {}, [] {
     const rlimit low{24, 24};
     ::setrlimit(RLIMIT_NOFILE, &low);
   });
   REQUIRE(server.listening());
   AllocationClient c = connect(server);
-
-  // Every 64 KiB region is a new segment, and every segment a memfd: the descriptors run out.
   std::vector<void*> held;
-  carve::Error failure;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < 32; ++i) { // more regions than the server has descriptors
     auto r = c.allocate(64 * KiB, 0);
-    if (!r) {
-      failure = r.error();
-      break;
-    }
+    REQUIRE(r);
     held.push_back(r->ptr);
   }
-  REQUIRE(!held.empty());
-  REQUIRE(held.size() < 64);
-  CHECK(failure.code == Errc::no_space);
-  CHECK(failure.message.find("card 0: the system refused the memory (memfd_create: Too many open files)") == 0);
-  CHECK(failure.message.find("strategy") == std::string::npos);
 
-  // The process has no descriptor left: a client that arrives is accepted on the reserve and
-  // refused at once, and the server does not spin while it waits.
+  // Clients until the descriptors run out: the next is accepted on the reserve and refused.
+  std::vector<AllocationClient> clients;
+  carve::Error refused;
+  for (int i = 0; i < 40; ++i) {
+    auto next = try_connect(server, 2s);
+    if (!next) {
+      refused = next.error();
+      break;
+    }
+    clients.push_back(std::move(*next));
+  }
+  REQUIRE_FALSE(clients.empty());
+  CHECK(refused.message.find("run out of file descriptors (Too many open files)") != std::string::npos);
+
+  // A client that arrives now is refused at once, and the server does not spin while it waits.
   RawConnection waiting(server.socket());
   const auto before = cpu_time(server.pid());
   std::this_thread::sleep_for(1s);
@@ -241,18 +265,30 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   REQUIRE(why);
   CHECK(why->code == Errc::no_space);
   CHECK(why->message.find("carve-served has run out of file descriptors (Too many open files)") == 0);
-  const auto refused = try_connect(server);
-  REQUIRE_FALSE(refused);
-  CHECK(refused.error().message.find("run out of file descriptors") != std::string::npos);
 
-  // Descriptors come back with the segments: new clients are served again.
-  for (void* p : held) {
-    REQUIRE(c.free(p));
+  // A new segment needs a memfd, which the system refuses now: the failure names that cause.
+  const auto failed = c.allocate(64 * KiB, 0);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().code == Errc::no_space);
+  CHECK(failed.error().message.find("card 0: the system refused the memory (memfd_create: Too many open files)") == 0);
+  CHECK(failed.error().message.find("strategy") == std::string::npos);
+
+  // Descriptors come back with the clients: new clients are served again.
+  std::vector<std::uint32_t> ids;
+  for (const AllocationClient& gone : clients) {
+    ids.push_back(gone.server().client_id);
+  }
+  clients.clear(); // each hangs up
+  for (const std::uint32_t id : ids) {
+    REQUIRE(c.wait_reclaimed_client(id, 5s));
   }
   AllocationClient later = connect(server);
   const auto r = later.allocate(64 * KiB, 1);
   REQUIRE(r);
   CHECK(later.free(r->ptr));
+  for (void* p : held) {
+    REQUIRE(c.free(p));
+  }
   CHECK(server.stop() == 0);
 }
 

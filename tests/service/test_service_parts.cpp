@@ -213,7 +213,7 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   const auto send = [&](ClientId who, const Request& r, std::uint32_t seq) {
     out.clear();
     service.receive(who, encode(r, seq), out);
-    return out;
+    return std::move(out);
   };
 
   // Before Hello nothing is served, and the connection is closed.
@@ -232,14 +232,14 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   REQUIRE(o.size() == 1);
   const auto first = reply_as<Allocated>(o[0]);
   CHECK(first.new_mapping);
-  CHECK(o[0].fd >= 0);
+  CHECK(o[0].fd.get() >= 0);
   CHECK(first.region.card == 0);
   CHECK(first.region.offset == 0);
   CHECK(first.segment_size == 64 * KiB);
   o = send(a2, Request{Allocate{64 * KiB, 0}}, 3);
   const auto second = reply_as<Allocated>(o[0]);
   CHECK(second.new_mapping);
-  CHECK(o[0].fd >= 0);
+  CHECK(o[0].fd.get() >= 0);
   CHECK(second.region.segment != first.region.segment);
   o = send(b, Request{Allocate{4 * KiB, 0}}, 2);
   const auto third = reply_as<Allocated>(o[0]);

@@ -71,4 +71,12 @@ concept ExportableResource = UpstreamResource<R> && requires(const R& r, void* b
   { r.export_segment(base, bytes) } -> std::same_as<std::optional<SegmentExport>>;
 };
 
+/// An ExportableResource that can hand a segment's descriptor over to the caller once the segment
+/// will not be exported again, so that it holds no descriptor for it any longer
+/// (`release_descriptor(base)`: the descriptor, which the caller closes; nullopt when there is none).
+template <class R>
+concept HandsOverDescriptors = ExportableResource<R> && requires(R& r, void* base) {
+  { r.release_descriptor(base) } -> std::same_as<std::optional<int>>;
+};
+
 } // namespace carve

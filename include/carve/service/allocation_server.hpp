@@ -522,7 +522,7 @@ private:
   void flush(ClientId id, Connection& c) {
     while (!c.queue.empty()) {
       Outgoing& o = c.queue.front();
-      const int e = send_message(c.fd.get(), o.bytes, o.fd, true);
+      const int e = send_message(c.fd.get(), o.bytes, o.fd.get(), true);
       if (e == EAGAIN || e == EWOULDBLOCK) {
         break;
       }

@@ -66,7 +66,7 @@ using ClientId = std::uint32_t;
 struct Outgoing {
   ClientId to = 0;
   std::vector<std::uint8_t> bytes;
-  int fd = -1;              // a segment's descriptor to attach (borrowed; kept alive by its lease)
+  UniqueFd fd;              // a segment's descriptor to attach, closed once sent (or dropped)
   bool close_after = false; // close the connection once this is sent
 };
 
@@ -353,7 +353,7 @@ private:
 
   template <class M>
   void send(std::vector<Outgoing>& out, ClientId to, M message, std::uint32_t seq, bool close_after = false) {
-    out.push_back(Outgoing{to, encode(Reply{std::move(message)}, seq), -1, close_after});
+    out.push_back(Outgoing{to, encode(Reply{std::move(message)}, seq), UniqueFd(), close_after});
   }
 
   static ErrorReply error(Errc code, std::string message) { return ErrorReply{code, std::move(message)}; }
@@ -382,7 +382,13 @@ private:
     card_type& card = cards_[static_cast<std::size_t>(h->card)];
     const auto where = card.locate(h->address);
     const auto e = where ? card.lease(where->segment) : std::nullopt;
-    if (!e) {
+    // The segment is never exported again: the reply carries its descriptor away, and the server
+    // keeps none for it.
+    UniqueFd fd(e && e->kind == ExportKind::shared_memory ? card.take_descriptor(where->segment, *e) : -1);
+    if (!e || (e->kind == ExportKind::shared_memory && !fd)) {
+      if (e) {
+        card.unlease(where->segment);
+      }
       (void)allocator_.give_back(*h);
       ++counters_.failed;
       return send(out, id, error(Errc::no_space, "card " + std::to_string(h->card) + " cannot export its memory"), seq);
@@ -402,7 +408,7 @@ private:
     a.handle = e->handle;
     a.region = info(rid, regions_.at(rid));
     a.segment_size = where->segment_size;
-    out.push_back(Outgoing{id, encode(Reply{a}, seq), e->fd, false});
+    out.push_back(Outgoing{id, encode(Reply{a}, seq), std::move(fd), false});
   }
 
   void handle(ClientId id, Client& c, std::uint32_t seq, const Free& m, std::vector<Outgoing>& out) {

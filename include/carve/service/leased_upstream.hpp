@@ -27,6 +27,8 @@
 #include <carve/service/protocol.hpp>
 #include <carve/service/shared_memory_card.hpp>
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -137,6 +139,25 @@ public:
       ++s.leases;
     }
     return e;
+  }
+
+  // The descriptor that lease() exported, handed over to the caller (who closes it), for a
+  // segment that will not be leased again: the upstream then holds no descriptor for it. Without
+  // an upstream that can hand descriptors over, a duplicate of the exported one. -1 when there is
+  // none (a CUDA IPC export) or the system refuses the duplicate.
+  int take_descriptor(SegmentId id, const SegmentExport& exported) {
+    if constexpr (HandsOverDescriptors<Upstream>) {
+      const std::lock_guard lock(state_->mutex);
+      const auto it = state_->segments.find(id);
+      if (it != state_->segments.end()) {
+        if (const auto fd = state_->upstream.release_descriptor(reinterpret_cast<void*>(it->second.base))) {
+          return *fd;
+        }
+      }
+      return -1;
+    } else {
+      return exported.fd >= 0 ? ::fcntl(exported.fd, F_DUPFD_CLOEXEC, 0) : -1;
+    }
   }
 
   // One process has unmapped the segment. The last unlease of a retired segment releases it

@@ -11,14 +11,12 @@
 // it under the others (which would make their accesses fault). Copies are handles to the same
 // card and compare equal. Thread-safe. Linux only (memfd_create).
 //
-// Descriptors: each live allocation keeps its memfd open, one descriptor per segment, because
-// export_segment may be asked for it at any time while it lives (the server exports a segment
-// again to every client that gets a region of it, also after the pool cached it). Closing the
-// memfd after mmap and reopening the mapping through /proc/self/map_files/<start>-<end> was
-// measured: it works for root but fails with EPERM for an ordinary user (it needs
-// CAP_CHECKPOINT_RESTORE), and re-creating the memfd and copying would break the sharing with
-// processes that map the old one. So the descriptor stays, and a process serving many segments
-// needs a descriptor limit to match (carve-served raises its soft limit to the hard one). When
+// Descriptors: a live allocation keeps its memfd open until it is exported for the last time,
+// which its owner says by taking the descriptor over (release_descriptor): the allocation server
+// exports each segment once, to the one client that leases it, and then holds no descriptor for
+// it. (A descriptor cannot be had again later: reopening the mapping through
+// /proc/self/map_files/<start>-<end> needs CAP_CHECKPOINT_RESTORE, and re-creating the memfd
+// would break the sharing with the process that maps the old one.) When
 // the system refuses (memfd_create fails with EMFILE, the memory is not there), try_allocate
 // notes which call failed and why (carve/core/system_refusal.hpp), so the failure names the real
 // cause.
@@ -45,6 +43,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace carve {
 
@@ -112,10 +111,12 @@ public:
     budget_.give_back(bytes);
   }
 
+  // The segment's memfd, borrowed; nullopt for an unknown segment or one whose descriptor was
+  // taken over.
   std::optional<SegmentExport> export_segment(void* base, std::size_t bytes) const {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
-    if (it == state_->segments.end() || it->second.size != bytes) {
+    if (it == state_->segments.end() || it->second.size != bytes || it->second.fd < 0) {
       return std::nullopt;
     }
     SegmentExport e;
@@ -123,6 +124,18 @@ public:
     e.size = it->second.size;
     e.fd = it->second.fd;
     return e;
+  }
+
+  // Hands the segment's memfd over to the caller, who closes it: the segment will not be
+  // exported again, so the card need not keep a descriptor open for it. nullopt for an unknown
+  // segment or one already handed over.
+  std::optional<int> release_descriptor(void* base) noexcept {
+    const std::lock_guard lock(state_->mutex);
+    const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
+    if (it == state_->segments.end() || it->second.fd < 0) {
+      return std::nullopt;
+    }
+    return std::exchange(it->second.fd, -1);
   }
 
   // Whether `p` lies in a live allocation of this card.
