@@ -4,13 +4,13 @@
 /// Transport: a Unix-domain SOCK_SEQPACKET connection, so one send is one message. A message is
 /// a 16-byte header and a payload, every integer little-endian:
 ///
-/// @verbatim
+/// @code{.unparsed}
 ///   offset 0  u32 magic     0x45565243 ("CRVE" in byte order)
 ///          4  u16 version   protocol_version; anything else is refused
 ///          6  u16 type      MessageType
 ///          8  u32 length    payload bytes; must equal the message size - 16
 ///         12  u32 sequence  chosen by the client (never 0); a reply repeats its request's
-/// @endverbatim
+/// @endcode
 ///
 /// Requests are at most max_request_size bytes, replies at most max_message_size. The first
 /// request on a connection must be Hello. Every request but Unmapped gets exactly one reply: the
