@@ -61,7 +61,7 @@ namespace carve::service {
 
 /// How an AllocationService picks cards.
 struct ServiceOptions {
-  AnyStrategy strategy{};            ///< how the picker ranks cards that could lend (LargestBandwidth)
+  AnyStrategy strategy{};            ///< how the picker ranks cards that could lend; LargestBandwidth by default
   std::size_t history_window = 1024; ///< borrows the weighted strategy remembers
 };
 

@@ -318,7 +318,7 @@ struct StatsReply {
   std::uint64_t frees = 0;                                      ///< by clients
   std::uint64_t failed_allocations = 0;                         ///< Allocate requests refused
   std::uint64_t reclaimed_regions = 0;                          ///< freed because their client went away
-  std::uint64_t rejected_messages = 0;     ///< messages that did not decode or broke the rules, refused peers
+  std::uint64_t rejected_messages = 0;     ///< bad or out-of-order messages, refused or timed-out connections
   std::uint64_t leased_segments = 0;       ///< mapped by at least one client
   std::uint64_t retired_segments = 0;      ///< freed while their client mapped them, not yet reported unmapped
   std::uint64_t open_descriptors = 0;      ///< the server process's, from /proc/self/fd
