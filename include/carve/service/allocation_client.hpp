@@ -1,37 +1,43 @@
-// carve/service/allocation_client.hpp — an application's side of carve's allocation service.
-//
-//   auto client = carve::AllocationClient::connect({.name = "trainer"});
-//   if (!client) { std::puts(client.error().message.c_str()); return 1; }
-//   auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
-//   if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
-//
-//
-// allocate() asks the server for a region, which is a segment of its own that only this client
-// maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC handle), and
-// free() unmaps it and gives it back. The client remembers pointer -> region id, so free() and
-// query() take the pointer.
-//
-// The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
-// are allocate / free with the message dropped, so remote memory stacks under pools and
-// fallbacks like any other. That is how small allocations should go: a CachingPool over the
-// client leases segments from the server and serves blocks from them without a round trip,
-//
-//   carve::CachingPool pool(carve::ref(*client));        // a client-side pool over leases
-//   void* p = pool.allocate(256, 256);                   // a round trip only for a new lease
-//   pool.trim();                                         // idle leases go back to the server
-//
-// and the server still counts every leased byte against this client.
-//
-// Errors are values (carve::Error: an Errc and a message): the server's (no_space naming every
-// card's largest free block, out_of_range for an unknown card, permission_denied, ...), and
-// disconnected when the server is gone: it stopped, restarted or did not answer within the
-// timeout. Regions from a lost connection are orphans: their memory stays mapped (so pointers
-// stay valid here) until free() drops them locally; reconnect() starts a new session. The
-// destructor hangs up, which makes the server reclaim every region of this client, and unmaps
-// everything: pointers from a destroyed client are invalid.
-//
-// Thread-safe: calls are serialised on the one connection (give each thread its own client
-// for parallel round trips). Host-only, Linux.
+/// @file carve/service/allocation_client.hpp
+/// An application's side of carve's allocation service.
+///
+/// @code
+/// auto client = carve::AllocationClient::connect({.name = "trainer"});
+/// if (!client) { std::puts(client.error().message.c_str()); return 1; }
+/// auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
+/// if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
+/// @endcode
+///
+/// allocate() asks the server for a region, which is a segment of its own that only this client
+/// maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC handle), and
+/// free() unmaps it and gives it back. The client remembers pointer -> region id, so free() and
+/// query() take the pointer.
+///
+/// The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
+/// are allocate / free with the message dropped, so remote memory stacks under pools and
+/// fallbacks like any other. That is how small allocations should go: a CachingPool over the
+/// client leases segments from the server and serves blocks from them without a round trip,
+///
+/// @code
+/// carve::CachingPool pool(carve::ref(*client));        // a client-side pool over leases
+/// void* p = pool.allocate(256, 256);                   // a round trip only for a new lease
+/// pool.trim();                                         // idle leases go back to the server
+/// @endcode
+///
+/// and the server still counts every leased byte against this client.
+///
+/// Errors are values (carve::Error: an Errc and a message): the server's (no_space naming every
+/// card's largest free block, out_of_range for an unknown card, permission_denied, ...), and
+/// disconnected when the server is gone: it stopped, restarted or did not answer within the
+/// timeout. A server that closes the connection says why, and the next call returns that code
+/// (timed_out for an idle client, disconnected at shutdown). Regions from a lost connection are
+/// orphans: their memory stays mapped (so pointers stay valid here) until free() drops them
+/// locally; reconnect() starts a new session. The destructor hangs up, which makes the server
+/// reclaim every region of this client, and unmaps everything: pointers from a destroyed client
+/// are invalid.
+///
+/// Thread-safe: calls are serialised on the one connection (give each thread its own client
+/// for parallel round trips). Host-only, Linux.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -64,24 +70,30 @@
 
 namespace carve::service {
 
+/// How an AllocationClient connects.
 struct ClientOptions {
-  std::filesystem::path socket_path = default_socket_path();
-  std::string name;                         // shown in the server's stats
-  std::chrono::milliseconds timeout{30000}; // for each reply; then the connection counts as lost
-  int card = 0;                             // the requesting card of try_allocate (the resource form)
+  std::filesystem::path socket_path = default_socket_path(); ///< where the server listens
+  std::string name;                         ///< shown in the server's stats; cut to max_name_length bytes
+  std::chrono::milliseconds timeout{30000}; ///< for each reply; then the connection counts as lost
+  int card = 0;                             ///< the requesting card of try_allocate (the resource form)
 };
 
-// A region as this process sees it.
+/// A region as this process sees it.
 struct Region {
-  void* ptr = nullptr; // in this process
-  RegionInfo info;     // as the server keeps it: id, card, requester, segment, offset, size
+  void* ptr = nullptr; ///< in this process
+  RegionInfo info;     ///< as the server keeps it: id, card, requester, segment, offset, size
+  /// Whether the memory is another card's than the one that asked.
   bool borrowed() const noexcept { return info.card != info.requester; }
 };
 
+/// An application's connection to carve-served (see the file's description), and a
+/// MemoryResource for ClientOptions::card. Thread-safe; movable, not copyable.
 class AllocationClient : public CcclSpellings<AllocationClient> {
 public:
-  // Connects and says Hello. Errors: disconnected (no server), permission_denied (a server of
-  // another user, or one that refuses this user), unsupported_version.
+  /// Connects and says Hello. Errors: disconnected (no server, no answer in time, or a server
+  /// speaking another protocol version: the message says which), permission_denied (a server of
+  /// another user, or one that refuses this user), no_space (the server has no room for another
+  /// client), invalid_size (a socket path too long for a socket address).
   static Result<AllocationClient> connect(ClientOptions options = {}) {
     AllocationClient client(std::move(options));
     if (auto r = client.state_->open(); !r) {
@@ -90,19 +102,26 @@ public:
     return client;
   }
 
+  /// Takes over the connection; the moved-from client may only be destroyed or assigned to.
   AllocationClient(AllocationClient&&) noexcept = default;
+  /// Hangs up this client's connection (as the destructor does), then takes over `other`'s.
   AllocationClient& operator=(AllocationClient&&) noexcept = default;
+  /// Hangs up (the server reclaims every region of this client) and unmaps everything.
   ~AllocationClient() = default;
 
-  // `bytes` of memory for `card` (the requesting card), on that card or borrowed from another.
+  /// `bytes` of memory for `card` (the requesting card), on that card or borrowed from another,
+  /// mapped here. Errors: the server's (no_space, out_of_range for no such card, invalid_size for
+  /// 0 bytes); disconnected; bad_message for a reply that does not hold together, and
+  /// map_segment's errors (the region is given back in both cases).
   Result<Region> allocate(std::size_t bytes, int card) {
     const std::lock_guard lock(state_->mutex);
     return state_->allocate(bytes, card);
   }
 
-  // The resource form (carve::MemoryResource): a region for ClientOptions::card. Errors: the
-  // server's codes; invalid_size (check_request); no_space also for a region that does not start
-  // at `alignment` (it is given back).
+  /// The resource form (carve::MemoryResource): a region for ClientOptions::card. Errors: the
+  /// server's codes; invalid_size (0 bytes, an alignment that is not a power of two); no_space
+  /// also for a region that does not start at `alignment` (it is given back), or when this
+  /// client's bookkeeping cannot grow.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -122,13 +141,16 @@ public:
       return cuda::std::unexpected(Errc::no_space);
     }
   }
+  /// try_deallocate, and any error it finds ends the program with a message (core/misuse.hpp):
+  /// a pointer or size this client does not know, or a free the server refuses.
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::AllocationClient::deallocate", p, bytes, r.error());
     }
   }
-  // Errors (nothing changes): not_allocated when `p` does not start a region of this client;
-  // invalid_size when `bytes` is not its size; the server's errors.
+  /// Errors (nothing changes): not_allocated when `p` does not start a region of this client;
+  /// invalid_size when `bytes` is not its size; the server's errors. After a lost connection the
+  /// region is dropped here and the call succeeds.
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
@@ -145,28 +167,31 @@ public:
       return cuda::std::unexpected(Errc::no_space);
     }
   }
-  // The resource form's figures for ClientOptions::card, as the server sees it now (one round
-  // trip each, 0 when the server cannot be reached): so that a CachingPool stacks on the client.
+  /// ClientOptions::card's free bytes as the server sees them now (one round trip; 0 when the
+  /// server cannot be reached): so that a CachingPool stacks on the client.
   std::size_t free_bytes() const { return card_figure(&CardInfo::free_bytes); }
+  /// ClientOptions::card's size, likewise (one round trip; 0 when the server cannot be reached).
   std::size_t capacity() const { return card_figure(&CardInfo::capacity); }
 
-  // Whether `p` lies in a live region of this client.
+  /// Whether `p` lies in a live region of this client (an orphan's does not count).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->find(p);
     return it != state_->regions.end() && !it->second.orphan;
   }
+  /// Equal only to itself: regions go back to the client that allocated them.
   friend bool operator==(const AllocationClient& a, const AllocationClient& b) noexcept { return a.state_ == b.state_; }
 
-  // Frees the region that starts at `p`. Errors: not_allocated when `p` is not the start of a
-  // region of this client (nothing is sent); the server's errors. A region orphaned by a lost
-  // connection is dropped locally (its server reclaimed it already).
+  /// Frees the region that starts at `p` and unmaps it. Errors: not_allocated when `p` is not the
+  /// start of a region of this client (nothing is sent); the server's errors. A region orphaned
+  /// by a lost connection is dropped locally (its server reclaimed it already).
   Result<void> free(void* p) {
     const std::lock_guard lock(state_->mutex);
     return state_->free(p);
   }
 
-  // The server's record of the region that holds `p` (any byte of it).
+  /// The server's record of the region that holds `p` (any byte of it). Errors: not_allocated
+  /// when no live region of this client holds it (nothing is sent); the server's; disconnected.
   Result<RegionInfo> query(const void* p) {
     const std::lock_guard lock(state_->mutex);
     const auto r = state_->find(p);
@@ -176,10 +201,13 @@ public:
     return state_->query(r->second.info.id);
   }
 
+  /// The server's counters, cards, borrows and clients (one round trip); the my_ fields are this
+  /// client's.
   Result<StatsReply> stats() {
     const std::lock_guard lock(state_->mutex);
     return state_->call_for<StatsReply>(StatsRequest{});
   }
+  /// Every card's size, free memory and bandwidths (one round trip).
   Result<std::vector<CardInfo>> cards() {
     const std::lock_guard lock(state_->mutex);
     auto r = state_->call_for<CardsReply>(CardsRequest{});
@@ -189,35 +217,39 @@ public:
     return std::move(r->cards);
   }
 
-  // Waits until the server has reclaimed every region of process `pid` (all its connections
-  // closed, e.g. after it died), or of one client (its HelloReply::client_id): the moment a test
-  // or a supervisor can count on the memory being back. Answers at once when none is connected.
-  // Returns the server's count of reclaimed regions then. Errors: timed_out when one is still
-  // connected after `timeout`; invalid_argument for 0 or a timeout outside 0 ms .. 1 h (nothing
-  // is sent), and for this client's own id or pid; disconnected.
+  /// Waits until the server has reclaimed every region of process `pid` (all its connections
+  /// closed, e.g. after it died): the moment a test or a supervisor can count on the memory being
+  /// back. Answers at once when none is connected. Returns the server's count of reclaimed
+  /// regions then. Errors: timed_out when one is still connected after `timeout`;
+  /// invalid_argument for 0 or a timeout outside 0 ms .. 1 h (nothing is sent), and for this
+  /// client's own pid; no_space when this client already waits 64 times; disconnected.
   Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{0, pid, 0}, timeout);
   }
+  /// As wait_reclaimed_pid, for one client (its HelloReply::client_id); invalid_argument for this
+  /// client's own id.
   Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{client_id, 0, 0}, timeout);
   }
 
-  // Hangs up (if still connected) and connects again: a new session, which owns none of the
-  // old regions (they become orphans).
+  /// Hangs up (if still connected) and connects again: a new session, which owns none of the
+  /// old regions (they become orphans). Errors: as connect().
   Result<void> reconnect() {
     const std::lock_guard lock(state_->mutex);
     state_->lose_connection();
     return state_->open();
   }
 
-  // Handles notices that have arrived (segments to unmap) without waiting. Returns how many
-  // segments were unmapped.
+  /// Handles notices that have arrived (segments to unmap) without waiting. Returns how many
+  /// segments were unmapped: usually 0, as this client unmaps a segment when it frees the region
+  /// in it. Anything but a notice waiting there means the connection is lost.
   std::size_t process_notices() {
     const std::lock_guard lock(state_->mutex);
     return state_->drain_notices();
   }
 
-  // The region id of the region starting at `p`, from this process's table (no round trip).
+  /// The region id of the region starting at `p`, from this process's table (no round trip);
+  /// nullopt for anything else, orphans included.
   std::optional<RegionId> region_of(const void* p) const {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->regions.find(address(p));
@@ -227,20 +259,23 @@ public:
     return it->second.info.id;
   }
 
+  /// Whether the connection is up as far as this side knows (a server that hung up is noticed at
+  /// the next call).
   bool connected() const {
     const std::lock_guard lock(state_->mutex);
     return static_cast<bool>(state_->socket);
   }
-  // The server's answer to Hello (its pid, this client's id, the backend, ...).
+  /// The server's answer to Hello (its pid, this client's id, the backend, ...).
   HelloReply server() const {
     const std::lock_guard lock(state_->mutex);
     return state_->hello;
   }
+  /// Segments mapped into this process now, orphans' included.
   std::size_t mapped_segments() const {
     const std::lock_guard lock(state_->mutex);
     return state_->segments.size();
   }
-  // Every segment mapped into this process for this client: all the server's memory it can reach.
+  /// Every segment mapped into this process for this client: all the server's memory it can reach.
   std::vector<MappedSegment> mappings() const {
     const std::lock_guard lock(state_->mutex);
     std::vector<MappedSegment> out;
@@ -249,10 +284,12 @@ public:
     }
     return out;
   }
+  /// Regions this process holds, orphans included.
   std::size_t live_regions() const {
     const std::lock_guard lock(state_->mutex);
     return state_->regions.size();
   }
+  /// As given to connect().
   const ClientOptions& options() const noexcept { return state_->options; }
 
 private:
@@ -637,5 +674,6 @@ static_assert(UpstreamResource<AllocationClient> && OwnsMemory<AllocationClient>
 } // namespace carve::service
 
 namespace carve {
-using service::AllocationClient; // beside the other building blocks; its options stay in carve::service
+/// The client beside the other building blocks; its options stay in carve::service.
+using service::AllocationClient;
 } // namespace carve

@@ -1,32 +1,37 @@
-// carve/service/allocation_server.hpp — carve's allocation server: one process owns the cards'
-// memory, and applications borrow it through AllocationClient.
-//
-//   carve::service::ServerOptions options{.socket_path = "/run/user/1000/carve/served.sock"};
-//   carve::AllocationServer<carve::SharedMemoryCard> server(topology, cards, options);
-//   server.run();                      // until request_stop() (async-signal-safe) is called
-//
-// An AllocationService behind a Unix-domain SOCK_SEQPACKET socket (carve/service/unix_socket.hpp
-// for where it lives and how it is protected), driven by one thread with epoll:
-// - each connection's peer credentials (SO_PEERCRED) are recorded; a peer of another user
-//   (other than root) is refused, even if the socket's mode was loosened by hand;
-// - replies a client does not read in time are queued; a client with too much queued stops being
-//   read from until it catches up, so one slow client cannot make the server grow without bound;
-// - a client that hangs up or dies has all its regions reclaimed at once;
-// - a connection that has not said Hello within handshake_timeout is closed, so silent
-//   connections cannot hold the max_clients slots; with idle_timeout set, so is a client that
-//   holds no memory and has sent nothing for that long (one holding regions never is: closing
-//   it would take its memory);
-// - out of descriptors (accept4 fails with EMFILE/ENFILE), the server spends a reserve
-//   descriptor to accept the waiting connection and refuse it with an error, so the listener
-//   does not stay readable and spin the loop; when even that fails it stops watching the
-//   listener for backoff_interval;
-// - descriptors sent to the server, oversized messages and anything that does not decode get an
-//   error reply and a closed connection (unknown message types only an error reply);
-// - request_stop() makes run() stop accepting (the socket file goes, new clients see no server),
-//   answer the requests that already arrived and send the replies it owes, for at most
-//   drain_timeout, then return; the destructor disconnects every client, reclaims everything,
-//   removes the socket file (if still there) and returns all memory to the cards.
-// Host-only, Linux (epoll, eventfd, timerfd, SO_PEERCRED).
+/// @file carve/service/allocation_server.hpp
+/// carve's allocation server: one process owns the cards' memory, and applications borrow it
+/// through AllocationClient.
+///
+/// @code
+/// carve::service::ServerOptions options{.socket_path = "/run/user/1000/carve/served.sock"};
+/// carve::AllocationServer<carve::SharedMemoryCard> server(topology, cards, options);
+/// server.run();                      // until request_stop() (async-signal-safe) is called
+/// @endcode
+///
+/// An AllocationService behind a Unix-domain SOCK_SEQPACKET socket (carve/service/unix_socket.hpp
+/// for where it lives and how it is protected), driven by one thread with epoll:
+/// - each connection's peer credentials (SO_PEERCRED) are recorded; a peer of another user
+///   (other than root) is refused, even if the socket's mode was loosened by hand;
+/// - replies a client does not read in time are queued; a client with too much queued stops being
+///   read from until it catches up, so one slow client cannot make the server grow without bound;
+/// - a client that hangs up or dies has all its regions reclaimed at once;
+/// - a connection that has not said Hello within handshake_timeout is refused (timed_out) and
+///   closed, so silent connections cannot hold the max_clients slots; with idle_timeout set, so
+///   is a client that holds no memory and has sent nothing for that long (one holding regions or
+///   mappings never is: closing it would take its memory);
+/// - out of descriptors (accept4 fails with EMFILE/ENFILE), the server spends a reserve
+///   descriptor to accept the waiting connection and refuse it with an error, so the listener
+///   does not stay readable and spin the loop; when even that fails it stops watching the
+///   listener for backoff_interval;
+/// - descriptors sent to the server, oversized messages and anything that does not decode get an
+///   error reply and a closed connection (unknown message types only an error reply);
+/// - request_stop() makes run() stop accepting (the socket file goes, new clients see no server),
+///   keep answering the clients already connected and send the replies it owes until nothing is
+///   left or drain_timeout has passed, then return; the destructor tells every client the server
+///   is shutting down, reclaims everything, removes the socket file (unless another server has
+///   replaced it) and returns all memory to the cards.
+///
+/// Host-only, Linux (epoll, eventfd, timerfd, SO_PEERCRED).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -58,32 +63,38 @@
 
 namespace carve::service {
 
+/// How an AllocationServer listens and whom it serves. The server's constructor refuses times
+/// outside 0 ms .. 24 h and counts of 0 (invalid_argument).
 struct ServerOptions {
-  std::filesystem::path socket_path = default_socket_path();
-  ServiceOptions service{};
-  std::size_t max_clients = 256;
-  std::size_t max_queued_replies = 64; // per client, before the server stops reading from it
-  // A connection that has not said Hello by then is refused (timed_out) and closed. 0: no limit.
-  // A real client says Hello right after connecting, so seconds are generous.
+  std::filesystem::path socket_path = default_socket_path(); ///< where to listen
+  ServiceOptions service{};                                  ///< how cards are picked
+  std::size_t max_clients = 256;       ///< connections served at once; one more is refused (no_space)
+  std::size_t max_queued_replies = 64; ///< per client, before the server stops reading from it
+  /// A connection that has not said Hello by then is refused (timed_out) and closed. 0: no limit.
+  /// A real client says Hello right after connecting, so seconds are generous.
   std::chrono::milliseconds handshake_timeout{5000};
-  // A greeted client that holds no memory (no regions, no mapped segments) and has sent nothing
-  // for this long is told so and closed. 0 (the default): never, because a closed session
-  // surprises a client that merely has nothing to allocate yet, and the handshake deadline
-  // already frees the slots of connections that never speak.
+  /// A greeted client that holds no memory (no regions, no mapped segments) and has sent nothing
+  /// for this long is told so (timed_out) and closed. 0 (the default): never, because a closed
+  /// session surprises a client that merely has nothing to allocate yet, and the handshake
+  /// deadline already frees the slots of connections that never speak.
   std::chrono::milliseconds idle_timeout{0};
-  // After request_stop(): how long the server keeps answering the requests that already
-  // arrived and flushing the replies it owes before it gives up on slow readers.
+  /// After request_stop(): how long the server keeps answering its clients and flushing the
+  /// replies it owes before it gives up on slow readers.
   std::chrono::milliseconds drain_timeout{2000};
-  // Out of descriptors with no reserve left to refuse a connection: how long the listener is
-  // not watched before the server tries again.
+  /// Out of descriptors with no reserve left to refuse a connection: how long the listener is
+  /// not watched before the server tries again. Above 0.
   std::chrono::milliseconds backoff_interval{100};
 };
 
+/// carve's allocation server over `Upstream` cards (see the file's description). run() on one
+/// thread; request_stop() from anywhere; the accessors while run() is not running elsewhere.
 template <ExportableResource Upstream>
 class AllocationServer {
 public:
-  // Binds the socket. Throws carve::Exception (unsafe directory, another server on the socket,
-  // cards that do not match the topology, options out of range).
+  /// Binds the socket. Throws carve::Exception: invalid_argument (options out of range, cards
+  /// that do not match the topology, a bad socket path), permission_denied (an unsafe socket
+  /// directory, another server on the socket), io_error (the system refused a socket, epoll or
+  /// timer).
   AllocationServer(const Topology& topology, std::vector<Upstream> cards, ServerOptions options = {})
       : options_(checked(std::move(options))), service_(topology, std::move(cards), options_.service),
         listener_(listen_on(options_.socket_path)), stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
@@ -106,6 +117,8 @@ public:
   AllocationServer(const AllocationServer&) = delete;
   AllocationServer& operator=(const AllocationServer&) = delete;
 
+  /// Tells every client the server is shutting down (best effort), reclaims everything, returns
+  /// all memory to the cards and removes the socket file if it is still this server's.
   ~AllocationServer() {
     // Clients learn why on their next call (best effort: a full socket just closes).
     const auto bye = encode(Reply{ErrorReply{Errc::disconnected, "the server is shutting down"}}, 0);
@@ -118,8 +131,8 @@ public:
     remove_socket_file();
   }
 
-  // Serves until request_stop(), then drains (see the top of this header) and returns. Throws
-  // carve::Exception if epoll itself fails.
+  /// Serves until request_stop(), then drains (see the file's description) and returns. Throws
+  /// carve::Exception (io_error) if epoll itself fails.
   void run() {
     std::array<epoll_event, 64> events{};
     while (!stopping_) {
@@ -131,17 +144,20 @@ public:
     drain(events);
   }
 
-  // Makes run() stop accepting, drain and return. Safe to call from a signal handler or another
-  // thread.
+  /// Makes run() stop accepting, drain and return (at once, if called before run()). Safe to call
+  /// from a signal handler or another thread.
   void request_stop() noexcept {
     const std::uint64_t one = 1;
     (void)!::write(stop_.get(), &one, sizeof one);
   }
 
+  /// Where it listens (until run() returns).
   const std::filesystem::path& socket_path() const noexcept { return options_.socket_path; }
+  /// The clients, regions and cards, for stats and tests.
   const AllocationService<Upstream>& service() const noexcept { return service_; }
+  /// As given, once checked.
   const ServerOptions& options() const noexcept { return options_; }
-  // Connections refused because the server had run out of descriptors, since it started.
+  /// Connections refused because the server had run out of descriptors, since it started.
   std::uint64_t refused_for_descriptors() const noexcept { return refused_for_descriptors_; }
 
 private:
@@ -580,8 +596,8 @@ private:
 } // namespace carve::service
 
 namespace carve {
-// The server under carve's own namespace, beside the other building blocks; its options and
-// protocol stay in carve::service.
+/// The server under carve's own namespace, beside the other building blocks; its options and
+/// protocol stay in carve::service.
 template <ExportableResource Upstream>
 using AllocationServer = service::AllocationServer<Upstream>;
 } // namespace carve

@@ -1,30 +1,34 @@
-// carve/service/allocation_service.hpp — the decisions of carve's allocation server, apart from
-// any socket: clients, their regions, the pools, the picker and the borrowing history.
-//
-//   carve::service::AllocationService<carve::SharedMemoryCard> service(topology, cards, options);
-//   auto id = service.connect(peer);                 // a client arrived
-//   service.receive(id, message_bytes, outgoing);    // its request; replies (and notices) queued
-//   service.disconnect(id, outgoing);                // it left or died: its regions are reclaimed
-//
-// A BorrowingAllocator with the BandwidthWeightedPicker over the cards wrapped in LeasedUpstream
-// (so segments can be lent out). The allocator's BorrowHistory is the service's borrowing
-// history: the weighted strategy reads it on every pick.
-//
-// Every region is a segment of its own, exported to its client alone: clients never share a
-// segment, so a client can reach only memory the server gave it, and a pointer it keeps after a
-// free reaches only pages no one else is given (shared memory: the released memfd lives on in
-// that one mapping; CUDA IPC: the segment stays allocated until the client closes its handle).
-// Small requests therefore belong in a pool on the client's side, over the client's leases
-// (CachingPool over carve::ref(client)): the server is asked only for new leases, returns and
-// trims, and still knows every byte a client holds, so a client that dies gives it all back.
-//
-// Rules it enforces: the first message is Hello; a client frees and queries only the regions it
-// allocated (permission_denied otherwise; not_allocated for an id nobody holds); a message that
-// does not decode gets an ErrorReply and, unless it was merely of an unknown type, the
-// connection is closed after it; nothing a client sends can corrupt a pool or another client's
-// regions. A client that disconnects has all its regions freed and all its leases dropped.
-//
-// Not thread-safe: one thread drives it (AllocationServer's event loop does).
+/// @file carve/service/allocation_service.hpp
+/// The decisions of carve's allocation server, apart from any socket: clients, their regions and
+/// leases, the picker and the borrowing history.
+///
+/// @code
+/// carve::service::AllocationService<carve::SharedMemoryCard> service(topology, cards, options);
+/// auto id = service.connect(peer);                 // a client arrived
+/// service.receive(id, message_bytes, outgoing);    // its request; replies (and notices) queued
+/// service.disconnect(id, outgoing);                // it left or died: its regions are reclaimed
+/// @endcode
+///
+/// A BorrowingAllocator with the BandwidthWeightedPicker over the cards wrapped in LeasedUpstream
+/// (so segments can be lent out), with no pool in between. The allocator's BorrowHistory is the
+/// service's borrowing history: the weighted strategy reads it on every pick.
+///
+/// Every region is a segment of its own, exported to its client alone: clients never share a
+/// segment, so a client can reach only memory the server gave it, and a pointer it keeps after a
+/// free reaches only pages no one else is given (shared memory: the released memfd lives on in
+/// that one mapping; CUDA IPC: the segment stays allocated until the client closes its handle).
+/// Small requests therefore belong in a pool on the client's side, over the client's leases
+/// (CachingPool over carve::ref(client)): the server is asked only for new leases, returns and
+/// trims, and still knows every byte a client holds, so a client that dies gives it all back.
+///
+/// Rules it enforces: the first message is Hello; a request's sequence is not 0 (Unmapped aside);
+/// a client frees and queries only the regions it allocated (permission_denied otherwise;
+/// not_allocated for an id nobody holds); a message that does not decode gets an ErrorReply and,
+/// unless it was merely of an unknown type after Hello, the connection is closed after it;
+/// nothing a client sends can corrupt the cards' accounting or another client's regions. A
+/// client that disconnects has all its regions freed and all its leases dropped.
+///
+/// Not thread-safe: one thread drives it (AllocationServer's event loop does).
 #pragma once
 
 #include <carve/borrow/any_strategy.hpp>
@@ -55,29 +59,33 @@
 
 namespace carve::service {
 
+/// How an AllocationService picks cards.
 struct ServiceOptions {
-  AnyStrategy strategy{};
-  std::size_t history_window = 1024; // borrows the weighted strategy remembers
+  AnyStrategy strategy{};            ///< how the picker ranks cards that could lend; LargestBandwidth by default
+  std::size_t history_window = 1024; ///< borrows the weighted strategy remembers
 };
 
+/// A connection's id in the service (HelloReply::client_id): from 1, in order of arrival.
 using ClientId = std::uint32_t;
 
-// A message for one client's connection.
+/// A message for one client's connection.
 struct Outgoing {
-  ClientId to = 0;
-  std::vector<std::uint8_t> bytes;
-  UniqueFd fd;              // a segment's descriptor to attach, closed once sent (or dropped)
-  bool close_after = false; // close the connection once this is sent
+  ClientId to = 0;                 ///< the connection
+  std::vector<std::uint8_t> bytes; ///< the encoded message
+  UniqueFd fd;                     ///< a segment's descriptor to attach, closed once sent (or dropped)
+  bool close_after = false;        ///< close the connection once this is sent
 };
 
+/// The allocation server's state and rules over `Upstream` cards (see the file's description).
+/// Not copyable; not thread-safe.
 template <ExportableResource Upstream>
 class AllocationService {
 public:
-  using card_type = LeasedUpstream<Upstream>;
-  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>;
+  using card_type = LeasedUpstream<Upstream>;                        ///< a card, as lent out
+  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>; ///< picks and takes the memory
 
-  // Throws carve::Exception when the cards do not match the topology's GPUs (or exceed
-  // max_cards).
+  /// One card per GPU of `topology`, in GPU order. Throws carve::Exception (invalid_argument)
+  /// when the cards do not match the topology's GPUs, or there are more than max_cards.
   AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
       : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
     for (int c = 0; c < topology.gpu_count(); ++c) {
@@ -90,13 +98,15 @@ public:
   AllocationService(const AllocationService&) = delete;
   AllocationService& operator=(const AllocationService&) = delete;
 
+  /// A new client with `peer`'s credentials, which must say Hello first. Returns its id.
   ClientId connect(const PeerCredentials& peer) {
     const ClientId id = next_client_++;
     clients_[id].peer = peer;
     return id;
   }
 
-  // Handles one message from `client`; replies and notices go to `out`.
+  /// Handles one message from `client` (an unknown id is ignored); replies and notices go to
+  /// `out`, whose entries with close_after end the connection once sent.
   void receive(ClientId client, std::span<const std::uint8_t> message, std::vector<Outgoing>& out) {
     const auto it = clients_.find(client);
     if (it == clients_.end()) {
@@ -122,15 +132,16 @@ public:
     collect_retired(out);
   }
 
-  // Refuses `client`: an error reply, then the connection closes. For protocol violations, and
-  // for what the transport finds wrong (an oversized message, descriptors sent to the server, a
-  // peer of another user, one client too many).
+  /// Refuses `client`: an error reply, then the connection closes. For protocol violations, and
+  /// for what the transport finds wrong (an oversized message, descriptors sent to the server, a
+  /// peer of another user, one client too many, a missed deadline).
   void reject(ClientId client, Errc code, std::string reason, std::vector<Outgoing>& out, std::uint32_t seq = 0) {
     ++counters_.rejected;
     send(out, client, ErrorReply{code, std::move(reason)}, seq, true);
   }
 
-  // The client is gone: frees its regions and drops its leases.
+  /// The client is gone: frees its regions, drops its leases and its own waits, and answers the
+  /// WaitReclaimed requests that now wait for no one.
   void disconnect(ClientId client, std::vector<Outgoing>& out) {
     const auto it = clients_.find(client);
     if (it == clients_.end()) {
@@ -152,8 +163,8 @@ public:
     settle_waits(client, out);
   }
 
-  // Ends the WaitReclaimed requests whose time is up (timed_out). The server calls it on a tick
-  // while waits_pending().
+  /// Ends the WaitReclaimed requests whose time is up (timed_out). The server calls it on a tick
+  /// while waits_pending().
   void expire_waits(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out) {
     std::erase_if(waits_, [&](const Wait& w) {
       if (now < w.deadline) {
@@ -167,8 +178,10 @@ public:
       return true;
     });
   }
+  /// Whether some WaitReclaimed is not answered yet.
   bool waits_pending() const noexcept { return !waits_.empty(); }
 
+  /// What StatsRequest answers; `asking` is the client whose my_ fields are filled (0: none).
   StatsReply stats(ClientId asking = 0) const {
     StatsReply s;
     s.clients = clients_.size();
@@ -224,6 +237,7 @@ public:
     return s;
   }
 
+  /// What CardsRequest answers: every card's size, free memory and bandwidths.
   std::vector<CardInfo> cards() const {
     const std::vector<CardState> states = allocator_.card_states();
     std::vector<CardInfo> out;
@@ -242,8 +256,8 @@ public:
     return out;
   }
 
-  // The region table agrees with the cards and the leases: every region is a live segment of
-  // its card, mapped by its owner alone, and every leased segment has its mapper on record.
+  /// The region table agrees with the cards and the leases: every region is a live segment of
+  /// its card, mapped by its owner alone, and every leased segment has its mapper on record.
   bool consistent() const {
     std::vector<std::size_t> regions(static_cast<std::size_t>(card_count()), 0);
     for (const auto& [id, r] : regions_) {
@@ -266,21 +280,26 @@ public:
     return leased == mappers_.size();
   }
 
-  // For the server's handshake deadline and idle policy: whether `client` has said Hello, and
-  // whether it holds memory (regions, or segments it maps).
+  /// Whether `client` has said Hello (for the server's handshake deadline).
   bool greeted(ClientId client) const {
     const auto it = clients_.find(client);
     return it != clients_.end() && it->second.greeted;
   }
+  /// Whether `client` holds memory: regions, or segments it maps (for the server's idle policy).
   bool holds_memory(ClientId client) const {
     const auto it = clients_.find(client);
     return it != clients_.end() && (!it->second.regions.empty() || !it->second.mappings.empty());
   }
 
+  /// The cards served.
   int card_count() const noexcept { return allocator_.card_count(); }
+  /// Clients connected now, greeted or not.
   std::size_t client_count() const noexcept { return clients_.size(); }
+  /// Live regions, over all clients.
   std::size_t region_count() const noexcept { return regions_.size(); }
+  /// The allocator, for its picker, history and card states.
   const allocator_type& allocator() const noexcept { return allocator_; }
+  /// Card `c`'s leases and segments; throws std::out_of_range for no such card.
   const card_type& card(int c) const { return cards_.at(static_cast<std::size_t>(c)); }
 
 private:
@@ -531,7 +550,7 @@ private:
     cards_[static_cast<std::size_t>(card)].unlease(segment);
   }
 
-  // Segments the pools released while clients had them mapped: tell those clients to unmap.
+  // Segments freed while clients had them mapped: tell those clients to unmap.
   void collect_retired(std::vector<Outgoing>& out) {
     std::map<ClientId, std::vector<SegmentId>> notices;
     for (card_type& card : cards_) {

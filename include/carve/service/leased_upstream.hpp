@@ -1,24 +1,29 @@
-// carve/service/leased_upstream.hpp — an upstream adaptor whose segments can be lent to other
-// processes: it numbers every segment, exports it to each process that maps it (a lease), and
-// tells the server which leased segments its pool has released, so their mappers can unmap.
-//
-//   carve::service::LeasedUpstream<carve::SharedMemoryCard> card(carve::SharedMemoryCard(1 << 30));
-//   carve::CachingPool pool(card);                       // the pool sees an ordinary upstream
-//   auto where = card.locate(block);                     // segment id and offset of a block
-//   auto e = card.lease(where->segment);                 // export it to one more process
-//   ...
-//   card.unlease(where->segment);                        // that process has unmapped it
-//
-// Why: clients cache their mappings (a CUDA IPC handle is opened once), so a client may still map
-// a segment when its pool returns it to the card. Then deallocate() reports it (take_retired), and
-// what happens to the memory depends on the upstream:
-// - release_while_mapped (shared memory): it goes back to the card at once; the stale mapping
-//   holds host pages only until its client unmaps, and no one can reach them through the card.
-// - otherwise (CUDA IPC, where freeing before the importer closes is undefined): the segment
-//   stays allocated, and counted as used by free_bytes(), until the last lease ends.
-//
-// Segment ids are unique within the process and never reused, so a client can key its mappings
-// by them even when a new segment reuses an old address. Copies share one state. Thread-safe.
+/// @file carve/service/leased_upstream.hpp
+/// An upstream adaptor whose segments can be lent to other processes: it numbers every segment,
+/// exports it to each process that maps it (a lease), and reports which leased segments were
+/// released while mapped, so their mappers can be told to unmap.
+///
+/// @code
+/// carve::service::LeasedUpstream<carve::SharedMemoryCard> card(carve::SharedMemoryCard(1 << 30));
+/// void* block = *card.try_allocate(2 << 20, 256);      // a segment of its own
+/// auto where = card.locate(block);                     // segment id and offset of a block
+/// auto e = card.lease(where->segment);                 // export it to one more process
+/// card.deallocate(block, 2 << 20, 256);                // still leased: retired
+/// auto retired = card.take_retired();                  // {where->segment}: tell its mapper
+/// card.unlease(where->segment);                        // that process has unmapped it
+/// @endcode
+///
+/// Why: a process may still map a segment when the allocator above gives it back (the allocation
+/// service frees a region before its client has unmapped it, and a client may die with its
+/// mappings). Then deallocate() reports it (take_retired), and what happens to the memory depends
+/// on the upstream:
+/// - release_while_mapped (shared memory): it goes back to the card at once; the stale mapping
+///   holds host pages only until its client unmaps, and no one can reach them through the card.
+/// - otherwise (CUDA IPC, where freeing before the importer closes is undefined): the segment
+///   stays allocated, and counted as used by free_bytes(), until the last lease ends.
+///
+/// Segment ids are unique within the process and never reused, so a client can key its mappings
+/// by them even when a new segment reuses an old address. Copies share one state. Thread-safe.
 #pragma once
 
 #include <carve/mr/detail/block_lookup.hpp>
@@ -50,18 +55,23 @@ inline SegmentId next_segment_id() noexcept {
 }
 } // namespace detail
 
-// Where a block lives: its segment and the offset from the segment's start.
+/// Where a block lives: its segment and the offset from the segment's start.
 struct SegmentLocation {
-  SegmentId segment = 0;
-  std::size_t offset = 0;
-  std::size_t segment_size = 0;
+  SegmentId segment = 0;        ///< the segment's id
+  std::size_t offset = 0;       ///< of the block, from the segment's start
+  std::size_t segment_size = 0; ///< the whole segment's bytes
 };
 
+/// `Upstream` with segments that can be leased to other processes (see the file's description):
+/// an UpstreamResource that knows what it owns. Copies share one state.
 template <ExportableResource Upstream>
 class LeasedUpstream {
 public:
+  /// Wraps `upstream`.
   explicit LeasedUpstream(Upstream upstream) : state_(std::make_shared<State>(std::move(upstream))) {}
 
+  /// A new segment from the upstream, numbered. Errors: the upstream's; no_space when the
+  /// bookkeeping cannot grow (the segment goes back).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const auto got = state_->upstream.try_allocate(bytes, alignment);
     if (!got) {
@@ -88,6 +98,8 @@ public:
     }
   }
 
+  /// Gives a segment back. A leased one is retired and reported by take_retired(); its memory
+  /// goes to the upstream now if release_while_mapped, else at its last unlease. Never allocates.
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     {
       const std::lock_guard lock(state_->mutex);
@@ -110,11 +122,14 @@ public:
     state_->upstream.deallocate(p, bytes, alignment);
   }
 
+  /// The upstream's (a segment kept for a lease counts as used).
   std::size_t free_bytes() const { return state_->upstream.free_bytes(); }
+  /// Whether `p` lies in a live segment (a retired one no longer counts).
   bool owns(const void* p) const noexcept { return locate(p).has_value(); }
+  /// The upstream's.
   std::size_t capacity() const { return state_->upstream.capacity(); }
 
-  // The live segment holding `p`; nullopt when none does.
+  /// The live segment holding `p`; nullopt when none does.
   std::optional<SegmentLocation> locate(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
     const auto size_of = [&](SegmentId id) { return state_->segments.find(id)->second.size; };
@@ -125,8 +140,8 @@ public:
     return SegmentLocation{at->second, address(p) - at->first, size_of(at->second)};
   }
 
-  // Exports the segment to one more process; nullopt (and no lease) when the segment is not
-  // live, or the upstream cannot export it.
+  /// Exports the segment to one more process; nullopt (and no lease) when the segment is not
+  /// live, or the upstream cannot export it.
   std::optional<SegmentExport> lease(SegmentId id) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->segments.find(id);
@@ -141,10 +156,10 @@ public:
     return e;
   }
 
-  // The descriptor that lease() exported, handed over to the caller (who closes it), for a
-  // segment that will not be leased again: the upstream then holds no descriptor for it. Without
-  // an upstream that can hand descriptors over, a duplicate of the exported one. -1 when there is
-  // none (a CUDA IPC export) or the system refuses the duplicate.
+  /// The descriptor that lease() exported, handed over to the caller (who closes it), for a
+  /// segment that will not be leased again: the upstream then holds no descriptor for it. Without
+  /// an upstream that can hand descriptors over, a duplicate of the exported one. -1 when there is
+  /// none (a CUDA IPC export) or the system refuses the duplicate.
   int take_descriptor(SegmentId id, const SegmentExport& exported) {
     if constexpr (HandsOverDescriptors<Upstream>) {
       const std::lock_guard lock(state_->mutex);
@@ -160,8 +175,8 @@ public:
     }
   }
 
-  // One process has unmapped the segment. The last unlease of a retired segment releases it
-  // (unless that happened already). Returns false for a segment that is not leased.
+  /// One process has unmapped the segment. The last unlease of a retired segment releases it
+  /// (unless that happened already). Returns false for a segment that is not leased.
   bool unlease(SegmentId id) {
     Segment done;
     {
@@ -182,7 +197,7 @@ public:
     return true;
   }
 
-  // Segments the pool released while they were leased, since the last call.
+  /// Segments released while they were leased, since the last call (each is reported once).
   std::vector<SegmentId> take_retired() {
     const std::lock_guard lock(state_->mutex);
     std::vector<SegmentId> out(state_->retired_new.begin(), state_->retired_new.end());
@@ -190,26 +205,28 @@ public:
     return out;
   }
 
-  // Segments whose memory is held from the upstream (live, or retired and kept for a lease).
+  /// Segments whose memory is held from the upstream (live, or retired and kept for a lease).
   std::size_t held_count() const {
     return count([](const Segment& s) { return !s.released; });
   }
-  // Segments the pool above holds now (not released to this adaptor).
+  /// Segments the allocator above holds now (not released to this adaptor).
   std::size_t live_count() const {
     const std::lock_guard lock(state_->mutex);
     return state_->live.size();
   }
-  // Segments at least one process maps.
+  /// Segments at least one process maps.
   std::size_t leased_count() const {
     return count([](const Segment& s) { return s.leases > 0; });
   }
-  // Segments the pool released that some process still maps.
+  /// Segments released above that some process still maps.
   std::size_t retired_count() const {
     return count([](const Segment& s) { return s.retired; });
   }
 
+  /// The wrapped upstream, shared by all copies.
   const Upstream& upstream() const noexcept { return state_->upstream; }
 
+  /// Equal when both are copies of one adaptor.
   friend bool operator==(const LeasedUpstream& a, const LeasedUpstream& b) noexcept { return a.state_ == b.state_; }
 
 private:

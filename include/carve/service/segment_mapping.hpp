@@ -1,12 +1,13 @@
-// carve/service/segment_mapping.hpp — a client's side of an exported segment: mapping what the
-// server lent into this process, and unmapping it.
-//
-// shared_memory: the descriptor that came with the reply is mapped shared (read/write) and
-// closed; the mapping keeps the memory alive. cuda_ipc: the handle is opened with
-// cudaIpcOpenMemHandle on the exporting device (peer access enabled lazily), and closed with
-// cudaIpcCloseMemHandle. The CUDA part is compiled where <cuda_runtime_api.h> is on the include
-// path (link CUDA::cudart then), unless CARVE_SERVICE_NO_CUDA is defined; without it a
-// cuda_ipc segment is refused with a clear error.
+/// @file carve/service/segment_mapping.hpp
+/// A client's side of an exported segment: mapping what the server lent into this process, and
+/// unmapping it.
+///
+/// shared_memory: the descriptor that came with the reply is mapped shared (read/write) and
+/// closed; the mapping keeps the memory alive. cuda_ipc: the handle is opened with
+/// cudaIpcOpenMemHandle on the exporting device (peer access enabled lazily), and closed with
+/// cudaIpcCloseMemHandle. The CUDA part is compiled where `<cuda_runtime_api.h>` is on the include
+/// path (link CUDA::cudart then), unless CARVE_SERVICE_NO_CUDA is defined; without it a
+/// cuda_ipc segment is refused with a clear error.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -15,6 +16,7 @@
 
 #if __has_include(<cuda_runtime_api.h>) && !defined(CARVE_SERVICE_NO_CUDA)
 #include <cuda_runtime_api.h>
+/// Defined when this build maps cuda_ipc segments (see cuda_ipc_available).
 #define CARVE_SERVICE_HAS_CUDA 1
 #endif
 
@@ -30,23 +32,26 @@
 namespace carve::service {
 
 #if defined(CARVE_SERVICE_HAS_CUDA)
+/// Whether this build maps cuda_ipc segments (the CUDA runtime's header was found and
+/// CARVE_SERVICE_NO_CUDA is not defined).
 inline constexpr bool cuda_ipc_available = true;
 #else
 inline constexpr bool cuda_ipc_available = false;
 #endif
 
+/// A segment mapped into this process.
 struct MappedSegment {
-  void* base = nullptr;
-  std::size_t size = 0;
-  ExportKind kind = ExportKind::shared_memory;
-  int device = -1;
+  void* base = nullptr;                        ///< where it is mapped here
+  std::size_t size = 0;                        ///< its bytes
+  ExportKind kind = ExportKind::shared_memory; ///< how the server exported it
+  int device = -1;                             ///< cuda_ipc: the CUDA ordinal holding it
 };
 
-// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory), taken
-// over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
-// together (no descriptor, or a file smaller than the segment); no_space when the system refuses
-// the mapping; out_of_range for a CUDA device this process cannot see; unsupported_version for a
-// kind this build cannot map.
+/// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory), taken
+/// over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
+/// together (an empty segment, no descriptor, or a file smaller than the segment); no_space when
+/// the system refuses the mapping; out_of_range for a CUDA device this process cannot see;
+/// unsupported_version for a kind this build cannot map.
 inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int device,
                                          const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle,
                                          UniqueFd fd) {
@@ -90,6 +95,8 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
 #endif
 }
 
+/// Undoes map_segment (munmap, or cudaIpcCloseMemHandle); pointers into the segment are invalid
+/// afterwards.
 inline void unmap_segment(const MappedSegment& s) noexcept {
   if (s.kind == ExportKind::shared_memory) {
     ::munmap(s.base, s.size);

@@ -1,31 +1,37 @@
-// carve/service/server_config.hpp — carve-served's settings, from command-line flags and from a
-// configuration file with the same keys.
-//
-//   carve-served --topology nvidia-smi:/etc/carve/topo.txt --strategy weighted-score:history=1
-//   carve-served --config /etc/carve/served.conf --socket /run/carve/served.sock
-//
-// A file holds one `key value` (or `key = value`) per line; `#` starts a comment. Flags are
-// `--key value` or `--key=value` and apply in order, so a flag after --config overrides the file.
-//
-//   socket PATH            where to listen (default: default_socket_path())
-//   topology SOURCE        nvidia-smi:FILE | description:FILE | cuda (the CUDA runtime's view)
-//   bandwidth TYPE=GBPS    GB/s per link for nvidia-smi text: nvlink, pcie or inter_socket
-//   max-hops N             links on a path (default 2)
-//   backend NAME           shared-memory (simulated cards, the default) | cuda
-//   card-memory SIZE       capacity of every simulated card (default 1GiB);
-//   card-memory N=SIZE     of card N only
-//   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
-//   history-window N       borrows the weighted strategy remembers (default 1024)
-//   max-clients N          connections served at once (default 256)
-//   handshake-timeout TIME a connection must say Hello within it (default 5s; 0: no limit)
-//   idle-timeout TIME      close clients that hold no memory and sent nothing for it (default 0: never)
-//   drain-timeout TIME     after SIGTERM, how long owed replies may take to go out (default 2s)
-//   pidfile PATH           write the server's pid there once it listens; removed on exit
-//   ready-fd N             write "READY=1\n" to descriptor N once it listens, then close it
-//
-// Sizes are written as in "64MiB", "1.5GiB", "4096"; times as in "200ms", "5s", "10min" (a bare
-// number is refused, except 0). Any mistake throws carve::Exception naming
-// the key, the value and, for a file, the line.
+/// @file carve/service/server_config.hpp
+/// carve-served's settings, from command-line flags and from a configuration file with the same
+/// keys.
+///
+/// @code{.unparsed}
+///   carve-served --topology nvidia-smi:/etc/carve/topo.txt --strategy weighted-score:history=1
+///   carve-served --config /etc/carve/served.conf --socket /run/carve/served.sock
+/// @endcode
+///
+/// A file holds one `key value` (or `key = value`) per line; `#` starts a comment. Flags are
+/// `--key value` or `--key=value` and apply in order, so a flag after --config overrides the file.
+///
+/// @code{.unparsed}
+///   socket PATH            where to listen (default: default_socket_path())
+///   topology SOURCE        nvidia-smi:FILE | description:FILE | cuda (the CUDA runtime's view)
+///   bandwidth TYPE=GBPS    GB/s per link for nvidia-smi text: nvlink, pcie or inter_socket
+///   max-hops N             links on a path (default: a description's own, else 2)
+///   backend NAME           shared-memory (simulated cards, the default) | cuda
+///   card-memory SIZE       capacity of every simulated card (default 1GiB);
+///   card-memory N=SIZE     of card N only
+///   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
+///                          (as parse_strategy reads them)
+///   history-window N       borrows the weighted strategy remembers (default 1024)
+///   max-clients N          connections served at once (default 256)
+///   handshake-timeout TIME a connection must say Hello within it (default 5s; 0: no limit)
+///   idle-timeout TIME      close clients that hold no memory and sent nothing for it (default 0: never)
+///   drain-timeout TIME     after a stop (SIGTERM), how long the server keeps answering (default 2s)
+///   pidfile PATH           write the server's pid there once it listens; removed on exit
+///   ready-fd N             write "READY=1\n" to descriptor N (above 2) once it listens, then close it
+/// @endcode
+///
+/// Sizes are written as in "64MiB", "1.5GiB", "4096"; times as in "200ms", "5s", "10min", at most
+/// 24 hours (a bare number is refused, except 0). Any mistake throws carve::Exception
+/// (invalid_argument) naming the key, the value and, for a file, the line.
 #pragma once
 
 #include <carve/borrow/any_strategy.hpp>
@@ -53,29 +59,35 @@
 
 namespace carve::service {
 
-enum class Backend { shared_memory, cuda };
+/// Whose memory carve-served serves.
+enum class Backend {
+  shared_memory, ///< simulated cards (SharedMemoryCard), lent as memfds
+  cuda           ///< the CUDA devices, lent as CUDA IPC handles
+};
 
+/// carve-served's settings (see the file's description for each key).
 struct ServerConfig {
-  std::filesystem::path socket_path = default_socket_path();
-  std::string topology; // SOURCE as above; empty: "cuda" for the cuda backend, else an error
-  LinkBandwidths bandwidths{};
-  std::optional<int> max_hops; // unset: the description's own, or 2
-  Backend backend = Backend::shared_memory;
-  std::uint64_t card_memory = std::uint64_t{1} << 30;
-  std::map<int, std::uint64_t> card_memory_of; // per-card capacities that differ
-  ServiceOptions service{};
-  std::size_t max_clients = 256;
-  std::chrono::milliseconds handshake_timeout = ServerOptions{}.handshake_timeout;
-  std::chrono::milliseconds idle_timeout = ServerOptions{}.idle_timeout;
-  std::chrono::milliseconds drain_timeout = ServerOptions{}.drain_timeout;
-  std::filesystem::path pidfile; // empty: none
-  std::optional<int> ready_fd;   // unset: none
+  std::filesystem::path socket_path = default_socket_path(); ///< socket
+  std::string topology;                     ///< SOURCE as above; empty: "cuda" for the cuda backend, else an error
+  LinkBandwidths bandwidths{};              ///< bandwidth, for nvidia-smi text
+  std::optional<int> max_hops;              ///< unset: the description's own, or 2
+  Backend backend = Backend::shared_memory; ///< backend
+  std::uint64_t card_memory = std::uint64_t{1} << 30; ///< card-memory SIZE: every simulated card's
+  std::map<int, std::uint64_t> card_memory_of;        ///< card-memory N=SIZE: capacities that differ
+  ServiceOptions service{};                           ///< strategy and history-window
+  std::size_t max_clients = 256;                      ///< max-clients
+  std::chrono::milliseconds handshake_timeout = ServerOptions{}.handshake_timeout; ///< handshake-timeout
+  std::chrono::milliseconds idle_timeout = ServerOptions{}.idle_timeout;           ///< idle-timeout
+  std::chrono::milliseconds drain_timeout = ServerOptions{}.drain_timeout;         ///< drain-timeout
+  std::filesystem::path pidfile;                                                   ///< empty: none
+  std::optional<int> ready_fd;                                                     ///< unset: none
 
-  // The capacity of simulated card `card`.
+  /// The capacity of simulated card `card`.
   std::uint64_t capacity_of(int card) const {
     const auto it = card_memory_of.find(card);
     return it == card_memory_of.end() ? card_memory : it->second;
   }
+  /// The AllocationServer's options these settings give (the others at their defaults).
   ServerOptions server_options() const {
     ServerOptions o;
     o.socket_path = socket_path;
@@ -142,7 +154,8 @@ inline std::string read_config_file(const std::filesystem::path& path, std::stri
 
 } // namespace detail
 
-// Applies one setting. Throws carve::Exception for an unknown key or a bad value.
+/// Applies one setting. Throws carve::Exception (invalid_argument) for an unknown key or a bad
+/// value.
 inline void apply_setting(ServerConfig& c, std::string_view key, std::string_view value) {
   using detail::config_count;
   using detail::config_size;
@@ -224,8 +237,9 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
   }
 }
 
-// Applies a configuration file's settings (its text); `name` names it in errors. A line is a key,
-// then spaces or '=' (or both), then the value, which has no spaces.
+/// Applies a configuration file's settings (its text); `name` names it in errors. A line is a key,
+/// then spaces or '=' (or both), then the value, which has no spaces. Throws carve::Exception
+/// (invalid_argument) naming the line.
 inline void apply_config_text(ServerConfig& c, std::string_view text, const std::string& name) {
   const auto space = [](char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; };
   std::size_t line_number = 0;
@@ -269,8 +283,9 @@ inline void apply_config_text(ServerConfig& c, std::string_view text, const std:
   }
 }
 
-// Reads flags (argv[1..]); --config FILE applies a file where it appears. `--help` is the
-// caller's to handle before. Throws carve::Exception.
+/// Reads flags (argv[1..]); --config FILE applies a file where it appears. `--help` is the
+/// caller's to handle before. With the cuda backend and no topology, the topology is "cuda".
+/// Throws carve::Exception (invalid_argument).
 inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
   ServerConfig c;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -306,8 +321,10 @@ inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
   return c;
 }
 
-// The machine the configuration names. "cuda" is the caller's to resolve (it needs the CUDA
-// runtime; see discover_topology). Throws carve::Exception.
+/// The machine the configuration's topology file describes. For "cuda" the caller calls
+/// discover_topology() instead (it needs the CUDA runtime). Throws carve::Exception:
+/// invalid_argument (no topology, a file that cannot be read), or the parser's error naming the
+/// file.
 inline Topology load_topology(const ServerConfig& c) {
   if (c.topology.empty()) {
     throw Exception(Errc::invalid_argument, "no topology: give --topology nvidia-smi:FILE, description:FILE or cuda");
@@ -324,9 +341,9 @@ inline Topology load_topology(const ServerConfig& c) {
   }
 }
 
-// One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
-// carve::Exception for a card-memory setting that names a card the topology lacks, or a card of
-// zero bytes.
+/// One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
+/// carve::Exception (invalid_argument) for a card-memory setting that names a card the topology
+/// lacks, or a card of zero bytes.
 inline std::vector<SharedMemoryCard> shared_memory_cards(const ServerConfig& c, const Topology& topology) {
   if (!c.card_memory_of.empty() && c.card_memory_of.rbegin()->first >= topology.gpu_count()) {
     throw Exception(Errc::invalid_argument,

@@ -1,25 +1,28 @@
-// carve/service/shared_memory_card.hpp — a simulated card whose memory other processes can map.
-//
-//   carve::SharedMemoryCard card(64 << 20);              // 64 MiB, like SimulatedCard
-//   void* p = *card.try_allocate(2 << 20, 256);
-//   auto e = card.export_segment(p, 2 << 20);                     // e->fd: pass it with SCM_RIGHTS
-//   // another process: mmap(nullptr, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-//
-// The host stand-in for a GPU that a server shares with its clients (carve/service/): every
-// allocation is its own memfd (Linux), mapped shared, counted against the card's capacity. The
-// memfd is sealed against growing and shrinking, so a process it was passed to cannot truncate
-// it under the others (which would make their accesses fault). Copies are handles to the same
-// card and compare equal. Thread-safe. Linux only (memfd_create).
-//
-// Descriptors: a live allocation keeps its memfd open until it is exported for the last time,
-// which its owner says by taking the descriptor over (release_descriptor): the allocation server
-// exports each segment once, to the one client that leases it, and then holds no descriptor for
-// it. (A descriptor cannot be had again later: reopening the mapping through
-// /proc/self/map_files/<start>-<end> needs CAP_CHECKPOINT_RESTORE, and re-creating the memfd
-// would break the sharing with the process that maps the old one.) When
-// the system refuses (memfd_create fails with EMFILE, the memory is not there), try_allocate
-// notes which call failed and why (carve/core/system_refusal.hpp), so the failure names the real
-// cause.
+/// @file carve/service/shared_memory_card.hpp
+/// A simulated card whose memory other processes can map.
+///
+/// @code
+/// carve::SharedMemoryCard card(64 << 20);              // 64 MiB, like SimulatedCard
+/// void* p = *card.try_allocate(2 << 20, 256);
+/// auto e = card.export_segment(p, 2 << 20);            // e->fd: pass it with SCM_RIGHTS
+/// // another process: mmap(nullptr, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+/// @endcode
+///
+/// The host stand-in for a GPU that a server shares with its clients (carve/service/): every
+/// allocation is its own memfd (Linux), mapped shared, counted against the card's capacity. The
+/// memfd is sealed against growing and shrinking, so a process it was passed to cannot truncate
+/// it under the others (which would make their accesses fault). Copies are handles to the same
+/// card and compare equal. Thread-safe. Linux only (memfd_create).
+///
+/// Descriptors: a live allocation keeps its memfd open until it is exported for the last time,
+/// which its owner says by taking the descriptor over (release_descriptor): the allocation server
+/// exports each segment once, to the one client that leases it, and then holds no descriptor for
+/// it. (A descriptor cannot be had again later: reopening the mapping through
+/// `/proc/self/map_files/<start>-<end>` needs CAP_CHECKPOINT_RESTORE, and re-creating the memfd
+/// would break the sharing with the process that maps the old one.) When
+/// the system refuses (memfd_create fails with EMFILE, the memory is not there), try_allocate
+/// notes which call failed and why (carve/core/system_refusal.hpp), so the failure names the real
+/// cause.
 #pragma once
 
 #include <carve/core/os_page_size.hpp>
@@ -47,17 +50,21 @@
 
 namespace carve {
 
+/// A card of `capacity_bytes` whose every allocation is a memfd another process can map: an
+/// ExportableResource that owns its memory.
 class SharedMemoryCard : public CcclSpellings<SharedMemoryCard> {
 public:
-  static constexpr ExportKind export_kind = ExportKind::shared_memory;
-  static constexpr bool release_while_mapped = true; // a mapping keeps its pages
+  static constexpr ExportKind export_kind = ExportKind::shared_memory; ///< segments leave as memfds
+  static constexpr bool release_while_mapped = true;                   ///< a mapping keeps its pages after the free
 
-  // `name` labels the memfds (visible in /proc/<pid>/maps and fdinfo).
+  /// A new, empty card; copies share it. `name` labels the memfds (visible in
+  /// `/proc/<pid>/maps` and fdinfo).
   explicit SharedMemoryCard(std::size_t capacity_bytes, std::string name = "carve-card")
       : budget_(capacity_bytes), state_(std::make_shared<State>(std::move(name))) {}
 
-  // Errors: invalid_size (check_request); no_space for an alignment above the page size, a full
-  // card, or when the system refuses the memory (then noted: last_system_refusal()).
+  /// Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space for an
+  /// alignment above the OS page, a full card, or when the system refuses the memory (then noted:
+  /// last_system_refusal()).
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     clear_system_refusal(); // a card that is merely full is not the system's refusal
     if (const auto ok = check_request(bytes, alignment); !ok) {
@@ -94,6 +101,8 @@ public:
     return cuda::std::unexpected(Errc::no_space);
   }
 
+  /// Frees what try_allocate gave, with the same bytes: unmaps it here and closes its memfd
+  /// (other processes' mappings keep their pages).
   void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
     int fd = -1;
     {
@@ -111,8 +120,9 @@ public:
     budget_.give_back(bytes);
   }
 
-  // The segment's memfd, borrowed; nullopt for an unknown segment or one whose descriptor was
-  // taken over.
+  /// The memfd behind the live allocation at `base` of exactly `bytes`, lent (open until that
+  /// allocation is freed or its descriptor is taken over; the receiver gets its own copy through
+  /// SCM_RIGHTS); nullopt otherwise.
   std::optional<SegmentExport> export_segment(void* base, std::size_t bytes) const {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
@@ -126,9 +136,9 @@ public:
     return e;
   }
 
-  // Hands the segment's memfd over to the caller, who closes it: the segment will not be
-  // exported again, so the card need not keep a descriptor open for it. nullopt for an unknown
-  // segment or one already handed over.
+  /// Hands the segment's memfd over to the caller, who closes it: the segment will not be
+  /// exported again, so the card need not keep a descriptor open for it. nullopt for an unknown
+  /// segment or one already handed over.
   std::optional<int> release_descriptor(void* base) noexcept {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
@@ -138,23 +148,29 @@ public:
     return std::exchange(it->second.fd, -1);
   }
 
-  // Whether `p` lies in a live allocation of this card.
+  /// Whether `p` lies in a live allocation of this card.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
     return detail::block_containing(state_->segments, p, [](const Segment& s) { return s.size; }) !=
            state_->segments.end();
   }
 
+  /// The card's size.
   std::size_t capacity() const noexcept { return budget_.capacity(); }
+  /// Bytes allocated now.
   std::size_t used_bytes() const noexcept { return budget_.used_bytes(); }
+  /// Bytes left.
   std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  /// Live allocations.
   std::size_t allocation_count() const noexcept { return budget_.allocation_count(); }
 
+  /// Equal when both are handles to the same card.
   friend bool operator==(const SharedMemoryCard& a, const SharedMemoryCard& b) noexcept {
     return a.budget_ == b.budget_;
   }
 
 #if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is host memory.
   friend constexpr void get_property(const SharedMemoryCard&, cuda::mr::host_accessible) noexcept {}
 #endif
 

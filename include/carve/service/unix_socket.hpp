@@ -1,13 +1,16 @@
-// carve/service/unix_socket.hpp — the Unix-domain socket under carve's allocation service:
-// where it lives, how it is made safe, and sending and receiving one message with descriptors.
-//
-// Safety rules for the server's socket (listen_on):
-// - its directory must be a real directory (not a symlink) owned by the server's user and not
-//   writable by group or others; a missing directory is created with mode 0700;
-// - the socket file is created owner-only (0600) and checked after bind;
-// - a socket file left by a dead server is replaced; one a live server answers on is not.
-// SOCK_SEQPACKET keeps message boundaries, so one message is one send and descriptors (SCM_RIGHTS)
-// travel with the message they belong to. Linux only (SO_PEERCRED, MSG_CMSG_CLOEXEC).
+/// @file carve/service/unix_socket.hpp
+/// The Unix-domain socket under carve's allocation service: where it lives, how it is made safe,
+/// and sending and receiving one message with descriptors.
+///
+/// Safety rules for the server's socket (listen_on):
+/// - its directory must be a real directory (not a symlink) owned by the server's user and not
+///   writable by group or others; a missing directory is created with mode 0700;
+/// - the socket file is created owner-only (0600) and checked after bind;
+/// - a socket file left by a dead server is replaced; one a live server answers on is not.
+///
+/// SOCK_SEQPACKET keeps message boundaries, so one message is one send and descriptors
+/// (SCM_RIGHTS) travel with the message they belong to. Also the service manager's readiness
+/// notification (connect_notify_socket). Linux only (SO_PEERCRED, MSG_CMSG_CLOEXEC).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -35,12 +38,16 @@
 
 namespace carve::service {
 
-// Owns a file descriptor.
+/// Owns a file descriptor: closes it when destroyed or reset. Move-only; empty holds -1.
 class UniqueFd {
 public:
+  /// Empty.
   UniqueFd() = default;
+  /// Takes over `fd` (-1: empty).
   explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  /// Takes `o`'s descriptor, leaving `o` empty.
   UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  /// Closes its own descriptor, then takes `o`'s.
   UniqueFd& operator=(UniqueFd&& o) noexcept {
     if (this != &o) {
       reset(std::exchange(o.fd_, -1));
@@ -51,9 +58,13 @@ public:
   UniqueFd& operator=(const UniqueFd&) = delete;
   ~UniqueFd() { reset(); }
 
+  /// The descriptor, still owned; -1 when empty.
   int get() const noexcept { return fd_; }
+  /// Whether it holds a descriptor.
   explicit operator bool() const noexcept { return fd_ >= 0; }
+  /// Gives up the descriptor without closing it (the caller closes it now).
   int release() noexcept { return std::exchange(fd_, -1); }
+  /// Closes the descriptor held, then holds `fd`.
   void reset(int fd = -1) noexcept {
     if (fd_ >= 0) {
       ::close(fd_);
@@ -65,13 +76,15 @@ private:
   int fd_ = -1;
 };
 
+/// Who is at the other end of a connection, as the kernel saw it at connect (SO_PEERCRED).
 struct PeerCredentials {
-  std::uint32_t pid = 0;
-  std::uint32_t uid = 0;
-  std::uint32_t gid = 0;
+  std::uint32_t pid = 0; ///< its process
+  std::uint32_t uid = 0; ///< its effective user
+  std::uint32_t gid = 0; ///< its effective group
 };
 
-// $CARVE_SOCKET if set; else $XDG_RUNTIME_DIR/carve/served.sock; else /tmp/carve-<uid>/served.sock.
+/// `$CARVE_SOCKET` if set; else `$XDG_RUNTIME_DIR/carve/served.sock`; else
+/// `/tmp/carve-<uid>/served.sock`.
 inline std::filesystem::path default_socket_path() {
   if (const char* s = std::getenv("CARVE_SOCKET"); s != nullptr && *s != '\0') {
     return s;
@@ -108,8 +121,9 @@ inline int connect_raw(int fd, const sockaddr_un& addr) {
 
 } // namespace detail
 
-// Checks (and if missing creates, 0700) the directory a server socket goes in. Throws
-// carve::Exception saying what is wrong.
+/// Checks (and if missing creates, 0700) the directory a server socket goes in; "" is the current
+/// directory. Throws carve::Exception saying what is wrong: permission_denied (not a directory,
+/// another user's, writable by group or others), io_error (cannot be read or created).
 inline void prepare_socket_directory(const std::filesystem::path& dir) {
   const std::string d = dir.empty() ? std::string(".") : dir.string();
   struct stat st {};
@@ -134,7 +148,10 @@ inline void prepare_socket_directory(const std::filesystem::path& dir) {
   }
 }
 
-// A listening, non-blocking SOCK_SEQPACKET socket at `path`, following the rules above.
+/// A listening, non-blocking SOCK_SEQPACKET socket at `path`, following the file's rules. Throws
+/// carve::Exception: invalid_argument (a path empty or too long, a file there that is no socket),
+/// permission_denied (an unsafe directory, a live server already there), io_error (a system call
+/// failed, the socket file could not be made owner-only).
 inline UniqueFd listen_on(const std::filesystem::path& path, int backlog = 128) {
   const auto addr = detail::unix_address(path);
   if (!addr) {
@@ -183,8 +200,9 @@ inline UniqueFd listen_on(const std::filesystem::path& path, int backlog = 128) 
   return fd;
 }
 
-// A blocking connection to the server at `path`. Errors: disconnected (nothing there, or it
-// refused), permission_denied (the socket is another user's).
+/// A blocking connection to the server at `path`. Errors: disconnected (nothing there, or it
+/// refused), permission_denied (the socket is another user's), invalid_size (a path empty or too
+/// long for a socket address).
 inline Result<UniqueFd> connect_to(const std::filesystem::path& path) {
   const auto addr = detail::unix_address(path);
   if (!addr) {
@@ -211,6 +229,7 @@ inline Result<UniqueFd> connect_to(const std::filesystem::path& path) {
   }
 }
 
+/// The peer of connected socket `fd`; nullopt when the kernel does not say.
 inline std::optional<PeerCredentials> peer_credentials(int fd) {
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -221,8 +240,9 @@ inline std::optional<PeerCredentials> peer_credentials(int fd) {
                          static_cast<std::uint32_t>(cred.gid)};
 }
 
-// Sends one message, with `pass_fd` attached when it is not -1. Returns 0 or an errno value
-// (EAGAIN when `dont_wait` and the socket is full; EPIPE when the peer is gone).
+/// Sends one message, with `pass_fd` attached (SCM_RIGHTS, a copy: the caller still owns it) when
+/// it is not -1. Returns 0 or an errno value (EAGAIN when `dont_wait` and the socket is full; EPIPE
+/// when the peer is gone; EMSGSIZE when only part was sent). Never raises SIGPIPE.
 inline int send_message(int fd, std::span<const std::uint8_t> bytes, int pass_fd = -1, bool dont_wait = false) {
   iovec iov{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
   msghdr msg{};
@@ -250,16 +270,17 @@ inline int send_message(int fd, std::span<const std::uint8_t> bytes, int pass_fd
   }
 }
 
+/// What receive_message found.
 struct ReceivedMessage {
-  std::size_t size = 0;   // the message's real size (may exceed the buffer: see truncated)
-  bool truncated = false; // larger than the buffer; the rest is lost
-  bool closed = false;    // the peer closed the connection (no message)
-  int error = 0;          // an errno value (EAGAIN when `dont_wait` and nothing is there)
+  std::size_t size = 0;   ///< the message's real size (may exceed the buffer: see truncated)
+  bool truncated = false; ///< larger than the buffer (or too many descriptors); the rest is lost
+  bool closed = false;    ///< the peer closed the connection (no message)
+  int error = 0;          ///< an errno value (EAGAIN when `dont_wait` and nothing is there)
 };
 
-// Receives one message into `buffer` (its size is the limit), and any descriptors sent with
-// it into `fds` (close-on-exec). A message with descriptors the caller did not expect should
-// be refused and its descriptors closed, which UniqueFd does.
+/// Receives one message into `buffer` (its size is the limit), and any descriptors sent with
+/// it into `fds` (close-on-exec, at most 8). A message with descriptors the caller did not expect
+/// should be refused and its descriptors closed, which UniqueFd does.
 inline ReceivedMessage receive_message(int fd, std::span<std::uint8_t> buffer, std::vector<UniqueFd>& fds,
                                        bool dont_wait = false) {
   constexpr std::size_t max_fds = 8;
@@ -298,11 +319,12 @@ inline ReceivedMessage receive_message(int fd, std::span<std::uint8_t> buffer, s
   return r;
 }
 
-// A datagram socket connected to the service manager's notification socket ($NOTIFY_SOCKET:
-// systemd's sd_notify protocol, spoken directly so that no library is needed); an empty UniqueFd
-// when the variable is unset. A name starting with '@' is in the abstract namespace. Errors:
-// invalid_argument for a name that is not an absolute path or '@' name, or too long;
-// disconnected when nothing listens there.
+/// A datagram socket connected to the service manager's notification socket, $NOTIFY_SOCKET
+/// (systemd's readiness protocol, spoken directly so that no library is needed: each datagram
+/// is newline-separated VARIABLE=value assignments); an empty UniqueFd when the variable is
+/// unset. A name starting with '@' is in the abstract namespace. Errors: invalid_argument for a
+/// name that is not an absolute path or '@' name, or too long; disconnected when nothing listens
+/// there; io_error when no socket can be made.
 inline Result<UniqueFd> connect_notify_socket() {
   const char* env = std::getenv("NOTIFY_SOCKET");
   if (env == nullptr || *env == '\0') {
@@ -335,8 +357,9 @@ inline Result<UniqueFd> connect_notify_socket() {
   return fd;
 }
 
-// Sends one notification ("READY=1\nMAINPID=42", "STOPPING=1") on a socket from
-// connect_notify_socket(). Async-signal-safe. Returns 0 or an errno value.
+/// Sends one notification ("READY=1\nMAINPID=42" once serving, "STOPPING=1" when stopping) on a
+/// socket from connect_notify_socket(). Async-signal-safe. Returns 0 or an errno value (EBADF
+/// for `fd` -1).
 inline int notify_service_manager(int fd, std::string_view state) noexcept {
   if (fd < 0) {
     return EBADF;

@@ -1,11 +1,12 @@
-// carve/service/wire.hpp — the byte level of carve's service protocol: fixed-width
-// little-endian integers, IEEE-754 doubles by their bits, length-prefixed text and lists.
-//
-// Every message type lists its fields once, in a `fields(archive, message)` function; WireWriter
-// and WireReader are the two archives, so encoding and decoding cannot drift apart. The reader
-// never reads past its input, never allocates more than the input could describe (a list's
-// count is checked against the bytes left before anything is reserved), and records the first
-// problem instead of throwing; callers check ok() once at the end.
+/// @file carve/service/wire.hpp
+/// The byte level of carve's service protocol: fixed-width little-endian integers, IEEE-754
+/// doubles by their bits, length-prefixed text and lists.
+///
+/// Every message type lists its fields once, in a `fields(archive, message)` function; WireWriter
+/// and WireReader are the two archives, so encoding and decoding cannot drift apart. The reader
+/// never reads past its input, never allocates more than the input could describe (a list's
+/// count is checked against the bytes left before anything is reserved), and records the first
+/// problem instead of throwing; callers check ok() once at the end.
 #pragma once
 
 #include <algorithm>
@@ -21,25 +22,32 @@
 
 namespace carve::service {
 
-// Bytes one element of a list takes at least on the wire, so a count can be checked against
-// the input before the list is built. Each message type that appears in a list declares it.
+/// Bytes one element of a list takes at least on the wire, so a count can be checked against
+/// the input before the list is built. Each message type that appears in a list declares it.
 template <class T>
 inline constexpr std::size_t min_wire_size = sizeof(T);
 
+/// The encoding archive: appends fields to a byte vector. Encoding cannot fail.
 class WireWriter {
 public:
+  /// Appends to `out`, which must outlive the writer.
   explicit WireWriter(std::vector<std::uint8_t>& out) : out_(out) {}
 
+  /// Appends each value: integers little-endian in their own width, a bool as one byte (0 or 1),
+  /// a double by its 8 bytes, a byte array as it is.
   template <class... T>
   void operator()(const T&... values) {
     (put(values), ...);
   }
-  // Text and lists longer than their bound are cut to it, so that whatever is encoded decodes.
+  /// A u16 length, then the bytes. Text longer than `max_length` is cut to it, so that whatever
+  /// is encoded decodes.
   void text(const std::string& s, std::size_t max_length) {
     const std::size_t n = std::min(s.size(), max_length);
     put(static_cast<std::uint16_t>(n));
     out_.insert(out_.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
   }
+  /// A u32 count, then each item (numbers as operator() writes them, structs by their fields()).
+  /// A list longer than `max_count` is cut to it.
   template <class T>
   void list(const std::vector<T>& items, std::size_t max_count) {
     const std::size_t n = std::min(items.size(), max_count);
@@ -52,6 +60,7 @@ public:
       }
     }
   }
+  /// An enum as its underlying integer.
   template <class E>
   void enumeration(const E& e) {
     put(static_cast<std::underlying_type_t<E>>(e));
@@ -80,14 +89,20 @@ private:
   std::vector<std::uint8_t>& out_;
 };
 
+/// The decoding archive: reads fields from one message's bytes, never past them, and records the
+/// first problem instead of throwing (check ok() or finished() at the end).
 class WireReader {
 public:
+  /// Reads `in`, which must outlive the reader.
   explicit WireReader(std::span<const std::uint8_t> in) : in_(in) {}
 
+  /// Reads each value as WireWriter::operator() wrote it; a bool other than 0 or 1 fails. After
+  /// a failure the values read mean nothing.
   template <class... T>
   void operator()(T&... values) {
     (get(values), ...);
   }
+  /// Fails for a length above `max_length` or past the end of the input.
   void text(std::string& s, std::size_t max_length) {
     std::uint16_t n = 0;
     get(n);
@@ -99,6 +114,8 @@ public:
     }
     s.assign(reinterpret_cast<const char*>(in_.data() + pos_ - n), n);
   }
+  /// Fails for a count above `max_count`, or more items than the bytes left could hold
+  /// (min_wire_size each), before anything is allocated.
   template <class T>
   void list(std::vector<T>& items, std::size_t max_count) {
     std::uint32_t n = 0;
@@ -118,6 +135,7 @@ public:
       }
     }
   }
+  /// The underlying integer, unchecked: the field's reader checks the range and calls fail().
   template <class E>
   void enumeration(E& e) {
     std::underlying_type_t<E> raw{};
@@ -125,17 +143,21 @@ public:
     e = static_cast<E>(raw);
   }
 
-  // For checks a field's reader does on the value (an enum's range, a bool's 0 or 1).
+  /// Records `why` (a string literal) as the error, unless one is recorded already. For checks a
+  /// field's reader does on the value (an enum's range, a bool's 0 or 1).
   void fail(const char* why) {
     if (ok_) {
       ok_ = false;
       error_ = why;
     }
   }
+  /// Nothing has failed so far.
   bool ok() const noexcept { return ok_; }
-  // The whole input was used and nothing failed: a message must not carry trailing bytes.
+  /// The whole input was used and nothing failed: a message must not carry trailing bytes.
   bool finished() const noexcept { return ok_ && pos_ == in_.size(); }
+  /// The first failure's reason; "" while ok().
   const char* error() const noexcept { return error_; }
+  /// Bytes not read yet.
   std::size_t remaining() const noexcept { return in_.size() - pos_; }
 
 private:
