@@ -66,6 +66,21 @@ private:
   int last_decile_ = -1;
 };
 
+// Creates `dir` (and its parents) for results. A path that is empty, lies under a file or cannot
+// be created is bad input: `fail(message)` builds the error naming what gave the folder.
+template <class Fail>
+void make_output_folder(const std::string& dir, Fail fail) {
+  if (dir.empty()) {
+    throw fail("the output folder is empty");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    throw fail("cannot create the output folder '" + dir +
+               "': " + (ec ? ec.message() : std::string("a file of that name exists")));
+  }
+}
+
 std::string describe_workload(const Config& c) {
   if (!c.trace.empty()) {
     return "trace " + c.trace;
@@ -159,7 +174,7 @@ int run(const std::vector<std::string>& args) {
     finish(c, {});
     std::ofstream out(c.write_trace);
     if (!out) {
-      throw input_error(c.write_trace, 0, "cannot write the trace");
+      throw c.error("write-trace", "cannot write '" + c.write_trace + "'");
     }
     carve::sim::write_trace(out, carve::sim::generate(c.workload, c.first_seed));
     fmt::print("wrote seed {}'s workload ({}) to {}\n", c.first_seed, describe_workload(c), c.write_trace);
@@ -167,10 +182,13 @@ int run(const std::vector<std::string>& args) {
   }
   std::vector<carve::sim::Workgroup> trace;
   if (!c.trace.empty()) {
+    if (std::filesystem::is_directory(c.trace)) {
+      throw c.error("trace", "'" + c.trace + "' is a directory, not a trace file");
+    }
     trace = carve::sim::read_trace_file(c.trace, c.slots);
   }
   finish(c, trace);
-  std::filesystem::create_directories(c.out);
+  make_output_folder(c.out, [&c](const std::string& what) { return c.error("out", what); });
 
   const unsigned threads = c.threads != 0 ? c.threads : std::max(1u, std::thread::hardware_concurrency());
   fmt::print("slot_sim: {}\n          {}\n", describe_machine(c), describe_workload(c));
@@ -278,7 +296,7 @@ int merge(const std::vector<std::string>& args) {
   all.bound_name = all.policies.back();
   all.sample_every = c.dispatch.sample_every;
   all.slots = c.slots;
-  std::filesystem::create_directories(out);
+  make_output_folder(out, [](const std::string& what) { return input_error("merge OUT", 0, what); });
   write_results(all, out, to_text(c));
   fmt::print("slot_sim: merged {} shards: {}\n          {}\n", args.size() - 2, describe_machine(c),
              describe_workload(c));

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +24,12 @@ struct Shard {
   std::uint32_t index = 1; // 1-based
   std::uint32_t count = 1;
 };
+
+// The largest settings one process accepts (memory grows with each).
+inline constexpr std::uint32_t max_workgroups = 1'000'000; // per run, ~100 bytes each per thread
+inline constexpr std::uint32_t max_cus = 4096;             // up to ~8 KiB each per run
+inline constexpr std::uint32_t max_seeds = 100'000;        // per process (per shard): a table row each
+inline constexpr std::uint32_t max_threads = 256;
 
 struct Config {
   std::uint32_t slots = 128;
@@ -43,7 +50,8 @@ struct Config {
   std::map<std::string, std::pair<std::string, std::size_t>> origin;
   carve::Exception error(const std::string& key, const std::string& what) const {
     const auto it = origin.find(key);
-    return it == origin.end() ? input_error(key, 0, what) : input_error(it->second.first, it->second.second, what);
+    return it == origin.end() ? input_error("--" + key, 0, what)
+                              : input_error(it->second.first, it->second.second, what);
   }
 
   // The seeds this process runs: every seed of the sweep, or this shard's share (seeds are dealt
@@ -70,11 +78,18 @@ inline std::string trim(const std::string& s) {
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
 }
 
+// `max` is what one process can hold: larger values would end in an allocation failure, so they
+// are refused here with the option's name.
 inline std::uint32_t count_value(const std::string& v, const std::string& key, const std::string& where,
-                                 std::size_t line, std::uint32_t min) {
+                                 std::size_t line, std::uint32_t min,
+                                 std::uint32_t max = std::numeric_limits<std::uint32_t>::max()) {
   const std::uint32_t n = carve::sim::detail::parse_count(v, key, where, line);
   if (n < min) {
     throw input_error(where, line, key + " must be at least " + std::to_string(min));
+  }
+  if (n > max) {
+    throw input_error(where, line,
+                      key + " " + v + " is more than one run can hold (at most " + std::to_string(max) + ")");
   }
   return n;
 }
@@ -95,7 +110,7 @@ public:
       }
       c_.slots = n;
     };
-    set_["cus"] = [this](auto& v, auto& w, auto l) { c_.dispatch.cus = count_value(v, "cus", w, l, 1); };
+    set_["cus"] = [this](auto& v, auto& w, auto l) { c_.dispatch.cus = count_value(v, "cus", w, l, 1, max_cus); };
     set_["window"] = [this](auto& v, auto& w, auto l) { c_.dispatch.window = count_value(v, "window", w, l, 1); };
     set_["width"] = [this](auto& v, auto& w, auto l) { c_.dispatch.width = count_value(v, "width", w, l, 0); };
     set_["cu-choice"] = [this](const std::string& v, const std::string& w, std::size_t l) {
@@ -112,7 +127,7 @@ public:
       c_.dispatch.sample_every = count_value(v, "sample-every", w, l, 0);
     };
     set_["workgroups"] = [this](auto& v, auto& w, auto l) {
-      c_.workload.count = count_value(v, "workgroups", w, l, 1);
+      c_.workload.count = count_value(v, "workgroups", w, l, 1, max_workgroups);
     };
     set_["sizes"] = [this](auto& v, auto& w, auto l) { c_.workload.sizes = Distribution::parse(v, w, l); };
     set_["durations"] = [this](auto& v, auto& w, auto l) { c_.workload.durations = Distribution::parse(v, w, l); };
@@ -146,7 +161,9 @@ public:
       }
     };
     set_["out"] = [this](auto& v, auto&, auto) { c_.out = v; };
-    set_["threads"] = [this](auto& v, auto& w, auto l) { c_.threads = count_value(v, "threads", w, l, 0); };
+    set_["threads"] = [this](auto& v, auto& w, auto l) {
+      c_.threads = count_value(v, "threads", w, l, 0, max_threads);
+    };
     set_["shard"] = [this](const std::string& v, const std::string& w, std::size_t l) {
       const std::size_t slash = v.find('/');
       if (slash == std::string::npos) {
@@ -239,17 +256,29 @@ inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
     throw c.error("shard", std::to_string(c.shard.count) + " shards for " + std::to_string(c.seeds) +
                                " seeds: some would be empty");
   }
+  if (const std::uint64_t mine = (std::uint64_t{c.seeds} + c.shard.count - 1) / c.shard.count; mine > max_seeds) {
+    throw c.error("seeds", std::to_string(c.seeds) + " seeds give " + std::to_string(mine) +
+                               " runs per policy in one process, more than it can hold (at most " +
+                               std::to_string(max_seeds) + "); split the sweep with --shard I/N");
+  }
+  if (c.out.empty()) {
+    throw c.error("out", "the output folder is empty");
+  }
   if (c.dispatch.sample_every == 0) {
     // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.
+    // Arrivals may spread a run far beyond its work: the span of the arrivals counts too.
     double work = c.workload.count * c.workload.sizes.mean() * c.workload.durations.mean();
+    double span = c.workload.arrivals.per_cycle > 0 ? c.workload.count / c.workload.arrivals.per_cycle : 0.0;
     if (!trace.empty()) {
       work = 0;
+      span = 0;
       for (const carve::sim::Workgroup& w : trace) {
         work += static_cast<double>(w.size) * w.duration;
+        span = std::max(span, static_cast<double>(w.arrival));
       }
     }
-    const double cycles = work / (0.8 * c.slots * c.dispatch.cus);
-    c.dispatch.sample_every = static_cast<std::uint32_t>(std::clamp(cycles / 400, 1.0, 1e6));
+    const double cycles = std::max(work / (0.8 * c.slots * c.dispatch.cus), span);
+    c.dispatch.sample_every = static_cast<std::uint32_t>(std::clamp(cycles / 400, 1.0, 1e9));
   }
 }
 

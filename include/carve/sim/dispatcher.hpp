@@ -64,7 +64,10 @@ struct DispatchOptions {
   std::uint32_t width = 1;           ///< dispatches per cycle; 0 for no limit
   CuChoice choice = CuChoice::first; ///< which unit gets a workgroup that fits on several
   std::uint32_t sample_every = 0;    ///< cycles between time-series samples; 0 for none
-  bool record_ops = false;           ///< keep every allocator call in RunResult::ops
+  /// Samples kept at most: a run whose arrivals span far more cycles than `sample_every` x this
+  /// keeps only its first samples, so the series never grows with idle time.
+  std::uint32_t max_samples = 1u << 16;
+  bool record_ops = false; ///< keep every allocator call in RunResult::ops
 };
 
 namespace detail {
@@ -295,7 +298,8 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
       }
     }
     if (options.sample_every != 0) {
-      for (; next_sample < next; next_sample += options.sample_every) {
+      for (; next_sample < next && out.series.remaining.size() < options.max_samples;
+           next_sample += options.sample_every) {
         out.series.remaining.push_back(count - finished);
         out.series.free_slots.push_back(static_cast<float>(free_total) / static_cast<float>(options.cus));
         out.series.waiting.push_back(queue.empty() ? 0 : 1);
