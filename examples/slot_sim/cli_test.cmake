@@ -87,6 +87,18 @@ if(CASE STREQUAL "bad_input")
   expect_error("missing.csv: cannot open the trace" --trace missing.csv)
   file(MAKE_DIRECTORY "${WORK}/a_folder")
   expect_error("--trace: 'a_folder' is a directory, not a trace file" --trace a_folder)
+  expect_error("--hints: 'psychic': expected exact, noisy S, given, per-kernel, constant or learned (comma-separated)"
+               --hints psychic)
+  expect_error("--hints: per-kernel hints need workgroups with kernels" --hints per-kernel)
+  expect_error("--hints: given hints come from a trace's expected column; use exact or noisy S" --hints given)
+  expect_error("--kernels: unknown kernel mix 'decode' (built in: inference, long-tail, training)" --kernels decode)
+  expect_error("--kernel: kernel big: size= and mean= are required" --kernel "big size=8")
+  expect_error("--kernel: kernel big asks for 200 slots, more than the 128 slots of a compute unit"
+               --kernel "big size=200 mean=10")
+  expect_error("--predictor: 'median': expected 'mean [WEIGHT]' or 'quantile Q [WEIGHT]'" --predictor median)
+  expect_error("--write-trace: launches that wait for their stream's previous one" --kernels inference
+               --write-trace k.csv)
+  expect_error("--stream-wait: stream-wait must be on or off (got 'maybe')" --stream-wait maybe)
   # What one process cannot hold is refused before anything is allocated.
   string(CONCAT too_many "--seeds: 4294967295 seeds give 4294967295 runs per policy in one process, more than it "
                 "can hold (at most 100000); split the sweep with --shard I/N")
@@ -122,9 +134,18 @@ elseif(CASE STREQUAL "trace")
   expect_ok(--write-trace seed5.csv --seed 5 --workgroups 300 --hint-noise 0.3)
   expect_ok(--trace seed5.csv --out replayed ${quick})
   expect_ok(--seeds 1 --seed 5 --workgroups 300 --hint-noise 0.3 --out generated --cost off --sample-every 50)
-  expect_same("${WORK}/replayed/runs.csv" "${WORK}/generated/runs.csv" 1) # all but the seed column
-  expect_same("${WORK}/replayed/series.csv" "${WORK}/generated/series.csv" 0)
-  expect_same("${WORK}/replayed/wear.csv" "${WORK}/generated/wear.csv" 0)
+  # All but the seed and policy columns: the hinted policy's label says where its hints came from
+  # (the trace's expected column, or noisy run times), which are the same numbers.
+  expect_same("${WORK}/replayed/runs.csv" "${WORK}/generated/runs.csv" 2)
+  expect_same("${WORK}/replayed/series.csv" "${WORK}/generated/series.csv" 1)
+  expect_same("${WORK}/replayed/wear.csv" "${WORK}/generated/wear.csv" 1)
+  # A trace without an expected column gets learned hints, never the real run times silently.
+  file(WRITE "${WORK}/plain.csv" "arrival,size,duration\n0,4,10\n0,8,20\n")
+  expect_ok(--trace plain.csv ${quick} --out plain)
+  string(FIND "${out}" "release-aligned[learned]" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "a trace without expected run times should get learned hints:\n${out}")
+  endif()
 
 elseif(CASE STREQUAL "shards")
   expect_ok(--seeds 6 ${quick} --out full)
@@ -200,6 +221,28 @@ elseif(CASE STREQUAL "smoke")
   if(at EQUAL -1)
     message(FATAL_ERROR "--help prints no usage")
   endif()
+elseif(CASE STREQUAL "kernels")
+  # A built-in kernel mix: learned hints by default, exact beside them labelled as the oracle.
+  expect_ok(--kernels long-tail --hints learned,exact,constant --seeds 3 ${quick} --out mix)
+  foreach(text "kernel mix 'long-tail'" "release-aligned[learned]" "release-aligned[exact]" "release-aligned[constant]"
+               "an oracle no scheduler has, the upper reference")
+    string(FIND "${out}" "${text}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the report lacks '${text}':\n${out}")
+    endif()
+  endforeach()
+  expect_ok(--config mix/config.txt --out mix_again)
+  expect_same("${WORK}/mix/summary.csv" "${WORK}/mix_again/summary.csv" 0)
+  # Streams that do not wait can be written as a trace with a kernel column and replayed.
+  expect_ok(--kernels long-tail --stream-wait off --arrivals "poisson 0.05" --workgroups 300 --write-trace k.csv)
+  expect_ok(--trace k.csv ${quick} --out replayed_mix --hints learned,given)
+  foreach(text "release-aligned[learned]" "release-aligned[given]" "the trace's expected column")
+    string(FIND "${out}" "${text}" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "the report lacks '${text}':\n${out}")
+    endif()
+  endforeach()
+
 elseif(CASE STREQUAL "sparse")
   # A million cycles between arrivals, and one workgroup at cycle 4e9: the automatic sampling
   # follows the arrival span, and even one sample per cycle stops at the series' bound.

@@ -19,6 +19,7 @@
 namespace slot_sim {
 
 using carve::sim::input_error;
+using carve::sim::KernelMix;
 
 struct Shard {
   std::uint32_t index = 1; // 1-based
@@ -31,8 +32,22 @@ inline constexpr std::uint32_t max_cus = 4096;             // up to ~8 KiB each 
 inline constexpr std::uint32_t max_seeds = 100'000;        // per process (per shard): a table row each
 inline constexpr std::uint32_t max_threads = 256;
 
+// One source of hints for the hinted policies, as --hints names it.
+struct HintChoice {
+  carve::sim::HintMode mode = carve::sim::HintMode::exact;
+  double noise = 0; // "noisy S": given hints from run times with noise S
+  std::string label() const {
+    if (noise > 0) {
+      return "noisy " + carve::sim::detail::format_real(noise);
+    }
+    return to_string(mode);
+  }
+};
+
 struct Config {
   std::uint32_t slots = 128;
+  std::vector<HintChoice> hints; // empty: chosen by finish() from the workload
+  carve::RunTimePredictorSettings predictor{};
   carve::sim::WorkloadSpec workload{};
   std::string trace; // replay this CSV trace instead of generating workloads
   carve::sim::DispatchOptions dispatch{};
@@ -138,6 +153,91 @@ public:
         throw input_error(w, l, "hint-noise must lie in [0, 5] (got " + v + ")");
       }
       c_.workload.hint_noise = x;
+      for (HintChoice& h : c_.hints) {
+        h.noise = h.noise > 0 ? x : h.noise; // one noise level for the sweep
+      }
+    };
+    set_["hints"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      c_.hints.clear();
+      std::size_t start = 0;
+      while (start <= v.size()) {
+        const std::size_t comma = std::min(v.find(',', start), v.size());
+        const auto words = carve::sim::detail::split_words(detail::trim(v.substr(start, comma - start)));
+        HintChoice h;
+        using carve::sim::HintMode;
+        if (words.size() == 2 && words[0] == "noisy") {
+          h.mode = HintMode::given;
+          h.noise = carve::sim::detail::parse_real(words[1], "noise", w, l);
+          if (h.noise <= 0 || h.noise > 5) {
+            throw input_error(w, l, "noisy S: S must lie in (0, 5] (got " + std::string(words[1]) + ")");
+          }
+          c_.workload.hint_noise = h.noise;
+        } else if (words.size() == 1 && (words[0] == "exact" || words[0] == "given" || words[0] == "per-kernel" ||
+                                         words[0] == "constant" || words[0] == "learned")) {
+          h.mode = words[0] == "exact"        ? HintMode::exact
+                   : words[0] == "given"      ? HintMode::given
+                   : words[0] == "per-kernel" ? HintMode::per_kernel
+                   : words[0] == "constant"   ? HintMode::constant
+                                              : HintMode::learned;
+        } else {
+          throw input_error(w, l,
+                            "'" + detail::trim(v.substr(start, comma - start)) +
+                                "': expected exact, noisy S, given, per-kernel, constant or learned (comma-separated)");
+        }
+        for (const HintChoice& other : c_.hints) {
+          if (other.label() == h.label() || (other.noise > 0 && h.noise > 0)) {
+            throw input_error(w, l, "'" + h.label() + "' is named twice (or two noise levels at once)");
+          }
+        }
+        c_.hints.push_back(h);
+        start = comma + 1;
+      }
+    };
+    set_["predictor"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      const auto words = carve::sim::detail::split_words(v);
+      const auto real = [&](std::size_t k, const char* what, double lo, double hi) {
+        const double x = carve::sim::detail::parse_real(words[k], what, w, l);
+        if (!(x > lo && x <= hi)) {
+          throw input_error(w, l,
+                            std::string(what) + " must lie in (" + carve::sim::detail::format_real(lo) + ", " +
+                                carve::sim::detail::format_real(hi) + "] (got " + std::string(words[k]) + ")");
+        }
+        return static_cast<float>(x);
+      };
+      carve::RunTimePredictorSettings p;
+      if (!words.empty() && words[0] == "mean" && words.size() <= 2) {
+        p.estimate = carve::RunTimeEstimate::mean;
+        p.weight = words.size() == 2 ? real(1, "weight", 0, 1) : p.weight;
+      } else if (!words.empty() && words[0] == "quantile" && words.size() >= 2 && words.size() <= 3) {
+        p.estimate = carve::RunTimeEstimate::quantile;
+        p.quantile = real(1, "quantile", 0, 0.999);
+        p.weight = words.size() == 3 ? real(2, "weight", 0, 1) : p.weight;
+      } else {
+        throw input_error(w, l, "'" + v + "': expected 'mean [WEIGHT]' or 'quantile Q [WEIGHT]'");
+      }
+      c_.predictor = p;
+    };
+    set_["kernels"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      const KernelMix keep = c_.workload.mix;
+      c_.workload.mix = carve::sim::builtin_mix(v, w, l);
+      c_.workload.mix.streams = keep.streams;
+      c_.workload.mix.stream_waits = keep.stream_waits;
+    };
+    set_["kernel"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      if (!c_.workload.mix.name.empty()) {
+        c_.workload.mix.kernels.clear(); // kernels given one by one replace a built-in mix
+        c_.workload.mix.name.clear();
+      }
+      c_.workload.mix.kernels.push_back(carve::sim::KernelType::parse(v, w, l));
+    };
+    set_["streams"] = [this](auto& v, auto& w, auto l) {
+      c_.workload.mix.streams = count_value(v, "streams", w, l, 1, 4096);
+    };
+    set_["stream-wait"] = [this](const std::string& v, const std::string& w, std::size_t l) {
+      if (v != "on" && v != "off") {
+        throw input_error(w, l, "stream-wait must be on or off (got '" + v + "')");
+      }
+      c_.workload.mix.stream_waits = v == "on";
     };
     set_["trace"] = [this](auto& v, auto&, auto) { c_.trace = v; };
     set_["seeds"] = [this](auto& v, auto& w, auto l) { c_.seeds = count_value(v, "seeds", w, l, 1); };
@@ -245,7 +345,44 @@ private:
 // Checks that need several settings at once, and fills in the automatic ones. `trace` is the
 // loaded trace when there is one.
 inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
-  if (c.trace.empty() && c.workload.sizes.max() > c.slots) {
+  using carve::sim::HintMode;
+  const KernelMix& mix = c.workload.mix;
+  const bool kernels =
+      c.trace.empty() ? !mix.empty() : std::any_of(trace.begin(), trace.end(), [](const carve::sim::Workgroup& w) {
+        return w.kernel != carve::sim::none;
+      });
+  const bool expected =
+      !c.trace.empty() && std::all_of(trace.begin(), trace.end(), [](const auto& w) { return w.expected != 0; });
+  for (const carve::sim::KernelType& k : mix.kernels) {
+    if (c.trace.empty() && k.size > c.slots) {
+      throw c.error(mix.name.empty() ? "kernel" : "kernels", "kernel " + k.name + " asks for " +
+                                                                 std::to_string(k.size) + " slots, more than the " +
+                                                                 std::to_string(c.slots) + " slots of a compute unit");
+    }
+  }
+  if (c.hints.empty()) {
+    // Learned hints whenever workgroups have kernels; a trace's own column when it has one; the
+    // seed's workloads keep exact hints, which every report labels as the oracle they are.
+    HintChoice h;
+    h.mode = kernels                     ? HintMode::learned
+             : expected                  ? HintMode::given
+             : !c.trace.empty()          ? HintMode::learned
+             : c.workload.hint_noise > 0 ? HintMode::given
+                                         : HintMode::exact;
+    h.noise = c.trace.empty() && !kernels ? c.workload.hint_noise : 0.0;
+    c.hints.push_back(h);
+  }
+  for (HintChoice& h : c.hints) {
+    if (h.mode == HintMode::per_kernel && !kernels) {
+      throw c.error("hints", "per-kernel hints need workgroups with kernels (--kernels, --kernel or a trace's "
+                             "kernel column)");
+    }
+    if (h.mode == HintMode::given && h.noise == 0 && !expected) {
+      throw c.error("hints", c.trace.empty() ? "given hints come from a trace's expected column; use exact or noisy S"
+                                             : "given hints need the trace's expected column on every line");
+    }
+  }
+  if (c.trace.empty() && mix.empty() && c.workload.sizes.max() > c.slots) {
     throw c.error("sizes", "'" + c.workload.sizes.to_string() + "' can draw " + std::to_string(c.workload.sizes.max()) +
                                " slots, more than the " + std::to_string(c.slots) + " slots of a compute unit");
   }
@@ -268,6 +405,15 @@ inline void finish(Config& c, const std::vector<carve::sim::Workgroup>& trace) {
     // About 400 samples over a typical run: busy slot-cycles over the slots, at ~80% use.
     // Arrivals may spread a run far beyond its work: the span of the arrivals counts too.
     double work = c.workload.count * c.workload.sizes.mean() * c.workload.durations.mean();
+    if (!mix.empty()) {
+      double per_workgroup = 0;
+      double workgroups = 0;
+      for (const carve::sim::KernelType& k : mix.kernels) {
+        per_workgroup += k.weight * k.launch.mean() * k.size * k.mean;
+        workgroups += k.weight * k.launch.mean();
+      }
+      work = c.workload.count * per_workgroup / workgroups;
+    }
     double span = c.workload.arrivals.per_cycle > 0 ? c.workload.count / c.workload.arrivals.per_cycle : 0.0;
     if (!trace.empty()) {
       work = 0;
@@ -302,9 +448,29 @@ inline std::string to_text(const Config& c) {
     line("durations", c.workload.durations.to_string());
     line("arrivals", c.workload.arrivals.to_string());
     line("hint-noise", carve::sim::detail::format_real(c.workload.hint_noise));
+    if (!c.workload.mix.name.empty()) {
+      line("kernels", c.workload.mix.name);
+    } else {
+      for (const carve::sim::KernelType& k : c.workload.mix.kernels) {
+        line("kernel", k.to_string());
+      }
+    }
+    line("streams", std::to_string(c.workload.mix.streams));
+    line("stream-wait", c.workload.mix.stream_waits ? "on" : "off");
   } else {
     line("trace", c.trace);
   }
+  std::string hints;
+  for (const HintChoice& h : c.hints) {
+    hints += (hints.empty() ? "" : ",") + h.label();
+  }
+  if (!hints.empty()) {
+    line("hints", hints);
+  }
+  line("predictor", c.predictor.estimate == carve::RunTimeEstimate::mean
+                        ? "mean " + carve::sim::detail::format_real(c.predictor.weight)
+                        : "quantile " + carve::sim::detail::format_real(c.predictor.quantile) + " " +
+                              carve::sim::detail::format_real(c.predictor.weight));
   line("seeds", std::to_string(c.seeds));
   line("seed", std::to_string(c.first_seed));
   if (!policies.empty()) {
@@ -328,9 +494,23 @@ Workload (one per seed, the same for every policy):
   --durations DIST     cycles per workgroup                        [uniform 10 100]
                        DIST: uniform LO HI | bimodal LO HI LO2 HI2 P | geometric MEAN [MAX] | fixed V
   --arrivals A         at-once | poisson RATE (workgroups/cycle)   [at-once]
-  --hint-noise S       expected run time = real * exp(S * N(0,1))  [0: exact]
-  --trace FILE         replay a CSV trace (arrival,size,duration[,expected]) instead
+  --kernels MIX        kernel-structured workgroups from a built-in mix:
+                       inference | long-tail | training            [none: the seed's workload]
+  --kernel K           add a kernel type (repeat): NAME size=SLOTS launch=DIST mean=CYCLES
+                       spread=CV weight=W   (DIST with colons, e.g. uniform:64:256)
+  --streams N          streams issuing the launches, round-robin   [8]
+  --stream-wait on|off a stream's launch waits for its previous one [on]
+  --trace FILE         replay a CSV trace instead; an optional header names its columns:
+                       arrival,size,duration[,expected][,kernel] in any order
   --write-trace FILE   write the first seed's workload as a trace and stop
+Hints (what release-aligned is told about run times; several, comma-separated, run side by side):
+  --hints H,...        learned: learned online per kernel from completions (a RunTimePredictor)
+                       exact: the real run times, an oracle (the upper reference)
+                       noisy S: real * exp(S * N(0,1)) from a random stream of its own
+                       given: a trace's expected column    per-kernel / constant: offline means
+                       [learned with kernels; given for a trace with expected; else exact]
+  --hint-noise S       the same as --hints "noisy S"
+  --predictor P        mean [WEIGHT] | quantile Q [WEIGHT]         [mean 0.125]
 Machine and dispatcher:
   --slots N            slots per compute unit: 64, 128, 256, 512   [128]
   --cus N              compute units                               [1]
