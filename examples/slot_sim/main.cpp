@@ -66,17 +66,72 @@ private:
   int last_decile_ = -1;
 };
 
+// Creates `dir` (and its parents) for results. A path that is empty, lies under a file or cannot
+// be created is bad input: `fail(message)` builds the error naming what gave the folder.
+template <class Fail>
+void make_output_folder(const std::string& dir, Fail fail) {
+  if (dir.empty()) {
+    throw fail("the output folder is empty");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    throw fail("cannot create the output folder '" + dir +
+               "': " + (ec ? ec.message() : std::string("a file of that name exists")));
+  }
+}
+
 std::string describe_workload(const Config& c) {
+  std::string s;
+  const auto& mix = c.workload.mix;
   if (!c.trace.empty()) {
-    return "trace " + c.trace;
+    s = "trace " + c.trace;
+  } else if (!mix.empty()) {
+    s = fmt::format("{} workgroups of kernel mix {} ({} kernel types), {} stream{}{}", c.workload.count,
+                    mix.name.empty() ? std::string("given by --kernel") : "'" + mix.name + "'", mix.kernels.size(),
+                    mix.streams, mix.streams == 1 ? "" : "s",
+                    mix.stream_waits ? ", each launch waiting for its stream's previous one" : "");
+    if (!mix.stream_waits && c.workload.arrivals.per_cycle > 0) {
+      s += ", launches arrive " + c.workload.arrivals.to_string();
+    }
+  } else {
+    s = fmt::format("{} workgroups: sizes {}, durations {}", c.workload.count, c.workload.sizes.to_string(),
+                    c.workload.durations.to_string());
+    if (c.workload.arrivals.per_cycle > 0) {
+      s += ", arrivals " + c.workload.arrivals.to_string();
+    }
   }
-  std::string s = fmt::format("{} workgroups: sizes {}, durations {}", c.workload.count, c.workload.sizes.to_string(),
-                              c.workload.durations.to_string());
-  if (c.workload.arrivals.per_cycle > 0) {
-    s += ", arrivals " + c.workload.arrivals.to_string();
+  std::string hints;
+  for (const HintChoice& h : c.hints) {
+    hints += (hints.empty() ? "" : ", ") + h.label();
   }
-  if (c.workload.hint_noise > 0) {
-    s += fmt::format(", hint noise {}", c.workload.hint_noise);
+  return s + "; hints " + hints;
+}
+
+// What each hint source means, for the lines under the tables.
+std::string describe_hints(const Config& c) {
+  std::string s;
+  for (const HintChoice& h : c.hints) {
+    using carve::sim::HintMode;
+    std::string what;
+    if (h.noise > 0) {
+      what = fmt::format("the real run times times exp({} N(0,1))", h.noise);
+    } else if (h.mode == HintMode::exact) {
+      what = "the real run times: an oracle no scheduler has, the upper reference";
+    } else if (h.mode == HintMode::learned) {
+      what =
+          c.predictor.estimate == carve::RunTimeEstimate::mean
+              ? fmt::format("learned online per kernel from completions (weighted mean, weight {})", c.predictor.weight)
+              : fmt::format("learned online per kernel from completions (running {} quantile, weight {})",
+                            c.predictor.quantile, c.predictor.weight);
+    } else if (h.mode == HintMode::per_kernel) {
+      what = "each kernel's mean run time over the workload (an offline profile)";
+    } else if (h.mode == HintMode::constant) {
+      what = "the workload's mean run time, one value for all";
+    } else {
+      what = "the trace's expected column";
+    }
+    s += fmt::format("{}[{}]: {}\n", s.empty() ? "hints " : "      ", h.label(), what);
   }
   return s;
 }
@@ -95,8 +150,17 @@ Results run_sweep(const Config& c, const std::vector<carve::sim::Workgroup>& tra
   for (auto& p : all_policies<N>()) {
     const bool wanted = c.policies.empty() || policies.empty() || // the reference always runs
                         std::find(c.policies.begin(), c.policies.end(), p.name) != c.policies.end();
-    if (wanted) {
+    if (!wanted) {
+      continue;
+    }
+    if (p.name != carve::ReleaseAlignedFit::name) {
       policies.push_back(std::move(p));
+      continue;
+    }
+    // The hinted policy once per hint source, its name saying which.
+    for (const HintChoice& h : c.hints) {
+      policies.push_back(
+          carve::sim::with_hints(p, carve::sim::HintOptions{h.mode, c.predictor}, p.name + "[" + h.label() + "]"));
     }
   }
   policies.push_back(carve::sim::bound<N>());
@@ -109,7 +173,14 @@ Results run_sweep(const Config& c, const std::vector<carve::sim::Workgroup>& tra
   o.progress = std::ref(bar);
   const std::vector<std::uint64_t> seeds = c.shard_seeds();
   const auto workload = [&](std::uint64_t seed) {
-    return trace.empty() ? carve::sim::generate(c.workload, seed) : trace;
+    if (trace.empty()) {
+      return carve::sim::generate(c.workload, seed);
+    }
+    auto w = trace;
+    if (c.workload.hint_noise > 0) {
+      carve::sim::add_hint_noise(w, c.workload.hint_noise, seed);
+    }
+    return w;
   };
   const auto table = carve::sim::sweep(policies, seeds, workload, o);
 
@@ -141,6 +212,7 @@ Results run_sweep(const Config& c, const std::vector<carve::sim::Workgroup>& tra
 void report(const Results& res, const Config& c, const std::string& dir) {
   const auto summary = summarize(res);
   print_tables(summary, res.column(res.policies.front(), &RunRow::makespan).size());
+  fmt::print("{}", describe_hints(c));
   write_summary_csv(summary, dir + "/summary.csv");
   write_figures(res, dir, describe_machine(c), describe_workload(c));
   fmt::print("\nWrote {0}/runs.csv (every run), {0}/summary.csv, {0}/series.csv, {0}/wear.csv and the figures "
@@ -159,18 +231,21 @@ int run(const std::vector<std::string>& args) {
     finish(c, {});
     std::ofstream out(c.write_trace);
     if (!out) {
-      throw input_error(c.write_trace, 0, "cannot write the trace");
+      throw c.error("write-trace", "cannot write '" + c.write_trace + "'");
     }
-    carve::sim::write_trace(out, carve::sim::generate(c.workload, c.first_seed));
+    carve::sim::write_trace(out, carve::sim::generate(c.workload, c.first_seed), "--write-trace");
     fmt::print("wrote seed {}'s workload ({}) to {}\n", c.first_seed, describe_workload(c), c.write_trace);
     return 0;
   }
   std::vector<carve::sim::Workgroup> trace;
   if (!c.trace.empty()) {
+    if (std::filesystem::is_directory(c.trace)) {
+      throw c.error("trace", "'" + c.trace + "' is a directory, not a trace file");
+    }
     trace = carve::sim::read_trace_file(c.trace, c.slots);
   }
   finish(c, trace);
-  std::filesystem::create_directories(c.out);
+  make_output_folder(c.out, [&c](const std::string& what) { return c.error("out", what); });
 
   const unsigned threads = c.threads != 0 ? c.threads : std::max(1u, std::thread::hardware_concurrency());
   fmt::print("slot_sim: {}\n          {}\n", describe_machine(c), describe_workload(c));
@@ -278,7 +353,7 @@ int merge(const std::vector<std::string>& args) {
   all.bound_name = all.policies.back();
   all.sample_every = c.dispatch.sample_every;
   all.slots = c.slots;
-  std::filesystem::create_directories(out);
+  make_output_folder(out, [](const std::string& what) { return input_error("merge OUT", 0, what); });
   write_results(all, out, to_text(c));
   fmt::print("slot_sim: merged {} shards: {}\n          {}\n", args.size() - 2, describe_machine(c),
              describe_workload(c));

@@ -89,7 +89,7 @@ inline void print_tables(const std::vector<PolicySummary>& summary, std::size_t 
   fmt::print("\nMakespan (cycles until the last workgroup is released), {} paired runs. "
              "Δ = {} - policy: positive is faster.\n",
              runs, ref);
-  fmt::print("{:<18} {:>9}  {:>24}  {:>8}  {:>6}  {:>6}  {:>9}\n", "policy", "mean", "Δ mean [95% CI]", "Δ median",
+  fmt::print("{:<26} {:>9}  {:>24}  {:>8}  {:>6}  {:>6}  {:>9}\n", "policy", "mean", "Δ mean [95% CI]", "Δ median",
              "wins", "best", "gap rec.");
   for (const PolicySummary& s : summary) {
     const bool is_ref = s.name == ref;
@@ -97,7 +97,7 @@ inline void print_tables(const std::vector<PolicySummary>& summary, std::size_t 
     const std::string delta =
         is_ref ? "-"
                : fmt::format("{} [{}, {}]", signed_number(d.mean), signed_number(d.ci_low), signed_number(d.ci_high));
-    fmt::print("{:<18} {:>9.1f}  {:>24}  {:>8}  {:>6}  {:>6}  {:>9}\n", s.name, s.makespan.mean, delta,
+    fmt::print("{:<26} {:>9.1f}  {:>24}  {:>8}  {:>6}  {:>6}  {:>9}\n", s.name, s.makespan.mean, delta,
                is_ref ? "-" : signed_number(d.median), is_ref ? "-" : fmt::format("{:.0f}%", 100 * s.vs_reference.wins),
                s.bound ? "-" : fmt::format("{:.0f}%", 100 * s.best_share),
                std::isnan(s.gap_recovered) ? "-" : fmt::format("{:.1f}%", 100 * s.gap_recovered));
@@ -107,18 +107,18 @@ inline void print_tables(const std::vector<PolicySummary>& summary, std::size_t 
              ref, ref);
 
   fmt::print("\nWhile workgroups wait (means over runs; per compute unit):\n");
-  fmt::print("{:<18} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "policy", "idle slots", "free runs",
+  fmt::print("{:<26} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "policy", "idle slots", "free runs",
              "largest/free", "frag-block", "frag-blocked", "wear max", "wear", "low-half", "ns per");
-  fmt::print("{:<18} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "", "", "", "", "cycles",
+  fmt::print("{:<26} {:>10} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", "", "", "", "", "cycles",
              "workgroups", "/mean", "CV", "share", "decision");
   for (const PolicySummary& s : summary) {
     if (s.bound) {
-      fmt::print("{:<18} {:>10.2f} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", s.name, s.idle_slots, "-",
+      fmt::print("{:<26} {:>10.2f} {:>9} {:>12} {:>11} {:>12} {:>9} {:>7} {:>8} {:>11}\n", s.name, s.idle_slots, "-",
                  "-", "-", "-", "-", "-", "-", "-");
       continue;
     }
     const std::string ns = s.ns_per_decision > 0 ? fmt::format("{:.1f}", s.ns_per_decision) : "-"; // --cost off
-    fmt::print("{:<18} {:>10.2f} {:>9.2f} {:>12.2f} {:>11.1f} {:>12.1f} {:>9.2f} {:>7.2f} {:>8.2f} {:>11}\n", s.name,
+    fmt::print("{:<26} {:>10.2f} {:>9.2f} {:>12.2f} {:>11.1f} {:>12.1f} {:>9.2f} {:>7.2f} {:>8.2f} {:>11}\n", s.name,
                s.idle_slots, s.free_runs, s.largest_run_share, s.fragmentation_blocked_cycles,
                s.fragmentation_blocked_groups, s.wear_max_over_mean, s.wear_cv, s.wear_low_half, ns);
   }
@@ -151,7 +151,12 @@ inline std::string color_of(const std::string& policy, const Results& res) {
     return "#000000";
   }
   static const std::vector<std::string> order = policy_names();
+  // A hinted policy's variants ("name[hints]") take the colors after the built-in policies'.
   const auto it = std::find(order.begin(), order.end(), policy);
+  if (it == order.end()) {
+    const auto variant = std::find(res.policies.begin(), res.policies.end(), policy);
+    return palette()[(order.size() + static_cast<std::size_t>(variant - res.policies.begin())) % palette().size()];
+  }
   return palette()[static_cast<std::size_t>(it - order.begin()) % palette().size()];
 }
 

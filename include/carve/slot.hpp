@@ -22,6 +22,7 @@
 #include <carve/slot/policy/hinted_fit_policy.hpp>
 #include <carve/slot/policy/last_fit.hpp>
 #include <carve/slot/policy/release_aligned_fit.hpp>
+#include <carve/slot/policy/run_time_predictor.hpp>
 #include <carve/slot/search/free_runs.hpp>
 #include <carve/slot/search/run_search.hpp>
 #include <carve/slot/search/run_segment.hpp>

@@ -142,11 +142,58 @@ TEST_CASE("a trace round-trips exactly") {
 }
 
 TEST_CASE("trace details: optional hint, comments, blank lines, CRLF, arrival order") {
-  const auto w = read("# a comment\r\narrival,size,duration\r\n\r\n5, 2, 10\r\n0,3,4,\r\n5,1,1,9\r\n");
+  const auto w = read("# a comment\r\n\r\n5, 2, 10\r\n0,3,4,\r\n5,1,1,9\r\n");
   REQUIRE(w.size() == 3);
-  CHECK(w[0] == Workgroup{0, 3, 4, 4}); // arrival order; an empty hint is the run time
-  CHECK(w[1] == Workgroup{5, 2, 10, 10});
+  CHECK(w[0] == Workgroup{0, 3, 4, 0}); // arrival order; no hint given is 0, never the run time
+  CHECK(w[1] == Workgroup{5, 2, 10, 0});
   CHECK(w[2] == Workgroup{5, 1, 1, 9});
+}
+
+TEST_CASE("a trace header names its columns in any order; kernels are numbered by first appearance") {
+  const auto w = read("kernel,duration,arrival,size\ngemm,40,0,12\nnorm,9,0,2\n,5,1,1\ngemm,44,2,12\n");
+  REQUIRE(w.size() == 4);
+  CHECK(w[0] == Workgroup{0, 12, 40, 0, 0});
+  CHECK(w[1] == Workgroup{0, 2, 9, 0, 1});
+  CHECK(w[2] == Workgroup{1, 1, 5, 0, none});
+  CHECK(w[3] == Workgroup{2, 12, 44, 0, 0});
+  const auto e = read("size,arrival,expected,duration\n3,0,7,5\n");
+  CHECK(e[0] == Workgroup{0, 3, 5, 7});
+  CHECK(error_of([] { read("arrival,size,time\n0,1,1\n"); }) ==
+        "t.csv:1: unknown column 'time' in the header (columns: arrival, size, duration, and optionally expected and "
+        "kernel)");
+  CHECK(error_of([] { read("arrival,size,size,duration\n"); }) == "t.csv:1: column 'size' appears twice in the header");
+  CHECK(error_of([] { read("arrival,duration,kernel\n0,1,a\n"); }) == "t.csv:1: the header has no 'size' column");
+  CHECK(error_of([] { read("arrival,size,duration\n0,1,1,1\n"); }) ==
+        "t.csv:2: expected 3 fields as the header says, found 4");
+}
+
+TEST_CASE("a kernel workload round-trips through a trace with a kernel column") {
+  WorkloadSpec spec;
+  spec.count = 200;
+  spec.mix = builtin_mix("long-tail", "test");
+  spec.mix.stream_waits = false;
+  spec.arrivals = Arrivals{0.05};
+  auto w = generate(spec, 3);
+  std::ostringstream out;
+  write_trace(out, w);
+  CHECK(out.str().rfind("arrival,size,duration,expected,kernel\n", 0) == 0);
+  const auto back = read(out.str());
+  REQUIRE(back.size() == w.size());
+  // Launches are not in a trace, and kernels are renumbered by first appearance.
+  std::vector<std::uint32_t> renumber(spec.mix.kernels.size(), none);
+  std::uint32_t next = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (renumber[w[i].kernel] == none) {
+      renumber[w[i].kernel] = next++;
+    }
+    CHECK(back[i].kernel == renumber[w[i].kernel]);
+    CHECK(back[i].duration == w[i].duration);
+    CHECK(back[i].arrival == w[i].arrival);
+  }
+  spec.mix.stream_waits = true;
+  CHECK(error_of([&] {
+          write_trace(out, generate(spec, 3), "--write-trace");
+        }).rfind("--write-trace: launches that wait", 0) == 0);
 }
 
 TEST_CASE("bad traces name the line") {

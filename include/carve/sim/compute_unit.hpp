@@ -31,9 +31,10 @@ namespace carve::sim {
 
 /// What the dispatcher asks a compute unit to place.
 struct Request {
-  std::uint32_t size;     ///< slots
-  std::uint64_t now;      ///< the current cycle
-  std::uint32_t expected; ///< the run time the dispatcher expects, in cycles
+  std::uint32_t size;                  ///< slots
+  std::uint64_t now;                   ///< the current cycle
+  std::uint32_t expected;              ///< the run time the dispatcher expects, in cycles; 0: it has no estimate
+  std::uint32_t kernel = 0xffff'ffffu; ///< the workgroup's kernel type, or 0xffffffff for none
 };
 
 /// The hint a hinted policy is given for a request. ExpectedRelease is built in (the cycle the
@@ -79,21 +80,24 @@ public:
   /// All slots free, with policy object `fit`.
   explicit ContiguousCu(policy_type fit) : allocator_(fit) {}
 
-  /// The allocator's call for a request: with a hint when the policy takes one.
+  /// The allocator's call for a request: with a hint when the policy takes one and the
+  /// dispatcher has an estimate (expected != 0), else the plain call.
   static cuda::std::expected<SlotRange, Errc> allocate(allocator_type& a, const Request& r) {
     if constexpr (hinted) {
-      return a.allocate(r.size, make_hint<typename policy_type::hint_type>(r));
-    } else {
-      return a.allocate(r.size);
+      if (r.expected != 0) {
+        return a.allocate(r.size, make_hint<typename policy_type::hint_type>(r));
+      }
     }
+    return a.allocate(r.size);
   }
   /// Where the policy would place `r` in `a`, without placing it.
   static cuda::std::optional<std::uint32_t> find(const allocator_type& a, const Request& r) {
     if constexpr (hinted) {
-      return a.policy().find(a.bitmap(), r.size, make_hint<typename policy_type::hint_type>(r));
-    } else {
-      return a.policy().find(a.bitmap(), r.size);
+      if (r.expected != 0) {
+        return a.policy().find(a.bitmap(), r.size, make_hint<typename policy_type::hint_type>(r));
+      }
     }
+    return a.policy().find(a.bitmap(), r.size);
   }
 
   /// Where the unit would put `r` (its start), or nullopt when it does not fit.

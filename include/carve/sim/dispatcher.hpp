@@ -10,7 +10,13 @@
 ///      With window 1 a head that fits nowhere blocks everything behind it (head-of-line
 ///      blocking, a strict FIFO); a larger window backfills past it.
 /// A workgroup dispatched at t is released at t + duration. The makespan is the cycle of the
-/// last release. Nothing changes between releases and arrivals, so the simulation jumps from
+/// last release. A workgroup that waits for a launch (Workgroup::after) arrives `arrival` cycles
+/// after that launch's last workgroup is released.
+///
+/// What a hinted policy is told about a request's run time is HintOptions::mode: the real run
+/// time (exact: the upper reference, an oracle no scheduler has), the workload's expected run time
+/// (given), a per-kernel or one overall offline mean, or a RunTimePredictor learning from the
+/// completions seen so far (learned). Nothing changes between releases and arrivals, so the simulation jumps from
 /// one such event to the next: cost grows with the number of workgroups, not of cycles.
 #pragma once
 
@@ -19,6 +25,7 @@
 #include <carve/sim/run_result.hpp>
 #include <carve/sim/workload.hpp>
 #include <carve/slot/batch/cu_choice.hpp>
+#include <carve/slot/policy/run_time_predictor.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -57,14 +64,53 @@ inline const char* to_string(CuChoice c) {
   return "?";
 }
 
+/// Where the run time a hinted policy is told comes from.
+enum class HintMode {
+  given,      ///< the workload's expected run time (a trace's column, or noisy run times)
+  exact,      ///< the real run time: the upper reference, an oracle
+  per_kernel, ///< the mean run time of the workgroup's kernel over the whole workload (an offline profile)
+  constant,   ///< the mean run time over the whole workload, one value for all
+  learned     ///< a RunTimePredictor per kernel, from the completions seen so far
+};
+
+/// Its name in reports: "given", "exact", "per-kernel", "constant", "learned".
+inline const char* to_string(HintMode m) {
+  switch (m) {
+  case HintMode::given:
+    return "given";
+  case HintMode::exact:
+    return "exact";
+  case HintMode::per_kernel:
+    return "per-kernel";
+  case HintMode::constant:
+    return "constant";
+  case HintMode::learned:
+    return "learned";
+  }
+  return "?";
+}
+
+/// Kernel types the learned hints keep an estimate for; more share entries (RunTimePredictor).
+inline constexpr std::uint32_t predictor_kernels = 64;
+
+/// What hinted policies are told.
+struct HintOptions {
+  HintMode mode = HintMode::given;      ///< where the run time comes from
+  RunTimePredictorSettings predictor{}; ///< for HintMode::learned
+};
+
 /// How the dispatcher runs.
 struct DispatchOptions {
+  HintOptions hints{};               ///< what hinted policies are told
   std::uint32_t cus = 1;             ///< compute units
   std::uint32_t window = 1;          ///< workgroups the dispatcher looks at: 1 is a strict FIFO
   std::uint32_t width = 1;           ///< dispatches per cycle; 0 for no limit
   CuChoice choice = CuChoice::first; ///< which unit gets a workgroup that fits on several
   std::uint32_t sample_every = 0;    ///< cycles between time-series samples; 0 for none
-  bool record_ops = false;           ///< keep every allocator call in RunResult::ops
+  /// Samples kept at most: a run whose arrivals span far more cycles than `sample_every` x this
+  /// keeps only its first samples, so the series never grows with idle time.
+  std::uint32_t max_samples = 1u << 16;
+  bool record_ops = false; ///< keep every allocator call in RunResult::ops
 };
 
 namespace detail {
@@ -130,20 +176,110 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
     }
   }
 
+  // Launch bookkeeping: workgroups left per launch, and who waits for which launch.
+  std::uint32_t launches = 0;
+  for (const Workgroup& w : workgroups) {
+    if (w.launch != none) {
+      launches = std::max(launches, w.launch + 1);
+    }
+  }
+  std::vector<std::uint32_t> launch_left(launches, 0);
+  for (const Workgroup& w : workgroups) {
+    if (w.launch != none) {
+      ++launch_left[w.launch];
+    }
+  }
+  std::vector<std::vector<std::uint32_t>> waiters(launches);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const Workgroup& w = workgroups[i];
+    if (w.after == none) {
+      continue;
+    }
+    if (w.after >= launches || launch_left[w.after] == 0 || (w.launch != none && w.after >= w.launch)) {
+      throw Exception(Errc::invalid_argument, "simulate: workgroup " + std::to_string(i) + " waits for launch " +
+                                                  std::to_string(w.after) +
+                                                  ", which has no workgroups or does not come before its own");
+    }
+    waiters[w.after].push_back(i);
+  }
+
+  // Offline profiles for HintMode::per_kernel and constant; checks for given. Units whose
+  // policy takes no hint (and the bound) are told nothing, so nothing needs checking for them.
+  constexpr bool wants_hints = requires { requires Cu::hinted; };
+  const HintMode mode = options.hints.mode;
+  std::vector<double> kernel_mean;
+  double overall_mean = 0;
+  if (wants_hints && (mode == HintMode::per_kernel || mode == HintMode::constant)) {
+    std::vector<double> n;
+    for (const Workgroup& w : workgroups) {
+      const std::uint32_t k = w.kernel == none ? 0 : w.kernel;
+      if (mode == HintMode::per_kernel && w.kernel == none) {
+        throw Exception(Errc::invalid_argument, "simulate: per-kernel hints need every workgroup's kernel");
+      }
+      if (k >= kernel_mean.size()) {
+        kernel_mean.resize(k + 1, 0.0);
+        n.resize(k + 1, 0.0);
+      }
+      kernel_mean[k] += w.duration;
+      n[k] += 1;
+      overall_mean += w.duration;
+    }
+    for (std::size_t k = 0; k < kernel_mean.size(); ++k) {
+      kernel_mean[k] = n[k] > 0 ? kernel_mean[k] / n[k] : 0.0;
+    }
+    overall_mean /= std::max<double>(count, 1);
+  }
+  if (wants_hints && mode == HintMode::given) {
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if (workgroups[i].expected == 0) {
+        throw Exception(Errc::invalid_argument, "simulate: workgroup " + std::to_string(i) +
+                                                    " has no expected run time, which given hints need");
+      }
+    }
+  }
+  RunTimePredictor<predictor_kernels> per_kernel(options.hints.predictor);
+  RunTimePredictor<1> any_kernel(options.hints.predictor);
+  const auto round_hint = [](double v) { return static_cast<std::uint32_t>(std::clamp(std::round(v), 1.0, 4.0e9)); };
+  // The run time a hinted policy is told; 0 when there is nothing to tell (no completion learned yet).
+  const auto hint_for = [&](const Workgroup& w) -> std::uint32_t {
+    if constexpr (!wants_hints) {
+      return 0;
+    }
+    switch (mode) {
+    case HintMode::given:
+      return w.expected;
+    case HintMode::exact:
+      return w.duration;
+    case HintMode::per_kernel:
+      return round_hint(kernel_mean[w.kernel]);
+    case HintMode::constant:
+      return round_hint(overall_mean);
+    case HintMode::learned:
+      if (w.kernel != none && per_kernel.observed(w.kernel) != 0) {
+        return *per_kernel.predict(w.kernel);
+      }
+      return any_kernel.predict(0).value_or(0);
+    }
+    return 0;
+  };
+
   RunResult out;
   out.placements.resize(count);
   out.series.sample_every = options.sample_every;
   std::vector<Cu> units(options.cus, prototype);
 
-  std::vector<std::uint32_t> arrival_order(count);
-  std::iota(arrival_order.begin(), arrival_order.end(), 0u);
-  std::stable_sort(arrival_order.begin(), arrival_order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return workgroups[a].arrival < workgroups[b].arrival; });
+  // Arrivals in (cycle, index) order: given ones now, waiting ones when their launch finishes.
+  using Arrival = std::pair<std::uint64_t, std::uint32_t>;
+  std::priority_queue<Arrival, std::vector<Arrival>, std::greater<>> incoming;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (workgroups[i].after == none) {
+      incoming.emplace(workgroups[i].arrival, i);
+    }
+  }
 
   std::deque<std::uint32_t> queue;
   std::priority_queue<detail::Running, std::vector<detail::Running>, std::greater<>> running;
   std::vector<bool> fragmentation_blocked(count, false);
-  std::size_t arrived = 0;
   std::uint32_t finished = 0;
   std::uint64_t next_sample = 0;
   double idle_sum = 0;
@@ -152,7 +288,7 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
   double share_weight = 0;
 
   const auto request_for = [&](std::uint32_t g, std::uint64_t now) {
-    return Request{workgroups[g].size, now, workgroups[g].expected};
+    return Request{workgroups[g].size, now, hint_for(workgroups[g]), workgroups[g].kernel};
   };
   const auto record = [&](AllocatorOp::Kind kind, std::uint32_t cu, const Request& r, SlotRange range) {
     if constexpr (Cu::contiguous) {
@@ -209,10 +345,23 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
       units[done.cu].release(done.range);
       record(AllocatorOp::Kind::release, done.cu, Request{}, done.range);
       ++finished;
+      const Workgroup& w = workgroups[done.group];
+      if (wants_hints && mode == HintMode::learned) {
+        if (w.kernel != none) {
+          per_kernel.observe(w.kernel, w.duration);
+        }
+        any_kernel.observe(0, w.duration);
+      }
+      if (w.launch != none && --launch_left[w.launch] == 0) {
+        for (const std::uint32_t g : waiters[w.launch]) {
+          incoming.emplace(t + workgroups[g].arrival, g);
+        }
+      }
     }
     // 2. Arrivals.
-    while (arrived < count && workgroups[arrival_order[arrived]].arrival <= t) {
-      queue.push_back(arrival_order[arrived++]);
+    while (!incoming.empty() && incoming.top().first <= t) {
+      queue.push_back(incoming.top().second);
+      incoming.pop();
     }
     // 3. Dispatch.
     std::uint32_t dispatched = 0;
@@ -245,8 +394,8 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
     if (!running.empty()) {
       next = running.top().finish;
     }
-    if (arrived < count) {
-      next = std::min<std::uint64_t>(next, workgroups[arrival_order[arrived]].arrival);
+    if (!incoming.empty()) {
+      next = std::min(next, incoming.top().first);
     }
     if (!queue.empty() && options.width != 0 && dispatched == options.width) {
       next = t + 1; // the dispatcher was busy, not blocked
@@ -295,7 +444,8 @@ RunResult simulate(const std::vector<Workgroup>& workgroups, const DispatchOptio
       }
     }
     if (options.sample_every != 0) {
-      for (; next_sample < next; next_sample += options.sample_every) {
+      for (; next_sample < next && out.series.remaining.size() < options.max_samples;
+           next_sample += options.sample_every) {
         out.series.remaining.push_back(count - finished);
         out.series.free_slots.push_back(static_cast<float>(free_total) / static_cast<float>(options.cus));
         out.series.waiting.push_back(queue.empty() ? 0 : 1);

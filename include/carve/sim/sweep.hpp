@@ -61,6 +61,19 @@ requires FitPolicyFor<sized_fit_t<Fit, N>, N> PolicyRunner contiguous(Fit fit = 
           }};
 }
 
+/// `runner` told its hints as `hints` say (whatever the sweep's DispatchOptions::hints), shown
+/// as `name`: one hinted policy measured under several hint sources in one sweep.
+inline PolicyRunner with_hints(PolicyRunner runner, HintOptions hints, std::string name) {
+  runner.name = std::move(name);
+  runner.run = [inner = std::move(runner.run), hints](const std::vector<Workgroup>& w, const DispatchOptions& options,
+                                                      bool measure_cost, double& ns) {
+    DispatchOptions o = options;
+    o.hints = hints;
+    return inner(w, o, measure_cost, ns);
+  };
+  return runner;
+}
+
 /// The bound: the same dispatcher on slots that need not be contiguous.
 template <std::uint32_t N>
 PolicyRunner bound(std::string name = "bound") {

@@ -1,0 +1,119 @@
+// RunTimePredictor against a reference model of its two estimates, written out in double precision.
+#include <carve/sim/random.hpp>
+#include <carve/slot/policy/run_time_predictor.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+using carve::RunTimeEstimate;
+using carve::RunTimePredictor;
+using carve::RunTimePredictorSettings;
+
+namespace {
+
+// The definitions, for one kernel: even averaging for the first 1/weight completions, then the
+// fixed weight; the quantile moves by q or 1 - q steps of 2 * a * (running mean |deviation|).
+struct Reference {
+  RunTimePredictorSettings s;
+  double estimate = 0, scale = 0;
+  std::uint32_t n = 0;
+
+  void observe(double x) {
+    ++n;
+    if (n == 1) {
+      estimate = x;
+      return;
+    }
+    const double a = std::max(1.0 / n, static_cast<double>(s.weight));
+    scale += a * (std::abs(x - estimate) - scale);
+    if (s.estimate == RunTimeEstimate::mean) {
+      estimate += a * (x - estimate);
+    } else {
+      const double step = 2 * a * scale;
+      estimate += x > estimate ? s.quantile * step : x < estimate ? -(1 - s.quantile) * step : 0.0;
+      estimate = std::max(estimate, 1.0);
+    }
+  }
+};
+
+} // namespace
+
+TEST_CASE("nothing is predicted before a completion; kernels learn apart; ids beyond the capacity share") {
+  RunTimePredictor<4> p;
+  CHECK_FALSE(p.predict(0).has_value());
+  p.observe(1, 40);
+  CHECK_FALSE(p.predict(0).has_value());
+  CHECK(p.predict(1) == 40u);
+  CHECK(p.predict(5) == 40u); // 5 % 4 == 1
+  p.observe(2, 7);
+  CHECK(p.predict(1) == 40u);
+  CHECK(p.predict(2) == 7u);
+  CHECK(p.observed(1) == 1);
+}
+
+TEST_CASE("the weighted mean: even at first, then the newest completion weighs `weight`") {
+  RunTimePredictor<1> p(RunTimePredictorSettings{RunTimeEstimate::mean, 0.25f});
+  for (const std::uint32_t x : {10u, 20u, 30u, 40u}) { // 1/n >= 0.25 throughout: the plain mean
+    p.observe(0, x);
+  }
+  CHECK(p.estimate(0) == doctest::Approx(25.0));
+  p.observe(0, 125); // 25 + 0.25 * (125 - 25)
+  CHECK(p.estimate(0) == doctest::Approx(50.0));
+  CHECK(p.predict(0) == 50u);
+}
+
+TEST_CASE("both estimates follow the reference model on long random streams") {
+  for (const auto settings :
+       {RunTimePredictorSettings{RunTimeEstimate::mean, 0.125f}, RunTimePredictorSettings{RunTimeEstimate::mean, 0.03f},
+        RunTimePredictorSettings{RunTimeEstimate::quantile, 0.125f, 0.5f},
+        RunTimePredictorSettings{RunTimeEstimate::quantile, 0.05f, 0.9f}}) {
+    CAPTURE(settings.weight);
+    CAPTURE(settings.quantile);
+    RunTimePredictor<2> p(settings);
+    Reference ref{settings};
+    carve::sim::Rng rng(11);
+    for (int i = 0; i < 5000; ++i) {
+      const auto x = static_cast<std::uint32_t>(rng.uniform(50, 150));
+      p.observe(1, x);
+      ref.observe(x);
+      REQUIRE(p.estimate(1) == doctest::Approx(ref.estimate).epsilon(1e-3));
+    }
+  }
+}
+
+TEST_CASE("on a stationary stream the estimates settle near the true mean and quantile") {
+  const auto settle = [](RunTimePredictorSettings s) {
+    RunTimePredictor<1> p(s);
+    carve::sim::Rng rng(5);
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < 20000; ++i) {
+      // Log-normal around 200 (a kernel's run times), skewed so that mean and median differ.
+      p.observe(0, static_cast<std::uint32_t>(std::round(200 * std::exp(0.5 * rng.normal()))));
+      if (i >= 10000) {
+        sum += p.estimate(0);
+        ++n;
+      }
+    }
+    return sum / n;
+  };
+  const double mean = 200 * std::exp(0.125);
+  CHECK(settle({RunTimeEstimate::mean, 0.05f}) == doctest::Approx(mean).epsilon(0.03));
+  CHECK(settle({RunTimeEstimate::quantile, 0.05f, 0.5f}) == doctest::Approx(200).epsilon(0.04));
+  CHECK(settle({RunTimeEstimate::quantile, 0.05f, 0.9f}) ==
+        doctest::Approx(200 * std::exp(0.5 * 1.2816)).epsilon(0.06));
+}
+
+TEST_CASE("usable in constant expressions, as on a device: no allocation, fixed size") {
+  constexpr auto predicted = [] {
+    RunTimePredictor<8> p;
+    p.observe(3, 90);
+    p.observe(3, 110);
+    return *p.predict(3);
+  }();
+  static_assert(predicted == 100);
+  static_assert(sizeof(RunTimePredictor<64>) <= 64 * 12 + 12);
+}
