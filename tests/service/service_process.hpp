@@ -118,6 +118,15 @@ inline std::string read_text(const std::filesystem::path& p) {
   return s.str();
 }
 
+// carve-served's arguments for the DGX-1 topology in `data_dir` (the tests' data), with 16 MiB
+// simulated cards, followed by `extra`.
+inline std::vector<std::string> served_on_dgx1(const std::string& data_dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args{"--topology", "nvidia-smi:" + data_dir + "/topology/dgx1_v100.txt", "--card-memory",
+                                "16MiB"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // carve-served running as a child process. The socket goes in a private directory unless the
 // arguments name one.
 class ServedProcess {

@@ -36,9 +36,7 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 const std::string dgx1_file = std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
 
 std::vector<std::string> dgx1(std::vector<std::string> extra = {}) {
-  std::vector<std::string> args{"--topology", "nvidia-smi:" + dgx1_file, "--card-memory", "16MiB"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  return carve::test::served_on_dgx1(CARVE_TEST_DATA_DIR, std::move(extra));
 }
 
 AllocationClient connect(const ServedProcess& s, const std::string& name = "test") {

@@ -36,12 +36,8 @@ namespace {
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
 
-const std::string dgx1_file = std::string(CARVE_TEST_DATA_DIR) + "/topology/dgx1_v100.txt";
-
 std::vector<std::string> dgx1(std::vector<std::string> extra = {}) {
-  std::vector<std::string> args{"--topology", "nvidia-smi:" + dgx1_file, "--card-memory", "16MiB"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
+  return carve::test::served_on_dgx1(CARVE_TEST_DATA_DIR, std::move(extra));
 }
 
 carve::Result<AllocationClient> try_connect(const ServedProcess& s, std::chrono::milliseconds timeout = 5s) {
