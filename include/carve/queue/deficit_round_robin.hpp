@@ -14,6 +14,7 @@
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 #include <carve/queue/tier_thresholds.hpp>
 
 #include <cuda/atomic>
@@ -56,7 +57,7 @@ public:
   }
 
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     // Each step either finds a tier with credit or moves the cursor one tier on (adding that
     // tier's quantum). Overdrafts larger than a quantum take extra rounds; the bound keeps a
     // pathological configuration from spinning, falling back to plain round-robin.
@@ -64,26 +65,25 @@ public:
     for (std::uint32_t step = 0; step < 64 * n; ++step) {
       std::uint32_t current = cursor<View>().load(cuda::std::memory_order_relaxed);
       if (!view.known_empty(current) && deficit<View>(current).load(cuda::std::memory_order_relaxed) > 0) {
-        return current;
+        return detail::as_pick(current);
       }
       if (view.known_empty(current)) {
         deficit<View>(current).store(0, cuda::std::memory_order_relaxed);
       }
-      const cuda::std::optional<std::uint32_t> next = detail::next_untried(view, current + 1);
-      if (!next) {
+      const std::uint32_t next = detail::first_untried(view, current + 1);
+      if (next == detail::no_tier) {
         return cuda::std::nullopt;
       }
-      if (cursor<View>().compare_exchange_strong(current, *next, cuda::std::memory_order_relaxed)) {
-        deficit<View>(*next).fetch_add(static_cast<std::int64_t>(quanta_[*next]), cuda::std::memory_order_relaxed);
-      }
+      cursor<View>().store(next, cuda::std::memory_order_relaxed);
+      credit<View>(next, static_cast<std::int64_t>(quanta_[next]));
     }
     return detail::next_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed));
   }
 
   template <class View>
-  CARVE_HOST_DEVICE void served(const View&, std::uint32_t tier, std::uint64_t size) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View&, std::uint32_t tier, std::uint64_t size) noexcept {
     const std::uint64_t charge = size < max_quantum ? size : max_quantum;
-    deficit<View>(tier).fetch_sub(static_cast<std::int64_t>(charge), cuda::std::memory_order_relaxed);
+    credit<View>(tier, -static_cast<std::int64_t>(charge));
   }
 
   CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint64_t> quanta() const noexcept {
@@ -101,6 +101,17 @@ private:
   template <class View>
   CARVE_HOST_DEVICE cuda::atomic_ref<std::int64_t, View::scope> deficit(std::uint32_t tier) noexcept {
     return cuda::atomic_ref<std::int64_t, View::scope>(deficit_[tier]);
+  }
+  // Adds to a deficit with a load and a store, not a read-modify-write: consumers that change
+  // the same deficit at the same moment may lose one change, which shifts a share by a request
+  // (the concept asks shares to hold on average), where a locked instruction would cost every
+  // pop. Clamped, so that lost updates cannot carry a deficit towards overflow.
+  template <class View>
+  CARVE_HOST_DEVICE void credit(std::uint32_t tier, std::int64_t amount) noexcept {
+    constexpr auto limit = static_cast<std::int64_t>(max_quantum);
+    std::int64_t d = deficit<View>(tier).load(cuda::std::memory_order_relaxed) + amount;
+    d = d > limit ? limit : (d < -limit ? -limit : d);
+    deficit<View>(tier).store(d, cuda::std::memory_order_relaxed);
   }
 
   std::uint64_t quanta_[max_tiers]{};
