@@ -8,8 +8,21 @@
 // negative and the overdraft is carried into the next round). A tier found empty drops its
 // credit, as in Shreedhar and Varghese's DRR. Over time every busy tier gets bytes in
 // proportion to its quantum, whatever the mix of sizes; a quantum at least as large as the
-// largest request keeps each visit to one round. One quantum per tier, each at least 1
-// (Errc::invalid_argument otherwise).
+// largest request keeps each visit to one round. One quantum per tier, each at least 1 and at
+// most max_quantum (Errc::invalid_argument otherwise).
+//
+// Turn-taking with a latency target for small requests (DeficitRoundRobin::small_first):
+//
+//   const double work[] = {36, 88, 35};   // per tier: arrival share x mean size (vectors)
+//   auto drr = carve::DeficitRoundRobin::small_first(work, 100);   // quanta 411, 251, 100
+//
+// gives every tier a quantum in proportion to the work it brings, the smallest of tiers 1..
+// `floor` units, and tier 0 `headroom` (default 4) times its proportion: a quantum its requests
+// do not use up while they arrive at their usual rate, so each of its turns serves it until it
+// is empty. Each tier still takes its turn (under a flood of small requests the others keep
+// their shares, which strict priority does not give them), and a small request waits at most
+// for one turn of each other tier, about its quantum each: small quanta keep that short, at the
+// price of more turns (a request larger than its tier's quantum is paid for over several).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -39,6 +52,31 @@ public:
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(const std::uint64_t (&quanta)[K]) noexcept
       : DeficitRoundRobin(cuda::std::span<const std::uint64_t>(quanta, K)) {}
+
+  // Quanta in proportion to `work` (per tier, positive), the smallest of tiers 1.. `floor`,
+  // and tier 0's `headroom` times its proportion. Bad input (fewer than two tiers, work that
+  // is not positive, a floor or headroom of 0) gives quanta that prepare() refuses.
+  CARVE_HOST_DEVICE static constexpr DeficitRoundRobin
+  small_first(cuda::std::span<const double> work, std::uint64_t floor, std::uint64_t headroom = 4) noexcept {
+    DeficitRoundRobin drr(cuda::std::span<const std::uint64_t>{});
+    drr.count_ = static_cast<std::uint32_t>(work.size());
+    double least = 0;
+    for (std::uint32_t t = 1; t < drr.count_ && t < max_tiers; ++t) {
+      least = (t == 1 || work[t] < least) ? work[t] : least;
+    }
+    for (std::uint32_t t = 0; t < drr.count_ && t < max_tiers; ++t) {
+      if (work[t] > 0 && least > 0) { // else 0: refused by prepare()
+        const double q = static_cast<double>(floor) * static_cast<double>(t == 0 ? headroom : 1) * work[t] / least;
+        drr.quanta_[t] = q < static_cast<double>(max_quantum) ? static_cast<std::uint64_t>(q + 0.5) : max_quantum;
+      }
+    }
+    return drr;
+  }
+  template <cuda::std::size_t K>
+  CARVE_HOST_DEVICE static constexpr DeficitRoundRobin small_first(const double (&work)[K], std::uint64_t floor,
+                                                                   std::uint64_t headroom = 4) noexcept {
+    return small_first(cuda::std::span<const double>(work, K), floor, headroom);
+  }
 
   template <class Clock>
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
