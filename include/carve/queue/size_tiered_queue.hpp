@@ -143,11 +143,11 @@ public:
   // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
   // On error the request is still in `request`. A tier found full takes pushes again once its
   // lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
     typename Gate::word gate = 0;
-    const auto r = push_quietly(request, gate);
+    const std::uint32_t why = push_quietly(request, gate);
     wake_readers(gate);
-    return r;
+    return result_of(why);
   }
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
@@ -180,7 +180,7 @@ public:
   }
 
   // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> try_pop() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<T, Errc> try_pop() noexcept {
     const Seat seat = Gate::my_seat();
     Held held;
     if (const std::uint32_t why = pop_quietly(seat, held); why != 0) {
@@ -538,16 +538,27 @@ private:
   }
   CARVE_HOST_DEVICE std::uint32_t histogram_slots() const noexcept { return owner_slots_ + Gate::shards; }
 
-  // `gate` receives gate_ as this push left it, for wake_readers.
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, typename Gate::word& gate) noexcept {
+  // A push's outcome as the call returns it: 0 is success, anything else an Errc. Calls pass
+  // plain numbers between them: an expected<void, Errc> returned out of line is written in two
+  // pieces and read back whole (see force_inline.hpp), a stall on every push.
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static cuda::std::expected<void, Errc> result_of(std::uint32_t why) noexcept {
+    if (why != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(why));
+    }
+    return {};
+  }
+
+  // 0, or the Errc that refused the push. `gate` receives gate_ as this push left it, for
+  // wake_readers.
+  CARVE_HOST_DEVICE std::uint32_t push_quietly(T& request, typename Gate::word& gate) noexcept {
     if (status_ != 0) {
-      return cuda::std::unexpected(static_cast<Errc>(status_));
+      return status_;
     }
     const std::uint32_t tier = tier_of(request);
     const auto entry = gate_.enter();
     if (!entry.open) {
       gate = gate_.leave(entry);
-      return cuda::std::unexpected(Errc::closed);
+      return static_cast<std::uint32_t>(Errc::closed);
     }
     bool pushed = true;
     if constexpr (shared_capacity) {
@@ -565,9 +576,9 @@ private:
     if (!pushed) {
       gate &= ~Gate::readers_mask; // nothing new for sleeping consumers
       rejected_[tier].fetch_add(1, cuda::std::memory_order_relaxed);
-      return cuda::std::unexpected(Errc::full);
+      return static_cast<std::uint32_t>(Errc::full);
     }
-    return {};
+    return 0;
   }
 
   // One request into `held` (0), or why not (an Errc: empty; closed once nothing is left or in
@@ -687,10 +698,10 @@ private:
   cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
     typename Gate::word gate = 0;
     if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
-      return push_quietly(request, gate);
+      return result_of(push_quietly(request, gate));
     }
-    const auto r = wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable,
-                                   Gate::writer, deadline);
+    const auto r = wait_for_change([&] { return result_of(push_quietly(request, gate)); }, Errc::full,
+                                   waiters_->writable, Gate::writer, deadline);
     wake_readers(gate);
     return r;
   }
