@@ -10,6 +10,11 @@
 //   q.push(std::move(lookup));            // waits while the request's tier is full
 //   auto r = q.pop(std::chrono::milliseconds(5));   // expected<Lookup, Errc>: timed_out, closed
 //   q.try_push_front(std::move(*r));      // not placeable now: back at the head of its tier
+//   q.try_pop_bulk(out, 16);              // expected<size_t, Errc>: how many, or empty / closed
+//
+// Options (QueueOptions, a constructor argument after the capacity or after the size function):
+// wait_sample, how many requests the wait histograms take one from (default 16; 1 for every
+// request). Time stamps are read only for those and where the drain policy compares them.
 //
 // Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
 // (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
