@@ -1,13 +1,20 @@
 // Latency of the embedding-lookup pipeline with one FIFO and with SizeTieredQueue (thresholds
-// 128 and 512 vectors) under round-robin (the scheme's manager) and strict priority with aging,
-// at the same offered load, cold and warm page cache, in one run. Targets: small queries' p99
-// at least 3x lower with tiers than with the FIFO; total QPS within 5%.
+// 128 and 512 vectors) under round-robin (the scheme's manager), deficit round-robin with turns
+// by each tier's work (DeficitRoundRobin::small_first, the turn-taking variant) and strict
+// priority with aging, at the same offered load, cold and warm page cache, in one run. Targets:
+// small queries' p99 at least 3x lower with tiers than with the FIFO; total QPS within 5%.
 //
-//   bench_embedding_latency [--tables 8] [--table-mib 32] [--devices 2] [--seconds 10]
-//                           [--qps N | --load 0.75] [--cache cold|warm|both] [--io pread|io_uring]
-//                           [--loaders-per-device 2] [--in-flight 4] [--aging-ms 100]
-//                           [--dir /var/tmp] [--svg latency.svg] [--csv latency.csv] [--seed 1]
-//                           [--median 100] [--sigma 1] [--max-vectors 1024]     (--help: all)
+// Each configuration runs --repeat times (default 5), the queues alternating within each
+// repetition in a rotating order, so that a drift of the shared machine's speed hits all of
+// them alike; the summary gives each ratio's median over the repetitions and its spread (lowest
+// and highest), not one run.
+//
+//   bench_embedding_latency [--tables 8] [--table-mib 32] [--devices 2] [--seconds 2]
+//                           [--repeat 5] [--qps N | --load 0.75] [--cache cold|warm|both]
+//                           [--io pread|io_uring] [--loaders-per-device 2] [--in-flight 4]
+//                           [--aging-ms 100] [--dir /var/tmp] [--svg latency.svg]
+//                           [--csv latency.csv] [--seed 1] [--median 100] [--sigma 1]
+//                           [--max-vectors 1024]                               (--help: all)
 //
 // The flags are parsed by examples/embedding_lookup/options.hpp, shared with the example; a bad
 // value exits with status 2 and a message naming the flag.
@@ -21,6 +28,7 @@
 #include <pipeline.hpp>
 #include <workload.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,10 +45,12 @@ namespace {
 
 using Queue = carve::SizeTieredQueue<Query, QueryVectors>;
 using PriorityQueue = carve::SizeTieredQueue<Query, QueryVectors, carve::RingLanes<>, carve::StrictPriority>;
+using DeficitQueue = carve::SizeTieredQueue<Query, QueryVectors, carve::RingLanes<>, carve::DeficitRoundRobin>;
 
 struct Options {
   WorkloadOptions w; // --tables --table-mib --devices --qps --median --sigma --max-vectors ... (options.hpp)
-  double seconds = 10;
+  double seconds = 2;
+  std::uint32_t repeat = 5;
   double load = 0.75;
   std::string cache = "both";
   std::string svg, csv;
@@ -54,6 +64,7 @@ Flags flags_for(Options& o) {
                                          "with SizeTieredQueue, at the same offered load, in one run.");
   add_workload_flags(flags, o.w, "offered load in queries per second (0: --load times the measured capacity)");
   flags.real("--seconds", o.seconds, 0.1, 3600, "length of each timed run");
+  flags.integer("--repeat", o.repeat, 1, 1000, "runs of each queue per cache state, alternating");
   flags.real("--load", o.load, 0.01, 10, "offered load as a fraction of the measured capacity (without --qps)");
   flags.choice("--cache", o.cache, {"cold", "warm", "both"}, "page-cache state: cold (O_DIRECT) and/or warm");
   flags.text("--svg", o.svg, "write the latency plot here");
@@ -84,6 +95,10 @@ RunSummary run(const std::string& label, std::unique_ptr<Queue> queue, DeviceMap
   return summarize(label, results, classes, seconds);
 }
 
+std::unique_ptr<DeficitQueue> deficit(const Options& o) {
+  const carve::TierThresholds tiers{128, 512};
+  return std::make_unique<DeficitQueue>(tiers, 1 << 16, small_first_drr(o.w.sizes, tiers));
+}
 std::unique_ptr<Queue> fifo() { return std::make_unique<Queue>(fifo_thresholds(), 1 << 16); }
 std::unique_ptr<Queue> tiered() { return std::make_unique<Queue>(carve::TierThresholds{128, 512}, 1 << 16); }
 std::unique_ptr<PriorityQueue> prioritised(double aging_ms) {
@@ -116,9 +131,15 @@ int main(int argc, char** argv) {
   const carve::TierThresholds classes{128, 512};
   std::vector<PlotPanel> panels;
   std::string csv = "cache,queue,tier,count,p50_ms,p99_ms,p999_ms,qps\n";
+  // One repetition: small queries' p99 and QPS per queue (FIFO, round-robin, deficit RR, strict).
+  struct Rep {
+    double small_p99[4] = {};
+    double qps[4] = {};
+  };
   struct Verdict {
     std::string cache, queue;
-    double small_fifo_p99, small_tiered_p99, fifo_qps, tiered_qps;
+    std::vector<double> ratios;      // FIFO's small p99 / this queue's, per repetition
+    std::vector<double> qps_changes; // this queue's QPS against the FIFO's, percent
   };
   std::vector<Verdict> verdicts;
   for (const bool cold : {true, false}) {
@@ -150,19 +171,59 @@ int main(int argc, char** argv) {
       std::printf("\n%s: offered load %.0f q/s\n", cache.c_str(), qps);
     }
     const auto count = static_cast<std::uint64_t>(qps * o.seconds);
-    prepare();
-    const RunSummary f = run("one FIFO", fifo(), *map, o, qps, count, classes);
-    print_summary(f, classes);
-    prepare();
-    const RunSummary t = run("SizeTieredQueue, round-robin", tiered(), *map, o, qps, count, classes);
-    print_summary(t, classes);
-    prepare();
-    char label[96];
-    std::snprintf(label, sizeof label, "SizeTieredQueue, strict+aging %g ms", o.w.aging_ms);
-    const RunSummary sp = run(label, prioritised(o.w.aging_ms), *map, o, qps, count, classes);
-    print_summary(sp, classes);
-    verdicts.push_back({cache, "round-robin", f.tiers[0].p99_ms, t.tiers[0].p99_ms, f.qps, t.qps});
-    verdicts.push_back({cache, "strict priority + aging", f.tiers[0].p99_ms, sp.tiers[0].p99_ms, f.qps, sp.qps});
+    char sp_label[96];
+    std::snprintf(sp_label, sizeof sp_label, "SizeTieredQueue, strict+aging %g ms", o.w.aging_ms);
+    const std::string drr_label = [&] {
+      std::string l = "SizeTieredQueue, deficit RR, quanta";
+      for (const std::uint64_t q : small_first_drr(o.w.sizes, classes).quanta()) {
+        l += " " + std::to_string(q);
+      }
+      return l;
+    }();
+    // Every repetition runs each queue once, in an order that rotates from one repetition to
+    // the next; the last repetition's runs are printed in full and plotted.
+    constexpr int queues = 4;
+    std::vector<RunSummary> last(queues);
+    std::vector<Rep> reps;
+    for (std::uint32_t rep = 0; rep < o.repeat; ++rep) {
+      Rep r;
+      for (int k = 0; k < queues; ++k) {
+        const int which = static_cast<int>((static_cast<std::uint32_t>(k) + rep) % queues);
+        prepare();
+        RunSummary s = which == 0   ? run("one FIFO", fifo(), *map, o, qps, count, classes)
+                       : which == 1 ? run("SizeTieredQueue, round-robin", tiered(), *map, o, qps, count, classes)
+                       : which == 2 ? run(drr_label, deficit(o), *map, o, qps, count, classes)
+                                    : run(sp_label, prioritised(o.w.aging_ms), *map, o, qps, count, classes);
+        r.small_p99[which] = s.tiers[0].p99_ms;
+        r.qps[which] = s.qps;
+        last[static_cast<std::size_t>(which)] = std::move(s);
+      }
+      std::printf("  %s, repetition %u of %u: small p99 FIFO %.3f, round-robin %.3f, deficit RR %.3f, strict+aging "
+                  "%.3f ms\n",
+                  cold ? "cold" : "warm", rep + 1, o.repeat, r.small_p99[0], r.small_p99[1], r.small_p99[2],
+                  r.small_p99[3]);
+      reps.push_back(r);
+    }
+    for (const RunSummary& s : last) {
+      print_summary(s, classes);
+    }
+    const RunSummary& f = last[0];
+    const RunSummary& t = last[1];
+    const RunSummary& d = last[2];
+    const RunSummary& sp = last[3];
+    for (int which = 1; which < queues; ++which) {
+      Verdict v{cache,
+                which == 1   ? "round-robin"
+                : which == 2 ? "deficit RR, small first"
+                             : "strict priority + aging",
+                {},
+                {}};
+      for (const Rep& r : reps) {
+        v.ratios.push_back(r.small_p99[which] > 0 ? r.small_p99[0] / r.small_p99[which] : 0);
+        v.qps_changes.push_back(r.qps[0] > 0 ? (r.qps[which] - r.qps[0]) / r.qps[0] * 100 : 0);
+      }
+      verdicts.push_back(std::move(v));
+    }
 
     PlotPanel panel{cache + ", " + std::to_string(static_cast<int>(qps)) + " q/s offered", {}};
     const char* colors[] = {"#1b9e77", "#d95f02", "#7570b3"};
@@ -173,8 +234,8 @@ int main(int argc, char** argv) {
       panel.series.push_back({std::string("one FIFO ") + names[tier], f.latencies_ms[tier], colors[tier], true});
     }
     panels.push_back(std::move(panel));
-    for (const auto& [name, s] :
-         {std::pair{"fifo", &f}, std::pair{"round-robin", &t}, std::pair{"strict-aging", &sp}}) {
+    for (const auto& [name, s] : {std::pair{"fifo", &f}, std::pair{"round-robin", &t}, std::pair{"deficit-rr", &d},
+                                  std::pair{"strict-aging", &sp}}) {
       for (std::size_t tier = 0; tier < s->tiers.size(); ++tier) {
         char line[256];
         std::snprintf(line, sizeof line, "%s,%s,%zu,%llu,%.4f,%.4f,%.4f,%.1f\n", cold ? "cold" : "warm", name, tier,
@@ -185,15 +246,18 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\nsmall queries (<= 128 vectors), p99, one FIFO / SizeTieredQueue, and total QPS:\n");
+  std::printf("\nsmall queries (<= 128 vectors), p99, one FIFO / SizeTieredQueue, median over %u alternating runs "
+              "(spread: lowest-highest), and total QPS change:\n",
+              o.repeat);
   for (const Verdict& v : verdicts) {
-    const double ratio = v.small_tiered_p99 > 0 ? v.small_fifo_p99 / v.small_tiered_p99 : 0;
-    const double qps_change = v.fifo_qps > 0 ? (v.tiered_qps - v.fifo_qps) / v.fifo_qps * 100 : 0;
-    std::printf("  %-18s %-24s p99 %9.3f / %8.3f ms = %6.1fx (target >= 3x: %s)   QPS %.0f vs %.0f (%+.1f%%, "
+    const double ratio = median(v.ratios);
+    const double qps_change = median(v.qps_changes);
+    const auto [rlo, rhi] = std::minmax_element(v.ratios.begin(), v.ratios.end());
+    const auto [qlo, qhi] = std::minmax_element(v.qps_changes.begin(), v.qps_changes.end());
+    std::printf("  %-18s %-24s p99 ratio %5.1fx (%.1fx-%.1fx; target >= 3x: %s)   QPS %+.1f%% (%+.1f%% to %+.1f%%; "
                 "target within 5%%: %s)\n",
-                v.cache.c_str(), v.queue.c_str(), v.small_fifo_p99, v.small_tiered_p99, ratio,
-                ratio >= 3 ? "met" : "MISSED", v.fifo_qps, v.tiered_qps, qps_change,
-                std::abs(qps_change) <= 5 ? "met" : "MISSED");
+                v.cache.c_str(), v.queue.c_str(), ratio, *rlo, *rhi, ratio >= 3 ? "met" : "MISSED", qps_change, *qlo,
+                *qhi, std::abs(qps_change) <= 5 ? "met" : "MISSED");
   }
   if (!o.svg.empty()) {
     write_latency_svg(o.svg,

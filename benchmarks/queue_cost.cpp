@@ -1,6 +1,7 @@
-// What a SizeTieredQueue costs per request: classify + push + pop on two threads, side by side
-// in one run with single FIFO queues: carve's own MpmcRing, moodycamel::ConcurrentQueue and
-// boost::lockfree::queue. Target: <= 100 ns per request on 2 threads. Shapes:
+// What a SizeTieredQueue costs per request: classify + push + pop on one and two threads, side
+// by side in one run with single FIFO queues: carve's own MpmcRing, moodycamel::ConcurrentQueue
+// and boost::lockfree::queue. Targets: within 2x of moodycamel on one thread, under every drain
+// policy; <= 100 ns per request on 2 threads. Shapes:
 //   pipeline/  one thread classifies and pushes, the other pops: the scheduler and manager of
 //              examples/embedding_lookup. A thread that finds the queue full or empty waits
 //              with carve::PollBackoff. Wall time per request.
@@ -11,6 +12,9 @@
 //              flight, not that the thread is idle. Wall time over both threads' requests.
 //              Rows "-retry-at-once": carve's rings retrying a lost race at once, beside their
 //              default wait (carve::LostRaceBackoff); only this shape has threads racing.
+//   one-thread/ one thread classifies, pushes and pops each request, under every drain policy,
+//              beside the FIFOs. Run with --benchmark_enable_random_interleaving=true
+//              for alternating repetitions.
 //
 // Requests are 16-byte lookups whose sizes follow the DeepRecSys-like distribution of
 // examples/embedding_lookup (60% small, 35% medium, 5% large with thresholds 128 and 512).
@@ -58,9 +62,29 @@ const std::array<std::uint32_t, 4096>& sizes() {
   return table;
 }
 
+// The drain policy a tiered queue is built with: its default, unless a specialisation says.
+template <class Drain>
+Drain drain_for_bench() {
+  return Drain{};
+}
+template <>
+carve::WeightedRoundRobin drain_for_bench() {
+  return carve::WeightedRoundRobin({4, 2, 1});
+}
+template <>
+carve::DeficitRoundRobin drain_for_bench() {
+  return carve::DeficitRoundRobin({128, 512, 1024});
+}
+
+// Strict priority with a 2 ms age bound: the policy the README recommends for latency targets.
+struct StrictAging : carve::StrictPriority {
+  StrictAging() : carve::StrictPriority(carve::StrictPriority::with_aging(2'000'000)) {}
+};
+
 template <class Drain, class Lanes = carve::RingLanes<>>
 struct Tiered {
-  carve::SizeTieredQueue<Lookup, Vectors, Lanes, Drain> q{carve::TierThresholds{128, 512}, capacity};
+  carve::SizeTieredQueue<Lookup, Vectors, Lanes, Drain> q{carve::TierThresholds{128, 512}, capacity,
+                                                          drain_for_bench<Drain>()};
   bool push(const Lookup& l) { return q.try_push(Lookup(l)).has_value(); }
   bool pop(Lookup& out) {
     auto r = q.try_pop();
@@ -154,6 +178,32 @@ void mixed(benchmark::State& state) {
   }
 }
 
+// One thread classifies, pushes and pops each request, over a backlog of state.range(0) requests:
+// what the queue itself costs, with no other core in the way.
+template <class Impl>
+void one_thread(benchmark::State& state) {
+  const auto impl = std::make_unique<Impl>();
+  for (std::size_t k = 0; k < static_cast<std::size_t>(state.range(0)); ++k) {
+    impl->push(Lookup{k, sizes()[(k * 7) % sizes().size()], 0});
+  }
+  std::size_t i = 0;
+  std::uint64_t sum = 0;
+  Lookup out{};
+  for (auto _ : state) {
+    const Lookup l{i, sizes()[i % sizes().size()], static_cast<std::uint32_t>(i & 7)};
+    ++i;
+    if (!impl->push(l) || !impl->pop(out)) {
+      state.SkipWithError("a push or pop failed on one thread");
+      break;
+    }
+    sum += out.vectors;
+  }
+  carve::bench::consume(static_cast<std::uint32_t>(sum));
+  // CPU time per request: on a machine shared with other work, time the thread spent switched
+  // out is not the queue's.
+  state.counters["per_item"] = carve::bench::per_item(1);
+}
+
 // How a pipeline thread that finds the queue full or empty waits before it looks again.
 enum class Idle {
   poll_backoff, // carve::PollBackoff's defaults: 8 us, doubling up to 64 us
@@ -222,6 +272,30 @@ using RetryAtOnceLanes = carve::RingLanes<cuda::thread_scope_system, carve::Retr
 using RoundRobinTiersRetryAtOnce = Tiered<carve::RoundRobin, RetryAtOnceLanes>;
 using StrictTiersRetryAtOnce = Tiered<carve::StrictPriority, RetryAtOnceLanes>;
 
+void one_thread_args(benchmark::internal::Benchmark* b) { b->ArgName("backlog")->Arg(0)->Arg(256); }
+
+// The one-thread rows: every drain policy, beside the single FIFOs.
+struct OneThreadRow {
+  const char* name;
+  const char* label;
+};
+const std::array<OneThreadRow, 9> one_thread_rows = {{
+    {"tiered/round-robin", "SizeTieredQueue round-robin"},
+    {"tiered/weighted-round-robin", "SizeTieredQueue weighted RR 4/2/1"},
+    {"tiered/deficit-round-robin", "SizeTieredQueue deficit RR"},
+    {"tiered/strict-priority", "SizeTieredQueue strict priority"},
+    {"tiered/strict-aging", "SizeTieredQueue strict + aging 2 ms"},
+    {"tiered/priority-tag", "SizeTieredQueue priority tag"},
+    {"fifo/carve-mpmc-ring", "one FIFO, carve-mpmc-ring"},
+    {"fifo/moodycamel", "one FIFO, moodycamel"},
+    {"fifo/boost-lockfree", "one FIFO, boost-lockfree"},
+}};
+
+template <class Impl>
+void register_one_thread(const char* name) {
+  benchmark::RegisterBenchmark((std::string("one-thread/") + name).c_str(), one_thread<Impl>)->Apply(one_thread_args);
+}
+
 void mixed_args(benchmark::internal::Benchmark* b) {
   b->ArgName("backlog")->Arg(0)->Arg(256)->Threads(1)->Threads(2)->UseRealTime();
 }
@@ -238,6 +312,15 @@ const std::array<const char*, 3> fifos = {"carve-mpmc-ring", "moodycamel", "boos
 } // namespace
 
 int main(int argc, char** argv) {
+  register_one_thread<RoundRobinTiers>(one_thread_rows[0].name);
+  register_one_thread<Tiered<carve::WeightedRoundRobin>>(one_thread_rows[1].name);
+  register_one_thread<Tiered<carve::DeficitRoundRobin>>(one_thread_rows[2].name);
+  register_one_thread<StrictTiers>(one_thread_rows[3].name);
+  register_one_thread<Tiered<StrictAging>>(one_thread_rows[4].name);
+  register_one_thread<Tiered<carve::PriorityTag>>(one_thread_rows[5].name);
+  register_one_thread<Ring<>>(one_thread_rows[6].name);
+  register_one_thread<Moodycamel>(one_thread_rows[7].name);
+  register_one_thread<BoostLockfree>(one_thread_rows[8].name);
   both_shapes<RoundRobinTiers>("tiered/round-robin");
   both_shapes<StrictTiers>("tiered/strict-priority");
   both_shapes<MoodycamelTiers>("tiered/moodycamel-lanes");
@@ -295,6 +378,24 @@ int main(int argc, char** argv) {
       }
     }
   };
+
+  std::printf("\nclassify + push + pop per request on one thread, medians (CPU ns), and each queue's time over\n"
+              "moodycamel::ConcurrentQueue's in the same run (target: tiers within 2x, every drain policy):\n");
+  for (const char* backlog : {"0", "256"}) {
+    const std::string suffix = std::string("/backlog:") + backlog;
+    const auto moodycamel = c.ns("one-thread/fifo/moodycamel" + suffix);
+    std::printf(" backlog %s:\n", backlog);
+    for (const OneThreadRow& row : one_thread_rows) {
+      const auto t = c.ns(std::string("one-thread/") + row.name + suffix);
+      if (!t || !moodycamel) {
+        continue;
+      }
+      const double ratio = *t / *moodycamel;
+      const bool tiered = std::string(row.name).rfind("tiered/", 0) == 0;
+      std::printf("  %-39s %8.2f ns   %5.2fx moodycamel%s\n", row.label, *t, ratio,
+                  tiered ? (ratio <= 2.0 ? "   (target <= 2x: met)" : "   (target <= 2x: MISSED)") : "");
+    }
+  }
 
   std::printf("\nclassify + push + pop per request, 2 threads, medians (ns), each beside the time a cache line\n"
               "took to move between the two cores (compare-exchange hand-off) just before that benchmark ran:\n");

@@ -18,6 +18,7 @@
 #include "query_sizes.hpp"
 #include "vector_reader.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <concepts>
@@ -114,8 +115,12 @@ public:
   // A check over several flags, run after all of them are read; it throws FlagError.
   void check(std::function<void()> rule) { rules_.push_back(std::move(rule)); }
 
+  // Whether the last parse() saw `name` on the command line.
+  bool given(const std::string& name) const { return std::find(given_.begin(), given_.end(), name) != given_.end(); }
+
   // Reads argv. False when --help was asked for (nothing else is checked then). Throws FlagError.
   bool parse(int argc, const char* const* argv) const {
+    given_.clear();
     for (int i = 1; i < argc; ++i) {
       if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
         return false;
@@ -141,6 +146,7 @@ public:
         throw FlagError(name + " needs a value");
       }
       entry->set(f);
+      given_.push_back(name);
     }
     for (const auto& rule : rules_) {
       rule();
@@ -217,6 +223,7 @@ private:
   std::vector<Entry> entries_;
   std::vector<std::string> ignored_;
   std::vector<std::function<void()>> rules_;
+  mutable std::vector<std::string> given_;
 };
 
 // What the example and the benchmark both let the user choose.
@@ -228,7 +235,8 @@ struct WorkloadOptions {
   QuerySizes sizes; // lognormal median and sigma, clipped to [1, max]
   std::uint32_t loaders_per_device = 2;
   std::uint32_t in_flight = 4;
-  double aging_ms = 100; // StrictPriority::with_aging's bound
+  std::uint32_t elements = 2; // processing elements of the compute stage
+  double aging_ms = 100;      // StrictPriority::with_aging's bound
   std::string io = "pread";
   std::string dir; // where the dataset is generated (a temporary directory inside it)
   std::uint64_t seed = 1;
@@ -250,6 +258,7 @@ struct WorkloadOptions {
     PipelineConfig pc;
     pc.loaders_per_device = loaders_per_device;
     pc.in_flight = in_flight;
+    pc.processing_elements = elements;
     pc.io = io_mode();
     return pc;
   }
@@ -270,6 +279,7 @@ inline void add_workload_flags(Flags& flags, WorkloadOptions& o, const std::stri
   flags.real("--aging-ms", o.aging_ms, 0, 1e6, "strict priority's aging bound: older requests go first");
   flags.integer("--loaders-per-device", o.loaders_per_device, 1, 64, "loader threads per storage device");
   flags.integer("--in-flight", o.in_flight, 1, 4096, "queries in the I/O stage at once");
+  flags.integer("--elements", o.elements, 1, 64, "processing elements (threads) of the compute stage");
   flags.choice("--io", o.io, {"pread", "io_uring"}, "how loaders read; io_uring falls back to pread where missing");
   flags.text("--dir", o.dir, "where the dataset is generated (in a temporary directory, removed at exit)");
   flags.integer("--seed", o.seed, 0, std::numeric_limits<std::uint64_t>::max(), "seed of the query generator");

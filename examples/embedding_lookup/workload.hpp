@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +65,55 @@ void submit_poisson(QueryGenerator& gen, std::uint64_t count, double qps, Submit
     }
     submit(std::move(q));
   }
+}
+
+// Submits `count` queries as a client that keeps at most `outstanding` of them in the system:
+// each waits for a slot, which the caller's result sink gives back (slots.release()) as each
+// query's result arrives. The offered load then always queues, at whatever rate the machine
+// serves at the moment: on a machine shared with other work, an open-loop rate set from a
+// capacity measured a second earlier may by now be far below or above what it can serve.
+template <class Submit>
+void submit_closed_loop(QueryGenerator& gen, std::uint64_t count, std::counting_semaphore<>& slots, Submit&& submit) {
+  for (std::uint64_t i = 0; i < count; ++i) {
+    slots.acquire();
+    Query q = gen.next();
+    q.arrival = Clock::now();
+    submit(std::move(q));
+  }
+}
+
+// The work each tier brings per query, in vectors (share of queries x mean size), from a large
+// sample of the size distribution: what DeficitRoundRobin::small_first shares turns by.
+inline std::vector<double> work_per_tier(const QuerySizes& sizes, const carve::TierThresholds& tiers) {
+  std::vector<double> work(tiers.tier_count(), 0.0);
+  std::mt19937_64 rng(12345);
+  constexpr int draws = 100'000;
+  for (int i = 0; i < draws; ++i) {
+    const std::uint32_t n = sizes(rng);
+    work[tiers.tier_of(n)] += static_cast<double>(n) / draws;
+  }
+  for (double& w : work) {
+    w = std::max(w, 1e-3); // a tier the distribution never reaches still takes turns
+  }
+  return work;
+}
+
+// Deficit round-robin with turns by each tier's work and headroom for the smallest tier
+// (carve::DeficitRoundRobin::small_first), quanta of at least `floor` vectors.
+inline carve::DeficitRoundRobin small_first_drr(const QuerySizes& sizes, const carve::TierThresholds& tiers,
+                                                std::uint64_t floor = 64) {
+  const std::vector<double> work = work_per_tier(sizes, tiers);
+  return carve::DeficitRoundRobin::small_first(cuda::std::span<const double>(work.data(), work.size()), floor);
+}
+
+// The middle value of `v` (the mean of the middle two for an even count); 0 when empty.
+inline double median(std::vector<double> v) {
+  if (v.empty()) {
+    return 0;
+  }
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 struct Percentiles {

@@ -150,6 +150,53 @@ TEST_CASE("deficit round-robin shares bytes by quantum whatever the request size
   CHECK(ratio == doctest::Approx(3.0).epsilon(0.05));
 }
 
+TEST_CASE("deficit round-robin, small first: quanta by work, tier 0 with headroom, nobody starves") {
+  const double work[] = {36, 88, 35};
+  const auto drr = carve::DeficitRoundRobin::small_first(work, 100);
+  REQUIRE(drr.quanta().size() == 3);
+  CHECK(drr.quanta()[0] == 411); // 4 x 100 x 36 / 35, rounded
+  CHECK(drr.quanta()[1] == 251); // 100 x 88 / 35
+  CHECK(drr.quanta()[2] == 100);
+
+  // Tiers 1 and 2 backlogged, and a small request arriving at every pop that serves one (a
+  // flood strict priority would serve alone): the small ones still wait for at most one turn
+  // of each other tier, and those tiers keep sharing in proportion to their quanta.
+  Queue<carve::DeficitRoundRobin> q(thresholds({128, 512}), 4096, drr);
+  for (std::uint64_t i = 0; i < 600; ++i) {
+    REQUIRE(q.try_push(Request::make(medium, 1000 + i)));
+    REQUIRE(q.try_push(Request::make(large, 2000 + i)));
+  }
+  std::uint64_t served[3] = {0, 0, 0};
+  std::uint64_t most_waited = 0; // pops between a small request's push and its pop, at most
+  for (std::uint64_t round = 0; round < 300; ++round) {
+    REQUIRE(q.try_push(Request::make(small, round)));
+    for (std::uint64_t pops = 1;; ++pops) {
+      const auto r = q.try_pop();
+      REQUIRE(r);
+      ++served[q.tier_of(*r)];
+      if (r->id == round) {
+        most_waited = std::max(most_waited, pops);
+        break;
+      }
+    }
+  }
+  CHECK(served[0] == 300);
+  CHECK(served[1] + served[2] > 50);
+  const double share = static_cast<double>(served[1] * medium) / static_cast<double>(served[2] * large);
+  CHECK(share == doctest::Approx(2.51).epsilon(0.2));
+  CHECK(most_waited <= 3); // itself, and one turn of each other tier (one request each here)
+
+  // Bad work lists give quanta that the queue refuses.
+  const double none[] = {1, 0, 5};
+  CHECK_THROWS_AS(
+      Queue<carve::DeficitRoundRobin>(thresholds({128, 512}), 8, carve::DeficitRoundRobin::small_first(none, 100)),
+      carve::Exception);
+  const double two[] = {1, 2};
+  CHECK_THROWS_AS(
+      Queue<carve::DeficitRoundRobin>(thresholds({128, 512}), 8, carve::DeficitRoundRobin::small_first(two, 100)),
+      carve::Exception);
+}
+
 TEST_CASE("strict priority without aging starves the large tier") {
   ScriptedClock::set(0);
   Queue<carve::StrictPriority> q(thresholds({128, 512}), 64);

@@ -250,6 +250,17 @@ TEST_CASE("the example's and the benchmark's flags: values, forms, and errors th
   CHECK(policy == "fifo");
   CHECK(o.dataset("/x").table_bytes == std::uint64_t{2} << 30);
   CHECK(o.pipeline().io == IoMode::io_uring);
+  CHECK(o.pipeline().processing_elements == 2); // the default
+
+  WorkloadOptions e;
+  Flags counted("prog", "test");
+  add_workload_flags(counted, e, "qps");
+  const char* args[] = {"prog", "--elements", "3", "--tables=4"};
+  CHECK(counted.parse(4, args));
+  CHECK(e.pipeline().processing_elements == 3);
+  CHECK(counted.given("--elements")); // what the demo asks to tell a closed loop from --qps
+  CHECK(counted.given("--tables"));
+  CHECK_FALSE(counted.given("--qps"));
 
   WorkloadOptions help;
   CHECK_FALSE(parse(help, {"--tables", "0", "--help"})); // --help wins, nothing is checked

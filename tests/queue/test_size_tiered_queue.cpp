@@ -27,6 +27,8 @@ namespace {
 template <class Lanes>
 using Queue = carve::SizeTieredQueue<Request, RequestSize, Lanes, carve::RoundRobin, ScriptedClock>;
 
+constexpr carve::QueueOptions every_wait{.wait_sample = 1};
+
 #if defined(CARVE_HAS_MOODYCAMEL_LANE)
 #define CARVE_TEST_LANES carve::RingLanes<>, carve::MoodycamelLanes
 #else
@@ -36,7 +38,7 @@ using Queue = carve::SizeTieredQueue<Request, RequestSize, Lanes, carve::RoundRo
 } // namespace
 
 TEST_CASE_TEMPLATE("push and pop through every lane type", Lanes, CARVE_TEST_LANES) {
-  Queue<Lanes> q(thresholds({128, 512}), 4);
+  Queue<Lanes> q(thresholds({128, 512}), 4, every_wait);
   REQUIRE(q.status());
   CHECK(q.tier_count() == 3);
   CHECK(q.empty());
@@ -170,16 +172,28 @@ TEST_CASE("bulk pop takes up to max, in drain order") {
   CHECK(ids == std::vector<std::uint64_t>{0, 100, 1, 101, 2});
   CHECK(q.try_pop_bulk(std::back_inserter(out), 0) == 0);
   CHECK(q.try_pop_bulk(std::back_inserter(out), 100) == 3);
-  CHECK(q.try_pop_bulk(std::back_inserter(out), 100) == 0);
+  CHECK(q.try_pop_bulk(std::back_inserter(out), 100).error() == Errc::empty);
   Request raw[2];
   REQUIRE(q.try_push(Request::make(1, 7)));
   CHECK(q.try_pop_bulk(raw, 2) == 1); // plain pointers work as output iterators (device code)
   CHECK(raw[0].id == 7);
 }
 
+TEST_CASE("bulk pop says closed in the same call once a closed queue is drained") {
+  Queue<carve::RingLanes<>> q(thresholds({128, 512}), 16);
+  REQUIRE(q.try_push(Request::make(1, 1)));
+  REQUIRE(q.try_push(Request::make(1000, 2)));
+  q.close();
+  std::vector<Request> out;
+  CHECK(q.try_pop_bulk(std::back_inserter(out), 1) == 1); // closed, but requests are left
+  CHECK(q.try_pop_bulk(std::back_inserter(out), 8) == 1);
+  CHECK(q.try_pop_bulk(std::back_inserter(out), 8).error() == Errc::closed);
+  CHECK(out.size() == 2);
+}
+
 TEST_CASE("the wait histogram records push-to-pop time per tier") {
   ScriptedClock::set(1000);
-  Queue<carve::RingLanes<>> q(thresholds({128}), 64);
+  Queue<carve::RingLanes<>> q(thresholds({128}), 64, every_wait);
   for (int i = 0; i < 10; ++i) {
     REQUIRE(q.try_push(Request::make(1, 0)));
   }
@@ -207,6 +221,39 @@ TEST_CASE("the wait histogram records push-to-pop time per tier") {
   CHECK(carve::WaitHistogram<cuda::thread_scope_system>::bucket(~std::uint64_t{0}) == carve::wait_buckets - 1);
 }
 
+TEST_CASE("the wait histogram samples one request in wait_sample, or none") {
+  for (const std::uint32_t every : {0U, 4U, 16U}) {
+    CAPTURE(every);
+    ScriptedClock::set(1000);
+    Queue<carve::RingLanes<>> q(thresholds({128}), 256, carve::QueueOptions{.wait_sample = every});
+    for (std::uint64_t i = 0; i < 64; ++i) {
+      REQUIRE(q.try_push(Request::make(1 + 200 * (i % 2), i)));
+    }
+    ScriptedClock::advance(1000);
+    while (q.try_pop()) {
+    }
+    const auto s = q.stats();
+    CHECK(s.tier[0].wait_sample == every);
+    CHECK(s.tier[0].dequeued + s.tier[1].dequeued == 64); // the counts stay exact
+    CHECK(s.tier[0].wait.count() + s.tier[1].wait.count() == (every == 0 ? 0 : 64 / every));
+    for (const carve::TierStats& ts : {s.tier[0], s.tier[1]}) {
+      if (ts.wait.count() != 0) { // a sampled wait is the whole wait (within the stamp's marker bit)
+        CHECK(ts.wait.quantile_ns(1.0) >= 512.0);
+        CHECK(ts.wait.quantile_ns(1.0) <= 1024.0);
+      }
+    }
+  }
+  // A policy that compares stamps gets every request stamped, and the histogram still samples.
+  using Aging = carve::SizeTieredQueue<Request, RequestSize, carve::RingLanes<>, carve::StrictPriority, ScriptedClock>;
+  Aging q(thresholds({128}), 256, carve::QueueOptions{.wait_sample = 8}, carve::StrictPriority::with_aging(100));
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    REQUIRE(q.try_push(Request::make(1, i)));
+  }
+  while (q.try_pop()) {
+  }
+  CHECK(q.stats().tier[0].wait.count() == 8);
+}
+
 TEST_CASE("requests left in a queue are destroyed with it, exactly once") {
   Counted::live = 0;
   {
@@ -225,7 +272,7 @@ TEST_CASE("requests left in a queue are destroyed with it, exactly once") {
 
 TEST_CASE("the real clock stamps requests and converts to nanoseconds") {
   using Q = carve::SizeTieredQueue<Request, RequestSize>;
-  const auto q = std::make_unique<Q>(carve::TierThresholds{128}, 8);
+  const auto q = std::make_unique<Q>(carve::TierThresholds{128}, 8, carve::QueueOptions{.wait_sample = 1});
   REQUIRE(q->try_push(Request::make(1, 1)));
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   REQUIRE(q->try_pop());

@@ -8,12 +8,26 @@
 // negative and the overdraft is carried into the next round). A tier found empty drops its
 // credit, as in Shreedhar and Varghese's DRR. Over time every busy tier gets bytes in
 // proportion to its quantum, whatever the mix of sizes; a quantum at least as large as the
-// largest request keeps each visit to one round. One quantum per tier, each at least 1
-// (Errc::invalid_argument otherwise).
+// largest request keeps each visit to one round. One quantum per tier, each at least 1 and at
+// most max_quantum (Errc::invalid_argument otherwise).
+//
+// Turn-taking with a latency target for small requests (DeficitRoundRobin::small_first):
+//
+//   const double work[] = {36, 88, 35};   // per tier: arrival share x mean size (vectors)
+//   auto drr = carve::DeficitRoundRobin::small_first(work, 100);   // quanta 411, 251, 100
+//
+// gives every tier a quantum in proportion to the work it brings, the smallest of tiers 1..
+// `floor` units, and tier 0 `headroom` (default 4) times its proportion: a quantum its requests
+// do not use up while they arrive at their usual rate, so each of its turns serves it until it
+// is empty. Each tier still takes its turn (under a flood of small requests the others keep
+// their shares, which strict priority does not give them), and a small request waits at most
+// for one turn of each other tier, about its quantum each: small quanta keep that short, at the
+// price of more turns (a request larger than its tier's quantum is paid for over several).
 #pragma once
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 #include <carve/queue/tier_thresholds.hpp>
 
 #include <cuda/atomic>
@@ -39,6 +53,31 @@ public:
   CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(const std::uint64_t (&quanta)[K]) noexcept
       : DeficitRoundRobin(cuda::std::span<const std::uint64_t>(quanta, K)) {}
 
+  // Quanta in proportion to `work` (per tier, positive), the smallest of tiers 1.. `floor`,
+  // and tier 0's `headroom` times its proportion. Bad input (fewer than two tiers, work that
+  // is not positive, a floor or headroom of 0) gives quanta that prepare() refuses.
+  CARVE_HOST_DEVICE static constexpr DeficitRoundRobin
+  small_first(cuda::std::span<const double> work, std::uint64_t floor, std::uint64_t headroom = 4) noexcept {
+    DeficitRoundRobin drr(cuda::std::span<const std::uint64_t>{});
+    drr.count_ = static_cast<std::uint32_t>(work.size());
+    double least = 0;
+    for (std::uint32_t t = 1; t < drr.count_ && t < max_tiers; ++t) {
+      least = (t == 1 || work[t] < least) ? work[t] : least;
+    }
+    for (std::uint32_t t = 0; t < drr.count_ && t < max_tiers; ++t) {
+      if (work[t] > 0 && least > 0) { // else 0: refused by prepare()
+        const double q = static_cast<double>(floor) * static_cast<double>(t == 0 ? headroom : 1) * work[t] / least;
+        drr.quanta_[t] = q < static_cast<double>(max_quantum) ? static_cast<std::uint64_t>(q + 0.5) : max_quantum;
+      }
+    }
+    return drr;
+  }
+  template <cuda::std::size_t K>
+  CARVE_HOST_DEVICE static constexpr DeficitRoundRobin small_first(const double (&work)[K], std::uint64_t floor,
+                                                                   std::uint64_t headroom = 4) noexcept {
+    return small_first(cuda::std::span<const double>(work, K), floor, headroom);
+  }
+
   template <class Clock>
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
     if (count_ != tiers) {
@@ -56,7 +95,7 @@ public:
   }
 
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     // Each step either finds a tier with credit or moves the cursor one tier on (adding that
     // tier's quantum). Overdrafts larger than a quantum take extra rounds; the bound keeps a
     // pathological configuration from spinning, falling back to plain round-robin.
@@ -64,26 +103,25 @@ public:
     for (std::uint32_t step = 0; step < 64 * n; ++step) {
       std::uint32_t current = cursor<View>().load(cuda::std::memory_order_relaxed);
       if (!view.known_empty(current) && deficit<View>(current).load(cuda::std::memory_order_relaxed) > 0) {
-        return current;
+        return detail::as_pick(current);
       }
       if (view.known_empty(current)) {
         deficit<View>(current).store(0, cuda::std::memory_order_relaxed);
       }
-      const cuda::std::optional<std::uint32_t> next = detail::next_untried(view, current + 1);
-      if (!next) {
+      const std::uint32_t next = detail::first_untried(view, current + 1);
+      if (next == detail::no_tier) {
         return cuda::std::nullopt;
       }
-      if (cursor<View>().compare_exchange_strong(current, *next, cuda::std::memory_order_relaxed)) {
-        deficit<View>(*next).fetch_add(static_cast<std::int64_t>(quanta_[*next]), cuda::std::memory_order_relaxed);
-      }
+      cursor<View>().store(next, cuda::std::memory_order_relaxed);
+      credit<View>(next, static_cast<std::int64_t>(quanta_[next]));
     }
     return detail::next_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed));
   }
 
   template <class View>
-  CARVE_HOST_DEVICE void served(const View&, std::uint32_t tier, std::uint64_t size) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View&, std::uint32_t tier, std::uint64_t size) noexcept {
     const std::uint64_t charge = size < max_quantum ? size : max_quantum;
-    deficit<View>(tier).fetch_sub(static_cast<std::int64_t>(charge), cuda::std::memory_order_relaxed);
+    credit<View>(tier, -static_cast<std::int64_t>(charge));
   }
 
   CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint64_t> quanta() const noexcept {
@@ -101,6 +139,17 @@ private:
   template <class View>
   CARVE_HOST_DEVICE cuda::atomic_ref<std::int64_t, View::scope> deficit(std::uint32_t tier) noexcept {
     return cuda::atomic_ref<std::int64_t, View::scope>(deficit_[tier]);
+  }
+  // Adds to a deficit with a load and a store, not a read-modify-write: consumers that change
+  // the same deficit at the same moment may lose one change, which shifts a share by a request
+  // (the concept asks shares to hold on average), where a locked instruction would cost every
+  // pop. Clamped, so that lost updates cannot carry a deficit towards overflow.
+  template <class View>
+  CARVE_HOST_DEVICE void credit(std::uint32_t tier, std::int64_t amount) noexcept {
+    constexpr auto limit = static_cast<std::int64_t>(max_quantum);
+    std::int64_t d = deficit<View>(tier).load(cuda::std::memory_order_relaxed) + amount;
+    d = d > limit ? limit : (d < -limit ? -limit : d);
+    deficit<View>(tier).store(d, cuda::std::memory_order_relaxed);
   }
 
   std::uint64_t quanta_[max_tiers]{};

@@ -29,11 +29,17 @@
 // order is exactly the policy's; with several, each pop is valid and the shares hold on average.
 //
 // Optional traits: `static constexpr bool needs_head_stamps = true` (the queue then requires a
-// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers).
+// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers), and
+// `bool reads_stamps() const`, asked once the policy is prepared: whether pick() compares the
+// values of head_stamp() and now() (StrictPriority only with aging). Where it says false, the
+// queue reads the clock only for the requests whose waits it samples, and head_stamp() values
+// are meaningless (0 for most requests) though still present for every visible head. Without
+// it, a policy reads stamps iff it needs head stamps.
 #pragma once
 
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
+#include <carve/queue/force_inline.hpp>
 #include <carve/queue/queue_clock.hpp>
 
 #include <cuda/atomic>
@@ -55,17 +61,26 @@ struct DrainViewArchetype {
 };
 
 // The tier after `tier` (< n), wrapping to 0. A compare, not a division: pops call it each time.
-CARVE_HOST_DEVICE constexpr std::uint32_t tier_after(std::uint32_t tier, std::uint32_t n) noexcept {
+CARVE_HOST_DEVICE CARVE_QUEUE_INLINE constexpr std::uint32_t tier_after(std::uint32_t tier, std::uint32_t n) noexcept {
   return tier + 1 == n ? 0 : tier + 1;
 }
 
+// What a pick that found no tier holds in a plain number. Policies compute with plain numbers
+// and build the optional only as they return it: GCC copies a cuda::std::optional through
+// memory, in pieces that a whole read then has to wait for (see force_inline.hpp).
+inline constexpr std::uint32_t no_tier = ~std::uint32_t{0};
+
+CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> as_pick(std::uint32_t tier) noexcept {
+  return tier == no_tier ? cuda::std::optional<std::uint32_t>() : cuda::std::optional<std::uint32_t>(tier);
+}
+
 // The first tier at or after `from` (cyclically; any `from`, taken modulo the tier count) that
-// the view has not found empty.
+// the view has not found empty, or no_tier.
 template <class View>
-CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> next_untried(const View& view, std::uint32_t from) noexcept {
+CARVE_HOST_DEVICE CARVE_QUEUE_INLINE std::uint32_t first_untried(const View& view, std::uint32_t from) noexcept {
   const std::uint32_t n = view.tier_count();
   if (n == 0) {
-    return cuda::std::nullopt;
+    return no_tier;
   }
   std::uint32_t t = from < n ? from : from % n;
   for (std::uint32_t i = 0; i < n; ++i, t = tier_after(t, n)) {
@@ -73,7 +88,28 @@ CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> next_untried(const View& vi
       return t;
     }
   }
-  return cuda::std::nullopt;
+  return no_tier;
+}
+
+// view.head_stamp(tier) into `stamp`, or false; without an optional where the view offers
+// head_stamp_into (SizeTieredQueue's does).
+template <class View>
+CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool head_stamp_into(const View& view, std::uint32_t tier,
+                                                          std::uint64_t& stamp) noexcept {
+  if constexpr (requires { view.head_stamp_into(tier, stamp); }) {
+    return view.head_stamp_into(tier, stamp);
+  } else {
+    const cuda::std::optional<std::uint64_t> s = view.head_stamp(tier);
+    stamp = s.value_or(0);
+    return s.has_value();
+  }
+}
+
+// The same as a pick.
+template <class View>
+CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> next_untried(const View& view,
+                                                                                     std::uint32_t from) noexcept {
+  return as_pick(first_untried(view, from));
 }
 } // namespace detail
 
@@ -102,6 +138,16 @@ inline constexpr bool drain_shares_capacity = [] {
     return false;
   }
 }();
+
+// Whether `drain` (prepared) compares stamps: every request must then be stamped.
+template <class D>
+CARVE_HOST_DEVICE constexpr bool drain_reads_stamps(const D& drain) noexcept {
+  if constexpr (requires { drain.reads_stamps(); }) {
+    return drain.reads_stamps();
+  } else {
+    return drain_needs_head_stamps<D>;
+  }
+}
 
 // The policy's display name, or "custom".
 template <class D>

@@ -24,9 +24,13 @@
 //
 // PeekableLane adds `cuda::std::optional<std::uint64_t> front_stamp() const`: the stamp of the
 // oldest item (a hint under concurrency), which drain policies that age requests need.
+// SinkLane adds `bool try_pop_into(sink)`: pops by calling sink(T&& item, std::uint64_t stamp)
+// on the item in place (false when empty); the queue uses it where a lane has it, since it
+// builds no temporary on the way out.
 #pragma once
 
 #include <carve/core/config.hpp>
+#include <carve/queue/force_inline.hpp>
 
 #include <cuda/atomic>
 #include <cuda/std/concepts>
@@ -56,6 +60,18 @@ concept Lane = cuda::std::constructible_from<L, cuda::std::size_t> &&
 template <class L, class T>
 concept PeekableLane = Lane<L, T> && requires(const L& view) {
   { view.front_stamp() } -> cuda::std::same_as<cuda::std::optional<std::uint64_t>>;
+};
+
+namespace detail {
+template <class T>
+struct SinkArchetype {
+  CARVE_HOST_DEVICE void operator()(T&&, std::uint64_t) const noexcept {}
+};
+} // namespace detail
+
+template <class L, class T>
+concept SinkLane = Lane<L, T> && requires(L& lane, detail::SinkArchetype<T> sink) {
+  { lane.try_pop_into(sink) } -> cuda::std::same_as<bool>;
 };
 
 template <class P, class T>

@@ -83,7 +83,8 @@ public:
     delete[] cells_;
   }
 
-  CARVE_HOST_DEVICE bool try_push(T& item, std::uint64_t stamp) noexcept(noexcept(T(cuda::std::move(item)))) {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool try_push(T& item,
+                                                     std::uint64_t stamp) noexcept(noexcept(T(cuda::std::move(item)))) {
     Claim claim = claim_push();
     if (claim.outcome == Outcome::lost) {
       claim = after_losing([this] { return claim_push(); });
@@ -100,36 +101,56 @@ public:
   }
 
   CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> try_pop() noexcept(noexcept(T(cuda::std::declval<T&&>()))) {
+    cuda::std::optional<Stamped<T>> out;
+    (void)try_pop_into([&out](T&& item, std::uint64_t stamp) {
+      out.emplace(Stamped<T>{cuda::std::move(item), stamp});
+    });
+    return out;
+  }
+
+  // Pops the oldest item by calling `sink(T&& item, std::uint64_t stamp)` while the item is still
+  // in its cell; false, without calling it, when the ring is empty. The sink must move the item
+  // out (or copy it) and must not throw. Saves the temporaries of try_pop: a pop that hands an
+  // optional<Stamped<T>> up through several calls copies it at each, and those copies, written
+  // in pieces and read back whole, cost more than the pop's compare-exchange on one thread.
+  template <class Sink>
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool try_pop_into(Sink&& sink) noexcept {
     Claim claim = claim_pop();
     if (claim.outcome == Outcome::lost) {
       claim = after_losing([this] { return claim_pop(); });
     }
     if (claim.outcome != Outcome::claimed) {
-      return cuda::std::nullopt;
+      return false;
     }
     const Place at = place(claim.pos);
     Cell& cell = cells_[at.index];
     T* item = &cell.slot.item;
-    cuda::std::optional<Stamped<T>> out(
-        cuda::std::in_place, Stamped<T>{cuda::std::move(*item), cell.stamp.load(cuda::std::memory_order_relaxed)});
+    sink(cuda::std::move(*item), cell.stamp.load(cuda::std::memory_order_relaxed));
     item->~T();
     cell.turn.store(2 * at.lap + 2, cuda::std::memory_order_release); // free for the next lap
-    return out;
+    return true;
   }
 
   // The stamp of the item at the head, or nullopt when the head is not written yet. A hint: by
   // the time the caller looks, that item may be gone.
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> front_stamp() const noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t> front_stamp() const noexcept {
+    std::uint64_t stamp = 0;
+    return peek_stamp(stamp) ? cuda::std::optional<std::uint64_t>(stamp) : cuda::std::nullopt;
+  }
+  // front_stamp() into `stamp`, or false: what the queue's drain view calls, with no optional to
+  // build (see force_inline.hpp).
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool peek_stamp(std::uint64_t& stamp) const noexcept {
     if (capacity_ == 0) {
-      return cuda::std::nullopt;
+      return false;
     }
     const std::uint64_t pos = dequeue_.value.load(cuda::std::memory_order_acquire);
     const Place at = place(pos);
     const Cell& cell = cells_[at.index];
     if (cell.turn.load(cuda::std::memory_order_acquire) != 2 * at.lap + 1) {
-      return cuda::std::nullopt;
+      return false;
     }
-    return cell.stamp.load(cuda::std::memory_order_relaxed);
+    stamp = cell.stamp.load(cuda::std::memory_order_relaxed);
+    return true;
   }
 
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const noexcept { return capacity_; }
@@ -171,7 +192,7 @@ private:
     cuda::std::size_t index; // the cell
     std::uint64_t lap;       // how many times the ring has wrapped before this position
   };
-  CARVE_HOST_DEVICE Place place(std::uint64_t pos) const noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE Place place(std::uint64_t pos) const noexcept {
     if (power_of_two_) {
       return {static_cast<cuda::std::size_t>(pos & mask_), pos >> shift_};
     }
@@ -186,7 +207,7 @@ private:
 
   // One push's claim of the next position: `lost` when another push took the position this
   // one read from the counter.
-  CARVE_HOST_DEVICE Claim claim_push() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE Claim claim_push() noexcept {
     std::uint64_t pos = enqueue_.value.load(cuda::std::memory_order_relaxed);
     for (;;) {
       if (capacity_ == 0) {
@@ -230,7 +251,7 @@ private:
   }
 
   // One pop's claim of the oldest position: `lost` when another pop took it first.
-  CARVE_HOST_DEVICE Claim claim_pop() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE Claim claim_pop() noexcept {
     std::uint64_t pos = dequeue_.value.load(cuda::std::memory_order_relaxed);
     for (;;) {
       if (capacity_ == 0) {
@@ -290,7 +311,7 @@ struct RingLanes {
   static constexpr cuda::thread_scope scope = Scope;
 };
 
-static_assert(PeekableLane<MpmcRing<int>, int> && LanePolicyFor<RingLanes<>, int> &&
+static_assert(PeekableLane<MpmcRing<int>, int> && SinkLane<MpmcRing<int>, int> && LanePolicyFor<RingLanes<>, int> &&
               LanePolicyFor<RingLanes<cuda::thread_scope_system, RetryAtOnce>, int>);
 
 } // namespace carve

@@ -17,6 +17,7 @@
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 #include <carve/queue/tier_thresholds.hpp>
 
 #include <cuda/std/cstddef>
@@ -58,25 +59,38 @@ public:
     return {};
   }
 
+  // Arrival order matters only between tiers that share a tag; with distinct tags (the default)
+  // the order is by tag alone, and the queue need not stamp every request.
+  CARVE_HOST_DEVICE constexpr bool reads_stamps() const noexcept {
+    for (std::uint32_t a = 0; a < count_ && a < max_tiers; ++a) {
+      for (std::uint32_t b = a + 1; b < count_ && b < max_tiers; ++b) {
+        if (tags_[a] == tags_[b]) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
-    cuda::std::optional<std::uint32_t> best;
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
+    std::uint32_t best = detail::no_tier;
     std::uint64_t best_stamp = 0;
     for (std::uint32_t t = 0; t < view.tier_count(); ++t) {
       if (view.known_empty(t)) {
         continue;
       }
-      const cuda::std::optional<std::uint64_t> stamp = view.head_stamp(t);
-      if (!stamp) {
+      std::uint64_t stamp = 0;
+      if (!detail::head_stamp_into(view, t, stamp)) {
         continue; // empty, or its head is still being written
       }
-      if (!best || tags_[t] < tags_[*best] || (tags_[t] == tags_[*best] && *stamp < best_stamp)) {
+      if (best == detail::no_tier || tags_[t] < tags_[best] || (tags_[t] == tags_[best] && stamp < best_stamp)) {
         best = t;
-        best_stamp = *stamp;
+        best_stamp = stamp;
       }
     }
     // No head visible: let the queue try the tiers in order (each try settles one of them).
-    return best ? best : detail::next_untried(view, 0);
+    return detail::as_pick(best != detail::no_tier ? best : detail::first_untried(view, 0));
   }
 
   template <class View>

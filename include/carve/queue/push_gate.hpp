@@ -30,6 +30,7 @@
 #include <carve/core/asymmetric_fence.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/thread_number.hpp>
+#include <carve/queue/lane.hpp>
 
 #include <cuda/atomic>
 #include <cuda/std/cstdint>
@@ -55,7 +56,7 @@ public:
     std::uint32_t shard;
     bool owner;
   };
-  CARVE_HOST_DEVICE static Seat my_seat() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static Seat my_seat() noexcept {
     const std::uint32_t n = carve::thread_number();
     return {n % shards, n < owned_shards()};
   }
@@ -71,7 +72,7 @@ public:
     Seat seat;
     bool open;
   };
-  CARVE_HOST_DEVICE Entry enter() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE Entry enter() noexcept {
     const Seat seat = my_seat();
     Shard& s = shard_[seat.shard];
     if (seat.owner) {
@@ -84,7 +85,7 @@ public:
   }
   // After the push made its request visible (or gave up): the shard word, whose reader bits
   // say whether a consumer sleeps and whose closed bit whether all of them must wake.
-  CARVE_HOST_DEVICE word leave(const Entry& e) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE word leave(const Entry& e) noexcept {
     Shard& s = shard_[e.seat.shard];
     if (e.seat.owner) {
       // Release: a consumer that sees the count drop also sees the request in its lane.
@@ -96,12 +97,23 @@ public:
   }
   // After a pop made its freed cell visible: the shard word, whose writer bits say whether a
   // producer sleeps.
-  CARVE_HOST_DEVICE word touch(const Seat& seat) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE word touch(const Seat& seat) noexcept {
     if (seat.owner) {
       fence_light();
       return shard_[seat.shard].bits.load(cuda::std::memory_order_relaxed);
     }
     return shard_[seat.shard].bits.fetch_add(0, cuda::std::memory_order_acq_rel);
+  }
+
+  // True once in `every` calls from the threads of `seat`'s shard: which pushes a queue that
+  // samples its waits stamps. The counter sits on the line enter() just wrote; a plain load and
+  // store, since a count lost between threads sharing the shard only moves the sample.
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool sample(const Seat& seat, std::uint32_t every) noexcept {
+    auto& counter = shard_[seat.shard].sampled;
+    const std::uint32_t n = counter.load(cuda::std::memory_order_relaxed) + 1;
+    const bool take = n >= every;
+    counter.store(take ? 0 : n, cuda::std::memory_order_relaxed);
+    return take;
   }
 
   // The closed bit in every word (for the read-modify-write path), then the flag the fast path
@@ -153,6 +165,7 @@ private:
   struct alignas(interference_size) Shard {
     cuda::atomic<word, Scope> bits{0};
     cuda::atomic<std::uint32_t, Scope> owned{0};
+    cuda::atomic<std::uint32_t, Scope> sampled{0}; // pushes since the last one sample() took
   };
   Shard shard_[shards];
   // Read-mostly: their own line.

@@ -1,8 +1,10 @@
 // carve/queue/queue_clock.hpp — the time stamps a SizeTieredQueue puts on requests.
 //
-// Every push stamps its request and every pop reads the clock again: the difference feeds the
-// wait-time histogram and lets StrictPriority age requests. Two clock reads sit on the hot path
-// of every request, so the default clock is the cheapest monotonic counter each side has:
+// A push stamps its request and its pop reads the clock again: the difference feeds the
+// wait-time histogram and lets StrictPriority age requests. Only where something reads them,
+// though: every request when the drain policy compares stamps, otherwise one in
+// QueueOptions::wait_sample (size_tiered_queue.hpp), since a read costs about as much as a
+// ring's push and pop together. The default clock is the cheapest monotonic counter each side has:
 //   - host, x86-64: the time-stamp counter (about 4x cheaper than steady_clock here; invariant on
 //     every CPU of the last decade), converted to nanoseconds with a rate measured once;
 //   - host, elsewhere: std::chrono::steady_clock, in nanoseconds;

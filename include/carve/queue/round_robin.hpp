@@ -7,6 +7,7 @@
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 
 #include <cuda/atomic>
 #include <cuda/std/cstdint>
@@ -25,12 +26,12 @@ public:
   }
 
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
-    return detail::next_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed));
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+    return detail::as_pick(detail::first_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed)));
   }
 
   template <class View>
-  CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
     cursor<View>().store(detail::tier_after(tier, view.tier_count()), cuda::std::memory_order_relaxed);
   }
 

@@ -10,6 +10,11 @@
 //   q.push(std::move(lookup));            // waits while the request's tier is full
 //   auto r = q.pop(std::chrono::milliseconds(5));   // expected<Lookup, Errc>: timed_out, closed
 //   q.try_push_front(std::move(*r));      // not placeable now: back at the head of its tier
+//   q.try_pop_bulk(out, 16);              // expected<size_t, Errc>: how many, or empty / closed
+//
+// Options (QueueOptions, a constructor argument after the capacity or after the size function):
+// wait_sample, how many requests the wait histograms take one from (default 16; 1 for every
+// request). Time stamps are read only for those and where the drain policy compares them.
 //
 // Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
 // (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
@@ -102,16 +107,19 @@ public:
 
   // `capacity` requests per tier (or in all, for a shared-capacity policy).
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, Drain drain = Drain{},
-                                    SizeFn size = SizeFn{})
-      : thresholds_(thresholds), size_(size), drain_(drain), held_(capacity) {
+                                    SizeFn size = SizeFn{}, QueueOptions options = {})
+      : thresholds_(thresholds), size_(size), options_(options), drain_(drain), held_(capacity) {
     build({}, capacity);
     refuse_on_host();
   }
+  CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, QueueOptions options,
+                                    Drain drain = Drain{}, SizeFn size = SizeFn{})
+      : SizeTieredQueue(thresholds, capacity, drain, size, options) {}
   // One capacity per tier (not for shared-capacity policies: Errc::invalid_argument).
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds,
                                     cuda::std::span<const cuda::std::size_t> capacities, Drain drain = Drain{},
-                                    SizeFn size = SizeFn{})
-      : thresholds_(thresholds), size_(size), drain_(drain) {
+                                    SizeFn size = SizeFn{}, QueueOptions options = {})
+      : thresholds_(thresholds), size_(size), options_(options), drain_(drain) {
     build(capacities, 0);
     refuse_on_host();
   }
@@ -140,11 +148,11 @@ public:
   // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
   // On error the request is still in `request`. A tier found full takes pushes again once its
   // lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
     typename Gate::word gate = 0;
-    const auto r = push_quietly(request, gate);
+    const std::uint32_t why = push_quietly(request, gate);
     wake_readers(gate);
-    return r;
+    return result_of(why);
   }
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
@@ -164,7 +172,7 @@ public:
     }
     const std::uint32_t tier = tier_of(request);
     const auto entry = gate_.enter(); // counted in flight even when closed: drained() waits for it
-    const bool pushed = front(tier).try_push(request, Clock::now());
+    const bool pushed = front(tier).try_push(request, stamp_for(entry.seat));
     if (pushed) {
       fronted_.fetch_add(1, cuda::std::memory_order_release);
     }
@@ -177,23 +185,32 @@ public:
   }
 
   // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> try_pop() noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<T, Errc> try_pop() noexcept {
     const Seat seat = Gate::my_seat();
-    auto r = pop_quietly(seat);
-    if (r) {
-      wake_writers(seat);
+    Held held;
+    if (const std::uint32_t why = pop_quietly(seat, held); why != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(why));
     }
-    return r;
+    wake_writers(seat);
+    return take(held);
   }
 
-  // Up to `max` requests into `out` (an output iterator), in drain order; never blocks.
+  // Up to `max` requests into `out` (an output iterator), in drain order; never blocks. The
+  // number taken, at least 1; when there was nothing to take, the error try_pop would give:
+  // empty, or closed once nothing is left or in flight (so a consumer learns that the queue is
+  // done from the same call), or status(). A `max` of 0 takes nothing and returns 0.
   template <class Out>
-  CARVE_HOST_DEVICE cuda::std::size_t try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
-    const Seat seat = Gate::my_seat();
-    const cuda::std::size_t n = pop_many(out, max, seat);
-    if (n != 0) {
-      wake_writers(seat);
+  CARVE_HOST_DEVICE cuda::std::expected<cuda::std::size_t, Errc> try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
+    if (max == 0) {
+      return cuda::std::size_t{0};
     }
+    const Seat seat = Gate::my_seat();
+    std::uint32_t why = 0;
+    const cuda::std::size_t n = pop_many(out, max, seat, why);
+    if (n == 0) {
+      return cuda::std::unexpected(static_cast<Errc>(why));
+    }
+    wake_writers(seat);
     return n;
   }
 
@@ -235,7 +252,8 @@ public:
     }
     *out = cuda::std::move(*first);
     ++out;
-    const cuda::std::size_t n = 1 + pop_many(out, max - 1, seat);
+    std::uint32_t why = 0;
+    const cuda::std::size_t n = 1 + pop_many(out, max - 1, seat, why);
     if (n > 1) { // pop_waiting already woke writers for the first one
       wake_writers(seat);
     }
@@ -279,6 +297,7 @@ public:
       ts.depth = ts.enqueued - ts.dequeued;
       ts.capacity = capacity(t);
       ts.rejected = rejected_[t].load(cuda::std::memory_order_relaxed);
+      ts.wait_sample = options_.wait_sample;
       ts.wait.ns_per_tick = ns_per_tick;
       for (std::uint32_t slot = 0; slot < histogram_slots(); ++slot) {
         waits(slot, t).add_to(ts.wait);
@@ -287,27 +306,48 @@ public:
     return s;
   }
 
+  CARVE_HOST_DEVICE const QueueOptions& options() const noexcept { return options_; }
+
   // What a drain policy sees during one pop (see drain_policy.hpp).
   class View {
   public:
     static constexpr cuda::thread_scope scope = Lanes::scope;
-    CARVE_HOST_DEVICE View(const SizeTieredQueue& q, const std::uint32_t& tried, std::uint64_t now) noexcept
-        : q_(q), tried_(tried), now_(now) {}
+    CARVE_HOST_DEVICE View(const SizeTieredQueue& q, const std::uint32_t& tried) noexcept : q_(q), tried_(tried) {}
     CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return q_.built_; }
     CARVE_HOST_DEVICE bool known_empty(std::uint32_t tier) const noexcept { return ((tried_ >> tier) & 1U) != 0; }
-    CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const noexcept {
+    CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t>
+    head_stamp(std::uint32_t tier) const noexcept {
       if constexpr (PeekableLane<lane_type, T>) {
         return q_.lane(tier).front_stamp();
       } else {
         return cuda::std::nullopt;
       }
     }
-    CARVE_HOST_DEVICE std::uint64_t now() const noexcept { return now_; }
+    // head_stamp() into `stamp`, or false (detail::head_stamp_into uses it where a view has it).
+    CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool head_stamp_into(std::uint32_t tier, std::uint64_t& stamp) const noexcept {
+      if constexpr (requires(const lane_type& l, std::uint64_t& s) { l.peek_stamp(s); }) {
+        return q_.lane(tier).peek_stamp(stamp);
+      } else {
+        const cuda::std::optional<std::uint64_t> s = head_stamp(tier);
+        stamp = s.value_or(0);
+        return s.has_value();
+      }
+    }
+    // Read from the clock on the first call of the pop, so that a pop nothing asks the time of
+    // does not read it.
+    CARVE_HOST_DEVICE std::uint64_t now() const noexcept {
+      if (!have_now_) {
+        now_ = Clock::now();
+        have_now_ = true;
+      }
+      return now_;
+    }
 
   private:
     const SizeTieredQueue& q_;
     const std::uint32_t& tried_;
-    std::uint64_t now_;
+    mutable std::uint64_t now_ = 0;
+    mutable bool have_now_ = false;
   };
 
 private:
@@ -319,6 +359,19 @@ private:
   struct NoBound {
     CARVE_HOST_DEVICE explicit NoBound(cuda::std::size_t) noexcept {}
   };
+
+  // Room for the request a pop takes: the lane moves it here from its cell, and the call moves
+  // it once more, into what it returns.
+  union Held {
+    CARVE_HOST_DEVICE Held() noexcept {}
+    CARVE_HOST_DEVICE ~Held() {}
+    T value;
+  };
+  CARVE_HOST_DEVICE static cuda::std::expected<T, Errc> take(Held& held) noexcept {
+    cuda::std::expected<T, Errc> r(cuda::std::in_place, cuda::std::move(held.value));
+    held.value.~T();
+    return r;
+  }
 
   union LaneSlot {
     CARVE_HOST_DEVICE LaneSlot() noexcept {}
@@ -359,6 +412,7 @@ private:
     if (const auto p = drain_.template prepare<Clock>(tiers_); !p) {
       return refuse(p.error(), "the drain policy's parameters do not fit the tiers");
     }
+    stamp_every_ = drain_reads_stamps(drain_) || options_.wait_sample == 1;
     BuildGuard guard{*this};
     NV_IF_TARGET(NV_IS_HOST, (waiters_ = new detail::QueueWaiters;))
     owner_slots_ = Gate::owned_shards();
@@ -409,22 +463,55 @@ private:
   CARVE_HOST_DEVICE lane_type& front(std::uint32_t tier) noexcept { return fronts_[tier].lane; }
   CARVE_HOST_DEVICE const lane_type& front(std::uint32_t tier) const noexcept { return fronts_[tier].lane; }
 
-  // The head of a tier: a request put back (try_push_front) if there is one, else the lane's.
-  // Requests put back are rare, so a pop reads one counter to skip them.
-  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> take_from(std::uint32_t tier) noexcept {
+  // Pops from `l` into `held`, and its stamp into `stamp`.
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static bool pop_lane(lane_type& l, Held& held, std::uint64_t& stamp) noexcept {
+    if constexpr (SinkLane<lane_type, T>) {
+      return l.try_pop_into([&held, &stamp](T&& item, std::uint64_t s) {
+        ::new (static_cast<void*>(&held.value)) T(cuda::std::move(item));
+        stamp = s;
+      });
+    } else {
+      auto got = l.try_pop();
+      if (!got) {
+        return false;
+      }
+      ::new (static_cast<void*>(&held.value)) T(cuda::std::move(got->value));
+      stamp = got->stamp;
+      return true;
+    }
+  }
+
+  // The head of a tier into `held`: a request put back (try_push_front) if there is one, else
+  // the lane's. Requests put back are rare, so a pop reads one counter to skip them.
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool take_from(std::uint32_t tier, Held& held, std::uint64_t& stamp) noexcept {
     if (fronted_.load(cuda::std::memory_order_acquire) != 0) {
-      if (auto got = front(tier).try_pop()) {
+      if (pop_lane(front(tier), held, stamp)) {
         fronted_.fetch_sub(1, cuda::std::memory_order_relaxed);
-        return got;
+        return true;
       }
     }
-    auto got = lane(tier).try_pop();
+    if (!pop_lane(lane(tier), held, stamp)) {
+      return false;
+    }
     if constexpr (shared_capacity) {
-      if (got) {
-        held_.release();
-      }
+      held_.release();
     }
-    return got;
+    return true;
+  }
+
+  // The stamp a push puts on its request. The clock is read only where something reads the
+  // stamp: every request when the drain policy compares stamps (aging, arrival order) or every
+  // wait is recorded; otherwise one push in options_.wait_sample, marked by its low bit so that
+  // a pop knows to record its wait, and 0 for the rest. (Reading the time-stamp counter costs
+  // about as much as the ring's push; two reads a request were a third of its cost.)
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE std::uint64_t stamp_for(const Seat& seat) noexcept {
+    if (stamp_every_) {
+      return Clock::now();
+    }
+    if (options_.wait_sample != 0 && gate_.sample(seat, options_.wait_sample)) {
+      return Clock::now() | 1U;
+    }
+    return 0;
   }
   // Mutable from const calls too: stats() reads the same histograms pops record into.
   CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& waits(std::uint32_t slot, std::uint32_t tier) const noexcept {
@@ -432,32 +519,58 @@ private:
   }
   // A shard's owner counts alone in its slot, without a read-modify-write; the threads that
   // share shards count in the slots after the owners'.
-  CARVE_HOST_DEVICE void record_wait(const Seat& seat, std::uint32_t tier, std::uint64_t ticks) noexcept {
+  CARVE_HOST_DEVICE WaitHistogram<Lanes::scope>& my_waits(const Seat& seat, std::uint32_t tier) const noexcept {
+    return waits(seat.owner ? seat.shard : owner_slots_ + seat.shard, tier);
+  }
+  // Only sampled requests are recorded (see stamp_for); where every request is stamped, one pop
+  // in options_.wait_sample records (counted in the seat's tier-0 histogram).
+  CARVE_HOST_DEVICE void record_wait(const Seat& seat, std::uint32_t tier, const View& view,
+                                     std::uint64_t stamp) noexcept {
+    if (stamp_every_) {
+      if (options_.wait_sample == 0 || (options_.wait_sample != 1 && !my_waits(seat, 0).sample(options_.wait_sample))) {
+        return;
+      }
+    } else if (stamp == 0) {
+      return;
+    }
+    const std::uint64_t now = view.now();
+    const std::uint64_t ticks = now > stamp ? now - stamp : 0;
     if (seat.owner) {
-      waits(seat.shard, tier).record_alone(ticks);
+      my_waits(seat, tier).record_alone(ticks);
     } else {
-      waits(owner_slots_ + seat.shard, tier).record(ticks);
+      my_waits(seat, tier).record(ticks);
     }
   }
   CARVE_HOST_DEVICE std::uint32_t histogram_slots() const noexcept { return owner_slots_ + Gate::shards; }
 
-  // `gate` receives gate_ as this push left it, for wake_readers.
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> push_quietly(T& request, typename Gate::word& gate) noexcept {
+  // A push's outcome as the call returns it: 0 is success, anything else an Errc. Calls pass
+  // plain numbers between them: an expected<void, Errc> returned out of line is written in two
+  // pieces and read back whole (see force_inline.hpp), a stall on every push.
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static cuda::std::expected<void, Errc> result_of(std::uint32_t why) noexcept {
+    if (why != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(why));
+    }
+    return {};
+  }
+
+  // 0, or the Errc that refused the push. `gate` receives gate_ as this push left it, for
+  // wake_readers.
+  CARVE_HOST_DEVICE std::uint32_t push_quietly(T& request, typename Gate::word& gate) noexcept {
     if (status_ != 0) {
-      return cuda::std::unexpected(static_cast<Errc>(status_));
+      return status_;
     }
     const std::uint32_t tier = tier_of(request);
     const auto entry = gate_.enter();
     if (!entry.open) {
       gate = gate_.leave(entry);
-      return cuda::std::unexpected(Errc::closed);
+      return static_cast<std::uint32_t>(Errc::closed);
     }
     bool pushed = true;
     if constexpr (shared_capacity) {
       pushed = held_.try_acquire();
     }
     if (pushed) {
-      pushed = lane(tier).try_push(request, Clock::now());
+      pushed = lane(tier).try_push(request, stamp_for(entry.seat));
       if constexpr (shared_capacity) {
         if (!pushed) {
           held_.cancel();
@@ -468,61 +581,74 @@ private:
     if (!pushed) {
       gate &= ~Gate::readers_mask; // nothing new for sleeping consumers
       rejected_[tier].fetch_add(1, cuda::std::memory_order_relaxed);
-      return cuda::std::unexpected(Errc::full);
+      return static_cast<std::uint32_t>(Errc::full);
     }
-    return {};
+    return 0;
   }
 
-  // `seat`: the calling thread's (Gate::my_seat), for its share of the wait histograms.
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_quietly(const Seat& seat) noexcept {
+  // One request into `held` (0), or why not (an Errc: empty; closed once nothing is left or in
+  // flight; status()). `seat`: the calling thread's (Gate::my_seat), for its share of the wait
+  // histograms.
+  CARVE_HOST_DEVICE std::uint32_t pop_quietly(const Seat& seat, Held& held) noexcept {
     if (status_ != 0) {
-      return cuda::std::unexpected(static_cast<Errc>(status_));
+      return status_;
     }
-    if (auto got = pop_one(seat)) {
-      return cuda::std::move(got->value);
+    if (pop_one(seat, held)) {
+      return 0;
     }
     if (gate_.drained()) {
       // Closed with no push in flight: every accepted request is visible now; one more look.
-      if (auto got = pop_one(seat)) {
-        return cuda::std::move(got->value);
-      }
-      return cuda::std::unexpected(Errc::closed);
+      return pop_one(seat, held) ? 0 : static_cast<std::uint32_t>(Errc::closed);
     }
-    return cuda::std::unexpected(Errc::empty);
+    return static_cast<std::uint32_t>(Errc::empty);
+  }
+  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_expected(const Seat& seat) noexcept {
+    Held held;
+    if (const std::uint32_t why = pop_quietly(seat, held); why != 0) {
+      return cuda::std::unexpected(static_cast<Errc>(why));
+    }
+    return take(held);
   }
 
   // At most one pop attempt per tier: each failed attempt marks its tier as found empty.
-  CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> pop_one(const Seat& seat) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool pop_one(const Seat& seat, Held& held) noexcept {
     std::uint32_t tried = 0;
-    const std::uint64_t now = Clock::now();
-    const View view(*this, tried, now);
+    const View view(*this, tried);
     for (std::uint32_t attempt = 0; attempt < built_; ++attempt) {
-      cuda::std::optional<std::uint32_t> pick = drain_.pick(view);
-      if (pick && (*pick >= built_ || view.known_empty(*pick))) {
-        pick = detail::next_untried(view, 0); // a policy that names a spent tier gets the next one
+      // A plain number from here on: an optional copied or reassigned makes GCC go through
+      // memory (see force_inline.hpp).
+      const cuda::std::optional<std::uint32_t> pick = drain_.pick(view);
+      std::uint32_t tier = pick.has_value() ? *pick : detail::no_tier;
+      if (tier != detail::no_tier && (tier >= built_ || view.known_empty(tier))) {
+        tier = detail::first_untried(view, 0); // a policy that names a spent tier gets the next one
       }
-      if (!pick) {
-        return cuda::std::nullopt;
+      if (tier == detail::no_tier) {
+        return false;
       }
-      if (auto got = take_from(*pick)) {
-        drain_.served(view, *pick, static_cast<std::uint64_t>(size_(got->value)));
-        record_wait(seat, *pick, now > got->stamp ? now - got->stamp : 0);
-        return got;
+      std::uint64_t stamp = 0;
+      if (take_from(tier, held, stamp)) {
+        drain_.served(view, tier, static_cast<std::uint64_t>(size_(held.value)));
+        record_wait(seat, tier, view, stamp);
+        return true;
       }
-      tried |= 1U << *pick;
+      tried |= 1U << tier;
     }
-    return cuda::std::nullopt;
+    return false;
   }
 
+  // `why`: what stopped it before `max` (an Errc, as pop_quietly gives it).
   template <class Out>
-  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max, const Seat& seat) noexcept {
+  CARVE_HOST_DEVICE cuda::std::size_t pop_many(Out& out, cuda::std::size_t max, const Seat& seat,
+                                               std::uint32_t& why) noexcept {
     cuda::std::size_t n = 0;
     while (n < max) {
-      auto r = pop_quietly(seat);
-      if (!r) {
+      Held held;
+      why = pop_quietly(seat, held);
+      if (why != 0) {
         break;
       }
-      *out = cuda::std::move(*r);
+      *out = cuda::std::move(held.value);
+      held.value.~T();
       ++out;
       ++n;
     }
@@ -577,19 +703,19 @@ private:
   cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
     typename Gate::word gate = 0;
     if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
-      return push_quietly(request, gate);
+      return result_of(push_quietly(request, gate));
     }
-    const auto r = wait_for_change([&] { return push_quietly(request, gate); }, Errc::full, waiters_->writable,
-                                   Gate::writer, deadline);
+    const auto r = wait_for_change([&] { return result_of(push_quietly(request, gate)); }, Errc::full,
+                                   waiters_->writable, Gate::writer, deadline);
     wake_readers(gate);
     return r;
   }
 
   cuda::std::expected<T, Errc> pop_waiting(const Seat& seat, const Deadline& deadline) {
     if (waiters_ == nullptr) {
-      return pop_quietly(seat);
+      return pop_expected(seat);
     }
-    auto r = wait_for_change([this, seat] { return pop_quietly(seat); }, Errc::empty, waiters_->readable, Gate::reader,
+    auto r = wait_for_change([this, seat] { return pop_expected(seat); }, Errc::empty, waiters_->readable, Gate::reader,
                              deadline);
     if (r) {
       wake_writers(seat);
@@ -602,6 +728,8 @@ private:
   // consumers on different cores do not take the line from each other.
   TierThresholds thresholds_;
   [[no_unique_address]] SizeFn size_;
+  QueueOptions options_;
+  bool stamp_every_ = true; // every push reads the clock (see stamp_for)
   std::uint32_t tiers_ = 0;
   std::uint32_t built_ = 0;       // lanes constructed (tiers_ once the queue is usable)
   std::uint32_t status_ = 0;      // an Errc, or 0

@@ -13,6 +13,7 @@
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
@@ -40,27 +41,36 @@ public:
     return {};
   }
 
+  // Only with aging does the order depend on stamps.
+  CARVE_HOST_DEVICE constexpr bool reads_stamps() const noexcept { return aging_; }
+
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
-    if (aging_) {
-      cuda::std::optional<std::uint32_t> overdue;
-      std::uint64_t oldest = 0;
-      const std::uint64_t now = view.now();
-      for (std::uint32_t t = 0; t < view.tier_count(); ++t) {
-        if (view.known_empty(t)) {
-          continue;
-        }
-        const cuda::std::optional<std::uint64_t> stamp = view.head_stamp(t);
-        if (stamp && now > *stamp && now - *stamp > bound_ticks_ && (!overdue || *stamp < oldest)) {
-          overdue = t;
-          oldest = *stamp;
-        }
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
+    const std::uint32_t first = detail::first_untried(view, 0);
+    if (!aging_ || first == detail::no_tier) {
+      return detail::as_pick(first);
+    }
+    // The request that has waited longest, if it has waited past the bound, else the first
+    // tier. When the oldest head is the first tier's, both answers agree: no clock read.
+    std::uint32_t oldest_tier = first;
+    bool seen = false;
+    std::uint64_t oldest = 0;
+    for (std::uint32_t t = first; t < view.tier_count(); ++t) {
+      if (view.known_empty(t)) {
+        continue;
       }
-      if (overdue) {
-        return overdue;
+      std::uint64_t stamp = 0;
+      if (detail::head_stamp_into(view, t, stamp) && (!seen || stamp < oldest)) {
+        oldest_tier = t;
+        oldest = stamp;
+        seen = true;
       }
     }
-    return detail::next_untried(view, 0);
+    if (oldest_tier == first) {
+      return detail::as_pick(first);
+    }
+    const std::uint64_t now = view.now();
+    return detail::as_pick(now > oldest && now - oldest > bound_ticks_ ? oldest_tier : first);
   }
 
   template <class View>

@@ -10,6 +10,7 @@
 
 #include <carve/core/config.hpp>
 #include <carve/queue/drain_policy.hpp>
+#include <carve/queue/force_inline.hpp>
 #include <carve/queue/tier_thresholds.hpp>
 
 #include <cuda/atomic>
@@ -49,27 +50,27 @@ public:
   }
 
   template <class View>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     const std::uint64_t s = state<View>().load(cuda::std::memory_order_relaxed);
     const auto current = static_cast<std::uint32_t>(s >> 32);
     const auto used = static_cast<std::uint32_t>(s);
     if (current < view.tier_count() && !view.known_empty(current) && used < weights_[current]) {
-      return current;
+      return detail::as_pick(current);
     }
-    return detail::next_untried(view, current + 1);
+    return detail::as_pick(detail::first_untried(view, current + 1));
   }
 
   // Counts the request against its tier's turn; a tier that was not the current one starts a turn.
+  // A load and a store, not a compare-exchange: consumers that serve at the same moment may lose
+  // one count between them, which moves a turn by a request, where a read-modify-write would
+  // cost every pop a locked instruction.
   template <class View>
-  CARVE_HOST_DEVICE void served(const View&, std::uint32_t tier, std::uint64_t) noexcept {
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View&, std::uint32_t tier, std::uint64_t) noexcept {
     auto s = state<View>();
-    std::uint64_t seen = s.load(cuda::std::memory_order_relaxed);
-    std::uint64_t next = 0;
-    do {
-      const bool same_turn =
-          static_cast<std::uint32_t>(seen >> 32) == tier && static_cast<std::uint32_t>(seen) < weights_[tier];
-      next = same_turn ? seen + 1 : (std::uint64_t{tier} << 32 | 1U);
-    } while (!s.compare_exchange_weak(seen, next, cuda::std::memory_order_relaxed));
+    const std::uint64_t seen = s.load(cuda::std::memory_order_relaxed);
+    const bool same_turn =
+        static_cast<std::uint32_t>(seen >> 32) == tier && static_cast<std::uint32_t>(seen) < weights_[tier];
+    s.store(same_turn ? seen + 1 : (std::uint64_t{tier} << 32 | 1U), cuda::std::memory_order_relaxed);
   }
 
   CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint32_t> weights() const noexcept {
