@@ -69,11 +69,13 @@ TEST_CASE("sizes: a cached block serves requests between half its size and its s
   Pool pool(SimulatedCard(1 << 20), SimulatedStreams(1), {.granularity = 512});
   void* big = *pool.try_allocate(s0, 8 * KiB, 256);
   REQUIRE(pool.try_deallocate(s0, big, 8 * KiB, 256));
-  CHECK(*pool.try_allocate(s0, 1 * KiB, 256) != big); // too small for it: would pin 8 KiB
+  void* small = *pool.try_allocate(s0, 1 * KiB, 256);
+  CHECK(small != big); // too small for it: would pin 8 KiB
   void* half = *pool.try_allocate(s0, 4 * KiB + 1, 256);
   CHECK(half == big);
   CHECK(pool.stats().bytes_in_use == 8 * KiB + 1 * KiB);
   REQUIRE(pool.try_deallocate(s0, half, 4 * KiB + 1, 256));
+  REQUIRE(pool.try_deallocate(s0, small, 1 * KiB, 256));
 }
 
 TEST_CASE("bad input is refused and changes nothing") {

@@ -149,6 +149,9 @@ TEST_CASE("borrowing across cards follows the picker, for every strategy") {
     for (const svc::BorrowCount& b : s.borrows) {
       CHECK(b.count == h.count(b.requester, b.lender));
     }
+    for (const auto& [region, handle] : held) {
+      REQUIRE(oracle.give_back(handle));
+    }
     CHECK(server.stop() == 0);
   }
 }
