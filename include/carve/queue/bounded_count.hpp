@@ -1,18 +1,21 @@
-// carve/queue/bounded_count.hpp — an exact bound on the items a queue holds, counted so that
-// producers and consumers write different cache lines.
-//
-//   carve::BoundedCount<cuda::thread_scope_system> held(1024);
-//   if (held.try_acquire()) { /* store the item; held.cancel() if that fails */ }
-//   ...                       /* an item taken out: */ held.release();
-//
-// One counter that pushes increment and pops decrement moves its line between the producer's
-// and the consumer's core on every item. Here producers count reservations (acquired) and
-// consumers count departures (released), each on its own line; a producer reads the consumers'
-// line only when the last value it saw (kept on the producers' line) says the bound is reached.
-//
-// Exact: a reservation is granted only if at most bound - 1 others are held, however many
-// threads acquire, cancel and release at once. A reservation made while the count is at the
-// bound can be refused spuriously while a refused one has not been cancelled yet.
+/// @file carve/queue/bounded_count.hpp
+/// An exact bound on the items a queue holds, counted so that
+/// producers and consumers write different cache lines.
+///
+/// @code
+/// carve::BoundedCount<cuda::thread_scope_system> held(1024);
+/// if (held.try_acquire()) { /* store the item; held.cancel() if that fails */ }
+/// ...                       /* an item taken out: */ held.release();
+/// @endcode
+///
+/// One counter that pushes increment and pops decrement moves its line between the producer's
+/// and the consumer's core on every item. Here producers count reservations (acquired) and
+/// consumers count departures (released), each on its own line; a producer reads the consumers'
+/// line only when the last value it saw (kept on the producers' line) says the bound is reached.
+///
+/// Exact: a reservation is granted only if at most bound - 1 others are held, however many
+/// threads acquire, cancel and release at once. A reservation made while the count is at the
+/// bound can be refused spuriously while a refused one has not been cancelled yet.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -22,12 +25,15 @@
 
 namespace carve {
 
+/// At most `bound` items held, with reservations and departures on separate cache lines. All
+/// calls may run concurrently; atomics at `Scope`.
 template <cuda::thread_scope Scope>
 class BoundedCount {
 public:
+  /// Nothing held yet; at most `bound` at once.
   CARVE_HOST_DEVICE explicit BoundedCount(std::uint64_t bound) noexcept : bound_(bound) {}
 
-  // Room for one more item, or false with nothing reserved.
+  /// Reserves room for one more item; false, with nothing reserved, when `bound` are held.
   CARVE_HOST_DEVICE bool try_acquire() noexcept {
     // Reservations granted so far are all counted in `mine`, so granting it keeps the held
     // count at most mine + 1 - released, and released only grows.
@@ -43,17 +49,19 @@ public:
     cancel();
     return false;
   }
-  // Gives back a reservation whose item was never stored.
+  /// Gives back a reservation whose item was never stored.
   CARVE_HOST_DEVICE void cancel() noexcept { producers_.acquired.fetch_sub(1, cuda::std::memory_order_relaxed); }
-  // An item left. Release, so that a thread reading released() and then acquired() never sees
-  // more departures than reservations.
+  /// An item left. Release, so that a thread reading released() and then acquired() never sees
+  /// more departures than reservations.
   CARVE_HOST_DEVICE void release() noexcept { consumers_.released.fetch_add(1, cuda::std::memory_order_release); }
 
+  /// The most items held at once.
   CARVE_HOST_DEVICE std::uint64_t bound() const noexcept { return bound_; }
-  // Reservations not cancelled (refused ones count until they are); held = acquired - released.
+  /// Reservations not cancelled (refused ones count until they are); held = acquired - released.
   CARVE_HOST_DEVICE std::uint64_t acquired() const noexcept {
     return producers_.acquired.load(cuda::std::memory_order_relaxed);
   }
+  /// Items that left so far (release() calls).
   CARVE_HOST_DEVICE std::uint64_t released() const noexcept {
     return consumers_.released.load(cuda::std::memory_order_acquire);
   }

@@ -1,40 +1,45 @@
-// carve/queue/drain_policy.hpp — the concept every drain policy models: which tier the next pop
-// of a SizeTieredQueue serves.
-//
-//   struct MyDrain {
-//     static constexpr const char* name = "mine";                 // optional, for reports
-//     template <class Clock>
-//     CARVE_HOST_DEVICE cuda::std::expected<void, carve::Errc> prepare(std::uint32_t tiers);
-//     template <class View>
-//     CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view);
-//     template <class View>
-//     CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t size);
-//   };
-//
-// prepare() runs once when the queue is built: it checks the policy's parameters against the
-// tier count (Errc::invalid_argument when, say, a weight list has the wrong length) and turns
-// nanosecond bounds into the clock's ticks. For every pop the queue calls pick() until a tier it
-// names yields a request, then served() with that tier and the request's size. The View is:
-//   static constexpr cuda::thread_scope scope;      // for the policy's own atomics
-//   std::uint32_t tier_count() const;
-//   bool known_empty(std::uint32_t tier) const;     // this pop already found the tier empty
-//   cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const;  // oldest request's stamp
-//   std::uint64_t now() const;                      // clock ticks when this pop began
-// pick() returns a tier that is not known_empty, or nullopt when every tier is; the queue tries
-// at most one pop per tier per call, so a pop costs at most tier_count() picks.
-//
-// Many threads pop at once, so pick() and served() may run concurrently on one policy object:
-// a policy keeps its mutable state in members accessed only through cuda::atomic_ref at
-// View::scope (which also lets the whole queue live in device memory). With one consumer the
-// order is exactly the policy's; with several, each pop is valid and the shares hold on average.
-//
-// Optional traits: `static constexpr bool needs_head_stamps = true` (the queue then requires a
-// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers), and
-// `bool reads_stamps() const`, asked once the policy is prepared: whether pick() compares the
-// values of head_stamp() and now() (StrictPriority only with aging). Where it says false, the
-// queue reads the clock only for the requests whose waits it samples, and head_stamp() values
-// are meaningless (0 for most requests) though still present for every visible head. Without
-// it, a policy reads stamps iff it needs head stamps.
+/// @file carve/queue/drain_policy.hpp
+/// The concept every drain policy models: which tier the next pop
+/// of a SizeTieredQueue serves.
+///
+/// @code
+/// struct MyDrain {
+///   static constexpr const char* name = "mine";                 // optional, for reports
+///   template <class Clock>
+///   CARVE_HOST_DEVICE cuda::std::expected<void, carve::Errc> prepare(std::uint32_t tiers);
+///   template <class View>
+///   CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> pick(const View& view);
+///   template <class View>
+///   CARVE_HOST_DEVICE void served(const View& view, std::uint32_t tier, std::uint64_t size);
+/// };
+/// @endcode
+///
+/// prepare() runs once when the queue is built: it checks the policy's parameters against the
+/// tier count (Errc::invalid_argument when, say, a weight list has the wrong length) and turns
+/// nanosecond bounds into the clock's ticks. For every pop the queue calls pick() until a tier it
+/// names yields a request, then served() with that tier and the request's size. The View is:
+/// @code
+/// static constexpr cuda::thread_scope scope;      // for the policy's own atomics
+/// std::uint32_t tier_count() const;
+/// bool known_empty(std::uint32_t tier) const;     // this pop already found the tier empty
+/// cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const;  // oldest request's stamp
+/// std::uint64_t now() const;                      // clock ticks, read once per pop, when first asked
+/// @endcode
+/// pick() returns a tier that is not known_empty, or nullopt when every tier is; the queue tries
+/// at most one pop per tier per call, so a pop costs at most tier_count() picks.
+///
+/// Many threads pop at once, so pick() and served() may run concurrently on one policy object:
+/// a policy keeps its mutable state in members accessed only through cuda::atomic_ref at
+/// View::scope (which also lets the whole queue live in device memory). With one consumer the
+/// order is exactly the policy's; with several, each pop is valid and the shares hold on average.
+///
+/// Optional traits: `static constexpr bool needs_head_stamps = true` (the queue then requires a
+/// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers), and
+/// `bool reads_stamps() const`, asked once the policy is prepared: whether pick() compares the
+/// values of head_stamp() and now() (StrictPriority only with aging). Where it says false, the
+/// queue reads the clock only for the requests whose waits it samples, and head_stamp() values
+/// are meaningless (0 for most requests) though still present for every visible head. Without
+/// it, a policy reads stamps iff it needs head stamps.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -113,6 +118,8 @@ CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> next_unt
 }
 } // namespace detail
 
+/// Which tier the next pop serves: prepare(), pick() and served() as the file's description says;
+/// copyable, since the queue keeps its own copy.
 template <class D>
 concept DrainPolicy = cuda::std::copy_constructible<D> &&
     requires(D& drain, const detail::DrainViewArchetype& view, std::uint32_t tier, std::uint64_t size) {
@@ -121,6 +128,7 @@ concept DrainPolicy = cuda::std::copy_constructible<D> &&
   { drain.served(view, tier, size) } -> cuda::std::same_as<void>;
 };
 
+/// `D::needs_head_stamps`, or false: whether the queue's lanes must be PeekableLanes.
 template <class D>
 inline constexpr bool drain_needs_head_stamps = [] {
   if constexpr (requires { D::needs_head_stamps; }) {
@@ -130,6 +138,7 @@ inline constexpr bool drain_needs_head_stamps = [] {
   }
 }();
 
+/// `D::shared_capacity`, or false: whether one capacity bounds the whole queue.
 template <class D>
 inline constexpr bool drain_shares_capacity = [] {
   if constexpr (requires { D::shared_capacity; }) {
@@ -139,7 +148,8 @@ inline constexpr bool drain_shares_capacity = [] {
   }
 }();
 
-// Whether `drain` (prepared) compares stamps: every request must then be stamped.
+/// Whether `drain` (prepared) compares stamps: every request must then be stamped.
+/// `drain.reads_stamps()` where it has one, else drain_needs_head_stamps.
 template <class D>
 CARVE_HOST_DEVICE constexpr bool drain_reads_stamps(const D& drain) noexcept {
   if constexpr (requires { drain.reads_stamps(); }) {
@@ -149,7 +159,7 @@ CARVE_HOST_DEVICE constexpr bool drain_reads_stamps(const D& drain) noexcept {
   }
 }
 
-// The policy's display name, or "custom".
+/// The policy's display name (`D::name`), or "custom".
 template <class D>
 CARVE_HOST_DEVICE constexpr const char* drain_name() noexcept {
   if constexpr (requires { D::name; }) {

@@ -1,40 +1,43 @@
-// carve/queue/mpmc_ring.hpp — a bounded multi-producer multi-consumer FIFO on cuda::atomic,
-// the default lane of SizeTieredQueue, usable from host threads and from kernels.
-//
-//   carve::MpmcRing<Request, cuda::thread_scope_device> ring(1024);   // in a kernel or on the host
-//   ring.try_push(request, stamp);   // false when full; `request` is moved from only on success
-//   auto r = ring.try_pop();         // cuda::std::optional<Stamped<Request>>
-//
-// The array-of-turns design (D. Vyukov's bounded MPMC queue, with E. Rigtorp's turn numbers so
-// that a capacity of 1 works too): position p lives in cell p % capacity on lap p / capacity,
-// and each cell holds a turn number telling who may use it next. A producer claims p by a
-// compare-exchange of the enqueue counter when the cell's turn is 2 * lap (free), writes the
-// item and publishes 2 * lap + 1; a consumer claims p when the turn is 2 * lap + 1, moves the
-// item out and frees the cell for the next lap with 2 * lap + 2. So items leave in the order
-// their positions were claimed: FIFO across all producers. Each operation is one
-// compare-exchange on a counter that lives in its own cache line, plus one release store.
-//
-// A full ring reopens with room to spare: once a push has found it full, pushes keep failing
-// until capacity / 16 + 1 cells are free (reopen_room()). Otherwise a producer retrying on full
-// takes each cell back the moment a consumer frees it, and the two cores pass that cell's line
-// back and forth once per item: twice the cost per request or more, whenever a producer
-// outruns its consumers (README, "What a queue costs"). The ring never holds more than
-// capacity() items, and below 16 cells a full ring reopens as soon as one cell is free.
-//
-// A call that loses a race for a position waits `RaceBackoff` before it reads the counter
-// again (default LostRaceBackoff: on the host 8 us, doubling up to 64 us; RetryAtOnce never
-// waits). The winner has the counter and cell lines in its core's cache; retrying at once takes
-// them back, and both threads then pay a line transfer on nearly every operation, while a wait
-// lets the winner run on with the lines it holds. Where two threads both push and pop one ring
-// and their cores pass lines slowly (200-300 ns), retrying at once cost 355-495 ns per request
-// and waiting 12-17 (README, "What a queue costs"). A call that never loses a race, as in a
-// one-producer one-consumer pipeline, never waits.
-//
-// Not strictly lock-free: a producer stopped between its claim and its publish holds back the
-// consumer of that one cell (others go on). Positions are 63-bit (the enqueue counter's top bit
-// marks a ring found full) and never wrap in practice.
-// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize);
-// capacity() is 0 when that failed, and then every push fails.
+/// @file carve/queue/mpmc_ring.hpp
+/// A bounded multi-producer multi-consumer FIFO on cuda::atomic,
+/// the default lane of SizeTieredQueue, usable from host threads and from kernels.
+///
+/// @code
+/// carve::MpmcRing<Request, cuda::thread_scope_device> ring(1024);   // in a kernel or on the host
+/// ring.try_push(request, stamp);   // false when full; `request` is moved from only on success
+/// auto r = ring.try_pop();         // cuda::std::optional<Stamped<Request>>
+/// @endcode
+///
+/// The array-of-turns design (D. Vyukov's bounded MPMC queue, with E. Rigtorp's turn numbers so
+/// that a capacity of 1 works too): position p lives in cell p % capacity on lap p / capacity,
+/// and each cell holds a turn number telling who may use it next. A producer claims p by a
+/// compare-exchange of the enqueue counter when the cell's turn is 2 * lap (free), writes the
+/// item and publishes 2 * lap + 1; a consumer claims p when the turn is 2 * lap + 1, moves the
+/// item out and frees the cell for the next lap with 2 * lap + 2. So items leave in the order
+/// their positions were claimed: FIFO across all producers. Each operation is one
+/// compare-exchange on a counter that lives in its own cache line, plus one release store.
+///
+/// A full ring reopens with room to spare: once a push has found it full, pushes keep failing
+/// until capacity / 16 + 1 cells are free (reopen_room()). Otherwise a producer retrying on full
+/// takes each cell back the moment a consumer frees it, and the two cores pass that cell's line
+/// back and forth once per item: twice the cost per request or more, whenever a producer
+/// outruns its consumers (docs/queue-cost.md). The ring never holds more than
+/// capacity() items, and below 16 cells a full ring reopens as soon as one cell is free.
+///
+/// A call that loses a race for a position waits `RaceBackoff` before it reads the counter
+/// again (default LostRaceBackoff: on the host 8 us, doubling up to 64 us; RetryAtOnce never
+/// waits). The winner has the counter and cell lines in its core's cache; retrying at once takes
+/// them back, and both threads then pay a line transfer on nearly every operation, while a wait
+/// lets the winner run on with the lines it holds. Where two threads both push and pop one ring
+/// and their cores pass lines slowly (200-300 ns), retrying at once cost 355-495 ns per request
+/// and waiting 12-17 (docs/queue-cost.md). A call that never loses a race, as in a
+/// one-producer one-consumer pipeline, never waits.
+///
+/// Not strictly lock-free: a producer stopped between its claim and its publish holds back the
+/// consumer of that one cell (others go on). Positions are 63-bit (the enqueue counter's top bit
+/// marks a ring found full) and never wrap in practice.
+/// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize);
+/// capacity() is 0 when that failed, and then every push fails.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -52,11 +55,16 @@
 
 namespace carve {
 
+/// Bounded MPMC FIFO of Stamped<T> with atomics at `Scope`, waiting `RaceBackoff` after a lost
+/// race (see the file's description). A PeekableLane and a SinkLane; every call but the
+/// destructor may run concurrently from any number of threads.
 template <class T, cuda::thread_scope Scope = cuda::thread_scope_system, Backoff RaceBackoff = LostRaceBackoff>
 class MpmcRing {
 public:
-  using value_type = T;
+  using value_type = T; ///< the item type
 
+  /// Room for exactly `capacity` items, from operator new. capacity() is 0 when `capacity` is 0
+  /// or, in device code, the device heap is full (on the host a failed new throws bad_alloc).
   CARVE_HOST_DEVICE explicit MpmcRing(cuda::std::size_t capacity)
       : cells_(capacity == 0 ? nullptr : new Cell[capacity]) {
     if (cells_ == nullptr) {
@@ -76,13 +84,15 @@ public:
   MpmcRing(const MpmcRing&) = delete;
   MpmcRing& operator=(const MpmcRing&) = delete;
 
-  // Destroys what is left. Not safe against concurrent calls, like any destructor.
+  /// Destroys what is left. Not safe against concurrent calls, like any destructor.
   CARVE_HOST_DEVICE ~MpmcRing() {
     while (try_pop()) {
     }
     delete[] cells_;
   }
 
+  /// Moves `item` in with `stamp` at the tail; false, with `item` untouched, when full (or
+  /// reopening after full: see reopen_room()) or when capacity() is 0.
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool try_push(T& item,
                                                      std::uint64_t stamp) noexcept(noexcept(T(cuda::std::move(item)))) {
     Claim claim = claim_push();
@@ -100,6 +110,7 @@ public:
     return true;
   }
 
+  /// The oldest item and its stamp, or nullopt when empty (or its push has not published yet).
   CARVE_HOST_DEVICE cuda::std::optional<Stamped<T>> try_pop() noexcept(noexcept(T(cuda::std::declval<T&&>()))) {
     cuda::std::optional<Stamped<T>> out;
     (void)try_pop_into([&out](T&& item, std::uint64_t stamp) {
@@ -108,11 +119,11 @@ public:
     return out;
   }
 
-  // Pops the oldest item by calling `sink(T&& item, std::uint64_t stamp)` while the item is still
-  // in its cell; false, without calling it, when the ring is empty. The sink must move the item
-  // out (or copy it) and must not throw. Saves the temporaries of try_pop: a pop that hands an
-  // optional<Stamped<T>> up through several calls copies it at each, and those copies, written
-  // in pieces and read back whole, cost more than the pop's compare-exchange on one thread.
+  /// Pops the oldest item by calling `sink(T&& item, std::uint64_t stamp)` while the item is still
+  /// in its cell; false, without calling it, when the ring is empty. The sink must move the item
+  /// out (or copy it) and must not throw. Saves the temporaries of try_pop: a pop that hands an
+  /// optional<Stamped<T>> up through several calls copies it at each, and those copies, written
+  /// in pieces and read back whole, cost more than the pop's compare-exchange on one thread.
   template <class Sink>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool try_pop_into(Sink&& sink) noexcept {
     Claim claim = claim_pop();
@@ -131,14 +142,14 @@ public:
     return true;
   }
 
-  // The stamp of the item at the head, or nullopt when the head is not written yet. A hint: by
-  // the time the caller looks, that item may be gone.
+  /// The stamp of the item at the head, or nullopt when the head is not written yet. A hint: by
+  /// the time the caller looks, that item may be gone.
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t> front_stamp() const noexcept {
     std::uint64_t stamp = 0;
     return peek_stamp(stamp) ? cuda::std::optional<std::uint64_t>(stamp) : cuda::std::nullopt;
   }
-  // front_stamp() into `stamp`, or false: what the queue's drain view calls, with no optional to
-  // build (see force_inline.hpp).
+  /// front_stamp() into `stamp`, or false: what the queue's drain view calls, with no optional to
+  /// build (see force_inline.hpp).
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool peek_stamp(std::uint64_t& stamp) const noexcept {
     if (capacity_ == 0) {
       return false;
@@ -153,16 +164,19 @@ public:
     return true;
   }
 
+  /// The most items held at once; 0 when the cells could not be allocated.
   CARVE_HOST_DEVICE cuda::std::size_t capacity() const noexcept { return capacity_; }
-  // Free cells a ring found full needs before it takes the next push.
+  /// Free cells a ring found full needs before it takes the next push: capacity() / 16 + 1.
   CARVE_HOST_DEVICE cuda::std::size_t reopen_room() const noexcept { return headroom() + 1; }
+  /// Positions claimed by pushes so far (including pushes not yet published).
   CARVE_HOST_DEVICE std::uint64_t pushed() const noexcept {
     return enqueue_.value.load(cuda::std::memory_order_acquire) & ~reopening;
   }
+  /// Positions claimed by pops so far.
   CARVE_HOST_DEVICE std::uint64_t popped() const noexcept {
     return dequeue_.value.load(cuda::std::memory_order_acquire);
   }
-  // Items held, counting pushes that have claimed a cell but not yet published it.
+  /// Items held, counting pushes that have claimed a cell but not yet published it.
   CARVE_HOST_DEVICE cuda::std::size_t size() const noexcept {
     const std::uint64_t out = popped(); // first: a later `pushed` can only be larger
     return static_cast<cuda::std::size_t>(pushed() - out);
@@ -302,12 +316,14 @@ private:
   Counter dequeue_;
 };
 
-// The default lane policy: MpmcRing at `Scope` (system for host threads, device for a queue in
-// global memory shared by a grid, block for shared memory), waiting `RaceBackoff` after a lost race.
+/// The default lane policy: MpmcRing at `Scope` (system for host threads, device for a queue in
+/// global memory shared by a grid, block for shared memory), waiting `RaceBackoff` after a lost race.
 template <cuda::thread_scope Scope = cuda::thread_scope_system, Backoff RaceBackoff = LostRaceBackoff>
 struct RingLanes {
+  /// MpmcRing of the request type.
   template <class T>
   using lane = MpmcRing<T, Scope, RaceBackoff>;
+  /// The queue's own counters use the lanes' scope.
   static constexpr cuda::thread_scope scope = Scope;
 };
 

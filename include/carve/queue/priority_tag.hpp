@@ -1,18 +1,21 @@
-// carve/queue/priority_tag.hpp — PriorityTag: the single-queue variant, where a request's size
-// becomes a priority tag.
-//
-// The queue behaves as one queue: one capacity bound shared by all requests (the capacity
-// given to the SizeTieredQueue is the total), and requests leave in order of (tag, arrival):
-// the lowest tag first, and among requests with equal tags the one that arrived first, whatever
-// tier it sits in. By default a tier's tag is its index (tier 0, the smallest requests, first);
-// tags of your own regroup tiers:
-//
-//   carve::PriorityTag{}                  // tags 0, 1, 2: smallest first
-//   carve::PriorityTag({0, 0, 1})         // small and medium by arrival, then large
-//   carve::PriorityTag({0, 0, 0})         // one FIFO by arrival (up to clock resolution)
-//
-// Arrival order between tiers comes from the push stamps, so it needs a PeekableLane, and is
-// exact to the clock's resolution (requests stamped in the same tick go lowest tier first).
+/// @file carve/queue/priority_tag.hpp
+/// PriorityTag: the single-queue variant, where a request's size
+/// becomes a priority tag.
+///
+/// The queue behaves as one queue: one capacity bound shared by all requests (the capacity
+/// given to the SizeTieredQueue is the total), and requests leave in order of (tag, arrival):
+/// the lowest tag first, and among requests with equal tags the one that arrived first, whatever
+/// tier it sits in. By default a tier's tag is its index (tier 0, the smallest requests, first);
+/// tags of your own regroup tiers:
+///
+/// @code
+/// carve::PriorityTag{}                  // tags 0, 1, 2: smallest first
+/// carve::PriorityTag({0, 0, 1})         // small and medium by arrival, then large
+/// carve::PriorityTag({0, 0, 0})         // one FIFO by arrival (up to clock resolution)
+/// @endcode
+///
+/// Arrival order between tiers comes from the push stamps, so it needs a PeekableLane, and is
+/// exact to the clock's resolution (requests stamped in the same tick go lowest tier first).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -28,23 +31,30 @@
 
 namespace carve {
 
+/// A DrainPolicy that makes the queue one queue ordered by (tag, arrival), with one capacity for
+/// all tiers (see the file's description). Its calls write nothing: safe to share between
+/// consumers.
 class PriorityTag {
 public:
-  static constexpr const char* name = "priority tag (one queue)";
-  static constexpr bool needs_head_stamps = true;
-  static constexpr bool shared_capacity = true;
+  static constexpr const char* name = "priority tag (one queue)"; ///< for reports
+  static constexpr bool needs_head_stamps = true;                 ///< compares heads across tiers
+  static constexpr bool shared_capacity = true;                   ///< one bound for the whole queue
 
+  /// Each tier's tag is its index: smallest requests first.
   constexpr PriorityTag() noexcept = default;
+  /// One tag per tier, lowest served first (at most max_tiers are kept; prepare() checks the count).
   CARVE_HOST_DEVICE constexpr explicit PriorityTag(cuda::std::span<const std::uint32_t> tags) noexcept
       : count_(static_cast<std::uint32_t>(tags.size())), custom_(true) {
     for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
       tags_[t] = tags[t];
     }
   }
+  /// `PriorityTag({0, 0, 1})`.
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit PriorityTag(const std::uint32_t (&tags)[K]) noexcept
       : PriorityTag(cuda::std::span<const std::uint32_t>(tags, K)) {}
 
+  /// Sets the default tags; Errc::invalid_argument when tags of your own are not one per tier.
   template <class Clock>
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
     if (!custom_) {
@@ -59,8 +69,8 @@ public:
     return {};
   }
 
-  // Arrival order matters only between tiers that share a tag; with distinct tags (the default)
-  // the order is by tag alone, and the queue need not stamp every request.
+  /// Arrival order matters only between tiers that share a tag; with distinct tags (the default)
+  /// the order is by tag alone, and the queue need not stamp every request.
   CARVE_HOST_DEVICE constexpr bool reads_stamps() const noexcept {
     for (std::uint32_t a = 0; a < count_ && a < max_tiers; ++a) {
       for (std::uint32_t b = a + 1; b < count_ && b < max_tiers; ++b) {
@@ -72,6 +82,8 @@ public:
     return false;
   }
 
+  /// The tier whose visible head has the lowest (tag, stamp); with no head visible, the first
+  /// tier this pop has not found empty.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
     std::uint32_t best = detail::no_tier;
@@ -93,9 +105,11 @@ public:
     return detail::as_pick(best != detail::no_tier ? best : detail::first_untried(view, 0));
   }
 
+  /// Nothing to record.
   template <class View>
   CARVE_HOST_DEVICE void served(const View&, std::uint32_t, std::uint64_t) const noexcept {}
 
+  /// The tag of `tier` (< max_tiers; the defaults only once prepared).
   CARVE_HOST_DEVICE constexpr std::uint32_t tag(std::uint32_t tier) const noexcept { return tags_[tier]; }
 
 private:

@@ -1,30 +1,32 @@
-// carve/queue/push_gate.hpp — PushGate: the closed flag, the pushes in flight and the sleeping
-// threads of a SizeTieredQueue, kept off the lines other threads write.
-//
-// A consumer that finds every lane empty after close() must know whether a push that saw the
-// queue open is still on its way; a thread about to sleep must not miss the push or pop that
-// would wake it. Both are Dekker patterns (each side writes, then reads what the other wrote),
-// which need a full fence between the write and the read. On a line that another core wrote
-// last, that is the most expensive thing a queue does (a few hundred ns on a virtualised host
-// while its two virtual CPUs run far apart, against ~10 ns for a line the core already owns).
-// So the state is split into shards, each on lines of its own, and only the rare paths (close,
-// sleeping, the final check of a closed queue) visit every shard.
-//
-// Each shard holds:
-//  - `bits`: the pushes in flight of the threads that share the shard, the threads sleeping in
-//    a blocking pop (readers) and push (writers), and the closed bit. A sleeper adds itself to
-//    every shard; a push (pop) makes its change visible and then reads its shard's bits.
-//  - `owned`: the pushes in flight of the one host thread whose thread_number() is the shard's
-//    index, written by that thread alone.
-// Host threads with a shard of their own (thread numbers below `shards`) take the fast path:
-// plain stores and asymmetric_fence_light(), with the heavy half of the fence on the rare paths
-// (a sleeper after announcing itself; close() before it seals the queue). Every other thread
-// (more threads than shards, GPU threads, or no membarrier) does read-modify-writes on `bits`:
-// there, per shard, the two read-modify-writes are ordered, and either the waker sees the
-// announcement or the sleeper's second look sees the change.
-//
-// A queue shared by host threads and a kernel at once must be closed from the host: a kernel
-// cannot issue the heavy fence that the host fast path relies on.
+/// @file carve/queue/push_gate.hpp
+/// The closed flag, the pushes in flight and the sleeping
+/// threads of a SizeTieredQueue, kept off the lines other threads write.
+///
+/// A consumer that finds every lane empty after close() must know whether a push that saw the
+/// queue open is still on its way; a thread about to sleep must not miss the push or pop that
+/// would wake it. Both are Dekker patterns (each side writes, then reads what the other wrote),
+/// which need a full fence between the write and the read. On a line that another core wrote
+/// last, that is the most expensive thing a queue does (a few hundred ns on a virtualised host
+/// while its two virtual CPUs run far apart, against ~10 ns for a line the core already owns).
+/// So the state is split into shards, each on lines of its own, and only the rare paths (close,
+/// sleeping, the final check of a closed queue) visit every shard.
+///
+/// Each shard holds:
+///  - `bits`: the pushes in flight of the threads that share the shard, the threads sleeping in
+///    a blocking pop (readers) and push (writers), and the closed bit. A sleeper adds itself to
+///    every shard; a push (pop) makes its change visible and then reads its shard's bits.
+///  - `owned`: the pushes in flight of the one host thread whose thread_number() is the shard's
+///    index, written by that thread alone.
+///
+/// Host threads with a shard of their own (thread numbers below `shards`) take the fast path:
+/// plain stores and asymmetric_fence_light(), with the heavy half of the fence on the rare paths
+/// (a sleeper after announcing itself; close() before it seals the queue). Every other thread
+/// (more threads than shards, GPU threads, or no membarrier) does read-modify-writes on `bits`:
+/// there, per shard, the two read-modify-writes are ordered, and either the waker sees the
+/// announcement or the sleeper's second look sees the change.
+///
+/// A queue shared by host threads and a kernel at once must be closed from the host: a kernel
+/// cannot issue the heavy fence that the host fast path relies on.
 #pragma once
 
 #include <carve/core/asymmetric_fence.hpp>

@@ -1,21 +1,26 @@
-// carve/queue/queue_clock.hpp — the time stamps a SizeTieredQueue puts on requests.
-//
-// A push stamps its request and its pop reads the clock again: the difference feeds the
-// wait-time histogram and lets StrictPriority age requests. Only where something reads them,
-// though: every request when the drain policy compares stamps, otherwise one in
-// QueueOptions::wait_sample (size_tiered_queue.hpp), since a read costs about as much as a
-// ring's push and pop together. The default clock is the cheapest monotonic counter each side has:
-//   - host, x86-64: the time-stamp counter (about 4x cheaper than steady_clock here; invariant on
-//     every CPU of the last decade), converted to nanoseconds with a rate measured once;
-//   - host, elsewhere: std::chrono::steady_clock, in nanoseconds;
-//   - device: the %globaltimer register, in nanoseconds.
-// Host and device ticks are not comparable: a queue is stamped and drained on one side.
-//
-// A clock is any type with (StampClock):
-//   static std::uint64_t now() noexcept;             // monotonic ticks, callable where the queue runs
-//   static std::uint64_t ticks_from_ns(std::uint64_t); // for bounds given in nanoseconds
-//   static double ns_per_tick();                      // host: for reports
-// Tests use a manual clock to script time.
+/// @file carve/queue/queue_clock.hpp
+/// The time stamps a SizeTieredQueue puts on requests.
+///
+/// A push stamps its request and its pop reads the clock again: the difference feeds the
+/// wait-time histogram and lets StrictPriority age requests. Only where something reads them,
+/// though: every request when the drain policy compares stamps, otherwise one in
+/// QueueOptions::wait_sample (size_tiered_queue.hpp), since a read costs about as much as a
+/// ring's push and pop together (about 10 ns on x86-64; benchmarks/queue.md). The default clock
+/// is the cheapest monotonic counter each side has:
+///   - host, x86-64: the time-stamp counter (about 4x cheaper than steady_clock; invariant on
+///     every CPU of the last decade), converted to nanoseconds with a rate measured once;
+///   - host, elsewhere: std::chrono::steady_clock, in nanoseconds;
+///   - device: the %globaltimer register, in nanoseconds.
+///
+/// Host and device ticks are not comparable: a queue is stamped and drained on one side.
+///
+/// A clock is any type with (StampClock):
+/// @code
+/// static std::uint64_t now() noexcept;             // monotonic ticks, callable where the queue runs
+/// static std::uint64_t ticks_from_ns(std::uint64_t); // for bounds given in nanoseconds
+/// static double ns_per_tick();                      // host: for reports
+/// @endcode
+/// Tests use a manual clock to script time.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -34,6 +39,8 @@
 
 namespace carve {
 
+/// A clock a SizeTieredQueue stamps requests with: static now(), ticks_from_ns() and
+/// ns_per_tick() (see the file's description).
 template <class C>
 concept StampClock = requires(std::uint64_t ns) {
   { C::now() } -> cuda::std::same_as<std::uint64_t>;
@@ -41,7 +48,10 @@ concept StampClock = requires(std::uint64_t ns) {
   { C::ns_per_tick() } -> cuda::std::same_as<double>;
 };
 
+/// The default StampClock: the time-stamp counter on x86-64 hosts, steady_clock on other hosts,
+/// %globaltimer on devices. Stateless; callable from any thread.
 struct QueueClock {
+  /// Monotonic ticks (host and device ticks are not comparable).
   CARVE_HOST_DEVICE static std::uint64_t now() noexcept {
     NV_IF_ELSE_TARGET(NV_IS_DEVICE,
                       (std::uint64_t t; asm volatile("mov.u64 %0, %%globaltimer;"
@@ -50,11 +60,12 @@ struct QueueClock {
                       (return host_now();))
   }
 
-  // Host: measured on first use (about 5 ms, once per process). Device: 1.
+  /// Nanoseconds per tick. Host: measured on first use (about 5 ms, once per process). Device: 1.
   CARVE_HOST_DEVICE static double ns_per_tick() noexcept {
     NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return 1.0;), (return host_ns_per_tick();))
   }
 
+  /// `ns` nanoseconds in ticks (for bounds given in nanoseconds, such as an aging bound).
   CARVE_HOST_DEVICE static std::uint64_t ticks_from_ns(std::uint64_t ns) noexcept {
     NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return ns;),
                       (return static_cast<std::uint64_t>(static_cast<double>(ns) / host_ns_per_tick());))

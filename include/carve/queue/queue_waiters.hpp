@@ -1,9 +1,10 @@
-// carve/queue/queue_waiters.hpp — where a SizeTieredQueue's blocking calls sleep (host only).
-//
-// The queue's data path is lock-free and runs on devices too; only threads that choose to wait
-// (push into a full tier, pop from an empty queue) meet this mutex. Wakers take the lock only
-// when a waiter count says someone sleeps, so a queue that nobody blocks on never touches it.
-// The counts are the queue's (device-compatible atomics); this holds the host-only parts.
+/// @file carve/queue/queue_waiters.hpp
+/// Where a SizeTieredQueue's blocking calls sleep (host only).
+///
+/// The queue's data path is lock-free and runs on devices too; only threads that choose to wait
+/// (push into a full tier, pop from an empty queue) meet this mutex. Wakers take the lock only
+/// when a waiter count says someone sleeps, so a queue that nobody blocks on never touches it.
+/// The counts are the queue's (device-compatible atomics); this holds the host-only parts.
 #pragma once
 
 namespace carve::detail {

@@ -1,8 +1,9 @@
-// carve/queue/round_robin.hpp — RoundRobin: serve the tiers in turn, skipping empty ones.
-//
-// One request from tier 0, then tier 1, then tier 2,
-// then tier 0 again; an empty tier is passed over. A small request therefore waits for at most
-// one request of every other tier, however many large ones are queued.
+/// @file carve/queue/round_robin.hpp
+/// RoundRobin: serve the tiers in turn, skipping empty ones.
+///
+/// One request from tier 0, then tier 1, then tier 2,
+/// then tier 0 again; an empty tier is passed over. A small request therefore waits for at most
+/// one request of every other tier, however many large ones are queued.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -16,20 +17,25 @@
 
 namespace carve {
 
+/// The default DrainPolicy: one request per non-empty tier in turn. Safe to share between
+/// consumers (its cursor is an atomic at View::scope).
 class RoundRobin {
 public:
-  static constexpr const char* name = "round-robin";
+  static constexpr const char* name = "round-robin"; ///< for reports
 
+  /// Accepts any tier count.
   template <class Clock>
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
     return {};
   }
 
+  /// The tier after the last one served that this pop has not found empty; nullopt when all are.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     return detail::as_pick(detail::first_untried(view, cursor<View>().load(cuda::std::memory_order_relaxed)));
   }
 
+  /// Moves the turn to the tier after `tier`.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
     cursor<View>().store(detail::tier_after(tier, view.tier_count()), cuda::std::memory_order_relaxed);

@@ -1,49 +1,54 @@
-// carve/queue/size_tiered_queue.hpp — SizeTieredQueue: requests sorted into per-size tiers, so
-// that small requests are not held up behind large ones.
-//
-//   struct Lookup { std::uint32_t table; std::vector<std::uint32_t> rows; };
-//   struct Rows { std::uint64_t operator()(const Lookup& q) const { return q.rows.size(); } };
-//
-//   using Queue = carve::SizeTieredQueue<Lookup, Rows>;          // MpmcRing lanes, round-robin
-//   Queue q({128, 512}, 4096);            // host: throws carve::Exception on bad input
-//   q.try_push(std::move(lookup));        // expected<void, Errc>: full or closed; never blocks
-//   q.push(std::move(lookup));            // waits while the request's tier is full
-//   auto r = q.pop(std::chrono::milliseconds(5));   // expected<Lookup, Errc>: timed_out, closed
-//   q.try_push_front(std::move(*r));      // not placeable now: back at the head of its tier
-//   q.try_pop_bulk(out, 16);              // expected<size_t, Errc>: how many, or empty / closed
-//
-// Options (QueueOptions, a constructor argument after the capacity or after the size function):
-// wait_sample, how many requests the wait histograms take one from (default 16; 1 for every
-// request). Time stamps are read only for those and where the drain policy compares them.
-//
-// Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
-// (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
-// 129..512 to tier 1, 513 and up to tier 2. For a latency target drain with
-// StrictPriority::with_aging(bound); RoundRobin, the default, gives the small tier one turn
-// in k + 1 while every tier is backlogged, so small requests can wait longer than in one FIFO.
-//
-// Template parameters: the request type T (move-only is fine; its move must not throw), a size
-// function (T -> bytes or any unit the thresholds use), the lane policy (a bounded MPMC queue
-// per tier: RingLanes<Scope> by default, MoodycamelLanes, or your own; see lane.hpp), the
-// drain policy (which tier the next pop serves: RoundRobin, WeightedRoundRobin,
-// DeficitRoundRobin, StrictPriority with optional aging, PriorityTag; see drain_policy.hpp) and
-// the clock that stamps requests (queue_clock.hpp).
-//
-// Host and device: everything that does not block (try_push, try_pop, try_pop_bulk, close,
-// size, stats) is CARVE_HOST_DEVICE and lock-free apart from the lanes' own guarantees, so with
-// RingLanes<cuda::thread_scope_device> the queue can serve a GPU-resident scheduler. Bad input
-// (invalid thresholds, a capacity of zero, a drain policy that does not fit the tiers, lane
-// storage that could not be allocated) makes the constructor throw carve::Exception on the
-// host; device code cannot throw, so there the queue refuses every call with the Errc, which
-// status() tells. Blocking calls (push, pop, pop_bulk, with or without timeout) are host-only.
-//
-// Guarantees: a request whose push succeeded is popped exactly once, also across close();
-// within a tier, requests leave in push order across all producers (with FIFO lanes); a failed
-// push leaves the request with the caller. close() refuses further pushes, wakes every waiter
-// and lets consumers drain what is queued: pops then fail with Errc::closed only once nothing
-// is left and no push is still in flight. size() and the stats are exact when no call is in
-// flight. A queue used by host threads and a kernel at the same time must be closed from the
-// host (push_gate.hpp says why).
+/// @file carve/queue/size_tiered_queue.hpp
+/// SizeTieredQueue: requests sorted into per-size tiers, so
+/// that small requests are not held up behind large ones.
+///
+/// @code
+/// struct Lookup { std::uint32_t table; std::vector<std::uint32_t> rows; };
+/// struct Rows { std::uint64_t operator()(const Lookup& q) const { return q.rows.size(); } };
+///
+/// using Queue = carve::SizeTieredQueue<Lookup, Rows>;          // MpmcRing lanes, round-robin
+/// Queue q({128, 512}, 4096);            // host: throws carve::Exception on bad input
+/// q.try_push(std::move(lookup));        // expected<void, Errc>: full or closed; never blocks
+/// q.push(std::move(lookup));            // waits while the request's tier is full
+/// auto r = q.pop(std::chrono::milliseconds(5));   // expected<Lookup, Errc>: timed_out, closed
+/// q.try_push_front(std::move(*r));      // not placeable now: back at the head of its tier
+/// q.try_pop_bulk(out, 16);              // expected<size_t, Errc>: how many, or empty / closed
+/// @endcode
+///
+/// Options (QueueOptions, a constructor argument after the capacity or after the size function):
+/// wait_sample, how many requests the wait histograms take one from (default 16; 1 for every
+/// request). Time stamps are read only for those and where the drain policy compares them.
+///
+/// Tiers: thresholds t1 < ... < tk give k + 1 tiers, each threshold an inclusive upper bound
+/// (tier_thresholds.hpp): with {128, 512}, sizes 0..128 go to tier 0 (exactly 128 included),
+/// 129..512 to tier 1, 513 and up to tier 2. For a latency target drain with
+/// StrictPriority::with_aging(bound), or take turns with DeficitRoundRobin::small_first
+/// (benchmarks/queue.md); RoundRobin, the default, gives the small tier one turn in k + 1 while
+/// every tier is backlogged, so small requests can wait longer than in one FIFO.
+///
+/// Template parameters: the request type T (move-only is fine; its move must not throw), a size
+/// function (T -> bytes or any unit the thresholds use), the lane policy (a bounded MPMC queue
+/// per tier: RingLanes<Scope> by default, MoodycamelLanes, or your own; see lane.hpp), the
+/// drain policy (which tier the next pop serves: RoundRobin, WeightedRoundRobin,
+/// DeficitRoundRobin, StrictPriority with optional aging, PriorityTag; see drain_policy.hpp) and
+/// the clock that stamps requests (queue_clock.hpp).
+///
+/// Host and device: everything that does not block (try_push, try_push_front, try_pop,
+/// try_pop_bulk, close, size, stats) is CARVE_HOST_DEVICE and lock-free apart from the lanes' own
+/// guarantees, so with RingLanes<cuda::thread_scope_device> the queue can serve a GPU-resident
+/// scheduler. Bad input
+/// (invalid thresholds, a capacity of zero, a drain policy that does not fit the tiers, lane
+/// storage that could not be allocated) makes the constructor throw carve::Exception on the
+/// host; device code cannot throw, so there the queue refuses every call with the Errc, which
+/// status() tells. Blocking calls (push, pop, pop_bulk, with or without timeout) are host-only.
+///
+/// Guarantees: a request whose push succeeded is popped exactly once, also across close();
+/// within a tier, requests leave in push order across all producers (with FIFO lanes); a failed
+/// push leaves the request with the caller. close() refuses further pushes, wakes every waiter
+/// and lets consumers drain what is queued: pops then fail with Errc::closed only once nothing
+/// is left and no push is still in flight. size() and the stats are exact when no call is in
+/// flight. A queue used by host threads and a kernel at the same time must be closed from the
+/// host (push_gate.hpp says why).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -80,24 +85,29 @@
 
 namespace carve {
 
+/// What sorts requests into tiers: a copyable callable giving a request's size (bytes, rows, any
+/// unit the thresholds use).
 template <class F, class T>
 concept SizeFunction = cuda::std::copy_constructible<F> && requires(const F& size, const T& request) {
   { size(request) } -> cuda::std::convertible_to<std::uint64_t>;
 };
 
+/// Bounded MPMC queue of requests in per-size tiers, drained by a DrainPolicy (see the file's
+/// description). Every call but the destructor may run concurrently from any number of threads.
 template <class T, class SizeFn, class Lanes = RingLanes<>, class Drain = RoundRobin, class Clock = QueueClock>
 requires SizeFunction<SizeFn, T> && LanePolicyFor<Lanes, T> && DrainPolicy<Drain> && StampClock<Clock>
 class SizeTieredQueue {
 public:
-  using value_type = T;
-  using size_function = SizeFn;
-  using lane_type = typename Lanes::template lane<T>;
-  using drain_policy = Drain;
-  using clock = Clock;
+  using value_type = T;                               ///< the request type
+  using size_function = SizeFn;                       ///< the size function
+  using lane_type = typename Lanes::template lane<T>; ///< each tier's queue
+  using drain_policy = Drain;                         ///< the drain policy
+  using clock = Clock;                                ///< the clock that stamps requests
+  /// The thread scope of the lanes and the queue's own atomics.
   static constexpr cuda::thread_scope scope = Lanes::scope;
-  // PriorityTag-like policies: the capacity given is one bound for the whole queue.
+  /// PriorityTag-like policies: the capacity given is one bound for the whole queue.
   static constexpr bool shared_capacity = drain_shares_capacity<Drain>;
-  // Requests each tier holds for try_push_front (at most its capacity).
+  /// Requests each tier holds for try_push_front (at most its capacity).
   static constexpr cuda::std::size_t requeue_capacity = 64;
 
   static_assert(cuda::std::is_nothrow_move_constructible_v<T>,
@@ -105,17 +115,21 @@ public:
   static_assert(!drain_needs_head_stamps<Drain> || PeekableLane<lane_type, T>,
                 "this drain policy reads the oldest request of each tier: its lanes must model PeekableLane");
 
-  // `capacity` requests per tier (or in all, for a shared-capacity policy).
+  /// `capacity` requests per tier (or in all, for a shared-capacity policy). Throws
+  /// carve::Exception on the host for bad input (see status() for the codes); in device code
+  /// status() tells.
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, Drain drain = Drain{},
                                     SizeFn size = SizeFn{}, QueueOptions options = {})
       : thresholds_(thresholds), size_(size), options_(options), drain_(drain), held_(capacity) {
     build({}, capacity);
     refuse_on_host();
   }
+  /// The same, with the options before the policies.
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, QueueOptions options,
                                     Drain drain = Drain{}, SizeFn size = SizeFn{})
       : SizeTieredQueue(thresholds, capacity, drain, size, options) {}
-  // One capacity per tier (not for shared-capacity policies: Errc::invalid_argument).
+  /// One capacity per tier (not for shared-capacity policies: Errc::invalid_argument). Fails as
+  /// the constructor above does.
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds,
                                     cuda::std::span<const cuda::std::size_t> capacities, Drain drain = Drain{},
                                     SizeFn size = SizeFn{}, QueueOptions options = {})
@@ -127,13 +141,13 @@ public:
   SizeTieredQueue(const SizeTieredQueue&) = delete;
   SizeTieredQueue& operator=(const SizeTieredQueue&) = delete;
 
-  // Destroys the requests still queued. No other call may be running.
+  /// Destroys the requests still queued. No other call may be running.
   CARVE_HOST_DEVICE ~SizeTieredQueue() { release(); }
 
-  // What a queue built in device code from bad input refuses every call with:
-  // invalid_thresholds, invalid_argument (zero capacity, capacities or drain parameters not
-  // matching the tiers) or no_space (lane storage could not be allocated); otherwise success.
-  // (On the host such a queue is never built: the constructor throws.)
+  /// What a queue built in device code from bad input refuses every call with:
+  /// invalid_thresholds, invalid_argument (zero capacity, capacities or drain parameters not
+  /// matching the tiers) or no_space (lane storage could not be allocated); otherwise success.
+  /// (On the host such a queue is never built: the constructor throws.)
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
@@ -141,31 +155,33 @@ public:
     return {};
   }
 
+  /// The tier `request` goes to, by its size.
   CARVE_HOST_DEVICE std::uint32_t tier_of(const T& request) const noexcept {
     return thresholds_.tier_of(static_cast<std::uint64_t>(size_(request)));
   }
 
-  // Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
-  // On error the request is still in `request`. A tier found full takes pushes again once its
-  // lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
+  /// Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
+  /// On error the request is still in `request`. A tier found full takes pushes again once its
+  /// lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
     typename Gate::word gate = 0;
     const std::uint32_t why = push_quietly(request, gate);
     wake_readers(gate);
     return result_of(why);
   }
+  /// try_push of a copy of `request`.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
     T copy(request);
     return try_push(cuda::std::move(copy));
   }
 
-  // Puts a request a consumer took but cannot serve yet (its slots are taken, say) back at the
-  // head of its tier: the tier's next pop returns it before anything pushed meanwhile (requests
-  // put back earlier come first). Accepted after close() too, since the request was already in
-  // the queue; a pop reports closed only once these are gone as well. Never blocks. Errors: full
-  // (the tier already holds requeue_capacity such requests; the request stays in `request`),
-  // status(). Not counted against the tier's capacity: it held the request before.
+  /// Puts a request a consumer took but cannot serve yet (its slots are taken, say) back at the
+  /// head of its tier: the tier's next pop returns it before anything pushed meanwhile (requests
+  /// put back earlier come first). Accepted after close() too, since the request was already in
+  /// the queue; a pop reports closed only once these are gone as well. Never blocks. Errors: full
+  /// (the tier already holds requeue_capacity such requests; the request stays in `request`),
+  /// status(). Not counted against the tier's capacity: it held the request before.
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push_front(T&& request) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
@@ -184,7 +200,8 @@ public:
     return {};
   }
 
-  // Never blocks. Errors: empty; closed (closed, and nothing is left or in flight); status().
+  /// The next request in drain order. Never blocks. Errors: empty; closed (closed, and nothing
+  /// is left or in flight); status().
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<T, Errc> try_pop() noexcept {
     const Seat seat = Gate::my_seat();
     Held held;
@@ -195,10 +212,10 @@ public:
     return take(held);
   }
 
-  // Up to `max` requests into `out` (an output iterator), in drain order; never blocks. The
-  // number taken, at least 1; when there was nothing to take, the error try_pop would give:
-  // empty, or closed once nothing is left or in flight (so a consumer learns that the queue is
-  // done from the same call), or status(). A `max` of 0 takes nothing and returns 0.
+  /// Up to `max` requests into `out` (an output iterator), in drain order; never blocks. The
+  /// number taken, at least 1; when there was nothing to take, the error try_pop would give:
+  /// empty, or closed once nothing is left or in flight (so a consumer learns that the queue is
+  /// done from the same call), or status(). A `max` of 0 takes nothing and returns 0.
   template <class Out>
   CARVE_HOST_DEVICE cuda::std::expected<cuda::std::size_t, Errc> try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
     if (max == 0) {
@@ -214,7 +231,8 @@ public:
     return n;
   }
 
-  // No more pushes; wakes every waiting thread. Requests already queued can still be popped.
+  /// No more pushes (try_push_front still takes requests back); wakes every waiting thread.
+  /// Requests already queued can still be popped. Idempotent.
   CARVE_HOST_DEVICE void close() noexcept {
     gate_.close();
     NV_IF_TARGET(NV_IS_HOST, (if (waiters_ != nullptr) {
@@ -222,23 +240,33 @@ public:
                    waiters_->wake_writers();
                  }))
   }
+  /// Whether close() was called.
   CARVE_HOST_DEVICE bool closed() const noexcept { return gate_.closed(); }
 
 #if !defined(__CUDA_ARCH__)
-  // Host only: blocking calls. A timeout of zero behaves like the try_ call.
+  /// Host only: try_push, waiting while the request's tier is full. Errors: closed, status()
+  /// (a queue built in device code does not wait: full). On error the request is still in
+  /// `request`.
   cuda::std::expected<void, Errc> push(T&& request) { return push_waiting(request, std::nullopt); }
+  /// push(), waiting at most `timeout` (then Errc::timed_out); a timeout of zero behaves like
+  /// try_push.
   template <class Rep, class Period>
   cuda::std::expected<void, Errc> push(T&& request, std::chrono::duration<Rep, Period> timeout) {
     return push_waiting(request, std::chrono::steady_clock::now() + timeout);
   }
 
+  /// Host only: try_pop, waiting while the queue is empty. Errors: closed (once nothing is left
+  /// or in flight), status().
   cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_seat(), std::nullopt); }
+  /// pop(), waiting at most `timeout` (then Errc::timed_out); a timeout of zero behaves like
+  /// try_pop.
   template <class Rep, class Period>
   cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
     return pop_waiting(Gate::my_seat(), std::chrono::steady_clock::now() + timeout);
   }
 
-  // Waits for at least one request, then takes up to `max` without waiting further.
+  /// Host only: waits at most `timeout` for one request, then takes up to `max` in all into `out`
+  /// without waiting further. Errors as pop(timeout); a `max` of 0 returns 0 at once.
   template <class Out, class Rep, class Period>
   cuda::std::expected<cuda::std::size_t, Errc> pop_bulk(Out out, cuda::std::size_t max,
                                                         std::chrono::duration<Rep, Period> timeout) {
@@ -261,13 +289,20 @@ public:
   }
 #endif
 
+  /// Thresholds + 1.
   CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return tiers_; }
+  /// The thresholds the queue was built with.
   CARVE_HOST_DEVICE const TierThresholds& thresholds() const noexcept { return thresholds_; }
+  /// The queue's drain policy (prepared).
   CARVE_HOST_DEVICE const Drain& drain() const noexcept { return drain_; }
+  /// The bound of `tier` (the whole queue's, for a shared-capacity policy); 0 for a tier that
+  /// does not exist or was not built.
   CARVE_HOST_DEVICE cuda::std::size_t capacity(std::uint32_t tier) const noexcept {
     return tier < built_ ? capacity_[shared_capacity ? 0 : tier] : 0;
   }
 
+  /// Requests in `tier`, including those put back and pushes in flight; exact when no call is
+  /// in flight.
   CARVE_HOST_DEVICE cuda::std::size_t size(std::uint32_t tier) const noexcept {
     if (tier >= built_) {
       return 0;
@@ -275,6 +310,7 @@ public:
     const std::uint64_t out = lane(tier).popped() + front(tier).popped(); // first: `pushed` read later is never smaller
     return static_cast<cuda::std::size_t>(lane(tier).pushed() + front(tier).pushed() - out);
   }
+  /// Requests in all tiers (as size(tier)).
   CARVE_HOST_DEVICE cuda::std::size_t size() const noexcept {
     cuda::std::size_t n = 0;
     for (std::uint32_t t = 0; t < built_; ++t) {
@@ -282,9 +318,12 @@ public:
     }
     return n;
   }
+  /// size(tier) == 0.
   CARVE_HOST_DEVICE bool empty(std::uint32_t tier) const noexcept { return size(tier) == 0; }
+  /// size() == 0.
   CARVE_HOST_DEVICE bool empty() const noexcept { return size() == 0; }
 
+  /// Depth, capacity, counts and wait histogram per tier; exact when no call is in flight.
   CARVE_HOST_DEVICE QueueStats stats() const noexcept {
     QueueStats s;
     s.tiers = built_;
@@ -306,15 +345,21 @@ public:
     return s;
   }
 
+  /// The options the queue was built with.
   CARVE_HOST_DEVICE const QueueOptions& options() const noexcept { return options_; }
 
-  // What a drain policy sees during one pop (see drain_policy.hpp).
+  /// What a drain policy sees during one pop (see drain_policy.hpp). Lives for one pop call.
   class View {
   public:
-    static constexpr cuda::thread_scope scope = Lanes::scope;
+    static constexpr cuda::thread_scope scope = Lanes::scope; ///< for the policy's own atomics
+    /// Over `q`, with `tried` the bit mask of tiers this pop found empty.
     CARVE_HOST_DEVICE View(const SizeTieredQueue& q, const std::uint32_t& tried) noexcept : q_(q), tried_(tried) {}
+    /// The queue's tiers.
     CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return q_.built_; }
+    /// Whether this pop already found `tier` empty.
     CARVE_HOST_DEVICE bool known_empty(std::uint32_t tier) const noexcept { return ((tried_ >> tier) & 1U) != 0; }
+    /// The stamp of the oldest request in `tier`'s lane (a hint; requests put back are not
+    /// looked at), or nullopt when its head is not visible or the lane cannot peek.
     CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t>
     head_stamp(std::uint32_t tier) const noexcept {
       if constexpr (PeekableLane<lane_type, T>) {
@@ -323,7 +368,7 @@ public:
         return cuda::std::nullopt;
       }
     }
-    // head_stamp() into `stamp`, or false (detail::head_stamp_into uses it where a view has it).
+    /// head_stamp() into `stamp`, or false (detail::head_stamp_into uses it where a view has it).
     CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool head_stamp_into(std::uint32_t tier, std::uint64_t& stamp) const noexcept {
       if constexpr (requires(const lane_type& l, std::uint64_t& s) { l.peek_stamp(s); }) {
         return q_.lane(tier).peek_stamp(stamp);
@@ -333,8 +378,8 @@ public:
         return s.has_value();
       }
     }
-    // Read from the clock on the first call of the pop, so that a pop nothing asks the time of
-    // does not read it.
+    /// Clock ticks, read on the first call of the pop, so that a pop nothing asks the time of
+    /// does not read it.
     CARVE_HOST_DEVICE std::uint64_t now() const noexcept {
       if (!have_now_) {
         now_ = Clock::now();

@@ -1,11 +1,14 @@
-// carve/queue/weighted_round_robin.hpp — WeightedRoundRobin: tier t is served up to w[t] times
-// in a row before the next non-empty tier's turn.
-//
-//   carve::WeightedRoundRobin wrr({4, 2, 1});   // per round: 4 small, 2 medium, 1 large
-//
-// Weights count requests, not bytes (DeficitRoundRobin shares bytes). One weight per tier, each
-// at least 1; prepare() refuses anything else with Errc::invalid_argument. An empty tier gives
-// its turn away, so the policy never idles while requests wait.
+/// @file carve/queue/weighted_round_robin.hpp
+/// WeightedRoundRobin: tier t is served up to w[t] times
+/// in a row before the next non-empty tier's turn.
+///
+/// @code
+/// carve::WeightedRoundRobin wrr({4, 2, 1});   // per round: 4 small, 2 medium, 1 large
+/// @endcode
+///
+/// Weights count requests, not bytes (DeficitRoundRobin shares bytes). One weight per tier, each
+/// at least 1; prepare() refuses anything else with Errc::invalid_argument. An empty tier gives
+/// its turn away, so the policy never idles while requests wait.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -22,20 +25,25 @@
 
 namespace carve {
 
+/// A DrainPolicy serving up to `w[t]` requests of tier t per turn. Safe to share between
+/// consumers: turns hold on average (see served()).
 class WeightedRoundRobin {
 public:
-  static constexpr const char* name = "weighted round-robin";
+  static constexpr const char* name = "weighted round-robin"; ///< for reports
 
+  /// One weight per tier (at most max_tiers are kept); prepare() checks them.
   CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(cuda::std::span<const std::uint32_t> weights) noexcept
       : count_(static_cast<std::uint32_t>(weights.size())) {
     for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
       weights_[t] = weights[t];
     }
   }
+  /// `WeightedRoundRobin({4, 2, 1})`.
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(const std::uint32_t (&weights)[K]) noexcept
       : WeightedRoundRobin(cuda::std::span<const std::uint32_t>(weights, K)) {}
 
+  /// Errc::invalid_argument unless there is one weight per tier, each at least 1.
   template <class Clock>
   CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
     if (count_ != tiers) {
@@ -49,6 +57,8 @@ public:
     return {};
   }
 
+  /// The current tier while its turn lasts and it is not found empty, else the next tier this
+  /// pop has not found empty; nullopt when all are.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     const std::uint64_t s = state<View>().load(cuda::std::memory_order_relaxed);
@@ -60,10 +70,10 @@ public:
     return detail::as_pick(detail::first_untried(view, current + 1));
   }
 
-  // Counts the request against its tier's turn; a tier that was not the current one starts a turn.
-  // A load and a store, not a compare-exchange: consumers that serve at the same moment may lose
-  // one count between them, which moves a turn by a request, where a read-modify-write would
-  // cost every pop a locked instruction.
+  /// Counts the request against its tier's turn; a tier that was not the current one starts a turn.
+  /// A load and a store, not a compare-exchange: consumers that serve at the same moment may lose
+  /// one count between them, which moves a turn by a request, where a read-modify-write would
+  /// cost every pop a locked instruction.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View&, std::uint32_t tier, std::uint64_t) noexcept {
     auto s = state<View>();
@@ -73,6 +83,7 @@ public:
     s.store(same_turn ? seen + 1 : (std::uint64_t{tier} << 32 | 1U), cuda::std::memory_order_relaxed);
   }
 
+  /// The weights as given.
   CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint32_t> weights() const noexcept {
     return {weights_, count_ < max_tiers ? count_ : max_tiers};
   }
