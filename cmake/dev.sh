@@ -9,14 +9,15 @@
 #                             compile time of a .cu that includes the umbrella header),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                             the tests labelled `concurrent` under ThreadSanitizer, the
-#                             libFuzzer targets for a short run each, and a clang-format check;
+#                             libFuzzer targets for a short run each, the API reference with
+#                             Doxygen (warnings are errors), and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
 #   bash cmake/dev.sh gpu     on a machine with a GPU: every gpu-labelled test and GPU benchmark,
 #                             reported in build/gpu/gpu-report.md and .csv (without one: builds)
 #   bash cmake/dev.sh docs    the API reference (Doxygen) in build/docs/html; fails on any
-#                             warning, an undocumented public name among them (the Doxyfile's
-#                             INPUT lists the folders it covers so far)
+#                             warning, an undocumented public name among them (the test command
+#                             builds it too)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -157,6 +158,7 @@ tests() {
   stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
   stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
   stage "clang++ libFuzzer (ASan + UBSan)" fuzz_check
+  stage "Doxygen API reference (warnings are errors)" docs
   stage "clang-format" format_check
   say "stage times"
   printf '%s\n' "${stage_times[@]}"
