@@ -220,9 +220,9 @@ TEST_CASE("a workgroup that can never fit is refused before the run") {
   const auto w = queue_of({{9, 1}});
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, run8<FirstFit>(w));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, run8<FirstFit>(queue_of({{1, 0}})));
-  DispatchOptions none;
-  none.cus = 0;
-  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, run8<FirstFit>(queue_of({{1, 1}}), none));
+  DispatchOptions no_cus;
+  no_cus.cus = 0;
+  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, run8<FirstFit>(queue_of({{1, 1}}), no_cus));
 }
 
 TEST_CASE("the cost replay repeats the run's allocator calls") {
