@@ -1,8 +1,9 @@
-# Builds and runs tests/consumer twice: once pulling carve in with FetchContent, once against
-# an installed carve found with find_package. Run with cmake -P. Where nvcc is found ($CUDACXX,
+# Builds and runs tests/consumer one way, MODE: `fetch` pulls carve in with FetchContent,
+# `package` installs carve and finds it with find_package (two tests, so each stays short). Run
+# with cmake -P. Where nvcc is found ($CUDACXX,
 # PATH, $CUDA_HOME/bin, /usr/local/cuda/bin), both are CUDA projects too and build a kernel that
 # uses carve; otherwise the CUDA consumers are skipped with a message saying so.
-foreach(var CARVE_SOURCE_DIR WORK_DIR CXX_COMPILER GENERATOR)
+foreach(var CARVE_SOURCE_DIR WORK_DIR CXX_COMPILER GENERATOR MODE)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run.cmake needs -D${var}=...")
   endif()
@@ -52,7 +53,7 @@ set(consumer_src ${CMAKE_CURRENT_LIST_DIR})
 set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_BUILD_TYPE=Release ${cuda})
 set(below_cxx20 "carve needs C\\+\\+20: link carve::carve, or pass -std=c\\+\\+20")
 
-# 1. FetchContent straight from the source tree.
+if(MODE STREQUAL "fetch") # FetchContent straight from the source tree
 run(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/fetch ${common}
     -DCARVE_MODE=fetch -DCARVE_SOURCE_DIR=${CARVE_SOURCE_DIR})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/fetch)
@@ -65,8 +66,13 @@ if(nvcc)
   run(${WORK_DIR}/fetch/consumer_cuda)
   run_expect_failure("${below_cxx20}" ${CMAKE_COMMAND} --build ${WORK_DIR}/fetch --target consumer_cuda_below_cxx20)
 endif()
+return()
+endif()
+if(NOT MODE STREQUAL "package")
+  message(FATAL_ERROR "run.cmake: MODE is fetch or package, not '${MODE}'")
+endif()
 
-# 2. Install carve into a prefix, then find_package it. This consumer sets CMAKE_CUDA_STANDARD 20
+# Install carve into a prefix, then find_package it. This consumer sets CMAKE_CUDA_STANDARD 20
 # itself, as many projects do: that must give -std=c++20 too, with CUDA extensions on (the default).
 run(${CMAKE_COMMAND} -S ${CARVE_SOURCE_DIR} -B ${WORK_DIR}/carve -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
     -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=OFF
@@ -80,6 +86,7 @@ run(${WORK_DIR}/package/consumer)
 if(nvcc)
   run(${WORK_DIR}/package/consumer_cuda)
 endif()
-if(EXISTS ${WORK_DIR}/fetch/consumer_numa) # libnuma is here: the installed package must offer carve::numa too
+find_file(CONSUMER_NUMA_H numa.h) # libnuma is here: the installed package must offer carve::numa too
+if(CONSUMER_NUMA_H)
   run(${WORK_DIR}/package/consumer_numa)
 endif()

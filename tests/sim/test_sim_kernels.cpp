@@ -1,4 +1,6 @@
 // Kernel-structured workloads, launches that wait for their stream, and where hints come from.
+#include "support/errors.hpp"
+
 #include <carve/sim.hpp>
 #include <carve/slot.hpp>
 
@@ -12,16 +14,6 @@ using namespace carve;
 using namespace carve::sim;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const carve::Exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Records the run time each hinted placement was told.
 struct RecordsHints {
@@ -102,7 +94,7 @@ TEST_CASE("a launch that waits arrives when its stream's previous launch has fin
   CHECK(r.placements[2].cycle == 31 + 5);
   CHECK(r.makespan == 31 + 5 + 4);
   w[2].after = 1; // its own launch
-  CHECK(error_of([&] {
+  CHECK(carve::test::thrown_message([&] {
           simulate(w, DispatchOptions{}, ContiguousCu<8, FirstFit>{});
         }).find("waits for launch 1, which has no workgroups or does not come before its own") != std::string::npos);
 }
@@ -149,12 +141,12 @@ TEST_CASE("where hints come from: exact, given, offline means, and learned from 
   CHECK(distinct == std::vector<std::uint32_t>{10, 100, 10, 100});
   // Given hints need an expected run time; per-kernel ones a kernel.
   w[3].expected = 0;
-  CHECK(error_of([&] {
+  CHECK(carve::test::thrown_message([&] {
           DispatchOptions g;
           simulate(w, g, ContiguousCu<8, RecordsHints>{});
         }) == "simulate: workgroup 3 has no expected run time, which given hints need");
   w[3].kernel = none;
-  CHECK(error_of([&] {
+  CHECK(carve::test::thrown_message([&] {
           DispatchOptions p;
           p.hints.mode = HintMode::per_kernel;
           simulate(w, p, ContiguousCu<8, RecordsHints>{});
@@ -167,12 +159,12 @@ TEST_CASE("kernel types parse from text and print back") {
   CHECK(k.size == 48);
   CHECK(k.launch == Distribution::uniform(2, 8));
   CHECK(KernelType::parse(k.to_string(), "x") == k);
-  CHECK(error_of([] { KernelType::parse("gemm size=48", "--kernel"); }) ==
+  CHECK(carve::test::thrown_message([] { KernelType::parse("gemm size=48", "--kernel"); }) ==
         "--kernel: kernel gemm: size= and mean= are required; expected 'NAME size=SLOTS launch=DIST mean=CYCLES "
         "spread=CV weight=W'");
-  CHECK(error_of([] {
+  CHECK(carve::test::thrown_message([] {
           KernelType::parse("gemm size=4 mean=9 colour=red", "--kernel");
         }).rfind("--kernel: kernel gemm: unknown word 'colour=red'", 0) == 0);
-  CHECK(error_of([] { builtin_mix("decode", "--kernels"); }) ==
+  CHECK(carve::test::thrown_message([] { builtin_mix("decode", "--kernels"); }) ==
         "--kernels: unknown kernel mix 'decode' (built in: inference, long-tail, training)");
 }

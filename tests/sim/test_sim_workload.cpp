@@ -1,4 +1,6 @@
 // Workload generation, distributions as text, and CSV traces.
+#include "support/errors.hpp"
+
 #include <carve/sim.hpp>
 
 #include <doctest/doctest.h>
@@ -10,17 +12,6 @@
 using namespace carve::sim;
 
 namespace {
-
-// The message of the carve::Exception `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const carve::Exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::vector<Workgroup> read(const std::string& text, std::uint32_t slots = 128) {
   std::istringstream in(text);
@@ -111,22 +102,28 @@ TEST_CASE("distributions and arrivals as text, both ways") {
 }
 
 TEST_CASE("bad distributions say what is wrong and where") {
-  CHECK(error_of([] { Distribution::parse("uniform -3 8", "--sizes"); }) == "--sizes: value -3 is negative");
-  CHECK(error_of([] { Distribution::parse("uniform 8 3", "sim.conf", 4); }) ==
+  CHECK(carve::test::thrown_message([] { Distribution::parse("uniform -3 8", "--sizes"); }) ==
+        "--sizes: value -3 is negative");
+  CHECK(carve::test::thrown_message([] { Distribution::parse("uniform 8 3", "sim.conf", 4); }) ==
         "sim.conf:4: 'uniform 8 3': range 8..3 is empty");
-  CHECK(error_of([] { Distribution::parse("uniform 0 3", "x"); }) == "x: 'uniform 0 3': values must be at least 1");
-  CHECK(error_of([] { Distribution::parse("uniform 1", "x"); }) == "x: 'uniform 1': expected 'uniform LO HI'");
-  CHECK(error_of([] { Distribution::parse("normal 1 2", "x"); }) ==
+  CHECK(carve::test::thrown_message([] { Distribution::parse("uniform 0 3", "x"); }) ==
+        "x: 'uniform 0 3': values must be at least 1");
+  CHECK(carve::test::thrown_message([] { Distribution::parse("uniform 1", "x"); }) ==
+        "x: 'uniform 1': expected 'uniform LO HI'");
+  CHECK(carve::test::thrown_message([] { Distribution::parse("normal 1 2", "x"); }) ==
         "x: unknown distribution 'normal': expected uniform, bimodal, geometric or fixed");
-  CHECK(error_of([] { Distribution::parse("bimodal 1 2 3 4 1.5", "x"); }) ==
+  CHECK(carve::test::thrown_message([] { Distribution::parse("bimodal 1 2 3 4 1.5", "x"); }) ==
         "x: 'bimodal 1 2 3 4 1.5': probability must lie in [0, 1]");
-  CHECK(error_of([] { Distribution::parse("geometric 0.5", "x"); }) ==
+  CHECK(carve::test::thrown_message([] { Distribution::parse("geometric 0.5", "x"); }) ==
         "x: 'geometric 0.5': the mean must be at least 1");
-  CHECK(error_of([] { Distribution::parse("fixed 2x", "x"); }) == "x: value '2x' is not a whole number");
-  CHECK(error_of([] { Distribution::parse("", "x"); }) ==
+  CHECK(carve::test::thrown_message([] { Distribution::parse("fixed 2x", "x"); }) ==
+        "x: value '2x' is not a whole number");
+  CHECK(carve::test::thrown_message([] { Distribution::parse("", "x"); }) ==
         "x: empty distribution: expected uniform, bimodal, geometric or fixed");
-  CHECK(error_of([] { Arrivals::parse("poisson -1", "x"); }) == "x: 'poisson -1': the rate must be positive");
-  CHECK(error_of([] { Arrivals::parse("sometimes", "x"); }) == "x: 'sometimes': expected 'at-once' or 'poisson RATE'");
+  CHECK(carve::test::thrown_message([] { Arrivals::parse("poisson -1", "x"); }) ==
+        "x: 'poisson -1': the rate must be positive");
+  CHECK(carve::test::thrown_message([] { Arrivals::parse("sometimes", "x"); }) ==
+        "x: 'sometimes': expected 'at-once' or 'poisson RATE'");
 }
 
 TEST_CASE("a trace round-trips exactly") {
@@ -158,12 +155,14 @@ TEST_CASE("a trace header names its columns in any order; kernels are numbered b
   CHECK(w[3] == Workgroup{2, 12, 44, 0, 0});
   const auto e = read("size,arrival,expected,duration\n3,0,7,5\n");
   CHECK(e[0] == Workgroup{0, 3, 5, 7});
-  CHECK(error_of([] { read("arrival,size,time\n0,1,1\n"); }) ==
+  CHECK(carve::test::thrown_message([] { read("arrival,size,time\n0,1,1\n"); }) ==
         "t.csv:1: unknown column 'time' in the header (columns: arrival, size, duration, and optionally expected and "
         "kernel)");
-  CHECK(error_of([] { read("arrival,size,size,duration\n"); }) == "t.csv:1: column 'size' appears twice in the header");
-  CHECK(error_of([] { read("arrival,duration,kernel\n0,1,a\n"); }) == "t.csv:1: the header has no 'size' column");
-  CHECK(error_of([] { read("arrival,size,duration\n0,1,1,1\n"); }) ==
+  CHECK(carve::test::thrown_message([] { read("arrival,size,size,duration\n"); }) ==
+        "t.csv:1: column 'size' appears twice in the header");
+  CHECK(carve::test::thrown_message([] { read("arrival,duration,kernel\n0,1,a\n"); }) ==
+        "t.csv:1: the header has no 'size' column");
+  CHECK(carve::test::thrown_message([] { read("arrival,size,duration\n0,1,1,1\n"); }) ==
         "t.csv:2: expected 3 fields as the header says, found 4");
 }
 
@@ -191,27 +190,31 @@ TEST_CASE("a kernel workload round-trips through a trace with a kernel column") 
     CHECK(back[i].arrival == w[i].arrival);
   }
   spec.mix.stream_waits = true;
-  CHECK(error_of([&] {
+  CHECK(carve::test::thrown_message([&] {
           write_trace(out, generate(spec, 3), "--write-trace");
         }).rfind("--write-trace: launches that wait", 0) == 0);
 }
 
 TEST_CASE("bad traces name the line") {
-  CHECK(error_of([] { read("arrival,size,duration\n0,4,10\n0,-3,10\n"); }) == "t.csv:3: size -3 is negative");
-  CHECK(error_of([] { read("0,129,10\n"); }) == "t.csv:1: size 129 is outside 1..128 (the slots of a compute unit)");
-  CHECK(error_of([] { read("0,0,10\n"); }) == "t.csv:1: size 0 is outside 1..128 (the slots of a compute unit)");
-  CHECK(error_of([] { read("0,4,10\n0,4\n"); }) ==
+  CHECK(carve::test::thrown_message([] { read("arrival,size,duration\n0,4,10\n0,-3,10\n"); }) ==
+        "t.csv:3: size -3 is negative");
+  CHECK(carve::test::thrown_message([] { read("0,129,10\n"); }) ==
+        "t.csv:1: size 129 is outside 1..128 (the slots of a compute unit)");
+  CHECK(carve::test::thrown_message([] { read("0,0,10\n"); }) ==
+        "t.csv:1: size 0 is outside 1..128 (the slots of a compute unit)");
+  CHECK(carve::test::thrown_message([] { read("0,4,10\n0,4\n"); }) ==
         "t.csv:2: expected 3 or 4 fields (arrival,size,duration[,expected]), found 2");
-  CHECK(error_of([] { read("0,4,10,1,1\n"); }) ==
+  CHECK(carve::test::thrown_message([] { read("0,4,10,1,1\n"); }) ==
         "t.csv:1: expected 3 or 4 fields (arrival,size,duration[,expected]), found 5");
-  CHECK(error_of([] { read("0,four,10\n"); }) == "t.csv:1: size 'four' is not a whole number");
-  CHECK(error_of([] { read("0,4,1.5\n"); }) == "t.csv:1: duration '1.5' is not a whole number");
-  CHECK(error_of([] { read("0,4,\n"); }) == "t.csv:1: duration '' is not a whole number");
-  CHECK(error_of([] { read("0,4,0\n"); }) == "t.csv:1: duration must be at least 1 cycle");
-  CHECK(error_of([] { read("99999999999,4,1\n"); }) == "t.csv:1: arrival 99999999999 is too large");
-  CHECK(error_of([] { read("arrival,size,duration\n# nothing\n\n"); }) == "t.csv: the trace holds no workgroups");
-  CHECK(error_of([] { read(""); }) == "t.csv: the trace holds no workgroups");
-  CHECK(error_of([] { read_trace_file("/nonexistent/trace.csv", 128); }) ==
+  CHECK(carve::test::thrown_message([] { read("0,four,10\n"); }) == "t.csv:1: size 'four' is not a whole number");
+  CHECK(carve::test::thrown_message([] { read("0,4,1.5\n"); }) == "t.csv:1: duration '1.5' is not a whole number");
+  CHECK(carve::test::thrown_message([] { read("0,4,\n"); }) == "t.csv:1: duration '' is not a whole number");
+  CHECK(carve::test::thrown_message([] { read("0,4,0\n"); }) == "t.csv:1: duration must be at least 1 cycle");
+  CHECK(carve::test::thrown_message([] { read("99999999999,4,1\n"); }) == "t.csv:1: arrival 99999999999 is too large");
+  CHECK(carve::test::thrown_message([] { read("arrival,size,duration\n# nothing\n\n"); }) ==
+        "t.csv: the trace holds no workgroups");
+  CHECK(carve::test::thrown_message([] { read(""); }) == "t.csv: the trace holds no workgroups");
+  CHECK(carve::test::thrown_message([] { read_trace_file("/nonexistent/trace.csv", 128); }) ==
         "/nonexistent/trace.csv: cannot open the trace");
-  CHECK(error_of([] { read("0,64,10\n", 64); }).empty());
+  CHECK(carve::test::thrown_message([] { read("0,64,10\n", 64); }).empty());
 }

@@ -26,6 +26,17 @@ std::optional<Errc> thrown_code(F&& f) {
   return std::nullopt;
 }
 
+// The message of the carve::Exception `f` throws; "" when it throws none.
+template <class F>
+std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const Exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // The line a parse error names ("line 7: ..."); 0 when its message names none.
 inline std::size_t message_line(const Exception& e) {
   const std::string m = e.what();
