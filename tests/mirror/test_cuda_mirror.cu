@@ -1,6 +1,9 @@
 // PagedMirror over the GPUs of this machine: plain host stores tracked automatically, sync() with
 // cudaMemcpyAsync on each device's stream, device memory compared with the host, a kernel writing
-// mirror memory on every device and fetch() bringing it back. Exit code 77 (skipped) without a GPU.
+// mirror memory on every device and fetch() bringing it back; then compute grants backed by green
+// contexts (CudaGreenContexts): two grants on one device, a kernel in each recording the SMs its
+// blocks ran on, which must be as many as granted at most and disjoint between the grants, and the
+// grants' SMs and memory coming back once the kernels have run. Exit code 77 (skipped) without a GPU.
 #include "support/device_test.hpp"
 
 #include <carve/mirror.hpp>
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -24,7 +28,71 @@ __global__ void add_one(unsigned char* p, std::size_t n) {
   }
 }
 
+// Each block writes the SM it runs on.
+__global__ void record_sm(unsigned* sm_of_block) {
+  unsigned sm = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  if (threadIdx.x == 0) {
+    sm_of_block[blockIdx.x] = sm;
+  }
+}
+
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Two grants on device 0, a kernel on each grant's stream: with green contexts each kernel runs
+// on at most its grant's SM count and on SMs the other does not use. Released, they come back
+// once the kernels have run.
+void green_contexts() {
+  carve::CudaMirrorBackend gpus(
+      {.devices = {0}, .bytes_per_device = 8 * MiB, .free_fraction = 0.5, .pin_host_memory = true});
+  carve::PagedMirror<carve::CudaMirrorBackend, carve::FillPlacement, carve::FirstFit, carve::CudaGreenContexts> mirror(
+      gpus, {.page_size = 64 << 10, .tracking = carve::WriteTracking::explicit_calls}, {},
+      carve::CudaGreenContexts({0}));
+  const bool enforced = mirror.compute_enforced(0);
+  std::printf("device 0: compute grants %s%s\n", enforced ? "enforced by green contexts" : "advisory: ",
+              enforced ? "" : mirror.partitioner().advisory_reason(0).c_str());
+  const std::size_t free_before = mirror.free_bytes();
+  expect(mirror.submit({.bytes = 1 * MiB, .priority = 2, .compute_units = 1}).has_value(), "submit a small grant");
+  expect(mirror.submit({.bytes = 1 * MiB, .priority = 1, .compute_units = 1}).has_value(), "submit another");
+  const auto grants = mirror.dispatch();
+  expect(grants.size() == 2, "both granted");
+  constexpr unsigned blocks = 1024;
+  std::vector<std::vector<unsigned>> sms;
+  carve::test::check(cudaSetDevice(0), "cudaSetDevice");
+  for (const carve::ResourceGrant& g : grants) {
+    expect(g.compute.enforced == enforced, "each grant says whether it is enforced");
+    unsigned* d_sms = nullptr;
+    carve::test::check(cudaMalloc(&d_sms, blocks * sizeof(unsigned)), "cudaMalloc");
+    const auto stream = mirror.compute_stream(g);
+    expect(stream.has_value(), "a grant has a stream");
+    record_sm<<<blocks, 64, 0, *stream>>>(d_sms);
+    carve::test::check(cudaGetLastError(), "launch on the grant's stream");
+    carve::test::check(cudaStreamSynchronize(*stream), "the grant's kernel");
+    sms.push_back(carve::test::to_host(d_sms, blocks));
+    carve::test::check(cudaFree(d_sms), "cudaFree");
+    expect(mirror.release(g).has_value(), "release");
+  }
+  if (enforced && sms.size() == 2) {
+    std::vector<unsigned> a = sms[0];
+    std::vector<unsigned> b = sms[1];
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+    std::printf("grant SMs: %u and %u granted, %zu and %zu used\n", grants[0].compute.units.count,
+                grants[1].compute.units.count, a.size(), b.size());
+    expect(a.size() <= grants[0].compute.units.count && b.size() <= grants[1].compute.units.count,
+           "a kernel runs on no more SMs than its grant holds");
+    std::vector<unsigned> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    expect(both.empty(), "two grants' kernels share no SM");
+  }
+  for (int i = 0; i < 1000 && mirror.held_grants() != 0; ++i) {
+    (void)mirror.reclaim();
+  }
+  expect(mirror.held_grants() == 0, "released grants come back once their work has run");
+  expect(mirror.free_bytes() == free_before, "and so does their memory");
+}
 
 // Every segment of [p, p + n) as its device holds it, compared with the host copy.
 template <class Mirror>
@@ -93,6 +161,7 @@ int main() {
   expect(all, "the host reads what the kernels wrote");
   expect(mirror.sync()->pages == 0, "fetched pages are clean");
   expect(mirror.try_deallocate(p).has_value(), "deallocate");
+  green_contexts();
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }
