@@ -40,58 +40,58 @@ __global__ void record_sm(unsigned* sm_of_block) {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // Two grants on device 0, a kernel on each grant's stream: with green contexts each kernel runs
-// on at most its grant's SM count and on SMs the other does not use. Released, they come back
-// once the kernels have run.
+// on at most its grant's SM count and on SMs the other does not use. Handed back with run(), they
+// return once the kernels have run. (The dispatcher alone: PagedMirror adds memory to a grant, and
+// tests/mirror/test_paged_mirror.cpp checks that with the host twin.)
 void green_contexts() {
-  carve::CudaMirrorBackend gpus(
-      {.devices = {0}, .bytes_per_device = 8 * MiB, .free_fraction = 0.5, .pin_host_memory = true});
-  carve::PagedMirror<carve::CudaMirrorBackend, carve::FillPlacement, carve::FirstFit, carve::CudaGreenContexts> mirror(
-      gpus, {.page_size = 64 << 10, .tracking = carve::WriteTracking::explicit_calls}, {},
-      carve::CudaGreenContexts({0}));
-  const bool enforced = mirror.compute_enforced(0);
-  std::printf("device 0: compute grants %s%s\n", enforced ? "enforced by green contexts" : "advisory: ",
-              enforced ? "" : mirror.partitioner().advisory_reason(0).c_str());
-  const std::size_t free_before = mirror.free_bytes();
-  expect(mirror.submit({.bytes = 1 * MiB, .priority = 2, .compute_units = 1}).has_value(), "submit a small grant");
-  expect(mirror.submit({.bytes = 1 * MiB, .priority = 1, .compute_units = 1}).has_value(), "submit another");
-  const auto grants = mirror.dispatch();
+  const std::vector<carve::DeviceInfo> devices =
+      carve::CudaMirrorBackend(
+          {.devices = {0}, .bytes_per_device = 2 * MiB, .free_fraction = 0.5, .pin_host_memory = false})
+          .devices();
+  carve::PriorityDispatcher<carve::CudaGreenContexts> dispatcher(devices, carve::DispatchOrder::strict_priority,
+                                                                 carve::CudaGreenContexts({0}));
+  const bool enforced = dispatcher.enforced(0);
+  std::printf("device 0: compute grants %s%s (groups of %u SMs, %u of %u SMs granted at most)\n",
+              enforced ? "enforced by green contexts" : "advisory: ",
+              enforced ? "" : dispatcher.partitioner().advisory_reason(0).c_str(), dispatcher.granule(0),
+              dispatcher.total_units(0), devices[0].compute_units);
+  expect(dispatcher.submit({.priority = 2, .compute_units = 1}).has_value(), "submit a small grant");
+  expect(dispatcher.submit({.priority = 1, .compute_units = 1}).has_value(), "submit another");
+  const auto grants = dispatcher.dispatch();
   expect(grants.size() == 2, "both granted");
+  expect(!dispatcher.last_error().has_value(), "the driver made both partitions");
   constexpr unsigned blocks = 1024;
   std::vector<std::vector<unsigned>> sms;
   carve::test::check(cudaSetDevice(0), "cudaSetDevice");
-  for (const carve::ResourceGrant& g : grants) {
-    expect(g.compute.enforced == enforced, "each grant says whether it is enforced");
+  for (const carve::ComputeGrant& g : grants) {
+    expect(g.enforced == enforced, "each grant says whether it is enforced");
+    expect(g.units.count == dispatcher.granule(0), "one SM asked, one group granted");
     unsigned* d_sms = nullptr;
     carve::test::check(cudaMalloc(&d_sms, blocks * sizeof(unsigned)), "cudaMalloc");
-    const auto stream = mirror.compute_stream(g);
-    expect(stream.has_value(), "a grant has a stream");
-    record_sm<<<blocks, 64, 0, *stream>>>(d_sms);
-    carve::test::check(cudaGetLastError(), "launch on the grant's stream");
-    carve::test::check(cudaStreamSynchronize(*stream), "the grant's kernel");
+    const auto ran = dispatcher.run(g, [&](cudaStream_t stream) {
+      record_sm<<<blocks, 64, 0, stream>>>(d_sms);
+      carve::test::check(cudaGetLastError(), "launch on the grant's stream");
+      carve::test::check(cudaStreamSynchronize(stream), "the grant's kernel");
+    });
+    expect(ran.has_value(), "run the grant's work and hand it back");
     sms.push_back(carve::test::to_host(d_sms, blocks));
     carve::test::check(cudaFree(d_sms), "cudaFree");
-    expect(mirror.release(g).has_value(), "release");
   }
   if (enforced && sms.size() == 2) {
-    std::vector<unsigned> a = sms[0];
-    std::vector<unsigned> b = sms[1];
-    std::sort(a.begin(), a.end());
-    a.erase(std::unique(a.begin(), a.end()), a.end());
-    std::sort(b.begin(), b.end());
-    b.erase(std::unique(b.begin(), b.end()), b.end());
-    std::printf("grant SMs: %u and %u granted, %zu and %zu used\n", grants[0].compute.units.count,
-                grants[1].compute.units.count, a.size(), b.size());
-    expect(a.size() <= grants[0].compute.units.count && b.size() <= grants[1].compute.units.count,
+    for (std::vector<unsigned>& v : sms) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+    std::printf("grant SMs: %u and %u granted, %zu and %zu used\n", grants[0].units.count, grants[1].units.count,
+                sms[0].size(), sms[1].size());
+    expect(sms[0].size() <= grants[0].units.count && sms[1].size() <= grants[1].units.count,
            "a kernel runs on no more SMs than its grant holds");
     std::vector<unsigned> both;
-    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    std::set_intersection(sms[0].begin(), sms[0].end(), sms[1].begin(), sms[1].end(), std::back_inserter(both));
     expect(both.empty(), "two grants' kernels share no SM");
   }
-  for (int i = 0; i < 1000 && mirror.held_grants() != 0; ++i) {
-    (void)mirror.reclaim();
-  }
-  expect(mirror.held_grants() == 0, "released grants come back once their work has run");
-  expect(mirror.free_bytes() == free_before, "and so does their memory");
+  expect(dispatcher.reclaim().size() == 2, "handed-back grants return once their work has run");
+  expect(dispatcher.free_units(0) == dispatcher.total_units(0), "every SM group free again");
 }
 
 // Every segment of [p, p + n) as its device holds it, compared with the host copy.

@@ -367,14 +367,25 @@ TEST_CASE("green contexts (twin): SMs return only after the grant's work has com
   CHECK(next[1].ticket == batch);
   check_disjoint(d, next, 0);
   CHECK(gpu.live() == 2);
+  // A grant released with nothing queued returns at the next reclaim.
+  REQUIRE(d.release(next[0]));
+  REQUIRE(d.reclaim().size() == 1);
+  CHECK(d.free_units(0) == 56);
   CHECK(gpu.enqueue(s).error().code == Errc::out_of_range); // the old stream is gone
 
-  // A grant released with nothing queued returns at the next reclaim.
-  REQUIRE(d.release(next[1]));
+  // run(): the work and the hand-back in one step.
+  carve::SimulatedStream batch_stream{};
+  REQUIRE(d.run(next[1], [&](carve::SimulatedStream bs) {
+    batch_stream = bs;
+    CHECK(gpu.enqueue(bs));
+  }));
+  CHECK(d.reclaim().empty());
+  gpu.complete(batch_stream);
   const auto back = d.reclaim();
   REQUIRE(back.size() == 1);
   CHECK(back[0].ticket == batch);
-  CHECK(d.free_units(0) == 16);
+  CHECK(d.free_units(0) == 64);
+  CHECK(gpu.live() == 0);
 }
 
 TEST_CASE("green contexts (twin): overlapping partitions are refused, and a refused one leaves the request queued") {

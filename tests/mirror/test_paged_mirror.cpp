@@ -688,4 +688,25 @@ TEST_CASE("compute grants backed by green contexts (twin): SMs and memory return
   CHECK(mirror.free_bytes() == free_before + 256 * KiB);
   CHECK_FALSE(mirror.locate(g.address).has_value());
   CHECK(mirror.partitioner().live() == 0);
+
+  // run(): the work and the hand-back in one step; nothing returns until the work has run.
+  REQUIRE(mirror.submit({.bytes = 128 * KiB, .priority = 1, .compute_units = 100}));
+  const auto more = mirror.dispatch();
+  REQUIRE(more.size() == 1);
+  CHECK(more[0].compute.device == 0);        // least loaded: 128 SMs against 108
+  CHECK(more[0].compute.units.count == 104); // 13 groups of 8
+  carve::SimulatedStream used{};
+  REQUIRE(mirror.run(more[0], [&](carve::SimulatedStream s) {
+    used = s;
+    CHECK(mirror.partitioner().enqueue(s));
+  }));
+  CHECK(mirror.compute_stream(more[0]).error() == Errc::not_allocated);
+  CHECK(mirror.run(more[0], [](carve::SimulatedStream) { FAIL("work for a released grant"); }).error() ==
+        Errc::not_allocated);
+  CHECK(mirror.reclaim() == 0);
+  CHECK(mirror.free_bytes() == free_before + 128 * KiB);
+  mirror.partitioner().complete(used);
+  CHECK(mirror.dispatch().empty()); // reclaims first
+  CHECK(mirror.held_grants() == 0);
+  CHECK(mirror.free_bytes() == free_before + 256 * KiB);
 }

@@ -7,9 +7,8 @@
 /// carve::PagedMirror mirror(gpus, {}, carve::FillPlacement{}, carve::CudaGreenContexts{});
 /// (void)mirror.submit({.bytes = 64 << 20, .priority = 9, .compute_units = 16});
 /// for (const carve::ResourceGrant& g : mirror.dispatch()) {
-///   kernel<<<grid, block, 0, *mirror.compute_stream(g)>>>(...);   // runs on g.compute.units only
-///   mirror.release(g);                                            // SMs return when it has run
-/// }
+///   mirror.run(g, [&](cudaStream_t s) { kernel<<<grid, block, 0, s>>>(...); });  // on g.compute.units only
+/// }                                                // each grant's SMs and memory return once its kernel has run
 /// @endcode
 ///
 /// How: when built, each device is split once (cuDeviceGetDevResource, then

@@ -98,7 +98,7 @@ struct MirrorHint {
 struct ResourceRequest {
   std::size_t bytes = 0;           ///< memory wanted
   int priority = 0;                ///< higher is served first
-  std::uint32_t compute_units = 0; ///< contiguous units on one device; 0: a whole device
+  std::uint32_t compute_units = 0; ///< contiguous units on one device, rounded up to whole groups; 0: a whole device
 };
 
 /// What a request received: compute units and memory near them.
@@ -399,6 +399,21 @@ public:
     }
     reclaim_locked();
     return {};
+  }
+
+  /// Queues the grant's work, `work(stream)` with its compute stream, then hands the grant back:
+  /// its units and memory return once that work has run, with no release() to call. `work` runs
+  /// outside the mirror's lock (it may call segments() for device pointers); no other thread may
+  /// release the grant meanwhile. Errors: not_allocated when the grant is not held or was
+  /// released (work is not called then).
+  template <class Work>
+  cuda::std::expected<void, Errc> run(const ResourceGrant& g, Work&& work) {
+    const auto s = compute_stream(g);
+    if (!s) {
+      return cuda::std::unexpected(s.error());
+    }
+    std::forward<Work>(work)(*s);
+    return release(g);
   }
 
   /// Takes back every released grant whose work has run (compute units and memory) and returns

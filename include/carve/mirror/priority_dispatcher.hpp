@@ -5,9 +5,8 @@
 /// carve::PriorityDispatcher dispatcher(backend.devices());        // advisory: a ledger of SMs
 /// auto t = dispatcher.submit({.priority = 10, .compute_units = 32});   // 32 SMs on one device
 /// for (const carve::ComputeGrant& g : dispatcher.dispatch()) {
-///   launch(g, *dispatcher.stream(g));   // green contexts: the stream runs on g.units only
-///   dispatcher.release(g);              // its SMs come back once that work has run
-/// }
+///   dispatcher.run(g, [&](auto stream) { launch(g, stream); });  // green contexts: on g.units only
+/// }                                     // each grant's SMs come back once its work has run
 /// @endcode
 ///
 /// The compute side of the virtual device: each device's compute units (SMs, CUs) are
@@ -56,8 +55,10 @@ enum class DispatchOrder {
 
 /// Compute units wanted on one device.
 struct ComputeRequest {
-  int priority = 0;                ///< higher is served first (real-time work above batch work)
-  std::uint32_t compute_units = 0; ///< contiguous units on one device; 0 for a whole device
+  int priority = 0; ///< higher is served first (real-time work above batch work)
+  /// Contiguous units on one device, rounded up to whole groups of its granule (see
+  /// SmPartitioner); 0 for a whole device.
+  std::uint32_t compute_units = 0;
 };
 
 /// The compute resource a request received: `units` of `device`. `ticket` names the request.
@@ -186,6 +187,19 @@ public:
     }
     it->second.released = true;
     return {};
+  }
+
+  /// Queues the grant's work, `work(stream)` with the grant's stream, and hands the grant back in
+  /// the same step: its units return once that work has run, with no release() to call. Errors:
+  /// not_allocated when `g` is not held or was released (work is not called then).
+  template <class Work>
+  cuda::std::expected<void, Errc> run(const ComputeGrant& g, Work&& work) {
+    const auto s = stream(g);
+    if (!s) {
+      return cuda::std::unexpected(s.error());
+    }
+    std::forward<Work>(work)(*s);
+    return release(g);
   }
 
   /// Takes back every released grant whose work has run: its partition ends and its units are

@@ -21,9 +21,10 @@
 /// partitions hold.
 ///
 /// Release follows completion: every grant has a stream (its own, on enforcing partitioners);
-/// PriorityDispatcher::release() only marks the grant finished, and its groups return to the
-/// ledger when the partitioner reports the stream idle (polled by reclaim(), which dispatch()
-/// calls first), so no new grant gets SMs that old work still runs on.
+/// PriorityDispatcher::run() (the work and the hand-back in one step) and release() only mark the
+/// grant finished, and its groups return to the ledger when the partitioner reports the stream
+/// idle (polled by reclaim(), which dispatch() calls first), so no new grant gets SMs that old
+/// work still runs on.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -54,12 +55,12 @@ struct SmLayout {
 ///   waiting, whether everything queued there has run; `destroy(partition)` ends it (called
 ///   once the partition is idle, or when the dispatcher goes away: then it must wait first).
 template <class P>
-concept SmPartitioner = requires(P& p, std::uint32_t device, std::uint32_t units, SlotRange groups,
+concept SmPartitioner = requires(P& p, const P& cp, std::uint32_t device, std::uint32_t units, SlotRange groups,
                                  const typename P::partition_type& partition) {
   typename P::stream_type;
   { p.layout(device, units) } -> std::same_as<SmLayout>;
   { p.create(device, groups) } -> std::same_as<Result<typename P::partition_type>>;
-  { p.stream(partition) } -> std::same_as<typename P::stream_type>;
+  { cp.stream(partition) } -> std::same_as<typename P::stream_type>;
   { p.idle(partition) } -> std::convertible_to<bool>;
   { p.destroy(partition) }
   noexcept;
