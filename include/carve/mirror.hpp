@@ -2,11 +2,12 @@
 /// One virtual device over several: PagedMirror and its parts.
 ///
 /// Host-only (Linux). CudaMirrorBackend needs the CUDA runtime (declared only with
-/// `<cuda_runtime_api.h>`).
+/// `<cuda_runtime_api.h>`); CudaGreenContexts also needs `<cuda.h>` (no libcuda link).
 #pragma once
 
 #include <carve/mirror/atomic_page_bits.hpp>
 #include <carve/mirror/cuda_backend.hpp>
+#include <carve/mirror/cuda_green_contexts.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/device_segments.hpp>
 #include <carve/mirror/fault_handler.hpp>
@@ -19,6 +20,8 @@
 #include <carve/mirror/placement.hpp>
 #include <carve/mirror/priority_dispatcher.hpp>
 #include <carve/mirror/reserved_memory.hpp>
+#include <carve/mirror/simulated_green_contexts.hpp>
+#include <carve/mirror/sm_partitioner.hpp>
 #include <carve/mirror/sync_report.hpp>
 #include <carve/mirror/write_tracker.hpp>
 #include <carve/mirror/write_tracking.hpp>

@@ -1,6 +1,9 @@
 // PagedMirror over the GPUs of this machine: plain host stores tracked automatically, sync() with
 // cudaMemcpyAsync on each device's stream, device memory compared with the host, a kernel writing
-// mirror memory on every device and fetch() bringing it back. Exit code 77 (skipped) without a GPU.
+// mirror memory on every device and fetch() bringing it back; then compute grants backed by green
+// contexts (CudaGreenContexts): two grants on one device, a kernel in each recording the SMs its
+// blocks ran on, which must be as many as granted at most and disjoint between the grants, and the
+// grants' SMs and memory coming back once the kernels have run. Exit code 77 (skipped) without a GPU.
 #include "support/device_test.hpp"
 
 #include <carve/mirror.hpp>
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -24,7 +28,71 @@ __global__ void add_one(unsigned char* p, std::size_t n) {
   }
 }
 
+// Each block writes the SM it runs on.
+__global__ void record_sm(unsigned* sm_of_block) {
+  unsigned sm = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  if (threadIdx.x == 0) {
+    sm_of_block[blockIdx.x] = sm;
+  }
+}
+
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Two grants on device 0, a kernel on each grant's stream: with green contexts each kernel runs
+// on at most its grant's SM count and on SMs the other does not use. Handed back with run(), they
+// return once the kernels have run. (The dispatcher alone: PagedMirror adds memory to a grant, and
+// tests/mirror/test_paged_mirror.cpp checks that with the host twin.)
+void green_contexts() {
+  const std::vector<carve::DeviceInfo> devices =
+      carve::CudaMirrorBackend(
+          {.devices = {0}, .bytes_per_device = 2 * MiB, .free_fraction = 0.5, .pin_host_memory = false})
+          .devices();
+  carve::PriorityDispatcher<carve::CudaGreenContexts> dispatcher(devices, carve::DispatchOrder::strict_priority,
+                                                                 carve::CudaGreenContexts({0}));
+  const bool enforced = dispatcher.enforced(0);
+  std::printf("device 0: compute grants %s%s (groups of %u SMs, %u of %u SMs granted at most)\n",
+              enforced ? "enforced by green contexts" : "advisory: ",
+              enforced ? "" : dispatcher.partitioner().advisory_reason(0).c_str(), dispatcher.granule(0),
+              dispatcher.total_units(0), devices[0].compute_units);
+  expect(dispatcher.submit({.priority = 2, .compute_units = 1}).has_value(), "submit a small grant");
+  expect(dispatcher.submit({.priority = 1, .compute_units = 1}).has_value(), "submit another");
+  const auto grants = dispatcher.dispatch();
+  expect(grants.size() == 2, "both granted");
+  expect(!dispatcher.last_error().has_value(), "the driver made both partitions");
+  constexpr unsigned blocks = 1024;
+  std::vector<std::vector<unsigned>> sms;
+  carve::test::check(cudaSetDevice(0), "cudaSetDevice");
+  for (const carve::ComputeGrant& g : grants) {
+    expect(g.enforced == enforced, "each grant says whether it is enforced");
+    expect(g.units.count == dispatcher.granule(0), "one SM asked, one group granted");
+    unsigned* d_sms = nullptr;
+    carve::test::check(cudaMalloc(&d_sms, blocks * sizeof(unsigned)), "cudaMalloc");
+    const auto ran = dispatcher.run(g, [&](cudaStream_t stream) {
+      record_sm<<<blocks, 64, 0, stream>>>(d_sms);
+      carve::test::check(cudaGetLastError(), "launch on the grant's stream");
+      carve::test::check(cudaStreamSynchronize(stream), "the grant's kernel");
+    });
+    expect(ran.has_value(), "run the grant's work and hand it back");
+    sms.push_back(carve::test::to_host(d_sms, blocks));
+    carve::test::check(cudaFree(d_sms), "cudaFree");
+  }
+  if (enforced && sms.size() == 2) {
+    for (std::vector<unsigned>& v : sms) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+    std::printf("grant SMs: %u and %u granted, %zu and %zu used\n", grants[0].units.count, grants[1].units.count,
+                sms[0].size(), sms[1].size());
+    expect(sms[0].size() <= grants[0].units.count && sms[1].size() <= grants[1].units.count,
+           "a kernel runs on no more SMs than its grant holds");
+    std::vector<unsigned> both;
+    std::set_intersection(sms[0].begin(), sms[0].end(), sms[1].begin(), sms[1].end(), std::back_inserter(both));
+    expect(both.empty(), "two grants' kernels share no SM");
+  }
+  expect(dispatcher.reclaim().size() == 2, "handed-back grants return once their work has run");
+  expect(dispatcher.free_units(0) == dispatcher.total_units(0), "every SM group free again");
+}
 
 // Every segment of [p, p + n) as its device holds it, compared with the host copy.
 template <class Mirror>
@@ -93,6 +161,7 @@ int main() {
   expect(all, "the host reads what the kernels wrote");
   expect(mirror.sync()->pages == 0, "fetched pages are clean");
   expect(mirror.try_deallocate(p).has_value(), "deallocate");
+  green_contexts();
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -141,4 +142,66 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
     }
     CHECK(mirror.allocation_count() == threads);
   }
+}
+
+TEST_CASE("green contexts (twin): a device thread completes work while the owner dispatches and releases") {
+  const std::vector<carve::DeviceInfo> devices{{.name = "gpu", .capacity = 0, .compute_units = 64, .available = true}};
+  carve::PriorityDispatcher<carve::SimulatedGreenContexts> d(
+      devices, carve::DispatchOrder::backfill, carve::SimulatedGreenContexts({{.sm_count = 64, .cc_major = 9}}));
+  auto& gpu = d.partitioner();
+  std::mutex m;
+  std::vector<carve::SimulatedStream> running; // released grants' streams, for the device thread
+  std::atomic<bool> done{false};
+  std::thread device([&] {
+    std::mt19937_64 rng(7);
+    while (!done.load()) {
+      std::vector<carve::SimulatedStream> now;
+      {
+        const std::lock_guard lock(m);
+        now.swap(running);
+      }
+      for (const carve::SimulatedStream s : now) {
+        gpu.complete(s, rng() % 2 + 1); // one kernel or both
+        if (gpu.pending(s) != 0) {
+          const std::lock_guard lock(m);
+          running.push_back(s);
+        }
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::mt19937_64 rng(11);
+  std::uint32_t served = 0;
+  for (int step = 0; step < 400; ++step) {
+    (void)d.submit(
+        {.priority = static_cast<int>(rng() % 4), .compute_units = static_cast<std::uint32_t>(rng() % 40 + 1)});
+    for (const carve::ComputeGrant& g : d.dispatch()) {
+      ++served;
+      const auto s = d.stream(g);
+      REQUIRE(s);
+      REQUIRE(gpu.enqueue(*s));
+      REQUIRE(gpu.enqueue(*s));
+      REQUIRE(d.release(g));
+      const std::lock_guard lock(m);
+      running.push_back(*s);
+    }
+    std::uint32_t held_units = 0;
+    for (std::uint32_t group = 0; group < 8; ++group) {
+      held_units += gpu.owner(0, group) != 0 ? 8U : 0U;
+    }
+    REQUIRE(held_units + d.free_units(0) == 64); // the ledger and the partitions agree
+  }
+  while (d.held() != 0 || d.queued() != 0) {
+    for (const carve::ComputeGrant& g : d.dispatch()) {
+      ++served;
+      REQUIRE(d.release(g));
+    }
+    std::this_thread::yield();
+  }
+  done.store(true);
+  device.join();
+  CHECK(served == 400);
+  CHECK_FALSE(d.last_error()); // no partition was ever refused: grants stayed disjoint
+  CHECK(gpu.live() == 0);
+  CHECK(d.free_units(0) == 64);
 }

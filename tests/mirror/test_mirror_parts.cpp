@@ -222,3 +222,192 @@ TEST_CASE("PriorityDispatcher: priority order, strict or backfilling, partitions
   CHECK(backfill.cancel(waiting));
   CHECK(backfill.queued() == 0);
 }
+
+// The driver's partition rules (CUDA driver API, "Green Contexts"), as the twin applies them.
+static_assert(carve::green_context_granule(5, 2) == 0); // no green contexts before 6.0
+static_assert(carve::green_context_granule(6, 1) == 2);
+static_assert(carve::green_context_granule(7, 5) == 2);
+static_assert(carve::green_context_granule(8, 0) == 4); // at least 4, a multiple of 2
+static_assert(carve::green_context_granule(8, 9) == 4);
+static_assert(carve::green_context_granule(9, 0) == 8);
+static_assert(carve::green_context_granule(10, 0) == 8);
+static_assert(carve::SmPartitioner<carve::AdvisorySmLedger> && carve::SmPartitioner<carve::SimulatedGreenContexts>);
+
+namespace {
+
+using GreenDispatcher = carve::PriorityDispatcher<carve::SimulatedGreenContexts>;
+
+std::vector<carve::DeviceInfo> gpus_with_units(std::initializer_list<std::uint32_t> units) {
+  std::vector<carve::DeviceInfo> devices;
+  for (const std::uint32_t u : units) {
+    devices.push_back({.name = "", .capacity = 0, .compute_units = u, .available = true});
+  }
+  return devices;
+}
+
+// Every held grant's SMs against the twin: each group of a grant belongs to one live green
+// context, a different one per grant, and free + held SMs = the ledger.
+void check_disjoint(GreenDispatcher& d, const std::vector<carve::ComputeGrant>& held, std::uint32_t device) {
+  std::set<std::uint32_t> contexts;
+  std::uint32_t held_units = 0;
+  const std::uint32_t granule = d.granule(device);
+  for (const carve::ComputeGrant& g : held) {
+    if (g.device != device) {
+      continue;
+    }
+    REQUIRE(g.units.first % granule == 0);
+    REQUIRE(g.units.count % granule == 0);
+    const std::uint32_t owner = d.partitioner().owner(device, g.units.first / granule);
+    REQUIRE(owner != 0);
+    CHECK(contexts.insert(owner).second); // no two grants share a green context
+    for (std::uint32_t group = g.units.first / granule; group < g.units.end() / granule; ++group) {
+      CHECK(d.partitioner().owner(device, group) == owner);
+    }
+    held_units += g.units.count;
+  }
+  CHECK(held_units + d.free_units(device) == d.total_units(device));
+}
+
+} // namespace
+
+TEST_CASE("green contexts (twin): the split per architecture, rounding to whole groups, enforced or advisory") {
+  // An H100 (132 SMs, 9.0), an A100 (108, 8.0), a V100 under a driver without green contexts, a
+  // Maxwell card (5.2): the last two are advisory.
+  carve::SimulatedGreenContexts gpus(
+      {{.sm_count = 132, .cc_major = 9, .cc_minor = 0},
+       {.sm_count = 108, .cc_major = 8, .cc_minor = 0},
+       {.sm_count = 80, .cc_major = 7, .cc_minor = 0, .driver_has_green_contexts = false},
+       {.sm_count = 24, .cc_major = 5, .cc_minor = 2}});
+  const auto devices = gpus_with_units({132, 108, 80, 24});
+  GreenDispatcher d(devices, carve::DispatchOrder::strict_priority, std::move(gpus));
+  CHECK(d.granule(0) == 8);
+  CHECK(d.total_units(0) == 128); // 16 groups of 8: the 4 SMs of the remainder are never granted
+  CHECK(d.granule(1) == 4);
+  CHECK(d.total_units(1) == 108);
+  CHECK(d.enforced(0));
+  CHECK(d.enforced(1));
+  CHECK_FALSE(d.enforced(2));
+  CHECK(d.granule(2) == 1);
+  CHECK_FALSE(d.enforced(3));
+  CHECK(d.total_units(3) == 24);
+  CHECK_FALSE(d.enforced(9));
+
+  CHECK(d.submit({.priority = 0, .compute_units = 133}).error() == Errc::invalid_size);
+  const auto thirty = *d.submit({.priority = 3, .compute_units = 30}); // 32 on the H100: 4 groups
+  const auto six = *d.submit({.priority = 2, .compute_units = 6});     // 8 on the A100: 2 groups
+  const auto whole = *d.submit({.priority = 1, .compute_units = 0});   // a whole device
+  const auto other = *d.submit({.priority = 0, .compute_units = 0});   // another one
+  const auto g = d.dispatch();
+  REQUIRE(g.size() == 4);
+  CHECK(g[0].ticket == thirty);
+  CHECK(g[0].device == 0); // least loaded: 128 SMs to hand out
+  CHECK(g[0].units.count == 32);
+  CHECK(g[0].enforced);
+  CHECK(g[1].ticket == six);
+  CHECK(g[1].device == 1); // least loaded now: 108 free against 96
+  CHECK(g[1].units.count == 8);
+  CHECK(g[1].enforced);
+  CHECK(g[2].ticket == whole);
+  CHECK(g[2].device == 2); // of the wholly free devices, the larger
+  CHECK(g[2].units == SlotRange{0, 80});
+  CHECK_FALSE(g[2].enforced);
+  CHECK(g[3].ticket == other);
+  CHECK(g[3].device == 3);
+  CHECK(g[3].units == SlotRange{0, 24});
+  CHECK_FALSE(g[3].enforced);
+  CHECK(d.partitioner().live() == 4); // advisory grants have a stream of their own too
+  for (std::uint32_t dev = 0; dev < 4; ++dev) {
+    check_disjoint(d, g, dev);
+  }
+  CHECK_FALSE(d.last_error());
+
+  // The advisory ledger enforces nothing, anywhere, and grants exact unit counts.
+  carve::PriorityDispatcher ledger(devices);
+  const auto t = *ledger.submit({.priority = 0, .compute_units = 10});
+  const auto lg = ledger.dispatch();
+  REQUIRE(lg.size() == 1);
+  CHECK(lg[0].ticket == t);
+  CHECK(lg[0].units.count == 10);
+  CHECK_FALSE(lg[0].enforced);
+  CHECK_FALSE(ledger.enforced(0));
+  CHECK(ledger.stream(lg[0]).has_value());
+}
+
+TEST_CASE("green contexts (twin): SMs return only after the grant's work has completed") {
+  const auto devices = gpus_with_units({64});
+  GreenDispatcher d(devices, carve::DispatchOrder::strict_priority,
+                    carve::SimulatedGreenContexts({{.sm_count = 64, .cc_major = 9, .cc_minor = 0}}));
+  auto& gpu = d.partitioner();
+  (void)*d.submit({.priority = 1, .compute_units = 40}); // 5 groups
+  const auto g = d.dispatch();
+  REQUIRE(g.size() == 1);
+  const carve::SimulatedStream s = *d.stream(g[0]);
+  for (int kernel = 0; kernel < 3; ++kernel) {
+    REQUIRE(gpu.enqueue(s));
+  }
+  // A high-priority request that needs SMs the running work holds waits; a later, smaller one
+  // with lower priority does not overtake it (strict order) though it would fit now.
+  const auto urgent = *d.submit({.priority = 9, .compute_units = 48});
+  const auto batch = *d.submit({.priority = 0, .compute_units = 8});
+  REQUIRE(d.release(g[0]));
+  CHECK(d.release(g[0]).error() == Errc::not_allocated);
+  CHECK(d.stream(g[0]).error() == Errc::not_allocated); // released: no more work for it
+  CHECK(d.dispatch().empty());
+  CHECK(d.free_units(0) == 24);
+  CHECK(d.held() == 1);
+  gpu.complete(s, 2); // two of the three kernels have run
+  CHECK(d.reclaim().empty());
+  CHECK(d.dispatch().empty());
+  CHECK(gpu.owner(0, 0) != 0);
+  gpu.complete(s);                // all of it
+  const auto next = d.dispatch(); // reclaims first, then serves in priority order
+  REQUIRE(next.size() == 2);
+  CHECK(next[0].ticket == urgent);
+  CHECK(next[0].units.count == 48);
+  CHECK(next[1].ticket == batch);
+  check_disjoint(d, next, 0);
+  CHECK(gpu.live() == 2);
+  // A grant released with nothing queued returns at the next reclaim.
+  REQUIRE(d.release(next[0]));
+  REQUIRE(d.reclaim().size() == 1);
+  CHECK(d.free_units(0) == 56);
+  CHECK(gpu.enqueue(s).error().code == Errc::out_of_range); // the old stream is gone
+
+  // run(): the work and the hand-back in one step.
+  carve::SimulatedStream batch_stream{};
+  REQUIRE(d.run(next[1], [&](carve::SimulatedStream bs) {
+    batch_stream = bs;
+    CHECK(gpu.enqueue(bs));
+  }));
+  CHECK(d.reclaim().empty());
+  gpu.complete(batch_stream);
+  const auto back = d.reclaim();
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].ticket == batch);
+  CHECK(d.free_units(0) == 64);
+  CHECK(gpu.live() == 0);
+}
+
+TEST_CASE("green contexts (twin): overlapping partitions are refused, and a refused one leaves the request queued") {
+  const auto devices = gpus_with_units({32});
+  GreenDispatcher d(devices, carve::DispatchOrder::strict_priority,
+                    carve::SimulatedGreenContexts({{.sm_count = 32, .cc_major = 8, .cc_minor = 6}}));
+  auto& gpu = d.partitioner();
+  // Someone else holds groups 2..3 (SMs 8..15) behind the dispatcher's back.
+  const auto foreign = gpu.create(0, SlotRange{2, 2});
+  REQUIRE(foreign);
+  CHECK(gpu.create(0, SlotRange{3, 1}).error().code == Errc::invalid_argument);
+  CHECK(gpu.create(0, SlotRange{7, 2}).error().code == Errc::out_of_range);
+  CHECK(gpu.create(1, SlotRange{0, 1}).error().code == Errc::out_of_range);
+  const auto t = *d.submit({.priority = 0, .compute_units = 32});
+  CHECK(d.dispatch().empty()); // the ledger thinks all 8 groups are free; the twin refuses
+  REQUIRE(d.last_error());
+  CHECK(d.last_error()->code == Errc::invalid_argument);
+  CHECK(d.queued() == 1);
+  CHECK(d.free_units(0) == 32); // nothing kept of the failed attempt
+  gpu.destroy(*foreign);
+  const auto g = d.dispatch();
+  REQUIRE(g.size() == 1);
+  CHECK(g[0].ticket == t);
+  CHECK(g[0].units == SlotRange{0, 32});
+}

@@ -652,3 +652,61 @@ TEST_CASE("an empty 1 TiB mirror costs almost nothing; memory is committed as it
   CHECK(r->pages == 1);
   CHECK(r->bytes == 64 * KiB);
 }
+
+TEST_CASE("compute grants backed by green contexts (twin): SMs and memory return once the work has run") {
+  HostBackend devices;
+  add_cards(devices, {{1 * MiB, 132}, {1 * MiB, 108}});
+  PagedMirror<HostBackend, carve::FillPlacement, carve::FirstFit, carve::SimulatedGreenContexts> mirror(
+      devices, {.page_size = 64 * KiB}, {},
+      carve::SimulatedGreenContexts(
+          {{.sm_count = 132, .cc_major = 9, .cc_minor = 0}, {.sm_count = 108, .cc_major = 8, .cc_minor = 0}}));
+  CHECK(mirror.compute_enforced(0));
+  CHECK(mirror.compute_enforced(1));
+  const auto job = mirror.submit({.bytes = 256 * KiB, .priority = 5, .compute_units = 20});
+  REQUIRE(job);
+  const auto grants = mirror.dispatch();
+  REQUIRE(grants.size() == 1);
+  const carve::ResourceGrant g = grants[0];
+  CHECK(g.compute.device == 0);
+  CHECK(g.compute.units.count == 24); // 20 SMs rounded up to groups of 8
+  CHECK(g.compute.enforced);
+  CHECK(mirror.locate(g.address)->device == 0);
+  const std::size_t free_before = mirror.free_bytes();
+  const auto stream = mirror.compute_stream(g);
+  REQUIRE(stream);
+  REQUIRE(mirror.partitioner().enqueue(*stream)); // a kernel on the grant's SMs
+  REQUIRE(mirror.release(g));
+  CHECK(mirror.release(g).error() == Errc::not_allocated);
+  CHECK(mirror.compute_stream(g).error() == Errc::not_allocated);
+  CHECK(mirror.held_grants() == 1); // the kernel still runs: nothing returns yet
+  CHECK(mirror.free_bytes() == free_before);
+  CHECK(mirror.reclaim() == 0);
+  CHECK(mirror.locate(g.address).has_value());
+  mirror.partitioner().complete(*stream);
+  CHECK(mirror.reclaim() == 1);
+  CHECK(mirror.held_grants() == 0);
+  CHECK(mirror.free_bytes() == free_before + 256 * KiB);
+  CHECK_FALSE(mirror.locate(g.address).has_value());
+  CHECK(mirror.partitioner().live() == 0);
+
+  // run(): the work and the hand-back in one step; nothing returns until the work has run.
+  REQUIRE(mirror.submit({.bytes = 128 * KiB, .priority = 1, .compute_units = 100}));
+  const auto more = mirror.dispatch();
+  REQUIRE(more.size() == 1);
+  CHECK(more[0].compute.device == 0);        // least loaded: 128 SMs against 108
+  CHECK(more[0].compute.units.count == 104); // 13 groups of 8
+  carve::SimulatedStream used{};
+  REQUIRE(mirror.run(more[0], [&](carve::SimulatedStream s) {
+    used = s;
+    CHECK(mirror.partitioner().enqueue(s));
+  }));
+  CHECK(mirror.compute_stream(more[0]).error() == Errc::not_allocated);
+  CHECK(mirror.run(more[0], [](carve::SimulatedStream) { FAIL("work for a released grant"); }).error() ==
+        Errc::not_allocated);
+  CHECK(mirror.reclaim() == 0);
+  CHECK(mirror.free_bytes() == free_before + 128 * KiB);
+  mirror.partitioner().complete(used);
+  CHECK(mirror.dispatch().empty()); // reclaims first
+  CHECK(mirror.held_grants() == 0);
+  CHECK(mirror.free_bytes() == free_before + 256 * KiB);
+}

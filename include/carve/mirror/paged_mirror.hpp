@@ -22,7 +22,10 @@
 /// stream so devices copy in parallel, higher-priority allocations first; fetch() brings pages that
 /// device code wrote back. The compute side (submit / dispatch / release) hands devices or SM
 /// partitions to requests in priority order and answers with a pair: a compute resource and a
-/// virtual address.
+/// virtual address. The `Partitioner` decides whether a partition binds: AdvisorySmLedger (the
+/// default) keeps a ledger only; CudaGreenContexts backs each grant with a green context, whose
+/// stream (compute_stream) runs on the granted SMs only. A released grant's SMs and memory return
+/// when the work on its stream has run (see carve/mirror/sm_partitioner.hpp).
 ///
 /// The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
 /// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
@@ -48,6 +51,7 @@
 #include <carve/mirror/page_table.hpp>
 #include <carve/mirror/placement.hpp>
 #include <carve/mirror/priority_dispatcher.hpp>
+#include <carve/mirror/sm_partitioner.hpp>
 #include <carve/mirror/sync_report.hpp>
 #include <carve/mirror/write_tracker.hpp>
 #include <carve/mirror/write_tracking.hpp>
@@ -94,7 +98,7 @@ struct MirrorHint {
 struct ResourceRequest {
   std::size_t bytes = 0;           ///< memory wanted
   int priority = 0;                ///< higher is served first
-  std::uint32_t compute_units = 0; ///< contiguous units on one device; 0: a whole device
+  std::uint32_t compute_units = 0; ///< contiguous units on one device, rounded up to whole groups; 0: a whole device
 };
 
 /// What a request received: compute units and memory near them.
@@ -114,12 +118,15 @@ struct MirrorSegment {
 
 /// One virtual device over `Backend`'s devices, pages placed by `Placement` and found on each device
 /// by `Fit` (see the file's description). A MemoryResource; not copyable.
-template <MirrorBackend Backend, PagePlacement Placement = FillPlacement, class Fit = FirstFit>
+template <MirrorBackend Backend, PagePlacement Placement = FillPlacement, class Fit = FirstFit,
+          SmPartitioner Partitioner = AdvisorySmLedger>
 requires WordSearchingFitPolicy<Fit>
 class PagedMirror {
 public:
-  using backend_type = Backend;     ///< the devices
-  using placement_type = Placement; ///< the placement policy
+  using backend_type = Backend;                          ///< the devices
+  using placement_type = Placement;                      ///< the placement policy
+  using partitioner_type = Partitioner;                  ///< how compute grants are backed
+  using stream_type = typename Partitioner::stream_type; ///< where a grant's work goes
 
   /// The largest page size the mirror takes.
   static constexpr std::size_t max_page_size = std::size_t{1} << 30;
@@ -128,11 +135,12 @@ public:
   /// memory in host addresses. Throws carve::Exception: invalid_argument for a bad page size, more
   /// than max_mirror_devices devices, more than 2^31 pages, or no available device with a whole
   /// page; as WriteTracker does for the tracking mode and the reservation.
-  explicit PagedMirror(Backend& backend, MirrorOptions options = {}, Placement placement = {})
+  explicit PagedMirror(Backend& backend, MirrorOptions options = {}, Placement placement = {},
+                       Partitioner partitioner = {})
       : backend_(backend), options_(options), placement_(std::move(placement)), devices_(backend.devices()),
         page_size_(checked_page_size(options.page_size)), device_pages_(make_device_pages(devices_, page_size_)),
         host_pages_(total_pages(device_pages_)), tracker_(host_pages_.size(), page_size_, options.tracking),
-        table_(host_pages_.size()), dispatcher_(devices_, options.dispatch_order) {}
+        table_(host_pages_.size()), dispatcher_(devices_, options.dispatch_order, std::move(partitioner)) {}
 
   /// Waits for every device, then gives back every allocation's host memory.
   ~PagedMirror() {
@@ -348,11 +356,12 @@ public:
     return ticket;
   }
 
-  /// Grants queued requests in priority order: each gets a compute resource, then its memory near
-  /// that device. A request whose memory does not fit now stays queued (and, in strict priority
-  /// order, holds back the ones behind it).
+  /// Takes back grants whose work has run (reclaim()), then grants queued requests in priority
+  /// order: each gets a compute resource, then its memory near that device. A request whose memory
+  /// does not fit now stays queued (and, in strict priority order, holds back the ones behind it).
   std::vector<ResourceGrant> dispatch() {
     const std::lock_guard control(control_);
+    reclaim_locked();
     std::vector<ResourceGrant> out;
     dispatcher_.dispatch([&](const ComputeGrant& g) {
       const std::size_t bytes = pending_bytes_.at(g.ticket);
@@ -361,19 +370,73 @@ public:
         return false;
       }
       pending_bytes_.erase(g.ticket);
+      granted_memory_.emplace(g.ticket, *memory);
       out.push_back({g, *memory, bytes});
       return true;
     });
     return out;
   }
 
-  /// Gives back a grant's compute units and frees its memory. Errors: not_allocated.
+  /// Where the grant's work goes: a stream on its SMs (see PriorityDispatcher::stream). Errors:
+  /// not_allocated when the grant is not held or was released.
+  cuda::std::expected<stream_type, Errc> compute_stream(const ResourceGrant& g) const {
+    const std::lock_guard control(control_);
+    return dispatcher_.stream(g.compute);
+  }
+
+  /// Hands a grant back: nothing more will be queued on its stream. Its compute units and its
+  /// memory return together once that work has run: at once when it has (always, for advisory
+  /// grants), else at a later reclaim() or dispatch(). Errors: not_allocated when the grant is not
+  /// held or was released already.
   cuda::std::expected<void, Errc> release(const ResourceGrant& g) {
     const std::lock_guard control(control_);
+    const auto held = granted_memory_.find(g.compute.ticket);
+    if (held == granted_memory_.end() || held->second != g.address) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
     if (auto r = dispatcher_.release(g.compute); !r) {
       return r;
     }
-    return deallocate_locked(g.address, std::nullopt, 1);
+    reclaim_locked();
+    return {};
+  }
+
+  /// Queues the grant's work, `work(stream)` with its compute stream, then hands the grant back:
+  /// its units and memory return once that work has run, with no release() to call. `work` runs
+  /// outside the mirror's lock (it may call segments() for device pointers); no other thread may
+  /// release the grant meanwhile. Errors: not_allocated when the grant is not held or was
+  /// released (work is not called then).
+  template <class Work>
+  cuda::std::expected<void, Errc> run(const ResourceGrant& g, Work&& work) {
+    const auto s = compute_stream(g);
+    if (!s) {
+      return cuda::std::unexpected(s.error());
+    }
+    std::forward<Work>(work)(*s);
+    return release(g);
+  }
+
+  /// Takes back every released grant whose work has run (compute units and memory) and returns
+  /// how many. Asks the streams without waiting.
+  std::size_t reclaim() {
+    const std::lock_guard control(control_);
+    return reclaim_locked();
+  }
+
+  /// Grants handed out and not yet taken back (released ones still running included).
+  std::size_t held_grants() const {
+    const std::lock_guard control(control_);
+    return dispatcher_.held();
+  }
+
+  /// The partitioner behind the grants (SimulatedGreenContexts: where a test queues and completes
+  /// the grants' work; it synchronises itself).
+  Partitioner& partitioner() noexcept { return dispatcher_.partitioner(); }
+
+  /// Whether grants on `device` are enforced by the hardware (see ComputeGrant::enforced).
+  bool compute_enforced(std::uint32_t device) const {
+    const std::lock_guard control(control_);
+    return dispatcher_.enforced(device);
   }
 
   /// Withdraws a queued request. Errors: not_allocated when it is not queued.
@@ -742,6 +805,18 @@ private:
     return report;
   }
 
+  std::size_t reclaim_locked() {
+    const std::vector<ComputeGrant> done = dispatcher_.reclaim();
+    for (const ComputeGrant& g : done) {
+      const auto it = granted_memory_.find(g.ticket);
+      if (it != granted_memory_.end()) {
+        (void)deallocate_locked(it->second, std::nullopt, 1);
+        granted_memory_.erase(it);
+      }
+    }
+    return done.size();
+  }
+
   void wait_all() noexcept {
     for (std::uint32_t d = 0; d < devices_.size(); ++d) {
       if (device_pages_[d]) {
@@ -759,8 +834,9 @@ private:
   DynamicSlotAllocator<FirstFit> host_pages_;
   WriteTracker tracker_;
   PageTable table_;
-  PriorityDispatcher dispatcher_;
+  PriorityDispatcher<Partitioner> dispatcher_;
   std::map<std::uint64_t, std::size_t> pending_bytes_; // queued requests' memory
+  std::map<std::uint64_t, void*> granted_memory_;      // held grants' memory, by ticket
   std::map<std::uint32_t, Allocation> allocations_;    // by first host page
   mutable std::mutex control_;
   mutable std::shared_mutex allocations_mutex_;
