@@ -34,22 +34,24 @@ __global__ void reset_sharded(carve::bits::word* words) {
 template <bool Aggregated>
 __global__ void allocate_big(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   Big alloc(carve::BorrowedSlotWords<big>{words});
-  const auto r = Aggregated ? carve::warp_allocate(alloc, m) : alloc.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, alloc, m) : alloc.allocate(m);
   out[i] = r ? *r : none;
 }
 
 template <bool Aggregated>
 __global__ void allocate_sharded(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   const Sharded s(words, blockIdx.x); // each block at home in its own shard
-  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m);
   out[i] = r ? *r : none;
 }
 
