@@ -435,10 +435,10 @@ void check_release_batch(std::mt19937_64& rng, std::uint32_t units) {
     }
   }
   std::shuffle(releases.begin(), releases.end(), rng);
-  releases.push_back({units, {0, 1}});                // no such unit
-  releases.push_back({0, {N - 1, 2}});                // past the end
-  releases.push_back({0, {0xffff'ffffu, 2}});         // wrapping
-  releases.push_back({units - 1, {3, 0}});            // empty
+  releases.push_back({units, {0, 1}});        // no such unit
+  releases.push_back({0, {N - 1, 2}});        // past the end
+  releases.push_back({0, {0xffff'ffffu, 2}}); // wrapping
+  releases.push_back({units - 1, {3, 0}});    // empty
   std::shuffle(releases.end() - 4, releases.end(), rng);
 
   std::vector<Slots> model;

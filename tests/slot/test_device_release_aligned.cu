@@ -135,11 +135,10 @@ int check_hinted_storm() {
 }
 
 int check_predictor() {
-  const std::vector<carve::RunTimePredictorSettings> settings = {
-      {carve::RunTimeEstimate::mean, 0.125f},
-      {carve::RunTimeEstimate::mean, 0.03f},
-      {carve::RunTimeEstimate::quantile, 0.125f, 0.5f},
-      {carve::RunTimeEstimate::quantile, 0.05f, 0.9f}};
+  const std::vector<carve::RunTimePredictorSettings> settings = {{carve::RunTimeEstimate::mean, 0.125f},
+                                                                 {carve::RunTimeEstimate::mean, 0.03f},
+                                                                 {carve::RunTimeEstimate::quantile, 0.125f, 0.5f},
+                                                                 {carve::RunTimeEstimate::quantile, 0.05f, 0.9f}};
   constexpr std::uint32_t count = 3000;
   std::mt19937_64 rng(11);
   std::vector<std::uint32_t> run_times(count);

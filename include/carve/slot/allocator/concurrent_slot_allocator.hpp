@@ -113,7 +113,8 @@ public:
   template <class F = policy_type>
   requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
       CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m,
-                                                                      const typename F::hint_type& hint) noexcept {
+                                                                      const typename F::hint_type& hint)
+  noexcept {
     return allocate_with(
         m,
         [&](const LazySnapshot<N, Scope>& seen) -> cuda::std::optional<std::uint32_t> {

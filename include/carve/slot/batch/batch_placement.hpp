@@ -111,9 +111,8 @@ CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<
 /// they may run at once: launch_release_batch runs one per thread.
 template <std::uint32_t N>
 CARVE_HOST_DEVICE constexpr void release_batch_part(cuda::std::span<SlotBitmap<N>> bitmaps,
-                                                    cuda::std::span<const CuPlacement> placements,
-                                                    BatchRelease* out, std::uint32_t part,
-                                                    std::uint32_t parts) noexcept {
+                                                    cuda::std::span<const CuPlacement> placements, BatchRelease* out,
+                                                    std::uint32_t part, std::uint32_t parts) noexcept {
   for (std::size_t r = 0; r < placements.size(); ++r) {
     if (placements[r].cu % parts == part) {
       out[r] = release_one(bitmaps, placements[r]);

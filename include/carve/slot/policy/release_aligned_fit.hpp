@@ -107,9 +107,8 @@ CARVE_HOST_DEVICE constexpr Score versus(const Record& record, std::uint32_t nei
 /// increasing order, so a LazySnapshot sees every word once per walk); nullopt when nothing fits,
 /// m == 0 or m > slots.
 template <WordSource Words, class Record>
-CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const Words& words, std::uint32_t slots,
-                                                                    std::uint32_t m, ExpectedRelease hint,
-                                                                    const Record& record) noexcept {
+CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t>
+find(const Words& words, std::uint32_t slots, std::uint32_t m, ExpectedRelease hint, const Record& record) noexcept {
   if (m == 0 || m > slots) {
     return cuda::std::nullopt;
   }
@@ -273,8 +272,8 @@ public:
   }
   /// The same in any WordSource of N slots (`slots` is N; a live bitmap's snapshot).
   template <WordSource Words>
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots,
-                                                               std::uint32_t m, ExpectedRelease hint) const noexcept {
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots, std::uint32_t m,
+                                                               ExpectedRelease hint) const noexcept {
     return release_aligned_detail::find(words, slots < N ? slots : N, m, hint, *this);
   }
 

@@ -115,8 +115,7 @@ private:
   static constexpr cuda::std::size_t cache_words = extent < cached_words_max ? extent : cached_words_max;
   /// Which of the words that share a line it holds (k / cache_words + 1; 0 = empty): 16 bits
   /// while that fits, so the tags cost 32 bytes rather than 64.
-  using tag_type =
-      cuda::std::conditional_t<(extent / cache_words + 1 <= 0xffffu), std::uint16_t, std::uint32_t>;
+  using tag_type = cuda::std::conditional_t<(extent / cache_words + 1 <= 0xffffu), std::uint16_t, std::uint32_t>;
 
   CARVE_HOST_DEVICE static constexpr tag_type tag_of(cuda::std::size_t k) noexcept {
     return static_cast<tag_type>(k / cache_words + 1);
