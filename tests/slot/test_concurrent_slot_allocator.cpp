@@ -449,7 +449,7 @@ TEST_CASE("reset writes every word, the tail bits taken") {
 
 namespace {
 
-constexpr std::uint32_t big = 10000; // 157 words: a failed search keeps only words 93..156
+constexpr std::uint32_t big = 10000; // 157 words: a failed search keeps only words 141..156
 
 // Words with every slot taken except `free_runs`.
 std::vector<std::uint64_t> taken_except(std::initializer_list<SlotRange> free_runs) {
@@ -484,7 +484,7 @@ struct Told {
 
 } // namespace
 
-TEST_CASE("one thread, more than 4096 slots: the only run past word 64 is found, no_space only when none fits") {
+TEST_CASE("one thread, more than 1024 slots: the only run past word 64 is found, no_space only when none fits") {
   const auto every_policy = [](auto&& body) {
     body(carve::FirstFit{});
     body(carve::LastFit{});
@@ -635,7 +635,7 @@ TEST_CASE("the confirming search is itself overtaken: it looks again rather than
   CHECK(script.searches == 3);
 }
 
-TEST_CASE("threads, more than 4096 slots: a free run that moves under a search is never missed") {
+TEST_CASE("threads, more than 1024 slots: a free run that moves under a search is never missed") {
   // The only free slots are one run of 24 that a mover thread keeps moving between two places
   // past word 64 (words 2 and 90: both evicted from a failed search's snapshot): it frees the
   // low one, then takes the high one, so at every moment one is free, and a search passing

@@ -1,6 +1,6 @@
 // The forms of the concurrent slot allocator that kernels share through global memory, compiled
 // for the device and run where a GPU exists: ConcurrentSlotAllocatorRef over BorrowedSlotWords
-// (above 4096 slots, where a search first takes a fingerprint of the words), ShardedSlotAllocator
+// (above 1024 slots, where a search first takes a fingerprint of the words), ShardedSlotAllocator
 // with a home shard per block, and warp_allocate over both. Every thread allocates, the host
 // checks that no slot is held twice and that the bitmap holds exactly what was handed out, then
 // every thread frees and the bitmap must be empty.
@@ -15,7 +15,7 @@
 namespace {
 
 constexpr std::uint32_t threads = 4096;
-constexpr std::uint32_t big = 16384; // > 4096: the fingerprinted search
+constexpr std::uint32_t big = 16384; // > 1024: the fingerprinted search
 using Big = carve::ConcurrentSlotAllocatorRef<big, carve::BoundaryNearestFit, cuda::thread_scope_device>;
 using Sharded = carve::ShardedSlotAllocator<256, 64, carve::FirstFit, cuda::thread_scope_device>;
 constexpr carve::SlotRange none{0xffff'ffffu, 0};

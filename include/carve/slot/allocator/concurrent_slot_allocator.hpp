@@ -6,6 +6,9 @@
 /// if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
 /// __syncthreads();
 /// auto r = slots.allocate(4);             // from any thread of the block
+///
+/// __shared__ carve::ConcurrentSlotAllocator<128, carve::ReleaseAlignedFit, cuda::thread_scope_block> timed;
+/// auto t = timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});   // a hinted policy
 /// @endcode
 ///
 /// Same calls, errors and policies as SlotAllocator; the words are updated with
@@ -188,10 +191,19 @@ public:
     }
   }
 
-  /// The bitmap as read word by word now (exact when no other thread is active).
+  /// The bitmap as read word by word now (exact when no other thread is active). A copy of all
+  /// N / 8 bytes: on a device, for tests and tools rather than kernels that run wide.
   CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept { return LazySnapshot<N, Scope>(live()).bitmap(); }
-  /// Free slots as read word by word now (a snapshot, so only a hint while others allocate).
-  CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept { return snapshot().free_count(); }
+  /// Free slots as read word by word now (only a hint while others allocate). Counted word by
+  /// word, with no copy of the bitmap, so a kernel may call it at any N without a large frame.
+  CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept {
+    const AtomicWords<N, Scope> words = live();
+    std::uint32_t free = 0;
+    for (std::uint32_t k = 0; k < words.size(); ++k) {
+      free += bits::popcount(words[k]);
+    }
+    return free;
+  }
   /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
   /// The policy object.

@@ -98,7 +98,7 @@ public:
 
   /// Whether every word read so far is still kept and still holds the value seen: then an answer
   /// drawn from them (such as "no run fits") holds for a state the bitmap was in. False once a word
-  /// has been evicted (only possible past 4096 slots): the words read can no longer all be checked.
+  /// has been evicted (only possible past 1024 slots): the words read can no longer all be checked.
   CARVE_HOST_DEVICE bool unchanged() const noexcept {
     if (evicted_) {
       return false;
