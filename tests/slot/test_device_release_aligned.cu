@@ -1,8 +1,8 @@
 // ReleaseAlignedFit on a GPU: a SlotAllocator and a block-scope ConcurrentSlotAllocator in shared
 // memory replay hinted allocations and releases, and every answer matches the host's
-// SlotAllocator; every thread of a block then allocates with hints at once (ownership stamps, and
-// warp_allocate with a hint). RunTimePredictor, which supplies such hints, learns on the device
-// exactly as the reference model says.
+// SlotAllocator; every thread of a block, then of a grid (4096 slots in global memory), allocates
+// with hints at once (ownership stamps, and warp_allocate with a hint). RunTimePredictor, which supplies such hints,
+// learns on the device exactly as the reference model says.
 #include "reference_run_time.hpp"
 #include "support/device_test.hpp"
 
@@ -105,6 +105,33 @@ __global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* fi
   }
 }
 
+// The same over a whole grid: a device-scope allocator of 4096 slots as a __device__ global (its
+// record of 4096 ticks in global memory; past 1024 slots a search keeps only part of the words),
+// owner stamps in global memory. Checks ownership and the record on each thread's own slots.
+constexpr std::uint32_t grid_slots = 4096;
+__device__ carve::ConcurrentSlotAllocator<grid_slots, carve::ReleaseAlignedFit, cuda::thread_scope_device> grid_timed;
+
+__global__ void grid_hinted_storm(int rounds, int* owner, unsigned* violations) {
+  const int me = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) + 1;
+  unsigned bad = 0;
+  for (int i = 0; i < rounds; ++i) {
+    const carve::ExpectedRelease hint{static_cast<std::uint32_t>(i * 16 + me % 16)};
+    const auto r = grid_timed.allocate(1 + static_cast<std::uint32_t>(me + i) % 4, hint);
+    if (!r) {
+      continue;
+    }
+    for (std::uint32_t s = r->first; s < r->end(); ++s) {
+      bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
+      bad += grid_timed.policy().known(s) && grid_timed.policy().tick(s) == hint.tick ? 0u : 1u;
+    }
+    for (std::uint32_t s = r->first; s < r->end(); ++s) {
+      bad += atomicExch(&owner[s], 0) != me ? 1u : 0u;
+    }
+    bad += grid_timed.deallocate(*r) ? 0u : 1u;
+  }
+  atomicAdd(violations, bad);
+}
+
 // One predictor per thread, each with its own settings, fed the same stream; every estimate out.
 __global__ void learn(const carve::RunTimePredictorSettings* settings, const std::uint32_t* run_times,
                       std::uint32_t count, float* estimates) {
@@ -129,6 +156,25 @@ int check_hinted_storm() {
   cudaFree(final_free);
   if (bad != 0 || free != 128) {
     std::fprintf(stderr, "hinted storm: %u violations, %u of 128 slots free at the end\n", bad, free);
+    return 1;
+  }
+  return 0;
+}
+
+int check_grid_hinted_storm() {
+  int* owner = nullptr;
+  unsigned* violations = nullptr;
+  check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
+  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
+  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  grid_hinted_storm<<<32, 256>>>(20, owner, violations);
+  check(cudaGetLastError(), "grid_hinted_storm launch");
+  const auto bad = to_host(violations, 1)[0];
+  cudaFree(owner);
+  cudaFree(violations);
+  if (bad != 0) {
+    std::fprintf(stderr, "grid hinted storm: %u violations\n", bad);
     return 1;
   }
   return 0;
@@ -208,7 +254,7 @@ int main() {
       }
     }
   }
-  failures += check_hinted_storm() + check_predictor();
+  failures += check_hinted_storm() + check_grid_hinted_storm() + check_predictor();
   cudaFree(d_ops);
   cudaFree(d_out);
   std::printf("%s: %d mismatches\n", failures == 0 ? "PASS" : "FAIL", failures);

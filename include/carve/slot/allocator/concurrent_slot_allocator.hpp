@@ -255,7 +255,9 @@ private:
 
   CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const LazySnapshot<N, Scope>& seen,
                                                             std::uint32_t m) const noexcept {
-    if constexpr (WordSearchingFitPolicy<policy_type>) {
+    // A sized policy (a remembering one's shared form) cannot be a WordSearchingFitPolicy, which
+    // asks for every size, yet may still search words: its find_in is used whenever it has one.
+    if constexpr (WordSearchingFitPolicy<policy_type> || requires { fit_.find_in(seen, N, m); }) {
       return fit_.find_in(seen, N, m);
     } else {
       return fit_.find(seen.bitmap(), m);
