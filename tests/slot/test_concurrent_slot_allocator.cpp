@@ -800,7 +800,7 @@ TEST_CASE("a free forgets its slots' ticks, a plain placement stamps them never-
 TEST_CASE("threads allocating with hints never share a slot, and each finds its own stamps on its slots") {
   constexpr std::uint32_t N = 256;
   constexpr int threads = 4;
-  constexpr int steps = 6000;
+  constexpr int steps = 20000;
   HostConcurrent<N, carve::ReleaseAlignedFit> slots;
   std::vector<int> owner(N, 0);
   std::atomic<int> violations{0};
