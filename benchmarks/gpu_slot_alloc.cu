@@ -40,22 +40,24 @@ __global__ void reset_shards(carve::bits::word* storage) {
 template <class Fit, bool Aggregated>
 __global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads_total); // the lanes that stay: warp_allocate's
   if (i >= threads_total) {
     return;
   }
   const Sharded<Fit> s(storage);
-  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
   out[i] = r ? *r : carve::SlotRange{0xffff'ffffu, 0};
 }
 
 template <class Fit, bool Aggregated>
 __global__ void allocate_once(carve::bits::word* bitmap, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads_total); // the lanes that stay: warp_allocate's
   if (i >= threads_total) {
     return;
   }
   Slots<Fit> alloc{carve::BorrowedSlotWords<slots>{bitmap}};
-  const auto r = Aggregated ? carve::warp_allocate(alloc, m) : alloc.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, alloc, m) : alloc.allocate(m);
   out[i] = r ? *r : carve::SlotRange{0xffff'ffffu, 0};
 }
 

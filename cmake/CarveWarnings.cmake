@@ -16,7 +16,29 @@ function(carve_warnings target)
       list(APPEND cuda_flags -Werror=all-warnings -Xcompiler=-Werror -Xptxas=-Werror)
     endif()
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${cuda_flags}>)
+    carve_frame_limit(${target} ${CARVE_KERNEL_FRAME_LIMIT})
   endif()
+endfunction()
+
+# The most stack a kernel may use (its frame plus the frames of what it calls), checked on every
+# kernel of every architecture when carve_warnings is applied. 256 bytes: room for a search
+# snapshot (LazySnapshot keeps at most 16 words, 192 bytes with its tags) and a kernel's own few
+# locals, and well short of a bitmap copy (a 4096-slot bitmap alone is 512 bytes).
+set(CARVE_KERNEL_FRAME_LIMIT 256 CACHE STRING "Largest stack frame (bytes) a carve kernel may have")
+
+# carve_frame_limit(<target> <bytes>): checks every kernel the target's .cu files define against
+# <bytes> of stack (cmake/CarveFrameCheck.cmake, run as the CUDA compiler launcher, reads ptxas's
+# resource report); with CARVE_WERROR a kernel above it fails the build, otherwise it is a warning.
+# carve_warnings applies CARVE_KERNEL_FRAME_LIMIT; call this after it to state a target's own.
+function(carve_frame_limit target bytes)
+  set(fatal OFF)
+  if(CARVE_WERROR)
+    set(fatal ON)
+  endif()
+  # A launcher the user configured (ccache, say) still runs: after the check, before nvcc.
+  set(launcher ${CMAKE_COMMAND} -DCARVE_FRAME_LIMIT=${bytes} -DCARVE_FRAME_FATAL=${fatal} -P
+    ${PROJECT_SOURCE_DIR}/cmake/CarveFrameCheck.cmake -- ${CMAKE_CUDA_COMPILER_LAUNCHER})
+  set_target_properties(${target} PROPERTIES CUDA_COMPILER_LAUNCHER "${launcher}")
 endfunction()
 
 # carve_expect_failure(<name> EXPECT <regex> COMMAND <program> <args>...): a test that passes

@@ -377,3 +377,131 @@ TEST_CASE("share_of: a group's run split into one run of m per lane, in rank ord
   }
   static_assert(carve::share_of({10, 12}, 4, 2) == SlotRange{18, 4});
 }
+
+// ---------------------------------------------------------------------------------------------
+// Releasing a batch.
+
+namespace {
+
+// The outcome of one release on slot-per-bool units, written from deallocate's rules.
+std::optional<Errc> ref_release(std::vector<Slots>& units, std::uint32_t n, const CuPlacement& p) {
+  if (p.range.count == 0) {
+    return Errc::invalid_size;
+  }
+  if (p.cu >= units.size() || std::uint64_t{p.range.first} + p.range.count > n) {
+    return Errc::out_of_range;
+  }
+  Slots& s = units[p.cu];
+  for (std::uint32_t k = p.range.first; k < p.range.first + p.range.count; ++k) {
+    if (s[k]) {
+      return Errc::not_allocated;
+    }
+  }
+  for (std::uint32_t k = p.range.first; k < p.range.first + p.range.count; ++k) {
+    s[k] = true;
+  }
+  return std::nullopt;
+}
+
+template <std::uint32_t N>
+void check_release_batch(std::mt19937_64& rng, std::uint32_t units) {
+  CAPTURE(N);
+  CAPTURE(units);
+  std::vector<SlotBitmap<N>> bitmaps(units);
+  std::vector<std::uint32_t> sizes(300);
+  for (auto& m : sizes) {
+    m = 1 + static_cast<std::uint32_t>(rng() % (N / 4));
+  }
+  std::vector<BatchPlacement> placed(sizes.size());
+  carve::place_batch<N, carve::BoundaryNearestFit, carve::LeastLoadedCu>(
+      cuda::std::span<SlotBitmap<N>>(bitmaps.data(), units),
+      cuda::std::span<const std::uint32_t>(sizes.data(), sizes.size()), placed.data());
+
+  // Most placements once, some twice, some in halves, and bad ones of every kind.
+  std::vector<CuPlacement> releases;
+  for (const BatchPlacement& p : placed) {
+    if (!p || rng() % 5 == 0) {
+      continue;
+    }
+    if (p->range.count > 1 && rng() % 4 == 0) {
+      const std::uint32_t half = p->range.count / 2;
+      releases.push_back({p->cu, {p->range.first, half}});
+      releases.push_back({p->cu, {p->range.first + half, p->range.count - half}});
+    } else {
+      releases.push_back(*p);
+    }
+    if (rng() % 10 == 0) {
+      releases.push_back(*p); // a double release within the batch
+    }
+  }
+  std::shuffle(releases.begin(), releases.end(), rng);
+  releases.push_back({units, {0, 1}});        // no such unit
+  releases.push_back({0, {N - 1, 2}});        // past the end
+  releases.push_back({0, {0xffff'ffffu, 2}}); // wrapping
+  releases.push_back({units - 1, {3, 0}});    // empty
+  std::shuffle(releases.end() - 4, releases.end(), rng);
+
+  std::vector<Slots> model;
+  for (const auto& b : bitmaps) {
+    model.push_back(to_slots(b));
+  }
+  std::vector<std::optional<Errc>> want;
+  for (const CuPlacement& p : releases) {
+    want.push_back(ref_release(model, N, p));
+  }
+  const auto span_of = [](std::vector<SlotBitmap<N>>& b) { return cuda::std::span<SlotBitmap<N>>(b.data(), b.size()); };
+  const cuda::std::span<const CuPlacement> batch(releases.data(), releases.size());
+
+  auto sequential = bitmaps;
+  std::vector<carve::BatchRelease> out(releases.size());
+  carve::release_batch<N>(span_of(sequential), batch, out.data());
+  for (std::size_t r = 0; r < releases.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(out[r].has_value() == !want[r].has_value());
+    if (want[r]) {
+      REQUIRE(out[r].error() == *want[r]);
+    }
+  }
+  for (std::uint32_t u = 0; u < units; ++u) {
+    REQUIRE(to_slots(sequential[u]) == model[u]);
+  }
+
+  // The kernel's split: every part, run in any order, does exactly the same.
+  for (const std::uint32_t parts : {1u, 2u, 3u, 7u, 32u, 1000u}) {
+    CAPTURE(parts);
+    auto split = bitmaps;
+    std::vector<carve::BatchRelease> split_out(releases.size(), cuda::std::unexpected(Errc::invalid_argument));
+    for (std::uint32_t part = parts; part-- > 0;) {
+      carve::release_batch_part<N>(span_of(split), batch, split_out.data(), part, parts);
+    }
+    REQUIRE(split == sequential);
+    for (std::size_t r = 0; r < releases.size(); ++r) {
+      REQUIRE(split_out[r] == out[r]);
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("release_batch gives placements back with deallocate's checks; its parts together do the same") {
+  std::mt19937_64 rng(23);
+  check_release_batch<64>(rng, 9);
+  check_release_batch<128>(rng, 40);
+  check_release_batch<256>(rng, 5);
+  check_release_batch<512>(rng, 3);
+  check_release_batch<130>(rng, 1);
+}
+
+TEST_CASE("release_batch with no units refuses every release, with none does nothing") {
+  const std::vector<CuPlacement> releases = {{0, {0, 1}}, {5, {2, 2}}, {0, {0, 0}}};
+  std::vector<carve::BatchRelease> out(releases.size());
+  carve::release_batch<16>(cuda::std::span<SlotBitmap<16>>(),
+                           cuda::std::span<const CuPlacement>(releases.data(), releases.size()), out.data());
+  CHECK(out[0].error() == Errc::out_of_range);
+  CHECK(out[1].error() == Errc::out_of_range);
+  CHECK(out[2].error() == Errc::invalid_size);
+  std::vector<SlotBitmap<16>> one(1, SlotBitmap<16>::all_taken());
+  carve::release_batch<16>(cuda::std::span<SlotBitmap<16>>(one.data(), 1), cuda::std::span<const CuPlacement>(),
+                           static_cast<carve::BatchRelease*>(nullptr));
+  CHECK(one[0] == SlotBitmap<16>::all_taken());
+}

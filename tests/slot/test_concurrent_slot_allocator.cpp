@@ -9,6 +9,7 @@
 #include <atomic>
 #include <barrier>
 #include <functional>
+#include <memory>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -86,7 +87,7 @@ TEST_CASE("one thread gets exactly SlotAllocator's answers") {
     same_as_sequential<300, carve::BestFit>(seed, 40, 1000);
     same_as_sequential<1000, carve::BoundaryNearestFit>(seed, 200, 600);
     same_as_sequential<1000, SnapshotOnlyFirstFit>(seed, 200, 600);
-    // Over 64 words: the snapshot's cache evicts, and searches from both ends collide in it.
+    // Over 16 words: the snapshot's cache evicts, and searches from both ends collide in it.
     same_as_sequential<8192, carve::BoundaryNearestFit>(seed, 700, 300);
     same_as_sequential<8192, carve::BestFit>(seed, 300, 200);
     same_as_sequential<10000, carve::FirstFit>(seed, 900, 300);
@@ -332,7 +333,7 @@ TEST_CASE("threads with their own home shards never share a slot") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// "No space" on bitmaps larger than the snapshot's 64 cached words (4096 slots).
+// "No space" on bitmaps larger than the snapshot's 16 cached words (1024 slots).
 
 TEST_CASE("the fingerprint's arithmetic modulo 2^61 - 1") {
   namespace fp = carve::fingerprint_detail;
@@ -396,10 +397,14 @@ TEST_CASE("the fingerprint's arithmetic modulo 2^61 - 1") {
 }
 
 TEST_CASE("a snapshot vouches for what it read only while it still holds every word") {
-  std::vector<std::uint64_t> small(carve::bits::word_count(4096), ~std::uint64_t{0});
-  const carve::LazySnapshot<4096, cuda::thread_scope_system> whole(
-      carve::AtomicWords<4096, cuda::thread_scope_system>(small.data()));
-  static_assert(carve::LazySnapshot<4096, cuda::thread_scope_system>::holds_all());
+  using Whole = carve::LazySnapshot<1024, cuda::thread_scope_system>;
+  static_assert(Whole::holds_all() && Whole::cached_words_max == 16);
+  static_assert(!carve::LazySnapshot<1025, cuda::thread_scope_system>::holds_all());
+  // Its size is the stack frame every allocating kernel pays, whatever N: 16 words and tags.
+  static_assert(sizeof(carve::LazySnapshot<70000, cuda::thread_scope_system>) <= 192);
+  static_assert(sizeof(carve::LazySnapshot<0xffff'ffffu, cuda::thread_scope_system>) <= 208);
+  std::vector<std::uint64_t> small(carve::bits::word_count(1024), ~std::uint64_t{0});
+  const Whole whole(carve::AtomicWords<1024, cuda::thread_scope_system>(small.data()));
   for (std::size_t k = 0; k < small.size(); ++k) {
     (void)whole[k];
   }
@@ -411,15 +416,18 @@ TEST_CASE("a snapshot vouches for what it read only while it still holds every w
   using Large = carve::LazySnapshot<10000, cuda::thread_scope_system>;
   static_assert(!Large::holds_all());
   const Large few(carve::AtomicWords<10000, cuda::thread_scope_system>(large.data()));
-  for (std::size_t k = 0; k < 64; ++k) {
+  for (std::size_t k = 100; k < 116; ++k) { // 16 words on 16 different lines: all still held
     (void)few[k];
   }
-  CHECK(few.unchanged()); // 64 words: all still held
+  CHECK(few.unchanged());
+  large[107] = 1;
+  CHECK(!few.unchanged()); // word 107, remembered on its line, is compared again
+  large[107] = 0;
   const Large all(carve::AtomicWords<10000, cuda::thread_scope_system>(large.data()));
   for (std::size_t k = 0; k < large.size(); ++k) {
     (void)all[k];
   }
-  CHECK(!all.unchanged()); // word 0 was evicted by word 64: it can no longer be checked
+  CHECK(!all.unchanged()); // word 0 was evicted by word 16: it can no longer be checked
 }
 
 TEST_CASE("reset writes every word, the tail bits taken") {
@@ -441,7 +449,7 @@ TEST_CASE("reset writes every word, the tail bits taken") {
 
 namespace {
 
-constexpr std::uint32_t big = 10000; // 157 words: a failed search keeps only words 93..156
+constexpr std::uint32_t big = 10000; // 157 words: a failed search keeps only words 141..156
 
 // Words with every slot taken except `free_runs`.
 std::vector<std::uint64_t> taken_except(std::initializer_list<SlotRange> free_runs) {
@@ -476,7 +484,7 @@ struct Told {
 
 } // namespace
 
-TEST_CASE("one thread, more than 4096 slots: the only run past word 64 is found, no_space only when none fits") {
+TEST_CASE("one thread, more than 1024 slots: the only run past word 64 is found, no_space only when none fits") {
   const auto every_policy = [](auto&& body) {
     body(carve::FirstFit{});
     body(carve::LastFit{});
@@ -627,7 +635,7 @@ TEST_CASE("the confirming search is itself overtaken: it looks again rather than
   CHECK(script.searches == 3);
 }
 
-TEST_CASE("threads, more than 4096 slots: a free run that moves under a search is never missed") {
+TEST_CASE("threads, more than 1024 slots: a free run that moves under a search is never missed") {
   // The only free slots are one run of 24 that a mover thread keeps moving between two places
   // past word 64 (words 2 and 90: both evicted from a failed search's snapshot): it frees the
   // low one, then takes the high one, so at every moment one is free, and a search passing
@@ -696,4 +704,176 @@ TEST_CASE("threads, more than 4096 slots: a free run that moves under a search i
   CHECK(no_space.load() == 0);
   CHECK(other_errors.load() == 0);
   CHECK(found.load() > 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hinted allocation: ReleaseAlignedFit's memory shared among threads.
+
+namespace {
+
+using carve::ExpectedRelease;
+
+// One thread, hinted and plain requests, frees, a reset: every answer and every bitmap exactly
+// SlotAllocator's (whose policy never hears of frees, so this also shows that forgetting the
+// ticks of freed slots changes no choice).
+template <std::uint32_t N>
+void hinted_same_as_sequential(std::uint64_t seed, std::uint32_t max_m, int steps) {
+  CAPTURE(N);
+  std::mt19937_64 rng(seed);
+  auto concurrent = std::make_unique<HostConcurrent<N, carve::ReleaseAlignedFit>>();
+  auto sequential = std::make_unique<SlotAllocator<N, carve::ReleaseAlignedFit>>();
+  std::vector<SlotRange> live;
+  std::uint32_t now = 0xffff'ff00u; // the ticks wrap during the run
+  int hinted_placements = 0;
+  for (int step = 0; step < steps; ++step) {
+    now += static_cast<std::uint32_t>(rng() % 4);
+    if (step == steps / 2) {
+      concurrent->reset();
+      sequential->reset();
+      live.clear();
+    }
+    if (!live.empty() && rng() % 100 < 45) {
+      const std::size_t k = rng() % live.size();
+      REQUIRE(concurrent->deallocate(live[k]));
+      REQUIRE(sequential->deallocate(live[k]));
+      live[k] = live.back();
+      live.pop_back();
+      continue;
+    }
+    const auto m = static_cast<std::uint32_t>(1 + rng() % max_m);
+    const bool hinted = rng() % 8 != 0;
+    const ExpectedRelease hint{static_cast<std::uint32_t>(now + rng() % 200)};
+    const auto got = hinted ? concurrent->allocate(m, hint) : concurrent->allocate(m);
+    const auto want = hinted ? sequential->allocate(m, hint) : sequential->allocate(m);
+    REQUIRE(got.has_value() == want.has_value());
+    if (want) {
+      REQUIRE(*got == *want);
+      live.push_back(*got);
+      hinted_placements += hinted ? 1 : 0;
+      // The owner's stamps are in place once allocate returns.
+      REQUIRE(concurrent->policy().known(got->first) == hinted);
+      if (hinted) {
+        REQUIRE(concurrent->policy().tick(static_cast<std::uint32_t>(got->end() - 1)) == hint.tick);
+      }
+    } else {
+      REQUIRE(got.error() == want.error());
+    }
+    REQUIRE(concurrent->snapshot() == sequential->bitmap());
+  }
+  CHECK(hinted_placements > steps / 4);
+  // Bad input, hinted: the same errors, nothing changed.
+  const SlotBitmap<N> before = concurrent->snapshot();
+  CHECK(concurrent->allocate(0, ExpectedRelease{1}).error() == Errc::invalid_size);
+  CHECK(concurrent->allocate(N + 1, ExpectedRelease{1}).error() == Errc::invalid_size);
+  CHECK(concurrent->snapshot() == before);
+}
+
+} // namespace
+
+TEST_CASE("one thread with hints gets exactly SlotAllocator<N, ReleaseAlignedFit>'s placements") {
+  for (std::uint64_t seed = 1; seed <= 2; ++seed) {
+    hinted_same_as_sequential<128>(seed, 16, 3000);
+    hinted_same_as_sequential<200>(seed, 40, 2000);
+    hinted_same_as_sequential<3000>(seed, 300, 600); // past the snapshot's 16 words: evictions
+  }
+}
+
+TEST_CASE("a free forgets its slots' ticks, a plain placement stamps them never-released, reset forgets all") {
+  HostConcurrent<128, carve::ReleaseAlignedFit> slots;
+  const auto a = slots.allocate(8, ExpectedRelease{50});
+  REQUIRE(a);
+  CHECK(slots.policy().known(a->first));
+  REQUIRE(slots.deallocate({a->first, 3}));
+  CHECK_FALSE(slots.policy().known(a->first));
+  CHECK(slots.policy().known(a->first + 3));
+  CHECK(slots.deallocate(*a).error() == Errc::not_allocated); // partly free: refused, stamps kept
+  CHECK(slots.policy().known(a->first + 3));
+  const auto b = slots.allocate(4);
+  REQUIRE(b);
+  CHECK_FALSE(slots.policy().known(b->first));
+  slots.reset();
+  for (std::uint32_t s = 0; s < 128; ++s) {
+    REQUIRE_FALSE(slots.policy().known(s));
+  }
+}
+
+TEST_CASE("threads allocating with hints never share a slot, and each finds its own stamps on its slots") {
+  constexpr std::uint32_t N = 256;
+  constexpr int threads = 4;
+  constexpr int steps = 20000;
+  HostConcurrent<N, carve::ReleaseAlignedFit> slots;
+  std::vector<int> owner(N, 0);
+  std::atomic<int> violations{0};
+  std::atomic<int> stamp_errors{0};
+  std::atomic<int> hinted{0};
+  std::vector<std::vector<SlotRange>> kept(threads);
+  std::barrier start(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const int id = t + 1;
+      std::mt19937_64 rng(static_cast<std::uint64_t>(id) * 104729);
+      struct Held {
+        SlotRange range;
+        std::uint32_t tick;
+        bool hinted;
+      };
+      std::vector<Held> mine;
+      std::uint32_t now = 0;
+      start.arrive_and_wait();
+      for (int step = 0; step < steps; ++step) {
+        now += 1;
+        if (!mine.empty() && rng() % 2 == 0) {
+          const std::size_t k = rng() % mine.size();
+          const Held h = mine[k];
+          for (std::uint32_t s = h.range.first; s < h.range.end(); ++s) {
+            // Only the owner writes a slot's record: it still holds what this thread stamped.
+            if (slots.policy().known(s) != h.hinted || (h.hinted && slots.policy().tick(s) != h.tick)) {
+              stamp_errors.fetch_add(1);
+            }
+            violations.fetch_add(owner[s] != id ? 1 : 0);
+            owner[s] = 0;
+          }
+          violations.fetch_add(slots.deallocate(h.range) ? 0 : 1);
+          mine[k] = mine.back();
+          mine.pop_back();
+          continue;
+        }
+        const auto m = static_cast<std::uint32_t>(1 + rng() % 12);
+        const bool with_hint = rng() % 4 != 0;
+        const std::uint32_t tick = now + static_cast<std::uint32_t>(rng() % 64);
+        const auto r = with_hint ? slots.allocate(m, ExpectedRelease{tick}) : slots.allocate(m);
+        if (!r) {
+          continue;
+        }
+        hinted.fetch_add(with_hint ? 1 : 0);
+        for (std::uint32_t s = r->first; s < r->end(); ++s) {
+          violations.fetch_add(owner[s] != 0 ? 1 : 0);
+          owner[s] = id;
+        }
+        mine.push_back({*r, tick, with_hint});
+      }
+      for (const Held& h : mine) {
+        kept[static_cast<std::size_t>(t)].push_back(h.range);
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  CHECK(violations.load() == 0);
+  CHECK(stamp_errors.load() == 0);
+  CHECK(hinted.load() > threads * steps / 8);
+  SlotBitmap<N> expected;
+  for (const auto& mine : kept) {
+    for (const SlotRange r : mine) {
+      expected.occupy(r);
+    }
+  }
+  CHECK(slots.snapshot() == expected);
+  for (std::uint32_t s = 0; s < N; ++s) { // freed slots are unknown again
+    if (expected.free_count({s, 1}) == 1) {
+      REQUIRE_FALSE(slots.policy().known(s));
+    }
+  }
 }

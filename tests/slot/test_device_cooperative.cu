@@ -1,6 +1,7 @@
 // Device side of carve's concurrent and cooperative slot code, checked against the host:
 // a block-scope ConcurrentSlotAllocator in shared memory under every thread of a block (with
-// ownership stamps), warp-aggregated allocation, warp and block searches, and the batch kernels.
+// ownership stamps), warp-aggregated allocation, warp and block searches, and the batch kernels
+// (placement under every CU-choice rule at every slot size 64..512, and batch release).
 #include "support/device_test.hpp"
 
 #include <carve/slot.hpp>
@@ -52,7 +53,7 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
   for (int i = 0; i < rounds; ++i) {
     const std::uint32_t m = 1 + (threadIdx.x * 7 + static_cast<unsigned>(i)) % 4;
     const bool aggregated = (threadIdx.x / 32) % 2 == 0;
-    const auto r = aggregated ? carve::warp_allocate(slots, m) : slots.allocate(m);
+    const auto r = aggregated ? carve::warp_allocate(0xffff'ffffu, slots, m) : slots.allocate(m); // whole warps
     if (!r) {
       continue;
     }
@@ -186,51 +187,94 @@ int check_cooperative(std::mt19937_64& rng) {
   return failures;
 }
 
+// launch_place_batch under one CU-choice rule at one slot size, then launch_release_batch over
+// some of the placements (with double and bad releases), each against the host's loop.
+template <std::uint32_t N, class Rule>
 int check_batch(std::mt19937_64& rng) {
-  constexpr std::uint32_t N = 128;
   constexpr std::uint32_t units = 132;
-  constexpr std::uint32_t requests = 3000;
+  constexpr std::uint32_t requests = 600;
   std::vector<carve::SlotBitmap<N>> bitmaps(units);
   std::vector<std::uint32_t> sizes(requests);
   for (auto& m : sizes) {
-    m = static_cast<std::uint32_t>(rng() % 40); // includes 0 (invalid) and sizes that stop fitting
+    m = static_cast<std::uint32_t>(rng() % (N / 3)); // includes 0 (invalid) and sizes that stop fitting
   }
   auto* d_bitmaps = to_device(bitmaps);
   auto* d_sizes = to_device(sizes);
   carve::BatchPlacement* d_out = nullptr;
   check(cudaMalloc(&d_out, requests * sizeof(carve::BatchPlacement)), "cudaMalloc");
-  check(carve::launch_place_batch<N, carve::BoundaryNearestFit, carve::LeastLoadedCu>(d_bitmaps, units, d_sizes,
-                                                                                      requests, d_out),
+  check(carve::launch_place_batch<N, carve::BoundaryNearestFit, Rule>(d_bitmaps, units, d_sizes, requests, d_out),
         "place_batch launch");
   const auto got = to_host(d_out, requests);
   const auto got_bitmaps = to_host(d_bitmaps, units);
 
   std::vector<carve::BatchPlacement> want(requests);
-  carve::place_batch<N, carve::BoundaryNearestFit, carve::LeastLoadedCu>(
-      cuda::std::span<carve::SlotBitmap<N>>(bitmaps.data(), units),
-      cuda::std::span<const std::uint32_t>(sizes.data(), requests), want.data());
+  carve::place_batch<N, carve::BoundaryNearestFit, Rule>(cuda::std::span<carve::SlotBitmap<N>>(bitmaps.data(), units),
+                                                         cuda::std::span<const std::uint32_t>(sizes.data(), requests),
+                                                         want.data());
   int failures = 0;
   for (std::uint32_t r = 0; r < requests; ++r) {
     if (!(got[r] == want[r]) && failures++ < 5) {
-      std::fprintf(stderr, "place_batch request %u: device and host disagree\n", r);
+      std::fprintf(stderr, "place_batch N=%u %s request %u: device and host disagree\n", N, Rule::name, r);
     }
   }
   for (std::uint32_t u = 0; u < units; ++u) {
     failures += got_bitmaps[u] == bitmaps[u] ? 0 : 1;
   }
 
-  carve::SlotBitmap<N>* d_masks = nullptr;
-  check(cudaMalloc(&d_masks, units * sizeof(carve::SlotBitmap<N>)), "cudaMalloc");
-  check(carve::launch_run_start_masks<N>(d_bitmaps, units, 5, d_masks), "run_start_masks launch");
-  const auto masks = to_host(d_masks, units);
+  std::vector<carve::CuPlacement> releases;
+  for (const auto& p : want) {
+    if (p && rng() % 3 != 0) {
+      releases.push_back(*p);
+      if (rng() % 8 == 0) {
+        releases.push_back(*p); // refused the second time
+      }
+    }
+  }
+  releases.push_back({units + 3, {0, 1}});
+  releases.push_back({0, {N - 1, 2}});
+  releases.push_back({1, {0, 0}});
+  const auto count = static_cast<std::uint32_t>(releases.size());
+  auto* d_releases = to_device(releases);
+  carve::BatchRelease* d_released = nullptr;
+  check(cudaMalloc(&d_released, count * sizeof(carve::BatchRelease)), "cudaMalloc");
+  check(carve::launch_release_batch<N>(d_bitmaps, units, d_releases, count, d_released), "release_batch launch");
+  const auto released = to_host(d_released, count);
+  const auto after = to_host(d_bitmaps, units);
+  std::vector<carve::BatchRelease> want_released(count);
+  carve::release_batch<N>(cuda::std::span<carve::SlotBitmap<N>>(bitmaps.data(), units),
+                          cuda::std::span<const carve::CuPlacement>(releases.data(), count), want_released.data());
+  for (std::uint32_t r = 0; r < count; ++r) {
+    if (!(released[r] == want_released[r]) && failures++ < 5) {
+      std::fprintf(stderr, "release_batch N=%u release %u: device and host disagree\n", N, r);
+    }
+  }
   for (std::uint32_t u = 0; u < units; ++u) {
-    failures += masks[u] == bitmaps[u].run_starts(5) ? 0 : 1;
+    failures += after[u] == bitmaps[u] ? 0 : 1;
+  }
+
+  if constexpr (N == 128) { // one size is enough for the masks (a grid-stride copy of run_starts)
+    carve::SlotBitmap<N>* d_masks = nullptr;
+    check(cudaMalloc(&d_masks, units * sizeof(carve::SlotBitmap<N>)), "cudaMalloc");
+    check(carve::launch_run_start_masks<N>(d_bitmaps, units, 5, d_masks), "run_start_masks launch");
+    const auto masks = to_host(d_masks, units);
+    for (std::uint32_t u = 0; u < units; ++u) {
+      failures += masks[u] == bitmaps[u].run_starts(5) ? 0 : 1;
+    }
+    cudaFree(d_masks);
   }
   cudaFree(d_bitmaps);
   cudaFree(d_sizes);
   cudaFree(d_out);
-  cudaFree(d_masks);
+  cudaFree(d_releases);
+  cudaFree(d_released);
   return failures;
+}
+
+// Every CU-choice rule at one slot size.
+template <std::uint32_t N>
+int check_batches(std::mt19937_64& rng) {
+  return check_batch<N, carve::FirstFittingCu>(rng) + check_batch<N, carve::LeastLoadedCu>(rng) +
+         check_batch<N, carve::NearestBoundaryCu>(rng);
 }
 
 } // namespace
@@ -239,7 +283,8 @@ int main() {
   carve::test::skip_without_device();
   std::mt19937_64 rng(99);
   const int failures = check_storm() + check_grid_storm() + check_cooperative<4096>(rng) +
-                       check_cooperative<70000>(rng) + check_batch(rng);
+                       check_cooperative<70000>(rng) + check_batches<64>(rng) + check_batches<128>(rng) +
+                       check_batches<256>(rng) + check_batches<512>(rng);
   std::printf("%s: %d failures\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -1,6 +1,6 @@
 // The forms of the concurrent slot allocator that kernels share through global memory, compiled
 // for the device and run where a GPU exists: ConcurrentSlotAllocatorRef over BorrowedSlotWords
-// (above 4096 slots, where a search first takes a fingerprint of the words), ShardedSlotAllocator
+// (above 1024 slots, where a search first takes a fingerprint of the words), ShardedSlotAllocator
 // with a home shard per block, and warp_allocate over both. Every thread allocates, the host
 // checks that no slot is held twice and that the bitmap holds exactly what was handed out, then
 // every thread frees and the bitmap must be empty.
@@ -15,7 +15,7 @@
 namespace {
 
 constexpr std::uint32_t threads = 4096;
-constexpr std::uint32_t big = 16384; // > 4096: the fingerprinted search
+constexpr std::uint32_t big = 16384; // > 1024: the fingerprinted search
 using Big = carve::ConcurrentSlotAllocatorRef<big, carve::BoundaryNearestFit, cuda::thread_scope_device>;
 using Sharded = carve::ShardedSlotAllocator<256, 64, carve::FirstFit, cuda::thread_scope_device>;
 constexpr carve::SlotRange none{0xffff'ffffu, 0};
@@ -34,22 +34,24 @@ __global__ void reset_sharded(carve::bits::word* words) {
 template <bool Aggregated>
 __global__ void allocate_big(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   Big alloc(carve::BorrowedSlotWords<big>{words});
-  const auto r = Aggregated ? carve::warp_allocate(alloc, m) : alloc.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, alloc, m) : alloc.allocate(m);
   out[i] = r ? *r : none;
 }
 
 template <bool Aggregated>
 __global__ void allocate_sharded(carve::bits::word* words, std::uint32_t m, carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   const Sharded s(words, blockIdx.x); // each block at home in its own shard
-  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m);
   out[i] = r ? *r : none;
 }
 

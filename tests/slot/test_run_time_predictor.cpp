@@ -1,4 +1,6 @@
 // RunTimePredictor against a reference model of its two estimates, written out in double precision.
+#include "reference_run_time.hpp"
+
 #include <carve/sim/random.hpp>
 #include <carve/slot/policy/run_time_predictor.hpp>
 
@@ -12,34 +14,7 @@ using carve::RunTimeEstimate;
 using carve::RunTimePredictor;
 using carve::RunTimePredictorSettings;
 
-namespace {
-
-// The definitions, for one kernel: even averaging for the first 1/weight completions, then the
-// fixed weight; the quantile moves by q or 1 - q steps of 2 * a * (running mean |deviation|).
-struct Reference {
-  RunTimePredictorSettings s;
-  double estimate = 0, scale = 0;
-  std::uint32_t n = 0;
-
-  void observe(double x) {
-    ++n;
-    if (n == 1) {
-      estimate = x;
-      return;
-    }
-    const double a = std::max(1.0 / n, static_cast<double>(s.weight));
-    scale += a * (std::abs(x - estimate) - scale);
-    if (s.estimate == RunTimeEstimate::mean) {
-      estimate += a * (x - estimate);
-    } else {
-      const double step = 2 * a * scale;
-      estimate += x > estimate ? s.quantile * step : x < estimate ? -(1 - s.quantile) * step : 0.0;
-      estimate = std::max(estimate, 1.0);
-    }
-  }
-};
-
-} // namespace
+using Reference = carve::test::RunTimeReference;
 
 TEST_CASE("nothing is predicted before a completion; kernels learn apart; ids beyond the capacity share") {
   RunTimePredictor<4> p;

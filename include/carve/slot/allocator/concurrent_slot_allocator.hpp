@@ -6,6 +6,9 @@
 /// if (threadIdx.x == 0) slots.reset();   // shared memory is not constructed
 /// __syncthreads();
 /// auto r = slots.allocate(4);             // from any thread of the block
+///
+/// __shared__ carve::ConcurrentSlotAllocator<128, carve::ReleaseAlignedFit, cuda::thread_scope_block> timed;
+/// auto t = timed.allocate(4, carve::ExpectedRelease{now + expected_cycles});   // a hinted policy
 /// @endcode
 ///
 /// Same calls, errors and policies as SlotAllocator; the words are updated with
@@ -19,6 +22,16 @@
 /// took are given back, then the search starts again from fresh words. Some thread always wins a
 /// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
 /// bit is taken only by the fetch_and that saw it free.
+///
+/// Hinted policies (hinted_fit_policy.hpp) take `allocate(m, hint)` here as on SlotAllocator. A
+/// policy that remembers its placements (ReleaseAlignedFit) is held in its shared form
+/// (shared_fit_t: per-slot expected releases updated with atomic_ref): a claim that succeeded is
+/// stamped by its owner, a deallocate clears the stamps before it gives the bits back, and other
+/// threads' searches read the stamps racily. A stale stamp can only steer a search to a worse run;
+/// ownership is still decided by the fetch_and alone, so the guarantee below is unchanged. One
+/// thread gets exactly SlotAllocator's placements. Such an allocator must hold its words
+/// (OwnedSlotWords): a view over borrowed words is copied freely, and each copy would keep
+/// placements of its own.
 ///
 /// deallocate: the caller owns the range, so no one else can change its bits; they are checked
 /// (all taken) and then released word by word with a compare-exchange that refuses a word whose
@@ -45,6 +58,8 @@
 #include <cuda/atomic>
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
+#include <cuda/std/optional>
+#include <cuda/std/type_traits>
 
 namespace carve {
 
@@ -52,18 +67,23 @@ namespace carve {
 /// words kept by `Words` (OwnedSlotWords: in the object; BorrowedSlotWords: elsewhere).
 template <std::uint32_t N, class Fit = BoundaryNearestFit, cuda::thread_scope Scope = cuda::thread_scope_device,
           SlotWords Words = OwnedSlotWords<N>>
-requires FitPolicyFor<sized_fit_t<Fit, N>, N>
+requires FitPolicyFor<shared_fit_t<Fit, N, Scope>, N>
 class ConcurrentSlotAllocator {
 public:
-  /// The policy object, shared by every thread.
-  using policy_type = sized_fit_t<Fit, N>;
+  /// The policy object, shared by every thread (a remembering policy's shared form).
+  using policy_type = shared_fit_t<Fit, N, Scope>;
   /// Which threads may share the allocator (block, device or system).
   static constexpr cuda::thread_scope scope = Scope;
 
-  static_assert(!RemembersPlacements<policy_type>,
+  static_assert(!RemembersPlacements<policy_type> || SharesPlacements<policy_type>,
                 "ConcurrentSlotAllocator shares one policy object among all its threads and cannot report "
-                "placements to it, so a policy that remembers its placements (such as ReleaseAlignedFit) would "
-                "decide from memory that is never written: use SlotAllocator, which owns its policy");
+                "placements to it unless the policy keeps them in shared, atomically updated state (a "
+                "for_shared_slots form, as ReleaseAlignedFit has); otherwise it would decide from memory that is "
+                "never written: use SlotAllocator, which owns its policy");
+  static_assert(!RemembersPlacements<policy_type> || cuda::std::is_same_v<Words, OwnedSlotWords<N>>,
+                "a ConcurrentSlotAllocator over borrowed words (ConcurrentSlotAllocatorRef, a sharded allocator's "
+                "shards) is a view that is copied freely, so it cannot report placements to it: every copy would "
+                "keep placements of its own. Share one ConcurrentSlotAllocator that owns its words instead");
 
   /// All slots free, constant-initialised (so it can be a __device__ or static global).
   constexpr ConcurrentSlotAllocator() noexcept = default;
@@ -75,46 +95,45 @@ public:
   /// (the policy found no place in words that a second read showed unchanged, see below);
   /// invalid_placement (the policy proposed a run that was not free in what it was shown).
   ///
-  /// "No space" is confirmed by reading again every word the search read. Up to 4096 slots the
+  /// "No space" is confirmed by reading again every word the search read. Up to 1024 slots the
   /// snapshot still holds all of them and compares each. A larger bitmap does not fit in a
   /// thread's snapshot (and a copy per thread, N / 8 bytes, is too much on a device), so there the
   /// failed search is repeated between two reads of every word, compared by fingerprint
   /// (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
   /// with any check by value, a word that changes and changes back between the two reads passes.)
   CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
-    bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
-    std::uint64_t point = 0;
-    std::uint64_t before = 0;
-    for (;;) {
-      if (bracketed) {
-        point = fingerprint_point();
-        before = word_fingerprint(live(), point);
-        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
-      }
-      const LazySnapshot<N, Scope> seen(live());
-      const cuda::std::optional<std::uint32_t> start = find(seen, m);
-      if (!start) {
-        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
-        if (seen.unchanged() || (bracketed && word_fingerprint(live(), point) == before)) {
-          return cuda::std::unexpected(Errc::no_space);
-        }
-        // The words moved under the search, or (large bitmaps) the search could not keep them all
-        // to check: look again.
-        bracketed = !LazySnapshot<N, Scope>::holds_all();
-        continue;
-      }
-      const SlotRange range{*start, m};
-      const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
-      if (seen_run == SeenRun::not_free) {
-        return cuda::std::unexpected(Errc::invalid_placement);
-      }
-      if (seen_run == SeenRun::free && claim(range)) {
-        return range;
-      }
-    }
+    return allocate_with(
+        m, [&](const LazySnapshot<N, Scope>& seen) { return find(seen, m); },
+        [&](SlotRange range) {
+          if constexpr (TracksPlacements<policy_type>) {
+            fit_.placed(range);
+          }
+        });
+  }
+
+  /// The same with a hint for a hinted policy (e.g. when the request is expected back, for
+  /// ReleaseAlignedFit). Same errors; only exists for hinted policies.
+  template <class F = policy_type>
+  requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
+      CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m,
+                                                                      const typename F::hint_type& hint)
+  noexcept {
+    return allocate_with(
+        m,
+        [&](const LazySnapshot<N, Scope>& seen) -> cuda::std::optional<std::uint32_t> {
+          if constexpr (requires { fit_.find_in(seen, N, m, hint); }) {
+            return fit_.find_in(seen, N, m, hint);
+          } else {
+            return fit_.find(seen.bitmap(), m, hint);
+          }
+        },
+        [&](SlotRange range) {
+          if constexpr (TracksHintedPlacements<policy_type>) {
+            fit_.placed(range, hint);
+          } else if constexpr (TracksPlacements<policy_type>) {
+            fit_.placed(range);
+          }
+        });
   }
 
   /// Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
@@ -129,6 +148,13 @@ public:
     const AtomicWords<N, Scope> words = live();
     const bool all_taken =
         for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) { return (words[k] & mask) == 0; });
+    if constexpr (SharesPlacements<policy_type>) {
+      // Before the bits go back: the next owner stamps after its claim, so after this. (A racing
+      // double free may clear a new owner's stamps: that costs placement quality, not ownership.)
+      if (all_taken) {
+        fit_.released(r);
+      }
+    }
     // Release word by word, each with a compare-exchange that refuses if any of its bits is free
     // by now. Racing frees of one range all start at its lowest word, so exactly one of them gets
     // past it; the others stop there having changed nothing.
@@ -160,23 +186,78 @@ public:
       words.atomic(k).store(bits::all_ones, cuda::std::memory_order_relaxed);
     }
     words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);
+    if constexpr (SharesPlacements<policy_type>) {
+      fit_.forget_all();
+    }
   }
 
-  /// The bitmap as read word by word now (exact when no other thread is active).
+  /// The bitmap as read word by word now (exact when no other thread is active). A copy of all
+  /// N / 8 bytes: on a device, for tests and tools rather than kernels that run wide.
   CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept { return LazySnapshot<N, Scope>(live()).bitmap(); }
-  /// Free slots as read word by word now (a snapshot, so only a hint while others allocate).
-  CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept { return snapshot().free_count(); }
+  /// Free slots as read word by word now (only a hint while others allocate). Counted word by
+  /// word, with no copy of the bitmap, so a kernel may call it at any N without a large frame.
+  CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept {
+    const AtomicWords<N, Scope> words = live();
+    std::uint32_t free = 0;
+    for (std::uint32_t k = 0; k < words.size(); ++k) {
+      free += bits::popcount(words[k]);
+    }
+    return free;
+  }
   /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
   /// The policy object.
   CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
 
 private:
+  /// allocate's loop (described above): `search(seen)` proposes a start, `record(range)` runs once
+  /// the range is claimed.
+  template <class Search, class Record>
+  CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate_with(std::uint32_t m, Search search,
+                                                                       Record record) noexcept {
+    if (m == 0 || m > N) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
+    std::uint64_t point = 0;
+    std::uint64_t before = 0;
+    for (;;) {
+      if (bracketed) {
+        point = fingerprint_point();
+        before = word_fingerprint(live(), point);
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
+      }
+      const LazySnapshot<N, Scope> seen(live());
+      const cuda::std::optional<std::uint32_t> start = search(seen);
+      if (!start) {
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
+        if (seen.unchanged() || (bracketed && word_fingerprint(live(), point) == before)) {
+          return cuda::std::unexpected(Errc::no_space);
+        }
+        // The words moved under the search, or (large bitmaps) the search could not keep them all
+        // to check: look again.
+        bracketed = !LazySnapshot<N, Scope>::holds_all();
+        continue;
+      }
+      const SlotRange range{*start, m};
+      const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
+      if (seen_run == SeenRun::not_free) {
+        return cuda::std::unexpected(Errc::invalid_placement);
+      }
+      if (seen_run == SeenRun::free && claim(range)) {
+        record(range);
+        return range;
+      }
+    }
+  }
+
   CARVE_HOST_DEVICE AtomicWords<N, Scope> live() const noexcept { return AtomicWords<N, Scope>(words_.data()); }
 
   CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const LazySnapshot<N, Scope>& seen,
                                                             std::uint32_t m) const noexcept {
-    if constexpr (WordSearchingFitPolicy<policy_type>) {
+    // A sized policy (a remembering one's shared form) cannot be a WordSearchingFitPolicy, which
+    // asks for every size, yet may still search words: its find_in is used whenever it has one.
+    if constexpr (WordSearchingFitPolicy<policy_type> || requires { fit_.find_in(seen, N, m); }) {
       return fit_.find_in(seen, N, m);
     } else {
       return fit_.find(seen.bitmap(), m);

@@ -6,6 +6,10 @@
 ///   request gets a placement (unit and start) under a fit policy and a CU-choice rule, in
 ///   request order, exactly as carve::place_batch computes it on the host. One block; one
 ///   thread per unit, so a request costs one fit search per thread plus a block reduction.
+/// - launch_release_batch: the reverse, R finished placements given back on their units, with
+///   deallocate's checks, exactly as carve::release_batch does on the host. Releases on different
+///   units are independent, so one thread serves every unit congruent to its index (modulo the
+///   grid's threads), in batch order: no atomics, and a unit's releases keep their order.
 /// - launch_run_start_masks: the run-start mask ("avail mask") of K bitmaps for one size m, for
 ///   callers that decide placement themselves.
 #pragma once
@@ -80,6 +84,15 @@ __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const s
   }
 }
 
+/// launch_release_batch's kernel: any grid; each thread is one part of release_batch_part.
+template <std::uint32_t N>
+__global__ void release_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const CuPlacement* placements,
+                              std::uint32_t count, BatchRelease* out) {
+  release_batch_part<N>(cuda::std::span<SlotBitmap<N>>(bitmaps, units),
+                        cuda::std::span<const CuPlacement>(placements, count), out,
+                        blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
 /// launch_run_start_masks's kernel: any grid, a grid-stride loop over the bitmaps.
 template <std::uint32_t N>
 __global__ void run_start_masks(const SlotBitmap<N>* bitmaps, std::uint32_t count, std::uint32_t m,
@@ -106,6 +119,24 @@ requires FitPolicyFor<Fit, N> cudaError_t launch_place_batch(SlotBitmap<N>* bitm
   const std::uint32_t wanted = (units + 31) / 32 * 32;
   const std::uint32_t threads = wanted == 0 ? 32 : wanted > 1024 ? 1024 : wanted;
   kernels::place_batch<N><<<1, threads, 0, stream>>>(bitmaps, units, sizes, requests, out, fit, rule);
+  return cudaGetLastError();
+}
+
+/// Gives back `count` placements (placements[r].range on unit placements[r].cu of the `units`
+/// bitmaps); out[r] receives each outcome (see BatchRelease). All pointers are device memory.
+/// Returns the launch error, if any; the work completes in stream order.
+template <std::uint32_t N>
+cudaError_t launch_release_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const CuPlacement* placements,
+                                 std::uint32_t count, BatchRelease* out, cudaStream_t stream = nullptr) {
+  if (count == 0) {
+    return cudaSuccess;
+  }
+  // One thread per unit up to 64 blocks of 256 (then threads take several units); at least one
+  // thread, which reports every release as out_of_range when there are no units.
+  const std::uint32_t threads = 256;
+  const std::uint32_t wanted = (units + threads - 1) / threads;
+  const std::uint32_t blocks = wanted == 0 ? 1 : wanted > 64 ? 64 : wanted;
+  kernels::release_batch<N><<<blocks, threads, 0, stream>>>(bitmaps, units, placements, count, out);
   return cudaGetLastError();
 }
 

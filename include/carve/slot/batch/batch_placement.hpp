@@ -1,11 +1,16 @@
 /// @file carve/slot/batch/batch_placement.hpp
-/// Placing a batch of workgroups on K compute units at once.
+/// Placing a batch of workgroups on K compute units at once, and releasing a batch.
 ///
 /// Requests are taken in order, each seeing the bitmaps as the requests before it left them:
 /// every unit's fit policy proposes a start, the CU-choice rule picks a unit, and that unit's
 /// bitmap is updated. This header holds the per-request steps and a plain loop over them (the
 /// reference, usable on the host or by one device thread); carve/slot/batch/batch_kernels.cuh runs the
 /// same steps with one thread per unit.
+///
+/// Releases (release_batch) are independent across units, so the kernel splits them by unit:
+/// release_batch_part(…, part, parts) handles, in batch order, the releases whose unit is `part`
+/// modulo `parts`. Every part together does exactly what release_batch does; the kernel runs one
+/// part per thread (launch_release_batch), and the host tests run the same parts in any order.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -75,6 +80,54 @@ requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda:
       bitmaps[out[r]->cu].occupy(out[r]->range);
     }
   }
+}
+
+/// A release's outcome: done, or the error SlotAllocator::deallocate would give (invalid_size for
+/// an empty range, out_of_range for one past N or for a unit past the batch's, not_allocated when
+/// a slot of it is already free).
+using BatchRelease = cuda::std::expected<void, Errc>;
+
+/// Gives `p.range` back on unit `p.cu` of `bitmaps`, checked as SlotAllocator::deallocate checks
+/// it; on error nothing changes.
+template <std::uint32_t N>
+CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<N>> bitmaps,
+                                                     const CuPlacement& p) noexcept {
+  if (p.range.count == 0) {
+    return cuda::std::unexpected(Errc::invalid_size);
+  }
+  if (p.cu >= bitmaps.size() || p.range.end() > N) {
+    return cuda::std::unexpected(Errc::out_of_range);
+  }
+  SlotBitmap<N>& bitmap = bitmaps[p.cu];
+  if (bitmap.free_count(p.range) != 0) {
+    return cuda::std::unexpected(Errc::not_allocated);
+  }
+  bitmap.release(p.range);
+  return {};
+}
+
+/// The releases of `placements` whose unit is `part` modulo `parts`, in order; out[r] receives
+/// each one's outcome (entries of other parts are not written). Parts touch disjoint units, so
+/// they may run at once: launch_release_batch runs one per thread.
+template <std::uint32_t N>
+CARVE_HOST_DEVICE constexpr void release_batch_part(cuda::std::span<SlotBitmap<N>> bitmaps,
+                                                    cuda::std::span<const CuPlacement> placements, BatchRelease* out,
+                                                    std::uint32_t part, std::uint32_t parts) noexcept {
+  for (std::size_t r = 0; r < placements.size(); ++r) {
+    if (placements[r].cu % parts == part) {
+      out[r] = release_one(bitmaps, placements[r]);
+    }
+  }
+}
+
+/// Releases every placement in order and records each outcome; `out` holds placements.size()
+/// entries. A placement may be part of one that place_batch made (e.g. a finished workgroup's
+/// scratch), and a release that repeats an earlier one of the batch is refused (not_allocated).
+template <std::uint32_t N>
+CARVE_HOST_DEVICE constexpr void release_batch(cuda::std::span<SlotBitmap<N>> bitmaps,
+                                               cuda::std::span<const CuPlacement> placements,
+                                               BatchRelease* out) noexcept {
+  release_batch_part(bitmaps, placements, out, 0, 1);
 }
 
 } // namespace carve

@@ -6,8 +6,15 @@
 /// When the lanes of a warp call allocate at the same time, mostly with the same size, one claim
 /// of k * m slots by a leader replaces k claims of m, so k times fewer atomics hit the bitmap's
 /// hottest words. Each lane still receives (and later frees) its own m slots; a lane's range is
-/// independent of the others'. Lanes are grouped by size with __match_any_sync; when a group's
-/// combined run does not fit, its lanes fall back to allocating one by one.
+/// independent of the others'. Lanes are grouped by size with __match_any_sync over the member
+/// mask the caller states; when a group's combined run does not fit, its lanes fall back to
+/// allocating one by one.
+///
+/// @code
+/// const unsigned members = __ballot_sync(0xffffffff, i < requests);   // before any lane leaves
+/// if (i >= requests) return;
+/// const auto r = carve::warp_allocate(members, slots, m);
+/// @endcode
 #pragma once
 
 #include <carve/core/errc.hpp>
@@ -24,13 +31,22 @@ CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_
 }
 
 #if defined(__CUDACC__)
-/// Call from any subset of a warp's lanes (one-dimensional blocks); `slots` is a carve slot
-/// allocator shared by those lanes, and `args` follow m in its allocate (e.g. the home shard of a
-/// ShardedSlotAllocator).
+/// Call from every lane of `members` together (one-dimensional blocks), and only from them:
+/// `members` is the warp's member mask, as for any *_sync intrinsic, so it must include the
+/// calling lane and name exactly the lanes that reach this call (e.g. 0xffffffff where the whole
+/// warp calls, or `__ballot_sync(0xffffffff, wants_slots)` taken before a branch). It is not
+/// __activemask(): which lanes happen to be converged at a call is not something the program
+/// controls, and a lane of the group missing from the mask would wait at a shuffle forever.
+///
+/// `slots` is a carve slot allocator shared by those lanes, and `args` follow m in its allocate
+/// (the home shard of a ShardedSlotAllocator, a hint for a hinted policy). A group's run is
+/// allocated by its leader with the leader's args, so pass args that agree across the lanes
+/// asking for the same m (a block's home shard; a hint the warp shares). Every lane frees its
+/// own share: a share is an ordinary range of the allocator.
 template <class Allocator, class... Args>
-__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, std::uint32_t m, Args... args) {
-  const unsigned active = __activemask();
-  const unsigned group = __match_any_sync(active, m);
+__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots, std::uint32_t m,
+                                                              Args... args) {
+  const unsigned group = __match_any_sync(members, m);
   const int leader = __ffs(static_cast<int>(group)) - 1;
   const unsigned lane = threadIdx.x % 32;
   const std::uint32_t rank = static_cast<std::uint32_t>(__popc(group & ((1u << lane) - 1u)));
@@ -46,6 +62,9 @@ __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(Allocator& slots, 
   }
   whole = __shfl_sync(group, whole, leader);
   first = __shfl_sync(group, first, leader);
+  // A shuffle orders no memory: this does, so the leader's claim and the policy's record of it
+  // (a hinted policy's stamps) happen before any lane uses or frees its share.
+  __syncwarp(group);
   if (whole != 0) {
     return share_of({first, lanes * m}, m, rank);
   }

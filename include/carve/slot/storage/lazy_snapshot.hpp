@@ -8,11 +8,19 @@
 ///     policy bug, not a race), and
 ///   - re-read the words the search used to confirm a "nothing fits" answer (double collect).
 /// Only words the search touches are loaded. The copies live in a direct-mapped cache of at most
-/// 64 words (512 bytes), so a bitmap of up to 4096 slots is held whole. On a larger one a word can
-/// be evicted and is then read again — the search may see it twice, with different values — and
-/// the words it read can no longer all be re-checked: unchanged() then answers false, and a caller
-/// must confirm "nothing fits" some other way (ConcurrentSlotAllocator repeats the search between
-/// two fingerprints of every word, see word_fingerprint.hpp).
+/// `cached_words_max` = 16 words, so a bitmap of up to 1024 slots is held whole. On a larger one a
+/// word can be evicted and is then read again — the search may see it twice, with different
+/// values — and the words it read can no longer all be re-checked: unchanged() then answers false,
+/// and a caller must confirm "nothing fits" some other way (ConcurrentSlotAllocator repeats the
+/// search between two fingerprints of every word, see word_fingerprint.hpp).
+///
+/// Why 16: the snapshot lives in a device thread's stack frame (local memory), so its size is
+/// the frame every kernel that allocates pays, whatever N is. 16 words and 16 tags are 160 bytes
+/// at most (128 + 32 with 16-bit tags, enough for bitmaps of up to 64 million slots; larger ones use
+/// 32-bit tags, 192 bytes), which keeps an allocating kernel's frame under the 256-byte bound
+/// that carve's builds check (cmake/CarveFrameCheck.cmake). A cache of 64 words held 4096 slots
+/// whole but cost 784-byte frames; past 1024 slots "nothing fits" is now confirmed by fingerprint,
+/// at the price of one more pass over the words, paid only on that answer.
 #pragma once
 
 #include <carve/core/bits.hpp>
@@ -23,6 +31,7 @@
 
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 
 namespace carve {
 
@@ -34,12 +43,15 @@ enum class SeenRun {
 };
 
 /// A WordSource that reads each word of live AtomicWords once and remembers it, for one search.
-/// Belongs to one thread; a few hundred bytes, so it lives on the stack for one allocation.
+/// Belongs to one thread; at most 192 bytes (see above), so it lives on the stack for one allocation.
 template <std::uint32_t N, cuda::thread_scope Scope>
 class LazySnapshot {
 public:
   /// Words in the bitmap.
   static constexpr cuda::std::size_t extent = bits::word_count(N);
+
+  /// The most words a snapshot keeps, whatever N is (the bound on its stack frame).
+  static constexpr cuda::std::size_t cached_words_max = 16;
 
   /// Nothing read yet.
   CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), tag_{} {}
@@ -53,10 +65,10 @@ public:
   /// Word `k` as first seen by this snapshot (loaded now if it was not kept).
   CARVE_HOST_DEVICE bits::word operator[](cuda::std::size_t k) const noexcept {
     const cuda::std::size_t line = k % cache_words;
-    if (tag_[line] != k + 1) {
+    if (tag_[line] != tag_of(k)) {
       evicted_ = evicted_ || tag_[line] != 0;
       words_[line] = live_[k];
-      tag_[line] = static_cast<std::uint32_t>(k + 1);
+      tag_[line] = tag_of(k);
     }
     return words_[line];
   }
@@ -74,7 +86,7 @@ public:
   CARVE_HOST_DEVICE SeenRun check(SlotRange r) const noexcept {
     SeenRun verdict = SeenRun::free;
     for_each_word_mask(r, [&](std::uint32_t k, bits::word mask) {
-      const bool kept = tag_[k % cache_words] == k + 1;
+      const bool kept = tag_[k % cache_words] == tag_of(k);
       if (((*this)[k] & mask) != mask) {
         verdict = kept ? SeenRun::not_free : SeenRun::unknown;
         return false;
@@ -86,13 +98,13 @@ public:
 
   /// Whether every word read so far is still kept and still holds the value seen: then an answer
   /// drawn from them (such as "no run fits") holds for a state the bitmap was in. False once a word
-  /// has been evicted (only possible past 4096 slots): the words read can no longer all be checked.
+  /// has been evicted (only possible past 1024 slots): the words read can no longer all be checked.
   CARVE_HOST_DEVICE bool unchanged() const noexcept {
     if (evicted_) {
       return false;
     }
     for (cuda::std::size_t line = 0; line < cache_words; ++line) {
-      if (tag_[line] != 0 && live_[tag_[line] - 1] != words_[line]) {
+      if (tag_[line] != 0 && live_[word_of(line)] != words_[line]) {
         return false;
       }
     }
@@ -100,10 +112,20 @@ public:
   }
 
 private:
-  static constexpr cuda::std::size_t cache_words = extent < 64 ? extent : 64;
+  static constexpr cuda::std::size_t cache_words = extent < cached_words_max ? extent : cached_words_max;
+  /// Which of the words that share a line it holds (k / cache_words + 1; 0 = empty): 16 bits
+  /// while that fits, so the tags cost 32 bytes rather than 64.
+  using tag_type = cuda::std::conditional_t<(extent / cache_words + 1 <= 0xffffu), std::uint16_t, std::uint32_t>;
+
+  CARVE_HOST_DEVICE static constexpr tag_type tag_of(cuda::std::size_t k) noexcept {
+    return static_cast<tag_type>(k / cache_words + 1);
+  }
+  CARVE_HOST_DEVICE cuda::std::size_t word_of(cuda::std::size_t line) const noexcept {
+    return (tag_[line] - cuda::std::size_t{1}) * cache_words + line;
+  }
 
   AtomicWords<N, Scope> live_;
-  mutable std::uint32_t tag_[cache_words]; ///< word index + 1 held in each line; 0 = empty
+  mutable tag_type tag_[cache_words]; ///< which word each line holds
   mutable bits::word words_[cache_words];
   mutable bool evicted_ = false; ///< a word read by the search has been dropped from the cache
 };
