@@ -1,0 +1,82 @@
+// What carve's GPU benchmarks share: the "no CUDA device" rule (a clear message and exit code
+// 77, ctest's skip code), CUDA error checks, medians and percentiles, and the one line per
+// target that `bash cmake/dev.sh gpu` turns into its CSV:
+//
+//   <name>: <number> <unit> (target <op> <value> <unit>, source: <where it comes from>) met|MISSED
+//
+// A target whose checks failed (an overlap, a request popped twice, bytes that differ) is
+// MISSED whatever its number: a fast wrong answer does not count.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace carve::bench {
+
+// Exits with 77 after saying so when the CUDA runtime sees no device.
+inline int require_devices(const char* program) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("%s: no CUDA device here; nothing measured\n", program);
+    std::exit(77);
+  }
+  return devices;
+}
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// The p-th fraction (0.5: median) of `v`, reordering it; 0 for no values.
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) {
+    return 0.0;
+  }
+  const auto k = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+// Whether a smaller or a larger number is better.
+enum class Aim { at_most, at_least };
+
+// Prints one target line and returns whether it was met. `checked`: the run's results were
+// correct (a run whose checks failed misses every target it was measured for).
+inline bool target(const std::string& name, double value, const char* unit, Aim aim, double goal, const char* source,
+                   bool checked = true) {
+  const bool met = checked && (aim == Aim::at_most ? value <= goal : value >= goal);
+  if (!checked) {
+    std::printf("(the next line's run failed its checks: MISSED whatever its number)\n");
+  }
+  std::printf("%s: %.4g %s (target %s %.4g %s, source: %s) %s\n", name.c_str(), value, unit,
+              aim == Aim::at_most ? "<=" : ">=", goal, unit, source, met ? "met" : "MISSED");
+  return met;
+}
+
+// Prints a number that has no target (context for the ones that do).
+inline void figure(const std::string& name, double value, const char* unit) {
+  std::printf("  %s: %.4g %s\n", name.c_str(), value, unit);
+}
+
+// Counts failed checks and says which.
+struct Checks {
+  int failed = 0;
+  bool expect(bool ok, const std::string& what) {
+    if (!ok) {
+      std::printf("FAILED: %s\n", what.c_str());
+      ++failed;
+    }
+    return ok;
+  }
+  bool ok() const { return failed == 0; }
+};
+
+} // namespace carve::bench
