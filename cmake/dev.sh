@@ -108,9 +108,11 @@ stage() {
   stage_times+=("$(printf '%5d s  %s' $((SECONDS - start)) "$title")")
 }
 
-# -O2 with assertions on: the warnings g++ gives only when it optimises, and the checks too.
+# -O2 with assertions on: the warnings g++ gives only when it optimises, and the checks too. Every
+# GPU benchmark is compiled (not run) here, so that none breaks unseen.
 release_stage() {
-  build release -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O2 -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON
+  build release -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O2 -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON \
+    -DCARVE_BUILD_GPU_BENCHMARKS=ON
   run_tests release
 }
 
@@ -192,12 +194,19 @@ docs() {
   echo "API reference in build/docs/html/index.html ($((SECONDS - start)) s)"
 }
 
+# A GPU benchmark's target lines (benchmarks/gpu_targets.hpp:
+#   <name>: <number> <unit> (target <op> <value> <unit>, source: <text>) met|MISSED)
+# as tab-separated fields: program, name, number, unit, target, source, result.
+target_fields() { # target_fields <program> < output
+  sed -nE "s/^([^:]+): ([^ ]+) ([^ ]+) \(target (<=|>=) ([^ ]+) [^,]*, source: (.*)\) (met|MISSED)\$/$1\t\1\t\2\t\3\t\4 \5\t\6\t\7/p"
+}
+
 # Everything that needs a GPU, on a machine with one: builds for the local GPU's architecture,
 # runs every test labelled `gpu` (under compute-sanitizer's memcheck and racecheck too, when the
-# tool is there) and every GPU benchmark, and writes build/gpu/gpu-report.md and
-# build/gpu/gpu-report.csv: the device, driver and toolkit, each test's result and each
-# benchmark's lines against their targets. Without a GPU it builds all of it for sm_80 and sm_90,
-# says so and exits 0.
+# tool is there) and every GPU benchmark (bench_gpu_*), and writes build/gpu/gpu-report.md and
+# build/gpu/gpu-report.csv: the devices, driver and toolkit, each test's result and each
+# benchmark target's number beside its target and source, met or missed. Without a GPU it builds
+# all of it for sm_80 and sm_90, says so and exits 0.
 gpu() {
   find_nvcc
   local nvcc=${CUDACXX:-$(command -v nvcc || true)}
@@ -205,25 +214,31 @@ gpu() {
     echo "dev.sh gpu: no nvcc (set CUDACXX or put the CUDA toolkit's bin on PATH)" >&2
     exit 1
   fi
-  local arch="" device="none" driver="none"
+  local arch="" devices=0 names="none" driver="none"
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
-    device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    devices=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+    names=$(nvidia-smi --query-gpu=index,name --format=csv,noheader | sed 's/^\([0-9]*\), /GPU\1 /' | paste -sd ';' |
+      sed 's/;/; /g')
     driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
   fi
-  build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}"
+  build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}"
   local dir="$root/build/gpu" toolkit
   toolkit=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
   local report="$dir/gpu-report.md" csv="$dir/gpu-report.csv"
   {
     echo "# carve on a GPU"
     echo
-    echo "device: $device; driver: $driver; CUDA toolkit: $toolkit; built for: ${arch:-80;90}"
+    echo "devices: $devices ($names); driver: $driver; CUDA toolkit: $toolkit; built for: ${arch:-80;90}"
     echo
   } >"$report"
-  echo "kind,name,result" >"$csv"
+  echo "kind,program,name,value,unit,target,source,result" >"$csv"
   if [ -z "$arch" ]; then
-    echo "No GPU here: every GPU test and benchmark was built for sm_80 and sm_90; nothing ran." >>"$report"
+    {
+      echo "No GPU here: every GPU test and benchmark was built for sm_80 and sm_90; nothing ran."
+      echo "Benchmarks built: $(cd "$dir/benchmarks" && ls -1 bench_gpu_* | paste -sd ' ')"
+    } >>"$report"
     cat "$report"
     return 0
   fi
@@ -237,21 +252,43 @@ gpu() {
     exe=$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')
     if [ -n "$sanitizer" ] && [ -x "$exe" ]; then
       for tool in memcheck racecheck; do
-        "$sanitizer" --tool "$tool" --error-exitcode 1 "$exe" >/dev/null 2>&1 || result="$result, $tool FAILED"
+        "$sanitizer" --tool "$tool" --error-exitcode 1 "$exe" >/dev/null 2>&1 || result="$result; $tool FAILED"
       done
     fi
     echo "- $t: $result" >>"$report"
-    echo "test,$t,$result" >>"$csv"
+    echo "test,,$t,,,,,$result" >>"$csv"
   done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
   echo >>"$report"
   echo "## Benchmarks" >>"$report"
+  local b name out code targets="$dir/gpu-targets.tsv"
+  : >"$targets"
   for b in "$dir"/benchmarks/bench_gpu_*; do
     [ -x "$b" ] || continue
-    echo "### $(basename "$b")" >>"$report"
-    echo '```' >>"$report"
-    "$b" | tee -a "$report" | grep -E "met|MISSED" | sed "s|^|bench,$(basename "$b"),|; s|,  *|,|" >>"$csv" || true
-    echo '```' >>"$report"
+    name=$(basename "$b")
+    out=$(mktemp)
+    code=0
+    "$b" >"$out" 2>&1 || code=$?
+    {
+      echo "### $name"
+      echo '```'
+      cat "$out"
+      echo '```'
+    } >>"$report"
+    target_fields "$name" <"$out" >>"$targets"
+    [ "$code" -eq 0 ] || echo "bench,$name,exit status,$code,,,,FAILED" >>"$csv"
+    rm -f "$out"
   done
+  # The CSV quotes its text fields; the report gets the same rows as a table.
+  awk -F '\t' 'function q(s) { gsub(/"/, "\"\"", s); return "\"" s "\"" }
+    { print "bench," $1 "," q($2) "," $3 "," q($4) "," q($5) "," q($6) "," $7 }' "$targets" >>"$csv"
+  {
+    echo
+    echo "## Targets: $(grep -c $'\tmet$' "$targets" || true) met, $(grep -c $'\tMISSED$' "$targets" || true) missed"
+    echo
+    echo "| program | target | number | aim | source | result |"
+    echo "| --- | --- | ---: | --- | --- | --- |"
+    awk -F '\t' '{ gsub(/\|/, "\\|"); print "| " $1 " | " $2 " | " $3 " " $4 " | " $5 " " $4 " | " $6 " | " $7 " |" }' "$targets"
+  } >>"$report"
   cat "$report"
 }
 
