@@ -237,7 +237,8 @@ gpu() {
   if [ -z "$arch" ]; then
     {
       echo "No GPU here: every GPU test and benchmark was built for sm_80 and sm_90; nothing ran."
-      echo "Benchmarks built: $(cd "$dir/benchmarks" && ls -1 bench_gpu_* | paste -sd ' ')"
+      echo "Benchmarks built: $(find "$dir/benchmarks" -maxdepth 1 -name 'bench_gpu_*' -type f -printf '%f\n' |
+        sort | paste -sd ' ')"
     } >>"$report"
     cat "$report"
     return 0
