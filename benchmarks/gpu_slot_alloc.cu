@@ -3,13 +3,15 @@
 //   100k threads: m slots each (m = 1, 4, 16, 64), per thread and warp-aggregated, under first fit
 //                 and boundary-nearest, on one bitmap and sharded (1000 shards of 6400 slots, each
 //                 block at home in its own);
-//   1M and 10M:   one slot each, sharded (10k and 100k shards of 6400 slots), per thread and
-//                 warp-aggregated, both policies. One bitmap shared by millions of threads sends
-//                 them all to its lowest free words (that is what an exact policy on one bitmap
-//                 asks for): the 100k rows show that cost, larger scales only multiply it.
-// Every scale has 64 slots per thread (6.4M, 64M, 640M), so one-slot allocations fill 1/64 of it,
-// and a baseline that claims single bits at hashed positions on a bitmap of that size (the shape
-// of the fastest published GPU heap allocators, which give up any placement policy).
+//   1M and 10M:   one slot each from the same 640M slots, sharded (100k shards of 6400 slots, each
+//                 block at home in its own), per thread and warp-aggregated, both policies (one
+//                 kernel per policy and mode serves both scales, which keeps compiling short).
+//                 One bitmap shared by millions of threads sends them all to its lowest free
+//                 words (that is what an exact policy on one bitmap asks for): the 100k rows show
+//                 that cost, larger scales only multiply it.
+// Every scale also runs a baseline that claims single bits at hashed positions on a bitmap of 64
+// slots per thread (the shape of the fastest published GPU heap allocators, which give up any
+// placement policy).
 // Kernel time by CUDA events, median of 7 launches; every result is checked (every allocation
 // succeeded, no slot went to two threads) before it counts. Ends with one line per target:
 //   100k single-slot allocations <= 5 us of kernel time (published GPU heap allocators take
@@ -54,7 +56,6 @@ struct Scale {
 };
 
 using Small = Scale<100'000>;
-using Medium = Scale<1'000'000>;
 using Large = Scale<10'000'000>;
 
 template <class Sharded>
@@ -191,12 +192,12 @@ struct LargeRow {
   double target_us;
 };
 
-template <class S>
-void hashed_baseline(const char* scale, carve::bits::word* d_bitmap, carve::SlotRange* d_out) {
-  const Run hashed =
-      measure([&] { cuda_check(cudaMemset(d_bitmap, 0xff, S::words * 8), "reset bitmap"); },
-              [&] { hashed_single_bit<<<grid_for(S::threads), block>>>(d_bitmap, S::words, S::threads, d_out); }, d_out,
-              S::threads, S::slots);
+// One bitmap of 64 slots per thread (one word each).
+void hashed_baseline(const char* scale, std::uint32_t threads, carve::bits::word* d_bitmap, carve::SlotRange* d_out) {
+  const std::uint32_t words = threads;
+  const Run hashed = measure([&] { cuda_check(cudaMemset(d_bitmap, 0xff, std::size_t{words} * 8), "reset bitmap"); },
+                             [&] { hashed_single_bit<<<grid_for(threads), block>>>(d_bitmap, words, threads, d_out); },
+                             d_out, threads, threads * max_m);
   std::printf("%s baseline\n", scale);
   report("hashed single-bit claim (no policy)", 1, hashed);
 }
@@ -238,21 +239,23 @@ void sweep_small(const char* policy, carve::bits::word* d_bitmap, carve::bits::w
   rows.insert(rows.end(), {bitmap_thread, bitmap_warp, sharded_thread, sharded_warp});
 }
 
-// 1M and 10M threads: one slot each, sharded.
-template <class S, class Fit>
-void sweep_large(const char* scale, const char* policy, double target_us, carve::bits::word* d_sharded,
-                 carve::SlotRange* d_out, std::vector<LargeRow>& rows) {
+// 1M and 10M threads: one slot each from the same sharded 640M slots (one kernel per policy
+// serves both scales).
+template <class Fit>
+void sweep_large(const char* scale, std::uint32_t threads, const char* policy, double target_us,
+                 carve::bits::word* d_sharded, carve::SlotRange* d_out, std::vector<LargeRow>& rows) {
+  using S = Large;
   using Sharded = typename S::template Sharded<Fit>;
   const auto reset_sharded = [&] { reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(d_sharded); };
-  const unsigned grid = grid_for(S::threads);
+  const unsigned grid = grid_for(threads);
   std::printf("%s, %s\n", scale, policy);
   const Run per_thread = measure(
-      reset_sharded, [&] { allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, S::threads, 1, d_out); }, d_out,
-      S::threads, S::slots);
+      reset_sharded, [&] { allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, threads, 1, d_out); }, d_out,
+      threads, S::slots);
   report("sharded, per thread", 1, per_thread);
   const Run aggregated = measure(
-      reset_sharded, [&] { allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, S::threads, 1, d_out); }, d_out,
-      S::threads, S::slots);
+      reset_sharded, [&] { allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, threads, 1, d_out); }, d_out,
+      threads, S::slots);
   report("sharded, warp-aggregated", 1, aggregated);
   const std::string prefix = std::string("slot alloc ") + scale + ", " + policy + ", sharded, ";
   rows.push_back({prefix + "per thread", per_thread, target_us});
@@ -265,7 +268,7 @@ int main() {
   carve::bench::require_devices("gpu_slot_alloc");
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, 0), "device properties");
-  std::printf("%s: every thread allocates once, 64 slots per thread, median of 7 kernels\n", prop.name);
+  std::printf("%s: every thread allocates once, median of 7 kernels\n", prop.name);
   carve::bits::word* d_bitmap = nullptr;
   carve::bits::word* d_sharded = nullptr;
   carve::SlotRange* d_out = nullptr;
@@ -273,17 +276,17 @@ int main() {
   cuda_check(cudaMalloc(&d_sharded, Large::words * sizeof(carve::bits::word)), "cudaMalloc");
   cuda_check(cudaMalloc(&d_out, Large::threads * sizeof(carve::SlotRange)), "cudaMalloc");
 
-  hashed_baseline<Small>("100k", d_bitmap, d_out);
+  hashed_baseline("100k", Small::threads, d_bitmap, d_out);
   std::vector<Row> rows;
   sweep_small<carve::FirstFit>("first-fit", d_bitmap, d_sharded, d_out, rows);
   sweep_small<carve::BoundaryNearestFit>("boundary-nearest", d_bitmap, d_sharded, d_out, rows);
-  hashed_baseline<Medium>("1M", d_bitmap, d_out);
-  hashed_baseline<Large>("10M", d_bitmap, d_out);
+  hashed_baseline("1M", 1'000'000, d_bitmap, d_out);
+  hashed_baseline("10M", Large::threads, d_bitmap, d_out);
   std::vector<LargeRow> large;
-  sweep_large<Medium, carve::FirstFit>("1M", "first-fit", 50.0, d_sharded, d_out, large);
-  sweep_large<Medium, carve::BoundaryNearestFit>("1M", "boundary-nearest", 50.0, d_sharded, d_out, large);
-  sweep_large<Large, carve::FirstFit>("10M", "first-fit", 500.0, d_sharded, d_out, large);
-  sweep_large<Large, carve::BoundaryNearestFit>("10M", "boundary-nearest", 500.0, d_sharded, d_out, large);
+  sweep_large<carve::FirstFit>("1M", 1'000'000, "first-fit", 50.0, d_sharded, d_out, large);
+  sweep_large<carve::BoundaryNearestFit>("1M", 1'000'000, "boundary-nearest", 50.0, d_sharded, d_out, large);
+  sweep_large<carve::FirstFit>("10M", Large::threads, "first-fit", 500.0, d_sharded, d_out, large);
+  sweep_large<carve::BoundaryNearestFit>("10M", Large::threads, "boundary-nearest", 500.0, d_sharded, d_out, large);
   cudaFree(d_bitmap);
   cudaFree(d_sharded);
   cudaFree(d_out);
