@@ -151,7 +151,7 @@ void mirror_sync() {
     wait_all(gpus, devices);
     full_plain.push_back(microseconds_since(t0));
     words[static_cast<std::size_t>(rep)] += 1; // new contents for the sync to carry
-    (void)mirror.mark_dirty(data, total);
+    checks.expect(mirror.mark_dirty(data, total).has_value(), "every page marked dirty");
     t0 = clock_type::now();
     const auto report = mirror.sync();
     full_sync.push_back(microseconds_since(t0));
@@ -170,6 +170,9 @@ void mirror_sync() {
     auto t0 = clock_type::now();
     for (const std::size_t page : dirty) {
       const auto at = mirror.segments(data + page * mirror_page, mirror_page);
+      if (!checks.expect(at.has_value() && at->size() == 1, "a page lies in one device run")) {
+        return;
+      }
       const carve::MirrorSegment& s = at->front();
       cuda_check(cudaMemcpyAsync(gpus.device_pointer(s.device, s.device_offset), s.host, s.bytes,
                                  cudaMemcpyHostToDevice, gpus.stream(s.device)),
@@ -179,7 +182,7 @@ void mirror_sync() {
     dirty_plain.push_back(microseconds_since(t0));
     for (const std::size_t page : dirty) {
       words[page * mirror_page / sizeof(std::uint64_t)] += 1;
-      (void)mirror.mark_dirty(data + page * mirror_page, 1);
+      checks.expect(mirror.mark_dirty(data + page * mirror_page, 1).has_value(), "a page marked dirty");
     }
     t0 = clock_type::now();
     const auto report = mirror.sync();
@@ -295,9 +298,12 @@ void service_ipc(int devices) {
       {"--topology", std::string("nvidia-smi:") + CARVE_BENCH_TOPOLOGY, "--card-memory", "256MiB"});
   std::vector<double> host_allocate_us;
   if (checks.expect(host_server.listening(), "carve-served on shared-memory cards starts")) {
-    auto host_client = connect(host_server, "gpu-bench-host");
-    (void)allocate_round_trips(host_client, 0, checks, false);
-    host_allocate_us = allocate_round_trips(host_client, 0, checks, false);
+    {
+      auto host_client = connect(host_server, "gpu-bench-host");
+      (void)allocate_round_trips(host_client, 0, checks, false);
+      host_allocate_us = allocate_round_trips(host_client, 0, checks, false);
+    }
+    checks.expect(host_server.stop() == 0, "carve-served on shared-memory cards stops cleanly");
   }
   std::vector<double> malloc_us;
   cuda_check(cudaSetDevice(0), "cudaSetDevice");
@@ -324,6 +330,7 @@ void service_ipc(int devices) {
   carve::bench::figure("allocate round trip, shared-memory cards, p50", percentile(host_allocate_us, 0.5), "us");
   carve::bench::figure("cudaMalloc + cudaFree of 2 MiB in this process, p50", percentile(malloc_us, 0.5), "us");
   checks.expect(!maps.empty(), "the client mapped segments through cudaIpcOpenMemHandle");
+  checks.expect(cuda_server.stop() == 0, "carve-served --backend cuda stops cleanly");
   carve::bench::target("service allocate 2 MiB on CUDA cards, round trip without the map, p50", allocate_p50 - map_p50,
                        "us", Aim::at_most, 2.0 * percentile(host_allocate_us, 0.5),
                        "2x the same call on shared-memory cards in this run (carve's host path; docs/service.md: 48 us "
@@ -334,7 +341,6 @@ void service_ipc(int devices) {
                        "cudaMalloc + cudaFree of the same bytes in this process, measured in this run (what a client "
                        "without the service would do)",
                        checks.ok());
-  checks.expect(cuda_server.stop() == 0, "carve-served stops cleanly");
 }
 
 } // namespace
