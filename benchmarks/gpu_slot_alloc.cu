@@ -69,11 +69,12 @@ template <class Sharded, bool Aggregated>
 __global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threads, std::uint32_t m,
                                  carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   const Sharded s(storage);
-  const auto r = Aggregated ? carve::warp_allocate(s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
   out[i] = r ? *r : carve::SlotRange{not_allocated, 0};
 }
 
@@ -81,11 +82,12 @@ template <std::uint32_t N, class Fit, bool Aggregated>
 __global__ void allocate_once(carve::bits::word* bitmap, std::uint32_t threads, std::uint32_t m,
                               carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned members = __ballot_sync(0xffff'ffffu, i < threads); // the lanes that stay: warp_allocate's
   if (i >= threads) {
     return;
   }
   carve::ConcurrentSlotAllocatorRef<N, Fit, cuda::thread_scope_device> alloc{carve::BorrowedSlotWords<N>{bitmap}};
-  const auto r = Aggregated ? carve::warp_allocate(alloc, m) : alloc.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, alloc, m) : alloc.allocate(m);
   out[i] = r ? *r : carve::SlotRange{not_allocated, 0};
 }
 
