@@ -72,7 +72,7 @@ format_check() {
     xargs clang-format --dry-run --Werror)
 }
 
-# Each libFuzzer target runs for a few seconds from the shipped test data (a scratch copy, so
+# Each libFuzzer target runs for 12 s (CARVE_FUZZ_SECONDS) from the shipped test data (a scratch copy, so
 # the corpus it grows stays out of the tree); a crash fails the test command.
 fuzz_run() { # fuzz_run <target> <seed files...>
   local target=$1 corpus log
@@ -80,7 +80,7 @@ fuzz_run() { # fuzz_run <target> <seed files...>
   corpus=$(mktemp -d)
   log=$(mktemp)
   cp "$@" "$corpus"/
-  if ! "$root/build/fuzz/tests/fuzz/$target" -max_total_time="${CARVE_FUZZ_SECONDS:-20}" -max_len=4096 -timeout=10 \
+  if ! "$root/build/fuzz/tests/fuzz/$target" -max_total_time="${CARVE_FUZZ_SECONDS:-12}" -max_len=4096 -timeout=10 \
     -print_final_stats=1 "$corpus" >"$log" 2>&1; then
     cat "$log"
     return 1
