@@ -6,7 +6,8 @@
 /// whose kernels instantiate carve's allocators. Formatting support for fmt is separate: include
 /// `<carve/fmt.hpp>` (and link fmt) to print bitmaps, ranges and errors. Parts that need the CUDA
 /// runtime (CudaDeviceResource, CudaMirrorBackend, discover_topology, the service's CUDA IPC
-/// mapping) appear only where `<cuda_runtime_api.h>` is on the include path; CCCL memory-resource
+/// mapping) appear only where `<cuda_runtime_api.h>` is on the include path (CudaMemoryMapper also
+/// needs `<cuda.h>`, but never libcuda); CCCL memory-resource
 /// properties only when LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE is defined (see
 /// carve/mr/cuda_mr.hpp); NumaNodeResource needs libnuma when used (carve::numa).
 #pragma once
@@ -25,3 +26,4 @@ static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or 
 #include <carve/slot.hpp>     // slots on a compute unit (host and device)
 #include <carve/tier.hpp>     // spill tiers shared fairly among GPUs (host)
 #include <carve/topology.hpp> // the machine's cards and links (host)
+#include <carve/vmm.hpp>      // physical memory, mappings and per-device access (host twin; CUDA driver)

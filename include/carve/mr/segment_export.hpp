@@ -21,7 +21,10 @@
 ///
 /// carve ships two: SharedMemoryCard (kind shared_memory: a memfd, mapped with mmap) and, where
 /// the CUDA runtime is available, CudaDeviceResource (kind cuda_ipc: a cudaIpcMemHandle_t, opened
-/// with cudaIpcOpenMemHandle).
+/// with cudaIpcOpenMemHandle), plus VmmCard over a PhysicalMemoryMapper (carve/vmm/): kind cuda_vmm
+/// on GPUs, host_vmm over the host twin. cuda_ipc remains only for memory that came from
+/// cudaMalloc; the VMM kinds are the way to export device memory (per-device access rights, the
+/// device's granularity, and descriptors that are closed like any other).
 #pragma once
 
 #include <carve/mr/memory_resource.hpp>
@@ -38,6 +41,12 @@ namespace carve {
 enum class ExportKind : std::uint8_t {
   shared_memory = 1, ///< a file descriptor of shared memory; the segment is its first `size` bytes
   cuda_ipc = 2,      ///< a CUDA IPC memory handle of the segment's device allocation
+  /// a POSIX file descriptor of a CUDA VMM physical allocation (cuMemCreate), imported with
+  /// cuMemImportFromShareableHandle and mapped with cuMemMap (CudaMemoryMapper)
+  cuda_vmm = 3,
+  /// a memfd of HostMemoryMapper, the VMM protocol's host twin: imported, reserved, mapped and
+  /// given access the way cuda_vmm is, with mmap and mprotect
+  host_vmm = 4,
 };
 
 /// The enumerator's name ("shared_memory", "cuda_ipc"); never null.
@@ -47,9 +56,17 @@ constexpr const char* to_string(ExportKind k) noexcept {
     return "shared_memory";
   case ExportKind::cuda_ipc:
     return "cuda_ipc";
+  case ExportKind::cuda_vmm:
+    return "cuda_vmm";
+  case ExportKind::host_vmm:
+    return "host_vmm";
   }
   return "unknown";
 }
+
+/// Whether a segment of kind `k` travels as a file descriptor (SCM_RIGHTS) rather than a handle
+/// inside the message: shared_memory and the two VMM kinds do; cuda_ipc does not.
+constexpr bool travels_as_descriptor(ExportKind k) noexcept { return k != ExportKind::cuda_ipc; }
 
 /// One exported segment: what another process needs to map it.
 struct SegmentExport {
@@ -57,8 +74,8 @@ struct SegmentExport {
 
   ExportKind kind = ExportKind::shared_memory; ///< which of the fields below apply
   std::size_t size = 0;                        ///< bytes of the whole segment
-  int fd = -1;                                 ///< shared_memory: the resource's descriptor (borrowed, do not close)
-  int device = -1;                             ///< cuda_ipc: the CUDA ordinal that holds the memory
+  int fd = -1;    ///< shared_memory and the VMM kinds: the resource's descriptor (borrowed, do not close)
+  int device = -1; ///< cuda_ipc and the VMM kinds: the device that holds the memory
   std::array<std::uint8_t, handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t bytes
 };
 

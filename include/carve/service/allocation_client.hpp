@@ -377,8 +377,9 @@ private:
         return give_back(a.region.id, "the server's reply does not match this client's mappings");
       }
       if (a.new_mapping) {
-        if (a.kind == ExportKind::shared_memory && fds.size() != 1) {
-          return give_back(a.region.id, "a new shared-memory segment came without its descriptor");
+        if (travels_as_descriptor(a.kind) && fds.size() != 1) {
+          return give_back(a.region.id, std::string("a new ") + to_string(a.kind) +
+                                            " segment came without its descriptor");
         }
         auto m = map_segment(a.kind, static_cast<std::size_t>(a.segment_size), a.device, a.handle,
                              fds.empty() ? UniqueFd() : std::move(fds.front()));

@@ -403,8 +403,8 @@ private:
     const auto e = where ? card.lease(where->segment) : std::nullopt;
     // The segment is never exported again: the reply carries its descriptor away, and the server
     // keeps none for it.
-    UniqueFd fd(e && e->kind == ExportKind::shared_memory ? card.take_descriptor(where->segment, *e) : -1);
-    if (!e || (e->kind == ExportKind::shared_memory && !fd)) {
+    UniqueFd fd(e && travels_as_descriptor(e->kind) ? card.take_descriptor(where->segment, *e) : -1);
+    if (!e || (travels_as_descriptor(e->kind) && !fd)) {
       if (e) {
         card.unlease(where->segment);
       }

@@ -219,10 +219,11 @@ struct Allocated {
   RegionInfo region;                                              ///< where the region is
   ExportKind kind = ExportKind::shared_memory;                    ///< how its segment is exported
   std::uint64_t segment_size = 0;                                 ///< bytes of the whole segment to map
-  std::int32_t device = -1;                                       ///< cuda_ipc: the CUDA ordinal holding it
+  std::int32_t device = -1;                                       ///< cuda_ipc and the VMM kinds: the device holding it
   std::array<std::uint8_t, SegmentExport::handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t
-  /// The segment is new to this client: map it (shared_memory: with the SCM_RIGHTS descriptor that
-  /// comes with this reply; cuda_ipc: from `handle`). Otherwise the client has it mapped already.
+  /// The segment is new to this client: map it (shared_memory, cuda_vmm, host_vmm: with the
+  /// SCM_RIGHTS descriptor that comes with this reply; cuda_ipc: from `handle`). Otherwise the
+  /// client has it mapped already.
   bool new_mapping = false;
   /// Field by field.
   friend bool operator==(const Allocated&, const Allocated&) = default;
@@ -391,12 +392,15 @@ using Reply = std::variant<HelloReply, Allocated, Freed, QueryReply, StatsReply,
 template <class M, class T>
 concept Is = std::same_as<std::remove_const_t<M>, T>;
 
-/// An ExportKind field; the reader fails on a value other than shared_memory and cuda_ipc.
+/// An ExportKind field; the reader fails on a value that is no ExportKind (cuda_vmm and host_vmm
+/// came after version 1 was first released: a reader from before refuses them, so an old client
+/// gets a clear bad_message from a VMM server rather than a mapping it cannot make).
 template <class A, class K>
 void export_kind(A& a, K& kind) {
   a.enumeration(kind);
   if constexpr (std::same_as<A, WireReader>) {
-    if (kind != ExportKind::shared_memory && kind != ExportKind::cuda_ipc) {
+    if (kind != ExportKind::shared_memory && kind != ExportKind::cuda_ipc && kind != ExportKind::cuda_vmm &&
+        kind != ExportKind::host_vmm) {
       a.fail("unknown export kind");
     }
   }

@@ -8,16 +8,32 @@
 /// cudaIpcCloseMemHandle. The CUDA part is compiled where `<cuda_runtime_api.h>` is on the include
 /// path (link CUDA::cudart then), unless CARVE_SERVICE_NO_CUDA is defined; without it a
 /// cuda_ipc segment is refused with a clear error.
+///
+/// cuda_vmm and host_vmm (a VmmCard's segments): the descriptor that came with the reply is
+/// imported, addresses are reserved, the memory is mapped, the segment's device is given
+/// read/write access, and the handle and descriptor are released at once (the mapping keeps the
+/// memory); unmapping undoes the mapping and the reservation (map_vmm_segment, unmap_vmm_segment).
+/// cuda_vmm runs on CudaMemoryMapper (also needs `<cuda.h>`; never libcuda), host_vmm on the
+/// process's host_vmm_mapper(): the same code, so the GPU path runs in the host tests. cuda_ipc
+/// remains for servers that lend cudaMalloc memory (CudaDeviceResource).
 #pragma once
 
 #include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
+#include <carve/service/protocol.hpp>
 #include <carve/service/unix_socket.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
 
 #if __has_include(<cuda_runtime_api.h>) && !defined(CARVE_SERVICE_NO_CUDA)
 #include <cuda_runtime_api.h>
 /// Defined when this build maps cuda_ipc segments (see cuda_ipc_available).
 #define CARVE_SERVICE_HAS_CUDA 1
+#if __has_include(<cuda.h>)
+#include <carve/vmm/cuda_memory_mapper.hpp>
+/// Defined when this build maps cuda_vmm segments (CudaMemoryMapper is available).
+#define CARVE_SERVICE_HAS_CUDA_VMM 1
+#endif
 #endif
 
 #include <sys/mman.h>
@@ -27,7 +43,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <string>
+#include <utility>
 
 namespace carve::service {
 
@@ -44,8 +62,61 @@ struct MappedSegment {
   void* base = nullptr;                        ///< where it is mapped here
   std::size_t size = 0;                        ///< its bytes
   ExportKind kind = ExportKind::shared_memory; ///< how the server exported it
-  int device = -1;                             ///< cuda_ipc: the CUDA ordinal holding it
+  int device = -1;                             ///< cuda_ipc and the VMM kinds: the device holding it
+  std::size_t mapped_bytes = 0;                ///< VMM kinds: reserved and mapped (size rounded to the granularity)
 };
+
+/// The host twin that maps host_vmm segments in this process: one per process, shared by every
+/// client, with the OS page as its granularity (so it maps a segment of any exporter's
+/// granularity: the exporter's physical allocation is a whole number of its granules, each a
+/// whole number of pages) and the CPU standing for every device (the process touches the memory
+/// for whichever simulated device it works for).
+inline HostMemoryMapper& host_vmm_mapper() {
+  static HostMemoryMapper mapper(
+      HostMapperOptions{os_page_size(), max_cards, HostMemoryMapper::every_device});
+  return mapper;
+}
+
+/// Maps a VMM segment of `size` bytes on `device` with `mapper` (see the file's description); `fd`
+/// is taken over and closed. Errors (nothing stays mapped or imported): bad_message for an empty
+/// segment or no descriptor; the mapper's errors otherwise (out_of_range: a device this process
+/// cannot see).
+template <PhysicalMemoryMapper Mapper>
+Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int device, UniqueFd fd) {
+  if (size == 0 || !fd) {
+    return fail(Errc::bad_message, std::string("the server's ") + to_string(Mapper::export_kind) +
+                                       " segment came empty or without its descriptor");
+  }
+  const auto g = mapper.granularity(device);
+  if (!g) {
+    return cuda::std::unexpected(g.error());
+  }
+  const auto rounded = round_up_to_granularity(size, *g);
+  if (!rounded) {
+    return fail(Errc::bad_message, "a segment of " + std::to_string(size) + " bytes cannot be mapped");
+  }
+  const auto h = mapper.import_fd(fd.get());
+  fd.reset(); // imported: the handle holds the memory now
+  if (!h) {
+    return cuda::std::unexpected(h.error());
+  }
+  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write);
+  (void)mapper.release(*h); // a mapping keeps the memory; on failure this frees it
+  if (!placed) {
+    return cuda::std::unexpected(placed.error());
+  }
+  return MappedSegment{placed->base, size, Mapper::export_kind, device, placed->bytes};
+}
+
+/// Undoes map_vmm_segment with the same mapper.
+template <PhysicalMemoryMapper Mapper>
+void unmap_vmm_segment(Mapper& mapper, const MappedSegment& s) noexcept {
+  try {
+    (void)unplace_physical(mapper, PlacedMemory{s.base, s.mapped_bytes});
+  } catch (const std::bad_alloc&) {
+    // only an error message could not be built
+  }
+}
 
 /// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory), taken
 /// over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
@@ -58,6 +129,18 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
   if (size == 0) {
     return fail(Errc::bad_message, "the server exported an empty segment");
   }
+  if (kind == ExportKind::host_vmm) {
+    return map_vmm_segment(host_vmm_mapper(), size, device, std::move(fd));
+  }
+  if (kind == ExportKind::cuda_vmm) {
+#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
+    CudaMemoryMapper gpus;
+    return map_vmm_segment(gpus, size, device, std::move(fd));
+#else
+    return fail(Errc::unsupported_version,
+                "the server lends CUDA VMM memory (cuda_vmm) but this program was built without the CUDA headers");
+#endif
+  }
   if (kind == ExportKind::shared_memory) {
     struct stat st {};
     if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_size < 0 || static_cast<std::size_t>(st.st_size) < size) {
@@ -68,7 +151,10 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
       return fail(Errc::no_space,
                   "cannot map a " + std::to_string(size) + "-byte shared-memory segment: " + detail::errno_text(errno));
     }
-    return MappedSegment{p, size, kind, device};
+    return MappedSegment{p, size, kind, device, size};
+  }
+  if (kind != ExportKind::cuda_ipc) {
+    return fail(Errc::unsupported_version, "the server exports segments of an unknown kind");
   }
 #if defined(CARVE_SERVICE_HAS_CUDA)
   cudaIpcMemHandle_t h{};
@@ -87,7 +173,7 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
     cudaGetLastError();
     return fail(Errc::no_space, std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e));
   }
-  return MappedSegment{p, size, kind, device};
+  return MappedSegment{p, size, kind, device, size};
 #else
   (void)handle;
   return fail(Errc::unsupported_version,
@@ -95,13 +181,24 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
 #endif
 }
 
-/// Undoes map_segment (munmap, or cudaIpcCloseMemHandle); pointers into the segment are invalid
-/// afterwards.
+/// Undoes map_segment (munmap, unmap_vmm_segment, or cudaIpcCloseMemHandle); pointers into the
+/// segment are invalid afterwards.
 inline void unmap_segment(const MappedSegment& s) noexcept {
   if (s.kind == ExportKind::shared_memory) {
     ::munmap(s.base, s.size);
     return;
   }
+  if (s.kind == ExportKind::host_vmm) {
+    unmap_vmm_segment(host_vmm_mapper(), s);
+    return;
+  }
+#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
+  if (s.kind == ExportKind::cuda_vmm) {
+    CudaMemoryMapper gpus;
+    unmap_vmm_segment(gpus, s);
+    return;
+  }
+#endif
 #if defined(CARVE_SERVICE_HAS_CUDA)
   cudaIpcCloseMemHandle(s.base);
   cudaGetLastError();

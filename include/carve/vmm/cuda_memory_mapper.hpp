@@ -1,0 +1,320 @@
+/// @file carve/vmm/cuda_memory_mapper.hpp
+/// The VMM protocol on CUDA devices: cuMemCreate, POSIX-descriptor export and import, cuMemMap and
+/// cuMemSetAccess per device.
+///
+/// @code
+/// carve::CudaMemoryMapper gpus;
+/// auto g = *gpus.granularity(0);
+/// auto h = *gpus.create(0, 4 * g);
+/// auto placed = *carve::place_physical(gpus, h, 4 * g, 0, carve::Access::read_write);
+/// gpus.set_access(placed.base, placed.bytes, 1, carve::Access::read);   // a peer may read it
+/// @endcode
+///
+/// No link to libcuda: the driver's entry points are obtained through the runtime
+/// (cudaGetDriverEntryPointByVersion, asking for the CUDA 12.0 ABI of each), as CCCL does, so a
+/// program that uses carve starts on a machine without a driver and every call then fails with
+/// Errc::unsupported. The table is loaded once per process, on first use, after the runtime has
+/// initialised the driver (cudaFree(nullptr)). Errors carry the driver's error name
+/// ("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY") and map to carve::Errc as
+/// carve/vmm/physical_memory_mapper.hpp describes: CUDA_ERROR_OUT_OF_MEMORY is no_space,
+/// CUDA_ERROR_INVALID_DEVICE out_of_range, CUDA_ERROR_NOT_SUPPORTED unsupported,
+/// CUDA_ERROR_INVALID_VALUE invalid_argument (the driver does not tell a bad size from a bad
+/// address; create checks sizes itself and says invalid_size), CUDA_ERROR_NOT_MAPPED not_allocated,
+/// anything else device_error.
+///
+/// Physical allocations are pinned device memory (CU_MEM_ALLOCATION_TYPE_PINNED) that may be
+/// exported as a POSIX file descriptor; the granularity is the driver's recommended one (2 MiB on
+/// current GPUs). Calls naming a device make it current for their duration and put the caller's
+/// back. Stateless: copies are interchangeable; thread-safe as the driver is.
+///
+/// Needs the CUDA headers: declared only where both `<cuda.h>` and `<cuda_runtime_api.h>` are on
+/// the include path (link CUDA::cudart or cudart_static, never CUDA::cuda_driver), so
+/// `<carve/carve.hpp>` compiles with a plain host compiler. Has not run on a GPU yet: it compiles
+/// with nvcc 13 for sm_80/sm_90 and g++, and the same protocol runs on the host twin in the tests.
+#pragma once
+
+#if __has_include(<cuda.h>) && __has_include(<cuda_runtime_api.h>)
+#include <carve/core/error.hpp>
+#include <carve/mr/cuda_current_device.hpp>
+#include <carve/mr/segment_export.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <fcntl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace carve {
+
+namespace detail {
+
+// The driver's VMM entry points, found through the runtime.
+struct CudaVmmDriver {
+  decltype(&::cuGetErrorName) get_error_name = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemCreate) create = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemExportToShareableHandle) export_handle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) import_handle = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) free_reservation = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemGetAccess) get_access = nullptr;
+  std::string missing; // why the table is unusable; empty when every entry point was found
+
+  static constexpr unsigned abi_version = 12000; // every call here has had this ABI since CUDA 12.0
+
+  template <class F>
+  void find(F& fn, const char* symbol) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(symbol, &p, abi_version, cudaEnableDefault, &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      if (missing.empty()) {
+        missing = std::string("the CUDA driver has no ") + symbol + " (no driver installed, or one older than 12.0)";
+      }
+      return;
+    }
+    fn = reinterpret_cast<F>(p);
+  }
+
+  CudaVmmDriver() {
+    if (cudaFree(nullptr) != cudaSuccess) { // initialises the runtime and with it the driver
+      cudaGetLastError();
+    }
+    find(get_error_name, "cuGetErrorName");
+    find(granularity, "cuMemGetAllocationGranularity");
+    find(create, "cuMemCreate");
+    find(release, "cuMemRelease");
+    find(export_handle, "cuMemExportToShareableHandle");
+    find(import_handle, "cuMemImportFromShareableHandle");
+    find(reserve, "cuMemAddressReserve");
+    find(free_reservation, "cuMemAddressFree");
+    find(map, "cuMemMap");
+    find(unmap, "cuMemUnmap");
+    find(set_access, "cuMemSetAccess");
+    find(get_access, "cuMemGetAccess");
+  }
+
+  static const CudaVmmDriver& get() {
+    static const CudaVmmDriver driver; // thread-safe initialisation, once per process
+    return driver;
+  }
+};
+
+} // namespace detail
+
+/// The VMM protocol over the CUDA driver (see the file's description): a PhysicalMemoryMapper.
+class CudaMemoryMapper {
+public:
+  /// The driver's CUmemGenericAllocationHandle.
+  using physical_handle = CUmemGenericAllocationHandle;
+  /// Segments of a VmmCard over this mapper leave the process as cuda_vmm.
+  static constexpr ExportKind export_kind = ExportKind::cuda_vmm;
+
+  /// The recommended granularity of exportable pinned memory on `device` (out_of_range for an
+  /// unknown device).
+  Result<std::size_t> granularity(int device) const {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    const CUmemAllocationProp prop = properties(device);
+    std::size_t g = 0;
+    if (auto ok = check(d, "cuMemGetAllocationGranularity",
+                        d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return g;
+  }
+
+  /// cuMemCreate of `bytes` (a multiple of granularity(device)) on `device`, exportable as a POSIX
+  /// descriptor.
+  Result<physical_handle> create(int device, std::size_t bytes) {
+    const auto g = granularity(device);
+    if (!g) {
+      return cuda::std::unexpected(g.error());
+    }
+    if (bytes == 0 || bytes % *g != 0) {
+      return fail(Errc::invalid_size, "cuMemCreate: " + std::to_string(bytes) +
+                                          " bytes is not a non-zero multiple of the granularity " + std::to_string(*g));
+    }
+    const auto& d = driver();
+    const detail::CudaCurrentDevice current(device);
+    const CUmemAllocationProp prop = properties(device);
+    physical_handle h{};
+    if (auto ok = check(d, "cuMemCreate", d.create(&h, bytes, &prop, 0)); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return h;
+  }
+
+  /// cuMemExportToShareableHandle as a POSIX descriptor (made close-on-exec), owned by the caller.
+  Result<int> export_fd(physical_handle h) {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    int fd = -1;
+    if (auto ok = check(d, "cuMemExportToShareableHandle",
+                        d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return fd;
+  }
+
+  /// cuMemImportFromShareableHandle of a descriptor another process exported; `fd` stays the
+  /// caller's.
+  Result<physical_handle> import_fd(int fd) {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    physical_handle h{};
+    void* os_handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)); // the descriptor, by value
+    if (auto ok = check(d, "cuMemImportFromShareableHandle",
+                        d.import_handle(&h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return h;
+  }
+
+  /// cuMemRelease: the memory lives on while mapped.
+  Result<void> release(physical_handle h) {
+    const auto& d = driver();
+    return d.missing.empty() ? check(d, "cuMemRelease", d.release(h)) : fail(Errc::unsupported, d.missing);
+  }
+
+  /// cuMemAddressReserve of `bytes` aligned to `alignment` (0: the driver's choice).
+  Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    CUdeviceptr va = 0;
+    if (auto ok = check(d, "cuMemAddressReserve", d.reserve(&va, bytes, alignment, 0, 0)); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(va));
+  }
+
+  /// cuMemAddressFree of a whole reservation.
+  Result<void> free_reservation(void* va, std::size_t bytes) {
+    const auto& d = driver();
+    return d.missing.empty() ? check(d, "cuMemAddressFree", d.free_reservation(pointer(va), bytes))
+                             : fail(Errc::unsupported, d.missing);
+  }
+
+  /// cuMemMap of the allocation's first `bytes` at `va`.
+  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+    const auto& d = driver();
+    return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, 0, h, 0))
+                             : fail(Errc::unsupported, d.missing);
+  }
+
+  /// cuMemUnmap of whole mappings.
+  Result<void> unmap(void* va, std::size_t bytes) {
+    const auto& d = driver();
+    return d.missing.empty() ? check(d, "cuMemUnmap", d.unmap(pointer(va), bytes))
+                             : fail(Errc::unsupported, d.missing);
+  }
+
+  /// cuMemSetAccess for one device.
+  Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = access == Access::read_write ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                 : access == Access::read     ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                              : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return check(d, "cuMemSetAccess", d.set_access(pointer(va), bytes, &desc, 1));
+  }
+
+  /// cuMemGetAccess for one device.
+  Result<Access> access(void* va, int device) const {
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    CUmemLocation location{};
+    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = device;
+    unsigned long long flags = 0;
+    if (auto ok = check(d, "cuMemGetAccess", d.get_access(&flags, &location, pointer(va))); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? Access::read_write
+           : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? Access::read
+                                                       : Access::none;
+  }
+
+  /// Whether the driver's entry points were found (false on a machine without a driver).
+  static bool driver_available() { return driver().missing.empty(); }
+
+private:
+  static const detail::CudaVmmDriver& driver() { return detail::CudaVmmDriver::get(); }
+
+  static CUdeviceptr pointer(void* va) noexcept {
+    return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(va));
+  }
+
+  static CUmemAllocationProp properties(int device) noexcept {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    return prop;
+  }
+
+  static Result<void> check(const detail::CudaVmmDriver& d, const char* call, CUresult r) {
+    if (r == CUDA_SUCCESS) {
+      return {};
+    }
+    const char* name = nullptr;
+    if (d.get_error_name == nullptr || d.get_error_name(r, &name) != CUDA_SUCCESS || name == nullptr) {
+      name = "an unknown CUDA error";
+    }
+    Errc code = Errc::device_error;
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      code = Errc::no_space;
+      break;
+    case CUDA_ERROR_INVALID_DEVICE:
+      code = Errc::out_of_range;
+      break;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      code = Errc::unsupported;
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      code = Errc::invalid_argument;
+      break;
+    case CUDA_ERROR_NOT_MAPPED:
+      code = Errc::not_allocated;
+      break;
+    default:
+      break;
+    }
+    return fail(code, std::string(call) + ": " + name + " (" + std::to_string(static_cast<int>(r)) + ")");
+  }
+};
+
+static_assert(PhysicalMemoryMapper<CudaMemoryMapper>);
+
+} // namespace carve
+#endif

@@ -1,0 +1,399 @@
+// The VMM mapping layer on the host twin: the protocol's rules (each refusal leaves nothing
+// changed), two processes sharing a physical allocation passed with SCM_RIGHTS, memory without
+// access that cannot be touched, and VmmCard as an exportable card.
+#include "support/errors.hpp"
+
+#include <carve/service/segment_mapping.hpp>
+#include <carve/service/unix_socket.hpp>
+#include <carve/vmm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t granule = 64 * KiB;
+
+using carve::Access;
+using carve::Errc;
+using carve::HostMemoryMapper;
+
+static_assert(carve::PhysicalMemoryMapper<HostMemoryMapper>);
+static_assert(carve::ExportableResource<carve::VmmCard<HostMemoryMapper>>);
+static_assert(carve::HandsOverDescriptors<carve::VmmCard<HostMemoryMapper>>);
+static_assert(carve::OwnsMemory<carve::VmmCard<HostMemoryMapper>>);
+static_assert(carve::SynchronousResource<carve::VmmCard<HostMemoryMapper>>);
+
+HostMemoryMapper two_devices(int cpu_device = 0) {
+  return HostMemoryMapper({.granularity = granule, .device_count = 2, .cpu_device = cpu_device});
+}
+
+template <class T>
+Errc code_of(const carve::Result<T>& r) {
+  REQUIRE_FALSE(r);
+  return r.error().code;
+}
+
+// Runs `child` in a forked process and returns its wait status.
+template <class F>
+int in_child(F&& child) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::_exit(child());
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+// The address the child's SIGSEGV handler expects, and what it exits with.
+void* volatile expected_fault = nullptr;
+constexpr int faulted_where_expected = 42;
+constexpr int faulted_elsewhere = 43;
+constexpr int did_not_fault = 44;
+
+void on_fault(int, siginfo_t* info, void*) {
+  ::_exit(info->si_addr == expected_fault ? faulted_where_expected : faulted_elsewhere);
+}
+
+// In a child: touches `p` (a write when `write`, else a read) and reports whether exactly that
+// touch faulted.
+int touch_expecting_fault(void* p, bool write) {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGSEGV, &sa, nullptr);
+  ::sigaction(SIGBUS, &sa, nullptr);
+  expected_fault = p;
+  auto* byte = static_cast<volatile unsigned char*>(p);
+  if (write) {
+    *byte = 1;
+  } else {
+    (void)*byte;
+  }
+  return did_not_fault;
+}
+
+} // namespace
+
+TEST_CASE("HostMemoryMapper: options it refuses") {
+  CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = 0}); }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = 1000}); }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = granule, .device_count = 0}); }) ==
+        Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] {
+          HostMemoryMapper({.granularity = granule, .device_count = 2, .cpu_device = 2});
+        }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] {
+          HostMemoryMapper({.granularity = granule, .device_count = 2, .cpu_device = -2});
+        }) == Errc::invalid_argument);
+}
+
+TEST_CASE("HostMemoryMapper: the protocol, and every refusal leaves nothing changed") {
+  HostMemoryMapper m = two_devices();
+  CHECK(*m.granularity(1) == granule);
+  CHECK(code_of(m.granularity(2)) == Errc::out_of_range);
+
+  // create: whole granules on a known device
+  CHECK(code_of(m.create(0, granule + 4 * KiB)) == Errc::invalid_size);
+  CHECK(code_of(m.create(0, 0)) == Errc::invalid_size);
+  CHECK(code_of(m.create(5, granule)) == Errc::out_of_range);
+  CHECK(m.physical_count() == 0);
+  const auto h = m.create(0, 2 * granule);
+  REQUIRE(h);
+  CHECK(code_of(m.export_fd(*h + 100)) == Errc::not_allocated);
+
+  // reserve: whole granules, aligned as asked
+  CHECK(code_of(m.reserve(granule / 2, 0)) == Errc::invalid_size);
+  CHECK(code_of(m.reserve(granule, 3 * granule)) == Errc::invalid_argument);
+  const auto va = m.reserve(4 * granule, 4 * granule);
+  REQUIRE(va);
+  CHECK(reinterpret_cast<std::uintptr_t>(*va) % (4 * granule) == 0);
+  auto* base = static_cast<std::byte*>(*va);
+
+  // map: aligned, whole granules, inside the reservation, not over another mapping, not beyond
+  // the allocation
+  CHECK(code_of(m.map(base + 4 * KiB, granule, *h)) == Errc::invalid_argument);
+  CHECK(code_of(m.map(base, granule + 4 * KiB, *h)) == Errc::invalid_size);
+  CHECK(code_of(m.map(base + 3 * granule, 2 * granule, *h)) == Errc::invalid_argument); // past its end
+  CHECK(code_of(m.map(base, 3 * granule, *h)) == Errc::invalid_size);                   // beyond the allocation
+  CHECK(code_of(m.map(base, granule, *h + 100)) == Errc::not_allocated);
+  CHECK(m.mapping_count() == 0);
+  REQUIRE(m.map(base + granule, 2 * granule, *h));
+  CHECK(code_of(m.map(base + granule, 2 * granule, *h)) == Errc::invalid_argument); // double map
+  CHECK(code_of(m.map(base, 2 * granule, *h)) == Errc::invalid_argument);           // overlaps its start
+  CHECK(code_of(m.map(base + 2 * granule, 2 * granule, *h)) == Errc::invalid_argument);
+  CHECK(m.mapping_count() == 1);
+
+  // rights: none for every device until set; only on whole mappings of known devices
+  CHECK(*m.access(base + granule, 0) == Access::none);
+  CHECK(*m.access(base + 2 * granule + 5, 1) == Access::none);
+  CHECK(code_of(m.access(base, 0)) == Errc::not_allocated);
+  CHECK(code_of(m.access(base + granule, 2)) == Errc::out_of_range);
+  CHECK(code_of(m.set_access(base, 3 * granule, 0, Access::read_write)) == Errc::not_allocated);
+  CHECK(code_of(m.set_access(base + granule, granule, 0, Access::read_write)) == Errc::not_allocated); // cuts it
+  CHECK(code_of(m.set_access(base + granule, 2 * granule, 2, Access::read_write)) == Errc::out_of_range);
+  CHECK(*m.access(base + granule, 0) == Access::none);
+  REQUIRE(m.set_access(base + granule, 2 * granule, 0, Access::read_write));
+  REQUIRE(m.set_access(base + granule, 2 * granule, 1, Access::read));
+  CHECK(*m.access(base + granule, 0) == Access::read_write);
+  CHECK(*m.access(base + granule, 1) == Access::read);
+  std::memset(base + granule, 0x5a, 2 * granule); // device 0 is this CPU: it may write
+
+  // A second mapping of the same allocation (exported and imported here) sees the same bytes.
+  const auto fd = m.export_fd(*h);
+  REQUIRE(fd);
+  const auto again = m.import_fd(*fd);
+  ::close(*fd);
+  REQUIRE(again);
+  CHECK(code_of(m.import_fd(-1)) == Errc::invalid_argument);
+  const auto placed = carve::place_physical(m, *again, 2 * granule, 0, Access::read);
+  REQUIRE(placed);
+  REQUIRE(m.release(*again));
+  const auto* view = static_cast<const unsigned char*>(placed->base);
+  CHECK(view[0] == 0x5a);
+  CHECK(view[2 * granule - 1] == 0x5a);
+  base[granule + 7] = std::byte{0x11};
+  CHECK(view[7] == 0x11);
+
+  // release while mapped: the mapping keeps the memory (the CUDA rule)
+  REQUIRE(m.release(*h));
+  CHECK(code_of(m.release(*h)) == Errc::not_allocated);
+  CHECK(m.physical_count() == 0);
+  CHECK(static_cast<unsigned char>(base[granule + 7]) == 0x11);
+
+  // unmap: whole mappings only; free_reservation: the whole reservation, nothing mapped
+  CHECK(code_of(m.unmap(base + granule, granule)) == Errc::not_allocated);
+  CHECK(code_of(m.unmap(base, 3 * granule)) == Errc::not_allocated);
+  CHECK(code_of(m.free_reservation(base, 4 * granule)) == Errc::invalid_argument); // still mapped
+  CHECK(code_of(m.free_reservation(base, 2 * granule)) == Errc::invalid_size);
+  CHECK(code_of(m.free_reservation(base + granule, 4 * granule)) == Errc::not_allocated);
+  REQUIRE(m.unmap(base + granule, 2 * granule));
+  CHECK(code_of(m.access(base + granule, 0)) == Errc::not_allocated);
+  CHECK(code_of(m.unmap(base + granule, 2 * granule)) == Errc::not_allocated);
+  CHECK(view[7] == 0x11); // the other mapping still holds the memory
+  REQUIRE(m.free_reservation(base, 4 * granule));
+  REQUIRE(carve::unplace_physical(m, *placed));
+  CHECK(m.physical_count() == 0);
+  CHECK(m.reservation_count() == 0);
+  CHECK(m.mapping_count() == 0);
+}
+
+TEST_CASE("HostMemoryMapper: two mappings in one reservation, and copies share the tables") {
+  HostMemoryMapper m = two_devices();
+  const HostMemoryMapper copy = m;
+  const auto a = m.create(1, granule);
+  const auto b = m.create(1, granule);
+  const auto va = m.reserve(2 * granule, 0);
+  REQUIRE((a && b && va));
+  auto* base = static_cast<std::byte*>(*va);
+  REQUIRE(m.map(base, granule, *a));
+  REQUIRE(m.map(base + granule, granule, *b));
+  // set_access may name a run of whole mappings
+  REQUIRE(m.set_access(base, 2 * granule, 0, Access::read_write));
+  std::memset(base, 1, 2 * granule);
+  CHECK(copy.mapping_count() == 2);
+  REQUIRE(m.unmap(base, 2 * granule));
+  REQUIRE(m.release(*a));
+  REQUIRE(m.release(*b));
+  REQUIRE(m.free_reservation(base, 2 * granule));
+  CHECK(copy.physical_count() == 0);
+}
+
+TEST_CASE("HostMemoryMapper: two processes share a physical allocation passed with SCM_RIGHTS") {
+  int sockets[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) == 0);
+  carve::service::UniqueFd parent_end(sockets[0]);
+  carve::service::UniqueFd child_end(sockets[1]);
+  HostMemoryMapper m = two_devices();
+  const auto h = m.create(0, 2 * granule);
+  REQUIRE(h);
+  const auto mine = carve::place_physical(m, *h, 2 * granule, 0, Access::read_write);
+  REQUIRE(mine);
+  auto* bytes = static_cast<unsigned char*>(mine->base);
+  for (std::size_t i = 0; i < 2 * granule; ++i) {
+    bytes[i] = static_cast<unsigned char>(i * 7);
+  }
+  const auto fd = m.export_fd(*h);
+  REQUIRE(fd);
+  const std::array<std::uint8_t, 1> hello{1};
+  REQUIRE(carve::service::send_message(parent_end.get(), hello, *fd) == 0);
+  ::close(*fd);
+
+  const int status = in_child([&] {
+    // A fresh mapper of the child's own, as another process would have.
+    HostMemoryMapper other = two_devices();
+    std::array<std::uint8_t, 8> buffer{};
+    std::vector<carve::service::UniqueFd> fds;
+    const auto r = carve::service::receive_message(child_end.get(), buffer, fds);
+    if (r.error != 0 || fds.size() != 1) {
+      return 10;
+    }
+    const auto imported = other.import_fd(fds.front().get());
+    fds.clear();
+    if (!imported) {
+      return 11;
+    }
+    const auto view = carve::place_physical(other, *imported, 2 * granule, 0, Access::read_write);
+    if (!view || !other.release(*imported)) {
+      return 12;
+    }
+    auto* seen = static_cast<unsigned char*>(view->base);
+    for (std::size_t i = 0; i < 2 * granule; ++i) {
+      if (seen[i] != static_cast<unsigned char>(i * 7)) {
+        return 13;
+      }
+    }
+    std::memset(seen + granule, 0xc3, granule); // for the parent to see
+    return carve::unplace_physical(other, *view) ? 0 : 14;
+  });
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(bytes[granule] == 0xc3);
+  CHECK(bytes[2 * granule - 1] == 0xc3);
+  CHECK(bytes[granule - 1] == static_cast<unsigned char>((granule - 1) * 7));
+  REQUIRE(carve::unplace_physical(m, *mine));
+  REQUIRE(m.release(*h));
+}
+
+TEST_CASE("HostMemoryMapper: memory this CPU has no right to cannot be touched") {
+  HostMemoryMapper m = two_devices(); // the CPU plays device 0
+  const auto h = m.create(0, granule);
+  REQUIRE(h);
+  // Device 1 may write, device 0 (this CPU) may nothing.
+  const auto placed = carve::place_physical(m, *h, granule, 1, Access::read_write);
+  REQUIRE(placed);
+  REQUIRE(m.release(*h));
+  auto* p = static_cast<std::byte*>(placed->base);
+  const auto faults = [&](void* where, bool write) {
+    const int status = in_child([&] { return touch_expecting_fault(where, write); });
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  CHECK(faults(p + 100, false) == faulted_where_expected);
+  REQUIRE(m.set_access(p, granule, 0, Access::read));
+  CHECK(static_cast<int>(p[100]) == 0); // now it may read
+  CHECK(faults(p + 200, true) == faulted_where_expected);
+  REQUIRE(m.set_access(p, granule, 0, Access::read_write));
+  CHECK(faults(p + 300, true) == did_not_fault);
+  REQUIRE(carve::unplace_physical(m, *placed));
+  // and a reservation with nothing mapped is no memory at all
+  const auto va = m.reserve(granule, 0);
+  REQUIRE(va);
+  CHECK(faults(*va, false) == faulted_where_expected);
+  REQUIRE(m.free_reservation(*va, granule));
+}
+
+TEST_CASE("HostMemoryMapper: every_device gives the CPU the widest right any device holds") {
+  HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
+  const auto h = m.create(1, granule);
+  REQUIRE(h);
+  const auto placed = carve::place_physical(m, *h, granule, 1, Access::read_write);
+  REQUIRE(placed);
+  std::memset(placed->base, 9, granule);
+  REQUIRE(carve::unplace_physical(m, *placed));
+  REQUIRE(m.release(*h));
+}
+
+TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {
+  HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
+  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) ==
+        Errc::invalid_size);
+  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 7, 4 * granule); }) ==
+        Errc::out_of_range);
+  carve::VmmCard<HostMemoryMapper> card(m, 1, 4 * granule);
+  CHECK(card.granularity() == granule);
+  CHECK(card.device() == 1);
+  CHECK(card.try_allocate(0, 8).error() == Errc::invalid_size);
+  CHECK(card.try_allocate(100, 2 * granule).error() == Errc::no_space); // beyond the granularity's alignment
+  const auto p = card.try_allocate(granule + 1, 256);
+  REQUIRE(p);
+  CHECK(card.used_bytes() == 2 * granule);
+  CHECK(card.owns(static_cast<std::byte*>(*p) + 2 * granule - 1));
+  CHECK_FALSE(card.owns(static_cast<std::byte*>(*p) + 2 * granule));
+  CHECK(*m.access(*p, 1) == Access::read_write);
+  CHECK(*m.access(*p, 0) == Access::none);
+  std::memset(*p, 0x42, granule + 1);
+
+  CHECK_FALSE(card.export_segment(*p, 3 * granule));
+  CHECK_FALSE(card.export_segment(static_cast<std::byte*>(*p) + 64, 8));
+  const auto e = card.export_segment(*p, granule + 1);
+  REQUIRE(e);
+  CHECK(e->kind == carve::ExportKind::host_vmm);
+  CHECK(e->size == granule + 1);
+  CHECK(e->device == 1);
+  CHECK(card.export_segment(*p, granule + 1)->fd == e->fd); // lent, made once
+
+  // An importer that rounds to its own (finer) granularity maps it through map_segment.
+  const int taken = *card.release_descriptor(*p);
+  CHECK(taken == e->fd);
+  CHECK_FALSE(card.release_descriptor(*p));
+  auto mapped = carve::service::map_segment(carve::ExportKind::host_vmm, e->size, e->device, {},
+                                            carve::service::UniqueFd(taken));
+  REQUIRE(mapped);
+  CHECK(mapped->mapped_bytes == granule + carve::os_page_size());
+  auto* seen = static_cast<unsigned char*>(mapped->base);
+  CHECK(seen[granule] == 0x42);
+  seen[0] = 0x24;
+  CHECK(*static_cast<unsigned char*>(*p) == 0x24);
+
+  // The card frees it while the importer maps it: the importer keeps the memory.
+  card.deallocate(*p, granule + 1, 256);
+  CHECK(card.used_bytes() == 0);
+  CHECK(m.physical_count() == 0);
+  CHECK(seen[granule] == 0x42);
+  carve::service::unmap_segment(*mapped);
+  CHECK(carve::service::host_vmm_mapper().mapping_count() == 0);
+
+  // Full: no_space, nothing taken.
+  const auto all = card.try_allocate(4 * granule, 8);
+  REQUIRE(all);
+  CHECK(card.try_allocate(1, 8).error() == Errc::no_space);
+  CHECK(card.allocation_count() == 1);
+  card.deallocate(*all, 4 * granule, 8);
+  CHECK(m.reservation_count() == 0);
+}
+
+TEST_CASE("VmmCard: a card dropped with live allocations gives them back, descriptors included") {
+  HostMemoryMapper m = two_devices();
+  {
+    carve::VmmCard<HostMemoryMapper> card(m, 0, 4 * granule);
+    const auto p = card.try_allocate(10, 8);
+    REQUIRE(p);
+    REQUIRE(card.export_segment(*p, 10));
+    CHECK(m.physical_count() == 1);
+  }
+  CHECK(m.physical_count() == 0);
+  CHECK(m.reservation_count() == 0);
+}
+
+TEST_CASE("map_segment: a VMM segment without its descriptor, or of a device the process lacks") {
+  using carve::service::map_segment;
+  CHECK(map_segment(carve::ExportKind::host_vmm, 4096, 0, {}, {}).error().code == Errc::bad_message);
+  HostMemoryMapper m = two_devices();
+  const auto h = m.create(0, granule);
+  REQUIRE(h);
+  const auto fd = m.export_fd(*h);
+  REQUIRE(fd);
+  const auto far = map_segment(carve::ExportKind::host_vmm, 4096, 1000, {}, carve::service::UniqueFd(*fd));
+  REQUIRE_FALSE(far);
+  CHECK(far.error().code == Errc::out_of_range);
+  if (!carve::service::cuda_ipc_available) {
+    const auto gpu = map_segment(carve::ExportKind::cuda_vmm, 4096, 0, {}, carve::service::UniqueFd(::dup(0)));
+    REQUIRE_FALSE(gpu);
+    CHECK(gpu.error().code == Errc::unsupported_version);
+  }
+  REQUIRE(m.release(*h));
+}

@@ -1,0 +1,88 @@
+// The allocation service lending VmmCard memory over the host twin: a server thread exports each
+// region as a physical allocation's descriptor, a client in this process maps it through
+// map_segment (import, reserve, map, set access) and both sides see each other's bytes. The same
+// path runs on GPUs with CudaMemoryMapper (cuda_vmm). Threads meet here: run under ThreadSanitizer
+// by the test command (label concurrent).
+#include "service/service_process.hpp"
+#include "support/topology_data.hpp"
+
+#include <carve/service.hpp>
+#include <carve/vmm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace carve::service;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t granule = 64 * KiB;
+
+using Card = carve::VmmCard<carve::HostMemoryMapper>;
+
+} // namespace
+
+TEST_CASE("a server lends VmmCard memory; the client maps it and both see the same bytes") {
+  carve::test::TempDir dir;
+  const carve::Topology topology = carve::test::dgx1();
+  // One mapper for the server's eight devices; the server touches its memory as any device.
+  carve::HostMemoryMapper mapper(
+      {.granularity = granule, .device_count = 8, .cpu_device = carve::HostMemoryMapper::every_device});
+  std::vector<Card> cards;
+  for (int d = 0; d < topology.gpu_count(); ++d) {
+    cards.emplace_back(mapper, d, 8 * granule);
+  }
+  const std::vector<Card> view = cards; // copies are handles to the same cards
+  ServerOptions options;
+  options.socket_path = dir.path() / "served.sock";
+  carve::AllocationServer<Card> server(topology, cards, options);
+  std::thread serving([&] { server.run(); });
+  {
+    auto client = carve::AllocationClient::connect(ClientOptions{options.socket_path, "vmm", 30s});
+    REQUIRE(client);
+    CHECK(client->server().backend == carve::ExportKind::host_vmm);
+    const auto r = client->allocate(3000, 3);
+    REQUIRE(r);
+    CHECK(r->info.card == 3);
+    std::memset(r->ptr, 0x6b, 3000);
+
+    // The server's own mapping of that segment holds the client's bytes, and the other way round.
+    const auto held = view[3].allocations();
+    REQUIRE(held.size() == 1);
+    CHECK(held.front().second == granule);
+    auto* served = static_cast<unsigned char*>(held.front().first);
+    CHECK(served[r->info.offset] == 0x6b);
+    CHECK(served[r->info.offset + 2999] == 0x6b);
+    served[r->info.offset + 1] = 0x01;
+    CHECK(static_cast<unsigned char*>(r->ptr)[1] == 0x01);
+    CHECK(*mapper.access(held.front().first, 3) == carve::Access::read_write);
+    CHECK(host_vmm_mapper().mapping_count() == 1);
+
+    // A second region: a segment of its own, mapped anew.
+    const auto r2 = client->allocate(2 * granule, 3);
+    REQUIRE(r2);
+    CHECK(r2->info.segment != r->info.segment);
+    std::memset(r2->ptr, 0x11, 2 * granule);
+    CHECK(host_vmm_mapper().mapping_count() == 2);
+
+    REQUIRE(client->free(r->ptr));
+    REQUIRE(client->free(r2->ptr));
+    CHECK(host_vmm_mapper().mapping_count() == 0);
+    const auto s = client->stats();
+    REQUIRE(s);
+    CHECK(s->live_regions == 0);
+    CHECK(s->consistent);
+  }
+  server.request_stop();
+  serving.join();
+  CHECK(server.service().region_count() == 0);
+  CHECK(view[3].used_bytes() == 0);
+  CHECK(mapper.physical_count() == 0);
+  CHECK(mapper.reservation_count() == 0);
+  CHECK(host_vmm_mapper().reservation_count() == 0);
+}
