@@ -11,30 +11,40 @@
 /// @endcode
 ///
 /// Construction queries each device (cudaGetDeviceCount, cudaMemGetInfo, the SM count and compute
-/// mode), takes its share of device memory in one cudaMalloc, and creates one non-blocking stream
-/// and one event per device. Copies are cudaMemcpyAsync on the device's stream; wait(d) records the
+/// mode), takes its share of device memory through the VMM mapping layer (carve/vmm/: one
+/// physical allocation created with cuMemCreate, mapped into a reservation of its own and made
+/// read/write for that device with cuMemSetAccess, by CudaMemoryMapper; the share is rounded down to
+/// whole granules, at least 2 MiB), and creates one non-blocking stream and one event per device.
+/// The same layer exports memory to other processes (VmmCard), and gives each device its own right
+/// on the range, which a cudaMalloc allocation cannot. Copies are cudaMemcpyAsync on the device's stream; wait(d) records the
 /// event and waits for it. Mirror memory is pinned with cudaHostRegister as allocations appear, so
 /// copies are real DMA that overlap across devices (when pinning fails the copies still work, staged
 /// by the driver). A device whose compute mode is "prohibited" or whose memory cannot be had is
 /// reported unavailable, and the mirror leaves it alone.
 ///
-/// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` is on the include path (nvcc,
-/// or a target linked to CUDA::cudart), so `<carve/carve.hpp>` compiles without it. Construction
+/// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` and `<cuda.h>` are on the
+/// include path (nvcc, or a target linked to CUDA::cudart; the driver's VMM calls are found through
+/// the runtime, never by linking libcuda), so `<carve/carve.hpp>` compiles without them. Has not
+/// run on a GPU yet (the VMM path compiles for sm_80/sm_90; its host twin runs in the tests). Construction
 /// throws carve::Exception (device_error) when there is no CUDA device; the copy calls report
 /// Errc::device_error.
 #pragma once
 
 #include <carve/core/error.hpp>
-#if __has_include(<cuda_runtime_api.h>)
+#if __has_include(<cuda_runtime_api.h>) && __has_include(<cuda.h>)
 #include <carve/core/errc.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mr/cuda_current_device.hpp>
+#include <carve/vmm/cuda_memory_mapper.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <cuda/std/expected>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,12 +54,12 @@ namespace carve {
 /// Which devices a CudaMirrorBackend uses, and how much of each.
 struct CudaMirrorOptions {
   std::vector<int> devices{};       ///< CUDA ordinals to use; empty: every device
-  std::size_t bytes_per_device = 0; ///< 0: free_fraction of what each device has free (whole 2 MiB)
+  std::size_t bytes_per_device = 0; ///< 0: free_fraction of what each device has free (whole granules)
   double free_fraction = 0.5;       ///< used when bytes_per_device is 0
   bool pin_host_memory = true;      ///< cudaHostRegister mirror memory as allocations appear
 };
 
-/// A MirrorBackend over CUDA devices: one cudaMalloc, stream and event per device. Not copyable.
+/// A MirrorBackend over CUDA devices: one VMM mapping, stream and event per device. Not copyable.
 class CudaMirrorBackend {
 public:
   /// Opens every device in `options`. Throws carve::Exception (device_error) when there is no
@@ -197,26 +207,58 @@ private:
     std::size_t bytes = options.bytes_per_device != 0
                             ? options.bytes_per_device
                             : static_cast<std::size_t>(static_cast<double>(free) * options.free_fraction);
-    bytes = bytes / (std::size_t{2} << 20) * (std::size_t{2} << 20); // whole 2 MiB, the largest page
-    void* memory = nullptr;
-    if (bytes == 0 || cudaMalloc(&memory, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      return d;
+    const auto placed = take_device_memory(ordinal, bytes);
+    if (!placed) {
+      return d; // unavailable: the mirror leaves the device alone
     }
+    bytes = placed->bytes;
     if (cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&d.done, cudaEventDisableTiming) != cudaSuccess) {
       cudaGetLastError();
       if (d.stream != nullptr) {
         cudaStreamDestroy(d.stream);
       }
-      cudaFree(memory);
+      give_back(*placed);
       throw Exception(Errc::device_error,
                       "carve::CudaMirrorBackend: cannot create a stream on CUDA device " + std::to_string(ordinal));
     }
-    d.memory = static_cast<std::byte*>(memory);
+    d.memory = static_cast<std::byte*>(placed->base);
     d.info.capacity = bytes;
     d.info.available = true;
     return d;
+  }
+
+  // `bytes` (rounded down to whole granules, at least 2 MiB: the largest page a mirror takes) of
+  // device memory, mapped read/write for that device alone; nullopt when the device cannot give it.
+  static std::optional<PlacedMemory> take_device_memory(int ordinal, std::size_t bytes) {
+    CudaMemoryMapper gpus;
+    const auto g = gpus.granularity(ordinal);
+    if (!g) {
+      return std::nullopt;
+    }
+    const std::size_t granule = *g > (std::size_t{2} << 20) ? *g : std::size_t{2} << 20; // both powers of two
+    bytes = bytes / granule * granule;
+    if (bytes == 0) {
+      return std::nullopt;
+    }
+    const auto h = gpus.create(ordinal, bytes);
+    if (!h) {
+      return std::nullopt;
+    }
+    const auto placed = place_physical(gpus, *h, bytes, ordinal, Access::read_write);
+    (void)gpus.release(*h); // the mapping keeps the memory until give_back unmaps it
+    if (!placed) {
+      return std::nullopt;
+    }
+    return *placed;
+  }
+  static void give_back(const PlacedMemory& placed) noexcept {
+    CudaMemoryMapper gpus;
+    try {
+      (void)unplace_physical(gpus, placed);
+    } catch (const std::bad_alloc&) {
+      // only an error message could not be built
+    }
   }
 
   void close_all() noexcept {
@@ -228,7 +270,7 @@ private:
       cudaStreamSynchronize(d.stream);
       cudaEventDestroy(d.done);
       cudaStreamDestroy(d.stream);
-      cudaFree(d.memory);
+      give_back(PlacedMemory{d.memory, d.info.capacity});
       d.memory = nullptr;
     }
     cudaGetLastError();
