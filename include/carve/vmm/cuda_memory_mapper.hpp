@@ -74,11 +74,12 @@ struct CudaVmmDriver {
   void find(F& fn, const char* symbol) {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion(symbol, &p, abi_version, cudaEnableDefault, &status) != cudaSuccess ||
-        status != cudaDriverEntryPointSuccess || p == nullptr) {
+    const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, abi_version, cudaEnableDefault, &status);
+    if (e != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
       cudaGetLastError();
       if (missing.empty()) {
-        missing = std::string("the CUDA driver has no ") + symbol + " (no driver installed, or one older than 12.0)";
+        missing = std::string("no usable CUDA driver: cannot find ") + symbol + " (" +
+                  (e != cudaSuccess ? cudaGetErrorName(e) : "not in this driver, or it is older than 12.0") + ")";
       }
       return;
     }
