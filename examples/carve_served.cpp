@@ -10,12 +10,13 @@
 // then every client is disconnected, every region reclaimed, the memory returned to the cards,
 // and it exits 0.
 //
-// Every segment of the shared-memory backend keeps its memfd open (the server must be able to
+// Every segment of the shared-memory and host-vmm backends keeps its memfd open (the server must be able to
 // export it to the next client, and a mapping cannot be turned back into a descriptor without
 // CAP_CHECKPOINT_RESTORE), so the server raises its soft descriptor limit to the hard one.
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/service/server_config.hpp>
 #include <carve/topology/cuda_discovery.hpp>
+#include <carve/vmm.hpp>
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -38,7 +39,8 @@ constexpr const char* usage = R"(usage: carve-served [--key value]...
   --topology SOURCE       nvidia-smi:FILE | description:FILE | cuda
   --bandwidth TYPE=GBPS   per link, for nvidia-smi text (nvlink, pcie, inter_socket)
   --max-hops N            links on a path
-  --backend NAME          shared-memory (simulated cards) | cuda
+  --backend NAME          shared-memory (simulated cards) | host-vmm (simulated cards, VMM host twin)
+                          | cuda (GPUs, CUDA VMM) | cuda-ipc (GPUs, cudaMalloc + legacy CUDA IPC)
   --card-memory SIZE      every simulated card; or N=SIZE for card N
   --strategy TEXT         largest-bandwidth | threshold-most-free[:threshold=G,strict]
                           | weighted-score[:free=W,bandwidth=W,history=W]
@@ -176,13 +178,21 @@ int main(int argc, char** argv) {
   }
   try {
     const auto config = carve::service::parse_server_args(args);
-    if (config.backend == carve::service::Backend::cuda) {
-#if __has_include(<cuda_runtime_api.h>) // built with the CUDA runtime (CUDA::cudart)
+    using carve::service::Backend;
+    if (config.backend == Backend::cuda || config.backend == Backend::cuda_ipc) {
+#if __has_include(<cuda_runtime_api.h>) && __has_include(<cuda.h>) // built with the CUDA runtime (CUDA::cudart)
       const carve::Topology topology =
           config.topology == "cuda" ? carve::discover_topology() : carve::service::load_topology(config);
-      std::vector<carve::CudaDeviceResource> gpus;
+      if (config.backend == Backend::cuda_ipc) { // the fallback: cudaMalloc memory, legacy CUDA IPC
+        std::vector<carve::CudaDeviceResource> gpus;
+        for (int g = 0; g < topology.gpu_count(); ++g) {
+          gpus.emplace_back(g);
+        }
+        return serve(config, topology, std::move(gpus));
+      }
+      std::vector<carve::VmmCard<carve::CudaMemoryMapper>> gpus;
       for (int g = 0; g < topology.gpu_count(); ++g) {
-        gpus.emplace_back(g);
+        gpus.emplace_back(carve::CudaMemoryMapper{}, g, carve::CudaDeviceResource(g).capacity());
       }
       return serve(config, topology, std::move(gpus));
 #else
@@ -190,7 +200,11 @@ int main(int argc, char** argv) {
 #endif
     }
     if (config.topology == "cuda") {
-      throw carve::Exception(carve::Errc::invalid_argument, "topology cuda needs --backend cuda");
+      throw carve::Exception(carve::Errc::invalid_argument, "topology cuda needs --backend cuda or cuda-ipc");
+    }
+    if (config.backend == Backend::host_vmm) {
+      const carve::Topology topology = carve::service::load_topology(config);
+      return serve(config, topology, carve::service::host_vmm_cards(config, topology));
     }
     const carve::Topology topology = carve::service::load_topology(config);
     return serve(config, topology, carve::service::shared_memory_cards(config, topology));

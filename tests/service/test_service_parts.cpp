@@ -378,7 +378,7 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(error({"--max-clients", "0"}) == "--max-clients: '0' is not a whole number >= 1");
   CHECK(error({"--bandwidth", "nvlink"}) ==
         "--bandwidth: 'nvlink' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
-  CHECK(error({"--backend", "gpu"}) == "--backend: 'gpu' is not shared-memory or cuda");
+  CHECK(error({"--backend", "gpu"}) == "--backend: 'gpu' is not shared-memory, host-vmm, cuda or cuda-ipc");
   CHECK(error({"--card-memory", "99=1GiB"}) == "--card-memory: card 99 is past the limit of 64 cards");
   CHECK(error({"--config", "/nonexistent.conf"}) == "config file /nonexistent.conf cannot be read");
   std::ofstream(file) << "strategy weighted-score\nmax-clients\n";
@@ -386,6 +386,9 @@ TEST_CASE("carve-served's settings from flags and a file") {
   std::ofstream(file) << "\n\nfrobnicate 3\n";
   CHECK(error({"--config", file.c_str()}) == file.string() + " line 3: unknown setting 'frobnicate'");
   CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "cuda"}).topology == "cuda");
+  CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "cuda-ipc"}).backend == Backend::cuda_ipc);
+  CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "host-vmm"}).backend == Backend::host_vmm);
+  CHECK(parse_server_args(std::vector<std::string_view>{"--backend", "host-vmm"}).topology.empty());
 }
 
 TEST_CASE("a topology and simulated cards from the settings") {

@@ -86,3 +86,34 @@ TEST_CASE("a server lends VmmCard memory; the client maps it and both see the sa
   CHECK(mapper.reservation_count() == 0);
   CHECK(host_vmm_mapper().reservation_count() == 0);
 }
+
+TEST_CASE("carve-served --backend host-vmm: another process lends, this one maps, writes and reads") {
+  carve::test::ServedProcess server(
+      carve::test::served_on_dgx1(CARVE_TEST_DATA_DIR, {"--backend", "host-vmm", "--card-memory", "8MiB"}));
+  REQUIRE(server.listening());
+  {
+    auto client = carve::AllocationClient::connect(ClientOptions{server.socket(), "vmm-process", 30s});
+    REQUIRE(client);
+    CHECK(client->server().backend == carve::ExportKind::host_vmm);
+    std::vector<Region> held;
+    for (int card = 0; card < 8; ++card) {
+      const auto r = client->allocate(100 * KiB, card);
+      REQUIRE(r);
+      std::memset(r->ptr, card + 1, r->info.size);
+      held.push_back(*r);
+    }
+    // Cards of 8 MiB, regions rounded to the server's 2 MiB granularity: four fit on each.
+    const auto stats = client->stats();
+    REQUIRE(stats);
+    CHECK(stats->cards[0].bytes_reserved == 2 * KiB * KiB);
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      const auto* bytes = static_cast<const unsigned char*>(held[i].ptr);
+      CHECK(std::size_t{bytes[0]} == i + 1);
+      CHECK(std::size_t{bytes[held[i].info.size - 1]} == i + 1);
+      REQUIRE(client->free(held[i].ptr));
+    }
+    CHECK(client->mapped_segments() == 0);
+    CHECK(host_vmm_mapper().mapping_count() == 0);
+  }
+  CHECK(server.stop() == 0);
+}

@@ -15,7 +15,10 @@
 ///   topology SOURCE        nvidia-smi:FILE | description:FILE | cuda (the CUDA runtime's view)
 ///   bandwidth TYPE=GBPS    GB/s per link for nvidia-smi text: nvlink, pcie or inter_socket
 ///   max-hops N             links on a path (default: a description's own, else 2)
-///   backend NAME           shared-memory (simulated cards, the default) | cuda
+///   backend NAME           shared-memory (simulated cards, the default) | host-vmm (simulated
+///                          cards lent through the VMM protocol's host twin) | cuda (the GPUs, lent
+///                          as CUDA VMM allocations) | cuda-ipc (the GPUs' cudaMalloc memory, lent as
+///                          legacy CUDA IPC handles: the fallback)
 ///   card-memory SIZE       capacity of every simulated card (default 1GiB);
 ///   card-memory N=SIZE     of card N only
 ///   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
@@ -39,6 +42,8 @@
 #include <carve/service/allocation_server.hpp>
 #include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+#include <carve/vmm/vmm_card.hpp>
 #include <carve/tier/byte_size.hpp>
 #include <carve/topology/parse_error.hpp>
 #include <carve/topology/topology.hpp>
@@ -62,7 +67,9 @@ namespace carve::service {
 /// Whose memory carve-served serves.
 enum class Backend {
   shared_memory, ///< simulated cards (SharedMemoryCard), lent as memfds
-  cuda           ///< the CUDA devices, lent as CUDA IPC handles
+  cuda,          ///< the CUDA devices (VmmCard over CudaMemoryMapper), lent as VMM descriptors (cuda_vmm)
+  cuda_ipc,      ///< the CUDA devices (CudaDeviceResource: cudaMalloc), lent as legacy CUDA IPC handles
+  host_vmm,      ///< simulated cards (VmmCard over HostMemoryMapper), lent through the host twin (host_vmm)
 };
 
 /// carve-served's settings (see the file's description for each key).
@@ -188,8 +195,13 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
       c.backend = Backend::shared_memory;
     } else if (value == "cuda") {
       c.backend = Backend::cuda;
+    } else if (value == "cuda-ipc") {
+      c.backend = Backend::cuda_ipc;
+    } else if (value == "host-vmm") {
+      c.backend = Backend::host_vmm;
     } else {
-      throw Exception(Errc::invalid_argument, "backend: '" + std::string(value) + "' is not shared-memory or cuda");
+      throw Exception(Errc::invalid_argument,
+                      "backend: '" + std::string(value) + "' is not shared-memory, host-vmm, cuda or cuda-ipc");
     }
   } else if (key == "card-memory") {
     const std::size_t eq = value.find('=');
@@ -284,7 +296,7 @@ inline void apply_config_text(ServerConfig& c, std::string_view text, const std:
 }
 
 /// Reads flags (argv[1..]); --config FILE applies a file where it appears. `--help` is the
-/// caller's to handle before. With the cuda backend and no topology, the topology is "cuda".
+/// caller's to handle before. With a cuda backend and no topology, the topology is "cuda".
 /// Throws carve::Exception (invalid_argument).
 inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
   ServerConfig c;
@@ -315,7 +327,7 @@ inline ServerConfig parse_server_args(std::span<const std::string_view> args) {
       }
     }
   }
-  if (c.topology.empty() && c.backend == Backend::cuda) {
+  if (c.topology.empty() && (c.backend == Backend::cuda || c.backend == Backend::cuda_ipc)) {
     c.topology = "cuda";
   }
   return c;
@@ -341,21 +353,48 @@ inline Topology load_topology(const ServerConfig& c) {
   }
 }
 
-/// One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
-/// carve::Exception (invalid_argument) for a card-memory setting that names a card the topology
-/// lacks, or a card of zero bytes.
-inline std::vector<SharedMemoryCard> shared_memory_cards(const ServerConfig& c, const Topology& topology) {
+namespace detail {
+inline void check_card_memory(const ServerConfig& c, const Topology& topology) {
   if (!c.card_memory_of.empty() && c.card_memory_of.rbegin()->first >= topology.gpu_count()) {
     throw Exception(Errc::invalid_argument,
                     "card-memory names card " + std::to_string(c.card_memory_of.rbegin()->first) +
                         " but the topology has " + std::to_string(topology.gpu_count()) + " GPUs");
   }
-  std::vector<SharedMemoryCard> cards;
   for (int g = 0; g < topology.gpu_count(); ++g) {
     if (c.capacity_of(g) == 0) {
       throw Exception(Errc::invalid_argument, "card " + std::to_string(g) + " would have no memory");
     }
+  }
+}
+} // namespace detail
+
+/// One SharedMemoryCard per GPU of the topology, with the configured capacities. Throws
+/// carve::Exception (invalid_argument) for a card-memory setting that names a card the topology
+/// lacks, or a card of zero bytes.
+inline std::vector<SharedMemoryCard> shared_memory_cards(const ServerConfig& c, const Topology& topology) {
+  detail::check_card_memory(c, topology);
+  std::vector<SharedMemoryCard> cards;
+  for (int g = 0; g < topology.gpu_count(); ++g) {
     cards.emplace_back(static_cast<std::size_t>(c.capacity_of(g)), "carve-" + topology.node(topology.gpu(g)).name);
+  }
+  return cards;
+}
+
+/// One VmmCard over the host twin per GPU of the topology (card g is the twin's device g), with the
+/// configured capacities; the twin has the 2 MiB granularity of today's GPUs and the server's CPU
+/// stands for every device. Throws carve::Exception as shared_memory_cards does, and
+/// invalid_argument for a capacity below 2 MiB.
+inline std::vector<VmmCard<HostMemoryMapper>> host_vmm_cards(const ServerConfig& c, const Topology& topology) {
+  detail::check_card_memory(c, topology);
+  const HostMemoryMapper mapper(
+      HostMapperOptions{HostMapperOptions{}.granularity, topology.gpu_count(), HostMemoryMapper::every_device});
+  std::vector<VmmCard<HostMemoryMapper>> cards;
+  for (int g = 0; g < topology.gpu_count(); ++g) {
+    try {
+      cards.emplace_back(mapper, g, static_cast<std::size_t>(c.capacity_of(g)));
+    } catch (const Exception& e) {
+      throw Exception(Errc::invalid_argument, "card " + std::to_string(g) + ": " + e.what());
+    }
   }
   return cards;
 }
