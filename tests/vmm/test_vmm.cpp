@@ -309,10 +309,8 @@ TEST_CASE("HostMemoryMapper: every_device gives the CPU the widest right any dev
 
 TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {
   HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
-  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) ==
-        Errc::invalid_size);
-  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 7, 4 * granule); }) ==
-        Errc::out_of_range);
+  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) == Errc::invalid_size);
+  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 7, 4 * granule); }) == Errc::out_of_range);
   carve::VmmCard<HostMemoryMapper> card(m, 1, 4 * granule);
   CHECK(card.granularity() == granule);
   CHECK(card.device() == 1);
@@ -340,8 +338,8 @@ TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors anoth
   const int taken = *card.release_descriptor(*p);
   CHECK(taken == e->fd);
   CHECK_FALSE(card.release_descriptor(*p));
-  auto mapped = carve::service::map_segment(carve::ExportKind::host_vmm, e->size, e->device, {},
-                                            carve::service::UniqueFd(taken));
+  auto mapped =
+      carve::service::map_segment(carve::ExportKind::host_vmm, e->size, e->device, {}, carve::service::UniqueFd(taken));
   REQUIRE(mapped);
   CHECK(mapped->mapped_bytes == granule + carve::os_page_size());
   auto* seen = static_cast<unsigned char*>(mapped->base);

@@ -74,7 +74,7 @@ struct SegmentExport {
 
   ExportKind kind = ExportKind::shared_memory; ///< which of the fields below apply
   std::size_t size = 0;                        ///< bytes of the whole segment
-  int fd = -1;    ///< shared_memory and the VMM kinds: the resource's descriptor (borrowed, do not close)
+  int fd = -1;     ///< shared_memory and the VMM kinds: the resource's descriptor (borrowed, do not close)
   int device = -1; ///< cuda_ipc and the VMM kinds: the device that holds the memory
   std::array<std::uint8_t, handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t bytes
 };

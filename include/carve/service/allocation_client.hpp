@@ -378,8 +378,8 @@ private:
       }
       if (a.new_mapping) {
         if (travels_as_descriptor(a.kind) && fds.size() != 1) {
-          return give_back(a.region.id, std::string("a new ") + to_string(a.kind) +
-                                            " segment came without its descriptor");
+          return give_back(a.region.id,
+                           std::string("a new ") + to_string(a.kind) + " segment came without its descriptor");
         }
         auto m = map_segment(a.kind, static_cast<std::size_t>(a.segment_size), a.device, a.handle,
                              fds.empty() ? UniqueFd() : std::move(fds.front()));

@@ -72,8 +72,7 @@ struct MappedSegment {
 /// whole number of pages) and the CPU standing for every device (the process touches the memory
 /// for whichever simulated device it works for).
 inline HostMemoryMapper& host_vmm_mapper() {
-  static HostMemoryMapper mapper(
-      HostMapperOptions{os_page_size(), max_cards, HostMemoryMapper::every_device});
+  static HostMemoryMapper mapper(HostMapperOptions{os_page_size(), max_cards, HostMemoryMapper::every_device});
   return mapper;
 }
 

@@ -42,11 +42,11 @@
 #include <carve/service/allocation_server.hpp>
 #include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
-#include <carve/vmm/host_memory_mapper.hpp>
-#include <carve/vmm/vmm_card.hpp>
 #include <carve/tier/byte_size.hpp>
 #include <carve/topology/parse_error.hpp>
 #include <carve/topology/topology.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+#include <carve/vmm/vmm_card.hpp>
 
 #include <algorithm>
 #include <charconv>

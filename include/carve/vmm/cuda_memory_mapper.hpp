@@ -129,8 +129,8 @@ public:
     }
     const CUmemAllocationProp prop = properties(device);
     std::size_t g = 0;
-    if (auto ok = check(d, "cuMemGetAllocationGranularity",
-                        d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    if (auto ok =
+            check(d, "cuMemGetAllocationGranularity", d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
         !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -227,8 +227,7 @@ public:
   /// cuMemUnmap of whole mappings.
   Result<void> unmap(void* va, std::size_t bytes) {
     const auto& d = driver();
-    return d.missing.empty() ? check(d, "cuMemUnmap", d.unmap(pointer(va), bytes))
-                             : fail(Errc::unsupported, d.missing);
+    return d.missing.empty() ? check(d, "cuMemUnmap", d.unmap(pointer(va), bytes)) : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemSetAccess for one device.

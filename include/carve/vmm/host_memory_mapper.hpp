@@ -438,9 +438,8 @@ private:
   Result<ReservationIt> reservation_of(const char* call, void* va, std::size_t bytes) {
     const std::uintptr_t begin = address(va);
     if (begin % state_->options.granularity != 0) {
-      return fail(Errc::invalid_argument,
-                  std::string(call) + ": " + text(va) + " is not aligned to the granularity " +
-                      std::to_string(state_->options.granularity));
+      return fail(Errc::invalid_argument, std::string(call) + ": " + text(va) + " is not aligned to the granularity " +
+                                              std::to_string(state_->options.granularity));
     }
     auto r = state_->reservations.upper_bound(begin);
     if (r != state_->reservations.begin()) {

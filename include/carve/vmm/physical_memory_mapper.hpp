@@ -81,23 +81,22 @@ constexpr const char* to_string(Access a) noexcept {
 /// `export_kind` is how a SegmentExport of its memory is labelled, so the importing side knows
 /// which mapper to use.
 template <class M>
-concept PhysicalMemoryMapper =
-    std::copy_constructible<typename M::physical_handle> &&
+concept PhysicalMemoryMapper = std::copy_constructible<typename M::physical_handle> &&
     requires(M& m, const M& cm, int device, std::size_t bytes, std::size_t alignment, typename M::physical_handle h,
              int fd, void* va, Access access) {
-      { M::export_kind } -> std::convertible_to<ExportKind>;
-      { cm.granularity(device) } -> std::same_as<Result<std::size_t>>;
-      { m.create(device, bytes) } -> std::same_as<Result<typename M::physical_handle>>;
-      { m.export_fd(h) } -> std::same_as<Result<int>>;
-      { m.import_fd(fd) } -> std::same_as<Result<typename M::physical_handle>>;
-      { m.release(h) } -> std::same_as<Result<void>>;
-      { m.reserve(bytes, alignment) } -> std::same_as<Result<void*>>;
-      { m.free_reservation(va, bytes) } -> std::same_as<Result<void>>;
-      { m.map(va, bytes, h) } -> std::same_as<Result<void>>;
-      { m.unmap(va, bytes) } -> std::same_as<Result<void>>;
-      { m.set_access(va, bytes, device, access) } -> std::same_as<Result<void>>;
-      { cm.access(va, device) } -> std::same_as<Result<Access>>;
-    };
+  { M::export_kind } -> std::convertible_to<ExportKind>;
+  { cm.granularity(device) } -> std::same_as<Result<std::size_t>>;
+  { m.create(device, bytes) } -> std::same_as<Result<typename M::physical_handle>>;
+  { m.export_fd(h) } -> std::same_as<Result<int>>;
+  { m.import_fd(fd) } -> std::same_as<Result<typename M::physical_handle>>;
+  { m.release(h) } -> std::same_as<Result<void>>;
+  { m.reserve(bytes, alignment) } -> std::same_as<Result<void*>>;
+  { m.free_reservation(va, bytes) } -> std::same_as<Result<void>>;
+  { m.map(va, bytes, h) } -> std::same_as<Result<void>>;
+  { m.unmap(va, bytes) } -> std::same_as<Result<void>>;
+  { m.set_access(va, bytes, device, access) } -> std::same_as<Result<void>>;
+  { cm.access(va, device) } -> std::same_as<Result<Access>>;
+};
 
 /// `bytes` rounded up to a multiple of `granularity` (a power of two or not); nullopt when that
 /// does not fit in a size_t or either is 0.
