@@ -1,8 +1,10 @@
 // The VMM mapping layer on the host twin: the protocol's rules (each refusal leaves nothing
 // changed), two processes sharing a physical allocation passed with SCM_RIGHTS, memory without
-// access that cannot be touched, and VmmCard as an exportable card.
+// access that cannot be touched, VmmCard as an exportable card, and HostMirrorBackend taking its
+// devices' memory through VmmCard.
 #include "support/errors.hpp"
 
+#include <carve/mirror.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/vmm.hpp>
@@ -14,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -394,4 +397,32 @@ TEST_CASE("map_segment: a VMM segment without its descriptor, or of a device the
     CHECK(gpu.error().code == Errc::unsupported_version);
   }
   REQUIRE(m.release(*h));
+}
+
+TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer (VmmCard)") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  HostMemoryMapper m({.granularity = 2 * MiB, .device_count = 2, .cpu_device = HostMemoryMapper::every_device});
+  {
+    carve::HostMirrorBackend<carve::VmmCard<HostMemoryMapper>> devices;
+    devices.register_device(carve::VmmCard<HostMemoryMapper>(m, 0, 4 * MiB), {.bytes = 4 * MiB});
+    devices.register_device(carve::VmmCard<HostMemoryMapper>(m, 1, 4 * MiB), {.bytes = 4 * MiB});
+    CHECK(m.mapping_count() == 2);
+    carve::PagedMirror mirror(devices, {.page_size = 64 * KiB, .tracking = carve::WriteTracking::explicit_calls},
+                              carve::StripePlacement{.stripe_pages = 1});
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+    REQUIRE(mirror.sync_all());
+    std::memset(p, 0x77, 256 * KiB);
+    REQUIRE(mirror.mark_dirty(p, 256 * KiB));
+    REQUIRE(mirror.sync());
+    for (std::size_t d = 0; d < 2; ++d) { // two pages of the four on each device, in its mapped memory
+      REQUIRE(devices.wait(d));
+      const auto memory = devices.device_memory(d);
+      CHECK(*m.access(const_cast<std::byte*>(memory.data()), static_cast<int>(d)) == Access::read_write);
+      CHECK(std::count(memory.begin(), memory.end(), std::byte{0x77}) ==
+            static_cast<std::ptrdiff_t>(128 * KiB));
+    }
+    REQUIRE(mirror.try_deallocate(p));
+  }
+  CHECK(m.mapping_count() == 0);
+  CHECK(m.physical_count() == 0);
 }
