@@ -33,6 +33,12 @@ inline std::vector<service::Reply> sample_replies() {
     a.handle[i] = static_cast<std::uint8_t>(i * 3 + 1);
   }
   a.new_mapping = true;
+  Allocated vmm; // a VMM segment: its descriptor travels with SCM_RIGHTS, the handle stays empty
+  vmm.region = RegionInfo{19, 1, 2, 10, 0, 3000};
+  vmm.kind = ExportKind::cuda_vmm;
+  vmm.segment_size = 3000;
+  vmm.device = 1;
+  vmm.new_mapping = true;
   StatsReply s;
   s.clients = 2;
   s.live_regions = 5;
@@ -61,7 +67,8 @@ inline std::vector<service::Reply> sample_replies() {
           CardsReply{{c0, c1}},
           SegmentsRetired{{4, 5}},
           ErrorReply{Errc::permission_denied, "region 17 belongs to another client"},
-          Reclaimed{12}};
+          Reclaimed{12},
+          vmm}; // added after the others, so that their seeds keep their names
 }
 
 } // namespace carve::test
