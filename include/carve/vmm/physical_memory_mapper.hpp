@@ -25,8 +25,8 @@
 /// and HostMemoryMapper (a host twin that runs the same protocol on memfds and mmap, with the same
 /// error rules, so the code above runs in every test).
 ///
-/// The rules both models follow (the twin enforces them; CUDA reports the same cases as
-/// CUDA_ERROR_INVALID_VALUE):
+/// The rules both models follow (the twin checks every one of them itself; CudaMemoryMapper leaves
+/// most to the driver, which reports them as CUDA_ERROR_INVALID_VALUE):
 /// - sizes given to create, reserve, map, unmap and set_access are non-zero multiples of the
 ///   device's granularity, and addresses given to map, unmap and set_access are aligned to it;
 /// - map places a whole physical allocation's first `bytes` at `va`, inside one reservation and
@@ -39,11 +39,15 @@
 ///   otherwise; CUDA leaves it undefined).
 ///
 /// Errors are carve::Error (a host path; the message names the call and, for CUDA, the driver's
-/// error name): invalid_size for a size that is zero or not a multiple of the granularity,
-/// invalid_argument for a misaligned address, a range outside a reservation, a double map, or a
-/// reservation freed while mapped; out_of_range for an unknown device; not_allocated for an
-/// unknown handle or an address nothing is mapped at; no_space when memory or addresses run out;
-/// unsupported when there is no driver; device_error for any other driver failure.
+/// error name). The twin says invalid_size for a size that is zero, not a multiple of the
+/// granularity or beyond the allocation; invalid_argument for a misaligned address, a range outside
+/// one reservation, a double map, or a reservation freed while mapped; not_allocated for an unknown
+/// handle or a range that is not whole mappings; out_of_range for an unknown device; no_space when
+/// the system refuses memory or addresses. CudaMemoryMapper says invalid_size where it checks
+/// sizes itself (create), invalid_argument for the driver's CUDA_ERROR_INVALID_VALUE, out_of_range
+/// for an unknown device, no_space when memory runs out, unsupported when there is no driver, and
+/// device_error for any other driver failure. Code that tells the cases apart by the code alone is
+/// checked against both: every refusal is an error, and nothing is left changed by one.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
