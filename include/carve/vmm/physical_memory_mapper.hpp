@@ -46,8 +46,7 @@
 /// the system refuses memory or addresses. CudaMemoryMapper says invalid_size where it checks
 /// sizes itself (create), invalid_argument for the driver's CUDA_ERROR_INVALID_VALUE, out_of_range
 /// for an unknown device, no_space when memory runs out, unsupported when there is no driver, and
-/// device_error for any other driver failure. Code that tells the cases apart by the code alone is
-/// checked against both: every refusal is an error, and nothing is left changed by one.
+/// device_error for any other driver failure. A refusal leaves nothing changed in either model.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
