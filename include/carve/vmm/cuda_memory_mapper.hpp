@@ -11,7 +11,8 @@
 /// @endcode
 ///
 /// No link to libcuda: the driver's entry points are obtained through the runtime
-/// (cudaGetDriverEntryPointByVersion, asking for the CUDA 12.0 ABI of each), as CCCL does, so a
+/// (cudaGetDriverEntryPointByVersion, asking for the CUDA 12.0 ABI of each; cudaGetDriverEntryPoint
+/// with runtimes before 12.5), as CCCL does, so a
 /// program that uses carve starts on a machine without a driver and every call then fails with
 /// Errc::unsupported. The table is loaded once per process, on first use, after the runtime has
 /// initialised the driver (cudaFree(nullptr)). Errors carry the driver's error name
@@ -74,7 +75,11 @@ struct CudaVmmDriver {
   void find(F& fn, const char* symbol) {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
     const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &p, abi_version, cudaEnableDefault, &status);
+#else // before 12.5 the runtime has only the unversioned query (deprecated since)
+    const cudaError_t e = cudaGetDriverEntryPoint(symbol, &p, cudaEnableDefault, &status);
+#endif
     if (e != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
       cudaGetLastError();
       if (missing.empty()) {
