@@ -117,8 +117,8 @@ void unmap_vmm_segment(Mapper& mapper, const MappedSegment& s) noexcept {
   }
 }
 
-/// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory), taken
-/// over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
+/// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory and the VMM
+/// kinds), taken over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
 /// together (an empty segment, no descriptor, or a file smaller than the segment); no_space when
 /// the system refuses the mapping; out_of_range for a CUDA device this process cannot see;
 /// unsupported_version for a kind this build cannot map.
