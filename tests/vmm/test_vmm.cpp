@@ -418,8 +418,7 @@ TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer
       REQUIRE(devices.wait(d));
       const auto memory = devices.device_memory(d);
       CHECK(*m.access(const_cast<std::byte*>(memory.data()), static_cast<int>(d)) == Access::read_write);
-      CHECK(std::count(memory.begin(), memory.end(), std::byte{0x77}) ==
-            static_cast<std::ptrdiff_t>(128 * KiB));
+      CHECK(std::count(memory.begin(), memory.end(), std::byte{0x77}) == static_cast<std::ptrdiff_t>(128 * KiB));
     }
     REQUIRE(mirror.try_deallocate(p));
   }
