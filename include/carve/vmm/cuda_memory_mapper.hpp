@@ -272,7 +272,20 @@ public:
   static bool driver_available() { return driver().missing.empty(); }
 
 private:
-  static const detail::CudaVmmDriver& driver() { return detail::CudaVmmDriver::get(); }
+  // The table, after making sure this thread has the runtime's context current: the driver's calls
+  // act on the calling thread's context, and a thread that has made no runtime call has none.
+  static const detail::CudaVmmDriver& driver() {
+    const detail::CudaVmmDriver& d = detail::CudaVmmDriver::get();
+    thread_local const bool bound = [] {
+      if (cudaFree(nullptr) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+      return true;
+    }();
+    (void)bound;
+    return d;
+  }
 
   static CUdeviceptr pointer(void* va) noexcept {
     return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(va));
