@@ -16,10 +16,11 @@
 /// read/write for that device with cuMemSetAccess, by CudaMemoryMapper; the share is rounded down to
 /// whole granules, at least 2 MiB), and creates one non-blocking stream and one event per device.
 /// The same layer exports memory to other processes (VmmCard), and gives each device its own right
-/// on the range, which a cudaMalloc allocation cannot. Copies are cudaMemcpyAsync on the device's stream; wait(d)
-/// records the event and waits for it. Mirror memory is pinned with cudaHostRegister as allocations appear, so copies
-/// are real DMA that overlap across devices (when pinning fails the copies still work, staged by the driver). A device
-/// whose compute mode is "prohibited" or whose memory cannot be had is reported unavailable, and the mirror leaves it
+/// on the range, which a cudaMalloc allocation cannot. Copies are cudaMemcpyAsync on the device's
+/// stream; wait(d) records the event and waits for it. Mirror memory is pinned with
+/// cudaHostRegister as allocations appear, so copies are real DMA that overlap across devices (when
+/// pinning fails the copies still work, staged by the driver). A device whose compute mode is
+/// "prohibited" or whose memory cannot be had is reported unavailable, and the mirror leaves it
 /// alone.
 ///
 /// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` and `<cuda.h>` are on the
