@@ -54,7 +54,7 @@ public:
   static constexpr cuda::std::size_t cached_words_max = 16;
 
   /// Nothing read yet.
-  CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), tag_{} {}
+  CARVE_HOST_DEVICE explicit LazySnapshot(AtomicWords<N, Scope> live) noexcept : live_(live), tag_{}, words_{} {}
 
   /// Whether the cache holds every word of the bitmap, so that no word is ever evicted.
   CARVE_HOST_DEVICE static constexpr bool holds_all() noexcept { return cache_words == extent; }
@@ -126,6 +126,8 @@ private:
 
   AtomicWords<N, Scope> live_;
   mutable tag_type tag_[cache_words]; ///< which word each line holds
+  // Zeroed although a word is read only once its tag says it was loaded: g++ -O2 cannot see
+  // that and warns of a read before a write; the zeroing is at most 16 stores.
   mutable bits::word words_[cache_words];
   mutable bool evicted_ = false; ///< a word read by the search has been dropped from the cache
 };
