@@ -1,11 +1,13 @@
 // Each drain policy's order on scripted inputs (one consumer, so the order is exact), the
-// starvation strict priority allows and aging removes, byte shares under deficit round-robin,
+// starvation strict priority allows and aging removes (within its bound, reading the clock only
+// on pops that pass a tier over), byte shares under deficit round-robin,
 // and the parameters each policy refuses.
 #include "queue_helpers.hpp"
 #include "support/errors.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -212,30 +214,109 @@ TEST_CASE("strict priority without aging starves the large tier") {
   CHECK(drain_all(q) == Order{11, 21});
 }
 
-TEST_CASE("strict priority with aging serves a request once it is older than the bound") {
+TEST_CASE("strict priority with aging serves a passed-over tier within the bound") {
   ScriptedClock::set(0);
-  Queue<carve::StrictPriority> q(thresholds({128, 512}), 64, carve::StrictPriority::with_aging(100));
+  constexpr std::uint64_t bound = 100;
+  Queue<carve::StrictPriority> q(thresholds({128, 512}), 64, carve::StrictPriority::with_aging(bound));
   CHECK(q.drain().aging());
-  push_all(q, {{large, 21}});  // stamped 1
-  push_all(q, {{medium, 11}}); // stamped 2
-  std::vector<std::uint64_t> served_at;
+  CHECK(q.drain().aging_bound_ns() == bound);
+  push_all(q, {{large, 21}});  // at 1
+  push_all(q, {{medium, 11}}); // at 2
+  std::map<std::uint64_t, std::uint64_t> served_at;
   for (std::uint64_t i = 0; i < 1000; ++i) {
     push_all(q, {{small, 1000 + i}});
     const auto r = q.try_pop();
     REQUIRE(r);
     if (r->size != small) {
-      served_at.push_back(r->id);
-      served_at.push_back(ScriptedClock::now());
+      served_at[r->id] = ScriptedClock::now();
     }
   }
-  // Large (older) first once past the bound, then medium one step later; never starved.
-  REQUIRE(served_at.size() == 4);
-  CHECK(served_at[0] == 21);
-  CHECK(served_at[1] == 102); // age 101 > 100
-  CHECK(served_at[2] == 11);
-  CHECK(served_at[3] == 103);
+  // Both were passed over from the first pop (at 3) on: overdue once passed over for half the
+  // bound, then served back to back, within the bound of their arrival though small requests
+  // never stopped coming; the clock is read once in clock_every such pops, so the moment is
+  // known to within that many pops.
+  REQUIRE(served_at.size() == 2);
+  CHECK(served_at[11] == served_at[21] - 1); // equal clocks: the higher tier first
+  CHECK(served_at[11] >= 3 + bound / 2);
+  CHECK(served_at[11] <= 3 + bound / 2 + carve::StrictPriority::clock_every);
+  CHECK(served_at[21] - 1 <= bound);
   // Everything else went out in strict order: the small tier is FIFO.
   CHECK(q.size() == 2);
+}
+
+TEST_CASE("strict priority with aging keeps every request of a starved tier within the bound") {
+  // Small requests never let tier 0 run dry; one large request arrives every 10 pops, which
+  // only aging serves. Each must leave within the bound (plus the clock's precision and the
+  // overdue requests served before it), and the large tier must not build up: the tier gets
+  // its arrival rate, not one request per bound.
+  ScriptedClock::set(0);
+  constexpr std::uint64_t bound = 200;
+  Queue<carve::StrictPriority> q(thresholds({128, 512}), 256, carve::StrictPriority::with_aging(bound));
+  for (std::uint64_t i = 0; i < 60; ++i) { // more than the large tier ever holds: pops never run dry
+    REQUIRE(q.try_push(Request::make(small, i)));
+  }
+  std::uint64_t most_waited = 0, large_served = 0;
+  std::size_t most_queued = 0;
+  for (std::uint64_t step = 0; step < 5000; ++step) {
+    ScriptedClock::advance();
+    REQUIRE(q.try_push(Request::make(small, 100 + step)));
+    const bool with_large = step % 10 == 0;
+    if (with_large) {
+      REQUIRE(q.try_push(Request::make(large, ScriptedClock::now()))); // its id: when it arrived
+    }
+    most_queued = std::max(most_queued, q.size(2));
+    for (int pops = with_large ? 2 : 1; pops > 0; --pops) {
+      const auto r = q.try_pop();
+      REQUIRE(r);
+      if (r->size == large) {
+        most_waited = std::max(most_waited, ScriptedClock::now() - r->id);
+        ++large_served;
+      }
+    }
+    REQUIRE(q.size(0) > 0); // tier 0 was never empty: only aging served the large ones
+  }
+  CHECK(large_served > 450);
+  CHECK(most_waited > bound / 2); // starved until overdue
+  CHECK(most_waited <= bound + carve::StrictPriority::clock_every + 2);
+  CHECK(most_queued <= bound / 10 + 2);
+}
+
+namespace {
+// ScriptedClock's time, counting the reads.
+struct CountingClock {
+  static inline std::uint64_t reads = 0;
+  static std::uint64_t now() noexcept {
+    ++reads;
+    return ScriptedClock::now();
+  }
+  static std::uint64_t ticks_from_ns(std::uint64_t ns) noexcept { return ns; }
+  static double ns_per_tick() noexcept { return 1.0; }
+};
+} // namespace
+
+TEST_CASE("strict priority with aging reads the clock only on pops that pass a tier over") {
+  using Counted =
+      carve::SizeTieredQueue<Request, RequestSize, carve::RingLanes<>, carve::StrictPriority, CountingClock>;
+  Counted q(thresholds({128, 512}), 64, carve::QueueOptions{.wait_sample = 0},
+            carve::StrictPriority::with_aging(1'000'000));
+  CountingClock::reads = 0;
+  for (std::uint64_t i = 0; i < 300; ++i) { // one request at a time, in every tier: nothing passed over
+    REQUIRE(q.try_push(Request::make(i % 3 == 0 ? small : (i % 3 == 1 ? medium : large), i)));
+    REQUIRE(q.try_pop());
+  }
+  CHECK(CountingClock::reads == 0); // no push stamped, no pop timed
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    REQUIRE(q.try_push(Request::make(i < 20 ? small : large, i)));
+  }
+  for (std::uint64_t i = 0; i < 20; ++i) { // each pop serves tier 0 and passes tier 2 over
+    REQUIRE(q.try_pop()->size == small);
+  }
+  CHECK(CountingClock::reads == 20 / carve::StrictPriority::clock_every + 1);
+  CountingClock::reads = 0;
+  while (q.try_pop()) { // tier 2 alone: nothing passed over
+  }
+  CHECK(CountingClock::reads == 0);
+  CHECK(q.empty());
 }
 
 TEST_CASE("priority tag: one queue ordered by (tag, arrival)") {
