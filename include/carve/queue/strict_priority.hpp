@@ -1,6 +1,6 @@
 /// @file carve/queue/strict_priority.hpp
 /// StrictPriority: the lowest non-empty tier first, with an
-/// optional age bound past which a tier is served whatever its rank.
+/// optional age bound past which a request is served whatever its tier.
 ///
 /// @code
 /// carve::StrictPriority{}                                 // pure priority: can starve large requests
@@ -8,25 +8,27 @@
 /// @endcode
 ///
 /// Without aging, a steady stream of small requests keeps tier 0 busy and the other tiers are
-/// never served. With aging, the bound applies to how long a non-empty tier has been passed over,
-/// so that no push reads the clock (a time-stamp counter read costs as much as a ring's push and
-/// pop together; benchmarks/queue.md):
-///   - a pop that serves one tier while another has a visible head starts that tier's clock, if
-///     it is not running, and notes how many requests the tier's lane had taken by then: those
-///     were all queued before the clock started;
-///   - once a tier's clock has run for half the bound, the tier is overdue and is served before
-///     any tier that is not (of several, the one whose clock started first), until the requests
-///     noted when its clock started have all left; then its clock stops, and the next pop that
-///     passes it over starts it again.
-/// So a request waits at most about the bound: at most half of it before a clock that covers it
-/// starts (the running clock's overdue requests are served first) and half after, plus the time
-/// to serve the overdue requests ahead of it. A pop that passes nothing over reads no clock (one
-/// thread pushing and popping never does), and a pop that does reads it once in clock_every such
-/// pops, sharing the reading in between: the bound is kept to within the time of that many pops
-/// (microseconds, against bounds of milliseconds). With several consumers the clocks are plain
-/// loads and stores: two consumers that start or stop a tier's clock at the same moment may lose
-/// one of the two changes, which shifts the tier's clock by the pops in flight at that moment.
-/// Needs a PeekableLane (the default MpmcRing is one) to see which tiers hold requests.
+/// never served. With aging, a request that has waited longer than the bound is served first (of
+/// several tiers holding such requests, the one whose oldest has waited longest), so a request
+/// waits at most about the bound plus the time to serve the requests that became overdue before
+/// it. Ages are known without stamping any push (a time-stamp counter read costs as much as a
+/// ring's push and pop together; benchmarks/queue.md): a pop that serves one tier while another
+/// has a visible head passes that tier over, and then notes the time and how many requests the
+/// tier's lane has taken so far, at most once in a quarter of the bound per tier (a checkpoint;
+/// up to checkpoints of them per tier). Every request counted by a checkpoint arrived before its
+/// time, so once that time is more than the bound ago those requests are overdue, and they are
+/// served first until they have left. A request is therefore never served out of priority before
+/// it is older than the bound, and is served once its age passes the bound plus at most a quarter
+/// of it (the checkpoint after its arrival may come that much later). A checkpoint reads the
+/// clock itself.
+///
+/// The clock is read only by pops that pass a tier over, once in clock_every such pops, the
+/// others using that reading: one thread pushing and popping never reads it, and the bound is
+/// kept to within the time of clock_every pops (microseconds, against bounds of milliseconds).
+/// With several consumers the checkpoints are plain loads and stores: two consumers that change
+/// a tier's checkpoints at the same moment may lose one change, which moves a checkpoint by the
+/// pops in flight at that moment or drops it (its requests then count as arrived at the next
+/// one). Needs a PeekableLane (the default MpmcRing is one) to see which tiers hold requests.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -41,21 +43,24 @@
 
 namespace carve {
 
-/// A DrainPolicy serving the lowest non-empty tier, optionally with an age bound on how long a
-/// tier may be passed over (see the file's description). Safe to share between consumers.
+/// A DrainPolicy serving the lowest non-empty tier, optionally with an age bound (see the file's
+/// description). Safe to share between consumers.
 class StrictPriority {
 public:
   static constexpr const char* name = "strict priority"; ///< for reports
   static constexpr bool needs_head_stamps = true;        ///< looks for a visible head in each tier
   /// With aging: pops that pass a tier over between two clock reads (see the file's description).
   static constexpr std::uint32_t clock_every = 8;
+  /// With aging: the most checkpoints a tier keeps (taken a quarter of the bound apart, so about
+  /// five are live while a tier is passed over).
+  static constexpr std::uint32_t checkpoints = 8;
 
   /// Pure priority, no aging: a steady stream of small requests starves the other tiers.
   constexpr StrictPriority() noexcept = default;
 
-  /// Serves a tier first once it has been passed over for half of `bound_ns` nanoseconds, until
-  /// the requests it held then have left: no request waits much more than `bound_ns`. Pushes are
-  /// not stamped; pops that pass a tier over read the clock once in clock_every.
+  /// Serves first, whatever its tier, a request that has waited more than `bound_ns`
+  /// nanoseconds (known to within a quarter of the bound). Pushes are not stamped; pops that
+  /// pass a tier over read the clock once in clock_every.
   CARVE_HOST_DEVICE static constexpr StrictPriority with_aging(std::uint64_t bound_ns) noexcept {
     StrictPriority p;
     p.aging_ = true;
@@ -63,13 +68,13 @@ public:
     return p;
   }
 
-  /// Converts the bound to the clock's ticks and stops every tier's clock; accepts any tier count.
+  /// Converts the bound to the clock's ticks and drops every checkpoint; accepts any tier count.
   template <class Clock>
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
-    overdue_ticks_ = aging_ ? Clock::ticks_from_ns(bound_ns_ / 2) : 0;
+    bound_ticks_ = aging_ ? Clock::ticks_from_ns(bound_ns_) : 0;
+    spacing_ticks_ = bound_ticks_ / 4;
     for (std::uint32_t t = 0; t < max_tiers; ++t) {
-      started_[t] = 0;
-      noted_[t] = 0;
+      tiers_[t] = TierCheckpoints{};
     }
     reading_ = 0;
     pops_since_reading_ = 0;
@@ -79,7 +84,7 @@ public:
   /// The order never depends on requests' stamps: pushes need none.
   CARVE_HOST_DEVICE constexpr bool reads_stamps() const noexcept { return false; }
 
-  /// The lowest tier this pop has not found empty, unless aging finds an overdue tier.
+  /// The lowest tier this pop has not found empty, unless aging finds overdue requests elsewhere.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) noexcept {
     const std::uint32_t first = detail::first_untried(view, 0);
@@ -89,16 +94,25 @@ public:
     return detail::as_pick(pick_aging(view, first));
   }
 
-  /// With aging, stops `tier`'s clock once the requests it held when the clock started have left.
+  /// With aging, drops `tier`'s checkpoints whose requests have all left.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE void served(const View& view, std::uint32_t tier, std::uint64_t) noexcept {
     if (!aging_ || tier >= max_tiers) {
       return;
     }
-    // A load first: most pops find the clock stopped and write nothing.
-    if (started<View>(tier).load(cuda::std::memory_order_acquire) != 0 &&
-        view.popped(tier) >= noted<View>(tier).load(cuda::std::memory_order_relaxed)) {
-      started<View>(tier).store(0, cuda::std::memory_order_relaxed);
+    // Loads first: most pops find no checkpoint and write nothing.
+    std::uint32_t head = oldest<View>(tier).load(cuda::std::memory_order_relaxed);
+    const std::uint32_t tail = next<View>(tier).load(cuda::std::memory_order_acquire);
+    if (head == tail) {
+      return;
+    }
+    const std::uint64_t left = view.popped(tier);
+    const std::uint32_t was = head;
+    while (head != tail && left >= pushed_by<View>(tier, head).load(cuda::std::memory_order_relaxed)) {
+      ++head;
+    }
+    if (head != was) {
+      oldest<View>(tier).store(head, cuda::std::memory_order_relaxed);
     }
   }
 
@@ -108,16 +122,26 @@ public:
   CARVE_HOST_DEVICE constexpr std::uint64_t aging_bound_ns() const noexcept { return bound_ns_; }
 
 private:
-  // The first tier with a visible head is served, unless a tier it would pass over is overdue
-  // (of several, the one whose clock started first); every tier passed over has its clock
-  // started if it was not running. One walk over the tiers, reading the clock only once a tier
-  // is found passed over.
+  // A tier's checkpoints, a ring indexed by running numbers: `oldest` is the first live one,
+  // `next` the one the next checkpoint takes. Each holds when it was taken and how many requests
+  // the tier's lane had taken by then.
+  struct TierCheckpoints {
+    std::uint64_t time[checkpoints]{};
+    std::uint64_t pushed[checkpoints]{};
+    std::uint32_t oldest = 0;
+    std::uint32_t next = 0;
+  };
+
+  // The first tier with a visible head is served, unless a tier it would pass over has overdue
+  // requests (of several, the one whose oldest checkpoint is earliest); every tier passed over
+  // gets a checkpoint if its newest is a quarter of the bound old. One walk over the tiers,
+  // reading the clock only once a tier is found passed over.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE std::uint32_t pick_aging(const View& view, std::uint32_t first) noexcept {
     const std::uint32_t n = view.tier_count() < max_tiers ? view.tier_count() : max_tiers;
     std::uint32_t serve = detail::no_tier;
     std::uint32_t chosen = detail::no_tier;
-    std::uint32_t to_start = 0; // tiers passed over whose clocks are stopped
+    std::uint32_t passed = 0; // tiers passed over
     std::uint64_t now = 0, earliest = 0;
     bool have_now = false;
     for (std::uint32_t t = first; t < n; ++t) {
@@ -131,55 +155,77 @@ private:
         }
         continue;
       }
-      const std::uint64_t since = started<View>(t).load(cuda::std::memory_order_relaxed); // start + 1, or 0
-      if (since == 0) {
-        to_start |= detail::head_stamp_into(view, t, stamp) ? 1U << t : 0U;
+      const std::uint32_t head = oldest<View>(t).load(cuda::std::memory_order_relaxed);
+      if (head == next<View>(t).load(cuda::std::memory_order_acquire)) {
+        passed |= detail::head_stamp_into(view, t, stamp) ? 1U << t : 0U;
         continue;
       }
-      // A running clock means requests are there (it stops when they leave): no need to look.
+      // A live checkpoint means requests are there (it is dropped when they leave): no need to look.
+      passed |= 1U << t;
       if (!have_now) {
         now = clock_reading(view);
         have_now = true;
       }
-      if (now + 1 > since && now + 1 - since > overdue_ticks_ && (chosen == detail::no_tier || since < earliest)) {
+      const std::uint64_t taken = time_of<View>(t, head).load(cuda::std::memory_order_relaxed);
+      if (now > taken && now - taken > bound_ticks_ && (chosen == detail::no_tier || taken < earliest)) {
         chosen = t;
-        earliest = since;
+        earliest = taken;
       }
     }
     if (serve == detail::no_tier) {
       return first; // no head visible yet (a push in flight): let the pop look
     }
-    if (!have_now) {
-      if (to_start == 0) {
-        // Nothing passed over, no clock needed; the next pop that passes a tier over reads it
-        // afresh instead of trusting a reading from before this quiet spell.
-        if (pops_since_reading<View>().load(cuda::std::memory_order_relaxed) != 0) {
-          pops_since_reading<View>().store(0, cuda::std::memory_order_relaxed);
-        }
-        return serve;
+    if (passed == 0) {
+      // Nothing passed over, no clock needed; the next pop that passes a tier over reads it
+      // afresh instead of trusting a reading from before this quiet spell.
+      if (pops_since_reading<View>().load(cuda::std::memory_order_relaxed) != 0) {
+        pops_since_reading<View>().store(0, cuda::std::memory_order_relaxed);
       }
+      return serve;
+    }
+    if (!have_now) {
       now = clock_reading(view);
     }
     if (chosen == detail::no_tier) {
       chosen = serve;
-    } else if (started<View>(serve).load(cuda::std::memory_order_relaxed) == 0) {
-      to_start |= 1U << serve; // passed over in its turn
+    } else {
+      passed = (passed | (1U << serve)) & ~(1U << chosen); // `serve` is passed over in its turn
     }
-    for (std::uint32_t t = serve; to_start != 0 && t < n; ++t) {
-      if (((to_start >> t) & 1U) != 0) {
-        start_clock(view, t, now);
-        to_start &= ~(1U << t);
+    for (std::uint32_t t = serve; passed != 0 && t < n; ++t) {
+      if (((passed >> t) & 1U) != 0) {
+        checkpoint(view, t, now);
+        passed &= ~(1U << t);
       }
     }
     return chosen;
   }
 
-  // Starts `tier`'s clock at `now`. What its lane has taken so far arrived before now: noted
-  // first, published by the start.
+  // A checkpoint of `tier` at `now`, unless its newest is less than a quarter of the bound old,
+  // no request arrived since, or its ring is full (the requests since then count as arrived at
+  // the next checkpoint taken).
   template <class View>
-  CARVE_HOST_DEVICE void start_clock(const View& view, std::uint32_t tier, std::uint64_t now) noexcept {
-    noted<View>(tier).store(view.pushed(tier), cuda::std::memory_order_relaxed);
-    started<View>(tier).store(now + 1, cuda::std::memory_order_release);
+  CARVE_HOST_DEVICE void checkpoint(const View& view, std::uint32_t tier, std::uint64_t now) noexcept {
+    const std::uint32_t head = oldest<View>(tier).load(cuda::std::memory_order_relaxed);
+    const std::uint32_t tail = next<View>(tier).load(cuda::std::memory_order_relaxed);
+    if (tail - head >= checkpoints) {
+      return;
+    }
+    const std::uint64_t arrived = view.pushed(tier);
+    if (head != tail) {
+      const std::uint64_t last = time_of<View>(tier, tail - 1).load(cuda::std::memory_order_relaxed);
+      if (now < last || now - last < spacing_ticks_ || // `now` may be an older reading than `last`
+          arrived == pushed_by<View>(tier, tail - 1).load(cuda::std::memory_order_relaxed)) {
+        return;
+      }
+    } else if (arrived == view.popped(tier)) {
+      return; // its head was taken meanwhile
+    }
+    // What the lane has taken so far arrived before now: the clock itself, not the shared
+    // reading, which may be older than some of those arrivals (a checkpoint a quarter of the
+    // bound apart makes this read rare). Written first, published by `next`.
+    time_of<View>(tier, tail).store(view.now(), cuda::std::memory_order_relaxed);
+    pushed_by<View>(tier, tail).store(arrived, cuda::std::memory_order_relaxed);
+    next<View>(tier).store(tail + 1, cuda::std::memory_order_release);
   }
 
   // The clock, read once in clock_every pops that pass a tier over (by any consumer: the count
@@ -198,12 +244,21 @@ private:
   }
 
   template <class View>
-  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> started(std::uint32_t tier) noexcept {
-    return cuda::atomic_ref<std::uint64_t, View::scope>(started_[tier]);
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> oldest(std::uint32_t tier) noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(tiers_[tier].oldest);
   }
   template <class View>
-  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> noted(std::uint32_t tier) noexcept {
-    return cuda::atomic_ref<std::uint64_t, View::scope>(noted_[tier]);
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> next(std::uint32_t tier) noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(tiers_[tier].next);
+  }
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> time_of(std::uint32_t tier, std::uint32_t i) noexcept {
+    return cuda::atomic_ref<std::uint64_t, View::scope>(tiers_[tier].time[i % checkpoints]);
+  }
+  template <class View>
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> pushed_by(std::uint32_t tier,
+                                                                           std::uint32_t i) noexcept {
+    return cuda::atomic_ref<std::uint64_t, View::scope>(tiers_[tier].pushed[i % checkpoints]);
   }
   template <class View>
   CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> reading() noexcept {
@@ -216,12 +271,11 @@ private:
 
   bool aging_ = false;
   std::uint64_t bound_ns_ = 0;
-  std::uint64_t overdue_ticks_ = 0; // half the bound, in the clock's ticks
-  // Per tier: when its clock started, plus one (0: not running), and the lane's pushes then.
-  alignas(8) std::uint64_t started_[max_tiers]{};
-  alignas(8) std::uint64_t noted_[max_tiers]{};
+  std::uint64_t bound_ticks_ = 0;
+  std::uint64_t spacing_ticks_ = 0;                 // between a tier's checkpoints: a quarter of the bound
   alignas(8) std::uint64_t reading_ = 0;            // the clock as last read
   alignas(4) std::uint32_t pops_since_reading_ = 0; // 0: read the clock at the next pop that passes a tier over
+  TierCheckpoints tiers_[max_tiers]{};
 };
 
 static_assert(DrainPolicy<StrictPriority>);
