@@ -186,7 +186,7 @@ TEST_CASE("strict priority with aging serves a starved tier within the bound, wi
   // runs dry (48 small requests circulate: a consumer pushes one back for each it takes), so only
   // aging serves the large requests a producer pushes every 20 pops; three consumers share the
   // policy's checkpoints with plain loads and stores. Every large request must leave within the
-  // bound, plus a quarter of it (the checkpoints' spacing), the pops between two clock reads, the
+  // bound, plus an eighth of it (the checkpoints' spacing), the pops between two clock reads, the
   // pops in flight and the overdue requests served before it.
   using carve::test::ScriptedClock;
   using Scripted =
@@ -246,7 +246,7 @@ TEST_CASE("strict priority with aging serves a starved tier within the bound, wi
     most_waited = std::max(most_waited, l > a ? l - a : 0);
   }
   CHECK(most_waited > bound); // starved until overdue: the small tier never ran dry
-  CHECK(most_waited <= bound + bound / 4 + 2 * carve::StrictPriority::clock_every + bound / 20 + 4 * consumers);
+  CHECK(most_waited <= bound + bound / 8 + 2 * carve::StrictPriority::clock_every + bound / 20 + 4 * consumers);
 }
 
 namespace {

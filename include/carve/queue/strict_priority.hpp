@@ -14,11 +14,11 @@
 /// it. Ages are known without stamping any push (a time-stamp counter read costs as much as a
 /// ring's push and pop together; benchmarks/queue.md): a pop that serves one tier while another
 /// has a visible head passes that tier over, and then notes the time and how many requests the
-/// tier's lane has taken so far, at most once in a quarter of the bound per tier (a checkpoint;
+/// tier's lane has taken so far, at most once in an eighth of the bound per tier (a checkpoint;
 /// up to checkpoints of them per tier). Every request counted by a checkpoint arrived before its
 /// time, so once that time is more than the bound ago those requests are overdue, and they are
 /// served first until they have left. A request is therefore never served out of priority before
-/// it is older than the bound, and is served once its age passes the bound plus at most a quarter
+/// it is older than the bound, and is served once its age passes the bound plus at most an eighth
 /// of it (the checkpoint after its arrival may come that much later). A checkpoint reads the
 /// clock itself.
 ///
@@ -51,15 +51,17 @@ public:
   static constexpr bool needs_head_stamps = true;        ///< looks for a visible head in each tier
   /// With aging: pops that pass a tier over between two clock reads (see the file's description).
   static constexpr std::uint32_t clock_every = 8;
-  /// With aging: the most checkpoints a tier keeps (taken a quarter of the bound apart, so about
-  /// five are live while a tier is passed over).
-  static constexpr std::uint32_t checkpoints = 8;
+  /// With aging: the most checkpoints a tier keeps (taken an eighth of the bound apart, so about
+  /// nine are live while a tier is passed over; a full ring takes no more until one is dropped).
+  /// An eighth rather than a quarter: the requests of one checkpoint become overdue together,
+  /// and coarser checkpoints made those bursts hold up small requests (benchmarks/queue.md).
+  static constexpr std::uint32_t checkpoints = 12;
 
   /// Pure priority, no aging: a steady stream of small requests starves the other tiers.
   constexpr StrictPriority() noexcept = default;
 
   /// Serves first, whatever its tier, a request that has waited more than `bound_ns`
-  /// nanoseconds (known to within a quarter of the bound). Pushes are not stamped; pops that
+  /// nanoseconds (known to within an eighth of the bound). Pushes are not stamped; pops that
   /// pass a tier over read the clock once in clock_every.
   CARVE_HOST_DEVICE static constexpr StrictPriority with_aging(std::uint64_t bound_ns) noexcept {
     StrictPriority p;
@@ -72,7 +74,7 @@ public:
   template <class Clock>
   CARVE_HOST_DEVICE cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
     bound_ticks_ = aging_ ? Clock::ticks_from_ns(bound_ns_) : 0;
-    spacing_ticks_ = bound_ticks_ / 4;
+    spacing_ticks_ = bound_ticks_ / 8;
     for (std::uint32_t t = 0; t < max_tiers; ++t) {
       tiers_[t] = TierCheckpoints{};
     }
@@ -134,7 +136,7 @@ private:
 
   // The first tier with a visible head is served, unless a tier it would pass over has overdue
   // requests (of several, the one whose oldest checkpoint is earliest); every tier passed over
-  // gets a checkpoint if its newest is a quarter of the bound old. One walk over the tiers,
+  // gets a checkpoint if its newest is an eighth of the bound old. One walk over the tiers,
   // reading the clock only once a tier is found passed over.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE std::uint32_t pick_aging(const View& view, std::uint32_t first) noexcept {
@@ -200,7 +202,7 @@ private:
     return chosen;
   }
 
-  // A checkpoint of `tier` at `now`, unless its newest is less than a quarter of the bound old,
+  // A checkpoint of `tier` at `now`, unless its newest is less than an eighth of the bound old,
   // no request arrived since, or its ring is full (the requests since then count as arrived at
   // the next checkpoint taken).
   template <class View>
@@ -221,7 +223,7 @@ private:
       return; // its head was taken meanwhile
     }
     // What the lane has taken so far arrived before now: the clock itself, not the shared
-    // reading, which may be older than some of those arrivals (a checkpoint a quarter of the
+    // reading, which may be older than some of those arrivals (a checkpoint an eighth of the
     // bound apart makes this read rare). Written first, published by `next`.
     time_of<View>(tier, tail).store(view.now(), cuda::std::memory_order_relaxed);
     pushed_by<View>(tier, tail).store(arrived, cuda::std::memory_order_relaxed);
@@ -272,7 +274,7 @@ private:
   bool aging_ = false;
   std::uint64_t bound_ns_ = 0;
   std::uint64_t bound_ticks_ = 0;
-  std::uint64_t spacing_ticks_ = 0;                 // between a tier's checkpoints: a quarter of the bound
+  std::uint64_t spacing_ticks_ = 0;                 // between a tier's checkpoints: an eighth of the bound
   alignas(8) std::uint64_t reading_ = 0;            // the clock as last read
   alignas(4) std::uint32_t pops_since_reading_ = 0; // 0: read the clock at the next pop that passes a tier over
   TierCheckpoints tiers_[max_tiers]{};
