@@ -19,12 +19,13 @@
 /// time, so once that time is more than the bound ago those requests are overdue, and they are
 /// served first until they have left. A request is therefore never served out of priority before
 /// it is older than the bound, and is served once its age passes the bound plus at most an eighth
-/// of it (the checkpoint after its arrival may come that much later). A checkpoint reads the
-/// clock itself.
+/// of it (the checkpoint after its arrival may come that much later).
 ///
-/// The clock is read only by pops that pass a tier over, once in clock_every such pops, the
-/// others using that reading: one thread pushing and popping never reads it, and the bound is
-/// kept to within the time of clock_every pops (microseconds, against bounds of milliseconds).
+/// The clock is read only by pops that pass a tier over, once in clock_every such pops: that pop
+/// looks for overdue requests and takes the checkpoints due, and the pops up to the next such
+/// look serve the tier it found overdue, if any. One thread pushing and popping never reads the
+/// clock, and the bound is kept to within the time of clock_every pops (microseconds, against
+/// bounds of milliseconds).
 /// With several consumers the checkpoints are plain loads and stores: two consumers that change
 /// a tier's checkpoints at the same moment may lose one change, which moves a checkpoint by the
 /// pops in flight at that moment or drops it (its requests then count as arrived at the next
@@ -78,8 +79,8 @@ public:
     for (std::uint32_t t = 0; t < max_tiers; ++t) {
       tiers_[t] = TierCheckpoints{};
     }
-    reading_ = 0;
-    pops_since_reading_ = 0;
+    pops_since_scan_ = 0;
+    overdue_tier_ = 0;
     return {};
   }
 
@@ -115,6 +116,11 @@ public:
     }
     if (head != was) {
       oldest<View>(tier).store(head, cuda::std::memory_order_relaxed);
+      // Its overdue requests may be gone: the next pop that passes a tier over scans again.
+      if (overdue_tier<View>().load(cuda::std::memory_order_relaxed) == tier + 1) {
+        overdue_tier<View>().store(0, cuda::std::memory_order_relaxed);
+        pops_since_scan<View>().store(0, cuda::std::memory_order_relaxed);
+      }
     }
   }
 
@@ -135,17 +141,13 @@ private:
   };
 
   // The first tier with a visible head is served, unless a tier it would pass over has overdue
-  // requests (of several, the one whose oldest checkpoint is earliest); every tier passed over
-  // gets a checkpoint if its newest is an eighth of the bound old. One walk over the tiers,
-  // reading the clock only once a tier is found passed over.
+  // requests. Which tier that is, and which tiers need a checkpoint, a pop that passes a tier
+  // over finds out once in clock_every (scan()); the pops in between serve the tier it found.
   template <class View>
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE std::uint32_t pick_aging(const View& view, std::uint32_t first) noexcept {
     const std::uint32_t n = view.tier_count() < max_tiers ? view.tier_count() : max_tiers;
     std::uint32_t serve = detail::no_tier;
-    std::uint32_t chosen = detail::no_tier;
     std::uint32_t passed = 0; // tiers passed over
-    std::uint64_t now = 0, earliest = 0;
-    bool have_now = false;
     for (std::uint32_t t = first; t < n; ++t) {
       if (view.known_empty(t)) {
         continue;
@@ -157,43 +159,65 @@ private:
         }
         continue;
       }
-      const std::uint32_t head = oldest<View>(t).load(cuda::std::memory_order_relaxed);
-      if (head == next<View>(t).load(cuda::std::memory_order_acquire)) {
-        passed |= detail::head_stamp_into(view, t, stamp) ? 1U << t : 0U;
-        continue;
-      }
       // A live checkpoint means requests are there (it is dropped when they leave): no need to look.
-      passed |= 1U << t;
-      if (!have_now) {
-        now = clock_reading(view);
-        have_now = true;
-      }
-      const std::uint64_t taken = time_of<View>(t, head).load(cuda::std::memory_order_relaxed);
-      if (now > taken && now - taken > bound_ticks_ && (chosen == detail::no_tier || taken < earliest)) {
-        chosen = t;
-        earliest = taken;
+      if (oldest<View>(t).load(cuda::std::memory_order_relaxed) !=
+              next<View>(t).load(cuda::std::memory_order_relaxed) ||
+          detail::head_stamp_into(view, t, stamp)) {
+        passed |= 1U << t;
       }
     }
     if (serve == detail::no_tier) {
       return first; // no head visible yet (a push in flight): let the pop look
     }
+    const std::uint32_t pops = pops_since_scan<View>().load(cuda::std::memory_order_relaxed);
     if (passed == 0) {
-      // Nothing passed over, no clock needed; the next pop that passes a tier over reads it
-      // afresh instead of trusting a reading from before this quiet spell.
-      if (pops_since_reading<View>().load(cuda::std::memory_order_relaxed) != 0) {
-        pops_since_reading<View>().store(0, cuda::std::memory_order_relaxed);
+      // Nothing passed over, no clock needed; the next pop that passes a tier over scans
+      // afresh instead of trusting a scan from before this quiet spell.
+      if (pops != 0) {
+        pops_since_scan<View>().store(0, cuda::std::memory_order_relaxed);
       }
       return serve;
     }
-    if (!have_now) {
-      now = clock_reading(view);
+    if (pops != 0 && pops < clock_every) {
+      pops_since_scan<View>().store(pops + 1, cuda::std::memory_order_relaxed);
+      const std::uint32_t overdue = overdue_tier<View>().load(cuda::std::memory_order_relaxed); // tier + 1, or 0
+      return overdue != 0 && ((passed >> (overdue - 1)) & 1U) != 0 ? overdue - 1 : serve;
     }
-    if (chosen == detail::no_tier) {
-      chosen = serve;
-    } else {
+    pops_since_scan<View>().store(1, cuda::std::memory_order_relaxed);
+    return scan(view, serve, passed, n);
+  }
+
+  // Reads the clock: the tier passed over whose oldest checkpoint is earliest, if that is more
+  // than the bound ago, is served (and remembered for the pops until the next scan), else
+  // `serve`; every tier passed over gets a checkpoint if it needs one.
+  template <class View>
+  CARVE_HOST_DEVICE std::uint32_t scan(const View& view, std::uint32_t serve, std::uint32_t passed,
+                                       std::uint32_t n) noexcept {
+    const std::uint64_t now = view.now();
+    std::uint32_t chosen = serve;
+    std::uint64_t earliest = 0;
+    for (std::uint32_t t = serve + 1; t < n; ++t) {
+      if (((passed >> t) & 1U) == 0) {
+        continue;
+      }
+      const std::uint32_t head = oldest<View>(t).load(cuda::std::memory_order_relaxed);
+      if (head == next<View>(t).load(cuda::std::memory_order_acquire)) {
+        continue;
+      }
+      const std::uint64_t taken = time_of<View>(t, head).load(cuda::std::memory_order_relaxed);
+      if (now > taken && now - taken > bound_ticks_ && (chosen == serve || taken < earliest)) {
+        chosen = t;
+        earliest = taken;
+      }
+    }
+    const std::uint32_t overdue = chosen == serve ? 0 : chosen + 1;
+    if (overdue_tier<View>().load(cuda::std::memory_order_relaxed) != overdue) {
+      overdue_tier<View>().store(overdue, cuda::std::memory_order_relaxed);
+    }
+    if (chosen != serve) {
       passed = (passed | (1U << serve)) & ~(1U << chosen); // `serve` is passed over in its turn
     }
-    for (std::uint32_t t = serve; passed != 0 && t < n; ++t) {
+    for (std::uint32_t t = 0; passed != 0 && t < n; ++t) {
       if (((passed >> t) & 1U) != 0) {
         checkpoint(view, t, now);
         passed &= ~(1U << t);
@@ -215,34 +239,17 @@ private:
     const std::uint64_t arrived = view.pushed(tier);
     if (head != tail) {
       const std::uint64_t last = time_of<View>(tier, tail - 1).load(cuda::std::memory_order_relaxed);
-      if (now < last || now - last < spacing_ticks_ || // `now` may be an older reading than `last`
+      if (now < last || now - last < spacing_ticks_ || // another consumer's clock may be ahead
           arrived == pushed_by<View>(tier, tail - 1).load(cuda::std::memory_order_relaxed)) {
         return;
       }
     } else if (arrived == view.popped(tier)) {
       return; // its head was taken meanwhile
     }
-    // What the lane has taken so far arrived before now: the clock itself, not the shared
-    // reading, which may be older than some of those arrivals (a checkpoint an eighth of the
-    // bound apart makes this read rare). Written first, published by `next`.
-    time_of<View>(tier, tail).store(view.now(), cuda::std::memory_order_relaxed);
+    // What the lane has taken so far arrived before now. Written first, published by `next`.
+    time_of<View>(tier, tail).store(now, cuda::std::memory_order_relaxed);
     pushed_by<View>(tier, tail).store(arrived, cuda::std::memory_order_relaxed);
     next<View>(tier).store(tail + 1, cuda::std::memory_order_release);
-  }
-
-  // The clock, read once in clock_every pops that pass a tier over (by any consumer: the count
-  // and the reading are shared, with plain loads and stores).
-  template <class View>
-  CARVE_HOST_DEVICE std::uint64_t clock_reading(const View& view) noexcept {
-    const std::uint32_t pops = pops_since_reading<View>().load(cuda::std::memory_order_relaxed);
-    if (pops == 0 || pops >= clock_every) {
-      const std::uint64_t now = view.now();
-      reading<View>().store(now, cuda::std::memory_order_relaxed);
-      pops_since_reading<View>().store(1, cuda::std::memory_order_relaxed);
-      return now;
-    }
-    pops_since_reading<View>().store(pops + 1, cuda::std::memory_order_relaxed);
-    return reading<View>().load(cuda::std::memory_order_relaxed);
   }
 
   template <class View>
@@ -263,20 +270,20 @@ private:
     return cuda::atomic_ref<std::uint64_t, View::scope>(tiers_[tier].pushed[i % checkpoints]);
   }
   template <class View>
-  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint64_t, View::scope> reading() noexcept {
-    return cuda::atomic_ref<std::uint64_t, View::scope>(reading_);
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> pops_since_scan() noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(pops_since_scan_);
   }
   template <class View>
-  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> pops_since_reading() noexcept {
-    return cuda::atomic_ref<std::uint32_t, View::scope>(pops_since_reading_);
+  CARVE_HOST_DEVICE cuda::atomic_ref<std::uint32_t, View::scope> overdue_tier() noexcept {
+    return cuda::atomic_ref<std::uint32_t, View::scope>(overdue_tier_);
   }
 
   bool aging_ = false;
   std::uint64_t bound_ns_ = 0;
   std::uint64_t bound_ticks_ = 0;
-  std::uint64_t spacing_ticks_ = 0;                 // between a tier's checkpoints: an eighth of the bound
-  alignas(8) std::uint64_t reading_ = 0;            // the clock as last read
-  alignas(4) std::uint32_t pops_since_reading_ = 0; // 0: read the clock at the next pop that passes a tier over
+  std::uint64_t spacing_ticks_ = 0;              // between a tier's checkpoints: an eighth of the bound
+  alignas(4) std::uint32_t pops_since_scan_ = 0; // 0: scan at the next pop that passes a tier over
+  alignas(4) std::uint32_t overdue_tier_ = 0;    // the tier the last scan found overdue, plus one; or 0
   TierCheckpoints tiers_[max_tiers]{};
 };
 
