@@ -1,6 +1,6 @@
 // Lookups queued by how many vectors they read: tier 0 up to 128, tier 1 up to 512, tier 2 above.
-// Strict priority with aging: small requests never wait behind large ones, and a tier passed
-// over for 1 ms is served first, so no request waits much past 2 ms and large ones are not starved.
+// Strict priority with aging: small requests never wait behind large ones, and a request older
+// than 2 ms is served first, so large ones are not starved.
 #include <carve/queue.hpp>
 
 #include <chrono>
