@@ -187,17 +187,20 @@ private:
     return scan(view, serve, passed, n);
   }
 
-  // Reads the clock: the tier passed over whose oldest checkpoint is earliest, if that is more
-  // than the bound ago, is served (and remembered for the pops until the next scan), else
-  // `serve`; every tier passed over gets a checkpoint if it needs one.
+  // Reads the clock: of `serve` and the tiers passed over, the one whose oldest checkpoint is
+  // earliest, if that is more than the bound ago, is served (and remembered for the pops until
+  // the next scan), else `serve`; every tier passed over gets a checkpoint if it needs one.
   template <class View>
   CARVE_HOST_DEVICE std::uint32_t scan(const View& view, std::uint32_t serve, std::uint32_t passed,
                                        std::uint32_t n) noexcept {
     const std::uint64_t now = view.now();
     std::uint32_t chosen = serve;
+    bool overdue_seen = false;
     std::uint64_t earliest = 0;
-    for (std::uint32_t t = serve + 1; t < n; ++t) {
-      if (((passed >> t) & 1U) == 0) {
+    // `serve` too: when every tier holds overdue requests (an overload), the oldest go first,
+    // small ones included.
+    for (std::uint32_t t = serve; t < n; ++t) {
+      if (t != serve && ((passed >> t) & 1U) == 0) {
         continue;
       }
       const std::uint32_t head = oldest<View>(t).load(cuda::std::memory_order_relaxed);
@@ -205,9 +208,10 @@ private:
         continue;
       }
       const std::uint64_t taken = time_of<View>(t, head).load(cuda::std::memory_order_relaxed);
-      if (now > taken && now - taken > bound_ticks_ && (chosen == serve || taken < earliest)) {
+      if (now > taken && now - taken > bound_ticks_ && (!overdue_seen || taken < earliest)) {
         chosen = t;
         earliest = taken;
+        overdue_seen = true;
       }
     }
     const std::uint32_t overdue = chosen == serve ? 0 : chosen + 1;
