@@ -15,11 +15,14 @@
 /// ring's push and pop together; benchmarks/queue.md): a pop that serves one tier while another
 /// has a visible head passes that tier over, and then notes the time and how many requests the
 /// tier's lane has taken so far, at most once in an eighth of the bound per tier (a checkpoint;
-/// up to checkpoints of them per tier). Every request counted by a checkpoint arrived before its
+/// at most `checkpoints` live per tier). Every request counted by a checkpoint arrived before its
 /// time, so once that time is more than the bound ago those requests are overdue, and they are
 /// served first until they have left. A request is therefore never served out of priority before
 /// it is older than the bound, and is served once its age passes the bound plus at most an eighth
-/// of it (the checkpoint after its arrival may come that much later).
+/// of it (the checkpoint after its arrival may come that much later). In an overload, when every
+/// tier holds overdue requests, the tier a pop would serve competes too: the oldest checkpoint
+/// goes first, whatever its tier. Waits far past the bound are told apart more coarsely, since a
+/// tier keeps at most `checkpoints` of them.
 ///
 /// The clock is read only by pops that pass a tier over, once in clock_every such pops: that pop
 /// looks for overdue requests and takes the checkpoints due, and the pops up to the next such
