@@ -94,8 +94,15 @@ fuzz_check() {
   build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g"
-  fuzz_run fuzz_topology "$root"/tests/data/topology/*.txt
-  fuzz_run fuzz_service_protocol "$root"/tests/data/service/*.bin
+  # One core each: the two run side by side.
+  local topology protocol status=0
+  fuzz_run fuzz_topology "$root"/tests/data/topology/*.txt &
+  topology=$!
+  fuzz_run fuzz_service_protocol "$root"/tests/data/service/*.bin &
+  protocol=$!
+  wait "$topology" || status=1
+  wait "$protocol" || status=1
+  return "$status"
 }
 
 # stage <title> <function>: runs one stage of the test command and records how long it took.
