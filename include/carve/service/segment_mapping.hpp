@@ -83,8 +83,10 @@ inline HostMemoryMapper& host_vmm_mapper() {
 template <PhysicalMemoryMapper Mapper>
 Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int device, UniqueFd fd) {
   if (size == 0 || !fd) {
-    return fail(Errc::bad_message, std::string("the server's ") + to_string(Mapper::export_kind) +
-                                       " segment came empty or without its descriptor");
+    std::string message = to_string(Mapper::export_kind);
+    message.insert(0, "the server's ");
+    message.append(" segment came empty or without its descriptor");
+    return fail(Errc::bad_message, std::move(message));
   }
   const auto g = mapper.granularity(device);
   if (!g) {
