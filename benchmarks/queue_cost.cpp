@@ -81,52 +81,6 @@ struct StrictAging : carve::StrictPriority {
   StrictAging() : carve::StrictPriority(carve::StrictPriority::with_aging(2'000'000)) {}
 };
 
-// The aging strict priority had before it aged tiers by how long they were passed over: every
-// push stamped, and a request served first once its own stamp is older than the bound. Kept as
-// the measure of what the pass-over clock saves (benchmarks/queue.md).
-struct StampedAging {
-  static constexpr const char* name = "strict priority, stamped aging";
-  static constexpr bool needs_head_stamps = true;
-  std::uint64_t bound_ticks = 0;
-  template <class Clock>
-  cuda::std::expected<void, carve::Errc> prepare(std::uint32_t) noexcept {
-    bound_ticks = Clock::ticks_from_ns(2'000'000);
-    return {};
-  }
-  bool reads_stamps() const noexcept { return true; }
-  // The lowest untried tier, unless the oldest head is elsewhere and past the bound: no clock
-  // read when the oldest head is the first tier's.
-  template <class View>
-  CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> pick(const View& view) const noexcept {
-    const std::uint32_t first = carve::detail::first_untried(view, 0);
-    if (first == carve::detail::no_tier) {
-      return carve::detail::as_pick(first);
-    }
-    std::uint32_t oldest_tier = first;
-    bool seen = false;
-    std::uint64_t oldest = 0;
-    for (std::uint32_t t = first; t < view.tier_count(); ++t) {
-      if (view.known_empty(t)) {
-        continue;
-      }
-      std::uint64_t stamp = 0;
-      if (carve::detail::head_stamp_into(view, t, stamp) && (!seen || stamp < oldest)) {
-        oldest_tier = t;
-        oldest = stamp;
-        seen = true;
-      }
-    }
-    if (oldest_tier == first) {
-      return carve::detail::as_pick(first);
-    }
-    const std::uint64_t now = view.now();
-    return carve::detail::as_pick(now > oldest && now - oldest > bound_ticks ? oldest_tier : first);
-  }
-  template <class View>
-  void served(const View&, std::uint32_t, std::uint64_t) const noexcept {}
-};
-static_assert(carve::DrainPolicy<StampedAging>);
-
 template <class Drain, class Lanes = carve::RingLanes<>>
 struct Tiered {
   carve::SizeTieredQueue<Lookup, Vectors, Lanes, Drain> q{carve::TierThresholds{128, 512}, capacity,
@@ -325,14 +279,13 @@ struct OneThreadRow {
   const char* name;
   const char* label;
 };
-const std::array<OneThreadRow, 10> one_thread_rows = {{
+const std::array<OneThreadRow, 9> one_thread_rows = {{
     {"tiered/round-robin", "SizeTieredQueue round-robin"},
     {"tiered/weighted-round-robin", "SizeTieredQueue weighted RR 4/2/1"},
     {"tiered/deficit-round-robin", "SizeTieredQueue deficit RR"},
     {"tiered/strict-priority", "SizeTieredQueue strict priority"},
     {"tiered/strict-aging", "SizeTieredQueue strict + aging 2 ms"},
     {"tiered/priority-tag", "SizeTieredQueue priority tag"},
-    {"tiered/strict-aging-stamped", "SizeTieredQueue stamped aging (before)"},
     {"fifo/carve-mpmc-ring", "one FIFO, carve-mpmc-ring"},
     {"fifo/moodycamel", "one FIFO, moodycamel"},
     {"fifo/boost-lockfree", "one FIFO, boost-lockfree"},
@@ -365,10 +318,9 @@ int main(int argc, char** argv) {
   register_one_thread<StrictTiers>(one_thread_rows[3].name);
   register_one_thread<Tiered<StrictAging>>(one_thread_rows[4].name);
   register_one_thread<Tiered<carve::PriorityTag>>(one_thread_rows[5].name);
-  register_one_thread<Tiered<StampedAging>>(one_thread_rows[6].name);
-  register_one_thread<Ring<>>(one_thread_rows[7].name);
-  register_one_thread<Moodycamel>(one_thread_rows[8].name);
-  register_one_thread<BoostLockfree>(one_thread_rows[9].name);
+  register_one_thread<Ring<>>(one_thread_rows[6].name);
+  register_one_thread<Moodycamel>(one_thread_rows[7].name);
+  register_one_thread<BoostLockfree>(one_thread_rows[8].name);
   both_shapes<RoundRobinTiers>("tiered/round-robin");
   both_shapes<StrictTiers>("tiered/strict-priority");
   both_shapes<MoodycamelTiers>("tiered/moodycamel-lanes");

@@ -276,7 +276,7 @@ inline void add_workload_flags(Flags& flags, WorkloadOptions& o, const std::stri
   flags.real("--median", o.sizes.median, 1, max_query_vectors, "median vectors per query (lognormal)");
   flags.real("--sigma", o.sizes.sigma, 0, 4, "spread of the lognormal query sizes (1: mean about 1.65 x median)");
   flags.integer("--max-vectors", o.sizes.max, 1, max_query_vectors, "largest query, in vectors");
-  flags.real("--aging-ms", o.aging_ms, 0, 1e6, "strict priority's aging bound: no request waits much past it");
+  flags.real("--aging-ms", o.aging_ms, 0, 1e6, "strict priority's aging bound: older requests go first");
   flags.integer("--loaders-per-device", o.loaders_per_device, 1, 64, "loader threads per storage device");
   flags.integer("--in-flight", o.in_flight, 1, 4096, "queries in the I/O stage at once");
   flags.integer("--elements", o.elements, 1, 64, "processing elements (threads) of the compute stage");

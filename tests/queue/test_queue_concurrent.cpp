@@ -1,7 +1,6 @@
 // SizeTieredQueue under real threads (also run under ThreadSanitizer): every accepted request
 // popped exactly once under every drain policy and both lane types, per-producer FIFO within a
 // tier, FIFO within a tier across producers (the global push order, recorded under a sequencer),
-// aging's bound with several consumers sharing strict priority's clocks,
 // blocking pushes and pops, close() waking every waiter, and pushes racing close(); and MpmcRing
 // alone, including that it waits its Backoff only after losing a race to another thread.
 #include "queue_helpers.hpp"
@@ -178,75 +177,6 @@ TEST_CASE("more threads than the gate has shards: still exactly once, and close 
   // Waits sampled (the default): threads sharing a shard also share its sample counters.
   Queue<carve::StrictPriority> q(thresholds({128, 512}), 32, carve::StrictPriority::with_aging(200'000));
   conservation(q, 18, 3, 600);
-}
-
-TEST_CASE("strict priority with aging serves a starved tier within the bound, with several consumers") {
-  // Time is counted in requests taken: each consumer advances the scripted clock once per pop,
-  // so the bound (in pops) holds whatever the scheduler does to the threads. The small tier never
-  // runs dry (48 small requests circulate: a consumer pushes one back for each it takes), so only
-  // aging serves the large requests a producer pushes every 20 pops; three consumers share the
-  // policy's checkpoints with plain loads and stores. Every large request must leave within the
-  // bound, plus an eighth of it (the checkpoints' spacing), the pops between two clock reads, the
-  // pops in flight and the overdue requests served before it.
-  using carve::test::ScriptedClock;
-  using Scripted =
-      carve::SizeTieredQueue<Request, RequestSize, carve::RingLanes<>, carve::StrictPriority, ScriptedClock>;
-  ScriptedClock::set(0);
-  constexpr std::uint64_t bound = 400, large_count = 50, consumers = 3;
-  Scripted q(thresholds({128, 512}), 64, carve::StrictPriority::with_aging(bound));
-  for (std::uint64_t i = 0; i < 48; ++i) {
-    REQUIRE(q.try_push(Request::make(100, i)));
-  }
-  std::vector<std::atomic<std::uint64_t>> arrived(large_count), left(large_count);
-  std::atomic<bool> done{false};
-  std::vector<std::thread> threads;
-  for (std::uint64_t c = 0; c < consumers; ++c) {
-    threads.emplace_back([&] {
-      for (;;) {
-        auto r = q.pop(1ms);
-        if (!r) {
-          if (r.error() == Errc::closed) {
-            return;
-          }
-          continue;
-        }
-        const std::uint64_t now = ScriptedClock::ticks.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (r->size > 512) {
-          left[r->id].store(now, std::memory_order_relaxed);
-        } else if (!done.load(std::memory_order_relaxed)) {
-          // Waits if a consumer stalled between claiming a cell and freeing it (the ring is
-          // then full a lap later); closed just after `done` was read is fine too.
-          const auto back = q.push(std::move(*r));
-          CHECK((back || back.error() == Errc::closed));
-        }
-      }
-    });
-  }
-  std::uint64_t next = 0;
-  for (std::uint64_t i = 0; i < large_count; ++i) {
-    while (ScriptedClock::now() < next) {
-      std::this_thread::yield();
-    }
-    REQUIRE(q.push(Request::make(600, i)));
-    arrived[i].store(ScriptedClock::now(), std::memory_order_relaxed); // after the push: never more than its wait
-    next = arrived[i].load(std::memory_order_relaxed) + 20;
-  }
-  while (ScriptedClock::now() < next + bound) { // the last one's time to leave
-    std::this_thread::yield();
-  }
-  done = true;
-  q.close();
-  for (auto& t : threads) {
-    t.join();
-  }
-  std::uint64_t most_waited = 0;
-  for (std::uint64_t i = 0; i < large_count; ++i) {
-    const std::uint64_t a = arrived[i].load(std::memory_order_relaxed), l = left[i].load(std::memory_order_relaxed);
-    REQUIRE(l != 0);
-    most_waited = std::max(most_waited, l > a ? l - a : 0);
-  }
-  CHECK(most_waited > bound); // starved until overdue: the small tier never ran dry
-  CHECK(most_waited <= bound + bound / 8 + 2 * carve::StrictPriority::clock_every + bound / 20 + 4 * consumers);
 }
 
 namespace {

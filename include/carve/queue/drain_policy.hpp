@@ -24,8 +24,6 @@
 /// bool known_empty(std::uint32_t tier) const;     // this pop already found the tier empty
 /// cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t tier) const;  // oldest request's stamp
 /// std::uint64_t now() const;                      // clock ticks, read once per pop, when first asked
-/// std::uint64_t pushed(std::uint32_t tier) const; // requests the tier's lane has taken so far
-/// std::uint64_t popped(std::uint32_t tier) const; // requests that have left it so far
 /// @endcode
 /// pick() returns a tier that is not known_empty, or nullopt when every tier is; the queue tries
 /// at most one pop per tier per call, so a pop costs at most tier_count() picks.
@@ -38,7 +36,7 @@
 /// Optional traits: `static constexpr bool needs_head_stamps = true` (the queue then requires a
 /// PeekableLane), `static constexpr bool shared_capacity = true` (one bound for all tiers), and
 /// `bool reads_stamps() const`, asked once the policy is prepared: whether pick() compares the
-/// values of head_stamp() (PriorityTag when tiers share a tag). Where it says false, the
+/// values of head_stamp() and now() (StrictPriority only with aging). Where it says false, the
 /// queue reads the clock only for the requests whose waits it samples, and head_stamp() values
 /// are meaningless (0 for most requests) though still present for every visible head. Without
 /// it, a policy reads stamps iff it needs head stamps.
@@ -65,8 +63,6 @@ struct DrainViewArchetype {
   CARVE_HOST_DEVICE bool known_empty(std::uint32_t) const noexcept { return false; }
   CARVE_HOST_DEVICE cuda::std::optional<std::uint64_t> head_stamp(std::uint32_t) const noexcept { return {}; }
   CARVE_HOST_DEVICE std::uint64_t now() const noexcept { return 0; }
-  CARVE_HOST_DEVICE std::uint64_t pushed(std::uint32_t) const noexcept { return 0; }
-  CARVE_HOST_DEVICE std::uint64_t popped(std::uint32_t) const noexcept { return 0; }
 };
 
 // The tier after `tier` (< n), wrapping to 0. A compare, not a division: pops call it each time.

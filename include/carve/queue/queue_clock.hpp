@@ -2,8 +2,7 @@
 /// The time stamps a SizeTieredQueue puts on requests.
 ///
 /// A push stamps its request and its pop reads the clock again: the difference feeds the
-/// wait-time histogram and lets PriorityTag order tiers that share a tag by arrival (aging in
-/// StrictPriority reads the clock on pops only, and not on every one). Only where something reads them,
+/// wait-time histogram and lets StrictPriority age requests. Only where something reads them,
 /// though: every request when the drain policy compares stamps, otherwise one in
 /// QueueOptions::wait_sample (size_tiered_queue.hpp), since a read costs about as much as a
 /// ring's push and pop together (about 10 ns on x86-64; benchmarks/queue.md). The default clock

@@ -378,10 +378,6 @@ public:
         return s.has_value();
       }
     }
-    /// Requests `tier`'s lane has taken so far (claimed positions: pushes in flight count).
-    CARVE_HOST_DEVICE std::uint64_t pushed(std::uint32_t tier) const noexcept { return q_.lane(tier).pushed(); }
-    /// Requests that have left `tier`'s lane so far (those put back and taken again not counted).
-    CARVE_HOST_DEVICE std::uint64_t popped(std::uint32_t tier) const noexcept { return q_.lane(tier).popped(); }
     /// Clock ticks, read on the first call of the pop, so that a pop nothing asks the time of
     /// does not read it.
     CARVE_HOST_DEVICE std::uint64_t now() const noexcept {
@@ -549,7 +545,7 @@ private:
   }
 
   // The stamp a push puts on its request. The clock is read only where something reads the
-  // stamp: every request when the drain policy compares stamps (arrival order across tiers) or every
+  // stamp: every request when the drain policy compares stamps (aging, arrival order) or every
   // wait is recorded; otherwise one push in options_.wait_sample, marked by its low bit so that
   // a pop knows to record its wait, and 0 for the rest. (Reading the time-stamp counter costs
   // about as much as the ring's push; two reads a request were a third of its cost.)
