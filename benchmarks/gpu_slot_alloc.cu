@@ -131,23 +131,12 @@ unsigned grid_for(std::uint32_t threads) { return (threads + block - 1) / block;
 template <class Reset, class Launch>
 Run measure(Reset reset, Launch launch, carve::SlotRange* d_out, std::uint32_t threads, std::uint32_t slots) {
   std::vector<float> times;
-  cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "event");
-  cuda_check(cudaEventCreate(&stop), "event");
+  carve::bench::KernelTimer timer;
   for (int rep = 0; rep < 7; ++rep) {
     reset();
     cuda_check(cudaDeviceSynchronize(), "reset");
-    cuda_check(cudaEventRecord(start), "event");
-    launch();
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaEventRecord(stop), "event");
-    cuda_check(cudaEventSynchronize(stop), "kernel");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times.push_back(ms * 1000);
+    times.push_back(static_cast<float>(timer.us(launch)));
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::vector<carve::SlotRange> out(threads);
   cuda_check(cudaMemcpy(out.data(), d_out, threads * sizeof(carve::SlotRange), cudaMemcpyDeviceToHost), "copy");
   std::vector<bool> taken(slots, false);

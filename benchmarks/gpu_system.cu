@@ -45,6 +45,7 @@ namespace {
 using carve::bench::Aim;
 using carve::bench::Checks;
 using carve::bench::cuda_check;
+using carve::bench::KernelTimer;
 using carve::bench::percentile;
 
 // ---- device queue ----------------------------------------------------------------------------
@@ -180,19 +181,8 @@ QueueTimes time_queue(const char* what, Checks& checks) {
   cuda_check(cudaMalloc(&seen, requests * sizeof(unsigned)), "cudaMalloc");
   cuda_check(cudaMalloc(&status, sizeof(int)), "cudaMalloc");
   auto* q = static_cast<Q*>(storage);
-  cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "event");
-  cuda_check(cudaEventCreate(&stop), "event");
-  const auto timed = [&](auto launch) {
-    cuda_check(cudaEventRecord(start), "event");
-    launch();
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaEventRecord(stop), "event");
-    cuda_check(cudaEventSynchronize(stop), "kernel");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    return static_cast<double>(ms) * 1000.0;
-  };
+  KernelTimer timer;
+  const auto timed = [&](auto launch) { return timer.us(launch); };
   // Every request exactly once and whole, nothing left over.
   const auto verify = [&](const std::string& phase) {
     unsigned c[3];
@@ -235,8 +225,6 @@ QueueTimes time_queue(const char* what, Checks& checks) {
   std::printf("  %-34s push %8.1f us (%5.2f ns/request)  pop %8.1f us (%5.2f)  both in one kernel %8.1f us (%5.2f)\n",
               what, t.push_us, per_request(t.push_us), t.pop_us, per_request(t.pop_us), t.mixed_us,
               per_request(t.mixed_us));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(storage);
   cudaFree(counters);
   cudaFree(seen);
@@ -300,9 +288,7 @@ Read read_from(int reader, const void* p, std::size_t bytes) {
   cuda_check(cudaGetDeviceProperties(&prop, reader), "device properties");
   unsigned long long* sum = nullptr;
   cuda_check(cudaMalloc(&sum, sizeof *sum), "cudaMalloc");
-  cudaEvent_t start, stop;
-  cuda_check(cudaEventCreate(&start), "event");
-  cuda_check(cudaEventCreate(&stop), "event");
+  KernelTimer timer;
   const std::size_t words = bytes / sizeof(uint4);
   const unsigned long long expected = static_cast<unsigned long long>(words) * 4ULL * 0x01010101ULL;
   const auto grid = static_cast<unsigned>(prop.multiProcessorCount * 8);
@@ -310,23 +296,16 @@ Read read_from(int reader, const void* p, std::size_t bytes) {
   Read r;
   for (int rep = 0; rep < 6; ++rep) {
     cuda_check(cudaMemset(sum, 0, sizeof *sum), "reset");
-    cuda_check(cudaEventRecord(start), "event");
-    read_all<<<grid, 256>>>(static_cast<const uint4*>(p), words, sum);
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaEventRecord(stop), "event");
-    cuda_check(cudaEventSynchronize(stop), "read kernel");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    const double us =
+        timer.us([&] { read_all<<<grid, 256>>>(static_cast<const uint4*>(p), words, sum); }, "read kernel");
     unsigned long long got = 0;
     cuda_check(cudaMemcpy(&got, sum, sizeof got, cudaMemcpyDeviceToHost), "copy");
     r.right = r.right && got == expected;
     if (rep > 0) {
-      gbps.push_back(static_cast<double>(bytes) / (static_cast<double>(ms) * 1e6));
+      gbps.push_back(static_cast<double>(bytes) / (us * 1e3));
     }
   }
   r.gbps = percentile(gbps, 0.5);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(sum);
   return r;
 }

@@ -35,6 +35,40 @@ inline void cuda_check(cudaError_t e, const char* what) {
   }
 }
 
+// Kernel time in microseconds between two CUDA events on the default stream, which the timed
+// launches use. Create it after cudaSetDevice: events belong to the current device.
+class KernelTimer {
+public:
+  KernelTimer() {
+    cuda_check(cudaEventCreate(&start_), "event");
+    cuda_check(cudaEventCreate(&stop_), "event");
+  }
+  ~KernelTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  KernelTimer(const KernelTimer&) = delete;
+  KernelTimer& operator=(const KernelTimer&) = delete;
+
+  // Runs `launch` (kernel launches on the default stream) and waits for it; `what` names it in
+  // an error.
+  template <class Launch>
+  double us(Launch&& launch, const char* what = "kernel") {
+    cuda_check(cudaEventRecord(start_), "event");
+    launch();
+    cuda_check(cudaGetLastError(), "launch");
+    cuda_check(cudaEventRecord(stop_), "event");
+    cuda_check(cudaEventSynchronize(stop_), what);
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "elapsed");
+    return static_cast<double>(ms) * 1000.0;
+  }
+
+private:
+  cudaEvent_t start_{};
+  cudaEvent_t stop_{};
+};
+
 // The p-th fraction (0.5: median) of `v`, reordering it; 0 for no values.
 inline double percentile(std::vector<double> v, double p) {
   if (v.empty()) {
