@@ -41,14 +41,15 @@ function(carve_frame_limit target bytes)
   set_target_properties(${target} PROPERTIES CUDA_COMPILER_LAUNCHER "${launcher}")
 endfunction()
 
-# carve_expect_failure(<name> EXPECT <regex> COMMAND <program> <args>...): a test that passes
-# when the command exits non-zero and its output matches the regex (a clear error message).
+# carve_expect_failure(<name> EXPECT <regex> [EXIT_CODE <n>] COMMAND <program> <args>...): a test
+# that passes when the command exits non-zero (with status <n>, when given) and its output matches
+# the regex (a clear error message).
 function(carve_expect_failure name)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXPECT" "COMMAND")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "EXPECT;EXIT_CODE" "COMMAND")
   list(POP_FRONT arg_COMMAND program)
   add_test(NAME ${name}
-    COMMAND ${CMAKE_COMMAND} "-DEXPECT=${arg_EXPECT}" "-DCOMMAND=$<TARGET_FILE:${program}>;${arg_COMMAND}"
-      -P ${PROJECT_SOURCE_DIR}/cmake/CarveExpectFailure.cmake)
+    COMMAND ${CMAKE_COMMAND} "-DEXPECT=${arg_EXPECT}" "-DEXIT_CODE=${arg_EXIT_CODE}"
+      "-DCOMMAND=$<TARGET_FILE:${program}>;${arg_COMMAND}" -P ${PROJECT_SOURCE_DIR}/cmake/CarveExpectFailure.cmake)
 endfunction()
 
 # carve_compile_check(<name> SOURCE <file> [DEFINES <macro>...] [EXPECT <regex>]): a test that

@@ -3,7 +3,8 @@
 # CUDA Toolkit lacks (apt-get, as root or through sudo), then builds under build/ and runs.
 #
 #   bash cmake/dev.sh demo    build and run the examples, then the workgroup scheduling simulator
-#                             on its built-in default (results in build/slot_sim_out/)
+#                             on its built-in default (results in build/slot_sim_out/) and
+#                             carve_replay on a real PyTorch memory snapshot
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
 #                             device builds for sm_80 and sm_90 when nvcc is present, and the
 #                             compile time of a .cu that includes the umbrella header),
@@ -65,6 +66,12 @@ demo() {
   cmake --build "$root/build/demo" --target run_examples
   say "slot_sim: the workgroup-queue experiment, 200 seeds x every policy"
   (cd "$root" && build/demo/examples/slot_sim --out build/slot_sim_out)
+  # A real model's allocations through carve's pools beside PyTorch's allocator: the shared
+  # snapshot where it is beside the repository, else the tests' own.
+  local trace="$root/../shared/traces/tinyllama_1.1b_lora_step.pickle"
+  [ -f "$trace" ] || trace="$root/tests/data/traces/small_snapshot.pickle"
+  say "carve_replay: $(basename "$trace") through every pool (plot in build/replay.svg)"
+  "$root/build/demo/examples/carve_replay" "$trace" --svg "$root/build/replay.svg"
 }
 
 format_check() {
@@ -94,14 +101,17 @@ fuzz_check() {
   build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
     -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g"
-  # One core each: the two run side by side.
-  local topology protocol status=0
+  # The three run side by side, one process each.
+  local topology protocol pickle status=0
   fuzz_run fuzz_topology "$root"/tests/data/topology/*.txt &
   topology=$!
   fuzz_run fuzz_service_protocol "$root"/tests/data/service/*.bin &
   protocol=$!
+  fuzz_run fuzz_pickle "$root"/tests/data/pickle/*.pickle &
+  pickle=$!
   wait "$topology" || status=1
   wait "$protocol" || status=1
+  wait "$pickle" || status=1
   return "$status"
 }
 

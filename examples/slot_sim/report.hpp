@@ -3,7 +3,7 @@
 #pragma once
 
 #include "results.hpp"
-#include "svg_plot.hpp"
+#include "svg_plot.hpp" // examples/common
 
 #include <carve/sim.hpp>
 
@@ -16,6 +16,11 @@
 #include <vector>
 
 namespace slot_sim {
+
+using carve::svg::palette;
+using carve::svg::Plot;
+using carve::svg::PlotLine;
+using carve::svg::write_svg;
 
 struct PolicySummary {
   std::string name;

@@ -26,4 +26,5 @@ static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or 
 #include <carve/slot.hpp>     // slots on a compute unit (host and device)
 #include <carve/tier.hpp>     // spill tiers shared fairly among GPUs (host)
 #include <carve/topology.hpp> // the machine's cards and links (host)
+#include <carve/trace.hpp>    // allocation traces: PyTorch snapshots, RMM logs, carve's CSV (host)
 #include <carve/vmm.hpp>      // physical memory, mappings and per-device access (host twin; CUDA driver)

@@ -1,13 +1,15 @@
 /// @file carve/mr.hpp
-/// Memory resources: the MemoryResource concept, the resources (SimulatedCard,
-/// CudaDeviceResource, CachingPool, SlotArena) and the combinators that stack them (FallbackResource,
-/// Segregator, StatsResource, LimitResource, ref, as_pmr).
+/// Memory resources: the MemoryResource concept, the resources (SimulatedCard, AddressOnlyCard,
+/// CudaDeviceResource, CachingPool, StreamOrderedPool, SlotArena) and the combinators that stack
+/// them (FallbackResource, Segregator, StatsResource, LimitResource, TraceResource, ref, as_pmr).
 ///
 /// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
 /// nothing without `<cuda_runtime_api.h>`).
 #pragma once
 
+#include <carve/mr/address_only_card.hpp>
 #include <carve/mr/as_pmr.hpp>
+#include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/caching_pool.hpp>
 #include <carve/mr/cuda_current_device.hpp>
@@ -26,3 +28,4 @@
 #include <carve/mr/stats_resource.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
+#include <carve/mr/trace_resource.hpp>

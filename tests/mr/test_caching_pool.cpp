@@ -236,7 +236,8 @@ namespace {
 // The pool's documented policy, written out independently of its code: segments and blocks by
 // address; a request takes the cached block of exactly its rounded size, else the smallest
 // larger one (equal sizes: the lowest address), split; else a new segment of max(size,
-// segment_size) from the upstream, or, when the card cannot hold that, every whole free segment
+// segment_size) rounded up to whole segment_size units from the upstream, or, when the card cannot
+// hold that, every whole free segment
 // goes back and exactly `size` is asked for; freed blocks merge with free neighbours in their
 // segment; whole free segments go back least recently freed first (on deallocation above the
 // idle threshold, and on trim). It predicts every address handed out from the cache, every
@@ -257,7 +258,7 @@ public:
       ++s_.cache_hits;
       return;
     }
-    std::size_t segment = std::max(size, o_.segment_size);
+    std::size_t segment = round_up(std::max(size, o_.segment_size), o_.segment_size);
     if (segment > capacity_ - s_.bytes_reserved) {
       ++s_.upstream_failures;
       release(0);

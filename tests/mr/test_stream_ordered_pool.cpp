@@ -93,11 +93,34 @@ TEST_CASE("bad input is refused and changes nothing") {
   REQUIRE(pool.try_deallocate(s0, p, 1 * KiB, 256));
   CHECK_FALSE(pool.owns(p));
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
+  CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
   CHECK_THROWS_AS(pool.allocate(s0, 128 * KiB, 256), std::bad_alloc);
+  CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
+  CHECK(pool.stats().upstream_failures == 2);
   CHECK_THROWS_AS(Pool(SimulatedCard(KiB), SimulatedStreams(1), {.granularity = 3}), carve::Exception);
-  pool.streams().complete(s0);
-  CHECK(pool.trim() == 1 * KiB);
-  CHECK(pool.upstream().used_bytes() == 0);
+  CHECK(pool.trim() == 0);
+}
+
+TEST_CASE("a full card: cached blocks whose work is done go back, and the request is retried") {
+  Pool pool(SimulatedCard(64 * KiB), SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 16 * KiB, 256);
+  void* b = *pool.try_allocate(s0, 16 * KiB, 256);
+  void* c = *pool.try_allocate(s1, 16 * KiB, 256);
+  pool.deallocate(s0, a, 16 * KiB, 256);
+  pool.deallocate(s0, b, 16 * KiB, 256);
+  pool.streams().enqueue(s1); // c's stream still has work queued before its free
+  pool.deallocate(s1, c, 16 * KiB, 256);
+  // 40 KiB: no cached block fits, and the card has 16 KiB left; a and b go back (their events
+  // have completed), c stays cached (its stream's work has not run).
+  void* d = *pool.try_allocate(s0, 40 * KiB, 256);
+  CHECK(pool.stats().upstream_failures == 1);
+  CHECK(pool.stats().bytes_cached == 16 * KiB);
+  CHECK(pool.upstream().used_bytes() == 56 * KiB);
+  CHECK(pool.try_allocate(s0, 20 * KiB, 256).error() == Errc::no_space); // only c could go, and it may not
+  pool.streams().complete(s1);
+  void* e = *pool.try_allocate(s0, 20 * KiB, 256); // now c goes back and the card holds it
+  pool.deallocate(s0, d, 40 * KiB, 256);
+  pool.deallocate(s0, e, 20 * KiB, 256);
 }
 
 TEST_CASE("random streams against a model: never handed to another stream before its event") {

@@ -10,8 +10,10 @@
 /// @endcode
 ///
 /// Serving a request: a cached block of exactly the rounded size; else the smallest larger one,
-/// split (the rest stays cached); else a new segment from the upstream (small requests share
-/// segments of PoolOptions::segment_size). If the upstream says no, the pool returns its free
+/// split (the rest stays cached); else a new segment from the upstream: small requests share
+/// segments of PoolOptions::segment_size, and a larger one gets a segment of its size rounded up to
+/// whole segment_size units (cudaMalloc takes whole 2 MiB pages anyway; in the segment, the
+/// difference is cache that later requests use). If the upstream says no, the pool returns its free
 /// segments and asks once more. Freed blocks merge with free neighbours of the same segment.
 /// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 ///
@@ -22,6 +24,11 @@
 /// segment released may take the cache below it, and free blocks in segments that still hold a
 /// live block stay cached above it. stats() reports what is held, used, cached and how
 /// fragmented the cache is.
+///
+/// Bookkeeping: every block is a range of a BestFitRanges with one region per segment (so blocks
+/// never merge across segments), live blocks are found by address in an open-addressing table, and
+/// whole free segments wait on a list in the order they fell free: O(log n) in the cached blocks per
+/// call, and one step per segment given back.
 ///
 /// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
 /// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
@@ -34,7 +41,9 @@
 
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
+#include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/pool_stats.hpp>
@@ -49,8 +58,9 @@
 #include <map>
 #include <mutex>
 #include <new>
-#include <set>
+#include <optional>
 #include <utility>
+#include <vector>
 
 namespace carve {
 
@@ -81,8 +91,8 @@ public:
 
   /// Returns every segment to the upstream; blocks still handed out become invalid with it.
   ~CachingPool() {
-    for (const auto& [base, size] : segments_) {
-      upstream_.deallocate(to_ptr(base), size, options_.granularity);
+    for (const auto& [base, r] : by_base_) {
+      upstream_.deallocate(to_ptr(base), segments_[r].size, options_.granularity);
     }
   }
 
@@ -90,8 +100,8 @@ public:
   /// two; no_space for an alignment above the granularity, a size too large to round, or when
   /// neither the cache nor the upstream (after the cache is returned to it) can hold the request.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
-    if (const auto ok = check_request(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
+    if (!valid_request(bytes, alignment)) {
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     const std::size_t size = rounded(bytes, alignment);
     if (size == 0) {
@@ -99,20 +109,25 @@ public:
     }
     try {
       const std::lock_guard lock(mutex_);
-      std::uintptr_t addr = take_cached(size);
-      if (addr != 0) {
+      auto taken = take_cached(size);
+      if (taken) {
         ++counters_.cache_hits;
       } else {
-        addr = take_new_segment(size);
-        if (addr == 0) {
+        taken = take_new_segment(size);
+        if (!taken) {
           return cuda::std::unexpected(Errc::no_space);
         }
       }
+      try {
+        live_.insert(taken->start, taken->handle);
+      } catch (const std::bad_alloc&) {
+        give_back(taken->handle);
+        throw;
+      }
       ++counters_.allocations;
       in_use_ += size;
-      ++live_;
       counters_.peak_in_use = std::max(counters_.peak_in_use, in_use_);
-      return to_ptr(addr);
+      return to_ptr(taken->start);
     } catch (const std::bad_alloc&) { // the pool's own bookkeeping could not grow
       return cuda::std::unexpected(Errc::no_space);
     }
@@ -123,21 +138,27 @@ public:
   cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                  std::size_t alignment = default_alignment) noexcept {
     const std::lock_guard lock(mutex_);
-    const auto it = blocks_.find(to_addr(p));
-    if (p == nullptr || it == blocks_.end() || it->second.free) {
+    const BestFitRanges::Handle* found = live_.find(to_addr(p));
+    if (found == nullptr) {
       return cuda::std::unexpected(Errc::not_allocated);
     }
-    if (!check_request(bytes, alignment) || rounded(bytes, alignment) != it->second.size) {
+    const BestFitRanges::Handle h = *found;
+    const std::size_t size = ranges_.size(h);
+    if (!valid_request(bytes, alignment) || rounded(bytes, alignment) != size) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
+    try {
+      give_back(h);
+    } catch (const std::bad_alloc&) { // the free ranges could not grow: the block stays live
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    live_.erase(to_addr(p));
     ++counters_.deallocations;
-    in_use_ -= it->second.size;
-    --live_;
-    give_back(it);
-    if (cached_ > options_.idle_threshold) {
+    in_use_ -= size;
+    if (ranges_.free_bytes() > options_.idle_threshold) {
       release_free_segments(options_.idle_threshold);
     }
-    return {};
+    return success;
   }
 
   /// deallocate cannot report an error (it is noexcept), so misuse ends the program with a
@@ -164,19 +185,19 @@ public:
     const std::lock_guard lock(mutex_);
     PoolStats s = counters_;
     s.bytes_in_use = in_use_;
-    s.bytes_cached = cached_;
+    s.bytes_cached = ranges_.free_bytes();
     s.bytes_reserved = reserved_;
-    s.live_blocks = live_;
-    s.cached_blocks = free_.size();
-    s.segments = segments_.size();
-    s.largest_cached_block = free_.empty() ? 0 : free_.rbegin()->first;
+    s.live_blocks = live_.size();
+    s.cached_blocks = ranges_.count();
+    s.segments = by_base_.size();
+    s.largest_cached_block = ranges_.largest();
     return s;
   }
 
   /// Bytes the card could still hand out through this pool: cached plus the upstream's free.
   std::size_t free_bytes() const {
     const std::lock_guard lock(mutex_);
-    return cached_ + upstream_.free_bytes();
+    return ranges_.free_bytes() + upstream_.free_bytes();
   }
   /// The upstream's capacity: what this pool could ever hold.
   std::size_t capacity() const { return upstream_.capacity(); }
@@ -184,7 +205,8 @@ public:
   /// Whether `p` lies in a segment this pool holds (a live block or a cached one).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
-    return detail::block_containing(segments_, p, [](std::size_t size) { return size; }) != segments_.end();
+    return detail::block_containing(by_base_, p, [&](BestFitRanges::Region r) { return segments_[r].size; }) !=
+           by_base_.end();
   }
 
   /// The largest request that would succeed now, assuming the upstream's free memory is in one
@@ -194,13 +216,11 @@ public:
   std::size_t largest_allocation() const {
     const std::lock_guard lock(mutex_);
     std::size_t from_upstream = upstream_.free_bytes();
-    for (const auto& [size, addr] : free_) {
-      if (addr == blocks_.at(addr).segment && size == segments_.at(addr)) {
-        from_upstream += size;
-      }
+    for (std::uint32_t r = idle_.first; r != none; r = segments_[r].next_idle) {
+      from_upstream += segments_[r].size;
     }
     from_upstream -= from_upstream % options_.granularity;
-    return std::max(free_.empty() ? 0 : free_.rbegin()->first, from_upstream);
+    return std::max(ranges_.largest(), from_upstream);
   }
 
   /// The upstream resource.
@@ -208,59 +228,27 @@ public:
   /// The options the pool was built with.
   const PoolOptions& options() const noexcept { return options_; }
 
-  /// Checks every invariant: blocks tile their segments exactly, no two free neighbours are left
-  /// unmerged, the size index matches the blocks, and the byte counts add up. For tests.
+  /// Checks every invariant: the blocks tile their segments exactly with no two free neighbours
+  /// left unmerged (BestFitRanges::consistent), the whole free segments are exactly those on the
+  /// idle list, and the byte counts add up. For tests.
   bool consistent() const {
     const std::lock_guard lock(mutex_);
-    std::size_t in_use = 0;
-    std::size_t cached = 0;
-    std::size_t live = 0;
-    std::size_t free_blocks = 0;
-    std::uintptr_t expected_next = 0;
-    std::uintptr_t segment = 0;
-    bool previous_free = false;
-    std::size_t segments_seen = 0;
-    for (const auto& [addr, b] : blocks_) {
-      const auto seg = segments_.find(b.segment);
-      if (seg == segments_.end() || addr < b.segment || addr + b.size > b.segment + seg->second ||
-          b.size % options_.granularity != 0 || b.size == 0) {
-        return false;
-      }
-      if (b.segment != segment) { // first block of a new segment starts at its base
-        if (expected_next != 0 && expected_next != segment + segments_.at(segment)) {
-          return false;
-        }
-        segment = b.segment;
-        ++segments_seen;
-        if (addr != segment) {
-          return false;
-        }
-        previous_free = false;
-      } else if (addr != expected_next || (previous_free && b.free)) {
-        return false;
-      }
-      expected_next = addr + b.size;
-      previous_free = b.free;
-      if (b.free) {
-        cached += b.size;
-        ++free_blocks;
-        if (free_.count({b.size, addr}) != 1) {
-          return false;
-        }
-      } else {
-        in_use += b.size;
-        ++live;
-      }
-    }
-    if (segment != 0 && expected_next != segment + segments_.at(segment)) {
-      return false;
-    }
     std::size_t reserved = 0;
-    for (const auto& [base, size] : segments_) {
-      reserved += size;
+    std::size_t idle = 0;
+    for (const auto& [base, r] : by_base_) {
+      const Segment& s = segments_[r];
+      reserved += s.size;
+      idle += ranges_.region_free(r) ? 1u : 0u;
+      if (s.base != base || s.idle != ranges_.region_free(r)) {
+        return false;
+      }
     }
-    return segments_seen == segments_.size() && in_use == in_use_ && cached == cached_ && live == live_ &&
-           free_blocks == free_.size() && reserved == reserved_ && in_use + cached == reserved;
+    std::size_t listed = 0;
+    for (std::uint32_t r = idle_.first; r != none; r = segments_[r].next_idle) {
+      ++listed;
+    }
+    return ranges_.consistent() && listed == idle && reserved == reserved_ &&
+           in_use_ + ranges_.free_bytes() == reserved_ && ranges_.taken() == live_.size();
   }
 
   /// Equal only to itself: blocks go back to the pool that gave them.
@@ -272,54 +260,46 @@ public:
   friend constexpr void get_property(const CachingPool&, Property) noexcept {}
 
 private:
-  struct Block {
+  static constexpr std::uint32_t none = UINT32_MAX;
+  // A segment: an upstream allocation, one region of the ranges. Whole free segments are on the
+  // idle list, least recently freed first: the order they go back in.
+  struct Segment {
+    std::uintptr_t base = 0;
     std::size_t size = 0;
-    std::uintptr_t segment = 0; ///< base address of the segment it belongs to
-    bool free = false;
-    std::uint64_t freed_at = 0; ///< for least-recently-used release
+    bool idle = false;
+    std::uint32_t prev_idle = none;
+    std::uint32_t next_idle = none;
   };
-  using BlockMap = std::map<std::uintptr_t, Block>;
+  struct IdleList {
+    std::uint32_t first = none; ///< least recently freed
+    std::uint32_t last = none;
+  };
+  // A success, copied whole (built in place, GCC reloads it before its stores land).
+  static constexpr cuda::std::expected<void, Errc> success{};
 
   static void* to_ptr(std::uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
   static std::uintptr_t to_addr(void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
 
-  /// The block size for a valid request (check_request), or 0 when the pool cannot serve it: an
+  /// The block size for a valid request (valid_request), or 0 when the pool cannot serve it: an
   /// alignment above the granularity, or a size that overflows when rounded.
   std::size_t rounded(std::size_t bytes, std::size_t alignment) const noexcept {
-    return alignment > options_.granularity ? 0 : round_up(bytes, options_.granularity);
+    const std::size_t g = options_.granularity;
+    return alignment > g || bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
   }
 
-  /// Best fit from the cache: exact size, else the smallest larger block, split. 0 if none.
-  std::uintptr_t take_cached(std::size_t size) {
-    const auto it = free_.lower_bound({size, 0});
-    if (it == free_.end()) {
-      return 0;
+  /// Best fit from the cache: exact size, else the smallest larger block, split (the rest stays
+  /// cached). nullopt if none fits.
+  std::optional<BestFitRanges::Taken> take_cached(std::size_t size) {
+    const auto taken = ranges_.take(size);
+    if (taken) {
+      busy(ranges_.region(taken->handle));
+      counters_.splits += taken->rest != 0 ? 1u : 0u;
     }
-    const std::uintptr_t addr = it->second;
-    Block& b = blocks_.at(addr);
-    free_.erase(it);
-    cached_ -= b.size;
-    b.free = false;
-    split(addr, b, size);
-    return addr;
+    return taken;
   }
 
-  /// Cuts `b` (at `addr`, just taken) down to `size`; the rest becomes a cached block.
-  void split(std::uintptr_t addr, Block& b, std::size_t size) {
-    if (b.size == size) {
-      return;
-    }
-    const std::size_t rest = b.size - size;
-    Block tail{rest, b.segment, true, tick_};
-    b.size = size;
-    blocks_.emplace(addr + size, tail);
-    free_.insert({rest, addr + size});
-    cached_ += rest;
-    ++counters_.splits;
-  }
-
-  std::uintptr_t take_new_segment(std::size_t size) {
-    const std::size_t preferred = std::max(size, options_.segment_size);
+  std::optional<BestFitRanges::Taken> take_new_segment(std::size_t size) {
+    const std::size_t preferred = round_up(std::max(size, options_.segment_size), options_.segment_size);
     auto got_segment = upstream_.try_allocate(preferred, options_.granularity);
     std::size_t got = preferred;
     if (!got_segment) {
@@ -329,83 +309,69 @@ private:
       got_segment = upstream_.try_allocate(size, options_.granularity);
       if (!got_segment) {
         ++counters_.upstream_failures;
-        return 0;
+        return std::nullopt;
       }
     }
-    void* const p = *got_segment;
-    const std::uintptr_t base = to_addr(p);
+    const std::uintptr_t base = to_addr(*got_segment);
     try {
-      segments_.emplace(base, got);
+      segments_.reserve(segments_.size() + 1);
+      const BestFitRanges::Region r = ranges_.add_region(base, got);
+      segments_.push_back(Segment{base, got, false, none, none}); // regions are numbered in order: r is its index
       try {
-        auto [it, inserted] = blocks_.emplace(base, Block{got, base, false, tick_});
-        split(base, it->second, size);
+        by_base_.emplace(base, r);
       } catch (...) {
-        blocks_.erase(base);
-        segments_.erase(base);
+        ranges_.remove_region(r);
         throw;
       }
     } catch (...) {
-      upstream_.deallocate(p, got, options_.granularity);
+      upstream_.deallocate(*got_segment, got, options_.granularity);
       throw;
     }
     ++counters_.upstream_allocations;
     reserved_ += got;
     counters_.peak_reserved = std::max(counters_.peak_reserved, reserved_);
-    return base;
+    return take_cached(size); // the new segment is the one free range that fits
   }
 
-  /// Marks a live block free and merges it with free neighbours in its segment.
-  void give_back(typename BlockMap::iterator it) {
-    ++tick_;
-    it->second.free = true;
-    it->second.freed_at = tick_;
-    cached_ += it->second.size;
-    if (const auto next = std::next(it);
-        next != blocks_.end() && next->second.free && next->second.segment == it->second.segment) {
-      free_.erase({next->second.size, next->first});
-      it->second.size += next->second.size;
-      blocks_.erase(next);
-      ++counters_.merges;
+  /// Frees a block, merging it with free neighbours in its segment; a segment left wholly free
+  /// joins the idle list.
+  void give_back(BestFitRanges::Handle h) {
+    const BestFitRanges::Region r = ranges_.region(h);
+    counters_.merges += ranges_.give(h).joined;
+    if (ranges_.region_free(r)) {
+      Segment& s = segments_[r];
+      s.idle = true;
+      s.prev_idle = idle_.last;
+      s.next_idle = none;
+      (idle_.last == none ? idle_.first : segments_[idle_.last].next_idle) = r;
+      idle_.last = r;
     }
-    if (it != blocks_.begin()) {
-      const auto prev = std::prev(it);
-      if (prev->second.free && prev->second.segment == it->second.segment) {
-        free_.erase({prev->second.size, prev->first});
-        prev->second.size += it->second.size;
-        prev->second.freed_at = tick_;
-        blocks_.erase(it);
-        ++counters_.merges;
-        it = prev;
-      }
-    }
-    free_.insert({it->second.size, it->first});
   }
 
-  /// Oldest idle whole segment first. A linear scan per segment released: no allocation, so it
-  /// is safe inside the noexcept deallocation path, and pools hold few segments.
+  /// A segment that was wholly free is in use again: off the idle list.
+  void busy(BestFitRanges::Region r) noexcept {
+    Segment& s = segments_[r];
+    if (!s.idle) {
+      return;
+    }
+    (s.prev_idle == none ? idle_.first : segments_[s.prev_idle].next_idle) = s.next_idle;
+    (s.next_idle == none ? idle_.last : segments_[s.next_idle].prev_idle) = s.prev_idle;
+    s.idle = false;
+  }
+
+  /// Whole free segments, least recently freed first, while more than `keep_cached` bytes are
+  /// cached: each one step off the idle list, no search.
   std::size_t release_free_segments(std::size_t keep_cached) noexcept {
     std::size_t released = 0;
-    while (cached_ > keep_cached) {
-      std::uintptr_t oldest = 0;
-      std::uint64_t oldest_at = std::numeric_limits<std::uint64_t>::max();
-      for (const auto& [size, addr] : free_) {
-        const Block& b = blocks_.find(addr)->second;
-        if (addr == b.segment && size == segments_.find(addr)->second && b.freed_at < oldest_at) {
-          oldest = addr;
-          oldest_at = b.freed_at;
-        }
-      }
-      if (oldest == 0) {
-        break;
-      }
-      const std::size_t size = segments_.find(oldest)->second;
-      free_.erase({size, oldest});
-      blocks_.erase(oldest);
-      segments_.erase(oldest);
-      upstream_.deallocate(to_ptr(oldest), size, options_.granularity);
-      cached_ -= size;
-      reserved_ -= size;
-      released += size;
+    while (ranges_.free_bytes() > keep_cached && idle_.first != none) {
+      const std::uint32_t r = idle_.first;
+      busy(r);
+      const Segment s = segments_[r];
+      ranges_.remove_region(r);
+      by_base_.erase(s.base);
+      upstream_.deallocate(to_ptr(s.base), s.size, options_.granularity);
+      reserved_ -= s.size;
+      released += s.size;
       ++counters_.upstream_frees;
     }
     return released;
@@ -414,14 +380,13 @@ private:
   Upstream upstream_;
   PoolOptions options_;
   mutable std::mutex mutex_;
-  BlockMap blocks_;                                       ///< every block, by address
-  std::set<std::pair<std::size_t, std::uintptr_t>> free_; ///< free blocks by (size, address)
-  std::map<std::uintptr_t, std::size_t> segments_;        ///< upstream allocations: base -> size
+  BestFitRanges ranges_;                                    ///< every block: one region per segment
+  std::vector<Segment> segments_;                           ///< by region number (segments ever made)
+  std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address
+  IdleList idle_;
+  detail::AddressTable<BestFitRanges::Handle> live_; ///< live blocks by address
   std::size_t in_use_ = 0;
-  std::size_t cached_ = 0;
   std::size_t reserved_ = 0;
-  std::size_t live_ = 0;
-  std::uint64_t tick_ = 0;
   PoolStats counters_; ///< the event counters and peaks; sizes are filled in by stats()
 };
 

@@ -15,7 +15,8 @@ struct PoolOptions {
   /// CUB's smallest size class.
   std::size_t granularity = 512;
   /// Requests smaller than this share segments of this size from the upstream (fewer upstream
-  /// calls, which cost ~100 us each on a GPU); larger ones get a segment of their own size.
+  /// calls, which cost ~100 us each on a GPU); larger ones get a segment of their own, their size
+  /// rounded up to a multiple of this.
   std::size_t segment_size = std::size_t{2} << 20;
   /// Cached bytes kept for reuse. When a deallocation leaves the cache above it, whole free
   /// segments go back to the upstream, least recently freed first, until the cache is at or

@@ -100,4 +100,29 @@ private:
 
 static_assert(StreamEvents<SimulatedStreams>);
 
+/// The one stream of SynchronousStreams.
+struct SynchronousStream {
+  /// There is only one.
+  friend constexpr bool operator==(SynchronousStream, SynchronousStream) noexcept { return true; }
+};
+
+/// Streams whose work has always run by the time a block is freed: host code, or a program that
+/// synchronises before it frees. One stream, and every event is complete when it is recorded. The
+/// default of pools that take a Streams parameter, so that they need none where nothing is queued.
+class SynchronousStreams {
+public:
+  /// The stream.
+  using stream_type = SynchronousStream;
+  /// An event (complete from the start).
+  struct event_type {};
+  /// An event after all work so far: none is pending.
+  Result<event_type> record(SynchronousStream) noexcept { return event_type{}; }
+  /// Always: the work ran before the call that recorded it returned.
+  bool completed(event_type) const noexcept { return true; }
+  /// Nothing to give back.
+  void release(event_type) noexcept {}
+};
+
+static_assert(StreamEvents<SynchronousStreams>);
+
 } // namespace carve

@@ -23,15 +23,17 @@
 /// that have synchronised: a synchronous free is reusable by any stream at once, and a
 /// synchronous allocation takes only blocks whose events have completed.
 ///
-/// Errors (nothing changes): invalid_size (check_request); no_space when the upstream refuses and
-/// no cached block fits. A free whose event cannot be recorded keeps its block with its stream
-/// (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven
-/// from the host, whatever memory the upstream hands out.
+/// Errors: invalid_size (check_request); no_space when the upstream refuses, even after every
+/// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
+/// before failing), and no cached block fits. A refused request changes nothing else. A free whose event cannot be
+/// recorded keeps its block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the
+/// streams are driven from the host, whatever memory the upstream hands out.
 #pragma once
 
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/stream_events.hpp>
 
@@ -60,6 +62,8 @@ struct StreamPoolStats {
   std::size_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
   std::size_t upstream_allocations = 0; ///< blocks taken from the upstream
   std::size_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
+  std::size_t upstream_failures = 0; ///< the upstream said no (then the cached blocks whose events had completed went
+                                     ///< back, and the request was retried)
 };
 
 /// A stream-ordered caching pool over `Upstream`, with streams and events from `Streams`.
@@ -139,27 +143,19 @@ public:
   /// Gives every cached block whose event has completed back to the upstream; returns the bytes.
   std::size_t trim() noexcept {
     const std::lock_guard lock(mutex_);
-    std::size_t freed = 0;
-    for (auto it = cached_.begin(); it != cached_.end();) {
-      if (!ready(it->second)) {
-        ++it;
-        continue;
-      }
-      freed += it->first;
-      drop_event(it->second);
-      upstream_.deallocate(it->second.address, it->first, it->second.alignment);
-      stats_.bytes_cached -= it->first;
-      it = cached_.erase(it);
-    }
-    return freed;
+    return release_ready();
   }
 
   /// Whether `p` lies in a block handed out by this pool.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
-    auto it = live_.upper_bound(a);
-    return it != live_.begin() && a < (--it)->first + it->second.size;
+    if (live_.find(a) != nullptr) {
+      return true; // a block's start: what a FallbackResource asks about when it routes a free
+    }
+    bool inside = false; // an interior pointer: every block looked at
+    live_.for_each([&](std::uintptr_t start, const Live& b) { inside = inside || (a >= start && a - start < b.size); });
+    return inside;
   }
   /// The figures so far.
   StreamPoolStats stats() const noexcept {
@@ -243,19 +239,25 @@ private:
       if (pick != cached_.end()) {
         void* p = pick->second.address;
         const std::size_t whole = pick->first;
-        live_.emplace(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment});
+        live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment});
         drop_event(pick->second);
         cached_.erase(pick);
         stats_.bytes_cached -= whole;
         stats_.bytes_in_use += whole;
         return p;
       }
-      const auto fresh = upstream_.try_allocate(size, alignment);
+      auto fresh = upstream_.try_allocate(size, alignment);
+      if (!fresh && fresh.error() != Errc::invalid_size) {
+        ++stats_.upstream_failures;
+        if (release_ready() != 0) { // the card may hold the request once the cache is returned
+          fresh = upstream_.try_allocate(size, alignment);
+        }
+      }
       if (!fresh) {
         return cuda::std::unexpected(fresh.error() == Errc::invalid_size ? Errc::invalid_size : Errc::no_space);
       }
       try {
-        live_.emplace(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
+        live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
       } catch (...) {
         upstream_.deallocate(*fresh, size, alignment);
         throw;
@@ -272,11 +274,12 @@ private:
                                        std::optional<stream_type> stream) noexcept {
     try {
       const std::lock_guard lock(mutex_);
-      const auto it = live_.find(reinterpret_cast<std::uintptr_t>(p));
-      if (it == live_.end()) {
+      const auto address = reinterpret_cast<std::uintptr_t>(p);
+      const Live* found = live_.find(address);
+      if (found == nullptr) {
         return cuda::std::unexpected(Errc::not_allocated);
       }
-      if (it->second.bytes != bytes || it->second.alignment != alignment) {
+      if (found->bytes != bytes || found->alignment != alignment) {
         return cuda::std::unexpected(Errc::invalid_size);
       }
       Cached c{p, alignment, stream, std::nullopt};
@@ -285,15 +288,32 @@ private:
           c.event = *e;
         } // else: no event, so the block stays with its stream (see take)
       }
-      const std::size_t size = it->second.size;
+      const std::size_t size = found->size;
       cached_.emplace(size, c);
-      live_.erase(it);
+      live_.erase(address);
       stats_.bytes_in_use -= size;
       stats_.bytes_cached += size;
       return {};
     } catch (const std::exception&) {
       return cuda::std::unexpected(Errc::no_space);
     }
+  }
+
+  // Every cached block whose event has completed goes back to the upstream; returns the bytes.
+  std::size_t release_ready() noexcept {
+    std::size_t freed = 0;
+    for (auto it = cached_.begin(); it != cached_.end();) {
+      if (!ready(it->second)) {
+        ++it;
+        continue;
+      }
+      freed += it->first;
+      drop_event(it->second);
+      upstream_.deallocate(it->second.address, it->first, it->second.alignment);
+      stats_.bytes_cached -= it->first;
+      it = cached_.erase(it);
+    }
+    return freed;
   }
 
   void release_all() noexcept {
@@ -309,7 +329,7 @@ private:
   StreamPoolOptions options_;
   mutable std::mutex mutex_;
   std::multimap<std::size_t, Cached> cached_; ///< by block size
-  std::map<std::uintptr_t, Live> live_;       ///< by address
+  detail::AddressTable<Live> live_;           ///< by address
   StreamPoolStats stats_;
 };
 

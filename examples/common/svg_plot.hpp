@@ -1,5 +1,5 @@
 // A small SVG line-plot writer: axes with round-numbered ticks, a legend, solid or dashed lines.
-// Enough for slot_sim's figures without a plotting library.
+// Enough for the examples' figures (slot_sim, carve_replay) without a plotting library.
 #pragma once
 
 #include <fmt/format.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace slot_sim {
+namespace carve::svg {
 
 struct PlotLine {
   std::string label;
@@ -82,7 +82,13 @@ inline std::string number(double v) {
 } // namespace detail
 
 inline void write_svg(const Plot& plot, const std::string& path, int width = 860, int height = 520) {
-  const double left = 80, right = 210, bottom = 60;
+  // The legend sits right of the plot: room for the longest label (about 7 px a character).
+  std::size_t longest = 0;
+  for (const PlotLine& l : plot.lines) {
+    longest = std::max(longest, l.label.size());
+  }
+  const double left = 80, bottom = 60;
+  const double right = std::max(210.0, 60.0 + 7.0 * static_cast<double>(longest));
   const double top = 40 + 16.0 * static_cast<double>(plot.subtitle.size());
   const double pw = width - left - right, ph = height - top - bottom;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
@@ -176,4 +182,4 @@ inline void write_svg(const Plot& plot, const std::string& path, int width = 860
   f.print("</svg>\n");
 }
 
-} // namespace slot_sim
+} // namespace carve::svg

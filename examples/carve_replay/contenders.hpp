@@ -1,0 +1,269 @@
+// The allocators carve_replay runs side by side: carve's pools, PyTorch's allocator modelled in its
+// two modes, and every request a device call. Each is built over an AddressOnlyCard or a
+// HostMemoryMapper that never touches the memory it hands out, with the device calls timed apart.
+#pragma once
+
+#include "pytorch_caching_model.hpp"
+#include "pytorch_expandable_model.hpp"
+#include "replay.hpp"
+#include "timed_parts.hpp"
+
+#include <carve/mr/address_only_card.hpp>
+#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/stream_events.hpp>
+#include <carve/mr/stream_ordered_pool.hpp>
+#include <carve/tier/byte_size.hpp>
+#include <carve/vmm/expandable_pool.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve::replay {
+
+// The device's granularity in every replay: 2 MiB, as on today's GPUs.
+inline constexpr std::size_t device_granule = std::size_t{2} << 20;
+// Alignment asked of every allocator: what PyTorch's blocks have.
+inline constexpr std::size_t block_alignment = 512;
+
+// Parts every subject shares: the device clock and a card or a mapper.
+struct Device {
+  std::shared_ptr<DeviceClock> clock = std::make_shared<DeviceClock>();
+
+  TimedCard card(std::uint64_t capacity) const { return TimedCard(AddressOnlyCard(capacity), clock); }
+  TimedMapper<HostMemoryMapper> mapper() const {
+    return TimedMapper<HostMemoryMapper>(HostMemoryMapper({.granularity = device_granule}), clock);
+  }
+};
+
+// A subject over a card: the card tells what is reserved and how many calls were made.
+template <class Pool>
+class CardSubject : public Subject {
+public:
+  template <class Make>
+  CardSubject(std::uint64_t capacity, Make make) : card_(device_.card(capacity)), pool_(make(card_)) {}
+
+  void* allocate(std::size_t bytes, std::uint32_t stream) noexcept override {
+    if constexpr (requires { pool_->try_allocate(SimulatedStream{}, bytes, block_alignment); }) {
+      const auto p = pool_->try_allocate(SimulatedStream{stream}, bytes, block_alignment);
+      return p ? *p : nullptr;
+    } else if constexpr (requires { pool_->try_allocate(SimulatedStream{}, bytes); }) {
+      const auto p = pool_->try_allocate(SimulatedStream{stream}, bytes);
+      return p ? *p : nullptr;
+    } else {
+      const auto p = pool_->try_allocate(bytes, block_alignment);
+      return p ? *p : nullptr;
+    }
+  }
+  void free(void* p, std::size_t bytes, std::uint32_t stream) noexcept override {
+    if constexpr (requires { pool_->deallocate(SimulatedStream{}, p, bytes, block_alignment); }) {
+      pool_->deallocate(SimulatedStream{stream}, p, bytes, block_alignment);
+    } else if constexpr (requires { pool_->deallocate(p); }) {
+      pool_->deallocate(p);
+    } else {
+      pool_->deallocate(p, bytes, block_alignment);
+    }
+  }
+  std::uint64_t reserved() const override { return card_.card().used_bytes(); }
+  std::uint64_t peak_reserved() const override { return card_.card().peak_used_bytes(); }
+  std::uint64_t device_calls() const override { return card_.card().calls(); }
+  std::uint64_t device_ns() const override { return device_.clock->ns; }
+
+private:
+  Device device_;
+  TimedCard card_;
+  std::unique_ptr<Pool> pool_;
+};
+
+// Every request a device call: the card itself.
+class NoCacheSubject : public Subject {
+public:
+  explicit NoCacheSubject(std::uint64_t capacity) : card_(device_.card(capacity)) {}
+  void* allocate(std::size_t bytes, std::uint32_t) noexcept override {
+    const auto p = card_.try_allocate(bytes, block_alignment);
+    return p ? *p : nullptr;
+  }
+  void free(void* p, std::size_t bytes, std::uint32_t) noexcept override {
+    card_.deallocate(p, bytes, block_alignment);
+  }
+  std::uint64_t reserved() const override { return card_.card().used_bytes(); }
+  std::uint64_t peak_reserved() const override { return card_.card().peak_used_bytes(); }
+  std::uint64_t device_calls() const override { return card_.card().calls(); }
+  std::uint64_t device_ns() const override { return 0; } // the calls are the allocator here
+
+private:
+  Device device_;
+  TimedCard card_;
+};
+
+// carve's ExpandablePool over the host twin of the VMM driver, the card's capacity its cap.
+class ExpandableSubject : public Subject {
+public:
+  using Pool = ExpandablePool<TimedMapper<HostMemoryMapper>, SimulatedStreams>;
+  ExpandableSubject(std::uint64_t capacity, std::uint32_t streams, ExpandablePoolOptions options)
+      : pool_(device_.mapper(), with_cap(options, capacity), SimulatedStreams(streams)) {}
+  void* allocate(std::size_t bytes, std::uint32_t stream) noexcept override {
+    const auto p = pool_.try_allocate(SimulatedStream{stream}, bytes, block_alignment);
+    return p ? *p : nullptr;
+  }
+  void free(void* p, std::size_t bytes, std::uint32_t stream) noexcept override {
+    pool_.deallocate(SimulatedStream{stream}, p, bytes, block_alignment);
+  }
+  std::uint64_t reserved() const override { return pool_.stats().bytes_reserved; }
+  std::uint64_t peak_reserved() const override { return pool_.stats().peak_reserved; }
+  std::uint64_t device_calls() const override { return pool_.stats().device_calls(); }
+  std::uint64_t device_ns() const override { return device_.clock->ns; }
+
+private:
+  static ExpandablePoolOptions with_cap(ExpandablePoolOptions o, std::uint64_t capacity) {
+    o.max_reserved_bytes = capacity;
+    return o;
+  }
+  Device device_;
+  Pool pool_;
+};
+
+// PyTorch's expandable segments, modelled over the same mapper.
+class TorchExpandableSubject : public Subject {
+public:
+  TorchExpandableSubject(std::uint64_t capacity, std::uint32_t)
+      : model_(device_.mapper(), PytorchExpandableOptions{.capacity_bytes = capacity}) {}
+  void* allocate(std::size_t bytes, std::uint32_t stream) noexcept override {
+    const auto p = model_.try_allocate(SimulatedStream{stream}, bytes);
+    return p ? *p : nullptr;
+  }
+  void free(void* p, std::size_t, std::uint32_t) noexcept override { model_.deallocate(p); }
+  std::uint64_t reserved() const override { return model_.stats().reserved_bytes; }
+  std::uint64_t peak_reserved() const override { return model_.stats().peak_reserved_bytes; }
+  std::uint64_t device_calls() const override {
+    const auto s = model_.stats();
+    return s.device_allocations + s.maps + s.unmaps;
+  }
+  std::uint64_t device_ns() const override { return device_.clock->ns; }
+
+private:
+  Device device_;
+  PytorchExpandableModel<TimedMapper<HostMemoryMapper>> model_;
+};
+
+template <class Pool, class Make>
+Contender card_contender(std::string name, std::string description, Make make) {
+  return {std::move(name), std::move(description), [make](std::uint64_t capacity, std::uint32_t streams) {
+            return std::unique_ptr<Subject>(std::make_unique<CardSubject<Pool>>(
+                capacity, [&](const TimedCard& card) { return make(card, streams); }));
+          }};
+}
+
+inline Contender expandable_contender(std::string name, std::string description, ExpandablePoolOptions options) {
+  return {std::move(name), std::move(description), [options](std::uint64_t capacity, std::uint32_t streams) {
+            return std::unique_ptr<Subject>(std::make_unique<ExpandableSubject>(capacity, streams, options));
+          }};
+}
+
+// Every allocator carve_replay knows, the default set first.
+inline std::vector<Contender> all_contenders() {
+  using Caching = CachingPool<TimedCard>;
+  using StreamOrdered = StreamOrderedPool<TimedCard, SimulatedStreams>;
+  using TorchCaching = PytorchCachingModel<TimedCard>;
+  std::vector<Contender> all;
+  all.push_back(
+      card_contender<Caching>("caching-pool", "carve::CachingPool, default options, over cudaMalloc",
+                              [](const TimedCard& card, std::uint32_t) { return std::make_unique<Caching>(card); }));
+  all.push_back(card_contender<StreamOrdered>("stream-ordered-pool", "carve::StreamOrderedPool over cudaMalloc",
+                                              [](const TimedCard& card, std::uint32_t n) {
+                                                return std::make_unique<StreamOrdered>(card, SimulatedStreams(n));
+                                              }));
+  all.push_back(expandable_contender("expandable-pool", "carve::ExpandablePool, default options, over the VMM driver",
+                                     ExpandablePoolOptions{}));
+  all.push_back(card_contender<TorchCaching>(
+      "pytorch-model", "PyTorch's caching allocator, default settings (model)",
+      [](const TimedCard& card, std::uint32_t) { return std::make_unique<TorchCaching>(card); }));
+  all.push_back({"pytorch-expandable-model", "PyTorch with expandable_segments:True (model)",
+                 [](std::uint64_t capacity, std::uint32_t streams) {
+                   return std::unique_ptr<Subject>(std::make_unique<TorchExpandableSubject>(capacity, streams));
+                 }});
+  all.push_back(
+      {"no-cache", "every request a cudaMalloc and every free a cudaFree", [](std::uint64_t capacity, std::uint32_t) {
+         return std::unique_ptr<Subject>(std::make_unique<NoCacheSubject>(capacity));
+       }});
+  // More stacks, run when named with --allocators.
+  all.push_back(expandable_contender("expandable-pool-release-0",
+                                     "carve::ExpandablePool unmapping every chunk as it falls idle",
+                                     ExpandablePoolOptions{.release_threshold = 0}));
+  all.push_back(expandable_contender("expandable-pool-exact",
+                                     "carve::ExpandablePool mapping only the granules each request touches",
+                                     ExpandablePoolOptions{.growth_divisor = 0}));
+  all.push_back(card_contender<Caching>(
+      "caching-pool-idle-256m", "carve::CachingPool returning idle segments above 256 MiB",
+      [](const TimedCard& card, std::uint32_t) {
+        return std::make_unique<Caching>(card, PoolOptions{.idle_threshold = std::size_t{256} << 20});
+      }));
+  return all;
+}
+
+// How many of all_contenders() run when none is named.
+inline constexpr std::size_t default_contenders = 6;
+
+// A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
+// (ExpandablePoolOptions::growth_divisor), min-chunk and release (release_threshold, bytes);
+// caching-pool takes segment and idle (PoolOptions::segment_size, idle_threshold). Sizes are
+// written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
+inline Contender configured(const std::string& spec) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  std::vector<std::pair<std::string, std::uint64_t>> settings;
+  for (std::size_t at = colon + 1; colon != std::string::npos && at <= spec.size();) {
+    const std::size_t end = std::min(spec.find(':', at), spec.size());
+    const std::string item = spec.substr(at, end - at);
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      throw std::invalid_argument("'" + item + "' in '" + spec + "': expected key=value");
+    }
+    try {
+      settings.emplace_back(item.substr(0, eq), parse_bytes(item.substr(eq + 1)));
+    } catch (const Exception& e) {
+      throw std::invalid_argument("'" + spec + "': " + e.what());
+    }
+    at = end + 1;
+  }
+  const auto unknown = [&](const std::string& key) {
+    return std::invalid_argument("'" + spec + "': " + name + " has no setting '" + key + "'");
+  };
+  if (name == "expandable-pool") {
+    ExpandablePoolOptions o;
+    for (const auto& [key, value] : settings) {
+      if (key == "growth") {
+        o.growth_divisor = value;
+      } else if (key == "min-chunk") {
+        o.min_chunk_bytes = value;
+      } else if (key == "release") {
+        o.release_threshold = value;
+      } else {
+        throw unknown(key);
+      }
+    }
+    return expandable_contender(spec, "carve::ExpandablePool, " + spec.substr(colon + 1), o);
+  }
+  if (name == "caching-pool") {
+    PoolOptions o;
+    for (const auto& [key, value] : settings) {
+      if (key == "segment") {
+        o.segment_size = value;
+      } else if (key == "idle") {
+        o.idle_threshold = value;
+      } else {
+        throw unknown(key);
+      }
+    }
+    using Caching = CachingPool<TimedCard>;
+    return card_contender<Caching>(
+        spec, "carve::CachingPool, " + spec.substr(colon + 1),
+        [o](const TimedCard& card, std::uint32_t) { return std::make_unique<Caching>(card, o); });
+  }
+  throw std::invalid_argument("'" + spec + "': only expandable-pool and caching-pool take settings");
+}
+
+} // namespace carve::replay

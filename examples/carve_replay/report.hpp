@@ -1,0 +1,239 @@
+// What carve_replay prints: a table of every allocator on the trace with the goals checked, the
+// same as one JSON object, and the reserved bytes over the trace as an SVG plot.
+#pragma once
+
+#include "replay.hpp"
+#include "svg_plot.hpp" // examples/common
+
+#include <carve/core/format_bytes.hpp>
+#include <carve/trace/allocation_trace.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace carve::replay {
+
+// One row of the comparison.
+struct Row {
+  std::string name;
+  std::string description;
+  std::uint64_t peak_reserved = 0;
+  std::optional<std::uint64_t> device_calls;
+  std::optional<std::uint64_t> start_device_calls;
+  std::optional<double> ns_per_op;
+  std::optional<std::uint64_t> smallest_card;
+  bool completed = true;                       // ran to the end on the card it was given
+  std::optional<std::uint64_t> failed_request; // with --capacity: the first request refused
+  std::vector<std::uint64_t> reserved_after;   // for the plot
+};
+
+struct Report {
+  const trace::AllocationTrace* trace = nullptr;
+  std::uint64_t peak_live = 0;
+  std::uint64_t start_live = 0;
+  std::uint32_t streams = 1;
+  std::optional<std::uint64_t> capacity;
+  std::vector<Row> rows;
+
+  const Row* find(const std::string& name) const {
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; });
+    return it == rows.end() ? nullptr : &*it;
+  }
+};
+
+// Bytes for the table: three decimals of GiB, where the allocators differ by a few percent.
+inline std::string gib(std::uint64_t bytes) {
+  if (bytes >= (std::uint64_t{1} << 30)) {
+    return fmt::format("{:.3f} GiB", static_cast<double>(bytes) / double(1 << 30));
+  }
+  if (bytes >= (std::uint64_t{1} << 20)) {
+    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / double(1 << 20));
+  }
+  return carve::format_bytes(bytes);
+}
+
+// A request named for a person: its index, the event it came from, and what it asked.
+inline std::string describe_request(const trace::AllocationTrace& t, std::uint64_t r) {
+  if (r >= t.requests.size()) {
+    const std::uint64_t i = r - t.requests.size();
+    return fmt::format("start block {} ({} bytes, live before the first event)", i, t.blocks[i].bytes);
+  }
+  const trace::TraceRequest& q = t.requests[r];
+  return fmt::format("request {} (event {}: allocate {} bytes)", r, q.event, t.blocks[q.block].bytes);
+}
+
+// The goals of the comparison, each met or missed with its figure.
+inline std::vector<std::string> goal_lines(const Report& rep) {
+  std::vector<std::string> out;
+  const double live = static_cast<double>(std::max<std::uint64_t>(1, rep.peak_live));
+  const Row* recorded = rep.find("pytorch-recorded");
+  const Row* model = rep.find("pytorch-model");
+  const auto verdict = [](bool met) { return met ? "met" : "MISSED"; };
+  if (const Row* e = rep.find("expandable-pool")) {
+    const double ratio = static_cast<double>(e->peak_reserved) / live;
+    out.push_back(
+        fmt::format("expandable-pool reserves {:.3f}x peak live (goal <= 1.03x): {}", ratio, verdict(ratio <= 1.03)));
+    if (recorded) {
+      out.push_back(fmt::format("expandable-pool reserves {} against pytorch-recorded's {}: {}", gib(e->peak_reserved),
+                                gib(recorded->peak_reserved), verdict(e->peak_reserved < recorded->peak_reserved)));
+      if (recorded->device_calls && e->device_calls) {
+        const double calls = static_cast<double>(*e->device_calls) /
+                             static_cast<double>(std::max<std::uint64_t>(1, *recorded->device_calls));
+        out.push_back(fmt::format("expandable-pool makes {:.2f}x pytorch-recorded's device calls (goal <= 2x): {}",
+                                  calls, verdict(calls <= 2.0)));
+      }
+    }
+  }
+  if (const Row* c = rep.find("caching-pool"); c && recorded) {
+    out.push_back(fmt::format("caching-pool reserves {} against pytorch-recorded's {} (goal: no more): {}",
+                              gib(c->peak_reserved), gib(recorded->peak_reserved),
+                              verdict(c->peak_reserved <= recorded->peak_reserved)));
+  }
+  if (model) {
+    for (const Row& r : rep.rows) {
+      if (r.name.rfind("pytorch", 0) == 0 || r.name == "no-cache" || r.name == "peak-live") {
+        continue;
+      }
+      if (r.smallest_card && model->smallest_card) {
+        out.push_back(fmt::format("{} runs on a {} card, pytorch-model on {} (goal: no larger): {}", r.name,
+                                  gib(*r.smallest_card), gib(*model->smallest_card),
+                                  verdict(*r.smallest_card <= *model->smallest_card)));
+      }
+      if (r.ns_per_op && model->ns_per_op && *model->ns_per_op > 0) {
+        const double cost = *r.ns_per_op / *model->ns_per_op;
+        out.push_back(fmt::format("{} costs {:.2f}x pytorch-model per allocate+free on the host (goal <= 1.0x): {}",
+                                  r.name, cost, verdict(cost <= 1.0)));
+      }
+    }
+  }
+  return out;
+}
+
+inline void print_table(const Report& rep) {
+  const trace::AllocationTrace& t = *rep.trace;
+  fmt::print("{}: {} allocations, {} blocks ({}) live at the start, peak live {}, {} stream{}\n", t.source,
+             t.allocations(), t.start_blocks, gib(rep.start_live), gib(rep.peak_live), rep.streams,
+             rep.streams == 1 ? "" : "s");
+  if (rep.capacity) {
+    fmt::print("on a card of {} ({} bytes)\n", gib(*rep.capacity), *rep.capacity);
+  }
+  std::size_t width = 26;
+  for (const Row& r : rep.rows) {
+    width = std::max(width, r.name.size() + 1);
+  }
+  fmt::print("\n{:<{}} {:>13} {:>11} {:>13} {:>10} {:>14}\n", "allocator", width, "peak reserved", "x peak live",
+             "device calls", "ns/op", "smallest card");
+  const double live = static_cast<double>(std::max<std::uint64_t>(1, rep.peak_live));
+  for (const Row& r : rep.rows) {
+    const std::string calls = r.device_calls ? fmt::format("{}", *r.device_calls) : "-";
+    const std::string ns = r.ns_per_op ? fmt::format("{:.0f}", *r.ns_per_op) : "-";
+    const std::string card = r.smallest_card ? gib(*r.smallest_card) : "-";
+    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>13} {:>10} {:>14}{}\n", r.name, width, gib(r.peak_reserved),
+               static_cast<double>(r.peak_reserved) / live, calls, ns, card,
+               r.failed_request ? "  fails at " + describe_request(t, *r.failed_request) : std::string());
+  }
+  fmt::print("\nns/op: host time per allocate+free, device calls taken out. Device calls: those made while "
+             "replaying the requests (the start state not counted).\n");
+  const Row* model = rep.find("pytorch-model");
+  const Row* recorded = rep.find("pytorch-recorded");
+  if (model && recorded && recorded->peak_reserved > 0) {
+    fmt::print("pytorch-model against pytorch-recorded: peak reserved {:+.1f}%, device calls {} against {}\n",
+               100.0 * (static_cast<double>(model->peak_reserved) / static_cast<double>(recorded->peak_reserved) - 1),
+               model->device_calls.value_or(0), recorded->device_calls.value_or(0));
+  }
+  const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card
+  if (!goals.empty()) {
+    fmt::print("\n");
+    for (const std::string& g : goals) {
+      fmt::print("{}\n", g);
+    }
+  }
+}
+
+inline std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+inline void print_json(const Report& rep) {
+  const auto number = [](const auto& v) { return v ? fmt::format("{}", *v) : std::string("null"); };
+  std::string rows;
+  for (const Row& r : rep.rows) {
+    rows += fmt::format("{}{{\"name\":{},\"peak_reserved_bytes\":{},\"device_calls\":{},\"ns_per_op\":{},"
+                        "\"smallest_card_bytes\":{},\"completed\":{},\"failed_request\":{}}}",
+                        rows.empty() ? "" : ",", json_string(r.name), r.peak_reserved, number(r.device_calls),
+                        r.ns_per_op ? fmt::format("{:.1f}", *r.ns_per_op) : "null", number(r.smallest_card),
+                        r.completed ? "true" : "false", number(r.failed_request));
+  }
+  fmt::print("{{\"trace\":{},\"peak_live_bytes\":{},\"start_live_bytes\":{},\"allocations\":{},\"streams\":{},"
+             "\"capacity_bytes\":{},\"allocators\":[{}]}}\n",
+             json_string(rep.trace->source), rep.peak_live, rep.start_live, rep.trace->allocations(), rep.streams,
+             number(rep.capacity), rows);
+}
+
+// Reserved bytes over the trace for every allocator, and the live bytes beneath them.
+inline void write_plot(const Report& rep, const std::string& path) {
+  const trace::AllocationTrace& t = *rep.trace;
+  const std::size_t n = t.requests.size();
+  const std::size_t points = std::min<std::size_t>(n, 2000);
+  const auto bucket_max = [&](const std::vector<std::uint64_t>& per_request, svg::PlotLine& line) {
+    for (std::size_t k = 0; k < points; ++k) {
+      const std::size_t from = k * n / points;
+      const std::size_t to = std::max(from + 1, (k + 1) * n / points);
+      std::uint64_t top = 0;
+      for (std::size_t r = from; r < to && r < per_request.size(); ++r) {
+        top = std::max(top, per_request[r]);
+      }
+      line.x.push_back(static_cast<double>(from));
+      line.y.push_back(static_cast<double>(top) / double(1 << 30));
+    }
+  };
+  std::vector<std::uint64_t> live(n);
+  std::uint64_t now = rep.start_live;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint64_t b = t.blocks[t.requests[r].block].bytes;
+    now = t.requests[r].allocate ? now + b : now - b;
+    live[r] = now;
+  }
+  svg::Plot plot;
+  plot.title = "Reserved and live bytes over the trace";
+  plot.subtitle = {std::filesystem::path(t.source).filename().string() + ": " + std::to_string(t.allocations()) +
+                   " allocations, peak live " + gib(rep.peak_live)};
+  plot.x_label = "request";
+  plot.y_label = "GiB";
+  std::size_t colour = 0;
+  for (const Row& r : rep.rows) {
+    if (r.reserved_after.empty()) {
+      continue;
+    }
+    svg::PlotLine line{r.name + " (peak " + gib(r.peak_reserved) + ")",
+                       {},
+                       {},
+                       svg::palette()[colour++ % svg::palette().size()],
+                       false};
+    bucket_max(r.reserved_after, line);
+    plot.lines.push_back(std::move(line));
+  }
+  svg::PlotLine floor{"live " + gib(rep.peak_live), {}, {}, "#000000", true};
+  bucket_max(live, floor);
+  plot.lines.push_back(std::move(floor));
+  svg::write_svg(plot, path, 1100, 560);
+}
+
+} // namespace carve::replay

@@ -1,0 +1,402 @@
+/// @file carve/mr/best_fit_ranges.hpp
+/// The free and taken parts of one or more address regions, free parts handed out best fit: the
+/// bookkeeping under CachingPool, AddressOnlyCard and ExpandablePool, usable on its own for any
+/// addresses.
+///
+/// @code
+/// carve::BestFitRanges space(0x10000, 1 << 20);   // one region, [0x10000, 0x10000 + 1 MiB), free
+/// auto a = space.take(4096, 256);                 // a->start == 0x10000
+/// auto b = space.take(8192, 4096);                // b->start == 0x11000
+/// space.give(a->handle);                          // free again, merged with free neighbours
+/// @endcode
+///
+/// take(bytes, alignment) cuts the request from the smallest free range that holds it at an
+/// `alignment`-aligned address, the lowest such range among equals, so runs are reproducible; what
+/// is left before the aligned start and after the request stays free. give(handle) returns a taken
+/// range and merges it with the free ranges beside it in its region, so free ranges are always
+/// maximal. Best fit is what keeps a long-lived range compact: small requests fill small holes and
+/// the largest free range, often the untouched end, is used last. Ranges of different regions
+/// never merge, even where the regions touch: a region is one segment of memory, given back whole
+/// (remove_region) once nothing in it is taken.
+///
+/// How it is fast: every range, free or taken, is a node in its region's address-ordered list, so
+/// a give finds its neighbours without a search. Free ranges are filed in size classes, as in TLSF
+/// (a class per 1/32 of each power of two, two levels of bitmaps saying which classes hold any), so
+/// finding the class to look in is a few bit operations and filing or unfiling a range is a list
+/// splice. Best fit stays exact: the request's own class is searched for the smallest range that
+/// holds it (its ranges are within 1/32 of each other in size), then the first class above it that
+/// holds any. A take or give costs O(1) plus the length of the lists searched, a few ranges in real
+/// pools; it allocates only when the node table grows, and then may throw std::bad_alloc, changing
+/// nothing. Not thread-safe: its users hold their own lock.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+/// Free and taken ranges of address regions, taken best fit (see the file's description).
+class BestFitRanges {
+public:
+  /// Names a taken range (valid until it is given back).
+  using Handle = std::uint32_t;
+  /// Names a region.
+  using Region = std::uint32_t;
+  /// A range taken: where it starts, and the handle that gives it back.
+  struct Taken {
+    std::uintptr_t start = 0; ///< the aligned start
+    Handle handle = 0;        ///< for give()
+    std::size_t rest = 0;     ///< bytes of the range it was cut from that stay free (0: an exact fit)
+  };
+  /// A free range, as give() leaves it after merging.
+  struct Span {
+    std::uintptr_t start = 0; ///< its first address
+    std::size_t bytes = 0;    ///< its length
+    unsigned joined = 0;      ///< free neighbours it was merged with (0, 1 or 2)
+  };
+
+  /// Nothing free.
+  BestFitRanges() { heads_.fill(none); }
+  /// One region, [start, start + bytes), free. Throws std::bad_alloc.
+  BestFitRanges(std::uintptr_t start, std::size_t bytes) : BestFitRanges() { (void)add_region(start, bytes); }
+
+  /// A new region [start, start + bytes) (bytes > 0), all free; it overlaps no other. Throws
+  /// std::bad_alloc (nothing changes).
+  Region add_region(std::uintptr_t start, std::size_t bytes) {
+    make_room(regions_, 1);
+    make_room(nodes_, 1);
+    const auto region = static_cast<Region>(regions_.size());
+    const std::uint32_t n = new_node(Node{start, bytes, none, none, none, none, region, true});
+    file(n);
+    regions_.push_back(RegionInfo{start, bytes, n, true});
+    free_bytes_ += bytes;
+    return region;
+  }
+
+  /// Whether no byte of `region` is taken.
+  bool region_free(Region region) const noexcept {
+    const Node& first = nodes_[regions_[region].first];
+    return first.free && first.bytes == regions_[region].bytes;
+  }
+  /// Forgets a region no byte of which is taken (region_free); its id is not reused.
+  void remove_region(Region region) noexcept {
+    RegionInfo& info = regions_[region];
+    const std::uint32_t n = info.first;
+    unfile(n);
+    free_bytes_ -= nodes_[n].bytes;
+    drop_node(n);
+    info.alive = false;
+  }
+
+  /// `bytes` (> 0) aligned to `alignment` (a power of two), cut from the smallest free range that
+  /// holds them (the lowest among equals); nullopt when none does (nothing changes). Throws
+  /// std::bad_alloc (nothing changes) when the node table must grow and cannot.
+  std::optional<Taken> take(std::size_t bytes, std::size_t alignment = 1) {
+    const std::uint32_t n = best_fit(bytes, alignment);
+    if (n == none) {
+      return std::nullopt;
+    }
+    make_room(nodes_, 2); // the pieces that stay free, before anything changes
+    const Node& found = nodes_[n];
+    const std::uintptr_t aligned = align_up(found.start, alignment);
+    const std::size_t pad = aligned - found.start;
+    const std::size_t tail = found.bytes - pad - bytes;
+    unfile(n);
+    std::uint32_t got = n;
+    if (pad != 0) { // the aligned part becomes a node of its own after the pad, which stays free
+      got = split_after(n, pad);
+      file(n);
+    }
+    if (tail != 0) {
+      file(split_after(got, bytes));
+    }
+    nodes_[got].free = false;
+    free_bytes_ -= bytes;
+    ++taken_;
+    return Taken{aligned, got, pad + tail};
+  }
+
+  /// Frees a taken range, merging it with free neighbours of its region; returns the free range
+  /// it is now part of.
+  Span give(Handle h) noexcept {
+    std::uint32_t n = h;
+    free_bytes_ += nodes_[n].bytes;
+    --taken_;
+    unsigned joined = 0;
+    if (free_at(nodes_[n].next)) {
+      const std::uint32_t next = nodes_[n].next;
+      unfile(next);
+      absorb(n, next);
+      ++joined;
+    }
+    if (free_at(nodes_[n].prev)) {
+      const std::uint32_t prev = nodes_[n].prev;
+      unfile(prev);
+      absorb(prev, n);
+      n = prev;
+      ++joined;
+    }
+    nodes_[n].free = true;
+    file(n);
+    return Span{nodes_[n].start, nodes_[n].bytes, joined};
+  }
+
+  /// The region a taken range lies in.
+  Region region(Handle h) const noexcept { return nodes_[h].region; }
+  /// Where a taken range starts.
+  std::uintptr_t start(Handle h) const noexcept { return nodes_[h].start; }
+  /// How long a taken range is.
+  std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
+
+  /// Calls `visit(start, bytes)` for every free range, by size class (smaller classes first).
+  template <class Visit>
+  void for_each_free(Visit&& visit) const {
+    for (std::uint32_t c = 0; c < class_count; ++c) {
+      for (std::uint32_t n = heads_[c]; n != none; n = nodes_[n].next_free) {
+        visit(nodes_[n].start, nodes_[n].bytes);
+      }
+    }
+  }
+
+  /// Bytes free in all.
+  std::size_t free_bytes() const noexcept { return free_bytes_; }
+  /// The largest free range (0 when nothing is free).
+  std::size_t largest() const noexcept {
+    if (top_ == 0) {
+      return 0;
+    }
+    const unsigned first = 63 - static_cast<unsigned>(std::countl_zero(top_));
+    const unsigned second = 31 - static_cast<unsigned>(std::countl_zero(classes_[first]));
+    std::size_t most = 0;
+    for (std::uint32_t n = heads_[first * 32 + second]; n != none; n = nodes_[n].next_free) {
+      most = std::max(most, nodes_[n].bytes);
+    }
+    return most;
+  }
+  /// How many free ranges there are.
+  std::size_t count() const noexcept { return free_count_; }
+  /// How many ranges are taken.
+  std::size_t taken() const noexcept { return taken_; }
+
+  /// Whether every region's ranges tile it in address order, no two free neighbours are left
+  /// unmerged, and the size classes hold exactly the free ranges, each in its own class. For tests.
+  bool consistent() const {
+    std::size_t free_ranges = 0;
+    std::size_t free_sum = 0;
+    for (const RegionInfo& r : regions_) {
+      if (!r.alive) {
+        continue;
+      }
+      std::uintptr_t at = r.start;
+      bool previous_free = false;
+      for (std::uint32_t n = r.first; n != none; n = nodes_[n].next) {
+        const Node& node = nodes_[n];
+        if (node.start != at || node.bytes == 0 || (previous_free && node.free) ||
+            (node.next != none && nodes_[node.next].prev != n)) {
+          return false;
+        }
+        free_ranges += node.free ? 1u : 0u;
+        free_sum += node.free ? node.bytes : 0u;
+        previous_free = node.free;
+        at += node.bytes;
+      }
+      if (at != r.start + r.bytes) {
+        return false;
+      }
+    }
+    std::size_t filed = 0;
+    for (std::uint32_t c = 0; c < class_count; ++c) {
+      const bool marked = ((top_ >> (c / 32)) & 1u) != 0 && ((classes_[c / 32] >> (c % 32)) & 1u) != 0;
+      if (marked != (heads_[c] != none)) {
+        return false;
+      }
+      for (std::uint32_t n = heads_[c], prev = none; n != none; prev = n, n = nodes_[n].next_free) {
+        if (!nodes_[n].free || class_of(nodes_[n].bytes) != c || nodes_[n].prev_free != prev) {
+          return false;
+        }
+        ++filed;
+      }
+    }
+    return filed == free_ranges && free_ranges == free_count_ && free_sum == free_bytes_;
+  }
+
+private:
+  static constexpr std::uint32_t none = UINT32_MAX;
+  static constexpr std::uint32_t class_count = 64 * 32;
+  struct Node {
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0;
+    std::uint32_t prev = none;      ///< the range before it in its region
+    std::uint32_t next = none;      ///< the range after it
+    std::uint32_t prev_free = none; ///< in its size class's list, while free
+    std::uint32_t next_free = none;
+    Region region = 0;
+    bool free = false;
+  };
+  struct RegionInfo {
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0;
+    std::uint32_t first = none; ///< its first range
+    bool alive = true;
+  };
+
+  static std::uintptr_t align_up(std::uintptr_t a, std::size_t alignment) noexcept {
+    return (a + (alignment - 1)) & ~std::uintptr_t{alignment - 1};
+  }
+
+  // The size class of `bytes` (> 0): sizes below 32 one class each, then 32 classes per power of
+  // two, so a class's sizes are within 1/32 of each other. Classes grow with the sizes they hold.
+  static std::uint32_t class_of(std::size_t bytes) noexcept {
+    if (bytes < 32) {
+      return static_cast<std::uint32_t>(bytes);
+    }
+    const auto log = static_cast<unsigned>(std::bit_width(bytes)) - 1; // >= 5
+    return (log - 4) * 32 + static_cast<std::uint32_t>((bytes >> (log - 5)) & 31);
+  }
+
+  // The first class above `c` that holds a free range, or none.
+  std::uint32_t next_class(std::uint32_t c) const noexcept {
+    const std::uint32_t first = c / 32;
+    const std::uint32_t second = c % 32;
+    const std::uint32_t above = second == 31 ? 0u : classes_[first] & (~std::uint32_t{0} << (second + 1));
+    if (above != 0) {
+      return first * 32 + static_cast<std::uint32_t>(std::countr_zero(above));
+    }
+    const std::uint64_t higher = first == 63 ? 0u : top_ & (~std::uint64_t{0} << (first + 1));
+    if (higher == 0) {
+      return none;
+    }
+    const auto f = static_cast<std::uint32_t>(std::countr_zero(higher));
+    return f * 32 + static_cast<std::uint32_t>(std::countr_zero(classes_[f]));
+  }
+
+  // The free range best fit takes for the request, or none: the smallest that holds it aligned,
+  // the lowest among equals. The request's own class may hold ranges too small; every class
+  // above holds only ranges large enough, so the first of them with a range that can be aligned
+  // has the answer.
+  std::uint32_t best_fit(std::size_t bytes, std::size_t alignment) const noexcept {
+    for (std::uint32_t c = heads_[class_of(bytes)] != none ? class_of(bytes) : next_class(class_of(bytes)); c != none;
+         c = next_class(c)) {
+      std::uint32_t best = none;
+      for (std::uint32_t n = heads_[c]; n != none; n = nodes_[n].next_free) {
+        const Node& node = nodes_[n];
+        const std::uintptr_t aligned = align_up(node.start, alignment);
+        const std::size_t pad = aligned - node.start;
+        if (node.bytes < bytes || aligned < node.start || pad > node.bytes - bytes) {
+          continue; // too small, or cannot hold the request at an aligned address
+        }
+        if (best == none || node.bytes < nodes_[best].bytes ||
+            (node.bytes == nodes_[best].bytes && node.start < nodes_[best].start)) {
+          best = n;
+        }
+      }
+      if (best != none) {
+        return best;
+      }
+    }
+    return none;
+  }
+
+  bool free_at(std::uint32_t n) const noexcept { return n != none && nodes_[n].free; }
+
+  // Files free node `n` in its size class.
+  void file(std::uint32_t n) noexcept {
+    const std::uint32_t c = class_of(nodes_[n].bytes);
+    nodes_[n].prev_free = none;
+    nodes_[n].next_free = heads_[c];
+    if (heads_[c] != none) {
+      nodes_[heads_[c]].prev_free = n;
+    }
+    heads_[c] = n;
+    classes_[c / 32] |= std::uint32_t{1} << (c % 32);
+    top_ |= std::uint64_t{1} << (c / 32);
+    ++free_count_;
+  }
+  // Takes node `n` out of its size class.
+  void unfile(std::uint32_t n) noexcept {
+    const Node& node = nodes_[n];
+    const std::uint32_t c = class_of(node.bytes);
+    (node.prev_free == none ? heads_[c] : nodes_[node.prev_free].next_free) = node.next_free;
+    if (node.next_free != none) {
+      nodes_[node.next_free].prev_free = node.prev_free;
+    }
+    if (heads_[c] == none) {
+      classes_[c / 32] &= ~(std::uint32_t{1} << (c % 32));
+      if (classes_[c / 32] == 0) {
+        top_ &= ~(std::uint64_t{1} << (c / 32));
+      }
+    }
+    --free_count_;
+  }
+
+  // Room for `extra` more elements without a reallocation (growing geometrically, so that making
+  // room before every change costs nothing on the whole).
+  template <class Vector>
+  static void make_room(Vector& v, std::size_t extra) {
+    if (v.capacity() - v.size() < extra) {
+      v.reserve(std::max(2 * v.capacity(), v.size() + extra));
+    }
+  }
+
+  // A node from the spares, or a new one (make room in nodes_ first where nothing may throw).
+  std::uint32_t new_node(const Node& value) {
+    if (!spare_.empty()) {
+      const std::uint32_t n = spare_.back();
+      spare_.pop_back();
+      nodes_[n] = value;
+      return n;
+    }
+    nodes_.push_back(value);
+    return static_cast<std::uint32_t>(nodes_.size() - 1);
+  }
+  void drop_node(std::uint32_t n) noexcept {
+    try {
+      spare_.push_back(n);
+    } catch (...) {
+      // the slot is not reused; nothing else depends on it
+    }
+  }
+
+  // Cuts node `n` after its first `keep` bytes; the rest becomes a new free node after it
+  // (returned, not yet filed).
+  std::uint32_t split_after(std::uint32_t n, std::size_t keep) {
+    const Node& node = nodes_[n];
+    const std::uint32_t m =
+        new_node(Node{node.start + keep, node.bytes - keep, n, node.next, none, none, node.region, true});
+    Node& first = nodes_[n];
+    if (first.next != none) {
+      nodes_[first.next].prev = m;
+    }
+    first.next = m;
+    first.bytes = keep;
+    return m;
+  }
+
+  // Joins node `b` (the one after `a`) into `a`.
+  void absorb(std::uint32_t a, std::uint32_t b) noexcept {
+    nodes_[a].bytes += nodes_[b].bytes;
+    nodes_[a].next = nodes_[b].next;
+    if (nodes_[b].next != none) {
+      nodes_[nodes_[b].next].prev = a;
+    }
+    drop_node(b);
+  }
+
+  std::vector<Node> nodes_;
+  std::vector<std::uint32_t> spare_; ///< nodes_ slots free for reuse
+  std::vector<RegionInfo> regions_;
+  std::array<std::uint32_t, class_count> heads_{}; ///< per size class, its first free range
+  std::array<std::uint32_t, 64> classes_{};        ///< per power of two, which of its 32 classes hold any
+  std::uint64_t top_ = 0;                          ///< which powers of two hold any
+  std::size_t free_count_ = 0;
+  std::size_t free_bytes_ = 0;
+  std::size_t taken_ = 0;
+};
+
+} // namespace carve

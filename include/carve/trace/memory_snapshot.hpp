@@ -1,0 +1,350 @@
+/// @file carve/trace/memory_snapshot.hpp
+/// A PyTorch memory snapshot as an AllocationTrace: what `torch.cuda.memory._dump_snapshot()` writes
+/// after `_record_memory_history()`, read without executing anything.
+///
+/// @code
+/// std::string bytes = read_whole_file("snapshot.pickle");
+/// auto trace = carve::trace::read_memory_snapshot(bytes, "snapshot.pickle");   // device: the first with events
+/// if (!trace) { std::cerr << trace.error().message << '\n'; }   // "snapshot.pickle: event 12: ..."
+/// @endcode
+///
+/// The file is a pickle of a dict: `segments`, each the allocator's segment at the time of the
+/// dump with its `blocks` (`address`, `size`, `requested_size`, `state`), and `device_traces`, one
+/// list of events per device, each a dict with `action`, `addr`, `size`, `stream` and, in newer
+/// versions, `time_us`. The pickle is decoded by read_pickle, which refuses globals and calls.
+///
+/// The request stream is `alloc` and `free_completed` (the memory is free for reuse then; `free`,
+/// written by early versions, counts as the same); `free_requested` gives a free its time, when the
+/// caller let go of it. Recording usually starts while the program runs, and the event buffer may
+/// have dropped its oldest entries, so blocks freed in the trace may have been allocated before it:
+/// the blocks live before the first event are rebuilt from the end state, as PyTorch's memory
+/// viewer does, by walking the events backwards from the blocks live in the final `segments`
+/// (state `active_allocated`, or `active_pending_free`: freed, its streams' work not yet done): an
+/// `alloc` takes its block out, a `free_completed` puts it back. The allocator's own segment events
+/// (`segment_alloc`/`segment_free`, and `segment_map`/`segment_unmap` of expandable segments) are
+/// the RecordedReserve: what PyTorch really reserved on this request stream, starting from the
+/// final segments' total less what the events added.
+///
+/// Errors (Errc::invalid_argument, or bad_message from the pickle reader), each naming the source,
+/// the event index and what is wrong: a root that is not such a dict, a field of the wrong type or
+/// missing, a negative size or address, a device with no events, an alloc whose block is neither
+/// live at the end nor freed later, a block freed twice, a recorded reserve that would start below
+/// zero, and everything a TraceBuilder refuses (a size of 0 or above 2^62, a free of an address not
+/// live).
+#pragma once
+
+#include <carve/core/checked_math.hpp>
+#include <carve/trace/allocation_trace.hpp>
+#include <carve/trace/pickle_reader.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace carve::trace {
+
+namespace detail {
+
+/// Reads typed fields out of one snapshot dict, each failure a message with its place.
+class SnapshotFields {
+public:
+  SnapshotFields(const PickleDocument& doc, const TraceBuilder& builder) : doc_(doc), builder_(builder) {}
+
+  Result<PickleDocument::Id> field(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
+                                   const char* where) const {
+    if (doc_.kind(dict) != PickleDocument::Kind::dict) {
+      return builder_.failure(std::string(where) + " is not a dict", event);
+    }
+    const auto id = doc_.find(dict, key);
+    if (!id) {
+      return builder_.failure(std::string(where) + " has no '" + std::string(key) + "'", event);
+    }
+    return *id;
+  }
+
+  Result<std::uint64_t> count(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
+                              const char* where) const {
+    auto id = field(dict, key, event, where);
+    if (!id) {
+      return cuda::std::unexpected(id.error());
+    }
+    if (doc_.kind(*id) != PickleDocument::Kind::integer || doc_.integer(*id) < 0) {
+      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a whole number", event);
+    }
+    return static_cast<std::uint64_t>(doc_.integer(*id));
+  }
+
+  Result<std::string_view> text(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
+                                const char* where) const {
+    auto id = field(dict, key, event, where);
+    if (!id) {
+      return cuda::std::unexpected(id.error());
+    }
+    if (doc_.kind(*id) != PickleDocument::Kind::string) {
+      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a string", event);
+    }
+    return doc_.text(*id);
+  }
+
+  Result<std::span<const PickleDocument::Id>> list(PickleDocument::Id dict, std::string_view key,
+                                                   std::optional<std::uint64_t> event, const char* where) const {
+    auto id = field(dict, key, event, where);
+    if (!id) {
+      return cuda::std::unexpected(id.error());
+    }
+    if (doc_.kind(*id) != PickleDocument::Kind::list && doc_.kind(*id) != PickleDocument::Kind::tuple) {
+      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a list", event);
+    }
+    return doc_.items(*id);
+  }
+
+private:
+  const PickleDocument& doc_;
+  const TraceBuilder& builder_;
+};
+
+/// One device trace entry, decoded.
+struct SnapshotEvent {
+  enum class Kind : std::uint8_t { alloc, free_requested, free_completed, reserve, release, other };
+  Kind kind = Kind::other;
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t stream = 0;
+  std::int64_t time_us = no_time;
+};
+
+inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
+  using K = SnapshotEvent::Kind;
+  if (a == "alloc") {
+    return K::alloc;
+  }
+  if (a == "free_requested") {
+    return K::free_requested;
+  }
+  if (a == "free_completed" || a == "free") {
+    return K::free_completed;
+  }
+  if (a == "segment_alloc" || a == "segment_map") {
+    return K::reserve;
+  }
+  if (a == "segment_free" || a == "segment_unmap") {
+    return K::release;
+  }
+  return K::other; // snapshot, oom, and whatever later versions add: not requests
+}
+
+} // namespace detail
+
+/// The trace of `device` (nullopt: the first device with events) in the snapshot `bytes`; `source`
+/// starts every message. See the file's description.
+inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std::string source,
+                                                    std::optional<std::uint64_t> device = std::nullopt) {
+  auto doc = read_pickle(bytes, source);
+  if (!doc) {
+    return cuda::std::unexpected(doc.error());
+  }
+  TraceBuilder builder(source);
+  const detail::SnapshotFields fields(*doc, builder);
+  using detail::SnapshotEvent;
+  const auto root = doc->root();
+
+  // The events of the chosen device, decoded and type-checked once.
+  auto traces = fields.list(root, "device_traces", std::nullopt, "the snapshot");
+  if (!traces) {
+    return cuda::std::unexpected(traces.error());
+  }
+  if (!device) {
+    for (std::size_t d = 0; d < traces->size() && !device; ++d) {
+      const auto k = doc->kind((*traces)[d]);
+      if ((k == PickleDocument::Kind::list || k == PickleDocument::Kind::tuple) && !doc->items((*traces)[d]).empty()) {
+        device = d;
+      }
+    }
+  }
+  if (!device || *device >= traces->size() ||
+      (doc->kind((*traces)[*device]) != PickleDocument::Kind::list &&
+       doc->kind((*traces)[*device]) != PickleDocument::Kind::tuple)) {
+    return builder.failure(device ? "no trace for device " + std::to_string(*device)
+                                  : std::string("no device has recorded events (record them with "
+                                                "torch.cuda.memory._record_memory_history())"),
+                           std::nullopt);
+  }
+  const auto entries = doc->items((*traces)[*device]);
+  if (entries.empty()) {
+    return builder.failure("device " + std::to_string(*device) +
+                               " has no recorded events (record them with "
+                               "torch.cuda.memory._record_memory_history())",
+                           std::nullopt);
+  }
+  std::vector<SnapshotEvent> events(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto at = static_cast<std::uint64_t>(i);
+    auto action = fields.text(entries[i], "action", at, "the event");
+    if (!action) {
+      return cuda::std::unexpected(action.error());
+    }
+    SnapshotEvent& e = events[i];
+    e.kind = detail::snapshot_action(*action);
+    if (e.kind == SnapshotEvent::Kind::other) {
+      continue;
+    }
+    auto addr = fields.count(entries[i], "addr", at, "the event");
+    auto size = addr ? fields.count(entries[i], "size", at, "the event") : addr;
+    auto stream = size ? fields.count(entries[i], "stream", at, "the event") : size;
+    if (!stream) {
+      return cuda::std::unexpected(stream.error());
+    }
+    e.address = *addr;
+    e.bytes = *size;
+    e.stream = *stream;
+    if (e.kind == SnapshotEvent::Kind::alloc || e.kind == SnapshotEvent::Kind::free_completed) {
+      if (auto ok = builder.check_size(e.bytes, at); !ok) {
+        return cuda::std::unexpected(ok.error());
+      }
+    }
+    if (const auto t = doc->find(entries[i], "time_us")) {
+      if (doc->kind(*t) != PickleDocument::Kind::integer || doc->integer(*t) < 0) {
+        return builder.failure("the event's 'time_us' is not a whole number", at);
+      }
+      e.time_us = doc->integer(*t);
+    }
+  }
+
+  // The end state: live blocks, and the bytes the allocator's segments held.
+  auto segments = fields.list(root, "segments", std::nullopt, "the snapshot");
+  if (!segments) {
+    return cuda::std::unexpected(segments.error());
+  }
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live; // address -> (bytes, stream)
+  std::uint64_t final_reserved = 0;
+  for (const auto segment : *segments) {
+    auto on = fields.count(segment, "device", std::nullopt, "a segment");
+    auto base = on ? fields.count(segment, "address", std::nullopt, "a segment") : on;
+    auto total = base ? fields.count(segment, "total_size", std::nullopt, "a segment") : base;
+    auto stream = total ? fields.count(segment, "stream", std::nullopt, "a segment") : total;
+    auto blocks = stream ? fields.list(segment, "blocks", std::nullopt, "a segment")
+                         : Result<std::span<const PickleDocument::Id>>(cuda::std::unexpected(stream.error()));
+    if (!blocks) {
+      return cuda::std::unexpected(blocks.error());
+    }
+    if (*on != *device) {
+      continue;
+    }
+    final_reserved += *total;
+    std::uint64_t next = *base; // blocks without an address follow each other from the segment's start
+    for (const auto block : *blocks) {
+      auto size = fields.count(block, "size", std::nullopt, "a segment's block");
+      auto state = size ? fields.text(block, "state", std::nullopt, "a segment's block")
+                        : Result<std::string_view>(cuda::std::unexpected(size.error()));
+      if (!state) {
+        return cuda::std::unexpected(state.error());
+      }
+      std::uint64_t address = next;
+      if (doc->find(block, "address")) {
+        auto a = fields.count(block, "address", std::nullopt, "a segment's block");
+        if (!a) {
+          return cuda::std::unexpected(a.error());
+        }
+        address = *a;
+      }
+      next = address + *size;
+      if (*state != "active_allocated" && *state != "active_pending_free") {
+        continue;
+      }
+      std::uint64_t requested = *size;
+      if (doc->find(block, "requested_size")) {
+        auto r = fields.count(block, "requested_size", std::nullopt, "a segment's block");
+        if (!r) {
+          return cuda::std::unexpected(r.error());
+        }
+        requested = *r;
+      }
+      live[address] = {requested, *stream};
+    }
+  }
+
+  // Walk back to the start: blocks allocated in the trace were not live before it, blocks freed in
+  // it were; and the recorded reserve loses what its segment events added.
+  std::uint64_t added = 0;
+  std::uint64_t removed = 0;
+  for (std::size_t i = events.size(); i-- > 0;) {
+    const SnapshotEvent& e = events[i];
+    const auto at = static_cast<std::uint64_t>(i);
+    if (e.kind == SnapshotEvent::Kind::alloc) {
+      if (live.erase(e.address) == 0) {
+        return builder.failure("an allocation at " + TraceBuilder::hex(e.address) +
+                                   " that is neither live at the end nor freed later",
+                               at);
+      }
+    } else if (e.kind == SnapshotEvent::Kind::free_completed) {
+      if (!live.emplace(e.address, std::pair{e.bytes, e.stream}).second) {
+        return builder.failure("a free of " + TraceBuilder::hex(e.address) +
+                                   ", which is freed again later without being allocated in between",
+                               at);
+      }
+    } else if (e.kind == SnapshotEvent::Kind::reserve) {
+      added += std::min(e.bytes, UINT64_MAX - added);
+    } else if (e.kind == SnapshotEvent::Kind::release) {
+      removed += std::min(e.bytes, UINT64_MAX - removed);
+    }
+  }
+  for (const auto& [address, block] : live) {
+    if (auto ok = builder.start_block(address, block.first, block.second); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+  }
+  const bool recorded = added != 0 || removed != 0 || final_reserved != 0;
+  if (recorded) {
+    const auto before = checked_add(final_reserved, removed);
+    if (!before || added > *before) {
+      return builder.failure("the segment events add more than the final segments hold", std::nullopt);
+    }
+    builder.reserve_start(*before - added);
+  }
+
+  // And forward again: the request stream, checked by the builder.
+  std::map<std::uint64_t, std::int64_t> requested_at; // address -> when its free was requested
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const SnapshotEvent& e = events[i];
+    const auto at = static_cast<std::uint64_t>(i);
+    Result<void> ok;
+    switch (e.kind) {
+    case SnapshotEvent::Kind::alloc:
+      ok = builder.allocate(at, e.address, e.bytes, e.stream, e.time_us);
+      break;
+    case SnapshotEvent::Kind::free_requested:
+      requested_at[e.address] = e.time_us;
+      break;
+    case SnapshotEvent::Kind::free_completed: {
+      const auto asked = requested_at.find(e.address);
+      const std::int64_t t = asked != requested_at.end() && asked->second != no_time ? asked->second : e.time_us;
+      if (asked != requested_at.end()) {
+        requested_at.erase(asked);
+      }
+      ok = builder.free(at, e.address, e.bytes, t);
+      break;
+    }
+    case SnapshotEvent::Kind::reserve:
+    case SnapshotEvent::Kind::release:
+      if (e.bytes > max_block_bytes) {
+        return builder.failure("a segment of " + std::to_string(e.bytes) + " bytes, beyond 2^62", at);
+      }
+      ok = builder.reserve_change(at, e.kind == SnapshotEvent::Kind::reserve ? static_cast<std::int64_t>(e.bytes)
+                                                                             : -static_cast<std::int64_t>(e.bytes));
+      break;
+    case SnapshotEvent::Kind::other:
+      break;
+    }
+    if (!ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+  }
+  return std::move(builder).finish();
+}
+
+} // namespace carve::trace

@@ -1,0 +1,503 @@
+/// @file carve/vmm/expandable_pool.hpp
+/// A pool whose physical memory follows its live blocks: best fit over one address reservation
+/// per stream, physical memory mapped where requests land and unmapped where whole chunks fall
+/// idle.
+///
+/// @code
+/// carve::ExpandablePool<carve::CudaMemoryMapper> pool(carve::CudaMemoryMapper{}, {.device = 0});
+/// carve::ExpandablePool<carve::HostMemoryMapper> twin(carve::HostMemoryMapper{});  // the host twin
+/// void* p = *twin.try_allocate(3 << 20, 256);   // maps the granules it lands on
+/// twin.deallocate(p, 3 << 20, 256);             // free; the memory stays mapped for reuse
+/// twin.trim();                                  // unmaps every idle chunk
+/// @endcode
+///
+/// A caching pool over cudaMalloc holds segments: memory it cannot give back while any block in
+/// it lives, and cannot join with its neighbours, so what it reserves follows the history of its
+/// splits. Here the addresses are one reservation per stream (OnDemandReservation), so every free
+/// range joins its neighbours and a request is placed best fit over the whole range, smallest hole
+/// first, lowest address among equals; the untouched end is the largest range and is used last.
+/// Physical memory is separate: a block's granules are mapped when it lands on them, in chunks
+/// (ExpandablePoolOptions::growth_divisor says how large), and a chunk is unmapped only when no
+/// block touches it and the pool decides to let it go: when the device refuses memory (then the
+/// request is retried), on trim(), or beyond ExpandablePoolOptions::release_threshold. What is
+/// mapped is the live blocks, the holes between them and the unused end of the last chunk.
+///
+/// Streams: a block allocated on stream S comes from S's reservation, and freed on S it can be
+/// reused by S at once (stream order makes it safe). Freed on another stream T, it waits until an
+/// event recorded on T at the free has completed; freed synchronously (the caller has
+/// synchronised), it is free at once. Memory moves between streams by unmapping idle chunks in one
+/// reservation and mapping new ones in another. The synchronous spellings allocate from a
+/// reservation of their own. With the default SynchronousStreams there is one stream and every
+/// event is complete.
+///
+/// Errors (nothing changes): invalid_size (check_request); no_space for an alignment above the
+/// device's granularity, a size that overflows when rounded, a full address space, or physical
+/// memory refused by the device or by max_reserved_bytes after idle chunks were unmapped (the
+/// message of the mapper's last refusal is in last_failure()). try_deallocate: not_allocated,
+/// invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not copyable; a
+/// moved-from pool may only be destroyed. Destruction unmaps everything: blocks still out are
+/// invalid with it.
+#pragma once
+
+#include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
+#include <carve/mr/best_fit_ranges.hpp>
+#include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/address_table.hpp>
+#include <carve/mr/memory_resource.hpp>
+#include <carve/mr/stream_events.hpp>
+#include <carve/vmm/expandable_pool_options.hpp>
+#include <carve/vmm/on_demand_reservation.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+/// A MemoryResource whose physical memory follows its live blocks (see the file's description).
+template <PhysicalMemoryMapper Mapper, StreamEvents Streams = SynchronousStreams>
+class ExpandablePool : public CcclSpellings<ExpandablePool<Mapper, Streams>> {
+public:
+  using CcclSpellings<ExpandablePool>::allocate; // the synchronous spellings
+  /// The stream type the stream-ordered spellings name.
+  using stream_type = typename Streams::stream_type;
+
+  /// Nothing reserved yet (the first allocation on each stream reserves its addresses). Throws
+  /// carve::Exception: the mapper's error when it has no such device; invalid_argument for a
+  /// granularity that is not a power of two or exceeds the device's, or an address space smaller
+  /// than one granule.
+  explicit ExpandablePool(Mapper mapper, ExpandablePoolOptions options = {}, Streams streams = Streams())
+      : s_(std::make_unique<State>(std::move(mapper), std::move(streams), options)) {
+    const auto g = s_->mapper.granularity(options.device);
+    if (!g) {
+      throw Exception(g.error().code, "carve::ExpandablePool: " + g.error().message);
+    }
+    s_->granule = *g;
+    const std::size_t b = options.granularity;
+    if (b == 0 || (b & (b - 1)) != 0 || b > *g) {
+      throw Exception(Errc::invalid_argument, "carve::ExpandablePool: granularity " + std::to_string(b) +
+                                                  " is not a power of two at most the device's " + std::to_string(*g));
+    }
+    if (options.address_space_bytes == 0) {
+      const std::size_t cap = options.max_reserved_bytes;
+      s_->options.address_space_bytes = cap <= (std::size_t{1} << 40) ? std::max(2 * cap, *g) : std::size_t{256} << 30;
+    }
+    if (s_->options.address_space_bytes < *g) {
+      throw Exception(Errc::invalid_argument, "carve::ExpandablePool: an address space of " +
+                                                  std::to_string(options.address_space_bytes) +
+                                                  " bytes is below the granularity " + std::to_string(*g));
+    }
+  }
+
+  /// A block on `stream`. Errors: see the top of this header.
+  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+    return take(stream, bytes, alignment);
+  }
+  /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing changes):
+  /// not_allocated when `p` is not a live block; invalid_size when `bytes` does not round to its size.
+  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                 std::size_t alignment) noexcept {
+    return give(stream, p, bytes, alignment);
+  }
+  /// The synchronous form: a block from the synchronous reservation.
+  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return take(std::nullopt, bytes, alignment);
+  }
+  /// The synchronous free: the caller has synchronised, so the block is free at once.
+  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    return give(std::nullopt, p, bytes, alignment);
+  }
+
+  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception otherwise.
+  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
+    const auto p = try_allocate(stream, bytes, alignment);
+    if (!p && p.error() == Errc::no_space) {
+      throw std::bad_alloc();
+    }
+    if (!p) {
+      throw Exception(p.error(), "carve::ExpandablePool: cannot allocate " + std::to_string(bytes) +
+                                     " bytes aligned to " + std::to_string(alignment));
+    }
+    return *p;
+  }
+  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
+  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
+      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
+    }
+  }
+  /// Synchronous; misuse ends the program (see try_deallocate).
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
+      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
+    }
+  }
+
+  /// Unmaps every chunk no block touches (frees whose stream work has completed count as free);
+  /// returns the bytes unmapped.
+  std::size_t trim() noexcept {
+    const std::lock_guard lock(s_->mutex);
+    try {
+      collect_pending();
+    } catch (const std::bad_alloc&) {
+      // frees that could not join the free ranges stay pending; the rest is trimmed
+    }
+    return release_idle();
+  }
+
+  /// The figures now, taken under the lock.
+  ExpandablePoolStats stats() const {
+    const std::lock_guard lock(s_->mutex);
+    ExpandablePoolStats out = s_->stats;
+    out.bytes_reserved = s_->reserved;
+    out.live_blocks = s_->live.size();
+    out.pending_frees = s_->pending.size();
+    out.address_spaces = s_->spaces.size();
+    for (const auto& space : s_->spaces) {
+      const MappingCounts& c = space->memory.counts();
+      out.chunks += space->memory.chunk_count();
+      out.address_space_bytes += space->memory.bytes();
+      out.free_ranges += space->free.count();
+      out.creates += c.creates;
+      out.maps += c.maps;
+      out.unmaps += c.unmaps;
+      out.accesses += c.accesses;
+      out.releases += c.releases;
+      out.mapper_failures += c.failures;
+    }
+    return out;
+  }
+
+  /// Calls `visit(start, bytes)` for every chunk of physical memory mapped now, by reservation
+  /// and address: where the pool's memory is (a test's or a debugger's view).
+  template <class Visit>
+  void for_each_chunk(Visit&& visit) const {
+    const std::lock_guard lock(s_->mutex);
+    for (const auto& space : s_->spaces) {
+      space->memory.for_each_chunk(visit);
+    }
+  }
+
+  /// Whether `p` lies in physical memory this pool has mapped (a block, a hole or an idle chunk).
+  bool owns(const void* p) const noexcept {
+    const std::lock_guard lock(s_->mutex);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto& space : s_->spaces) {
+      if (space->memory.backed(a, 1)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  /// What it may still hand out: max_reserved_bytes less the bytes in live blocks (a hint).
+  std::size_t free_bytes() const {
+    const std::lock_guard lock(s_->mutex);
+    return s_->options.max_reserved_bytes - s_->stats.bytes_in_use;
+  }
+  /// max_reserved_bytes: what it could ever hold.
+  std::size_t capacity() const noexcept { return s_->options.max_reserved_bytes; }
+  /// The device's granularity: the unit of mapping.
+  std::size_t granule() const noexcept { return s_->granule; }
+  /// The options, with address_space_bytes resolved.
+  const ExpandablePoolOptions& options() const noexcept { return s_->options; }
+  /// The streams and events (a test's SimulatedStreams, to queue and complete work).
+  Streams& streams() noexcept { return s_->streams; }
+  /// Why the mapper last refused (empty when it never did).
+  std::string last_failure() const {
+    const std::lock_guard lock(s_->mutex);
+    std::string why;
+    for (const auto& space : s_->spaces) {
+      why = space->memory.last_failure().empty() ? why : space->memory.last_failure();
+    }
+    return why;
+  }
+
+  /// Checks every invariant: each reservation's ranges tile it (BestFitRanges::consistent), every
+  /// live block is a taken range of its reservation at its address and its granules are mapped,
+  /// and the counts add up. For tests.
+  bool consistent() const {
+    const std::lock_guard lock(s_->mutex);
+    std::size_t in_use = 0;
+    std::size_t taken = s_->pending.size();
+    bool ok = true;
+    s_->live.for_each([&](std::uintptr_t addr, const Live& block) {
+      const Space& space = *s_->spaces[block.space];
+      ok = ok && space.free.start(block.handle) == addr && space.free.size(block.handle) == block.size &&
+           space.memory.backed(addr, block.size);
+      in_use += block.size;
+      ++taken;
+    });
+    std::size_t reserved = 0;
+    std::size_t taken_ranges = 0;
+    for (const auto& space : s_->spaces) {
+      ok = ok && space->free.consistent() && space->memory.consistent();
+      reserved += space->memory.mapped_bytes();
+      taken_ranges += space->free.taken();
+    }
+    return ok && taken == taken_ranges && in_use == s_->stats.bytes_in_use && reserved == s_->reserved;
+  }
+
+  /// Equal only to itself.
+  friend bool operator==(const ExpandablePool& a, const ExpandablePool& b) noexcept { return a.s_ == b.s_; }
+
+private:
+  using event_type = typename Streams::event_type;
+  struct Space {
+    std::optional<stream_type> stream; ///< nullopt: the synchronous reservation
+    OnDemandReservation<Mapper> memory;
+    BestFitRanges free;
+  };
+  struct Live {
+    std::size_t size = 0;             ///< rounded to the granularity
+    BestFitRanges::Handle handle = 0; ///< its range in the reservation
+    std::uint32_t space = 0;          ///< index into State::spaces
+  };
+  struct Pending { // freed on another stream: waits for that stream's work
+    BestFitRanges::Handle handle = 0;
+    std::uint32_t space = 0;
+    stream_type stream;
+    std::optional<event_type> event; ///< nullopt: not recorded yet (recording failed), tried again later
+  };
+  struct State {
+    State(Mapper m, Streams s, ExpandablePoolOptions o) : mapper(std::move(m)), streams(std::move(s)), options(o) {}
+    Mapper mapper;
+    Streams streams;
+    ExpandablePoolOptions options;
+    std::size_t granule = 0;
+    mutable std::mutex mutex;
+    std::vector<std::unique_ptr<Space>> spaces;
+    detail::AddressTable<Live> live;
+    std::vector<Pending> pending;
+    /// (space, chunk start) -> (when it fell idle, its bytes); kept only with a finite release_threshold
+    std::map<std::pair<std::uint32_t, std::uintptr_t>, std::pair<std::uint64_t, std::size_t>> idle;
+    std::size_t idle_bytes = 0;
+    std::uint64_t tick = 0;
+    std::size_t reserved = 0;
+    ExpandablePoolStats stats; ///< the counters kept here; the rest is filled in by stats()
+  };
+
+  cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
+                                        std::size_t alignment) noexcept {
+    if (!valid_request(bytes, alignment)) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    const std::size_t size = rounded(bytes);
+    if (size == 0 || alignment > s_->granule) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    try {
+      const std::lock_guard lock(s_->mutex);
+      collect_pending();
+      const std::uint32_t index = space_for(stream);
+      if (index == no_space_index) {
+        return cuda::std::unexpected(Errc::no_space);
+      }
+      Space& space = *s_->spaces[index];
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        const auto taken = space.free.take(size, std::max(alignment, s_->options.granularity));
+        if (!taken) {
+          break; // the address space is full: unmapping changes nothing
+        }
+        if (const auto added = space.memory.back(taken->start, size, [this] { return chunk_rule(); })) {
+          try {
+            s_->live.insert(taken->start, Live{size, taken->handle, index});
+          } catch (const std::bad_alloc&) {
+            space.free.give(taken->handle);
+            throw;
+          }
+          note_allocation(index, taken->start, size, *added);
+          return reinterpret_cast<void*>(taken->start);
+        }
+        space.free.give(taken->handle);
+        if (release_idle() == 0) {
+          break; // nothing to unmap: another attempt would fail the same way
+        }
+      }
+      return cuda::std::unexpected(Errc::no_space);
+    } catch (const std::bad_alloc&) { // the pool's own tables could not grow
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+
+  cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
+                                       std::size_t alignment) noexcept {
+    const std::lock_guard lock(s_->mutex);
+    const auto addr = reinterpret_cast<std::uintptr_t>(p);
+    const Live* found = s_->live.find(addr);
+    if (found == nullptr) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    if (!valid_request(bytes, alignment) || rounded(bytes) != found->size) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    const Live block = *found;
+    Space& space = *s_->spaces[block.space];
+    std::optional<BestFitRanges::Span> freed;
+    try {
+      if (!stream || (space.stream && *space.stream == *stream)) {
+        freed = space.free.give(block.handle);
+      } else {
+        Pending wait{block.handle, block.space, *stream, std::nullopt};
+        if (auto e = s_->streams.record(*stream)) {
+          wait.event = *e;
+        }
+        s_->pending.push_back(std::move(wait));
+      }
+    } catch (const std::bad_alloc&) { // the pool's tables could not grow: the block stays live
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    s_->live.erase(addr);
+    ++s_->stats.deallocations;
+    s_->stats.bytes_in_use -= block.size;
+    if (freed) {
+      note_free(block.space, *freed);
+    }
+    return done;
+  }
+
+  // `bytes` rounded up to the granularity (a power of two); 0 when that overflows.
+  std::size_t rounded(std::size_t bytes) const noexcept {
+    const std::size_t g = s_->options.granularity;
+    return bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
+  }
+
+  static constexpr std::uint32_t no_space_index = UINT32_MAX;
+  // A success, copied whole: built field by field in place, GCC reloads it as one word before the
+  // stores have landed (a store-forwarding stall of a dozen cycles on every free).
+  static constexpr cuda::std::expected<void, Errc> done{};
+
+  // The reservation of `stream`, made on its first use; no_space_index when the mapper refuses.
+  // (A plain index, not an optional: this runs on every allocation.)
+  std::uint32_t space_for(const std::optional<stream_type>& stream) {
+    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
+      const auto& own = s_->spaces[i]->stream;
+      if (own.has_value() == stream.has_value() && (!own || *own == *stream)) {
+        return i;
+      }
+    }
+    auto memory = OnDemandReservation<Mapper>::reserve(s_->mapper, s_->options.device, s_->options.address_space_bytes);
+    if (!memory) {
+      return no_space_index;
+    }
+    const std::uintptr_t base = memory->base();
+    const std::size_t size = memory->bytes();
+    s_->spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size)}));
+    return static_cast<std::uint32_t>(s_->spaces.size() - 1);
+  }
+
+  ChunkRule chunk_rule() const noexcept {
+    const ExpandablePoolOptions& o = s_->options;
+    const std::size_t grown = o.growth_divisor == 0 ? 0 : s_->reserved / o.growth_divisor;
+    const std::size_t limit = o.max_reserved_bytes > s_->reserved ? o.max_reserved_bytes - s_->reserved : 0;
+    return ChunkRule{std::max(o.min_chunk_bytes, grown), limit};
+  }
+
+  void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t added) {
+    ExpandablePoolStats& st = s_->stats;
+    ++st.allocations;
+    st.bytes_in_use += size;
+    st.peak_in_use = std::max(st.peak_in_use, st.bytes_in_use);
+    s_->reserved += added;
+    st.peak_reserved = std::max(st.peak_reserved, s_->reserved);
+    if (tracks_idle()) { // chunks under the new block are in use again
+      s_->spaces[space]->memory.for_each_chunk_in(addr, size, [&](std::uintptr_t start, std::size_t bytes) {
+        if (s_->idle.erase({space, start}) != 0) {
+          s_->idle_bytes -= bytes;
+        }
+      });
+    }
+  }
+
+  // With a finite release_threshold: the chunks that now lie wholly in the free range `span` join
+  // the idle list, and the least recently idle go while the list holds too much. (A chunk the list
+  // has no room for is not tracked: trim() and the retry under pressure still find it.)
+  void note_free(std::uint32_t space, BestFitRanges::Span span) noexcept {
+    if (!tracks_idle()) {
+      return;
+    }
+    s_->spaces[space]->memory.for_each_chunk_in(span.start, span.bytes, [&](std::uintptr_t start, std::size_t bytes) {
+      if (start < span.start || start + bytes > span.start + span.bytes) {
+        return; // a block still touches it
+      }
+      try {
+        if (s_->idle.try_emplace({space, start}, ++s_->tick, bytes).second) {
+          s_->idle_bytes += bytes;
+        }
+      } catch (const std::bad_alloc&) {
+      }
+    });
+    while (s_->idle_bytes > s_->options.release_threshold) {
+      const auto oldest = std::min_element(s_->idle.begin(), s_->idle.end(), [](const auto& a, const auto& b) {
+        return a.second.first < b.second.first;
+      });
+      const auto [which, start] = oldest->first;
+      const std::size_t bytes = oldest->second.second;
+      s_->idle.erase(oldest);
+      s_->idle_bytes -= bytes;
+      s_->reserved -= s_->spaces[which]->memory.release_within(start, bytes);
+    }
+  }
+
+  bool tracks_idle() const noexcept { return s_->options.release_threshold != std::numeric_limits<std::size_t>::max(); }
+
+  // Unmaps every idle chunk (one that lies wholly in a free range) in every reservation; returns
+  // the bytes unmapped.
+  std::size_t release_idle() noexcept {
+    std::size_t released = 0;
+    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
+      Space& space = *s_->spaces[i];
+      space.free.for_each_free([&](std::uintptr_t start, std::size_t bytes) {
+        const std::size_t freed = space.memory.release_within(start, bytes);
+        released += freed;
+        s_->reserved -= freed;
+        if (freed != 0 && tracks_idle()) {
+          const auto first = s_->idle.lower_bound({i, start});
+          auto last = first;
+          for (; last != s_->idle.end() && last->first.first == i && last->first.second < start + bytes; ++last) {
+            s_->idle_bytes -= last->second.second;
+          }
+          s_->idle.erase(first, last);
+        }
+      });
+    }
+    return released;
+  }
+
+  // Frees whose streams' work has completed become free memory. Throws std::bad_alloc (the
+  // free ranges could not grow) with that free still pending.
+  void collect_pending() {
+    auto& pending = s_->pending;
+    for (std::size_t i = 0; i < pending.size();) {
+      Pending& p = pending[i];
+      if (!p.event) {
+        if (auto e = s_->streams.record(p.stream)) {
+          p.event = *e;
+        }
+      }
+      if (!p.event || !s_->streams.completed(*p.event)) {
+        ++i;
+        continue;
+      }
+      const auto freed = s_->spaces[p.space]->free.give(p.handle);
+      s_->streams.release(*p.event);
+      note_free(p.space, freed);
+      pending[i] = std::move(pending.back());
+      pending.pop_back();
+    }
+  }
+
+  std::unique_ptr<State> s_;
+};
+
+} // namespace carve

@@ -1,0 +1,62 @@
+/// @file carve/vmm/expandable_pool_options.hpp
+/// How an ExpandablePool grows and shrinks, and what it reports about itself.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+namespace carve {
+
+/// How an ExpandablePool places, maps and unmaps.
+struct ExpandablePoolOptions {
+  int device = 0; ///< the device whose memory the pool maps (and which gets read/write access)
+  /// Block sizes are multiples of it (a power of two): 512, as PyTorch's and cudaMalloc's.
+  std::size_t granularity = 512;
+  /// Physical memory the pool may map in all: the card's share for this pool. A request that would
+  /// pass it is refused (no_space) after idle memory is unmapped.
+  std::size_t max_reserved_bytes = std::numeric_limits<std::size_t>::max();
+  /// Addresses reserved per stream (physical memory is mapped into them only where blocks land).
+  /// 0: twice max_reserved_bytes when that is set, else 256 GiB, enough for any one card today.
+  std::size_t address_space_bytes = 0;
+  /// A new chunk of physical memory maps at least the memory held so far divided by this (where the
+  /// granules after the request are free), so a pool that grows by many small requests makes few
+  /// driver calls: about growth_divisor times the logarithm of its growth, never one per request.
+  /// The price is the unused end of the last chunk, at most 1/growth_divisor of what is held.
+  /// 0: a chunk maps only the granules its request touches.
+  std::size_t growth_divisor = 48;
+  /// The least a new chunk maps (where the granules after the request are free). 0: one granule.
+  std::size_t min_chunk_bytes = 0;
+  /// Mapped memory no block uses that the pool keeps for reuse. Whole chunks beyond it are
+  /// unmapped, least recently used first, as blocks are freed. The default keeps them all (the next
+  /// training step needs them again) and unmaps only when the device refuses memory or on trim().
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+};
+
+/// An ExpandablePool's figures at one moment (ExpandablePool::stats()).
+struct ExpandablePoolStats {
+  std::size_t bytes_in_use = 0;        ///< in live blocks (rounded to the granularity)
+  std::size_t bytes_reserved = 0;      ///< physical memory mapped now
+  std::size_t peak_in_use = 0;         ///< the most bytes_in_use has been
+  std::size_t peak_reserved = 0;       ///< the most bytes_reserved has been
+  std::size_t live_blocks = 0;         ///< blocks handed out and not yet freed
+  std::size_t pending_frees = 0;       ///< blocks freed on another stream whose work has not yet passed the free
+  std::size_t chunks = 0;              ///< physical allocations mapped now
+  std::size_t address_spaces = 0;      ///< reservations: one per stream that has allocated
+  std::size_t address_space_bytes = 0; ///< addresses reserved in all
+  std::size_t free_ranges = 0;         ///< free address ranges in all spaces (mapped or not)
+  std::uint64_t allocations = 0;       ///< successful allocations
+  std::uint64_t deallocations = 0;     ///< successful frees
+  std::uint64_t creates = 0;           ///< physical allocations made (cuMemCreate)
+  std::uint64_t maps = 0;              ///< mappings made (cuMemMap)
+  std::uint64_t unmaps = 0;            ///< mappings removed (cuMemUnmap)
+  std::uint64_t accesses = 0;          ///< access grants (cuMemSetAccess, one per map)
+  std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
+  std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
+
+  /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and
+  /// the handle release that go with each are not counted).
+  std::uint64_t device_calls() const noexcept { return creates + maps + unmaps; }
+};
+
+} // namespace carve

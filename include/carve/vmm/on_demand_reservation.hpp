@@ -1,0 +1,354 @@
+/// @file carve/vmm/on_demand_reservation.hpp
+/// One address reservation whose granules get physical memory only where it is asked for, in
+/// chunks, and give it back chunk by chunk: the memory under an ExpandablePool.
+///
+/// @code
+/// carve::HostMemoryMapper mapper;                     // or carve::CudaMemoryMapper on a GPU
+/// auto r = carve::OnDemandReservation<carve::HostMemoryMapper>::reserve(mapper, 0, 1ull << 30);
+/// r->back(r->base() + (6 << 20), 100, [] { return carve::ChunkRule{}; });  // maps the 2 MiB granule holding it
+/// r->release_within(r->base(), r->bytes());           // unmaps every chunk: nothing is reserved
+/// @endcode
+///
+/// back(addr, bytes) makes every granule that [addr, addr + bytes) touches mapped and accessible
+/// to the device. Each run of granules not yet mapped becomes one chunk: one physical allocation
+/// (mapper.create), one mapping (map) and one access grant (set_access), after which the handle is
+/// released, so the memory lives exactly as long as its mapping. A chunk may be made longer than
+/// its run, over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs
+/// driver calls of tens of microseconds on a GPU, so a reservation that grows by many small
+/// requests should grow by fewer, larger chunks. ChunkRule::limit_bytes bounds what one call may
+/// add, so an owner can hold a cap on physical memory. release_within unmaps the chunks that lie
+/// wholly inside a range its owner knows to be unused; a chunk is the unit of release, because a
+/// physical allocation is freed only once all of it is unmapped.
+///
+/// Errors (nothing changes: chunks made by a failed back are unmapped again): the mapper's Error
+/// (no_space when the device is out of memory), no_space when the limit would be passed,
+/// out_of_range for a range outside the reservation. Not thread-safe: its owner holds the lock.
+/// Movable, not copyable; destruction unmaps every chunk and frees the reservation.
+#pragma once
+
+#include <carve/core/checked_math.hpp>
+#include <carve/core/error.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+/// How large back() makes a new chunk.
+struct ChunkRule {
+  std::size_t min_bytes = 0; ///< a new chunk maps at least this much (where the granules after its run are unmapped)
+  std::size_t limit_bytes = std::numeric_limits<std::size_t>::max(); ///< one back() maps at most this much in all
+};
+
+/// What an OnDemandReservation has asked of its mapper.
+struct MappingCounts {
+  std::uint64_t creates = 0;  ///< physical allocations made
+  std::uint64_t maps = 0;     ///< mappings made
+  std::uint64_t unmaps = 0;   ///< mappings removed
+  std::uint64_t accesses = 0; ///< access grants (one per map)
+  std::uint64_t releases = 0; ///< handles released (one per create)
+  std::uint64_t failures = 0; ///< calls the mapper refused
+};
+
+/// An address reservation mapped granule by granule on demand (see the file's description).
+template <PhysicalMemoryMapper Mapper>
+class OnDemandReservation {
+public:
+  /// `bytes` (rounded up to the device's granularity) of addresses on `device`, nothing mapped.
+  /// Errors: the mapper's; invalid_size for 0 bytes or more granules than 2^32 - 1.
+  static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
+    const auto g = mapper.granularity(device);
+    if (!g) {
+      return cuda::std::unexpected(g.error());
+    }
+    const auto rounded = round_up_to_granularity(bytes, *g);
+    if ((*g & (*g - 1)) != 0) {
+      return fail(Errc::invalid_argument, "the device's granularity " + std::to_string(*g) + " is not a power of two");
+    }
+    if (!rounded || *rounded / *g >= std::numeric_limits<std::uint32_t>::max()) {
+      return fail(Errc::invalid_size,
+                  "cannot reserve " + std::to_string(bytes) + " bytes in granules of " + std::to_string(*g));
+    }
+    auto va = mapper.reserve(*rounded, *g);
+    if (!va) {
+      return cuda::std::unexpected(va.error());
+    }
+    return OnDemandReservation(std::move(mapper), device, reinterpret_cast<std::uintptr_t>(*va), *rounded, *g);
+  }
+
+  /// Takes the reservation and its chunks over; `other` is left holding nothing.
+  OnDemandReservation(OnDemandReservation&& other) noexcept
+      : mapper_(std::move(other.mapper_)), device_(other.device_), base_(std::exchange(other.base_, 0)),
+        bytes_(std::exchange(other.bytes_, 0)), granule_(other.granule_), shift_(other.shift_),
+        owner_(std::move(other.owner_)), chunks_(std::move(other.chunks_)), mapped_(std::exchange(other.mapped_, 0)),
+        counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
+  OnDemandReservation& operator=(OnDemandReservation&&) = delete;
+  OnDemandReservation(const OnDemandReservation&) = delete;
+  OnDemandReservation& operator=(const OnDemandReservation&) = delete;
+
+  /// Unmaps every chunk and frees the reservation.
+  ~OnDemandReservation() {
+    if (base_ == 0) {
+      return;
+    }
+    (void)release_within(base_, bytes_);
+    (void)mapper_.free_reservation(reinterpret_cast<void*>(base_), bytes_);
+  }
+
+  /// Maps every granule [addr, addr + bytes) touches (see the file's description). `rule()` gives
+  /// the ChunkRule, asked only when something must be mapped. Returns the bytes newly mapped (0 when
+  /// all were mapped already).
+  template <class MakeRule>
+  Result<std::size_t> back(std::uintptr_t addr, std::size_t bytes, MakeRule&& make_rule) {
+    if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
+      return fail(Errc::out_of_range, "back: the range is not inside the reservation");
+    }
+    const std::size_t first = (addr - base_) >> shift_;
+    const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
+    if (last < owner_.size() && owner_[first] != 0 && (owner_[first] == owner_[last] || covered(first, last))) {
+      return std::size_t{0}; // the common case: a block inside memory already mapped
+    }
+    const ChunkRule rule = make_rule();
+    const std::size_t total = bytes_ / granule_;
+    const std::size_t min_granules = std::max<std::size_t>(1, rule.min_bytes / granule_);
+    std::size_t limit = rule.limit_bytes / granule_;
+    std::vector<std::size_t> made;
+    std::size_t added = 0;
+    for (std::size_t g = first; g <= last;) {
+      if (mapped(g)) {
+        g = end_of(g);
+        continue;
+      }
+      std::size_t end = g;
+      while (end <= last && !mapped(end)) {
+        ++end;
+      }
+      const std::size_t run = end - g;
+      if (run > limit) {
+        undo(made);
+        return fail(Errc::no_space, "back: " + std::to_string(run * granule_) + " more bytes would pass the limit");
+      }
+      const std::size_t want = std::min(std::max(run, min_granules), limit);
+      while (end - g < want && end < total && !mapped(end)) {
+        ++end;
+      }
+      if (auto ok = map_chunk(g, end - g); !ok) {
+        undo(made);
+        return cuda::std::unexpected(ok.error());
+      }
+      made.push_back(g);
+      added += (end - g) * granule_;
+      limit -= end - g;
+      g = end;
+    }
+    return added;
+  }
+
+  /// Unmaps every chunk that lies wholly inside [addr, addr + bytes), which the caller knows no
+  /// one uses; returns the bytes unmapped. A chunk the mapper refuses to unmap stays (counted in
+  /// MappingCounts::failures).
+  std::size_t release_within(std::uintptr_t addr, std::size_t bytes) noexcept {
+    if (bytes == 0 || addr < base_ || addr - base_ >= bytes_) {
+      return 0;
+    }
+    const std::size_t first = (addr - base_ + granule_ - 1) / granule_;
+    const std::size_t end = std::min(bytes_, addr - base_ + std::min(bytes, bytes_ - (addr - base_))) / granule_;
+    std::size_t released = 0;
+    for (auto it = chunks_.lower_bound(first); it != chunks_.end() && it->first + it->second <= end;) {
+      const std::size_t size = it->second * granule_;
+      ++counts_.unmaps;
+      if (!mapper_.unmap(at(it->first), size)) {
+        ++counts_.failures;
+        ++it;
+        continue;
+      }
+      std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(it->first),
+                owner_.begin() + static_cast<std::ptrdiff_t>(it->first + it->second), 0u);
+      mapped_ -= size;
+      released += size;
+      it = chunks_.erase(it);
+    }
+    return released;
+  }
+
+  /// Calls `visit(start, bytes)` for every chunk, by address.
+  template <class Visit>
+  void for_each_chunk(Visit&& visit) const {
+    for (const auto& [g, n] : chunks_) {
+      visit(base_ + g * granule_, n * granule_);
+    }
+  }
+
+  /// Calls `visit(start, bytes)` for every chunk that overlaps [addr, addr + bytes), by address:
+  /// O(log n) in the chunks plus one step per chunk visited, however long the range.
+  template <class Visit>
+  void for_each_chunk_in(std::uintptr_t addr, std::size_t bytes, Visit&& visit) const {
+    if (bytes == 0 || addr < base_ || addr - base_ >= bytes_) {
+      return;
+    }
+    const std::size_t first = (addr - base_) >> shift_;
+    const std::size_t last = (addr - base_ + std::min(bytes, bytes_ - (addr - base_)) - 1) >> shift_;
+    auto it = chunks_.upper_bound(first);
+    if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second > first) {
+      --it; // the chunk that holds the first granule
+    }
+    for (; it != chunks_.end() && it->first <= last; ++it) {
+      visit(base_ + it->first * granule_, it->second * granule_);
+    }
+  }
+
+  /// Whether every granule [addr, addr + bytes) touches is mapped.
+  bool backed(std::uintptr_t addr, std::size_t bytes) const noexcept {
+    if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
+      return false;
+    }
+    return covered((addr - base_) >> shift_, (addr - base_ + bytes - 1) >> shift_);
+  }
+
+  /// The first address of the reservation.
+  std::uintptr_t base() const noexcept { return base_; }
+  /// Its size (a multiple of the granule).
+  std::size_t bytes() const noexcept { return bytes_; }
+  /// The device's granularity: the unit of mapping.
+  std::size_t granule() const noexcept { return granule_; }
+  /// Bytes mapped now: the physical memory this reservation holds.
+  std::size_t mapped_bytes() const noexcept { return mapped_; }
+  /// Chunks mapped now.
+  std::size_t chunk_count() const noexcept { return chunks_.size(); }
+  /// What it has asked of the mapper so far.
+  const MappingCounts& counts() const noexcept { return counts_; }
+  /// Why the mapper last refused (empty when it never did).
+  const std::string& last_failure() const noexcept { return last_failure_; }
+
+  /// Whether the granule table and the chunks agree. For tests.
+  bool consistent() const {
+    std::size_t sum = 0;
+    std::size_t next = 0;
+    for (const auto& [g, n] : chunks_) {
+      if (n == 0 || g < next || g + n > bytes_ / granule_ || g + n > owner_.size()) {
+        return false;
+      }
+      for (std::size_t i = next; i < g && i < owner_.size(); ++i) {
+        if (owner_[i] != 0) {
+          return false;
+        }
+      }
+      for (std::size_t i = g; i < g + n; ++i) {
+        if (owner_[i] != g + 1) {
+          return false;
+        }
+      }
+      next = g + n;
+      sum += n * granule_;
+    }
+    for (std::size_t i = next; i < owner_.size(); ++i) {
+      if (owner_[i] != 0) {
+        return false;
+      }
+    }
+    return sum == mapped_;
+  }
+
+private:
+  OnDemandReservation(Mapper mapper, int device, std::uintptr_t base, std::size_t bytes, std::size_t granule)
+      : mapper_(std::move(mapper)), device_(device), base_(base), bytes_(bytes), granule_(granule) {
+    while ((std::size_t{1} << shift_) < granule_) {
+      ++shift_;
+    }
+  }
+
+  void* at(std::size_t granule) const noexcept { return reinterpret_cast<void*>(base_ + granule * granule_); }
+  bool mapped(std::size_t g) const noexcept { return g < owner_.size() && owner_[g] != 0; }
+  // One past the last granule of the chunk that holds mapped granule `g`.
+  std::size_t end_of(std::size_t g) const noexcept {
+    const std::size_t start = owner_[g] - 1;
+    return start + chunks_.find(start)->second;
+  }
+  bool covered(std::size_t first, std::size_t last) const noexcept {
+    for (std::size_t g = first; g <= last; g = end_of(g)) {
+      if (!mapped(g)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Creates, maps and opens one chunk of `n` granules at granule `g`.
+  Result<void> map_chunk(std::size_t g, std::size_t n) {
+    const std::size_t size = n * granule_;
+    try {
+      if (owner_.size() < g + n) {
+        owner_.resize(std::max(g + n, std::min(bytes_ / granule_, 2 * owner_.size())), 0u);
+      }
+      chunks_.emplace(g, n); // before the driver calls: nothing below throws
+    } catch (const std::bad_alloc&) {
+      return fail(Errc::no_space, "out of memory for the reservation's tables");
+    }
+    ++counts_.creates;
+    auto h = mapper_.create(device_, size);
+    if (!h) {
+      chunks_.erase(g);
+      return refused(h.error());
+    }
+    ++counts_.maps;
+    if (auto ok = mapper_.map(at(g), size, *h); !ok) {
+      chunks_.erase(g);
+      ++counts_.releases;
+      (void)mapper_.release(*h);
+      return refused(ok.error());
+    }
+    ++counts_.accesses;
+    if (auto ok = mapper_.set_access(at(g), size, device_, Access::read_write); !ok) {
+      chunks_.erase(g);
+      ++counts_.unmaps;
+      (void)mapper_.unmap(at(g), size);
+      ++counts_.releases;
+      (void)mapper_.release(*h);
+      return refused(ok.error());
+    }
+    ++counts_.releases;
+    (void)mapper_.release(*h); // the mapping keeps the memory; unmapping it frees it
+    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(g), owner_.begin() + static_cast<std::ptrdiff_t>(g + n),
+              static_cast<std::uint32_t>(g + 1));
+    mapped_ += size;
+    return {};
+  }
+
+  void undo(const std::vector<std::size_t>& made) noexcept {
+    for (const std::size_t g : made) {
+      (void)release_within(base_ + g * granule_, chunks_.find(g)->second * granule_);
+    }
+  }
+
+  cuda::std::unexpected<Error> refused(Error e) {
+    ++counts_.failures;
+    try {
+      last_failure_ = e.message;
+    } catch (const std::bad_alloc&) {
+      // the reason is lost, the refusal is not
+    }
+    return cuda::std::unexpected(std::move(e));
+  }
+
+  Mapper mapper_;
+  int device_ = 0;
+  std::uintptr_t base_ = 0;
+  std::size_t bytes_ = 0;
+  std::size_t granule_ = 0;
+  unsigned shift_ = 0;                        ///< log2(granule_)
+  std::vector<std::uint32_t> owner_;          ///< per granule: its chunk's first granule + 1, or 0 (grown on demand)
+  std::map<std::size_t, std::size_t> chunks_; ///< first granule -> granules
+  std::size_t mapped_ = 0;
+  MappingCounts counts_;
+  std::string last_failure_;
+};
+
+} // namespace carve

@@ -1,0 +1,472 @@
+// ExpandablePool on the host twin of the VMM driver: placement and mappings against a reference
+// model, growth by chunks, the cap and the device's refusals (nothing changes), streams, the idle
+// threshold, stacking under the combinators, threads, and memory that is never touched.
+#include "support/errors.hpp"
+#include "support/resident_memory.hpp"
+
+#include <carve/mr.hpp>
+#include <carve/vmm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+using carve::Errc;
+using carve::ExpandablePool;
+using carve::ExpandablePoolOptions;
+using carve::HostMemoryMapper;
+
+namespace {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t granule = 64 * KiB;
+
+using Pool = ExpandablePool<HostMemoryMapper>;
+
+static_assert(carve::MemoryResource<Pool> && carve::UpstreamResource<Pool> && carve::OwnsMemory<Pool> &&
+              carve::Trimmable<Pool> && carve::ReportsStats<Pool> && carve::ChecksDeallocation<Pool>);
+static_assert(carve::SynchronousResource<Pool>);
+static_assert(std::is_nothrow_move_constructible_v<Pool>);
+
+HostMemoryMapper mapper() { return HostMemoryMapper({.granularity = granule}); }
+
+// A small pool: 64 KiB granules, 16 MiB of addresses per stream.
+ExpandablePoolOptions small(ExpandablePoolOptions o = {}) {
+  o.address_space_bytes = 16 * MiB;
+  return o;
+}
+
+std::vector<std::pair<std::uintptr_t, std::size_t>> chunks_of(const auto& pool) {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> out;
+  pool.for_each_chunk([&](std::uintptr_t start, std::size_t bytes) { out.emplace_back(start, bytes); });
+  return out;
+}
+
+// The pool's rules written the slow way, for one reservation with growth_divisor 0 and
+// release_threshold 0: blocks placed best fit (smallest free range, lowest address); each run of
+// unmapped granules a block touches becomes one chunk; a chunk no block touches is unmapped.
+struct ReferencePool {
+  std::uintptr_t base = 0;
+  std::size_t bytes = 0;
+  std::map<std::uintptr_t, std::size_t> free; // start -> size
+  std::map<std::uintptr_t, std::size_t> live; // start -> size
+  std::map<std::size_t, std::size_t> chunks;  // first granule -> granules
+
+  std::uintptr_t allocate(std::size_t size) {
+    auto best = free.end();
+    for (auto it = free.begin(); it != free.end(); ++it) {
+      if (it->second >= size && (best == free.end() || it->second < best->second)) {
+        best = it;
+      }
+    }
+    REQUIRE(best != free.end());
+    const auto [start, length] = *best;
+    free.erase(best);
+    if (length > size) {
+      free[start + size] = length - size;
+    }
+    live[start] = size;
+    const std::size_t first = (start - base) / granule;
+    const std::size_t last = (start - base + size - 1) / granule;
+    for (std::size_t g = first; g <= last;) {
+      if (mapped(g)) {
+        ++g;
+        continue;
+      }
+      std::size_t end = g;
+      while (end <= last && !mapped(end)) {
+        ++end;
+      }
+      chunks[g] = end - g;
+      g = end;
+    }
+    return start;
+  }
+  void deallocate(std::uintptr_t start) {
+    std::size_t size = live.at(start);
+    live.erase(start);
+    std::uintptr_t at = start;
+    auto next = free.lower_bound(at);
+    if (next != free.end() && next->first == at + size) {
+      size += next->second;
+      next = free.erase(next);
+    }
+    if (next != free.begin() && std::prev(next)->first + std::prev(next)->second == at) {
+      at = std::prev(next)->first;
+      size += std::prev(next)->second;
+    }
+    free[at] = size;
+    for (auto it = chunks.begin(); it != chunks.end();) {
+      const std::uintptr_t c0 = base + it->first * granule;
+      const std::uintptr_t c1 = c0 + it->second * granule;
+      const bool touched =
+          std::any_of(live.begin(), live.end(), [&](const auto& b) { return b.first < c1 && b.first + b.second > c0; });
+      it = touched ? std::next(it) : chunks.erase(it);
+    }
+  }
+  bool mapped(std::size_t g) const {
+    auto it = chunks.upper_bound(g);
+    return it != chunks.begin() && g < std::prev(it)->first + std::prev(it)->second;
+  }
+  std::vector<std::pair<std::uintptr_t, std::size_t>> chunk_list() const {
+    std::vector<std::pair<std::uintptr_t, std::size_t>> out;
+    for (const auto& [g, n] : chunks) {
+      out.emplace_back(base + g * granule, n * granule);
+    }
+    return out;
+  }
+};
+
+// A mapper that refuses its n-th call of one kind, as a device out of memory does.
+struct RefusingMapper : HostMemoryMapper {
+  using HostMemoryMapper::HostMemoryMapper;
+  std::shared_ptr<int> creates_left = std::make_shared<int>(1 << 30);
+  std::shared_ptr<int> maps_left = std::make_shared<int>(1 << 30);
+  carve::Result<physical_handle> create(int device, std::size_t bytes) {
+    if ((*creates_left)-- <= 0) {
+      return carve::fail(Errc::no_space, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (simulated)");
+    }
+    return HostMemoryMapper::create(device, bytes);
+  }
+  carve::Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+    if ((*maps_left)-- <= 0) {
+      return carve::fail(Errc::device_error, "cuMemMap: CUDA_ERROR_UNKNOWN (simulated)");
+    }
+    return HostMemoryMapper::map(va, bytes, h);
+  }
+};
+static_assert(carve::PhysicalMemoryMapper<RefusingMapper>);
+
+} // namespace
+
+TEST_CASE("blocks land best fit in one reservation, and memory is mapped where they land") {
+  Pool pool(mapper(), small({.growth_divisor = 0}));
+  CHECK(pool.stats().address_spaces == 0); // nothing reserved until the first allocation
+  auto* a = static_cast<char*>(*pool.try_allocate(100 * KiB, 256));
+  auto* b = static_cast<char*>(*pool.try_allocate(1000, 256));
+  auto* c = static_cast<char*>(*pool.try_allocate(10 * KiB, 4096));
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % granule == 0); // the reservation's start
+  CHECK(b == a + 100 * KiB);
+  CHECK(c == b + 4 * KiB); // b is 1000 bytes rounded to 1 KiB; c starts at the next 4 KiB boundary
+  std::memset(a, 1, 100 * KiB);
+  std::memset(b, 2, 1000);
+  std::memset(c, 3, 10 * KiB);
+  auto s = pool.stats();
+  CHECK(s.bytes_in_use == 111 * KiB);
+  CHECK(s.bytes_reserved == 2 * granule); // a touches two granules; b and c fall in the second
+  CHECK(s.chunks == 1);
+  CHECK(s.device_calls() == 2); // one create and one map
+  CHECK(s.accesses == 1);
+  CHECK(pool.owns(a + 127 * KiB));
+  CHECK_FALSE(pool.owns(a + 128 * KiB));
+  pool.deallocate(b, 1000, 256);
+  void* d = *pool.try_allocate(512, 256);
+  CHECK(d == b); // the smallest hole that fits: b's 1 KiB and the 3 KiB before c
+  pool.deallocate(a, 100 * KiB, 256);
+  pool.deallocate(c, 10 * KiB, 4096);
+  pool.deallocate(d, 512, 256);
+  CHECK(pool.stats().bytes_reserved == 2 * granule); // kept for reuse by default
+  CHECK(pool.trim() == 2 * granule);
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("placement and mappings follow a reference model, and no block's bytes are disturbed") {
+  Pool pool(mapper(), small({.growth_divisor = 0, .release_threshold = 0}));
+  ReferencePool ref;
+  std::mt19937_64 rng(11);
+  struct Block {
+    std::uintptr_t start;
+    std::size_t bytes;
+    unsigned char fill;
+  };
+  std::vector<Block> live;
+  for (int step = 0; step < 3000; ++step) {
+    if (live.empty() || rng() % 100 < 52) {
+      const std::size_t bytes = rng() % 8 == 0 ? (rng() % 300 + 1) * KiB : rng() % (16 * KiB) + 1;
+      const auto p = pool.try_allocate(bytes, 512);
+      REQUIRE(p);
+      const auto start = reinterpret_cast<std::uintptr_t>(*p);
+      if (ref.base == 0) {
+        ref.base = start;
+        ref.bytes = 16 * MiB;
+        ref.free[start] = ref.bytes;
+      }
+      const std::size_t size = (bytes + 511) / 512 * 512;
+      REQUIRE(ref.allocate(size) == start);
+      const auto fill = static_cast<unsigned char>(rng());
+      std::memset(*p, fill, bytes);
+      live.push_back({start, bytes, fill});
+    } else {
+      const std::size_t k = rng() % live.size();
+      const Block b = live[k];
+      live[k] = live.back();
+      live.pop_back();
+      const auto* bytes = reinterpret_cast<const unsigned char*>(b.start);
+      REQUIRE(std::all_of(bytes, bytes + b.bytes, [&](unsigned char v) { return v == b.fill; }));
+      REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(b.start), b.bytes, 512));
+      ref.deallocate(b.start);
+    }
+    REQUIRE(chunks_of(pool) == ref.chunk_list());
+    if (step % 101 == 0) {
+      REQUIRE(pool.consistent());
+    }
+  }
+  std::size_t in_use = 0;
+  for (const Block& b : live) {
+    in_use += (b.bytes + 511) / 512 * 512;
+  }
+  const auto s = pool.stats();
+  CHECK(s.bytes_in_use == in_use);
+  std::size_t mapped = 0;
+  for (const auto& [start, bytes] : ref.chunk_list()) {
+    mapped += bytes;
+  }
+  CHECK(s.bytes_reserved == mapped);
+  CHECK(s.peak_reserved >= s.bytes_reserved);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("growth by chunks: few driver calls, and the unused end bounded by the growth divisor") {
+  Pool pool(mapper(), small({.growth_divisor = 8}));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 1000; ++i) { // 8 MiB of 8 KiB blocks: 128 granules
+    blocks.push_back(*pool.try_allocate(8 * KiB, 512));
+    const auto s = pool.stats();
+    REQUIRE(s.bytes_reserved - s.bytes_in_use <= std::max(granule, s.bytes_reserved / 8));
+  }
+  const auto s = pool.stats();
+  CHECK(s.chunks < 40); // one per granule would be 125
+  CHECK(s.device_calls() == 2 * s.chunks);
+  for (void* p : blocks) {
+    pool.deallocate(p, 8 * KiB, 512);
+  }
+  CHECK(pool.trim() == s.bytes_reserved);
+}
+
+TEST_CASE("bad requests and bad frees get an error and change nothing") {
+  Pool pool(mapper(), small());
+  void* p = *pool.try_allocate(5000, 256);
+  const auto before = pool.stats();
+  CHECK(pool.try_allocate(0, 256).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(64, 3).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(64, 2 * granule).error() == Errc::no_space); // beyond the device's granularity
+  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::no_space);
+  CHECK(pool.try_allocate(17 * MiB, 256).error() == Errc::no_space); // beyond the address space
+  int on_stack = 0;
+  CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(p, 6000, 256).error() == Errc::invalid_size);
+  const auto after = pool.stats();
+  CHECK(after.bytes_in_use == before.bytes_in_use);
+  CHECK(after.bytes_reserved == before.bytes_reserved);
+  CHECK(after.allocations == before.allocations);
+  CHECK(pool.consistent());
+  CHECK(pool.try_deallocate(p, 5000, 256));
+  CHECK(pool.try_deallocate(p, 5000, 256).error() == Errc::not_allocated);
+  CHECK(carve::test::thrown_code([] { Pool(mapper(), {.granularity = 3}); }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] { Pool(mapper(), {.granularity = 2 * granule}); }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([] { Pool(mapper(), {.device = 3}); }) == Errc::out_of_range);
+}
+
+TEST_CASE("the cap: idle chunks are unmapped to make room, and a request past it changes nothing") {
+  Pool pool(mapper(), small({.max_reserved_bytes = 8 * granule, .growth_divisor = 0}));
+  void* a = *pool.try_allocate(2 * granule, 512);
+  void* b = *pool.try_allocate(3 * granule, 512);
+  void* c = *pool.try_allocate(3 * granule, 512);
+  const auto full = pool.stats();
+  CHECK(full.bytes_reserved == 8 * granule);
+  CHECK(pool.try_allocate(1, 512).error() == Errc::no_space);
+  CHECK(pool.stats().bytes_reserved == full.bytes_reserved);
+  CHECK(pool.stats().bytes_in_use == full.bytes_in_use);
+  CHECK(pool.free_bytes() == 0);
+  pool.deallocate(a, 2 * granule, 512); // idle, still mapped
+  pool.deallocate(c, 3 * granule, 512);
+  CHECK(pool.stats().bytes_reserved == 8 * granule);
+  void* d = *pool.try_allocate(2 * granule, 512); // a's range, mapped already
+  CHECK(d == a);
+  CHECK(pool.stats().device_calls() == full.device_calls());
+  pool.deallocate(d, 2 * granule, 512);
+  // Four granules fit only after b: one more granule than is mapped there, and none left under the
+  // cap until the idle chunks are unmapped.
+  void* e = *pool.try_allocate(4 * granule, 512);
+  CHECK(e == c);
+  CHECK(pool.stats().bytes_reserved == 7 * granule);
+  CHECK(pool.try_allocate(2 * granule, 512).error() == Errc::no_space); // 9 granules would pass the cap
+  CHECK(pool.stats().bytes_reserved == 7 * granule);
+  pool.deallocate(b, 3 * granule, 512);
+  pool.deallocate(e, 4 * granule, 512);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("a device that refuses memory: no_space, its reason kept, nothing left mapped") {
+  RefusingMapper m({.granularity = granule});
+  ExpandablePool<RefusingMapper> pool(m, small({.growth_divisor = 0}));
+  void* a = *pool.try_allocate(granule, 512);
+  *m.creates_left = 0;
+  const auto before = pool.stats();
+  CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space);
+  CHECK(pool.last_failure().find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
+  CHECK(pool.stats().bytes_reserved == before.bytes_reserved);
+  CHECK(m.mapping_count() == 1);
+  CHECK(m.physical_count() == 0); // handles are released once mapped; refused ones never made
+  *m.creates_left = 1 << 30;
+  *m.maps_left = 0;
+  CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space);
+  CHECK(pool.last_failure().find("cuMemMap") != std::string::npos);
+  CHECK(m.mapping_count() == 1);
+  CHECK(m.physical_count() == 0); // the refused map's handle was released
+  *m.maps_left = 1 << 30;
+  void* b = *pool.try_allocate(3 * granule, 512);
+  CHECK(pool.consistent());
+  pool.deallocate(a, granule, 512);
+  pool.deallocate(b, 3 * granule, 512);
+  CHECK(pool.stats().mapper_failures == 2);
+}
+
+TEST_CASE("streams: a block freed on another stream waits for that stream's work") {
+  using StreamPool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
+  StreamPool pool(mapper(), small({.growth_divisor = 0}), carve::SimulatedStreams(2));
+  const carve::SimulatedStream s0{0};
+  const carve::SimulatedStream s1{1};
+  void* a = *pool.try_allocate(s0, 4 * KiB, 256);
+  void* b = *pool.try_allocate(s1, 4 * KiB, 256);
+  CHECK(pool.stats().address_spaces == 2); // one reservation per stream
+  pool.deallocate(s0, a, 4 * KiB, 256);
+  CHECK(*pool.try_allocate(s0, 4 * KiB, 256) == a); // the same stream: at once
+  pool.streams().enqueue(s1);                       // s1 still has work that may use `a`
+  pool.deallocate(s1, a, 4 * KiB, 256);
+  CHECK(pool.stats().pending_frees == 1);
+  void* c = *pool.try_allocate(s0, 4 * KiB, 256);
+  CHECK(c != a);
+  pool.streams().complete(s1);
+  void* d = *pool.try_allocate(s0, 4 * KiB, 256);
+  CHECK(d == a); // s1 passed the free: `a` is free again in s0's reservation
+  CHECK(pool.stats().pending_frees == 0);
+  pool.deallocate(a, 4 * KiB, 256); // synchronous: free at once
+  CHECK(*pool.try_allocate(s0, 4 * KiB, 256) == a);
+  CHECK(pool.consistent());
+  pool.deallocate(s0, a, 4 * KiB, 256);
+  pool.deallocate(s0, c, 4 * KiB, 256);
+  pool.deallocate(s1, b, 4 * KiB, 256);
+  CHECK(pool.trim() == 2 * granule);
+}
+
+TEST_CASE("the release threshold unmaps the least recently idle chunks first") {
+  Pool pool(mapper(), small({.growth_divisor = 0, .release_threshold = 2 * granule}));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(*pool.try_allocate(granule, 512)); // four chunks of one granule
+  }
+  const auto chunks = chunks_of(pool);
+  REQUIRE(chunks.size() == 4);
+  pool.deallocate(blocks[2], granule, 512);
+  pool.deallocate(blocks[0], granule, 512);
+  CHECK(pool.stats().bytes_reserved == 4 * granule); // two idle: at the threshold
+  pool.deallocate(blocks[3], granule, 512);          // three idle: the oldest (blocks[2]) goes
+  auto now = chunks_of(pool);
+  CHECK(now.size() == 3);
+  CHECK(std::find(now.begin(), now.end(), chunks[2]) == now.end());
+  void* again = *pool.try_allocate(granule, 512); // reuses a mapped idle chunk: no new mapping
+  CHECK(pool.stats().bytes_reserved == 3 * granule);
+  pool.deallocate(again, granule, 512);
+  pool.deallocate(blocks[1], granule, 512);
+  CHECK(pool.stats().bytes_reserved == 2 * granule);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("it stacks under the combinators and under a caching pool") {
+  using Counted = carve::StatsResource<Pool>;
+  Counted counted(mapper(), small());
+  void* p = *counted.try_allocate(1000, 256);
+  CHECK(counted.stats().bytes_in_use == 1000);
+  CHECK(counted.inner().stats().bytes_in_use == 1024);
+  counted.deallocate(p, 1000, 256);
+
+  carve::LimitResource<Pool> limited(Pool(mapper(), small()), 64 * KiB); // moved in
+  void* q = *limited.try_allocate(60 * KiB, 256);
+  CHECK(limited.try_allocate(8 * KiB, 256).error() == Errc::no_space);
+  limited.deallocate(q, 60 * KiB, 256);
+
+  using Spill = carve::FallbackResource<Pool, carve::SimulatedCard>;
+  Spill spill(Pool(mapper(), small({.max_reserved_bytes = 2 * granule})), carve::SimulatedCard(1 * MiB));
+  void* r = *spill.try_allocate(granule, 256);
+  void* s = *spill.try_allocate(3 * granule, 256); // past the pool's cap: from the card
+  CHECK(spill.primary().owns(r));
+  CHECK_FALSE(spill.primary().owns(s));
+  spill.deallocate(s, 3 * granule, 256);
+  spill.deallocate(r, granule, 256);
+
+  carve::CachingPool<Pool> cached(Pool(mapper(), small()));
+  void* t = *cached.try_allocate(3000);
+  CHECK(cached.upstream().stats().bytes_in_use == 2 * MiB); // one 2 MiB segment from the pool
+  cached.deallocate(t, 3000);
+  CHECK(cached.trim() == 2 * MiB);
+}
+
+TEST_CASE("threads allocate, write, check and free through one pool") {
+  Pool pool(mapper(), small({.address_space_bytes = 64 * MiB, .release_threshold = 4 * granule}));
+  std::atomic<bool> corrupt{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::vector<std::pair<unsigned char*, std::size_t>> mine;
+      const auto fill = static_cast<unsigned char>(t + 1);
+      for (int i = 0; i < 1500; ++i) {
+        if (mine.size() < 40 && rng() % 3 != 0) {
+          const std::size_t bytes = rng() % 8 == 0 ? (rng() % 200 + 1) * KiB : rng() % 4096 + 1;
+          if (auto p = pool.try_allocate(bytes, 256)) {
+            std::memset(*p, fill, bytes);
+            mine.emplace_back(static_cast<unsigned char*>(*p), bytes);
+          }
+        } else if (!mine.empty()) {
+          const auto [p, bytes] = mine.back();
+          mine.pop_back();
+          if (!std::all_of(p, p + bytes, [&](unsigned char v) { return v == fill; })) {
+            corrupt = true;
+          }
+          pool.deallocate(p, bytes, 256);
+        }
+      }
+      for (auto [p, bytes] : mine) {
+        pool.deallocate(p, bytes, 256);
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  CHECK_FALSE(corrupt.load());
+  CHECK(pool.consistent());
+  CHECK(pool.stats().bytes_in_use == 0);
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
+}
+
+TEST_CASE("memory handed out is never touched by the pool: a replay of gigabytes costs no memory") {
+  const std::size_t before = carve::test::resident_bytes();
+  ExpandablePool<HostMemoryMapper> pool(HostMemoryMapper({.granularity = 2 * MiB}),
+                                        {.address_space_bytes = std::size_t{16} << 30});
+  std::vector<void*> blocks;
+  for (int i = 0; i < 12; ++i) {
+    blocks.push_back(*pool.try_allocate(std::size_t{1} << 30, 512)); // 12 GiB mapped
+  }
+  CHECK(pool.stats().bytes_reserved >= std::size_t{12} << 30);
+  CHECK(carve::test::resident_bytes() < before + 64 * MiB);
+  for (void* p : blocks) {
+    pool.deallocate(p, std::size_t{1} << 30, 512);
+  }
+}

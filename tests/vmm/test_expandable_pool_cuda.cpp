@@ -1,0 +1,120 @@
+// ExpandablePool over CudaMemoryMapper, host code linked with the CUDA runtime only. Without a
+// driver (this machine) the pool refuses to be built, saying why; with a driver but no device the
+// test is skipped (77); on a GPU: blocks written and read back through the device, chunks mapped
+// and unmapped by the driver, and the test's own snapshot replayed on the card beside the host twin
+// (HostMemoryMapper with the card's granularity), which must reserve and call the driver exactly
+// as the card does: the replay's prediction checked against the real thing.
+#include "support/device_test.hpp"
+
+#include <carve/trace/trace_file.hpp>
+#include <carve/vmm.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+using carve::test::expect;
+using carve::test::failures;
+
+void without_driver() {
+  bool refused = false;
+  try {
+    carve::ExpandablePool<carve::CudaMemoryMapper> pool(carve::CudaMemoryMapper{});
+  } catch (const carve::Exception& e) {
+    refused = e.code() == carve::Errc::unsupported;
+    std::printf("(as expected) %s\n", e.what());
+  }
+  expect(refused, "no pool without a driver");
+}
+
+// The replay of `t` through `pool`: its peak reserved bytes and driver calls.
+template <class Pool>
+std::pair<std::size_t, std::uint64_t> replay(const carve::trace::AllocationTrace& t, Pool& pool, double* ns) {
+  std::vector<void*> at(t.blocks.size(), nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint32_t b = 0; b < t.start_blocks; ++b) {
+    at[b] = pool.allocate(t.blocks[b].bytes, 512);
+  }
+  for (const auto& q : t.requests) {
+    if (q.allocate) {
+      at[q.block] = pool.allocate(t.blocks[q.block].bytes, 512);
+    } else {
+      pool.deallocate(at[q.block], t.blocks[q.block].bytes, 512);
+      at[q.block] = nullptr;
+    }
+  }
+  if (ns != nullptr) {
+    *ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() /
+          static_cast<double>(t.blocks.size());
+  }
+  for (std::uint32_t b = 0; b < at.size(); ++b) {
+    if (at[b] != nullptr) {
+      pool.deallocate(at[b], t.blocks[b].bytes, 512);
+    }
+  }
+  const auto s = pool.stats();
+  return {s.peak_reserved, s.device_calls()};
+}
+
+void on_gpu() {
+  carve::ExpandablePool<carve::CudaMemoryMapper> pool(carve::CudaMemoryMapper{}, {.device = 0});
+  const std::size_t g = pool.granule();
+  std::printf("device 0 granularity: %zu bytes\n", g);
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (const std::size_t bytes : {std::size_t{1000}, 3 * g + 17, std::size_t{64} << 10, 9 * g}) {
+    void* p = pool.allocate(bytes, 256);
+    blocks.emplace_back(p, bytes);
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    carve::test::check(cudaMemset(blocks[i].first, static_cast<int>(0x30 + i), blocks[i].second), "cudaMemset");
+  }
+  carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto seen = carve::test::to_host(static_cast<const unsigned char*>(blocks[i].first), blocks[i].second);
+    expect(std::all_of(seen.begin(), seen.end(), [&](unsigned char c) { return c == 0x30 + i; }),
+           "every block holds what the device wrote, none overlapping another");
+  }
+  auto s = pool.stats();
+  std::printf("4 blocks: %zu bytes mapped in %zu chunks, %llu driver calls\n", s.bytes_reserved, s.chunks,
+              static_cast<unsigned long long>(s.device_calls()));
+  expect(pool.consistent(), "the pool's books agree");
+  for (auto [p, bytes] : blocks) {
+    pool.deallocate(p, bytes, 256);
+  }
+  expect(pool.trim() == s.bytes_reserved, "trim unmaps every chunk");
+  expect(pool.stats().bytes_reserved == 0, "nothing mapped after trim");
+
+  const auto t = carve::trace::read_trace_file(CARVE_SMALL_SNAPSHOT);
+  expect(t.has_value(), "the test's own snapshot reads");
+  if (!t) {
+    return;
+  }
+  carve::ExpandablePool<carve::CudaMemoryMapper> card(carve::CudaMemoryMapper{}, {.device = 0});
+  double ns = 0;
+  const auto real = replay(*t, card, &ns);
+  carve::ExpandablePool<carve::HostMemoryMapper> twin(carve::HostMemoryMapper({.granularity = g}),
+                                                      {.address_space_bytes = card.options().address_space_bytes});
+  const auto predicted = replay(*t, twin, nullptr);
+  std::printf("small snapshot on the card: peak reserved %zu bytes, %llu driver calls, %.0f ns per allocate+free "
+              "with the driver's calls; the host twin predicted %zu bytes and %llu calls\n",
+              real.first, static_cast<unsigned long long>(real.second), ns, predicted.first,
+              static_cast<unsigned long long>(predicted.second));
+  expect(real == predicted, "the replay on the host twin predicts the card's reserve and driver calls exactly");
+}
+
+} // namespace
+
+int main() {
+  if (!carve::CudaMemoryMapper::driver_available()) {
+    without_driver();
+  } else {
+    carve::test::skip_without_device();
+    on_gpu();
+  }
+  std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
