@@ -19,6 +19,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -71,8 +72,28 @@ public:
   std::uint64_t peak_reserved() const override { return card_.card().peak_used_bytes(); }
   std::uint64_t device_calls() const override { return card_.card().calls(); }
   std::uint64_t device_ns() const override { return device_.clock->ns; }
+  bool seed(const trace::AllocationTrace& t, const StreamNumbers& streams, std::vector<void*>& at) override {
+    if constexpr (requires { pool_->seed(t.start_segments, t.blocks, t.start_blocks, number_of_nothing, at); }) {
+      // Segments' streams numbered as the blocks' are; a stream no block used gets a new number.
+      std::unordered_map<std::uint64_t, std::uint32_t> number;
+      for (std::size_t b = 0; b < t.blocks.size(); ++b) {
+        number.emplace(t.blocks[b].stream, streams.of_block[b]);
+      }
+      std::uint32_t next = streams.count;
+      const auto stream_of = [&](std::uint64_t handle) {
+        const auto [it, added] = number.emplace(handle, next);
+        next += added ? 1u : 0u;
+        return it->second;
+      };
+      return !t.start_segments.empty() && pool_->seed(t.start_segments, t.blocks, t.start_blocks, stream_of, at);
+    } else {
+      return false;
+    }
+  }
 
 private:
+  static std::uint32_t number_of_nothing(std::uint64_t) noexcept { return 0; }
+
   Device device_;
   TimedCard card_;
   std::unique_ptr<Pool> pool_;

@@ -231,6 +231,23 @@ int run(const Options& o) {
     rep.rows.push_back(std::move(r));
   }
 
+  // The model checked: started from the segments PyTorch held when recording began, it should
+  // reserve what PyTorch did.
+  if (t->recorded && !t->start_segments.empty() && !o.capacity) {
+    for (const Contender& c : carve::replay::all_contenders()) {
+      if (c.name == "pytorch-model") {
+        const auto subject = c.make(card, streams.count);
+        const auto run = carve::replay::replay(*t, streams, *subject, false, true);
+        if (!run.from_recorded_start) {
+          break; // the recorded segments do not hold the start blocks: nothing to check against
+        }
+        rep.seeded_model = carve::replay::Row{
+            "pytorch-model", c.description, run.peak_reserved, run.device_calls,   run.start_device_calls,
+            std::nullopt,    std::nullopt,  run.completed,     run.failed_request, {}};
+      }
+    }
+  }
+
   // Timing: every allocator in turn, `repeat` rounds, the median per allocator.
   std::vector<carve::replay::Run> first(contenders.size());
   std::vector<std::vector<double>> ns(contenders.size());

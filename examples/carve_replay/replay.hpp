@@ -17,37 +17,6 @@
 
 namespace carve::replay {
 
-// An allocator under test, built for one replay on a card of a given capacity.
-class Subject {
-public:
-  virtual ~Subject() = default;
-  // A block of `bytes` for work on `stream` (dense stream numbers from 0); nullptr when refused.
-  virtual void* allocate(std::size_t bytes, std::uint32_t stream) noexcept = 0;
-  virtual void free(void* p, std::size_t bytes, std::uint32_t stream) noexcept = 0;
-  virtual std::uint64_t reserved() const = 0;      // bytes held from the device now
-  virtual std::uint64_t peak_reserved() const = 0; // the most it has held
-  virtual std::uint64_t device_calls() const = 0;  // calls that changed what the device gave it
-  virtual std::uint64_t device_ns() const = 0;     // time spent in them
-};
-
-// A named allocator: how to build it for a card of `capacity` bytes with `streams` streams.
-struct Contender {
-  std::string name;
-  std::string description;
-  std::function<std::unique_ptr<Subject>(std::uint64_t capacity, std::uint32_t streams)> make;
-};
-
-// What one replay saw.
-struct Run {
-  bool completed = false;
-  std::optional<std::uint64_t> failed_request; // index into trace.requests; start_blocks... for the start state
-  std::uint64_t peak_reserved = 0;
-  std::uint64_t device_calls = 0; // made while replaying the requests (building the start state not counted)
-  std::uint64_t start_device_calls = 0;
-  double ns_per_op = 0;                      // host time per allocate+free, device calls taken out
-  std::vector<std::uint64_t> reserved_after; // per request, when asked for
-};
-
 // Dense stream numbers for the trace's recorded stream handles, in order of first appearance.
 struct StreamNumbers {
   std::vector<std::uint32_t> of_block;
@@ -66,13 +35,53 @@ inline StreamNumbers number_streams(const trace::AllocationTrace& t) {
   return out;
 }
 
-// Replays `t` through `s`: the start blocks first, then the requests. Stops at the first refusal.
-// With `curve`, records the reserved bytes after every request (slower: off for timing).
-inline Run replay(const trace::AllocationTrace& t, const StreamNumbers& streams, Subject& s, bool curve = false) {
+// An allocator under test, built for one replay on a card of a given capacity.
+class Subject {
+public:
+  virtual ~Subject() = default;
+  // A block of `bytes` for work on `stream` (dense stream numbers from 0); nullptr when refused.
+  virtual void* allocate(std::size_t bytes, std::uint32_t stream) noexcept = 0;
+  virtual void free(void* p, std::size_t bytes, std::uint32_t stream) noexcept = 0;
+  virtual std::uint64_t reserved() const = 0;      // bytes held from the device now
+  virtual std::uint64_t peak_reserved() const = 0; // the most it has held
+  virtual std::uint64_t device_calls() const = 0;  // calls that changed what the device gave it
+  virtual std::uint64_t device_ns() const = 0;     // time spent in them
+  // Places the start blocks as the recording allocator had them (the trace's start segments), for
+  // a model of that allocator; `at` receives their addresses. False where it cannot (then the
+  // start blocks are allocated like requests).
+  virtual bool seed(const trace::AllocationTrace&, const StreamNumbers&, std::vector<void*>&) { return false; }
+};
+
+// A named allocator: how to build it for a card of `capacity` bytes with `streams` streams.
+struct Contender {
+  std::string name;
+  std::string description;
+  std::function<std::unique_ptr<Subject>(std::uint64_t capacity, std::uint32_t streams)> make;
+};
+
+// What one replay saw.
+struct Run {
+  bool completed = false;
+  std::optional<std::uint64_t> failed_request; // index into trace.requests; start_blocks... for the start state
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t device_calls = 0; // made while replaying the requests (building the start state not counted)
+  std::uint64_t start_device_calls = 0;
+  double ns_per_op = 0;                      // host time per allocate+free, device calls taken out
+  bool from_recorded_start = false;          // the start blocks were placed as the recording had them
+  std::vector<std::uint64_t> reserved_after; // per request, when asked for
+};
+
+// Replays `t` through `s`: the start blocks first (placed as the recording had them, with
+// `from_recorded_start`, where `s` can), then the requests. Stops at the first refusal. With
+// `curve`, records the reserved bytes after every request (slower: off for timing).
+inline Run replay(const trace::AllocationTrace& t, const StreamNumbers& streams, Subject& s, bool curve = false,
+                  bool from_recorded_start = false) {
   Run run;
   std::vector<void*> at(t.blocks.size(), nullptr);
   const auto start = std::chrono::steady_clock::now();
-  for (std::uint32_t i = 0; i < t.start_blocks; ++i) {
+  const bool seeded = from_recorded_start && s.seed(t, streams, at);
+  run.from_recorded_start = seeded;
+  for (std::uint32_t i = 0; i < t.start_blocks && !seeded; ++i) {
     at[i] = s.allocate(t.blocks[i].bytes, streams.of_block[i]);
     if (at[i] == nullptr) {
       run.failed_request = t.requests.size() + i; // a start block: past the requests' numbers

@@ -40,6 +40,7 @@ struct Report {
   std::uint32_t streams = 1;
   std::optional<std::uint64_t> capacity;
   std::vector<Row> rows;
+  std::optional<Row> seeded_model; // pytorch-model started from the recorded segments: the model checked
 
   const Row* find(const std::string& name) const {
     const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; });
@@ -142,10 +143,18 @@ inline void print_table(const Report& rep) {
              "replaying the requests (the start state not counted).\n");
   const Row* model = rep.find("pytorch-model");
   const Row* recorded = rep.find("pytorch-recorded");
+  const auto against = [&](const Row& r, const char* how) {
+    fmt::print("pytorch-model {} against pytorch-recorded: peak reserved {} against {} ({:+.2f}%), segment "
+               "allocations {} against {}\n",
+               how, gib(r.peak_reserved), gib(recorded->peak_reserved),
+               100.0 * (static_cast<double>(r.peak_reserved) / static_cast<double>(recorded->peak_reserved) - 1),
+               r.device_calls.value_or(0), recorded->device_calls.value_or(0));
+  };
   if (model && recorded && recorded->peak_reserved > 0) {
-    fmt::print("pytorch-model against pytorch-recorded: peak reserved {:+.1f}%, device calls {} against {}\n",
-               100.0 * (static_cast<double>(model->peak_reserved) / static_cast<double>(recorded->peak_reserved) - 1),
-               model->device_calls.value_or(0), recorded->device_calls.value_or(0));
+    against(*model, "(start rebuilt from live blocks, as for every allocator)");
+  }
+  if (rep.seeded_model && recorded && recorded->peak_reserved > 0) {
+    against(*rep.seeded_model, "started from the recorded segments");
   }
   const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card
   if (!goals.empty()) {
@@ -181,10 +190,14 @@ inline void print_json(const Report& rep) {
                         r.ns_per_op ? fmt::format("{:.1f}", *r.ns_per_op) : "null", number(r.smallest_card),
                         r.completed ? "true" : "false", number(r.failed_request));
   }
+  const std::string seeded = rep.seeded_model
+                                 ? fmt::format("{{\"peak_reserved_bytes\":{},\"device_calls\":{}}}",
+                                               rep.seeded_model->peak_reserved, number(rep.seeded_model->device_calls))
+                                 : "null";
   fmt::print("{{\"trace\":{},\"peak_live_bytes\":{},\"start_live_bytes\":{},\"allocations\":{},\"streams\":{},"
-             "\"capacity_bytes\":{},\"allocators\":[{}]}}\n",
+             "\"capacity_bytes\":{},\"allocators\":[{}],\"pytorch_model_from_recorded_start\":{}}}\n",
              json_string(rep.trace->source), rep.peak_live, rep.start_live, rep.trace->allocations(), rep.streams,
-             number(rep.capacity), rows);
+             number(rep.capacity), rows, seeded);
 }
 
 // Reserved bytes over the trace for every allocator, and the live bytes beneath them.

@@ -425,3 +425,38 @@ TEST_CASE("expandable: settings the model cannot run with are refused") {
   CHECK_THROWS_AS(expandable(64 * MiB, HostMemoryMapper({.granularity = 4 * MiB})), carve::Exception);
   CHECK(expandable(64 * MiB).options().address_space_bytes == 72 * MiB);
 }
+
+TEST_CASE("seeded from a recording's segments: live blocks at their offsets, the rest cached and merged") {
+  using carve::trace::TraceBlock;
+  using carve::trace::TraceSegment;
+  Model model(SimulatedCard(256 * MiB));
+  // A small segment with two live blocks and a 1 KiB hole; a large one whose live block leaves 512
+  // KiB after it (not split off: PyTorch keeps it in the block) and 12 MiB at the front.
+  const std::vector<TraceSegment> segments = {{0x100000000, 2 * MiB, 7, true}, {0x200000000, 20 * MiB, 7, false}};
+  const std::vector<TraceBlock> blocks = {{0x100000000, 1000, 7, -1, -1},
+                                          {0x100000800, 4096, 7, -1, -1},
+                                          {0x200000000 + 12 * MiB, 7 * MiB + 512 * 1024, 7, -1, -1}};
+  std::vector<void*> where(blocks.size(), nullptr);
+  REQUIRE(model.seed(
+      segments, blocks, 3, [](std::uint64_t) { return 0u; }, where));
+  CHECK(model.consistent());
+  const auto s = model.stats();
+  CHECK(s.reserved_bytes == 22 * MiB);
+  CHECK(s.allocated_bytes == 1024 + 4096 + 8 * MiB); // the large block holds the 512 KiB after it
+  CHECK(at(where[1]) - at(where[0]) == 0x800);
+  // The 1 KiB hole after the first block serves a 1 KiB request; the 12 MiB at the front of the
+  // large segment a 12 MiB one: no new segment.
+  CHECK(at(take(model, s0, 1024)) == at(where[0]) + 1024);
+  CHECK(at(take(model, s0, 12 * MiB)) == at(where[2]) - 12 * MiB);
+  CHECK(model.stats().device_allocations == 2);
+  model.deallocate(where[2]); // merges with nothing: the front is live again
+  CHECK(model.consistent());
+
+  Model refused(SimulatedCard(256 * MiB));
+  const std::vector<TraceBlock> outside = {{0x300000000, 1000, 7, -1, -1}};
+  std::vector<void*> none(1, nullptr);
+  CHECK_FALSE(refused.seed(
+      segments, outside, 1, [](std::uint64_t) { return 0u; }, none));
+  CHECK(refused.stats().reserved_bytes == 0); // nothing kept of a seed that failed
+  CHECK(refused.upstream().used_bytes() == 0);
+}

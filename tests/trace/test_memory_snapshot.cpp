@@ -44,7 +44,7 @@ std::string message_of(const std::string& file) {
 
 TEST_CASE("the test's own snapshot: the start state and the peak are the simulation's") {
   const auto want = expected_figures(data + "small_snapshot.expected");
-  REQUIRE(want.size() == 6);
+  REQUIRE(want.size() == 8);
   const auto t = read_trace_file(data + "small_snapshot.pickle");
   REQUIRE(t);
   CHECK(t->start_blocks == want.at("start_blocks"));
@@ -54,6 +54,15 @@ TEST_CASE("the test's own snapshot: the start state and the peak are the simulat
   REQUIRE(t->recorded);
   CHECK(t->recorded->peak_bytes == want.at("recorded_peak_bytes"));
   CHECK(t->recorded->device_calls == want.at("recorded_device_calls"));
+  // The segments held before the first event: the final ones less those the events allocated.
+  CHECK(t->start_segments.size() == want.at("start_segments"));
+  std::uint64_t held = 0;
+  for (const auto& s : t->start_segments) {
+    held += s.bytes;
+    CHECK((s.small == (s.bytes == (std::uint64_t{2} << 20))));
+  }
+  CHECK(held == want.at("start_segment_bytes"));
+  CHECK(held == t->recorded->start_bytes);
   // The loop frees every activation it allocates; the weights, live at the start, stay.
   std::size_t frees = 0;
   for (const auto& r : t->requests) {
@@ -75,6 +84,7 @@ TEST_CASE("expandable segments: maps and unmaps are the recorded reserve") {
   CHECK(t->recorded->start_bytes == small->recorded->start_bytes);
   CHECK(t->recorded->peak_bytes == small->recorded->peak_bytes);
   CHECK(t->recorded->device_calls == small->recorded->device_calls + 1);
+  CHECK(t->start_segments.empty()); // an expandable segment's state is pages: no segments to start from
   CHECK(t->recorded->steps.back().second == small->recorded->peak_bytes - (std::uint64_t{2} << 20));
 }
 
@@ -122,4 +132,5 @@ TEST_CASE("the shared real snapshot: the figures computed apart from this reader
   CHECK(t->recorded->start_bytes == 1400897536); // 1.30 GiB: the final segments less the 152 recorded
   CHECK(t->recorded->peak_bytes == 6471811072);  // 6.03 GiB, 1.10x the peak live
   CHECK(t->recorded->device_calls == 152);
+  CHECK(t->start_segments.size() == 63); // 215 at the end, 152 allocated in the trace
 }

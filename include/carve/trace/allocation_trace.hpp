@@ -51,6 +51,16 @@ struct TraceBlock {
   std::int64_t freed_us = no_time;     ///< when it was freed (the free was requested), where recorded
 };
 
+/// A segment the recording allocator held before the first event (PyTorch snapshots): where it
+/// was, how large, for which stream, and whether it served small requests. A model of that
+/// allocator can start from these, as the recording did.
+struct TraceSegment {
+  std::uint64_t address = 0; ///< as recorded
+  std::uint64_t bytes = 0;   ///< its size
+  std::uint64_t stream = 0;  ///< the recorded stream handle
+  bool small = false;        ///< PyTorch's small pool (segment_type "small")
+};
+
 /// One call of the request stream.
 struct TraceRequest {
   bool allocate = true;    ///< allocate, or free
@@ -75,6 +85,7 @@ struct AllocationTrace {
   std::uint32_t start_blocks = 0;          ///< how many blocks were live at the start
   std::vector<TraceRequest> requests;      ///< allocations and frees, in order
   std::optional<RecordedReserve> recorded; ///< the recording allocator's own reserve, where the file has it
+  std::vector<TraceSegment> start_segments; ///< its segments before the first event, where the file has them
 
   /// Bytes live before the first request.
   std::uint64_t start_live_bytes() const noexcept {
@@ -193,6 +204,9 @@ public:
     ++r.device_calls;
     return {};
   }
+
+  /// A segment the recording allocator held before the first event.
+  void start_segment(const TraceSegment& segment) { trace_.start_segments.push_back(segment); }
 
   /// Whether `address` is live now.
   bool live(std::uint64_t address) const { return live_.count(address) != 0; }

@@ -23,7 +23,9 @@
 /// `alloc` takes its block out, a `free_completed` puts it back. The allocator's own segment events
 /// (`segment_alloc`/`segment_free`, and `segment_map`/`segment_unmap` of expandable segments) are
 /// the RecordedReserve: what PyTorch really reserved on this request stream, starting from the
-/// final segments' total less what the events added.
+/// final segments' total less what the events added. Walking back also gives the segments that
+/// existed before the first event (`start_segments`; not for expandable segments, whose state is
+/// pages), from which a model of PyTorch's allocator can start as the recording did.
 ///
 /// Errors (Errc::invalid_argument, or bad_message from the pickle reader), each naming the source,
 /// the event index and what is wrong: a root that is not such a dict, a field of the wrong type or
@@ -110,7 +112,7 @@ private:
 
 /// One device trace entry, decoded.
 struct SnapshotEvent {
-  enum class Kind : std::uint8_t { alloc, free_requested, free_completed, reserve, release, other };
+  enum class Kind : std::uint8_t { alloc, free_requested, free_completed, reserve, release, map, unmap, other };
   Kind kind = Kind::other;
   std::uint64_t address = 0;
   std::uint64_t bytes = 0;
@@ -129,11 +131,17 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
   if (a == "free_completed" || a == "free") {
     return K::free_completed;
   }
-  if (a == "segment_alloc" || a == "segment_map") {
+  if (a == "segment_alloc") {
     return K::reserve;
   }
-  if (a == "segment_free" || a == "segment_unmap") {
+  if (a == "segment_free") {
     return K::release;
+  }
+  if (a == "segment_map") {
+    return K::map;
+  }
+  if (a == "segment_unmap") {
+    return K::unmap;
   }
   return K::other; // snapshot, oom, and whatever later versions add: not requests
 }
@@ -221,6 +229,8 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     return cuda::std::unexpected(segments.error());
   }
   std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live; // address -> (bytes, stream)
+  std::map<std::uint64_t, TraceSegment> held;                            // the segments, by address
+  bool expandable = false; // expandable segments' state is pages, not segments: no start segments
   std::uint64_t final_reserved = 0;
   for (const auto segment : *segments) {
     auto on = fields.count(segment, "device", std::nullopt, "a segment");
@@ -236,6 +246,13 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
       continue;
     }
     final_reserved += *total;
+    const auto type = doc->find(segment, "segment_type");
+    const bool small = type && doc->kind(*type) == PickleDocument::Kind::string ? doc->text(*type) == "small"
+                                                                                : *total == (std::uint64_t{2} << 20);
+    if (const auto e = doc->find(segment, "is_expandable"); e && doc->kind(*e) == PickleDocument::Kind::boolean) {
+      expandable = expandable || doc->boolean(*e);
+    }
+    held[*base] = TraceSegment{*base, *total, *stream, small};
     std::uint64_t next = *base; // blocks without an address follow each other from the segment's start
     for (const auto block : *blocks) {
       auto size = fields.count(block, "size", std::nullopt, "a segment's block");
@@ -287,10 +304,19 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
                                    ", which is freed again later without being allocated in between",
                                at);
       }
-    } else if (e.kind == SnapshotEvent::Kind::reserve) {
+    } else if (e.kind == SnapshotEvent::Kind::reserve || e.kind == SnapshotEvent::Kind::map) {
       added += std::min(e.bytes, UINT64_MAX - added);
-    } else if (e.kind == SnapshotEvent::Kind::release) {
+      held.erase(e.address); // not there before it was allocated
+      expandable = expandable || e.kind == SnapshotEvent::Kind::map;
+    } else if (e.kind == SnapshotEvent::Kind::release || e.kind == SnapshotEvent::Kind::unmap) {
       removed += std::min(e.bytes, UINT64_MAX - removed);
+      held[e.address] = TraceSegment{e.address, e.bytes, e.stream, e.bytes == (std::uint64_t{2} << 20)};
+      expandable = expandable || e.kind == SnapshotEvent::Kind::unmap;
+    }
+  }
+  if (!expandable) {
+    for (const auto& [address, segment] : held) {
+      builder.start_segment(segment);
     }
   }
   for (const auto& [address, block] : live) {
@@ -331,12 +357,15 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     }
     case SnapshotEvent::Kind::reserve:
     case SnapshotEvent::Kind::release:
+    case SnapshotEvent::Kind::map:
+    case SnapshotEvent::Kind::unmap: {
       if (e.bytes > max_block_bytes) {
         return builder.failure("a segment of " + std::to_string(e.bytes) + " bytes, beyond 2^62", at);
       }
-      ok = builder.reserve_change(at, e.kind == SnapshotEvent::Kind::reserve ? static_cast<std::int64_t>(e.bytes)
-                                                                             : -static_cast<std::int64_t>(e.bytes));
+      const bool grows = e.kind == SnapshotEvent::Kind::reserve || e.kind == SnapshotEvent::Kind::map;
+      ok = builder.reserve_change(at, grows ? static_cast<std::int64_t>(e.bytes) : -static_cast<std::int64_t>(e.bytes));
       break;
+    }
     case SnapshotEvent::Kind::other:
       break;
     }

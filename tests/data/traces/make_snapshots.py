@@ -110,6 +110,8 @@ def training_loop(seed):
             a.recording = True
             figures["start_live_bytes"] = sum(r for _, r, _ in a.live.values())
             figures["start_blocks"] = len(a.live)
+            figures["start_segments"] = len(a.segments)
+            figures["start_segment_bytes"] = sum(seg["size"] for seg in a.segments)
             live_bytes = figures["start_live_bytes"]
             peak = live_bytes
             allocations = 0
