@@ -287,6 +287,34 @@ TEST_CASE("RMM log: every bad input is refused with a message naming the source,
         "r.csv: event 1: free of 32 bytes at 0x10, allocated with 16");
 }
 
+TEST_CASE("sizes and addresses whose sums overflow 64 bits are refused, never wrapped") {
+  constexpr std::uint64_t two62 = std::uint64_t{1} << 62;
+  const auto carve_line = [](int seq, const char* action, const char* address, std::uint64_t bytes) {
+    return std::to_string(seq) + ",0,0," + action + "," + address + "," + std::to_string(bytes) + ",256,,ok\n";
+  };
+  // Four blocks of 2^62 bytes live at once would hold 2^64: refused at the second, past 2^62.
+  CHECK(carve_error(carve_head + carve_line(0, "allocate", "0x1000", two62) +
+                    carve_line(1, "allocate", "0x2000", two62) + carve_line(2, "allocate", "0x3000", two62) +
+                    carve_line(3, "allocate", "0x4000", two62)) ==
+        "x.csv: event 1: a block of 4611686018427387904 bytes at 0x2000: the blocks live would hold more than 2^62 "
+        "bytes");
+  CHECK(rmm_error(rmm_head + "1,10:00:00.000000,allocate,0x1000,4611686018427387904,0x0\n" +
+                  "1,10:00:00.000001,allocate,0x2000,4611686018427387904,0x0\n") ==
+        "r.csv: event 1: a block of 4611686018427387904 bytes at 0x2000: the blocks live would hold more than 2^62 "
+        "bytes");
+  // One after another they read: the limit is on the bytes live at once.
+  const auto t =
+      read_carve_csv(carve_head + carve_line(0, "allocate", "0x1000", two62) +
+                         carve_line(1, "deallocate", "0x1000", two62) + carve_line(2, "allocate", "0x2000", two62),
+                     "x.csv");
+  REQUIRE(t);
+  CHECK(t->peak_live_bytes() == two62);
+  // A block whose end, address + size, does not fit in 64 bits; one ending just below 2^64 reads.
+  CHECK(carve_error(carve_head + carve_line(0, "allocate", "0xfffffffffffff000", 4096)) ==
+        "x.csv: event 0: a block of 4096 bytes at 0xfffffffffffff000: its end does not fit in 64 bits");
+  CHECK(carve_error(carve_head + carve_line(0, "allocate", "0xfffffffffffff000", 4095)) == "");
+}
+
 TEST_CASE("the writer: one line per call, exactly as the format says") {
   carve::trace::CarveCsvRecord r;
   r.seq = 3;

@@ -5,14 +5,19 @@
 #include <carve/trace.hpp>
 
 #include <doctest/doctest.h>
+#include <trace/pickle_writer.hpp>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
+using carve::test::PickleWriter;
 using carve::trace::AllocationTrace;
+using carve::trace::read_memory_snapshot;
 using carve::trace::read_trace_file;
 
 namespace {
@@ -39,6 +44,60 @@ std::string message_of(const std::string& file) {
   REQUIRE_FALSE(t);
   return t.error().message;
 }
+
+// A snapshot: the segments `segments` writes, then device 0's events, `events`' (each a list's items).
+std::string snapshot(const std::function<void(PickleWriter&)>& segments,
+                     const std::function<void(PickleWriter&)>& events) {
+  PickleWriter w;
+  w.dict().str("segments").list();
+  segments(w);
+  w.list_end().str("device_traces").list().list();
+  events(w);
+  return w.list_end().list_end().dict_end().stop();
+}
+
+// An event on stream 0.
+void event(PickleWriter& w, std::string_view action, std::int64_t addr, std::int64_t size) {
+  w.dict().item("action", action).item("addr", addr).item("size", size).item("stream", 0).dict_end();
+}
+
+// An allocation at 0x1000 and its free: the events of a snapshot whose segments are the test.
+void alloc_and_free(PickleWriter& w) {
+  event(w, "alloc", 0x1000, 512);
+  event(w, "free_completed", 0x1000, 512);
+}
+
+// A segment of device 0 on stream 0, its blocks written by `blocks`.
+void segment(
+    PickleWriter& w, std::int64_t address, std::int64_t total,
+    const std::function<void(PickleWriter&)>& blocks = [](PickleWriter&) {}) {
+  w.dict().item("device", 0).item("address", address).item("total_size", total).item("stream", 0);
+  w.str("blocks").list();
+  blocks(w);
+  w.list_end().dict_end();
+}
+
+// A segment's block: `state`, `size` bytes, at `address` where given.
+void block(PickleWriter& w, std::int64_t size, std::string_view state, std::optional<std::int64_t> address = {}) {
+  w.dict().item("size", size).item("state", state);
+  if (address) {
+    w.item("address", *address);
+  }
+  w.dict_end();
+}
+
+// The message read_memory_snapshot gives for `bytes` (checking the code); "" when it reads.
+std::string snapshot_error(const std::string& bytes) {
+  const auto t = read_memory_snapshot(bytes, "s.pickle");
+  if (t) {
+    return "";
+  }
+  CHECK(t.error().code == carve::Errc::invalid_argument);
+  return t.error().message;
+}
+
+constexpr std::int64_t int63 = INT64_MAX;             // the largest int the pickle reader reads
+constexpr std::int64_t two62 = std::int64_t{1} << 62; // the largest block
 
 } // namespace
 
@@ -133,4 +192,111 @@ TEST_CASE("the shared real snapshot: the figures computed apart from this reader
   CHECK(t->recorded->peak_bytes == 6471811072);  // 6.03 GiB, 1.10x the peak live
   CHECK(t->recorded->device_calls == 152);
   CHECK(t->start_segments.size() == 63); // 215 at the end, 152 allocated in the trace
+}
+
+TEST_CASE("a hostile snapshot: huge dicts shared by every event and block are walked once each") {
+  // One event dict and one block dict, each with 100000 keys the reader does not know after those
+  // it does, each referred to 100000 times (DUP pushes the same dict again). Looking each field up
+  // by walking the dict compares some 10^10 keys, minutes of work; walking each dict once, 2 * 10^5.
+  constexpr std::int64_t n = 100'000;
+  const auto junk = [](PickleWriter& w) {
+    for (std::int64_t k = 0; k < n; ++k) {
+      w.str("k" + std::to_string(k)).none();
+    }
+  };
+  const std::string bytes = snapshot(
+      [&](PickleWriter& w) {
+        segment(w, 1 << 20, n * 512, [&](PickleWriter& b) {
+          b.dict().item("size", 512).item("state", "inactive");
+          junk(b);
+          b.dict_end().dup(n - 1);
+        });
+      },
+      [&](PickleWriter& w) {
+        w.dict().item("action", "free_requested").item("addr", 4096).item("size", 512).item("stream", 0);
+        w.item("time_us", 7);
+        junk(w);
+        w.dict_end().dup(n - 1);
+      });
+  const auto t = read_memory_snapshot(bytes, "hostile.pickle");
+  REQUIRE_MESSAGE(t, (t ? "" : t.error().message));
+  CHECK(t->requests.empty());
+  CHECK(t->start_blocks == 0);
+  REQUIRE(t->recorded);
+  CHECK(t->recorded->start_bytes == n * 512);
+  CHECK(t->start_segments.size() == 1);
+}
+
+TEST_CASE("sums and ends of sizes that overflow 64 bits are refused, never wrapped") {
+  // The smallest good snapshot reads: the cases below differ from it in one thing each.
+  CHECK(snapshot_error(snapshot([](PickleWriter& w) { segment(w, 0x10000, 4096); }, alloc_and_free)) == "");
+  // Three segments of 2^63 - 1 bytes: their total, the recorded reserve at the end, passes 2^64.
+  CHECK(snapshot_error(snapshot(
+            [](PickleWriter& w) {
+              segment(w, 0, int63);
+              segment(w, two62, int63);
+              segment(w, std::int64_t{1} << 61, int63);
+            },
+            alloc_and_free)) == "s.pickle: start state: the final segments hold more than 2^64 - 1 bytes");
+  // Blocks without an address follow each other: the third would start past 2^64 - 1.
+  CHECK(snapshot_error(snapshot(
+            [](PickleWriter& w) {
+              segment(w, int63, 4096, [](PickleWriter& b) {
+                block(b, int63, "inactive");
+                block(b, int63, "inactive");
+                block(b, 4096, "active_allocated");
+              });
+            },
+            alloc_and_free)) == "s.pickle: start state: a block of 9223372036854775807 bytes at "
+                                "0xfffffffffffffffe: its end does not fit in 64 bits");
+  // Four live blocks of 2^62 bytes (overlapping: the reader does not check that) hold 2^64.
+  CHECK(snapshot_error(snapshot(
+            [](PickleWriter& w) {
+              segment(w, 0x10000, two62, [](PickleWriter& b) {
+                for (std::int64_t k = 1; k <= 4; ++k) {
+                  block(b, two62, "active_allocated", k * 0x10000);
+                }
+              });
+            },
+            alloc_and_free)) == "s.pickle: start state: a block of 4611686018427387904 bytes at 0x20000: the "
+                                "blocks live would hold more than 2^62 bytes");
+  // Four segment frees of 2^62 bytes: the reserve before them would be 2^64.
+  CHECK(snapshot_error(snapshot([](PickleWriter&) {},
+                                [](PickleWriter& w) {
+                                  alloc_and_free(w);
+                                  for (std::int64_t k = 1; k <= 4; ++k) {
+                                    event(w, "segment_free", k * (two62 / 4), two62);
+                                  }
+                                })) == "s.pickle: start state: the segment events free more than 2^64 - 1 bytes");
+  CHECK(snapshot_error(snapshot([](PickleWriter&) {},
+                                [](PickleWriter& w) {
+                                  alloc_and_free(w);
+                                  for (std::int64_t k = 1; k <= 4; ++k) {
+                                    event(w, "segment_alloc", k * (two62 / 4), two62);
+                                  }
+                                })) == "s.pickle: start state: the segment events allocate more than 2^64 - 1 bytes");
+  // (An address and a size are ints of at most 2^63 - 1 here, so one of each cannot pass 2^64:
+  // TraceBuilder's own check of that is tested with carve's CSV, whose addresses reach 2^64 - 1.)
+}
+
+TEST_CASE("a file above the size limit is refused before it is read") {
+  CHECK(carve::trace::max_trace_file_bytes == std::uint64_t{4} << 30);
+  const std::string path = data + "small_snapshot.pickle";
+  const auto size = static_cast<std::uint64_t>(std::filesystem::file_size(path));
+  CHECK(carve::trace::read_whole_file(path, size)); // at the limit: read
+  const std::string over = path + ": " + std::to_string(size) + " bytes, above the limit of " +
+                           std::to_string(size - 1) + " bytes for a trace file";
+  const auto bytes = carve::trace::read_whole_file(path, size - 1);
+  REQUIRE_FALSE(bytes);
+  CHECK(bytes.error().code == carve::Errc::invalid_argument);
+  CHECK(bytes.error().message == over);
+  const auto t = read_trace_file(path, std::nullopt, size - 1);
+  REQUIRE_FALSE(t);
+  CHECK(t.error().message == over);
+  // A file whose size is not known in advance is read up to the limit, then refused.
+  if (std::filesystem::exists("/dev/zero")) {
+    const auto endless = carve::trace::read_whole_file("/dev/zero", std::uint64_t{1} << 20);
+    REQUIRE_FALSE(endless);
+    CHECK(endless.error().message == "/dev/zero: more than 1048576 bytes, above the limit for a trace file");
+  }
 }

@@ -317,6 +317,37 @@ TEST_CASE("memo references share one value, which changes seen through every ref
   CHECK(show("}\x94h\x00K\x01K\x02s0."sv) == "{1: 2}");
 }
 
+TEST_CASE("containers extended in turn keep their items in order; the memo's near and far indices") {
+  // By hand; pickle.loads reads ([2, 4], [1, 3]) and ({2: 12, 4: 14}, {1: 11, 3: 13}): two
+  // containers, memoised, appended to in turn through BINGET
+  CHECK(show("\x80\x02]q\x00]q\x01K\x01"
+             "a0K\x02"
+             "ah\x01K\x03"
+             "a0K\x04"
+             "ah\x01\x86."sv) == "([2, 4], [1, 3])");
+  CHECK(show("\x80\x02}q\x00}q\x01K\x01K\x0bs0K\x02K\x0csh\x01K\x03K\x0ds0K\x04K\x0esh\x01\x86."sv) ==
+        "({2: 12, 4: 14}, {1: 11, 3: 13})");
+  // By hand; pickle.loads reads [(1, 2), (3, 4)] and {1: 2, 3: 4}: a tuple's items (a list's
+  // pairs) between two batches of a list's items (a dict's pairs)
+  CHECK(show("\x80\x02](K\x01K\x02\x86"
+             "e(K\x03K\x04\x86"
+             "e."sv) == "[(1, 2), (3, 4)]");
+  CHECK(show("\x80\x02}(K\x01K\x02u](K\x05K\x06\x86"
+             "e0(K\x03K\x04u."sv) == "{1: 2, 3: 4}");
+  // By hand; Python's unpickler (the pure-Python one: the C one sizes its memo by the largest
+  // index) reads 7, 7 and 8: LONG_BINPUT to an index below the input's size and above it, and
+  // MEMOIZE after an index of 2^32 - 1, which stores at index 1, the memo's size
+  CHECK(show("K\x07r\x05\x00\x00\x00"
+             "0h\x05."sv) == "7");
+  CHECK(show("K\x07r\x00\x01\x00\x00"
+             "0j\x00\x01\x00\x00."sv) == "7");
+  CHECK(show("K\x07r\xff\xff\xff\xff"
+             "0K\x08\x94"
+             "0h\x01."sv) == "8");
+  CHECK(error("K\x07r\x05\x00\x00\x00"
+              "0h\x03."sv) == "t.pickle: byte 8: BINGET of memo index 3, where nothing was stored");
+}
+
 TEST_CASE("cycles: a list holding itself, a tuple through a list, a dict holding itself") {
   // l = []; l.append(l); l.append(1); pickle.dumps(l, p) for p = 0, 2, 4: the list is memoised
   // before its items are appended, one of them a GET of itself

@@ -17,11 +17,14 @@
 /// replay never looks anything up by the recorded address.
 ///
 /// What a builder refuses (Errc::invalid_argument, nothing of the trace kept): a size of zero or
-/// above 2^62 bytes, an allocation at an address that is live already, a free of an address that
-/// is not live (never allocated and not live at the start, or freed twice), a free whose size
-/// differs from its allocation's, a segment event that takes the recorded reserve below zero.
+/// above 2^62 bytes, a block whose end (address + size) does not fit in 64 bits, a block that
+/// takes the bytes live at once past 2^62, an allocation at an address that is live already, a
+/// free of an address that is not live (never allocated and not live at the start, or freed
+/// twice), a free whose size differs from its allocation's, a segment event that takes the
+/// recorded reserve below zero or past 2^64 - 1. So every sum a trace's accessors make fits.
 #pragma once
 
+#include <carve/core/checked_math.hpp>
 #include <carve/core/error.hpp>
 
 #include <cstddef>
@@ -34,9 +37,13 @@
 
 namespace carve::trace {
 
-/// The largest block size a trace may hold: 2^62 bytes, beyond any memory and far from overflow
-/// when a replay sums sizes.
+/// The largest block size a trace may hold: 2^62 bytes, beyond any memory.
 inline constexpr std::uint64_t max_block_bytes = std::uint64_t{1} << 62;
+/// The most bytes a trace may hold live at once: 2^62, beyond any memory. A TraceBuilder refuses
+/// a block that would take the live bytes past it, so start_live_bytes() and peak_live_bytes()
+/// fit in 64 bits with room to spare (four times over); a replay that adds up more than that, an
+/// allocator's rounding and caching on top of the live bytes, say, still checks its own sums.
+inline constexpr std::uint64_t max_live_bytes = std::uint64_t{1} << 62;
 
 /// "Not recorded", for times.
 inline constexpr std::int64_t no_time = -1;
@@ -87,7 +94,8 @@ struct AllocationTrace {
   std::optional<RecordedReserve> recorded; ///< the recording allocator's own reserve, where the file has it
   std::vector<TraceSegment> start_segments; ///< its segments before the first event, where the file has them
 
-  /// Bytes live before the first request.
+  /// Bytes live before the first request. For a trace a TraceBuilder built, at most
+  /// max_live_bytes (a trace assembled by hand must keep to that too, or the sum may wrap).
   std::uint64_t start_live_bytes() const noexcept {
     std::uint64_t sum = 0;
     for (std::uint32_t i = 0; i < start_blocks; ++i) {
@@ -95,7 +103,8 @@ struct AllocationTrace {
     }
     return sum;
   }
-  /// The most bytes live at once, the start state included: the floor any allocator needs.
+  /// The most bytes live at once, the start state included: the floor any allocator needs. At
+  /// most max_live_bytes, as start_live_bytes().
   std::uint64_t peak_live_bytes() const noexcept {
     std::uint64_t live = start_live_bytes();
     std::uint64_t peak = live;
@@ -120,15 +129,13 @@ public:
   /// A builder for the trace of `source` (a file name; it starts every message).
   explicit TraceBuilder(std::string source) { trace_.source = std::move(source); }
 
-  /// A block live before the first event. Errors: a bad size; an address live already.
+  /// A block live before the first event. Errors: a bad size; an end past 2^64 - 1; the live
+  /// bytes past max_live_bytes; an address live already.
   Result<void> start_block(std::uint64_t address, std::uint64_t bytes, std::uint64_t stream) {
     if (!trace_.requests.empty()) {
       return failure("start blocks come before the first event", std::nullopt);
     }
-    if (auto ok = check_size(bytes, std::nullopt); !ok) {
-      return ok;
-    }
-    if (auto ok = take_address(address, std::nullopt); !ok) {
+    if (auto ok = take_block(address, bytes, std::nullopt); !ok) {
       return ok;
     }
     trace_.blocks.push_back(TraceBlock{address, bytes, stream, no_time, no_time});
@@ -136,14 +143,11 @@ public:
     return {};
   }
 
-  /// Event `event`: `bytes` allocated at `address` on `stream`. Errors: a bad size; the address is
-  /// live.
+  /// Event `event`: `bytes` allocated at `address` on `stream`. Errors: a bad size; an end past
+  /// 2^64 - 1; the live bytes past max_live_bytes; the address is live.
   Result<void> allocate(std::uint64_t event, std::uint64_t address, std::uint64_t bytes, std::uint64_t stream,
                         std::int64_t time_us = no_time) {
-    if (auto ok = check_size(bytes, event); !ok) {
-      return ok;
-    }
-    if (auto ok = take_address(address, event); !ok) {
+    if (auto ok = take_block(address, bytes, event); !ok) {
       return ok;
     }
     trace_.blocks.push_back(TraceBlock{address, bytes, stream, time_us, no_time});
@@ -168,6 +172,7 @@ public:
     }
     block.freed_us = time_us;
     trace_.requests.push_back(TraceRequest{false, it->second, event});
+    live_bytes_ -= block.bytes;
     live_.erase(it);
     return {};
   }
@@ -250,7 +255,16 @@ public:
   }
 
 private:
-  Result<void> take_address(std::uint64_t address, std::optional<std::uint64_t> event) {
+  /// The checks of a new live block, and its address and bytes taken as live.
+  Result<void> take_block(std::uint64_t address, std::uint64_t bytes, std::optional<std::uint64_t> event) {
+    if (auto ok = check_size(bytes, event); !ok) {
+      return ok;
+    }
+    if (!checked_add(address, bytes)) {
+      return failure("a block of " + std::to_string(bytes) + " bytes at " + hex(address) +
+                         ": its end does not fit in 64 bits",
+                     event);
+    }
     if (trace_.blocks.size() >= UINT32_MAX) {
       return failure("more than 2^32 blocks", event);
     }
@@ -258,11 +272,19 @@ private:
     if (!inserted) {
       return failure("allocation at " + hex(address) + ", which is live already", event);
     }
+    if (bytes > max_live_bytes - live_bytes_) { // live_bytes_ <= max_live_bytes: no wrap
+      live_.erase(it);
+      return failure("a block of " + std::to_string(bytes) + " bytes at " + hex(address) +
+                         ": the blocks live would hold more than 2^62 bytes",
+                     event);
+    }
+    live_bytes_ += bytes;
     return {};
   }
 
   AllocationTrace trace_;
   std::unordered_map<std::uint64_t, std::uint32_t> live_; ///< recorded address -> block index
+  std::uint64_t live_bytes_ = 0;                          ///< the bytes of live_'s blocks, <= max_live_bytes
 };
 
 } // namespace carve::trace

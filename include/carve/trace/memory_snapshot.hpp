@@ -30,19 +30,26 @@
 /// Errors (Errc::invalid_argument, or bad_message from the pickle reader), each naming the source,
 /// the event index and what is wrong: a root that is not such a dict, a field of the wrong type or
 /// missing, a negative size or address, a device with no events, an alloc whose block is neither
-/// live at the end nor freed later, a block freed twice, a recorded reserve that would start below
-/// zero, and everything a TraceBuilder refuses (a size of 0 or above 2^62, a free of an address not
-/// live).
+/// live at the end nor freed later, a block freed twice, a segment event of more than 2^62 bytes, a
+/// recorded reserve that would start below zero, a sum of sizes that does not fit in 64 bits (the
+/// final segments' total, the segment events' totals, a block's end where blocks follow each other
+/// without addresses), and everything a TraceBuilder refuses (a size of 0 or above 2^62, a free of
+/// an address not live, more than 2^62 bytes live at once).
+///
+/// Cost: linear in the snapshot's size. Each dict is walked once for all the fields read from it
+/// (SnapshotFields), however many events refer to it; the events are decoded once into a vector
+/// and walked back and forth.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
 #include <carve/trace/allocation_trace.hpp>
 #include <carve/trace/pickle_reader.hpp>
 
-#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -52,62 +59,118 @@ namespace carve::trace {
 
 namespace detail {
 
-/// Reads typed fields out of one snapshot dict, each failure a message with its place.
+/// The str keys the snapshot reader looks up, in every dict it reads: the root, an event, a
+/// segment, a segment's block. snapshot_key_names holds them as text, in this order.
+// clang-format off
+enum class SnapshotKey : std::uint8_t {
+  segments, device_traces,                                          // the root
+  action, addr, size, stream, time_us,                              // an event (size, stream: others too)
+  device, address, total_size, blocks, segment_type, is_expandable, // a segment
+  state, requested_size,                                            // a segment's block
+};
+inline constexpr std::array<std::string_view, 15> snapshot_key_names = {
+  "segments", "device_traces",
+  "action", "addr", "size", "stream", "time_us",
+  "device", "address", "total_size", "blocks", "segment_type", "is_expandable",
+  "state", "requested_size",
+};
+// clang-format on
+static_assert(static_cast<std::size_t>(SnapshotKey::requested_size) + 1 == snapshot_key_names.size());
+
+/// Reads typed fields out of the snapshot's dicts, each failure a message with its place.
+///
+/// A dict's entries are walked once, the first time any of its keys is asked for, and every
+/// SnapshotKey found on the way kept (the later of a key set twice, as PickleDocument::find
+/// answers). So a dict costs its size once however many of its keys are read and however many
+/// references to it the pickle holds: a hostile snapshot whose events all refer to one dict of a
+/// million keys reads in time linear in its size, not a million times a million.
 class SnapshotFields {
 public:
+  using Id = PickleDocument::Id;
+  using Key = SnapshotKey;
+
   SnapshotFields(const PickleDocument& doc, const TraceBuilder& builder) : doc_(doc), builder_(builder) {}
 
-  Result<PickleDocument::Id> field(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
-                                   const char* where) const {
+  /// The value of `dict`'s key `key`; nullopt when it has none or is not a dict.
+  std::optional<Id> find(Id dict, Key key) {
+    if (doc_.kind(dict) != PickleDocument::Kind::dict) {
+      return std::nullopt;
+    }
+    if (walked_.empty()) {
+      walked_.assign(doc_.size(), not_walked);
+    }
+    std::uint32_t& at = walked_[dict];
+    if (at == not_walked) { // fewer dicts than values, and those fewer than 2^32 - 1
+      at = static_cast<std::uint32_t>(found_.size());
+      found_.emplace_back().fill(absent);
+      for (const auto& [k, v] : doc_.entries(dict)) {
+        const auto name = doc_.kind(k) == PickleDocument::Kind::string ? doc_.text(k) : std::string_view();
+        for (std::size_t i = 0; i < snapshot_key_names.size() && !name.empty(); ++i) {
+          if (name == snapshot_key_names[i]) { // a length compared first: O(1) for another key
+            found_[at][i] = v;
+            break;
+          }
+        }
+      }
+    }
+    const Id v = found_[at][static_cast<std::size_t>(key)];
+    return v == absent ? std::nullopt : std::optional<Id>(v);
+  }
+
+  Result<Id> field(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     if (doc_.kind(dict) != PickleDocument::Kind::dict) {
       return builder_.failure(std::string(where) + " is not a dict", event);
     }
-    const auto id = doc_.find(dict, key);
+    const auto id = find(dict, key);
     if (!id) {
-      return builder_.failure(std::string(where) + " has no '" + std::string(key) + "'", event);
+      return builder_.failure(std::string(where) + " has no '" + name(key) + "'", event);
     }
     return *id;
   }
 
-  Result<std::uint64_t> count(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
-                              const char* where) const {
+  Result<std::uint64_t> count(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
     }
     if (doc_.kind(*id) != PickleDocument::Kind::integer || doc_.integer(*id) < 0) {
-      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a whole number", event);
+      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a whole number", event);
     }
     return static_cast<std::uint64_t>(doc_.integer(*id));
   }
 
-  Result<std::string_view> text(PickleDocument::Id dict, std::string_view key, std::optional<std::uint64_t> event,
-                                const char* where) const {
+  Result<std::string_view> text(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
     }
     if (doc_.kind(*id) != PickleDocument::Kind::string) {
-      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a string", event);
+      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a string", event);
     }
     return doc_.text(*id);
   }
 
-  Result<std::span<const PickleDocument::Id>> list(PickleDocument::Id dict, std::string_view key,
-                                                   std::optional<std::uint64_t> event, const char* where) const {
+  Result<std::span<const Id>> list(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
     }
     if (doc_.kind(*id) != PickleDocument::Kind::list && doc_.kind(*id) != PickleDocument::Kind::tuple) {
-      return builder_.failure(std::string(where) + "'s '" + std::string(key) + "' is not a list", event);
+      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a list", event);
     }
     return doc_.items(*id);
   }
 
 private:
+  static constexpr std::uint32_t not_walked = UINT32_MAX;
+  static constexpr Id absent = UINT32_MAX; // no value's Id: the arena holds fewer than 2^32 - 1
+
+  static std::string name(Key key) { return std::string(snapshot_key_names[static_cast<std::size_t>(key)]); }
+
   const PickleDocument& doc_;
   const TraceBuilder& builder_;
+  std::vector<std::uint32_t> walked_;                            ///< by Id: index in found_, or not_walked
+  std::vector<std::array<Id, snapshot_key_names.size()>> found_; ///< by SnapshotKey: the value, or absent
 };
 
 /// One device trace entry, decoded.
@@ -157,12 +220,13 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     return cuda::std::unexpected(doc.error());
   }
   TraceBuilder builder(source);
-  const detail::SnapshotFields fields(*doc, builder);
+  detail::SnapshotFields fields(*doc, builder);
   using detail::SnapshotEvent;
+  using Key = detail::SnapshotKey;
   const auto root = doc->root();
 
   // The events of the chosen device, decoded and type-checked once.
-  auto traces = fields.list(root, "device_traces", std::nullopt, "the snapshot");
+  auto traces = fields.list(root, Key::device_traces, std::nullopt, "the snapshot");
   if (!traces) {
     return cuda::std::unexpected(traces.error());
   }
@@ -192,7 +256,7 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
   std::vector<SnapshotEvent> events(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto at = static_cast<std::uint64_t>(i);
-    auto action = fields.text(entries[i], "action", at, "the event");
+    auto action = fields.text(entries[i], Key::action, at, "the event");
     if (!action) {
       return cuda::std::unexpected(action.error());
     }
@@ -201,9 +265,9 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     if (e.kind == SnapshotEvent::Kind::other) {
       continue;
     }
-    auto addr = fields.count(entries[i], "addr", at, "the event");
-    auto size = addr ? fields.count(entries[i], "size", at, "the event") : addr;
-    auto stream = size ? fields.count(entries[i], "stream", at, "the event") : size;
+    auto addr = fields.count(entries[i], Key::addr, at, "the event");
+    auto size = addr ? fields.count(entries[i], Key::size, at, "the event") : addr;
+    auto stream = size ? fields.count(entries[i], Key::stream, at, "the event") : size;
     if (!stream) {
       return cuda::std::unexpected(stream.error());
     }
@@ -214,8 +278,10 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
       if (auto ok = builder.check_size(e.bytes, at); !ok) {
         return cuda::std::unexpected(ok.error());
       }
+    } else if (e.kind != SnapshotEvent::Kind::free_requested && e.bytes > max_block_bytes) {
+      return builder.failure("a segment of " + std::to_string(e.bytes) + " bytes, beyond 2^62", at);
     }
-    if (const auto t = doc->find(entries[i], "time_us")) {
+    if (const auto t = fields.find(entries[i], Key::time_us)) {
       if (doc->kind(*t) != PickleDocument::Kind::integer || doc->integer(*t) < 0) {
         return builder.failure("the event's 'time_us' is not a whole number", at);
       }
@@ -224,7 +290,7 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
   }
 
   // The end state: live blocks, and the bytes the allocator's segments held.
-  auto segments = fields.list(root, "segments", std::nullopt, "the snapshot");
+  auto segments = fields.list(root, Key::segments, std::nullopt, "the snapshot");
   if (!segments) {
     return cuda::std::unexpected(segments.error());
   }
@@ -233,11 +299,11 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
   bool expandable = false; // expandable segments' state is pages, not segments: no start segments
   std::uint64_t final_reserved = 0;
   for (const auto segment : *segments) {
-    auto on = fields.count(segment, "device", std::nullopt, "a segment");
-    auto base = on ? fields.count(segment, "address", std::nullopt, "a segment") : on;
-    auto total = base ? fields.count(segment, "total_size", std::nullopt, "a segment") : base;
-    auto stream = total ? fields.count(segment, "stream", std::nullopt, "a segment") : total;
-    auto blocks = stream ? fields.list(segment, "blocks", std::nullopt, "a segment")
+    auto on = fields.count(segment, Key::device, std::nullopt, "a segment");
+    auto base = on ? fields.count(segment, Key::address, std::nullopt, "a segment") : on;
+    auto total = base ? fields.count(segment, Key::total_size, std::nullopt, "a segment") : base;
+    auto stream = total ? fields.count(segment, Key::stream, std::nullopt, "a segment") : total;
+    auto blocks = stream ? fields.list(segment, Key::blocks, std::nullopt, "a segment")
                          : Result<std::span<const PickleDocument::Id>>(cuda::std::unexpected(stream.error()));
     if (!blocks) {
       return cuda::std::unexpected(blocks.error());
@@ -245,37 +311,47 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     if (*on != *device) {
       continue;
     }
-    final_reserved += *total;
-    const auto type = doc->find(segment, "segment_type");
+    const auto reserved = checked_add(final_reserved, *total);
+    if (!reserved) {
+      return builder.failure("the final segments hold more than 2^64 - 1 bytes", std::nullopt);
+    }
+    final_reserved = *reserved;
+    const auto type = fields.find(segment, Key::segment_type);
     const bool small = type && doc->kind(*type) == PickleDocument::Kind::string ? doc->text(*type) == "small"
                                                                                 : *total == (std::uint64_t{2} << 20);
-    if (const auto e = doc->find(segment, "is_expandable"); e && doc->kind(*e) == PickleDocument::Kind::boolean) {
+    if (const auto e = fields.find(segment, Key::is_expandable); e && doc->kind(*e) == PickleDocument::Kind::boolean) {
       expandable = expandable || doc->boolean(*e);
     }
     held[*base] = TraceSegment{*base, *total, *stream, small};
     std::uint64_t next = *base; // blocks without an address follow each other from the segment's start
     for (const auto block : *blocks) {
-      auto size = fields.count(block, "size", std::nullopt, "a segment's block");
-      auto state = size ? fields.text(block, "state", std::nullopt, "a segment's block")
+      auto size = fields.count(block, Key::size, std::nullopt, "a segment's block");
+      auto state = size ? fields.text(block, Key::state, std::nullopt, "a segment's block")
                         : Result<std::string_view>(cuda::std::unexpected(size.error()));
       if (!state) {
         return cuda::std::unexpected(state.error());
       }
       std::uint64_t address = next;
-      if (doc->find(block, "address")) {
-        auto a = fields.count(block, "address", std::nullopt, "a segment's block");
+      if (fields.find(block, Key::address)) {
+        auto a = fields.count(block, Key::address, std::nullopt, "a segment's block");
         if (!a) {
           return cuda::std::unexpected(a.error());
         }
         address = *a;
       }
-      next = address + *size;
+      const auto end = checked_add(address, *size);
+      if (!end) {
+        return builder.failure("a block of " + std::to_string(*size) + " bytes at " + TraceBuilder::hex(address) +
+                                   ": its end does not fit in 64 bits",
+                               std::nullopt);
+      }
+      next = *end;
       if (*state != "active_allocated" && *state != "active_pending_free") {
         continue;
       }
       std::uint64_t requested = *size;
-      if (doc->find(block, "requested_size")) {
-        auto r = fields.count(block, "requested_size", std::nullopt, "a segment's block");
+      if (fields.find(block, Key::requested_size)) {
+        auto r = fields.count(block, Key::requested_size, std::nullopt, "a segment's block");
         if (!r) {
           return cuda::std::unexpected(r.error());
         }
@@ -305,11 +381,19 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
                                at);
       }
     } else if (e.kind == SnapshotEvent::Kind::reserve || e.kind == SnapshotEvent::Kind::map) {
-      added += std::min(e.bytes, UINT64_MAX - added);
+      const auto sum = checked_add(added, e.bytes);
+      if (!sum) {
+        return builder.failure("the segment events allocate more than 2^64 - 1 bytes", std::nullopt);
+      }
+      added = *sum;
       held.erase(e.address); // not there before it was allocated
       expandable = expandable || e.kind == SnapshotEvent::Kind::map;
     } else if (e.kind == SnapshotEvent::Kind::release || e.kind == SnapshotEvent::Kind::unmap) {
-      removed += std::min(e.bytes, UINT64_MAX - removed);
+      const auto sum = checked_add(removed, e.bytes);
+      if (!sum) {
+        return builder.failure("the segment events free more than 2^64 - 1 bytes", std::nullopt);
+      }
+      removed = *sum;
       held[e.address] = TraceSegment{e.address, e.bytes, e.stream, e.bytes == (std::uint64_t{2} << 20)};
       expandable = expandable || e.kind == SnapshotEvent::Kind::unmap;
     }
@@ -327,7 +411,11 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
   const bool recorded = added != 0 || removed != 0 || final_reserved != 0;
   if (recorded) {
     const auto before = checked_add(final_reserved, removed);
-    if (!before || added > *before) {
+    if (!before) {
+      return builder.failure("the final segments and the segment events' frees hold more than 2^64 - 1 bytes",
+                             std::nullopt);
+    }
+    if (added > *before) {
       return builder.failure("the segment events add more than the final segments hold", std::nullopt);
     }
     builder.reserve_start(*before - added);
@@ -359,9 +447,6 @@ inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std:
     case SnapshotEvent::Kind::release:
     case SnapshotEvent::Kind::map:
     case SnapshotEvent::Kind::unmap: {
-      if (e.bytes > max_block_bytes) {
-        return builder.failure("a segment of " + std::to_string(e.bytes) + " bytes, beyond 2^62", at);
-      }
       const bool grows = e.kind == SnapshotEvent::Kind::reserve || e.kind == SnapshotEvent::Kind::map;
       ok = builder.reserve_change(at, grows ? static_cast<std::int64_t>(e.bytes) : -static_cast<std::int64_t>(e.bytes));
       break;

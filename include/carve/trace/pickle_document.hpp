@@ -63,14 +63,14 @@ public:
     if (!is(v, Kind::list) && !is(v, Kind::tuple)) {
       return {};
     }
-    return lists_[values_[v].slot];
+    return {items_.data() + values_[v].bits, static_cast<std::size_t>(values_[v].length)};
   }
   /// A dict's (key, value) pairs in insertion order; empty for any other kind.
   std::span<const std::pair<Id, Id>> entries(Id v) const noexcept {
     if (!is(v, Kind::dict)) {
       return {};
     }
-    return dicts_[values_[v].slot];
+    return {entries_.data() + values_[v].bits, static_cast<std::size_t>(values_[v].length)};
   }
   /// The value of `dict`'s str key `key` (the later, should it be set twice); nullopt when absent
   /// or when `dict` is not a dict. Linear in the dict's size: walk entries() to read many keys of
@@ -90,20 +90,88 @@ private:
 
   /// Which Python type a list is: ADDITEMS extends only a set, APPEND(S) only a list.
   enum class Form : std::uint8_t { plain, set, frozenset };
+  static constexpr std::uint32_t no_batch = UINT32_MAX;
   struct Value {
-    std::uint64_t bits = 0;   ///< a bool, an int (two's complement), a float (IEEE bits); a text's offset in text_
-    std::uint64_t length = 0; ///< a text's length
-    std::uint32_t slot = 0;   ///< a list's or tuple's index in lists_, a dict's in dicts_
+    std::uint64_t bits = 0;   ///< a bool, an int (two's complement), a float (IEEE bits); a text's offset in text_;
+                              ///< a container's first item in items_ (a dict's first pair in entries_)
+    std::uint64_t length = 0; ///< a text's length; a container's items (while reading, its first batch's)
+    std::uint32_t slot = no_batch; ///< while reading, a container's latest Batch after its first
     Kind kind = Kind::none;
     Form form = Form::plain;
+  };
+  /// Items added to a container after its first batch, while reading, where they could not extend
+  /// its last run (another container's items came between): `count` of them from `first` in
+  /// items_ or entries_, then the batch before (`before`; no_batch: the Value's own run).
+  struct Batch {
+    std::uint64_t first = 0;
+    std::uint64_t count = 0;
+    std::uint32_t before = no_batch;
   };
 
   bool is(Id v, Kind k) const noexcept { return v < values_.size() && values_[v].kind == k; }
 
+  /// While reading: `append` adds items to the end of `arena` (items_ or entries_) for container
+  /// `c`, growing its last run where that ends the arena, else starting a batch. False, adding
+  /// nothing, when there would be 2^32 - 1 batches.
+  template <class T, class Append>
+  static bool add_batch(Value& c, std::vector<T>& arena, std::vector<Batch>& batches, Append&& append) {
+    const std::uint64_t start = arena.size();
+    if (c.slot == no_batch && c.length == 0) {
+      c.bits = start; // the first items of an empty container: its run starts here
+    }
+    if (c.slot == no_batch ? c.bits + c.length != start : batches[c.slot].first + batches[c.slot].count != start) {
+      if (batches.size() >= no_batch) {
+        return false;
+      }
+      batches.push_back(Batch{start, 0, c.slot});
+      c.slot = static_cast<std::uint32_t>(batches.size() - 1);
+    }
+    append();
+    (c.slot == no_batch ? c.length : batches[c.slot].count) += arena.size() - start;
+    return true;
+  }
+  /// At STOP: each container with batches gets its run and its batches, in order, copied to the
+  /// end of `arena`, so that its items are one run. Linear in the items; the arena grows by those
+  /// copied, and the runs they came from are left unused.
+  template <class T>
+  void join_batches(std::vector<T>& arena, const std::vector<Batch>& batches, bool dicts) {
+    const auto batched = [&](const Value& v) {
+      return v.slot != no_batch && (dicts ? v.kind == Kind::dict : v.kind == Kind::list || v.kind == Kind::tuple);
+    };
+    std::uint64_t total = arena.size();
+    for (const Value& v : values_) {
+      for (std::uint32_t b = batched(v) ? v.slot : no_batch; b != no_batch; b = batches[b].before) {
+        total += batches[b].count + (batches[b].before == no_batch ? v.length : 0);
+      }
+    }
+    arena.reserve(static_cast<std::size_t>(total)); // no reallocation below: arena[k] stays valid
+    const auto copy = [&](std::uint64_t first, std::uint64_t count) {
+      for (std::uint64_t k = first; k < first + count; ++k) {
+        arena.push_back(arena[static_cast<std::size_t>(k)]);
+      }
+    };
+    std::vector<std::uint32_t> order;
+    for (Value& v : values_) {
+      if (!batched(v)) {
+        continue;
+      }
+      order.clear();
+      for (std::uint32_t b = v.slot; b != no_batch; b = batches[b].before) {
+        order.push_back(b);
+      }
+      const std::uint64_t first = arena.size();
+      copy(v.bits, v.length);
+      for (auto b = order.rbegin(); b != order.rend(); ++b) {
+        copy(batches[*b].first, batches[*b].count);
+      }
+      v = Value{first, arena.size() - first, no_batch, v.kind, v.form};
+    }
+  }
+
   std::vector<Value> values_;
-  std::vector<std::vector<Id>> lists_;
-  std::vector<std::vector<std::pair<Id, Id>>> dicts_;
-  std::string text_; ///< every str and bytes, end to end
+  std::vector<Id> items_;                  ///< every list's and tuple's items, each one's a run
+  std::vector<std::pair<Id, Id>> entries_; ///< every dict's pairs, likewise
+  std::string text_;                       ///< every str and bytes, end to end
   Id root_ = 0;
   std::size_t bytes_read_ = 0;
 };

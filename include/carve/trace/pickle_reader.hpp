@@ -39,9 +39,14 @@
 /// 64-bit signed; malformed text (a number, a quoted string, UTF-8).
 ///
 /// Cost: one pass, nothing recursive, so neither nesting depth nor cycles can exhaust the C++
-/// stack. Memory is O(input size): every opcode adds at most one value, a length is checked
-/// against the bytes left before anything is allocated, and the memo is a hash map, so a
-/// LONG_BINPUT index of 2^32 - 1 costs one entry.
+/// stack. Memory is O(input size), at most about 45 bytes per input byte (a pickle of one-byte
+/// opcodes, each a 24-byte value in an array that grows by doubling; a real snapshot takes about
+/// 3): every opcode adds at most one value; the containers' items are kept in two arrays, not an
+/// allocation each; a length is checked against the bytes left before anything is allocated;
+/// and the memo is an array for indices below the input's size (picklers write 0, 1, 2, ...) and
+/// a hash map for the others, so neither a MEMOIZE per byte nor a LONG_BINPUT index of 2^32 - 1
+/// costs more than a few bytes. A caller bounds the memory by bounding the input (read_trace_file
+/// in carve/trace/trace_file.hpp refuses a file above 4 GiB unless told otherwise).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -62,32 +67,6 @@
 namespace carve::trace {
 
 namespace detail {
-
-/// The name pickletools gives opcode `op`; empty for a byte that is no opcode.
-inline std::string_view pickle_opcode_name(unsigned char op) noexcept {
-  // The printable opcodes as "<opcode><name>", then the names of 0x80 .. 0x98 in order.
-  static constexpr std::string_view printable = "(MARK )EMPTY_TUPLE .STOP 0POP 1POP_MARK 2DUP BBINBYTES "
-                                                "CSHORT_BINBYTES FFLOAT GBINFLOAT IINT JBININT KBININT1 LLONG "
-                                                "MBININT2 NNONE PPERSID QBINPERSID RREDUCE SSTRING TBINSTRING "
-                                                "USHORT_BINSTRING VUNICODE XBINUNICODE ]EMPTY_LIST aAPPEND bBUILD "
-                                                "cGLOBAL dDICT eAPPENDS gGET hBINGET iINST jLONG_BINGET lLIST oOBJ "
-                                                "pPUT qBINPUT rLONG_BINPUT sSETITEM tTUPLE uSETITEMS }EMPTY_DICT";
-  static constexpr std::string_view high = "PROTO NEWOBJ EXT1 EXT2 EXT4 TUPLE1 TUPLE2 TUPLE3 NEWTRUE NEWFALSE "
-                                           "LONG1 LONG4 SHORT_BINUNICODE BINUNICODE8 BINBYTES8 EMPTY_SET ADDITEMS "
-                                           "FROZENSET NEWOBJ_EX STACK_GLOBAL MEMOIZE FRAME BYTEARRAY8 NEXT_BUFFER "
-                                           "READONLY_BUFFER";
-  const std::string_view table = op >= 0x80 ? high : printable;
-  std::size_t index = op >= 0x80 ? op - 0x80U : 0;
-  for (std::size_t at = 0; at < table.size();) {
-    const std::size_t end = std::min(table.find(' ', at), table.size());
-    const std::string_view word = table.substr(at, end - at);
-    if (op >= 0x80 ? index-- == 0 : static_cast<unsigned char>(word[0]) == op) {
-      return op >= 0x80 ? word : word.substr(1);
-    }
-    at = end + 1;
-  }
-  return {};
-}
 
 /// The pickle machine: the opcodes in order, a stack of values, the MARK positions in it and the
 /// memo, building the document's arena as it goes. As in CPython's C unpickler, MARKs are kept
@@ -129,6 +108,8 @@ private:
     }
     doc_.root_ = stack_.back();
     doc_.bytes_read_ = pos_;
+    doc_.join_batches(doc_.items_, item_batches_, false);
+    doc_.join_batches(doc_.entries_, entry_batches_, true);
     return std::move(doc_);
   }
 
@@ -197,7 +178,7 @@ private:
     case 'p': return line(s) && memo_index(s, n) && put(n);                              // PUT
     case 'q': return fixed(1, n) && put(n);                                              // BINPUT
     case 'r': return fixed(4, n) && put(n);                                              // LONG_BINPUT
-    case 0x94: return put(memo_.size());                                                 // MEMOIZE
+    case 0x94: return put(memo_size_);                                                   // MEMOIZE
     case 'g': return line(s) && memo_index(s, n) && get(n);                              // GET
     case 'h': return fixed(1, n) && get(n);                                              // BINGET
     case 'j': return fixed(4, n) && get(n);                                              // LONG_BINGET
@@ -384,16 +365,8 @@ private:
   /// A new container of `kind` and `form` holding the stack's values from `first` on, which it
   /// replaces.
   bool collect(std::size_t first, Kind kind, Form form) {
-    const std::span<const Id> values(stack_.data() + first, stack_.size() - first);
-    Value v{0, 0, 0, kind, form};
-    if (kind == Kind::dict) {
-      v.slot = static_cast<std::uint32_t>(doc_.dicts_.size());
-      doc_.dicts_.emplace_back();
-    } else {
-      v.slot = static_cast<std::uint32_t>(doc_.lists_.size());
-      doc_.lists_.emplace_back();
-    }
-    return add(v, values) && (stack_.resize(first), push(v));
+    Value v{0, 0, PickleDocument::no_batch, kind, form};
+    return add(v, std::span<const Id>(stack_.data() + first, stack_.size() - first)) && (stack_.resize(first), push(v));
   }
   /// APPEND(S), SETITEM(S), ADDITEMS: the stack's values from `first` on added to the container
   /// just below them (a list, a dict, a set, by opcode), in place, so that every reference to it
@@ -402,7 +375,7 @@ private:
     if (first <= fence()) {
       return fail("stack underflow: " + name() + " finds no container below its MARK");
     }
-    const Value target = doc_.values_[stack_[first - 1]];
+    Value& target = doc_.values_[stack_[first - 1]];
     const bool dict = op_ == 's' || op_ == 'u';
     const Form form = op_ == 0x90 ? Form::set : Form::plain;
     if (target.kind != (dict ? Kind::dict : Kind::list) || target.form != form) {
@@ -421,36 +394,53 @@ private:
            (stack_.resize(first), true);
   }
   /// `values` appended to container `c`'s items, or, for a dict, as its (key, value) pairs.
-  bool add(const Value& c, std::span<const Id> values) {
+  bool add(Value& c, std::span<const Id> values) {
+    bool added = values.empty();
     if (c.kind != Kind::dict) {
-      doc_.lists_[c.slot].insert(doc_.lists_[c.slot].end(), values.begin(), values.end());
-      return true;
-    }
-    if (values.size() % 2 != 0) {
+      auto& items = doc_.items_;
+      added = added || PickleDocument::add_batch(c, items, item_batches_,
+                                                 [&] { items.insert(items.end(), values.begin(), values.end()); });
+    } else if (values.size() % 2 != 0) {
       return fail(name() + " with an odd number of items (" + std::to_string(values.size()) +
                   "): keys and values come in pairs");
+    } else {
+      auto& entries = doc_.entries_;
+      added = added || PickleDocument::add_batch(c, entries, entry_batches_, [&] {
+                for (std::size_t k = 0; k < values.size(); k += 2) {
+                  entries.emplace_back(values[k], values[k + 1]);
+                }
+              });
     }
-    for (std::size_t k = 0; k < values.size(); k += 2) {
-      doc_.dicts_[c.slot].emplace_back(values[k], values[k + 1]);
-    }
-    return true;
+    return added || fail("2^32 - 1 batches of items added to containers, the most there can be");
   }
 
-  /// PUT, BINPUT, LONG_BINPUT, MEMOIZE: the top value stored at memo `index`.
+  /// PUT, BINPUT, LONG_BINPUT, MEMOIZE: the top value stored at memo `index`. An index below the
+  /// input's size (picklers write 0, 1, 2, ...) in memo_, grown to at most that size, any other
+  /// in far_memo_.
   bool put(std::uint64_t index) {
     if (!above(1)) {
       return false;
     }
-    memo_.insert_or_assign(index, stack_.back());
+    if (index < in_.size() && index >= memo_.size()) {
+      memo_.reserve(std::max<std::size_t>(index + 1, std::min(2 * memo_.capacity(), in_.size())));
+      memo_.resize(static_cast<std::size_t>(index + 1), unset);
+    }
+    Id& slot =
+        index < in_.size() ? memo_[static_cast<std::size_t>(index)] : far_memo_.try_emplace(index, unset).first->second;
+    memo_size_ += slot == unset ? 1 : 0;
+    slot = stack_.back();
     return true;
   }
   /// GET, BINGET, LONG_BINGET: the value at memo `index` pushed again (the same value, not a copy).
   bool get(std::uint64_t index) {
-    const auto it = memo_.find(index);
-    if (it == memo_.end()) {
+    const auto far = index < memo_.size() ? far_memo_.end() : far_memo_.find(index);
+    const Id v = index < memo_.size()     ? memo_[static_cast<std::size_t>(index)]
+                 : far != far_memo_.end() ? far->second
+                                          : unset;
+    if (v == unset) {
       return fail(name() + " of memo index " + std::to_string(index) + ", where nothing was stored");
     }
-    stack_.push_back(it->second);
+    stack_.push_back(v);
     return true;
   }
 
@@ -482,8 +472,12 @@ private:
   std::string error_;    ///< what the failed step found wrong
   PickleDocument doc_;
   std::vector<Id> stack_;
-  std::vector<std::size_t> marks_; ///< stack positions, in order
-  std::unordered_map<std::uint64_t, Id, MemoHash> memo_;
+  std::vector<std::size_t> marks_;                           ///< stack positions, in order
+  static constexpr Id unset = UINT32_MAX;                    ///< in the memo: nothing stored (no value's Id)
+  std::vector<Id> memo_;                                     ///< by index, those below the input's size
+  std::unordered_map<std::uint64_t, Id, MemoHash> far_memo_; ///< the others
+  std::uint64_t memo_size_ = 0;                              ///< indices stored: MEMOIZE's next
+  std::vector<PickleDocument::Batch> item_batches_, entry_batches_;
 };
 
 } // namespace detail

@@ -1,9 +1,9 @@
 /// @file carve/trace/pickle_text.hpp
 /// The text inside a pickle, read as Python writes it: protocol 0's arguments (numbers, quoted and
 /// escaped strings) and the bytes of every str, which come from an untrusted file and must be
-/// checked before a caller relies on them. Kept apart from the opcode machine
-/// (carve/trace/pickle_reader.hpp), since none of it touches the stack, the memo or the arena:
-/// each function reads one argument's text and answers.
+/// checked before a caller relies on them; and the opcodes' names, for messages. Kept apart from
+/// the opcode machine (carve/trace/pickle_reader.hpp), since none of it touches the stack, the
+/// memo or the arena: each function reads one argument's text (or names an opcode) and answers.
 ///
 /// What read_pickle reads here differs from what `pickle.loads` reads in these ways, each
 /// deliberate (the rest are in pickle_reader.hpp):
@@ -21,6 +21,7 @@
 /// name lookup (a table walk) off the path of every well-formed argument.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,34 @@ inline std::string pickle_hex(unsigned char b) {
 /// Text quoted in a message, cut at 40 bytes so that a hostile line cannot make a huge one.
 inline std::string pickle_clip(std::string_view s) {
   return std::string(s.substr(0, 40)) + (s.size() > 40 ? "..." : "");
+}
+
+// Opcodes.
+
+/// The name pickletools gives opcode `op`; empty for a byte that is no opcode.
+inline std::string_view pickle_opcode_name(unsigned char op) noexcept {
+  // The printable opcodes as "<opcode><name>", then the names of 0x80 .. 0x98 in order.
+  static constexpr std::string_view printable = "(MARK )EMPTY_TUPLE .STOP 0POP 1POP_MARK 2DUP BBINBYTES "
+                                                "CSHORT_BINBYTES FFLOAT GBINFLOAT IINT JBININT KBININT1 LLONG "
+                                                "MBININT2 NNONE PPERSID QBINPERSID RREDUCE SSTRING TBINSTRING "
+                                                "USHORT_BINSTRING VUNICODE XBINUNICODE ]EMPTY_LIST aAPPEND bBUILD "
+                                                "cGLOBAL dDICT eAPPENDS gGET hBINGET iINST jLONG_BINGET lLIST oOBJ "
+                                                "pPUT qBINPUT rLONG_BINPUT sSETITEM tTUPLE uSETITEMS }EMPTY_DICT";
+  static constexpr std::string_view high = "PROTO NEWOBJ EXT1 EXT2 EXT4 TUPLE1 TUPLE2 TUPLE3 NEWTRUE NEWFALSE "
+                                           "LONG1 LONG4 SHORT_BINUNICODE BINUNICODE8 BINBYTES8 EMPTY_SET ADDITEMS "
+                                           "FROZENSET NEWOBJ_EX STACK_GLOBAL MEMOIZE FRAME BYTEARRAY8 NEXT_BUFFER "
+                                           "READONLY_BUFFER";
+  const std::string_view table = op >= 0x80 ? high : printable;
+  std::size_t index = op >= 0x80 ? op - 0x80U : 0;
+  for (std::size_t at = 0; at < table.size();) {
+    const std::size_t end = std::min(table.find(' ', at), table.size());
+    const std::string_view word = table.substr(at, end - at);
+    if (op >= 0x80 ? index-- == 0 : static_cast<unsigned char>(word[0]) == op) {
+      return op >= 0x80 ? word : word.substr(1);
+    }
+    at = end + 1;
+  }
+  return {};
 }
 
 // Numbers.

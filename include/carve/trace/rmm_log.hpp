@@ -16,12 +16,11 @@
 /// logged after they succeed and frees before they happen, so a block freed by one thread and
 /// handed to another is freed in the log before it is allocated again.
 ///
-/// What this reader accepts is what RMM's own replay benchmark parser (benchmarks/utilities/
-/// log_parser.hpp) accepts, checked more strictly:
-/// - The first line is the header. Its columns are found by name, as that parser finds them, so
-///   their order does not matter and columns of other names are ignored; Thread, Action, Pointer,
-///   Size and Stream must be there, each once, and Time may be. Every line has as many fields as
-///   the header. Lines end with "\n" or "\r\n"; empty lines are skipped.
+/// What this reader accepts, the format above read strictly:
+/// - The first line is the header. Its columns are found by name, so their order does not matter
+///   and columns of other names are ignored (a log written with a changed pattern still reads);
+///   Thread, Action, Pointer, Size and Stream must be there, each once, and Time may be. Every line
+///   has as many fields as the header. Lines end with "\n" or "\r\n"; empty lines are skipped.
 /// - Pointer and Stream: `(nil)` (glibc's %p for a null pointer) or hexadecimal digits, with or
 ///   without `0x` (fmt's pointers, and `0` for the default stream where RMM streams a null handle
 ///   with std::hex). A stream becomes the trace's stream number: the handle's value.
@@ -31,11 +30,13 @@
 /// - Action: `allocate`, `free` or `allocate failure`. Failures allocated nothing and are skipped;
 ///   an allocation at the null pointer is refused.
 ///
-/// The event index in messages counts the lines after the header, failures included and empty
-/// lines not, from 0 (the index RMM's parser gives its events). Errors are Errc::invalid_argument: "<source>: line <n>:
-/// <what>" for a line that does not parse, "<source>: event <i>: <what>" for what TraceBuilder
-/// refuses (a size of 0 or above 2^62, an address live already, a free of an address not live or
-/// with other bytes than its allocation's).
+/// The event index in messages counts the lines after the header, from 0, failures included and
+/// empty lines not: line k + 2 of a log without empty lines is event k. Errors are
+/// Errc::invalid_argument: "<source>: line <n>: <what>" for a line that does not parse (or whose
+/// time, with a day added for each wrap past midnight, passes 2^63 - 1 microseconds), "<source>:
+/// event <i>: <what>" for what TraceBuilder refuses (a size of 0 or above 2^62, an address live
+/// already, a free of an address not live or with other bytes than its allocation's, and the rest
+/// carve/trace/allocation_trace.hpp lists).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -165,6 +166,9 @@ inline Result<AllocationTrace> read_rmm_log(std::string_view text, std::string s
       const std::int64_t of_day = detail::rmm_time_of_day(read, f[*at[Columns::time]]);
       if (read.ok()) {
         if (last_time >= 0 && of_day < last_time - day / 2) {
+          if (days_added > INT64_MAX - 2 * day) { // of_day + days_added must fit too
+            return detail::csv_line_failure(source, lines.number(), "the time passes 2^63 - 1 microseconds");
+          }
           days_added += day;
         }
         last_time = of_day;
