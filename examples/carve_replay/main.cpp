@@ -248,6 +248,15 @@ int run(const Options& o) {
     }
   }
 
+  // An allocator whose options its constructor refuses (a segment size of 0, say) is bad input.
+  for (const Contender& c : contenders) {
+    try {
+      (void)c.make(card, streams.count);
+    } catch (const carve::Exception& e) {
+      throw BadInput{"--allocators: " + c.name + ": " + e.what()};
+    }
+  }
+
   // Timing: every allocator in turn, `repeat` rounds, the median per allocator.
   std::vector<carve::replay::Run> first(contenders.size());
   std::vector<std::vector<double>> ns(contenders.size());

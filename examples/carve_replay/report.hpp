@@ -76,7 +76,14 @@ inline std::vector<std::string> goal_lines(const Report& rep) {
   const Row* recorded = rep.find("pytorch-recorded");
   const Row* model = rep.find("pytorch-model");
   const auto verdict = [](bool met) { return met ? "met" : "MISSED"; };
-  if (const Row* e = rep.find("expandable-pool")) {
+  // A run that failed before the end has no figures to meet a goal with.
+  const auto unfinished = [&](const Row& r) {
+    if (!r.completed) {
+      out.push_back(fmt::format("{} did not complete the trace on this card: every goal MISSED", r.name));
+    }
+    return !r.completed;
+  };
+  if (const Row* e = rep.find("expandable-pool"); e && !unfinished(*e)) {
     const double ratio = static_cast<double>(e->peak_reserved) / live;
     out.push_back(
         fmt::format("expandable-pool reserves {:.3f}x peak live (goal <= 1.03x): {}", ratio, verdict(ratio <= 1.03)));
@@ -91,14 +98,20 @@ inline std::vector<std::string> goal_lines(const Report& rep) {
       }
     }
   }
-  if (const Row* c = rep.find("caching-pool"); c && recorded) {
+  if (const Row* c = rep.find("caching-pool"); c && recorded && c->completed) {
     out.push_back(fmt::format("caching-pool reserves {} against pytorch-recorded's {} (goal: no more): {}",
                               gib(c->peak_reserved), gib(recorded->peak_reserved),
                               verdict(c->peak_reserved <= recorded->peak_reserved)));
   }
-  if (model) {
+  if (model && !unfinished(*model)) {
     for (const Row& r : rep.rows) {
       if (r.name.rfind("pytorch", 0) == 0 || r.name == "no-cache" || r.name == "peak-live") {
+        continue;
+      }
+      if (!r.completed) {
+        if (r.name != "expandable-pool") { // said above
+          (void)unfinished(r);
+        }
         continue;
       }
       if (r.smallest_card && model->smallest_card) {
@@ -150,10 +163,10 @@ inline void print_table(const Report& rep) {
                100.0 * (static_cast<double>(r.peak_reserved) / static_cast<double>(recorded->peak_reserved) - 1),
                r.device_calls.value_or(0), recorded->device_calls.value_or(0));
   };
-  if (model && recorded && recorded->peak_reserved > 0) {
+  if (model && model->completed && recorded && recorded->peak_reserved > 0) {
     against(*model, "(start rebuilt from live blocks, as for every allocator)");
   }
-  if (rep.seeded_model && recorded && recorded->peak_reserved > 0) {
+  if (rep.seeded_model && rep.seeded_model->completed && recorded && recorded->peak_reserved > 0) {
     against(*rep.seeded_model, "started from the recorded segments");
   }
   const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card

@@ -143,6 +143,23 @@ TEST_CASE("aligned takes leave the pad free, and regions never merge") {
   CHECK(r.consistent());
 }
 
+TEST_CASE("region ids of removed regions are reused, so a long run of segments does not grow the table") {
+  BestFitRanges r;
+  const auto keep = r.add_region(0x100000, 4096);
+  for (std::uintptr_t i = 0; i < 1000; ++i) {
+    const auto region = r.add_region(0x200000 + i * 0x10000, 8192);
+    const auto got = r.take(8192);
+    REQUIRE(got.has_value());
+    CHECK(r.region(got->handle) == region);
+    CHECK(!r.region_free(region));
+    r.give(got->handle);
+    r.remove_region(region);
+  }
+  CHECK(r.region_ids() == 2);
+  CHECK(r.region_free(keep));
+  CHECK(r.consistent());
+}
+
 TEST_CASE("best fit against a reference model, over many regions and alignments") {
   std::mt19937_64 rng(7);
   BestFitRanges r;

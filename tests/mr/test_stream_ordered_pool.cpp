@@ -90,12 +90,16 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.try_deallocate(s0, p, 2 * KiB, 256).error() == Errc::invalid_size);
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::invalid_size);
   CHECK(pool.owns(p));
+  CHECK(pool.owns(static_cast<char*>(p) + KiB - 1)); // inside the block
+  CHECK_FALSE(pool.owns(static_cast<char*>(p) + KiB));
+  CHECK_FALSE(pool.owns(&local));
   REQUIRE(pool.try_deallocate(s0, p, 1 * KiB, 256));
-  CHECK_FALSE(pool.owns(p));
+  CHECK(pool.owns(p));                                                            // cached: still the pool's memory
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
   CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
   CHECK_THROWS_AS(pool.allocate(s0, 128 * KiB, 256), std::bad_alloc);
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
+  CHECK_FALSE(pool.owns(p));
   CHECK(pool.stats().upstream_failures == 2);
   CHECK_THROWS_AS(Pool(SimulatedCard(KiB), SimulatedStreams(1), {.granularity = 3}), carve::Exception);
   CHECK(pool.trim() == 0);

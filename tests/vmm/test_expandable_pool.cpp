@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -362,6 +363,64 @@ TEST_CASE("streams: a block freed on another stream waits for that stream's work
   pool.deallocate(s0, c, 4 * KiB, 256);
   pool.deallocate(s1, b, 4 * KiB, 256);
   CHECK(pool.trim() == 2 * granule);
+}
+
+// SimulatedStreams that count the events the pool holds, so a test sees each one given back.
+struct CountingStreams {
+  using stream_type = carve::SimulatedStream;
+  using event_type = carve::SimulatedStreams::event_type;
+  carve::SimulatedStreams inner{2};
+  std::shared_ptr<long> held = std::make_shared<long>(0);
+  carve::Result<event_type> record(stream_type s) {
+    auto e = inner.record(s);
+    *held += e ? 1 : 0;
+    return e;
+  }
+  bool completed(event_type e) const { return inner.completed(e); }
+  void release(event_type) noexcept { --*held; }
+};
+static_assert(carve::StreamEvents<CountingStreams> && !carve::StreamEventsThatWait<CountingStreams>);
+
+TEST_CASE("streams: memory freed on a stream stays mapped until the stream's work has run") {
+  using StreamPool = ExpandablePool<HostMemoryMapper, CountingStreams>;
+  const carve::SimulatedStream s0{0};
+  const carve::SimulatedStream s1{1};
+  std::shared_ptr<long> held;
+  std::shared_ptr<long> held_capped;
+  {
+    StreamPool pool(mapper(), small({.growth_divisor = 0, .release_threshold = 0}));
+    held = pool.streams().held;
+    void* a = *pool.try_allocate(s0, granule, 512);
+    void* b = *pool.try_allocate(s0, granule, 512);
+    pool.streams().inner.enqueue(s0); // a kernel that uses a and b
+    pool.deallocate(s0, a, granule, 512);
+    CHECK(pool.stats().bytes_reserved == 2 * granule); // idle past the threshold, but the kernel may run yet
+    CHECK(pool.trim() == 0);                           // these streams cannot be waited on: nothing goes
+    CHECK(*pool.try_allocate(s0, granule, 512) == a);  // the stream itself may reuse it at once
+    pool.deallocate(s0, a, granule, 512);
+    pool.streams().inner.complete(s0);
+    pool.deallocate(s0, b, granule, 512); // the kernel has run: both chunks go at this free
+    CHECK(pool.stats().bytes_reserved == 0);
+    CHECK(pool.consistent());
+
+    // Under pressure, another stream does not get memory s0's queued work may still touch.
+    StreamPool capped(mapper(), small({.max_reserved_bytes = 2 * granule, .growth_divisor = 0}));
+    void* c = *capped.try_allocate(s0, 2 * granule, 512);
+    capped.streams().inner.enqueue(s0);
+    capped.deallocate(s0, c, 2 * granule, 512);
+    CHECK(capped.try_allocate(s1, granule, 512).error() == Errc::no_space);
+    CHECK(capped.stats().bytes_reserved == 2 * granule);
+    capped.streams().inner.complete(s0);
+    void* d = *capped.try_allocate(s1, granule, 512); // s0's chunk unmapped, s1's mapped
+    CHECK(capped.stats().bytes_reserved == granule);
+    capped.streams().inner.enqueue(s0);
+    capped.deallocate(s0, d, granule, 512); // freed on another stream: its event is held when the pool goes
+    CHECK(capped.stats().pending_frees == 1);
+    CHECK(*capped.streams().held == 1);
+    held_capped = capped.streams().held;
+  }
+  CHECK(*held == 0); // every event recorded was given back, the last ones at destruction
+  CHECK(*held_capped == 0);
 }
 
 TEST_CASE("the release threshold unmaps the least recently idle chunks first") {

@@ -10,8 +10,11 @@
 /// @endcode
 ///
 /// Its addresses come from one range reserved with no access (PROT_NONE, MAP_NORESERVE): twice the
-/// capacity, so that where blocks land never decides whether a request fits (on a GPU a large
-/// cudaMalloc is mapped from pages anywhere, so only the bytes count). They are unique in the
+/// capacity, because on a GPU a large cudaMalloc is mapped from pages anywhere, so only the bytes
+/// count, and here the addresses must not be what runs out first. Twice is room for any history
+/// short of one whose free holes (with the 2 MiB alignment of large blocks) pass the capacity
+/// itself; a request refused for want of an address range then is refused as no_space all the
+/// same, so a replay that fragments addresses that badly reads as needing a larger card. They are unique in the
 /// process and fault if anything touches them, so a replay that reads or writes a block it was
 /// given stops at once instead of corrupting memory. Nothing is ever backed: a replay of a
 /// 60 GiB trace costs the bookkeeping alone.

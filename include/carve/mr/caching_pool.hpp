@@ -27,8 +27,9 @@
 ///
 /// Bookkeeping: every block is a range of a BestFitRanges with one region per segment (so blocks
 /// never merge across segments), live blocks are found by address in an open-addressing table, and
-/// whole free segments wait on a list in the order they fell free: O(log n) in the cached blocks per
-/// call, and one step per segment given back.
+/// whole free segments wait on a list in the order they fell free: a call costs a few bit
+/// operations plus the free blocks of the size class it searches (see BestFitRanges), and one step
+/// per segment given back.
 ///
 /// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
 /// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
@@ -313,10 +314,16 @@ private:
       }
     }
     const std::uintptr_t base = to_addr(*got_segment);
+    BestFitRanges::Region r = 0;
     try {
-      segments_.reserve(segments_.size() + 1);
-      const BestFitRanges::Region r = ranges_.add_region(base, got);
-      segments_.push_back(Segment{base, got, false, none, none}); // regions are numbered in order: r is its index
+      if (segments_.size() == segments_.capacity()) { // a new region id may be one past the end
+        segments_.reserve(std::max<std::size_t>(8, 2 * segments_.capacity()));
+      }
+      r = ranges_.add_region(base, got);
+      if (r == segments_.size()) {
+        segments_.emplace_back();
+      }
+      segments_[r] = Segment{base, got, false, none, none}; // segments_ is indexed by region id
       try {
         by_base_.emplace(base, r);
       } catch (...) {
@@ -330,6 +337,9 @@ private:
     ++counters_.upstream_allocations;
     reserved_ += got;
     counters_.peak_reserved = std::max(counters_.peak_reserved, reserved_);
+    // Idle until the block is cut from it: if that cannot be done (no memory for the split), the
+    // segment stays cached, and releasable, rather than lost.
+    idle(r);
     return take_cached(size); // the new segment is the one free range that fits
   }
 
@@ -339,13 +349,18 @@ private:
     const BestFitRanges::Region r = ranges_.region(h);
     counters_.merges += ranges_.give(h).joined;
     if (ranges_.region_free(r)) {
-      Segment& s = segments_[r];
-      s.idle = true;
-      s.prev_idle = idle_.last;
-      s.next_idle = none;
-      (idle_.last == none ? idle_.first : segments_[idle_.last].next_idle) = r;
-      idle_.last = r;
+      idle(r);
     }
+  }
+
+  /// A segment now wholly free: last on the idle list.
+  void idle(BestFitRanges::Region r) noexcept {
+    Segment& s = segments_[r];
+    s.idle = true;
+    s.prev_idle = idle_.last;
+    s.next_idle = none;
+    (idle_.last == none ? idle_.first : segments_[idle_.last].next_idle) = r;
+    idle_.last = r;
   }
 
   /// A segment that was wholly free is in use again: off the idle list.
@@ -381,7 +396,7 @@ private:
   PoolOptions options_;
   mutable std::mutex mutex_;
   BestFitRanges ranges_;                                    ///< every block: one region per segment
-  std::vector<Segment> segments_;                           ///< by region number (segments ever made)
+  std::vector<Segment> segments_;                           ///< by region id (ids are reused)
   std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address
   IdleList idle_;
   detail::AddressTable<BestFitRanges::Handle> live_; ///< live blocks by address

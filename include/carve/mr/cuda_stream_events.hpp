@@ -1,6 +1,7 @@
 /// @file carve/mr/cuda_stream_events.hpp
 /// CUDA streams and events as StreamOrderedPool's StreamEvents: `cuda::stream_ref` streams, and
-/// events recorded with cudaEventRecord and asked with cudaEventQuery (never waited on).
+/// events recorded with cudaEventRecord and asked with cudaEventQuery; waited on
+/// (cudaEventSynchronize) only where a pool must unmap memory the stream may still use.
 ///
 /// @code
 /// carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams> pool(carve::CudaDeviceResource(0));
@@ -69,6 +70,13 @@ public:
     }
     return q == cudaSuccess;
   }
+  /// Blocks until the work before the event has run (cudaEventSynchronize; an error is cleared and
+  /// leaves completed() false).
+  void wait(cudaEvent_t e) const noexcept {
+    if (cudaEventSynchronize(e) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
   /// Keeps the event for the next record().
   void release(cudaEvent_t e) noexcept {
     try {
@@ -82,7 +90,7 @@ private:
   std::vector<cudaEvent_t> spare_;
 };
 
-static_assert(StreamEvents<CudaStreams>);
+static_assert(StreamEventsThatWait<CudaStreams>);
 
 } // namespace carve
 #endif

@@ -24,6 +24,9 @@ namespace carve {
 /// What a stream-ordered pool needs of streams: `record(stream)` returns an event that completes
 /// once the work queued on `stream` so far has run, `completed(event)` asks without waiting, and
 /// `release(event)` gives the event back. Streams compare equal when they are the same stream.
+/// A type may also offer `wait(event)`, which blocks until the event completes (see
+/// StreamEventsThatWait): a pool that must unmap memory a stream may still touch uses it rather
+/// than fail.
 template <class S>
 concept StreamEvents = requires(S& s, typename S::stream_type stream, typename S::event_type event) {
   { s.record(stream) } -> std::same_as<Result<typename S::event_type>>;
@@ -31,6 +34,13 @@ concept StreamEvents = requires(S& s, typename S::stream_type stream, typename S
   { s.release(event) }
   noexcept;
   { stream == stream } -> std::convertible_to<bool>;
+};
+
+/// StreamEvents that can also block until an event completes.
+template <class S>
+concept StreamEventsThatWait = StreamEvents<S> && requires(S& s, typename S::event_type event) {
+  { s.wait(event) }
+  noexcept;
 };
 
 /// A simulated stream: a number. Two streams are the same when their numbers are.
@@ -89,7 +99,8 @@ public:
     const std::lock_guard lock(mutex_);
     return done_.at(e.stream) >= e.position;
   }
-  /// Nothing to give back.
+  /// Nothing to give back. (No wait(): here only the test completes work, so a pool that would
+  /// wait says no instead.)
   void release(event_type) noexcept {}
 
 private:
@@ -121,8 +132,10 @@ public:
   bool completed(event_type) const noexcept { return true; }
   /// Nothing to give back.
   void release(event_type) noexcept {}
+  /// Nothing to wait for.
+  void wait(event_type) const noexcept {}
 };
 
-static_assert(StreamEvents<SynchronousStreams>);
+static_assert(StreamEventsThatWait<SynchronousStreams>);
 
 } // namespace carve

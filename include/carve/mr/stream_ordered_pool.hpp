@@ -25,8 +25,9 @@
 ///
 /// Errors: invalid_size (check_request); no_space when the upstream refuses, even after every
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
-/// before failing), and no cached block fits. A refused request changes nothing else. A free whose event cannot be
-/// recorded keeps its block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the
+/// before failing), and no cached block fits. A refused request makes no block; the cached blocks
+/// it gave back to the upstream in trying stay given back. A free whose event cannot be recorded
+/// keeps its block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the
 /// streams are driven from the host, whatever memory the upstream hands out.
 #pragma once
 
@@ -146,16 +147,15 @@ public:
     return release_ready();
   }
 
-  /// Whether `p` lies in a block handed out by this pool.
+  /// Whether `p` lies in a block this pool holds from its upstream (handed out or cached).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     if (live_.find(a) != nullptr) {
       return true; // a block's start: what a FallbackResource asks about when it routes a free
     }
-    bool inside = false; // an interior pointer: every block looked at
-    live_.for_each([&](std::uintptr_t start, const Live& b) { inside = inside || (a >= start && a - start < b.size); });
-    return inside;
+    const auto after = held_.upper_bound(a); // an interior pointer, or another resource's block
+    return after != held_.begin() && a - std::prev(after)->first < std::prev(after)->second;
   }
   /// The figures so far.
   StreamPoolStats stats() const noexcept {
@@ -257,11 +257,13 @@ private:
         return cuda::std::unexpected(fresh.error() == Errc::invalid_size ? Errc::invalid_size : Errc::no_space);
       }
       try {
-        live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
+        live_.make_room();
+        held_.emplace(reinterpret_cast<std::uintptr_t>(*fresh), size);
       } catch (...) {
         upstream_.deallocate(*fresh, size, alignment);
         throw;
       }
+      live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
       ++stats_.upstream_allocations;
       stats_.bytes_in_use += size;
       return *fresh;
@@ -282,14 +284,16 @@ private:
       if (found->bytes != bytes || found->alignment != alignment) {
         return cuda::std::unexpected(Errc::invalid_size);
       }
-      Cached c{p, alignment, stream, std::nullopt};
-      if (stream) {
-        if (auto e = streams_.record(*stream)) {
-          c.event = *e;
-        } // else: no event, so the block stays with its stream (see take)
-      }
       const std::size_t size = found->size;
-      cached_.emplace(size, c);
+      const auto cached = cached_.emplace(size, Cached{p, alignment, stream, std::nullopt});
+      if (stream) { // recorded once the block is filed, so that the event cannot be lost
+        try {
+          if (auto e = streams_.record(*stream)) {
+            cached->second.event = *e;
+          }
+        } catch (const std::bad_alloc&) {
+        } // no event: the block stays with its stream (see take)
+      }
       live_.erase(address);
       stats_.bytes_in_use -= size;
       stats_.bytes_cached += size;
@@ -309,6 +313,7 @@ private:
       }
       freed += it->first;
       drop_event(it->second);
+      held_.erase(reinterpret_cast<std::uintptr_t>(it->second.address));
       upstream_.deallocate(it->second.address, it->first, it->second.alignment);
       stats_.bytes_cached -= it->first;
       it = cached_.erase(it);
@@ -322,14 +327,16 @@ private:
       upstream_.deallocate(c.address, size, c.alignment);
     }
     cached_.clear();
+    held_.clear();
   }
 
   Upstream upstream_;
   Streams streams_;
   StreamPoolOptions options_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, Cached> cached_; ///< by block size
-  detail::AddressTable<Live> live_;           ///< by address
+  std::multimap<std::size_t, Cached> cached_;  ///< by block size
+  detail::AddressTable<Live> live_;            ///< by address
+  std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;
 };
 

@@ -22,21 +22,25 @@
 /// request is retried), on trim(), or beyond ExpandablePoolOptions::release_threshold. What is
 /// mapped is the live blocks, the holes between them and the unused end of the last chunk.
 ///
-/// Streams: a block allocated on stream S comes from S's reservation, and freed on S it can be
-/// reused by S at once (stream order makes it safe). Freed on another stream T, it waits until an
-/// event recorded on T at the free has completed; freed synchronously (the caller has
-/// synchronised), it is free at once. Memory moves between streams by unmapping idle chunks in one
-/// reservation and mapping new ones in another. The synchronous spellings allocate from a
-/// reservation of their own. With the default SynchronousStreams there is one stream and every
-/// event is complete.
+/// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
+/// at once (stream order makes it safe); freed on another stream T, it waits for an event recorded
+/// on T at the free; freed synchronously, it is free at once. Memory moves between streams by
+/// unmapping idle chunks in one reservation and mapping new ones in another, and a chunk is
+/// unmapped only once its stream's work queued before the frees that left it idle has run: trim(),
+/// the retry under pressure and destruction wait for that where the Streams can
+/// (StreamEventsThatWait: CudaStreams); the release threshold never waits, and unmaps such a chunk
+/// at a later free. The synchronous spellings have a reservation of their own; the default
+/// SynchronousStreams has one stream whose events are always complete.
 ///
-/// Errors (nothing changes): invalid_size (check_request); no_space for an alignment above the
-/// device's granularity, a size that overflows when rounded, a full address space, or physical
-/// memory refused by the device or by max_reserved_bytes after idle chunks were unmapped (the
-/// message of the mapper's last refusal is in last_failure()). try_deallocate: not_allocated,
-/// invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not copyable; a
-/// moved-from pool may only be destroyed. Destruction unmaps everything: blocks still out are
-/// invalid with it.
+/// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
+/// unmapped): invalid_size (check_request); no_space for an alignment above the device's
+/// granularity, a size that overflows when rounded, a full address space, or physical memory
+/// refused by the device or by max_reserved_bytes after idle chunks were unmapped (the message of
+/// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes):
+/// not_allocated, invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not
+/// copyable; a moved-from pool may only be destroyed or assigned to. Destruction waits for the
+/// streams' work on freed blocks (where the Streams can) and unmaps everything: blocks still out
+/// are invalid with it.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -46,6 +50,8 @@
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/stream_events.hpp>
+#include <carve/vmm/detail/idle_chunks.hpp>
+#include <carve/vmm/detail/stream_frees.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
@@ -54,7 +60,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -89,16 +94,23 @@ public:
       throw Exception(Errc::invalid_argument, "carve::ExpandablePool: granularity " + std::to_string(b) +
                                                   " is not a power of two at most the device's " + std::to_string(*g));
     }
-    if (options.address_space_bytes == 0) {
-      const std::size_t cap = options.max_reserved_bytes;
-      s_->options.address_space_bytes = cap <= (std::size_t{1} << 40) ? std::max(2 * cap, *g) : std::size_t{256} << 30;
-    }
+    s_->options.address_space_bytes = resolved_address_space(options, *g);
     if (s_->options.address_space_bytes < *g) {
       throw Exception(Errc::invalid_argument, "carve::ExpandablePool: an address space of " +
                                                   std::to_string(options.address_space_bytes) +
                                                   " bytes is below the granularity " + std::to_string(*g));
     }
   }
+
+  ExpandablePool(ExpandablePool&&) noexcept = default;
+  ExpandablePool& operator=(ExpandablePool&& other) noexcept {
+    if (this != &other) {
+      close();
+      s_ = std::move(other.s_);
+    }
+    return *this;
+  }
+  ~ExpandablePool() { close(); }
 
   /// A block on `stream`. Errors: see the top of this header.
   cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
@@ -144,16 +156,17 @@ public:
     }
   }
 
-  /// Unmaps every chunk no block touches (frees whose stream work has completed count as free);
-  /// returns the bytes unmapped.
+  /// Unmaps every chunk no block touches (frees whose stream work has completed count as free),
+  /// first waiting for the streams' work on freed blocks where the Streams can wait (without
+  /// that, a reservation whose stream is still busy keeps its chunks); returns the bytes unmapped.
   std::size_t trim() noexcept {
     const std::lock_guard lock(s_->mutex);
     try {
       collect_pending();
     } catch (const std::bad_alloc&) {
-      // frees that could not join the free ranges stay pending; the rest is trimmed
+      // frees whose event could not be recorded stay pending; the rest is trimmed
     }
-    return release_idle();
+    return release_idle(true);
   }
 
   /// The figures now, taken under the lock.
@@ -252,22 +265,20 @@ public:
   friend bool operator==(const ExpandablePool& a, const ExpandablePool& b) noexcept { return a.s_ == b.s_; }
 
 private:
-  using event_type = typename Streams::event_type;
   struct Space {
     std::optional<stream_type> stream; ///< nullopt: the synchronous reservation
     OnDemandReservation<Mapper> memory;
     BestFitRanges free;
+    detail::StreamFence<Streams> fence; ///< which frees the stream's work has passed
   };
   struct Live {
     std::size_t size = 0;             ///< rounded to the granularity
     BestFitRanges::Handle handle = 0; ///< its range in the reservation
     std::uint32_t space = 0;          ///< index into State::spaces
   };
-  struct Pending { // freed on another stream: waits for that stream's work
+  struct Freed { // a block freed on another stream than its reservation's
     BestFitRanges::Handle handle = 0;
     std::uint32_t space = 0;
-    stream_type stream;
-    std::optional<event_type> event; ///< nullopt: not recorded yet (recording failed), tried again later
   };
   struct State {
     State(Mapper m, Streams s, ExpandablePoolOptions o) : mapper(std::move(m)), streams(std::move(s)), options(o) {}
@@ -278,11 +289,9 @@ private:
     mutable std::mutex mutex;
     std::vector<std::unique_ptr<Space>> spaces;
     detail::AddressTable<Live> live;
-    std::vector<Pending> pending;
-    /// (space, chunk start) -> (when it fell idle, its bytes); kept only with a finite release_threshold
-    std::map<std::pair<std::uint32_t, std::uintptr_t>, std::pair<std::uint64_t, std::size_t>> idle;
-    std::size_t idle_bytes = 0;
-    std::uint64_t tick = 0;
+    detail::CrossStreamFrees<Streams, Freed> pending;
+    detail::IdleChunks idle; ///< kept only with a finite release_threshold
+    std::uint64_t frees = 0; ///< successful frees so far: the clock that chunks and fences are timed by
     std::size_t reserved = 0;
     ExpandablePoolStats stats; ///< the counters kept here; the rest is filled in by stats()
   };
@@ -303,24 +312,25 @@ private:
       if (index == no_space_index) {
         return cuda::std::unexpected(Errc::no_space);
       }
+      s_->live.make_room(); // once memory is mapped for the block, recording it cannot fail
       Space& space = *s_->spaces[index];
       for (int attempt = 0; attempt < 2; ++attempt) {
         const auto taken = space.free.take(size, std::max(alignment, s_->options.granularity));
         if (!taken) {
           break; // the address space is full: unmapping changes nothing
         }
-        if (const auto added = space.memory.back(taken->start, size, [this] { return chunk_rule(); })) {
-          try {
-            s_->live.insert(taken->start, Live{size, taken->handle, index});
-          } catch (const std::bad_alloc&) {
-            space.free.give(taken->handle);
-            throw;
-          }
+        Result<std::size_t> added = cuda::std::unexpected(Error{Errc::no_space, {}});
+        try {
+          added = space.memory.back(taken->start, size, [this] { return chunk_rule(); });
+        } catch (const std::bad_alloc&) { // nothing was mapped
+        }
+        if (added) {
+          s_->live.insert(taken->start, Live{size, taken->handle, index});
           note_allocation(index, taken->start, size, *added);
           return reinterpret_cast<void*>(taken->start);
         }
         space.free.give(taken->handle);
-        if (release_idle() == 0) {
+        if (release_idle(true) == 0) {
           break; // nothing to unmap: another attempt would fail the same way
         }
       }
@@ -348,16 +358,13 @@ private:
       if (!stream || (space.stream && *space.stream == *stream)) {
         freed = space.free.give(block.handle);
       } else {
-        Pending wait{block.handle, block.space, *stream, std::nullopt};
-        if (auto e = s_->streams.record(*stream)) {
-          wait.event = *e;
-        }
-        s_->pending.push_back(std::move(wait));
+        s_->pending.add(s_->streams, Freed{block.handle, block.space}, *stream);
       }
     } catch (const std::bad_alloc&) { // the pool's tables could not grow: the block stays live
       return cuda::std::unexpected(Errc::no_space);
     }
     s_->live.erase(addr);
+    ++s_->frees;
     ++s_->stats.deallocations;
     s_->stats.bytes_in_use -= block.size;
     if (freed) {
@@ -392,7 +399,7 @@ private:
     }
     const std::uintptr_t base = memory->base();
     const std::size_t size = memory->bytes();
-    s_->spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size)}));
+    s_->spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}}));
     return static_cast<std::uint32_t>(s_->spaces.size() - 1);
   }
 
@@ -411,90 +418,82 @@ private:
     s_->reserved += added;
     st.peak_reserved = std::max(st.peak_reserved, s_->reserved);
     if (tracks_idle()) { // chunks under the new block are in use again
-      s_->spaces[space]->memory.for_each_chunk_in(addr, size, [&](std::uintptr_t start, std::size_t bytes) {
-        if (s_->idle.erase({space, start}) != 0) {
-          s_->idle_bytes -= bytes;
-        }
-      });
+      s_->spaces[space]->memory.for_each_chunk_in(
+          addr, size, [&](std::uintptr_t start, std::size_t) { s_->idle.in_use(space, start); });
     }
   }
 
   // With a finite release_threshold: the chunks that now lie wholly in the free range `span` join
-  // the idle list, and the least recently idle go while the list holds too much. (A chunk the list
-  // has no room for is not tracked: trim() and the retry under pressure still find it.)
+  // the idle list, and the least recently idle go while the list holds too much, as far as their
+  // streams' work has run (this never waits: a later free finds it done).
   void note_free(std::uint32_t space, BestFitRanges::Span span) noexcept {
     if (!tracks_idle()) {
       return;
     }
     s_->spaces[space]->memory.for_each_chunk_in(span.start, span.bytes, [&](std::uintptr_t start, std::size_t bytes) {
-      if (start < span.start || start + bytes > span.start + span.bytes) {
-        return; // a block still touches it
-      }
-      try {
-        if (s_->idle.try_emplace({space, start}, ++s_->tick, bytes).second) {
-          s_->idle_bytes += bytes;
-        }
-      } catch (const std::bad_alloc&) {
+      if (start >= span.start && start + bytes <= span.start + span.bytes) {
+        s_->idle.fell_idle(space, start, bytes, s_->frees);
       }
     });
-    while (s_->idle_bytes > s_->options.release_threshold) {
-      const auto oldest = std::min_element(s_->idle.begin(), s_->idle.end(), [](const auto& a, const auto& b) {
-        return a.second.first < b.second.first;
-      });
-      const auto [which, start] = oldest->first;
-      const std::size_t bytes = oldest->second.second;
-      s_->idle.erase(oldest);
-      s_->idle_bytes -= bytes;
-      s_->reserved -= s_->spaces[which]->memory.release_within(start, bytes);
+    while (s_->idle.bytes() > s_->options.release_threshold) {
+      const auto oldest = s_->idle.oldest();
+      if (!oldest || !settled(*s_->spaces[oldest->space], oldest->since, false)) {
+        break;
+      }
+      s_->idle.drop_oldest();
+      s_->reserved -= s_->spaces[oldest->space]->memory.release_within(oldest->start, oldest->bytes);
     }
+  }
+
+  // Whether memory of `space` freed by free number `since` may be unmapped: its stream's work
+  // before that free has run (StreamFence). `wait`: block until then, where the Streams can.
+  bool settled(Space& space, std::uint64_t since, bool wait) noexcept {
+    // The synchronous reservation: every free came after the caller synchronised.
+    return !space.stream || space.fence.settled(s_->streams, *space.stream, since, s_->frees, wait);
   }
 
   bool tracks_idle() const noexcept { return s_->options.release_threshold != std::numeric_limits<std::size_t>::max(); }
 
-  // Unmaps every idle chunk (one that lies wholly in a free range) in every reservation; returns
+  // Unmaps every idle chunk (one that lies wholly in a free range) in every reservation whose
+  // stream's work on freed blocks has run (`wait`: waiting for it where the Streams can); returns
   // the bytes unmapped.
-  std::size_t release_idle() noexcept {
+  std::size_t release_idle(bool wait) noexcept {
     std::size_t released = 0;
     for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
       Space& space = *s_->spaces[i];
+      if (!settled(space, s_->frees, wait)) {
+        continue;
+      }
       space.free.for_each_free([&](std::uintptr_t start, std::size_t bytes) {
         const std::size_t freed = space.memory.release_within(start, bytes);
         released += freed;
         s_->reserved -= freed;
-        if (freed != 0 && tracks_idle()) {
-          const auto first = s_->idle.lower_bound({i, start});
-          auto last = first;
-          for (; last != s_->idle.end() && last->first.first == i && last->first.second < start + bytes; ++last) {
-            s_->idle_bytes -= last->second.second;
-          }
-          s_->idle.erase(first, last);
+        if (freed != 0) {
+          s_->idle.unmapped(i, start, bytes);
         }
       });
     }
     return released;
   }
 
-  // Frees whose streams' work has completed become free memory. Throws std::bad_alloc (the
-  // free ranges could not grow) with that free still pending.
+  // Frees whose streams' work has completed become free memory (CrossStreamFrees::collect,
+  // which may throw std::bad_alloc, leaving the rest pending).
   void collect_pending() {
-    auto& pending = s_->pending;
-    for (std::size_t i = 0; i < pending.size();) {
-      Pending& p = pending[i];
-      if (!p.event) {
-        if (auto e = s_->streams.record(p.stream)) {
-          p.event = *e;
-        }
-      }
-      if (!p.event || !s_->streams.completed(*p.event)) {
-        ++i;
-        continue;
-      }
-      const auto freed = s_->spaces[p.space]->free.give(p.handle);
-      s_->streams.release(*p.event);
-      note_free(p.space, freed);
-      pending[i] = std::move(pending.back());
-      pending.pop_back();
+    s_->pending.collect(s_->streams, [&](Freed f) { note_free(f.space, s_->spaces[f.space]->free.give(f.handle)); });
+  }
+
+  // Gives back the events it holds, first waiting (where the Streams can) for the work that may
+  // still use freed memory, which the reservations unmap as they go.
+  void close() noexcept {
+    if (!s_) {
+      return;
     }
+    for (auto& space : s_->spaces) {
+      (void)settled(*space, s_->frees, true);
+      space->fence.close(s_->streams);
+    }
+    s_->pending.close(s_->streams);
+    s_.reset();
   }
 
   std::unique_ptr<State> s_;

@@ -2,6 +2,7 @@
 /// How an ExpandablePool grows and shrinks, and what it reports about itself.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -17,21 +18,34 @@ struct ExpandablePoolOptions {
   /// pass it is refused (no_space) after idle memory is unmapped.
   std::size_t max_reserved_bytes = std::numeric_limits<std::size_t>::max();
   /// Addresses reserved per stream (physical memory is mapped into them only where blocks land).
-  /// 0: twice max_reserved_bytes when that is set, else 256 GiB, enough for any one card today.
+  /// 0: twice max_reserved_bytes when that is at most 1 TiB (a cap was set), else 256 GiB, enough
+  /// for any one card today.
   std::size_t address_space_bytes = 0;
   /// A new chunk of physical memory maps at least the memory held so far divided by this (where the
   /// granules after the request are free), so a pool that grows by many small requests makes few
-  /// driver calls: about growth_divisor times the logarithm of its growth, never one per request.
+  /// driver calls: about growth_divisor times the natural logarithm of its growth chunks, two calls
+  /// each (create and map), never one per request.
   /// The price is the unused end of the last chunk, at most 1/growth_divisor of what is held.
   /// 0: a chunk maps only the granules its request touches.
   std::size_t growth_divisor = 48;
-  /// The least a new chunk maps (where the granules after the request are free). 0: one granule.
+  /// The least a new chunk maps (where the granules after the request are free), in whole granules
+  /// (rounded down). 0: one granule.
   std::size_t min_chunk_bytes = 0;
   /// Mapped memory no block uses that the pool keeps for reuse. Whole chunks beyond it are
   /// unmapped, least recently used first, as blocks are freed. The default keeps them all (the next
   /// training step needs them again) and unmaps only when the device refuses memory or on trim().
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
 };
+
+/// address_space_bytes as a pool over a device of granularity `granule` uses it (0 resolved as its
+/// comment says).
+constexpr std::size_t resolved_address_space(const ExpandablePoolOptions& o, std::size_t granule) noexcept {
+  if (o.address_space_bytes != 0) {
+    return o.address_space_bytes;
+  }
+  const std::size_t cap = o.max_reserved_bytes;
+  return cap <= (std::size_t{1} << 40) ? std::max(2 * cap, granule) : std::size_t{256} << 30;
+}
 
 /// An ExpandablePool's figures at one moment (ExpandablePool::stats()).
 struct ExpandablePoolStats {

@@ -22,7 +22,8 @@
 ///
 /// Errors (nothing changes: chunks made by a failed back are unmapped again): the mapper's Error
 /// (no_space when the device is out of memory), no_space when the limit would be passed,
-/// out_of_range for a range outside the reservation. Not thread-safe: its owner holds the lock.
+/// out_of_range for a range outside the reservation; back() throws std::bad_alloc, with nothing
+/// changed, only when its own bookkeeping cannot grow. Not thread-safe: its owner holds the lock.
 /// Movable, not copyable; destruction unmaps every chunk and frees the reservation.
 #pragma once
 
@@ -120,7 +121,8 @@ public:
     const std::size_t total = bytes_ / granule_;
     const std::size_t min_granules = std::max<std::size_t>(1, rule.min_bytes / granule_);
     std::size_t limit = rule.limit_bytes / granule_;
-    std::vector<std::size_t> made;
+    std::vector<std::size_t> made; // room for every chunk first: a chunk once mapped is never lost
+    made.reserve(unmapped_runs(first, last));
     std::size_t added = 0;
     for (std::size_t g = first; g <= last;) {
       if (mapped(g)) {
@@ -272,6 +274,22 @@ private:
     const std::size_t start = owner_[g] - 1;
     return start + chunks_.find(start)->second;
   }
+  // How many runs of unmapped granules [first, last] holds: the most chunks back() makes there.
+  std::size_t unmapped_runs(std::size_t first, std::size_t last) const noexcept {
+    std::size_t runs = 0;
+    for (std::size_t g = first; g <= last;) {
+      if (mapped(g)) {
+        g = end_of(g);
+        continue;
+      }
+      ++runs;
+      while (g <= last && !mapped(g)) {
+        ++g;
+      }
+    }
+    return runs;
+  }
+
   bool covered(std::size_t first, std::size_t last) const noexcept {
     for (std::size_t g = first; g <= last; g = end_of(g)) {
       if (!mapped(g)) {

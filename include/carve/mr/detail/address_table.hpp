@@ -34,11 +34,16 @@ public:
   // Adds `key` (non-zero, not present). Throws std::bad_alloc (nothing changes) when the table
   // must grow and cannot.
   void insert(std::uintptr_t key, V value) {
+    make_room();
+    place(key, std::move(value));
+    ++size_;
+  }
+  // Room for one more key, so that the next insert cannot throw: a pool calls it before it makes a
+  // change that recording the block must not fail after. Throws std::bad_alloc (nothing changes).
+  void make_room() {
     if (2 * (size_ + 1) > slots_.size()) {
       grow();
     }
-    place(key, std::move(value));
-    ++size_;
   }
 
   // Removes `key`; false when it is not present.

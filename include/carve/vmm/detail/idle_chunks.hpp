@@ -1,0 +1,92 @@
+// carve/vmm/detail/idle_chunks.hpp — the chunks of an ExpandablePool that no block touches, least
+// recently idle first: what the pool unmaps once more than its release threshold lies idle.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <new>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <utility>
+
+namespace carve::detail {
+
+// Idle chunks by (reservation, start), each with the pool's free count when it fell idle (its
+// age, and what tells the pool whether the stream work before it has run) and its size. Finding
+// the oldest is a lookup, not a search. Not thread-safe: the pool holds its lock.
+class IdleChunks {
+public:
+  struct Chunk {
+    std::uint32_t space = 0;
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0;
+    std::uint64_t since = 0; ///< the pool's free count when it fell idle
+  };
+
+  // A chunk no block touches now. A chunk the tables have no room for is not listed: trim() and
+  // the retry under pressure still find it by looking at the free ranges.
+  void fell_idle(std::uint32_t space, std::uintptr_t start, std::size_t bytes, std::uint64_t since) noexcept {
+    try {
+      const auto [it, added] = chunks_.try_emplace({space, start}, since, bytes);
+      if (!added) {
+        return;
+      }
+      try {
+        by_age_.emplace(since, space, start);
+      } catch (const std::bad_alloc&) {
+        chunks_.erase(it);
+        return;
+      }
+      bytes_ += bytes;
+    } catch (const std::bad_alloc&) {
+    }
+  }
+  // A block landed on the chunk: it is in use again.
+  void in_use(std::uint32_t space, std::uintptr_t start) noexcept {
+    if (const auto it = chunks_.find({space, start}); it != chunks_.end()) {
+      forget(it);
+    }
+  }
+  // The chunks of `space` that start in [start, start + bytes) were unmapped.
+  void unmapped(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
+    for (auto it = chunks_.lower_bound({space, start});
+         it != chunks_.end() && it->first.first == space && it->first.second - start < bytes;) {
+      it = forget(it);
+    }
+  }
+  // The least recently idle chunk (still listed); nullopt when none is.
+  std::optional<Chunk> oldest() const noexcept {
+    if (by_age_.empty()) {
+      return std::nullopt;
+    }
+    const auto& [since, space, start] = *by_age_.begin();
+    return Chunk{space, start, chunks_.find({space, start})->second.second, since};
+  }
+  // Takes the chunk oldest() names off the list.
+  void drop_oldest() noexcept {
+    if (!by_age_.empty()) {
+      const auto& [since, space, start] = *by_age_.begin();
+      forget(chunks_.find({space, start}));
+    }
+  }
+  // Bytes in the listed chunks.
+  std::size_t bytes() const noexcept { return bytes_; }
+
+private:
+  using Key = std::pair<std::uint32_t, std::uintptr_t>;
+  using Map = std::map<Key, std::pair<std::uint64_t, std::size_t>>; // -> (since, bytes)
+
+  Map::iterator forget(Map::iterator it) noexcept {
+    by_age_.erase({it->second.first, it->first.first, it->first.second});
+    bytes_ -= it->second.second;
+    return chunks_.erase(it);
+  }
+
+  Map chunks_;
+  std::set<std::tuple<std::uint64_t, std::uint32_t, std::uintptr_t>> by_age_; // (since, space, start)
+  std::size_t bytes_ = 0;
+};
+
+} // namespace carve::detail
