@@ -12,7 +12,8 @@
 //   throughput (source: the same bytes copied without carve in this run; sync adds finding the
 //   dirty pages and queuing the copies, and coalesces adjacent ones).
 //
-// Service IPC: carve-served lending CUDA memory (--backend cuda, topology from the CUDA runtime)
+// Service IPC: carve-served lending CUDA memory through CUDA IPC (--backend cuda-ipc, topology from
+//   the CUDA runtime; --backend cuda lends VMM memory as descriptors and maps no IPC handle)
 //   and this process as its client. Per card, 100 allocate + free round trips of 2 MiB: the
 //   round trip the client sees, and inside it the time cudaIpcOpenMemHandle takes to map the
 //   segment (the client's map_segment), timed by wrapping that call at link time
@@ -261,8 +262,8 @@ std::vector<double> allocate_round_trips(carve::service::AllocationClient& clien
 
 void service_ipc(int devices) {
   Checks checks;
-  carve::test::ServedProcess cuda_server({"--backend", "cuda"});
-  if (!checks.expect(cuda_server.listening(), "carve-served --backend cuda starts")) {
+  carve::test::ServedProcess cuda_server({"--backend", "cuda-ipc"});
+  if (!checks.expect(cuda_server.listening(), "carve-served --backend cuda-ipc starts")) {
     std::printf("%s\n", cuda_server.output().c_str());
     return;
   }
@@ -330,7 +331,7 @@ void service_ipc(int devices) {
   carve::bench::figure("allocate round trip, shared-memory cards, p50", percentile(host_allocate_us, 0.5), "us");
   carve::bench::figure("cudaMalloc + cudaFree of 2 MiB in this process, p50", percentile(malloc_us, 0.5), "us");
   checks.expect(!maps.empty(), "the client mapped segments through cudaIpcOpenMemHandle");
-  checks.expect(cuda_server.stop() == 0, "carve-served --backend cuda stops cleanly");
+  checks.expect(cuda_server.stop() == 0, "carve-served --backend cuda-ipc stops cleanly");
   carve::bench::target("service allocate 2 MiB on CUDA cards, round trip without the map, p50", allocate_p50 - map_p50,
                        "us", Aim::at_most, 2.0 * percentile(host_allocate_us, 0.5),
                        "2x the same call on shared-memory cards in this run (carve's host path; docs/service.md: 48 us "

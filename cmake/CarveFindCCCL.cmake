@@ -1,6 +1,7 @@
 # carve_find_cccl(): find CCCL's libcu++ (the only dependency of carve's headers).
 #
-# CCCL ships with the CUDA Toolkit, whose CMake package files live in <toolkit>/lib/cmake.
+# CCCL ships with the CUDA Toolkit, whose CMake package files live in <toolkit>/lib/cmake, or in
+# <toolkit>/targets/<arch>-linux/lib/cmake where the toolkit came as distribution packages.
 # The toolkit is searched where nvcc is, then CUDA_PATH / CUDA_HOME, then /usr/local/cuda;
 # set CCCL_DIR to use another copy (e.g. a CCCL checkout without a toolkit).
 macro(carve_find_cccl)
@@ -15,6 +16,9 @@ macro(carve_find_cccl)
     endif()
   endforeach()
   list(APPEND _carve_cccl_hints /usr/local/cuda/lib/cmake)
+  foreach(_carve_hint IN LISTS _carve_cccl_hints)
+    list(APPEND _carve_cccl_hints "${_carve_hint}/../../targets/${CMAKE_SYSTEM_PROCESSOR}-linux/lib/cmake")
+  endforeach()
   find_package(CCCL CONFIG REQUIRED COMPONENTS libcudacxx HINTS ${_carve_cccl_hints})
   # Include CCCL as system headers, so that consumers' warning flags apply to their code only.
   if(TARGET _libcudacxx_libcudacxx)

@@ -28,9 +28,10 @@ packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-format doctest-de
 
 say() { printf '\n== %s\n' "$*"; }
 
-install_missing() {
-  local missing=()
-  for p in "${packages[@]}"; do
+install_missing() { # install_missing [package...]: the given packages, or all of `packages`
+  local missing=() wanted=("$@")
+  [ ${#wanted[@]} -eq 0 ] && wanted=("${packages[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -247,7 +248,8 @@ gpu() {
   {
     echo "# carve on a GPU"
     echo
-    echo "devices: $devices ($names); driver: $driver; CUDA toolkit: $toolkit; built for: ${arch:-80;90}"
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'); devices: $devices ($names); driver: $driver; CUDA toolkit: $toolkit;" \
+      "built for: ${arch:-80;90}; host compiler: $(${CXX:-c++} --version | head -n 1)"
     echo
   } >"$report"
   echo "kind,program,name,value,unit,target,source,result" >"$csv"
@@ -260,21 +262,33 @@ gpu() {
     cat "$report"
     return 0
   fi
-  local t sanitizer
-  sanitizer=$(command -v compute-sanitizer || true)
+  # Each gpu test once, its output kept in the report; then the benchmarks; then, while the tests
+  # are known to pass, compute-sanitizer over each (slower by far: last, so that a lease that ends
+  # early still has the results). CARVE_GPU_SANITIZERS names the tools (default memcheck and
+  # racecheck; empty for none), CARVE_GPU_SANITIZER_SECONDS bounds each run (default 300).
+  local t tests=() exes=()
   echo "## Tests" >>"$report"
   while read -r t; do
-    local result=passed
-    ctest --test-dir "$dir" -R "^${t}\$" --output-on-failure >/dev/null 2>&1 || result=FAILED
-    local exe
-    exe=$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')
-    if [ -n "$sanitizer" ] && [ -x "$exe" ]; then
-      for tool in memcheck racecheck; do
-        "$sanitizer" --tool "$tool" --error-exitcode 1 "$exe" >/dev/null 2>&1 || result="$result; $tool FAILED"
-      done
+    tests+=("$t")
+    local log code=0 result=passed
+    log=$(mktemp)
+    ctest --test-dir "$dir" -R "^${t}\$" -V --timeout 300 >"$log" 2>&1 || code=$?
+    if grep -q "\*\*\*Skipped\|Not Run\|Disabled" "$log"; then
+      result="skipped"
+    elif [ "$code" -ne 0 ] || ! grep -q "Passed" "$log"; then
+      result="FAILED"
     fi
-    echo "- $t: $result" >>"$report"
+    exes+=("$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')")
+    {
+      echo "- $t: $result"
+      echo
+      echo '  ```'
+      sed -n 's/^[0-9]*: //p' "$log" | grep -v '^Test command:\|^Working Directory:\|^Test timeout\|^Environment variables' |
+        tail -n 40 | sed 's/^/  /'
+      echo '  ```'
+    } >>"$report"
     echo "test,,$t,,,,,$result" >>"$csv"
+    rm -f "$log"
   done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
   echo >>"$report"
   echo "## Benchmarks" >>"$report"
@@ -307,6 +321,26 @@ gpu() {
     echo "| --- | --- | ---: | --- | --- | --- |"
     awk -F '\t' '{ gsub(/\|/, "\\|"); print "| " $1 " | " $2 " | " $3 " " $4 " | " $5 " " $4 " | " $6 " | " $7 " |" }' "$targets"
   } >>"$report"
+  local sanitizer tool i
+  sanitizer=$(command -v compute-sanitizer || true)
+  if [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ]; then
+    printf '\n## compute-sanitizer\n\n' >>"$report"
+    for tool in ${CARVE_GPU_SANITIZERS-memcheck racecheck}; do
+      for i in "${!tests[@]}"; do
+        [ -x "${exes[$i]}" ] || continue
+        local code=0 result=clean
+        timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" --error-exitcode 1 "${exes[$i]}" \
+          >/dev/null 2>&1 || code=$?
+        case "$code" in
+        0 | 77) ;;
+        124) result="timed out" ;;
+        *) result=FAILED ;;
+        esac
+        echo "- ${tests[$i]}, $tool: $result" >>"$report"
+        echo "sanitizer,$tool,${tests[$i]},,,,,$result" >>"$csv"
+      done
+    done
+  fi
   cat "$report"
 }
 
@@ -325,7 +359,12 @@ demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
-gpu) install_missing && gpu ;;
+gpu)
+  # A GPU machine may have no network: build with what it has when the packages cannot be installed.
+  install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev ||
+    say "could not install every package (no network?); building with what is here"
+  gpu
+  ;;
 *)
   echo "usage: bash cmake/dev.sh demo|test|bench|docs|gpu [benchmark flags]" >&2
   exit 2
