@@ -261,7 +261,7 @@ TEST_CASE("four threads through one traced pool: every line whole, seq 0..n-1, t
           if (rng() % 2 == 0) {
             pool.deallocate(p, bytes, 256);
           } else {
-            REQUIRE(pool.try_deallocate(p, bytes, 256));
+            CHECK(pool.try_deallocate(p, bytes, 256)); // CHECK: a REQUIRE would throw out of the thread
           }
         }
       }

@@ -102,7 +102,9 @@ public:
     }
   }
 
+  /// Takes over the other's reservations and blocks; the other may only be destroyed or assigned to.
   ExpandablePool(ExpandablePool&&) noexcept = default;
+  /// Closes this pool (as its destructor does), then takes over the other's.
   ExpandablePool& operator=(ExpandablePool&& other) noexcept {
     if (this != &other) {
       close();
@@ -110,6 +112,7 @@ public:
     }
     return *this;
   }
+  /// Waits for the streams' work on freed blocks where the Streams can, then unmaps everything.
   ~ExpandablePool() { close(); }
 
   /// A block on `stream`. Errors: see the top of this header.
@@ -163,8 +166,7 @@ public:
     const std::lock_guard lock(s_->mutex);
     try {
       collect_pending();
-    } catch (const std::bad_alloc&) {
-      // frees whose event could not be recorded stay pending; the rest is trimmed
+    } catch (const std::bad_alloc&) { // frees whose event could not be recorded stay pending
     }
     return release_idle(true);
   }
@@ -380,12 +382,10 @@ private:
   }
 
   static constexpr std::uint32_t no_space_index = UINT32_MAX;
-  // A success, copied whole: built field by field in place, GCC reloads it as one word before the
-  // stores have landed (a store-forwarding stall of a dozen cycles on every free).
+  // A success, copied whole (built in place, GCC reloads it before its stores land: a stall per free).
   static constexpr cuda::std::expected<void, Errc> done{};
 
-  // The reservation of `stream`, made on its first use; no_space_index when the mapper refuses.
-  // (A plain index, not an optional: this runs on every allocation.)
+  // The reservation of `stream`, made on first use; no_space_index when the mapper refuses it.
   std::uint32_t space_for(const std::optional<stream_type>& stream) {
     for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
       const auto& own = s_->spaces[i]->stream;
@@ -423,9 +423,8 @@ private:
     }
   }
 
-  // With a finite release_threshold: the chunks that now lie wholly in the free range `span` join
-  // the idle list, and the least recently idle go while the list holds too much, as far as their
-  // streams' work has run (this never waits: a later free finds it done).
+  // With a finite release_threshold: chunks wholly in the free `span` join the idle list, and the
+  // least recently idle go while it holds too much and their streams' work has run (never waits).
   void note_free(std::uint32_t space, BestFitRanges::Span span) noexcept {
     if (!tracks_idle()) {
       return;
@@ -476,14 +475,12 @@ private:
     return released;
   }
 
-  // Frees whose streams' work has completed become free memory (CrossStreamFrees::collect,
-  // which may throw std::bad_alloc, leaving the rest pending).
+  // Frees whose streams' work has completed become free memory (may throw: CrossStreamFrees::collect).
   void collect_pending() {
     s_->pending.collect(s_->streams, [&](Freed f) { note_free(f.space, s_->spaces[f.space]->free.give(f.handle)); });
   }
 
-  // Gives back the events it holds, first waiting (where the Streams can) for the work that may
-  // still use freed memory, which the reservations unmap as they go.
+  // Gives back its events, first waiting (where it can) for work that may still use freed memory.
   void close() noexcept {
     if (!s_) {
       return;
