@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -202,6 +204,115 @@ TEST_CASE("best fit against a reference model, over many regions and alignments"
       REQUIRE(free_ranges(r) == ref.free_ranges());
     }
   }
+  CHECK(r.consistent());
+  CHECK(free_ranges(r) == ref.free_ranges());
+}
+
+// Elements for an IntrusiveTreap test: a key each, links beside it.
+struct TreapElements {
+  std::vector<std::uint64_t> keys;
+  mutable std::vector<carve::detail::TreapLinks> nodes;
+  carve::detail::TreapLinks& links(std::uint32_t n) const { return nodes[n]; }
+  bool before(std::uint32_t a, std::uint32_t b) const { return keys[a] != keys[b] ? keys[a] < keys[b] : a < b; }
+};
+
+TEST_CASE("an intrusive treap against std::set: order, neighbours, bounds and shape after every change") {
+  using Treap = carve::detail::IntrusiveTreap<TreapElements>;
+  constexpr std::uint32_t none = carve::detail::treap_none;
+  std::mt19937_64 rng(11);
+  TreapElements e;
+  constexpr std::uint32_t n = 3000;
+  e.nodes.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    e.keys.push_back(rng() % 500); // many equal keys: ties go by id
+  }
+  std::set<std::pair<std::uint64_t, std::uint32_t>> model;
+  std::vector<bool> filed(n, false);
+  std::uint32_t root = none;
+  for (int step = 0; step < 20000; ++step) {
+    const auto i = static_cast<std::uint32_t>(rng() % n);
+    if (filed[i]) {
+      Treap::erase(root, i, e);
+      model.erase({e.keys[i], i});
+    } else {
+      Treap::insert(root, i, e);
+      model.insert({e.keys[i], i});
+    }
+    filed[i] = !filed[i];
+    const std::uint64_t key = rng() % 520;
+    const auto want = model.lower_bound({key, 0});
+    const std::uint32_t got = Treap::lower_bound(root, e, [&](std::uint32_t m) { return e.keys[m] < key; });
+    REQUIRE(got == (want == model.end() ? none : want->second));
+    REQUIRE(Treap::first(root, e) == (model.empty() ? none : model.begin()->second));
+    REQUIRE(Treap::last(root, e) == (model.empty() ? none : model.rbegin()->second));
+    if (step % 500 == 0) {
+      std::size_t count = 0;
+      REQUIRE(Treap::valid(root, e, count));
+      REQUIRE(count == model.size());
+      std::uint32_t at = Treap::first(root, e);
+      for (const auto& [k, id] : model) {
+        REQUIRE(at == id);
+        at = Treap::next(at, e);
+      }
+      REQUIRE(at == none);
+    }
+  }
+  e.nodes[Treap::first(root, e)].parent = 0; // a broken link is caught
+  std::size_t count = 0;
+  CHECK_FALSE(Treap::valid(root, e, count));
+}
+
+TEST_CASE("best fit with thousands of equal and near-equal holes, against a reference model") {
+  // Blocks of four sizes in one size class (4096 to 4223 bytes), freed at random so that
+  // thousands of holes share a class; requests of those sizes, some aligned beyond the holes'
+  // starts so that the search walks past holes that cannot be aligned.
+  std::mt19937_64 rng(5);
+  BestFitRanges r;
+  ReferenceRanges ref;
+  const std::uintptr_t base = 0x100000000;
+  const std::size_t length = 64 * MiB;
+  r.add_region(base, length);
+  ref.regions.push_back({{base, length}});
+  constexpr std::array<std::size_t, 4> sizes = {4096, 4100, 4160, 4223};
+  struct Out {
+    BestFitRanges::Handle handle;
+    std::uintptr_t start;
+    std::size_t bytes;
+  };
+  std::vector<Out> out;
+  const auto take = [&](std::size_t bytes, std::size_t alignment) {
+    const auto got = r.take(bytes, alignment);
+    const auto want = ref.take(bytes, alignment);
+    REQUIRE(got.has_value() == want.has_value());
+    if (got) {
+      REQUIRE(got->start == want->first);
+      out.push_back({got->handle, got->start, bytes});
+    }
+  };
+  for (int i = 0; i < 6000; ++i) {
+    take(sizes[rng() % sizes.size()], 1);
+  }
+  for (int step = 0; step < 6000; ++step) {
+    if (rng() % 100 < 70 && !out.empty()) {
+      const std::size_t k = rng() % out.size();
+      r.give(out[k].handle);
+      ref.give(0, out[k].start, out[k].bytes);
+      out[k] = out.back();
+      out.pop_back();
+    } else {
+      take(sizes[rng() % sizes.size()] - rng() % 3, rng() % 8 == 0 ? 4096 : 1);
+    }
+    if (step % 1000 == 0) {
+      REQUIRE(r.consistent());
+      // Smallest first, the lowest among equals; the largest is the last of them.
+      std::vector<std::pair<std::size_t, std::uintptr_t>> visited;
+      r.for_each_free([&](std::uintptr_t start, std::size_t bytes) { visited.emplace_back(bytes, start); });
+      REQUIRE(std::is_sorted(visited.begin(), visited.end()));
+      REQUIRE(r.largest() == visited.back().first);
+      REQUIRE(free_ranges(r) == ref.free_ranges());
+    }
+  }
+  CHECK(r.count() > 1000);
   CHECK(r.consistent());
   CHECK(free_ranges(r) == ref.free_ranges());
 }

@@ -22,15 +22,20 @@
 /// How it is fast: every range, free or taken, is a node in its region's address-ordered list, so
 /// a give finds its neighbours without a search. Free ranges are filed in size classes, as in TLSF
 /// (a class per 1/32 of each power of two, two levels of bitmaps saying which classes hold any), so
-/// finding the class to look in is a few bit operations and filing or unfiling a range is a list
-/// splice. Best fit stays exact: the request's own class is searched for the smallest range that
-/// holds it (its ranges are within 1/32 of each other in size), then the first class above it that
-/// holds any. A take or give costs O(1) plus the length of the lists searched: a few ranges in real
-/// pools (the replays in docs/replay.md), but a class is searched whole, so n free ranges of one
-/// class make a take O(n) (100,000 equal holes: about 160 us a take, where an ordered tree would
-/// stay near O(log n)). It allocates only when the node table grows, and then may throw
+/// finding the class to look in is a few bit operations. Each class keeps its ranges ordered by
+/// (size, start) in a tree whose links live in the nodes (detail::IntrusiveTreap), so best fit is
+/// exact and found by descent: in the request's own class, the first range of at least its size;
+/// else the first range of the first class above that holds any. Filing or unfiling a range is a
+/// descent too, so a take or give costs O(log n) in the n free ranges of the classes it touches
+/// (expected: the tree's shape is random), however fragmented the ranges are: bench_pool_fragmentation
+/// times it with 1k, 10k and 100k equal holes. One case still walks a class: a request aligned
+/// more than the ranges' starts are, where the next ranges in order may each be too short once
+/// their start is aligned up (the walk stops at the first that holds it; CachingPool takes with
+/// alignment 1 and never walks). It allocates only when the node table grows, and then may throw
 /// std::bad_alloc, changing nothing. Not thread-safe: its users hold their own lock.
 #pragma once
+
+#include <carve/mr/detail/intrusive_treap.hpp>
 
 #include <algorithm>
 #include <array>
@@ -64,7 +69,7 @@ public:
   };
 
   /// Nothing free.
-  BestFitRanges() { heads_.fill(none); }
+  BestFitRanges() { roots_.fill(none); }
   /// One region, [start, start + bytes), free. Throws std::bad_alloc.
   BestFitRanges(std::uintptr_t start, std::size_t bytes) : BestFitRanges() { (void)add_region(start, bytes); }
 
@@ -83,7 +88,7 @@ public:
       region = spare_regions_.back();
       spare_regions_.pop_back();
     }
-    const std::uint32_t n = new_node(Node{start, bytes, none, none, none, none, region, true});
+    const std::uint32_t n = new_node(Node{start, bytes, none, none, {}, region, true});
     file(n);
     regions_[region] = RegionInfo{start, bytes, n, true};
     free_bytes_ += bytes;
@@ -172,11 +177,13 @@ public:
   /// How long a taken range is.
   std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
 
-  /// Calls `visit(start, bytes)` for every free range, by size class (smaller classes first).
+  /// Calls `visit(start, bytes)` for every free range, smallest first (the lowest among equals).
+  /// `visit` must not change the ranges.
   template <class Visit>
   void for_each_free(Visit&& visit) const {
+    const FreeOrder<const Node> at{nodes_.data()};
     for (std::uint32_t c = 0; c < class_count; ++c) {
-      for (std::uint32_t n = heads_[c]; n != none; n = nodes_[n].next_free) {
+      for (std::uint32_t n = ConstTree::first(roots_[c], at); n != none; n = ConstTree::next(n, at)) {
         visit(nodes_[n].start, nodes_[n].bytes);
       }
     }
@@ -191,11 +198,7 @@ public:
     }
     const unsigned first = 63 - static_cast<unsigned>(std::countl_zero(top_));
     const unsigned second = 31 - static_cast<unsigned>(std::countl_zero(classes_[first]));
-    std::size_t most = 0;
-    for (std::uint32_t n = heads_[first * 32 + second]; n != none; n = nodes_[n].next_free) {
-      most = std::max(most, nodes_[n].bytes);
-    }
-    return most;
+    return nodes_[ConstTree::last(roots_[first * 32 + second], FreeOrder<const Node>{nodes_.data()})].bytes;
   }
   /// How many free ranges there are.
   std::size_t count() const noexcept { return free_count_; }
@@ -203,7 +206,8 @@ public:
   std::size_t taken() const noexcept { return taken_; }
 
   /// Whether every region's ranges tile it in address order, no two free neighbours are left
-  /// unmerged, and the size classes hold exactly the free ranges, each in its own class. For tests.
+  /// unmerged, and the size classes hold exactly the free ranges, each in its own class, in
+  /// well-formed trees ordered by (size, start). For tests.
   bool consistent() const {
     std::size_t free_ranges = 0;
     std::size_t free_sum = 0;
@@ -229,34 +233,47 @@ public:
       }
     }
     std::size_t filed = 0;
+    const FreeOrder<const Node> at{nodes_.data()};
     for (std::uint32_t c = 0; c < class_count; ++c) {
       const bool marked = ((top_ >> (c / 32)) & 1u) != 0 && ((classes_[c / 32] >> (c % 32)) & 1u) != 0;
-      if (marked != (heads_[c] != none)) {
+      std::size_t in_class = 0;
+      if (marked != (roots_[c] != none) || !ConstTree::valid(roots_[c], at, in_class)) {
         return false;
       }
-      for (std::uint32_t n = heads_[c], prev = none; n != none; prev = n, n = nodes_[n].next_free) {
-        if (!nodes_[n].free || class_of(nodes_[n].bytes) != c || nodes_[n].prev_free != prev) {
+      for (std::uint32_t n = ConstTree::first(roots_[c], at); n != none; n = ConstTree::next(n, at)) {
+        if (!nodes_[n].free || class_of(nodes_[n].bytes) != c) {
           return false;
         }
-        ++filed;
       }
+      filed += in_class;
     }
     return filed == free_ranges && free_ranges == free_count_ && free_sum == free_bytes_;
   }
 
 private:
-  static constexpr std::uint32_t none = UINT32_MAX;
+  static constexpr std::uint32_t none = detail::treap_none;
   static constexpr std::uint32_t class_count = 64 * 32;
   struct Node {
     std::uintptr_t start = 0;
     std::size_t bytes = 0;
-    std::uint32_t prev = none;      ///< the range before it in its region
-    std::uint32_t next = none;      ///< the range after it
-    std::uint32_t prev_free = none; ///< in its size class's list, while free
-    std::uint32_t next_free = none;
+    std::uint32_t prev = none;     ///< the range before it in its region
+    std::uint32_t next = none;     ///< the range after it
+    detail::TreapLinks free_links; ///< in its size class's tree, while free
     Region region = 0;
     bool free = false;
   };
+  // Free ranges in a class's tree: by size, then by start (starts are unique, so the order is
+  // total). `N` is Node, or const Node where the tree is only read.
+  template <class N>
+  struct FreeOrder {
+    N* nodes;
+    auto& links(std::uint32_t n) const noexcept { return nodes[n].free_links; }
+    bool before(std::uint32_t a, std::uint32_t b) const noexcept {
+      return nodes[a].bytes != nodes[b].bytes ? nodes[a].bytes < nodes[b].bytes : nodes[a].start < nodes[b].start;
+    }
+  };
+  using Tree = detail::IntrusiveTreap<FreeOrder<Node>>;
+  using ConstTree = detail::IntrusiveTreap<FreeOrder<const Node>>;
   struct RegionInfo {
     std::uintptr_t start = 0;
     std::size_t bytes = 0;
@@ -295,27 +312,22 @@ private:
   }
 
   // The free range best fit takes for the request, or none: the smallest that holds it aligned,
-  // the lowest among equals. The request's own class may hold ranges too small; every class
-  // above holds only ranges large enough, so the first of them with a range that can be aligned
-  // has the answer.
+  // the lowest among equals. Classes and, within one, the tree run in (size, start) order, so the
+  // answer is the first range from the first one of at least the request's size that holds it
+  // aligned: the request's own class may hold ranges too small (skipped by the descent) and
+  // ranges that cannot be aligned (walked past), every class above only ranges large enough.
   std::uint32_t best_fit(std::size_t bytes, std::size_t alignment) const noexcept {
-    for (std::uint32_t c = heads_[class_of(bytes)] != none ? class_of(bytes) : next_class(class_of(bytes)); c != none;
-         c = next_class(c)) {
-      std::uint32_t best = none;
-      for (std::uint32_t n = heads_[c]; n != none; n = nodes_[n].next_free) {
+    const FreeOrder<const Node> at{nodes_.data()};
+    const std::uint32_t own = class_of(bytes);
+    for (std::uint32_t c = roots_[own] != none ? own : next_class(own); c != none; c = next_class(c)) {
+      for (std::uint32_t n =
+               ConstTree::lower_bound(roots_[c], at, [&](std::uint32_t m) { return nodes_[m].bytes < bytes; });
+           n != none; n = ConstTree::next(n, at)) {
         const Node& node = nodes_[n];
         const std::uintptr_t aligned = align_up(node.start, alignment);
-        const std::size_t pad = aligned - node.start;
-        if (node.bytes < bytes || aligned < node.start || pad > node.bytes - bytes) {
-          continue; // too small, or cannot hold the request at an aligned address
+        if (aligned >= node.start && aligned - node.start <= node.bytes - bytes) {
+          return n; // it holds the request at an aligned address
         }
-        if (best == none || node.bytes < nodes_[best].bytes ||
-            (node.bytes == nodes_[best].bytes && node.start < nodes_[best].start)) {
-          best = n;
-        }
-      }
-      if (best != none) {
-        return best;
       }
     }
     return none;
@@ -326,25 +338,16 @@ private:
   // Files free node `n` in its size class.
   void file(std::uint32_t n) noexcept {
     const std::uint32_t c = class_of(nodes_[n].bytes);
-    nodes_[n].prev_free = none;
-    nodes_[n].next_free = heads_[c];
-    if (heads_[c] != none) {
-      nodes_[heads_[c]].prev_free = n;
-    }
-    heads_[c] = n;
+    Tree::insert(roots_[c], n, FreeOrder<Node>{nodes_.data()});
     classes_[c / 32] |= std::uint32_t{1} << (c % 32);
     top_ |= std::uint64_t{1} << (c / 32);
     ++free_count_;
   }
   // Takes node `n` out of its size class.
   void unfile(std::uint32_t n) noexcept {
-    const Node& node = nodes_[n];
-    const std::uint32_t c = class_of(node.bytes);
-    (node.prev_free == none ? heads_[c] : nodes_[node.prev_free].next_free) = node.next_free;
-    if (node.next_free != none) {
-      nodes_[node.next_free].prev_free = node.prev_free;
-    }
-    if (heads_[c] == none) {
+    const std::uint32_t c = class_of(nodes_[n].bytes);
+    Tree::erase(roots_[c], n, FreeOrder<Node>{nodes_.data()});
+    if (roots_[c] == none) {
       classes_[c / 32] &= ~(std::uint32_t{1} << (c % 32));
       if (classes_[c / 32] == 0) {
         top_ &= ~(std::uint64_t{1} << (c / 32));
@@ -385,8 +388,7 @@ private:
   // (returned, not yet filed).
   std::uint32_t split_after(std::uint32_t n, std::size_t keep) {
     const Node& node = nodes_[n];
-    const std::uint32_t m =
-        new_node(Node{node.start + keep, node.bytes - keep, n, node.next, none, none, node.region, true});
+    const std::uint32_t m = new_node(Node{node.start + keep, node.bytes - keep, n, node.next, {}, node.region, true});
     Node& first = nodes_[n];
     if (first.next != none) {
       nodes_[first.next].prev = m;
@@ -410,7 +412,7 @@ private:
   std::vector<std::uint32_t> spare_; ///< nodes_ slots free for reuse
   std::vector<RegionInfo> regions_;
   std::vector<Region> spare_regions_;              ///< ids of removed regions, for reuse
-  std::array<std::uint32_t, class_count> heads_{}; ///< per size class, its first free range
+  std::array<std::uint32_t, class_count> roots_{}; ///< per size class, its tree's root
   std::array<std::uint32_t, 64> classes_{};        ///< per power of two, which of its 32 classes hold any
   std::uint64_t top_ = 0;                          ///< which powers of two hold any
   std::size_t free_count_ = 0;
