@@ -165,7 +165,7 @@ void in_process(benchmark::State& state) {
   const auto start = clock_type::now();
   for (auto _ : state) {
     carve::BorrowHandle h;
-    lat.first.push_back(timed_us([&] { h = *alloc.borrow(4 * KiB, 0); }));
+    lat.first.push_back(timed_us([&] { h = *alloc.borrow_explained(0, 4 * KiB, carve::default_alignment); }));
     lat.second.push_back(timed_us([&] { (void)alloc.give_back(h); }));
   }
   lat.report(state, std::chrono::duration<double>(clock_type::now() - start).count());

@@ -75,11 +75,11 @@ int main() {
 
   std::vector<carve::BorrowHandle> held;
   for (const std::size_t size : {32 * MiB, 24 * MiB, 16 * MiB, 20 * MiB, 12 * MiB}) {
-    if (auto h = alloc.borrow(size, 0)) {
+    if (auto h = alloc.borrow_explained(0, size, 256)) {
       held.push_back(*h);
     }
   }
-  if (const auto too_big = alloc.borrow(80 * MiB, 0); !too_big) {
+  if (const auto too_big = alloc.borrow_explained(0, 80 * MiB, 256); !too_big) {
     std::printf("GPU0 asks for 80 MiB: %s\n", too_big.error().message.c_str());
   }
 

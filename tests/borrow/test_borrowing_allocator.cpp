@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using carve::BorrowHandle;
@@ -60,13 +61,13 @@ TEST_CASE("peer access: switched on once per pair before its first borrow; unmap
   can[0][3] = false;
   using Mapped = BorrowingAllocator<Pool, carve::LargestBandwidth, carve::SimulatedPeerAccess>;
   Mapped alloc(dgx1(), pools(16 * MiB), {}, 1024, carve::SimulatedPeerAccess(can));
-  const auto local = alloc.borrow(12 * MiB, 0);
+  const auto local = alloc.borrow_explained(0, 12 * MiB, 256);
   REQUIRE(local);
   CHECK(alloc.peer_access().enable_calls(0, 0) == 0); // a card's own memory needs nothing
   // GPU3 is 40 GB/s away but cannot be mapped: GPU4, the other NV2 peer, lends.
   CHECK(alloc.picker().bandwidth(0, 3) == 0.0);
-  const auto a = alloc.borrow(8 * MiB, 0);
-  const auto b = alloc.borrow(6 * MiB, 0);
+  const auto a = alloc.borrow_explained(0, 8 * MiB, 256);
+  const auto b = alloc.borrow_explained(0, 6 * MiB, 256);
   REQUIRE(a);
   REQUIRE(b);
   CHECK(a->card == 4);
@@ -74,13 +75,13 @@ TEST_CASE("peer access: switched on once per pair before its first borrow; unmap
   CHECK(alloc.peer_access().enable_calls(0, 4) == 1); // once for the pair, not per borrow
   CHECK(alloc.peer_access().enable_calls(0, 3) == 0);
   // With only GPU3 holding room, GPU0 is refused, and the message says why.
-  const auto full = alloc.borrow(8 * MiB, 0);
-  const auto c = alloc.borrow(5 * MiB, 0); // GPU4 has 2 MiB left
+  const auto full = alloc.borrow_explained(0, 8 * MiB, 256);
+  const auto c = alloc.borrow_explained(0, 5 * MiB, 256); // GPU4 has 2 MiB left
   REQUIRE(full);
   CHECK(full->card == 1);
   std::vector<BorrowHandle> fill;
   for (int card : {0, 1, 2, 4, 5, 6, 7}) {
-    while (auto h = alloc.borrow(MiB, card)) {
+    while (auto h = alloc.borrow_explained(card, MiB, 256)) {
       if (h->card != card) {
         REQUIRE(alloc.give_back(*h));
         break;
@@ -88,7 +89,7 @@ TEST_CASE("peer access: switched on once per pair before its first borrow; unmap
       fill.push_back(*h);
     }
   }
-  const auto refused = alloc.borrow(MiB, 0);
+  const auto refused = alloc.borrow_explained(0, MiB, 256);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == Errc::no_space);
   CHECK(refused.error().message.find("GPU3 has room but GPU0 cannot map its memory (no peer access between them)") !=
@@ -110,11 +111,11 @@ TEST_CASE("a full card borrows from its best-linked peer") {
   std::vector<carve::BorrowDecision> decisions;
   alloc.on_decision([&](const carve::BorrowDecision& d) { decisions.push_back(d); });
 
-  const auto local = alloc.borrow(12 * MiB, 0);
+  const auto local = alloc.borrow_explained(0, 12 * MiB, 256);
   REQUIRE(local);
   CHECK(local->card == 0);
   CHECK_FALSE(local->borrowed());
-  const auto spill = alloc.borrow(8 * MiB, 0); // 4 MiB left on GPU0
+  const auto spill = alloc.borrow_explained(0, 8 * MiB, 256); // 4 MiB left on GPU0
   REQUIRE(spill);
   CHECK(spill->card == 3); // NV2, direct: the widest and closest
   CHECK(spill->requester == 0);
@@ -143,28 +144,47 @@ TEST_CASE("a full card borrows from its best-linked peer") {
 
 TEST_CASE("errors name the problem and allocate nothing") {
   Borrower alloc(dgx1(), pools(4 * MiB));
-  auto r = alloc.borrow(5 * MiB, 0);
+  auto r = alloc.borrow_explained(0, 5 * MiB, 256);
   REQUIRE_FALSE(r);
   CHECK(r.error().code == Errc::no_space);
   CHECK(r.error().message ==
         "no card can hold 5.0 MiB (largest free block per card: GPU0 4.0 MiB, GPU1 4.0 MiB, GPU2 4.0 MiB, GPU3 4.0 "
         "MiB, GPU4 4.0 MiB, GPU5 4.0 MiB, GPU6 4.0 MiB, GPU7 4.0 MiB)");
-  CHECK(alloc.borrow(0, 0).error().code == Errc::invalid_size);
-  CHECK(alloc.borrow(MiB, 0, 3).error().code == Errc::invalid_size); // not a power of two
-  CHECK(alloc.borrow(SIZE_MAX, 0).error().code == Errc::no_space);   // larger than any card could hold
-  CHECK(alloc.borrow(MiB, 8).error().code == Errc::out_of_range);
-  CHECK(alloc.borrow(MiB, -1).error().code == Errc::out_of_range);
+  CHECK(alloc.borrow_explained(0, 0, 256).error().code == Errc::invalid_size);
+  CHECK(alloc.borrow_explained(0, MiB, 3).error().code == Errc::invalid_size);    // not a power of two
+  CHECK(alloc.borrow_explained(0, SIZE_MAX, 256).error().code == Errc::no_space); // larger than any card could hold
+  CHECK(alloc.borrow_explained(8, MiB, 256).error().code == Errc::out_of_range);
+  CHECK(alloc.borrow_explained(-1, MiB, 256).error().code == Errc::out_of_range);
   for (int c = 0; c < 8; ++c) {
     CHECK(alloc.resource(c).stats().bytes_reserved == 0);
   }
   CHECK(alloc.give_back(BorrowHandle{9, 0, nullptr, 1}).error() == Errc::out_of_range);
   CHECK(all_back(alloc));
+}
+
+TEST_CASE("card indices are checked: card, peers and resource throw carve::Exception (out_of_range)") {
+  Borrower alloc(dgx1(), pools(4 * MiB));
+  // card(8) was a handle whose free_bytes() read past the picker's bandwidth table.
+  CHECK_THROWS_ERRC(Errc::out_of_range, alloc.card(8));
+  CHECK_THROWS_ERRC(Errc::out_of_range, alloc.card(-1));
+  CHECK_THROWS_ERRC(Errc::out_of_range, alloc.peers(8));
+  CHECK_THROWS_ERRC(Errc::out_of_range, alloc.resource(8)); // std::out_of_range (vector::at) before
+  CHECK_THROWS_ERRC(Errc::out_of_range, std::as_const(alloc).resource(-1));
+  CHECK(carve::test::thrown_message([&] { (void)alloc.card(8); }) ==
+        "carve::BorrowingAllocator::card: no card 8 (the machine has 8)");
+  CHECK(alloc.card(7).requester() == 7);
+  CHECK(alloc.card(7).free_bytes() == 8 * 4 * MiB); // GPU7 reaches every card of a DGX-1
+  CHECK(alloc.peers(7).free_bytes() == 7 * 4 * MiB);
+  carve::TopologyBuilder cpu_only;
+  cpu_only.add_cpu("CPU0");
+  CHECK(carve::test::thrown_message([&] { Borrower none(cpu_only.build(), pools(MiB)); }) ==
+        "carve::BorrowingAllocator: the topology has no GPUs");
 
   // Cards with room that the strategy rules out are named in the message, with the reason.
   BorrowerWith<carve::ThresholdMostFree> strict(dgx1(), pools(4 * MiB), carve::ThresholdMostFree{100.0, true});
-  const auto local = strict.borrow(3 * MiB, 0);
+  const auto local = strict.borrow_explained(0, 3 * MiB, 256);
   REQUIRE(local);
-  const auto declined = strict.borrow(3 * MiB, 0);
+  const auto declined = strict.borrow_explained(0, 3 * MiB, 256);
   REQUIRE_FALSE(declined);
   CHECK(declined.error().code == Errc::no_space);
   CHECK(declined.error().message.starts_with("no card can lend 3.0 MiB to GPU0: GPU1 has room but the "
@@ -201,10 +221,10 @@ TEST_CASE("a card that turns out full after the pick is struck off and the pick 
   void* taken = *gpu3.try_allocate(7 * MiB, 512); // another process fills GPU3
   BorrowingAllocator<CachingPool<StaleCard>> alloc(
       dgx1(), [&](int gpu) { return CachingPool<StaleCard>(stale[static_cast<std::size_t>(gpu)], options); });
-  const auto a = alloc.borrow(8 * MiB, 0);
+  const auto a = alloc.borrow_explained(0, 8 * MiB, 256);
   REQUIRE(a);
   CHECK(a->card == 0);
-  const auto b = alloc.borrow(6 * MiB, 0);
+  const auto b = alloc.borrow_explained(0, 6 * MiB, 256);
   REQUIRE(b);
   CHECK(b->card == 4); // GPU3 looked best but had nothing; GPU4 is next at 40 GB/s, one hop
   CHECK(alloc.resource(3).stats().upstream_failures == 2);
@@ -227,7 +247,7 @@ TEST_CASE("threads allocating and freeing across cards: nothing lost, nothing ha
         if (rng() % 3 != 0 || mine.empty()) {
           const std::size_t bytes = 1 + rng() % (2 * MiB);
           const int card = t % 2 == 0 ? 0 : static_cast<int>(rng() % 8); // half the threads crowd GPU0
-          const auto h = alloc.borrow(bytes, card);
+          const auto h = alloc.borrow_explained(card, bytes, 256);
           if (!h) {
             CHECK(h.error().code == Errc::no_space);
             continue;

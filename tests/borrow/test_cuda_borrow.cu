@@ -85,7 +85,7 @@ int main() {
       expect(r == l || (alloc.picker().bandwidth(r, l) > 0.0) <= (driver != 0), "unmappable lenders are never scored");
     }
   }
-  const auto h = alloc.borrow(1 << 20, devices - 1);
+  const auto h = alloc.borrow_explained(devices - 1, 1 << 20, carve::default_alignment);
   expect(h.has_value() && h->card == devices - 1, "a card with room allocates locally");
   if (h) {
     expect(alloc.give_back(*h).has_value(), "give back through the allocator");

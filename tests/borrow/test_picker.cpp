@@ -137,6 +137,9 @@ TEST_CASE("history window: old borrows fall out") {
   CHECK(records[0].bytes == 20);
   CHECK(records[2].lender == 3);
   CHECK_THROWS_ERRC(carve::Errc::out_of_range, h.record(0, 4, 1));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, h.count(0, 4)); // read past its table before
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, h.count(-1, 0));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, h.total(4));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, BorrowHistory(0, 3));
 }
 
@@ -150,6 +153,28 @@ TEST_CASE("no candidate: no_space, and a message with every card's largest free 
   CHECK(picker.pick(8, GiB, state).error() == Errc::out_of_range);
   CHECK(picker.pick(-1, GiB, state).error() == Errc::out_of_range);
   CHECK(picker.pick(0, GiB, std::vector<CardState>(7)).error() == Errc::out_of_range);
+}
+
+TEST_CASE("card indices are checked: the picker's tables throw, a history of another machine is refused") {
+  carve::TopologyBuilder cpu_only;
+  cpu_only.add_cpu("CPU0");
+  CHECK_THROWS_ERRC(Errc::invalid_argument, BandwidthWeightedPicker(cpu_only.build())); // empty before
+  const BandwidthWeightedPicker picker(dgx1());
+  CHECK(picker.bandwidth(0, 3) == 40.0);
+  CHECK_THROWS_ERRC(Errc::out_of_range, picker.bandwidth(0, 8)); // read past the table before
+  CHECK_THROWS_ERRC(Errc::out_of_range, picker.bandwidth(-1, 0));
+  CHECK_THROWS_ERRC(Errc::out_of_range, picker.hops(8, 0));
+  CHECK_THROWS_ERRC(Errc::out_of_range, picker.mappable(0, 99));
+  // A history of four cards for a machine of eight: its counts would be read for cards it lacks.
+  const BorrowHistory small(4, 16);
+  const auto state = cards(2, {{0, 0}});
+  CHECK(picker.pick(0, GiB, state, &small).error() == Errc::out_of_range);
+  const auto explained = picker.pick_explained(0, GiB, state, &small);
+  REQUIRE_FALSE(explained);
+  CHECK(explained.error().code == Errc::out_of_range);
+  CHECK(explained.error().message == "a borrowing history of 4 cards, the topology has 8 GPUs");
+  const BorrowHistory right(8, 16);
+  CHECK(picker.pick(0, GiB, state, &right).has_value());
 }
 
 TEST_CASE("pick_explained: the same decision, and an error that says why") {

@@ -127,7 +127,7 @@ TEST_CASE("borrowing across cards follows the picker, for every strategy") {
       const std::size_t bytes = (1 + rng() % 12) * 256 * KiB + rng() % 1000;
       const int requester = static_cast<int>(rng() % 3); // three busy cards, five lenders
       auto got = client.allocate(bytes, requester);
-      auto want = oracle.borrow(bytes, requester);
+      auto want = oracle.borrow_explained(requester, bytes, carve::default_alignment);
       REQUIRE(got.has_value() == want.has_value());
       if (!got) {
         CHECK(got.error().code == want.error().code);

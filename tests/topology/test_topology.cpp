@@ -158,7 +158,8 @@ TEST_CASE("builder mistakes throw and change nothing") {
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_gpu("GPUx", 0));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_cpu(""));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_link(g0, g0, LinkType::nvlink));
-  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_link(g0, NodeId{7}, LinkType::nvlink));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, b.add_link(g0, NodeId{7}, LinkType::nvlink)); // a bad index
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, b.node(NodeId{7}));
   const NodeId g1 = b.add_gpu("GPU1");
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_link(g0, g1, LinkType::nvlink, 0));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_link(g0, g1, LinkType::nvlink, 1, -3.0));
@@ -174,6 +175,8 @@ TEST_CASE("builder mistakes throw and change nothing") {
   CHECK_THROWS_ERRC(carve::Errc::out_of_range, t.gpu(2));
   CHECK_THROWS_ERRC(carve::Errc::out_of_range, t.gpu(-1));
   CHECK_THROWS_ERRC(carve::Errc::out_of_range, (void)t.path_bandwidth(g0, NodeId{9}));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, t.node(NodeId{9})); // carve's exception, not std::out_of_range
+  CHECK(t.node(g1).name == "GPU1");
 }
 
 TEST_CASE("two CPUs and eight GPUs in PCIe pairs, joined by NVLink, from a description") {

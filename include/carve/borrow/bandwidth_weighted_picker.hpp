@@ -23,7 +23,8 @@
 ///   or, when cards had room but were ruled out, which ones and why (no path within
 ///   max_hops, or the strategy declined them, e.g. `ThresholdMostFree{.strict = true}`).
 ///
-/// Errors: out_of_range for an unknown requester or a card list of the wrong length; no_space
+/// Errors: out_of_range for an unknown requester, or a card list or history of the wrong length
+/// (bandwidth(), hops() and mappable() throw carve::Exception, out_of_range, for an unknown card); no_space
 /// when no card can lend (explain_no_pick() gives pick_explained()'s sentence for a pick() that
 /// failed, no_card_message() the first part alone).
 #pragma once
@@ -92,11 +93,15 @@ public:
 
   /// The same, for machines where some pairs of cards cannot map each other's memory at all
   /// (`mappable(requester, lender)` false, e.g. cudaDeviceCanAccessPeer said no): those lenders
-  /// are never picked, and explain_no_pick() says why.
+  /// are never picked, and explain_no_pick() says why. Both throw carve::Exception
+  /// (invalid_argument) for a topology without GPUs: nothing could ever be picked.
   template <class Mappable>
   requires std::predicate<Mappable&, int, int> BandwidthWeightedPicker(const Topology& topology, Strategy strategy,
                                                                        Mappable mappable)
       : cards_(topology.gpu_count()), strategy_(strategy) {
+    if (cards_ < 1) {
+      throw Exception(Errc::invalid_argument, "carve::BandwidthWeightedPicker: the topology has no GPUs");
+    }
     const auto n = static_cast<std::size_t>(cards_);
     const Topology access = topology.with_options({topology.options().max_hops, GpuRelay::never});
     bandwidth_.resize(n * n);
@@ -113,13 +118,13 @@ public:
   }
 
   /// `cards[c]` is card c's state; `history` (optional) feeds Candidate::borrow_share.
-  cuda::std::expected<Pick, Errc> pick(int requester, std::size_t bytes, std::span<const CardState> cards,
-                                       const BorrowHistory* history = nullptr) const noexcept {
-    if (!valid(requester, cards)) {
+  [[nodiscard]] cuda::std::expected<Pick, Errc> pick(int requester, std::size_t bytes, std::span<const CardState> cards,
+                                                     const BorrowHistory* history = nullptr) const noexcept {
+    if (!valid(requester, cards, history)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     if (cards[static_cast<std::size_t>(requester)].largest_free_block >= bytes) {
-      return Pick{requester, true, bandwidth(requester, requester), 0};
+      return Pick{requester, true, bandwidth_[index(requester, requester)], 0};
     }
     const Shares shares = best_figures(requester, bytes, cards, history);
     int best = -1;
@@ -148,14 +153,18 @@ public:
 
   /// The same decision as pick(), with an error that explains itself (see the top of this
   /// header). Allocates only to build the message of an error.
-  Result<Pick> pick_explained(int requester, std::size_t bytes, std::span<const CardState> cards,
-                              const BorrowHistory* history = nullptr) const {
+  [[nodiscard]] Result<Pick> pick_explained(int requester, std::size_t bytes, std::span<const CardState> cards,
+                                            const BorrowHistory* history = nullptr) const {
     if (const auto p = pick(requester, bytes, cards, history)) {
       return *p;
     } else if (p.error() == Errc::out_of_range) {
-      if (!valid(requester, cards) && cards.size() != static_cast<std::size_t>(cards_)) {
+      if (cards.size() != static_cast<std::size_t>(cards_)) {
         return fail(Errc::out_of_range, "states for " + std::to_string(cards.size()) + " cards, the topology has " +
                                             std::to_string(cards_) + " GPUs");
+      }
+      if (history != nullptr && history->cards() != cards_) {
+        return fail(Errc::out_of_range, "a borrowing history of " + std::to_string(history->cards()) +
+                                            " cards, the topology has " + std::to_string(cards_) + " GPUs");
       }
       return fail(Errc::out_of_range, "no card " + std::to_string(requester) + " (the topology has GPUs 0.." +
                                           std::to_string(cards_ - 1) + ")");
@@ -167,9 +176,10 @@ public:
   /// a free block that large; otherwise which cards had room and why each was ruled out.
   std::string explain_no_pick(int requester, std::size_t bytes, std::span<const CardState> cards,
                               const BorrowHistory* history = nullptr) const {
-    if (!valid(requester, cards)) {
-      return "no card " + std::to_string(requester) + " with states for " + std::to_string(cards.size()) +
-             " cards (the topology has " + std::to_string(cards_) + " GPUs)";
+    if (!valid(requester, cards, history)) {
+      return "no card " + std::to_string(requester) + " with states for " + std::to_string(cards.size()) + " cards" +
+             (history != nullptr ? " and a history of " + std::to_string(history->cards()) : "") +
+             " (the topology has " + std::to_string(cards_) + " GPUs)";
     }
     std::string why;
     const Shares shares = best_figures(requester, bytes, cards, history);
@@ -204,12 +214,14 @@ public:
   /// GPUs the picker knows.
   int card_count() const noexcept { return cards_; }
   /// GB/s of `from`'s accesses to memory on `to` (the topology's path without GPU relays; 0
-  /// when `from` cannot map `to`'s memory).
-  double bandwidth(int from, int to) const noexcept { return bandwidth_[index(from, to)]; }
+  /// when `from` cannot map `to`'s memory). Throws carve::Exception (out_of_range) for a card
+  /// outside 0..card_count()-1, as do mappable() and hops().
+  double bandwidth(int from, int to) const { return bandwidth_[checked_index(from, to)]; }
   /// Whether `from` can map memory on `to` at all.
-  bool mappable(int from, int to) const noexcept { return mappable_[index(from, to)]; }
-  /// Links on the path between two cards (from the topology).
-  int hops(int from, int to) const noexcept { return hops_[index(from, to)]; }
+  bool mappable(int from, int to) const { return mappable_[checked_index(from, to)]; }
+  /// Links on the path between two cards (from the topology); -1 when `from` cannot map `to`'s
+  /// memory.
+  int hops(int from, int to) const { return hops_[checked_index(from, to)]; }
   /// The strategy.
   const Strategy& strategy() const noexcept { return strategy_; }
 
@@ -229,8 +241,11 @@ private:
       return strategy_name<Strategy>();
     }
   }
-  bool valid(int requester, std::span<const CardState> cards) const noexcept {
-    return requester >= 0 && requester < cards_ && cards.size() == static_cast<std::size_t>(cards_);
+  /// Whether the request's indices are all good: a known requester, one state per card, and a
+  /// history (if any) of as many cards, so that nothing after this check indexes out of range.
+  bool valid(int requester, std::span<const CardState> cards, const BorrowHistory* history) const noexcept {
+    return requester >= 0 && requester < cards_ && cards.size() == static_cast<std::size_t>(cards_) &&
+           (history == nullptr || history->cards() == cards_);
   }
   Shares best_figures(int requester, std::size_t bytes, std::span<const CardState> cards,
                       const BorrowHistory* history) const noexcept {
@@ -240,7 +255,8 @@ private:
       if (lendable(requester, c, bytes, cards)) {
         const CardState& card = cards[static_cast<std::size_t>(c)];
         s.most_free = card.free_bytes > s.most_free ? card.free_bytes : s.most_free;
-        s.widest = bandwidth(requester, c) > s.widest ? bandwidth(requester, c) : s.widest;
+        const double gbps = bandwidth_[index(requester, c)];
+        s.widest = gbps > s.widest ? gbps : s.widest;
       }
     }
     return s;
@@ -250,8 +266,8 @@ private:
     const CardState& s = cards[static_cast<std::size_t>(c)];
     Candidate cand;
     cand.card = c;
-    cand.bandwidth_gbps = bandwidth(requester, c);
-    cand.hops = hops(requester, c);
+    cand.bandwidth_gbps = bandwidth_[index(requester, c)];
+    cand.hops = hops_[index(requester, c)];
     cand.free_bytes = s.free_bytes;
     cand.largest_free_block = s.largest_free_block;
     cand.free_share =
@@ -262,12 +278,21 @@ private:
     return cand;
   }
 
+  /// The table index of a pair of cards the caller has checked.
   std::size_t index(int from, int to) const noexcept {
     return static_cast<std::size_t>(from) * static_cast<std::size_t>(cards_) + static_cast<std::size_t>(to);
   }
+  std::size_t checked_index(int from, int to) const {
+    if (from < 0 || from >= cards_ || to < 0 || to >= cards_) {
+      throw Exception(Errc::out_of_range, "carve::BandwidthWeightedPicker: no pair GPU" + std::to_string(from) +
+                                              " -> GPU" + std::to_string(to) + " (the topology has GPUs 0.." +
+                                              std::to_string(cards_ - 1) + ")");
+    }
+    return index(from, to);
+  }
   bool lendable(int requester, int card, std::size_t bytes, std::span<const CardState> cards) const noexcept {
     return card != requester && cards[static_cast<std::size_t>(card)].largest_free_block >= bytes &&
-           bandwidth(requester, card) > 0.0;
+           bandwidth_[index(requester, card)] > 0.0;
   }
   /// Strategy score first; then wider, fewer hops (a relay's links stay free for its own
   /// traffic), more free memory, lower ordinal (ordinals ascend, so the first seen wins).

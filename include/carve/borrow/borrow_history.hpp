@@ -59,10 +59,18 @@ public:
     ++totals_[static_cast<std::size_t>(requester)];
   }
 
-  /// Borrows by `requester` from `lender` in the window.
-  std::uint32_t count(int requester, int lender) const noexcept { return counts_[index(requester, lender)]; }
+  /// Borrows by `requester` from `lender` in the window. Throws carve::Exception (out_of_range)
+  /// for a card outside 0..cards-1, as total() does.
+  std::uint32_t count(int requester, int lender) const {
+    check(requester);
+    check(lender);
+    return counts_[index(requester, lender)];
+  }
   /// All borrows by `requester` in the window.
-  std::uint32_t total(int requester) const noexcept { return totals_[static_cast<std::size_t>(requester)]; }
+  std::uint32_t total(int requester) const {
+    check(requester);
+    return totals_[static_cast<std::size_t>(requester)];
+  }
 
   /// The records in the window, oldest first.
   std::vector<BorrowRecord> records() const {

@@ -9,7 +9,7 @@
 /// carve::CachingPool pool(borrower.card(0));          // GPU0's memory, borrowed when GPU0 is full
 /// auto p = pool.try_allocate(3 << 20);                // expected<void*, Errc>
 ///
-/// auto h = borrower.borrow(3ull << 30, /*requesting card*/ 0);   // the explained form
+/// auto h = borrower.borrow_explained(/*requesting card*/ 0, 3ull << 30, 256); // the explained form
 /// if (h) { use(h->card, h->address); (void)borrower.give_back(*h); }
 /// else   { std::puts(h.error().message.c_str()); }   // "no card can hold 3.0 GiB (...)"
 /// @endcode
@@ -20,8 +20,10 @@
 /// function of the GPU ordinal (for resources that cannot move, like CachingPool) or moved in
 /// from a vector.
 ///
-/// Two ways in, one decision. borrow(bytes, requester) returns a BorrowHandle, or a carve::Error
-/// whose message explains the refusal (BandwidthWeightedPicker::explain_no_pick). card(i) is a
+/// Two ways in, one decision. borrow_explained(requester, bytes, alignment) returns a BorrowHandle,
+/// or a carve::Error whose message explains the refusal (BandwidthWeightedPicker::explain_no_pick);
+/// the card comes first, as in the picker's pick(requester, bytes, ...), so that the call cannot be
+/// read as an allocate(bytes, alignment). card(i) is a
 /// carve::MemoryResource for card i that allocates locally when it fits and else on the lender
 /// the strategy picks; peers(i) only ever borrows (a stack's level after the card's own pool).
 /// Either frees by pointer: the allocator remembers which card holds every live block.
@@ -112,11 +114,8 @@ public:
   requires std::invocable<MakeCard&, int> && std::same_as<std::invoke_result_t<MakeCard&, int>, CardResource>
   BorrowingAllocator(const Topology& topology, MakeCard make_card, Strategy strategy = {},
                      std::size_t history_window = 1024, Access access = {})
-      : access_(std::move(access)), picker_(topology, strategy, mappable()),
-        history_(std::max(topology.gpu_count(), 1), history_window) {
-    if (topology.gpu_count() < 1) {
-      throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: the topology has no GPUs");
-    }
+      : access_(std::move(access)), picker_(with_gpus(topology), strategy, mappable()),
+        history_(topology.gpu_count(), history_window) {
     for (int i = 0; i < topology.gpu_count(); ++i) {
       cards_.push_back(std::unique_ptr<CardResource>(new CardResource(make_card(i))));
     }
@@ -129,8 +128,8 @@ public:
                      std::size_t history_window = 1024,
                      Access access = {}) requires std::move_constructible<CardResource>
       : access_(std::move(access)),
-        picker_(topology, strategy, mappable()),
-        history_(std::max(topology.gpu_count(), 1), history_window) {
+        picker_(with_gpus(topology), strategy, mappable()),
+        history_(topology.gpu_count(), history_window) {
     if (cards.size() != static_cast<std::size_t>(topology.gpu_count()) || cards.empty()) {
       throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: " + std::to_string(cards.size()) +
                                                   " card resources for a topology with " +
@@ -151,7 +150,7 @@ public:
   /// why cards with room were ruled out), or, when a card with room failed because the system
   /// refused it memory (carve/core/system_refusal.hpp), that card and the system's reason;
   /// unsupported when the only lender could not be mapped (the PeerAccess policy's message).
-  Result<BorrowHandle> borrow(std::size_t bytes, int requesting_card, std::size_t alignment = default_alignment) {
+  [[nodiscard]] Result<BorrowHandle> borrow_explained(int requesting_card, std::size_t bytes, std::size_t alignment) {
     Refusals refusals;
     const auto h = take(bytes, requesting_card, alignment, true, &refusals);
     if (h) {
@@ -190,17 +189,19 @@ public:
   /// Errors (nothing changes): out_of_range for a handle naming no card; not_allocated when the
   /// handle is stale, forged or altered (not a live block of that card); invalid_size when its
   /// size or alignment differs from the allocation's.
-  cuda::std::expected<void, Errc> give_back(const BorrowHandle& handle) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give_back(const BorrowHandle& handle) noexcept {
     if (handle.card < 0 || handle.card >= card_count()) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     return release(handle.address, handle.size, handle.alignment, handle.card);
   }
 
-  /// Card i's memory as a carve::MemoryResource: local when it fits, else borrowed.
-  Card card(int i) noexcept { return Card(*this, i, true); }
-  /// Memory for card i from its peers only: never its own.
-  Card peers(int i) noexcept { return Card(*this, i, false); }
+  /// Card i's memory as a carve::MemoryResource: local when it fits, else borrowed. Throws
+  /// carve::Exception (out_of_range) for a card outside 0..card_count()-1.
+  Card card(int i) { return Card(*this, checked(i, "card"), true); }
+  /// Memory for card i from its peers only: never its own. Throws carve::Exception (out_of_range)
+  /// for a card outside 0..card_count()-1.
+  Card peers(int i) { return Card(*this, checked(i, "peers"), false); }
 
   /// Why a request for `bytes` by `requesting_card` would find no card now.
   std::string explain_no_pick(int requesting_card, std::size_t bytes) const {
@@ -232,11 +233,11 @@ public:
 
   /// GPUs in the topology.
   int card_count() const noexcept { return static_cast<int>(cards_.size()); }
-  /// Card i's own resource (its pool, say): for stats and trimming. Throws std::out_of_range
-  /// (from vector::at) for an unknown card.
-  CardResource& resource(int card) { return *cards_.at(static_cast<std::size_t>(card)); }
-  /// Card i's own resource, read-only.
-  const CardResource& resource(int card) const { return *cards_.at(static_cast<std::size_t>(card)); }
+  /// Card i's own resource (its pool, say): for stats and trimming. Throws carve::Exception
+  /// (out_of_range) for a card outside 0..card_count()-1.
+  CardResource& resource(int card) { return *cards_[static_cast<std::size_t>(checked(card, "resource"))]; }
+  /// Card i's own resource, read-only (throws as the other).
+  const CardResource& resource(int card) const { return *cards_[static_cast<std::size_t>(checked(card, "resource"))]; }
   /// The picker that chooses lenders.
   const BandwidthWeightedPicker<Strategy>& picker() const noexcept { return picker_; }
   /// The peer-access policy (for its records; switching pairs on is the allocator's job).
@@ -266,9 +267,28 @@ private:
     std::vector<int> cards;
   };
 
+  /// `topology`, checked first so that a topology without GPUs is reported as the allocator's.
+  static const Topology& with_gpus(const Topology& topology) {
+    if (topology.gpu_count() < 1) {
+      throw Exception(Errc::invalid_argument, "carve::BorrowingAllocator: the topology has no GPUs");
+    }
+    return topology;
+  }
+
+  /// `card` when it names one of the cards, else throws carve::Exception (out_of_range) naming
+  /// the call.
+  int checked(int card, const char* call) const {
+    if (card < 0 || card >= card_count()) {
+      throw Exception(Errc::out_of_range, std::string("carve::BorrowingAllocator::") + call + ": no card " +
+                                              std::to_string(card) + " (the machine has " +
+                                              std::to_string(card_count()) + ")");
+    }
+    return card;
+  }
+
   /// The one allocation path. `local` false: the requester's own card is not a candidate.
-  cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment, bool local,
-                                               Refusals* refusals = nullptr) noexcept {
+  [[nodiscard]] cuda::std::expected<BorrowHandle, Errc> take(std::size_t bytes, int requester, std::size_t alignment,
+                                                             bool local, Refusals* refusals = nullptr) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -346,8 +366,8 @@ private:
   }
 
   /// `card` -1: whichever card holds it. `requester` -1: whoever asked.
-  cuda::std::expected<void, Errc> release(void* p, std::size_t bytes, std::size_t alignment, int card,
-                                          int requester = -1) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> release(void* p, std::size_t bytes, std::size_t alignment, int card,
+                                                        int requester = -1) noexcept {
     Lent lent{};
     {
       const std::lock_guard lock(mutex_);
@@ -407,7 +427,7 @@ public:
   /// From this card when it fits (unless this is a peers() handle), else from the lender the
   /// strategy picks. Errors: invalid_size (check_request); no_space when no card can lend (one
   /// that cannot be mapped included, so that a fallback takes the request).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const auto h = borrower_->take(bytes, requester_, alignment, local_);
     if (!h) {
       return cuda::std::unexpected(h.error() == Errc::unsupported ? Errc::no_space : h.error());
@@ -422,7 +442,8 @@ public:
   }
   /// Errors (nothing changes): not_allocated when `p` is not a live block this card handed out;
   /// invalid_size when `bytes` or `alignment` differ from the allocation's.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return borrower_->release(p, bytes, alignment, -1, requester_);
   }
   /// Whether `p` is a live block this handle's card was given.

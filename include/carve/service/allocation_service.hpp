@@ -391,7 +391,7 @@ private:
 
   void handle(ClientId id, Client& c, std::uint32_t seq, const Allocate& m, std::vector<Outgoing>& out) {
     static_assert(sizeof(std::size_t) == sizeof(m.bytes), "sizes travel as 64-bit values");
-    auto h = allocator_.borrow(static_cast<std::size_t>(m.bytes), m.card);
+    auto h = allocator_.borrow_explained(m.card, static_cast<std::size_t>(m.bytes), carve::default_alignment);
     if (!h) {
       ++counters_.failed;
       return send(out, id, error(h.error().code, std::move(h.error().message)), seq);

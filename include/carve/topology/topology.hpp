@@ -40,7 +40,6 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,8 +99,14 @@ public:
 
   /// Nodes in the machine.
   std::size_t node_count() const noexcept { return nodes_.size(); }
-  /// A node; throws std::out_of_range (from vector::at) for an unknown id.
-  const Node& node(NodeId id) const { return nodes_.at(id.value); }
+  /// A node. Throws carve::Exception (out_of_range) for an id that names no node.
+  const Node& node(NodeId id) const {
+    if (id.value >= nodes_.size()) {
+      throw Exception(Errc::out_of_range, "carve::Topology: no node with id " + std::to_string(id.value) +
+                                              " (the machine has " + std::to_string(nodes_.size()) + ")");
+    }
+    return nodes_[id.value];
+  }
   /// Every node, indexed by NodeId::value.
   std::span<const Node> nodes() const noexcept { return nodes_; }
   /// Every link.
@@ -267,9 +272,10 @@ private:
   std::vector<NodeId> path_nodes_;
 };
 
-/// Builds a Topology node by node and link by link. Every mistake (unknown node, duplicate
-/// name or ordinal, non-positive bandwidth or count, a link from a node to itself) throws
-/// carve::Exception (invalid_argument) and leaves the builder unchanged.
+/// Builds a Topology node by node and link by link. Every mistake throws carve::Exception and
+/// leaves the builder unchanged: out_of_range for a node id it did not hand out, invalid_argument
+/// for the rest (a duplicate name or ordinal, a non-positive bandwidth or count, a link from a node
+/// to itself).
 class TopologyBuilder {
 public:
   /// No nodes yet; links without an explicit bandwidth get `bw`'s figure for their type.
@@ -345,7 +351,8 @@ public:
     links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
   }
 
-  /// A node added so far, to fill in details (NUMA node, CPU affinity); throws for an unknown id.
+  /// A node added so far, to fill in details (NUMA node, CPU affinity); throws carve::Exception
+  /// (out_of_range) for an unknown id.
   Node& node(NodeId id) {
     check_node(id);
     return nodes_[id.value];
@@ -412,7 +419,7 @@ private:
   }
   void check_node(NodeId id) const {
     if (id.value >= nodes_.size()) {
-      throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
+      throw Exception(Errc::out_of_range, "carve::TopologyBuilder: unknown node id " + std::to_string(id.value));
     }
   }
   static void check_bandwidth(double gbps) {
