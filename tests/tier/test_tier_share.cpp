@@ -1,6 +1,8 @@
 // A GPU's tier reservations as real memory: how a share splits over a tier's NUMA nodes, the
 // TierShareResource that draws from the parts, GpuSpill, and a PagedMirror whose devices are
 // spill shares.
+#include "support/errors.hpp"
+
 #include <carve/mirror.hpp>
 #include <carve/mr.hpp>
 #include <carve/tier.hpp>
@@ -122,8 +124,18 @@ TEST_CASE("a disk-tier share as a memory resource: budget, alignment, errors") {
   CHECK(share.free_bytes() == capacity - 2 * MiB);                            // and nothing changed
   share.deallocate(a, 2 * MiB, 2 * MiB);
   CHECK(share.free_bytes() == capacity);
-  CHECK_THROWS_AS(carve::TierShareResource(plan, 2, 0), carve::Exception);
-  CHECK_THROWS_AS(carve::TierShareResource(plan, 0, 1), carve::Exception);
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, carve::TierShareResource(plan, 2, 0));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, carve::TierShareResource(plan, 0, 1));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, carve::GpuSpill(plan, 2)); // a bad index, not a bad argument
+  // A plan put together by hand whose GPU lists fewer tier uses than the plan has tiers: the
+  // share and the spill read past that list before.
+  carve::TierPlan uneven = plan;
+  uneven.gpus[1].tiers.clear();
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, carve::TierShareResource(uneven, 1, 0));
+  CHECK_THROWS_ERRC(carve::Errc::out_of_range, carve::GpuSpill(uneven, 1));
+  const carve::GpuSpill spill(plan, 1); // the disk tier alone: one file
+  REQUIRE(spill.regions().size() == 1);
+  CHECK(spill.regions().front().bytes == plan.gpus[1].tiers[0].reserved);
 }
 
 TEST_CASE("a caching pool and a PagedMirror on spill shares") {

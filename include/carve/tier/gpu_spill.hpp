@@ -37,13 +37,18 @@ struct SpillRegion {
 /// destroyed. Move-only.
 class GpuSpill {
 public:
-  /// Allocates every byte the plan reserves for `gpu`. Throws carve::Exception: invalid_argument
-  /// for an unknown GPU; when a tier cannot be backed (no NUMA support, no directory, too little
-  /// free memory on the tier's nodes) or the system refuses the memory. Whatever was allocated
-  /// before is released.
+  /// Allocates every byte the plan reserves for `gpu`. Throws carve::Exception: out_of_range for
+  /// a GPU the plan does not have (or whose uses of the tiers do not match the plan's tiers); when a tier cannot be
+  /// backed (no NUMA support, no directory, too little free memory on the tier's nodes) or the system refuses the
+  /// memory. Whatever was allocated before is released.
   GpuSpill(const TierPlan& plan, std::size_t gpu, const SpillNodes& where = {}) {
     if (gpu >= plan.gpus.size()) {
-      throw Exception(Errc::invalid_argument, "GPU spill: the plan has no GPU " + std::to_string(gpu));
+      throw Exception(Errc::out_of_range, "GPU spill: the plan has no GPU " + std::to_string(gpu));
+    }
+    if (plan.gpus[gpu].tiers.size() != plan.tiers.size()) {
+      throw Exception(Errc::out_of_range, "GPU spill: the plan has " + std::to_string(plan.tiers.size()) +
+                                              " tiers, GPU " + std::to_string(gpu) + " uses " +
+                                              std::to_string(plan.gpus[gpu].tiers.size()));
     }
     try {
       for (std::size_t t = 0; t < plan.tiers.size(); ++t) {

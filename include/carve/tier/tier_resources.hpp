@@ -53,7 +53,7 @@ inline std::size_t whole_pages(std::size_t bytes) noexcept {
 }
 
 // The errors both resources give before they touch their budget.
-inline cuda::std::expected<void, Errc> check_mappable(std::size_t bytes, std::size_t alignment) noexcept {
+[[nodiscard]] inline cuda::std::expected<void, Errc> check_mappable(std::size_t bytes, std::size_t alignment) noexcept {
   if (const auto ok = check_request(bytes, alignment); !ok) {
     return ok;
   }
@@ -152,7 +152,7 @@ public:
 
   /// Fresh pages bound to the node, backed as backing() says. Errors as the file's description
   /// says; no_space also when populating finds no room on the node.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -218,7 +218,7 @@ public:
 
   /// A new file's blocks, mapped shared. Errors as the file's description says; no_space also
   /// when the file cannot be made or its blocks allocated (a full disk).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }

@@ -124,11 +124,12 @@ inline std::vector<MemoryNode> subtract_parts(std::vector<MemoryNode> nodes, con
 class TierShareResource : public CcclSpellings<TierShareResource> {
 public:
   /// The reservation of GPU number `gpu` (index into plan.gpus) on tier number `tier`. Throws
-  /// carve::Exception: out_of_range when the GPU or tier does not exist; when the tier cannot be
-  /// backed, as split_share, NumaNodeResource and MappedFileResource do.
+  /// carve::Exception: out_of_range when the GPU or tier does not exist (in the plan's lists, or
+  /// in the GPU's uses of the tiers); when the tier cannot be backed, as split_share,
+  /// NumaNodeResource and MappedFileResource do.
   TierShareResource(const TierPlan& plan, std::size_t gpu, std::size_t tier, const SpillNodes& where = {})
       : state_(std::make_shared<State>()) {
-    if (gpu >= plan.gpus.size() || tier >= plan.tiers.size()) {
+    if (gpu >= plan.gpus.size() || tier >= plan.tiers.size() || tier >= plan.gpus[gpu].tiers.size()) {
       throw Exception(Errc::out_of_range, "tier share: no GPU " + std::to_string(gpu) + " or tier " +
                                               std::to_string(tier) + " in the plan");
     }
@@ -145,7 +146,7 @@ public:
 
   /// From the first part (the GPU's own node first) that has room. Errors: invalid_size
   /// (check_request); no_space when no part can hold the request.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -170,7 +171,8 @@ public:
   }
   /// Returns `p` to its part. Errors (nothing changes): not_allocated when `p` is not a live
   /// allocation of this share; invalid_size when `bytes` is not the size it was allocated with.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     std::size_t part = 0;
     {
       const std::lock_guard lock(state_->mutex);
@@ -225,8 +227,8 @@ private:
     std::map<std::uintptr_t, Owned> owner; // live allocations by address
   };
 
-  cuda::std::expected<void*, Errc> remember(void* p, std::size_t part, std::size_t bytes,
-                                            std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> remember(void* p, std::size_t part, std::size_t bytes,
+                                                          std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
       state_->owner.emplace(reinterpret_cast<std::uintptr_t>(p), State::Owned{part, bytes});
