@@ -73,24 +73,11 @@ struct IntrusiveTreap {
 
   /// The first element in order, or treap_none.
   static std::uint32_t first(std::uint32_t root, const Access& at) noexcept {
-    if (root == treap_none) {
-      return treap_none;
-    }
-    while (at.links(root).left != treap_none) {
-      root = at.links(root).left;
-    }
-    return root;
+    return outermost(root, at, &TreapLinks::left);
   }
-
   /// The last element in order, or treap_none.
   static std::uint32_t last(std::uint32_t root, const Access& at) noexcept {
-    if (root == treap_none) {
-      return treap_none;
-    }
-    while (at.links(root).right != treap_none) {
-      root = at.links(root).right;
-    }
-    return root;
+    return outermost(root, at, &TreapLinks::right);
   }
 
   /// The element after `n` in order, or treap_none.
@@ -153,6 +140,17 @@ private:
     x *= 0xc2b2ae35u;
     x ^= x >> 16;
     return x;
+  }
+
+  // The element reached from `root` by following `side` links to their end, or treap_none.
+  static std::uint32_t outermost(std::uint32_t root, const Access& at, std::uint32_t TreapLinks::*side) noexcept {
+    if (root == treap_none) {
+      return treap_none;
+    }
+    while (at.links(root).*side != treap_none) {
+      root = at.links(root).*side;
+    }
+    return root;
   }
 
   // Rotates `n` above its parent, keeping the order.
