@@ -24,7 +24,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev
-  libconcurrentqueue-dev libboost-dev liburing-dev doxygen)
+  libconcurrentqueue-dev libboost-dev liburing-dev doxygen python3)
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -361,7 +361,7 @@ bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
 gpu)
   # A GPU machine may have no network: build with what it has when the packages cannot be installed.
-  install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev ||
+  install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev python3 ||
     say "could not install every package (no network?); building with what is here"
   gpu
   ;;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -26,7 +27,6 @@ using carve::torch::StackOptions;
 
 namespace {
 
-constexpr std::size_t KiB = std::size_t{1} << 10;
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
 cudaStream_t stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
@@ -321,6 +321,8 @@ TEST_CASE("each stack: four threads on four streams, blocks never overlapping, c
 }
 
 TEST_CASE("the C functions: host backend, expandable by default, threads, stats as JSON") {
+  const char* backend = std::getenv("CARVE_TORCH_BACKEND");
+  REQUIRE_MESSAGE((backend != nullptr && std::string(backend) == "host"), "run with CARVE_TORCH_BACKEND=host");
   REQUIRE(carve_torch_config_error() == nullptr);
   std::mutex sizes_mutex;
   std::map<void*, std::size_t> asked;
