@@ -321,6 +321,17 @@ gpu() {
     echo "| --- | --- | ---: | --- | --- | --- |"
     awk -F '\t' '{ gsub(/\|/, "\\|"); print "| " $1 " | " $2 " | " $3 " " $4 " | " $5 " " $4 " | " $6 " | " $7 " |" }' "$targets"
   } >>"$report"
+  # libcarve_torch under a real training step (PyTorch's two allocators and carve's), where
+  # PyTorch, transformers and timm are installed; the script appends its table to the report.
+  printf '\n## PyTorch through libcarve_torch\n' >>"$report"
+  if python3 -c "import torch, transformers, timm" >/dev/null 2>&1; then
+    local step=passed
+    python3 "$root/tests/torch/gpu_training_step.py" --library "$dir/src/torch/libcarve_torch.so" \
+      --replay "$dir/examples/carve_replay" --report "$report" >/dev/null 2>&1 || step=FAILED
+    echo "test,,gpu_training_step,,,,,$step" >>"$csv"
+  else
+    printf '\nskipped: python3 cannot import torch, transformers and timm here\n' >>"$report"
+  fi
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)
   if [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ]; then
