@@ -42,7 +42,6 @@ private:
 struct Books {
   PeakCounter live;                                          // bytes in blocks handed out (each rounded to 512)
   PeakCounter reserved;                                      // device memory the pool holds
-  std::atomic<std::uint64_t> live_blocks{0};                 // blocks handed out and not freed
   std::atomic<std::uint64_t> mallocs{0};                     // successful carve_torch_malloc calls
   std::atomic<std::uint64_t> frees{0};                       // carve_torch_free calls
   std::atomic<std::uint64_t> device_calls{0};                // calls that change what the device holds

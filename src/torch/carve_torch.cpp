@@ -207,7 +207,7 @@ const char* carve_torch_stats_json(int device) {
   append(json, "peak_reserved_bytes", b.reserved.peak());
   append(json, "live_bytes", b.live.now());
   append(json, "peak_live_bytes", b.live.peak());
-  append(json, "live_blocks", load(b.live_blocks));
+  append(json, "live_blocks", load(b.mallocs) - load(b.frees));
   append(json, "mallocs", load(b.mallocs));
   append(json, "frees", load(b.frees));
   append(json, "device_calls", load(b.device_calls));

@@ -67,7 +67,6 @@ public:
     }
     books_.live.add(rounded(bytes));
     count(books_.mallocs);
-    count(books_.live_blocks);
     return p;
   }
   // Frees `p` for work queued on `stream` after the work that used it. not_allocated when the
@@ -77,7 +76,6 @@ public:
     if (why) {
       books_.live.sub(rounded(bytes));
       count(books_.frees);
-      books_.live_blocks.fetch_sub(1, std::memory_order_relaxed);
     }
     return why;
   }
