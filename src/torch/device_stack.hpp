@@ -100,6 +100,14 @@ protected:
   Books books_; // before the pools, which count into it
 };
 
+// A block from a pool with CCCL's stream-ordered spellings, on `device`; null when it says no.
+template <class Backend, class Pool>
+void* take_on_stream(int device, Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
+  const typename Backend::DeviceScope scope(device);
+  const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
+  return p ? *p : nullptr;
+}
+
 template <class Backend>
 class ExpandableStack final : public DeviceStack {
 public:
@@ -122,9 +130,7 @@ private:
     return out;
   }
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    const auto p = pool_.try_allocate(Backend::stream(stream), bytes, block_alignment);
-    return p ? *p : nullptr;
+    return take_on_stream<Backend>(device_, pool_, stream, bytes);
   }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     const typename Backend::DeviceScope scope(device_);
@@ -149,9 +155,7 @@ public:
 private:
   using Upstream = CountingUpstream<typename Backend::Upstream>;
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    const auto p = pool_.try_allocate(Backend::stream(stream), bytes, block_alignment);
-    return p ? *p : nullptr;
+    return take_on_stream<Backend>(device_, pool_, stream, bytes);
   }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     const typename Backend::DeviceScope scope(device_);

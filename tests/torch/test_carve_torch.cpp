@@ -228,8 +228,8 @@ int hammer(Allocate allocate, Free free, Finish finish, std::uintptr_t first_str
         free(s, p, bytes);
       };
       for (int i = 0; i < rounds; ++i) {
-        const std::size_t bytes = std::size_t{1} << (8 + rng() % 13); // 256 bytes to 1 MiB
-        void* p = allocate(s, bytes + rng() % 512);
+        const std::size_t bytes = (std::size_t{1} << (8 + rng() % 13)) + rng() % 512; // 256 bytes to 1 MiB
+        void* p = allocate(s, bytes);
         if (p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 512 != 0 || !live.add(p, bytes)) {
           ++failures;
           continue;
@@ -278,34 +278,18 @@ int hammer(Allocate allocate, Free free, Finish finish, std::uintptr_t first_str
 
 } // namespace
 
-// The sizes freed are the sizes asked for less the random tail: each caller frees what it asked.
 TEST_CASE("each stack: four threads on four streams, blocks never overlapping, counts balanced") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
     auto stack = make(kind);
-    std::mutex sizes_mutex;
-    std::map<void*, std::size_t> asked; // what each live block was allocated with
-    const int failures = hammer(
-        [&](cudaStream_t s, std::size_t bytes) {
-          void* p = stack->allocate(s, bytes);
-          const std::lock_guard lock(sizes_mutex);
-          asked[p] = bytes;
-          return p;
-        },
-        [&](cudaStream_t s, void* p, std::size_t) {
-          std::size_t bytes = 0;
-          {
-            const std::lock_guard lock(sizes_mutex);
-            bytes = asked.at(p);
-            asked.erase(p);
-          }
-          CHECK(stack->deallocate(s, p, bytes));
-        },
-        [](cudaStream_t s) {
-          enqueue(s);
-          complete(s);
-        },
-        fresh_streams(4));
+    const int failures =
+        hammer([&](cudaStream_t s, std::size_t bytes) { return stack->allocate(s, bytes); },
+               [&](cudaStream_t s, void* p, std::size_t bytes) { CHECK(stack->deallocate(s, p, bytes)); },
+               [](cudaStream_t s) {
+                 enqueue(s);
+                 complete(s);
+               },
+               fresh_streams(4));
     CHECK(failures == 0);
     const carve::torch::Books& books = stack->books();
     CHECK((books.mallocs.load() - books.frees.load()) == 0);
@@ -321,29 +305,14 @@ TEST_CASE("the C functions: host backend, expandable by default, threads, stats 
   const char* backend = std::getenv("CARVE_TORCH_BACKEND");
   REQUIRE_MESSAGE((backend != nullptr && std::string(backend) == "host"), "run with CARVE_TORCH_BACKEND=host");
   REQUIRE(carve_torch_config_error() == nullptr);
-  std::mutex sizes_mutex;
-  std::map<void*, std::size_t> asked;
-  const int failures = hammer(
-      [&](cudaStream_t s, std::size_t bytes) {
-        void* p = carve_torch_malloc(static_cast<ssize_t>(bytes), 1, s);
-        const std::lock_guard lock(sizes_mutex);
-        asked[p] = bytes;
-        return p;
-      },
-      [&](cudaStream_t s, void* p, std::size_t) {
-        std::size_t bytes = 0;
-        {
-          const std::lock_guard lock(sizes_mutex);
-          bytes = asked.at(p);
-          asked.erase(p);
-        }
-        carve_torch_free(p, static_cast<ssize_t>(bytes), 1, s);
-      },
-      [](cudaStream_t s) {
-        carve_torch_host_stream_enqueue(s);
-        carve_torch_host_stream_complete(s);
-      },
-      fresh_streams(4));
+  const int failures =
+      hammer([](cudaStream_t s, std::size_t bytes) { return carve_torch_malloc(static_cast<ssize_t>(bytes), 1, s); },
+             [](cudaStream_t s, void* p, std::size_t bytes) { carve_torch_free(p, static_cast<ssize_t>(bytes), 1, s); },
+             [](cudaStream_t s) {
+               carve_torch_host_stream_enqueue(s);
+               carve_torch_host_stream_complete(s);
+             },
+             fresh_streams(4));
   CHECK(failures == 0);
   CHECK(carve_torch_malloc(0, 1, nullptr) == nullptr);
   carve_torch_free(nullptr, 0, 1, nullptr);
