@@ -9,10 +9,10 @@ PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and carve's expandable pool th
 carve_gpu.torch.use(). Same seed, PyTorch's deterministic algorithms, TF32 off: the same
 arithmetic on different memory, so the loss after the last step must agree to 1e-6 relative.
 Recorded per run: peak reserved (PyTorch's max_memory_reserved; carve's from its stats), peak
-allocated, the median step time after the first step, the final loss. The default run also
-records its allocations (torch.cuda.memory._record_memory_history) and dumps the snapshot, which
-carve_replay replays: its prediction of carve's peak reserved is set beside what carve reserved
-on the card. Finally, carve_gpu.torch.use() after CUDA was initialised must refuse with a clear
+allocated, the median step time after the first step, the final loss. A fourth run, under the
+default allocator, records its allocations (torch.cuda.memory._record_memory_history) and dumps
+the snapshot, which carve_replay replays: its prediction of carve's peak reserved is set beside
+what carve reserved on the card. Finally, carve_gpu.torch.use() after CUDA was initialised must refuse with a clear
 message.
 
     gpu_training_step.py --library build/gpu/src/torch/libcarve_torch.so \\
@@ -148,19 +148,25 @@ def orchestrate(args):
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             argv = ["--child", "--model", model, "--mode", mode, "--batch", str(batches[model]), "--steps",
                     str(args.steps)] + library
-            snapshot = os.path.join(work, f"{model}.pickle")
-            if mode == "pytorch":
-                argv += ["--snapshot", snapshot]
             result, error = child(argv, env)
             if result is None:
                 failed.append(f"{model} under {mode}: {error}")
                 continue
             results[mode] = result
-        if "pytorch" in results and args.replay:
-            predicted, error = predicted_by_replay(args.replay, os.path.join(work, f"{model}.pickle"))
-            if error:
-                failed.append(f"carve_replay on {model}: {error}")
-            results.setdefault("carve", {})["predicted"] = predicted
+        if args.replay and "carve" in results:
+            # The requests, recorded in a run of their own (recording slows the steps it records).
+            snapshot = os.path.join(work, f"{model}.pickle")
+            argv = ["--child", "--model", model, "--mode", "pytorch", "--batch", str(batches[model]), "--steps",
+                    str(args.steps), "--snapshot", snapshot] + library
+            recorded, error = child(argv, {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"})
+            predicted = None
+            if recorded is None:
+                failed.append(f"{model}, recording the snapshot: {error}")
+            else:
+                predicted, error = predicted_by_replay(args.replay, snapshot)
+                if error:
+                    failed.append(f"carve_replay on {model}: {error}")
+            results["carve"]["predicted"] = predicted
         rows.append((model, results))
 
     lines += ["| model | allocator | peak reserved | peak allocated | reserved / allocated | step time | final loss |"

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import threading
 
+sys.dont_write_bytecode = True  # importing carve_gpu must leave no __pycache__ in the source tree
+
 LIBRARY, ROOT = (os.path.abspath(a) for a in sys.argv[1:3]) if len(sys.argv) >= 3 else (None, None)
 MiB = 1 << 20
 POOLS = ("expandable", "stream-ordered", "caching")
