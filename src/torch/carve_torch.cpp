@@ -75,7 +75,8 @@ std::unique_ptr<DeviceStack> make_stack(int device, const carve::torch::StackOpt
 struct Registry {
   std::array<std::atomic<DeviceStack*>, max_devices> stacks{};
   std::mutex build;
-  std::array<std::string, max_devices> errors; // under `build`
+  std::array<std::string, max_devices> errors;                   // under `build`
+  std::array<std::atomic<std::uint64_t>, max_devices> refused{}; // mallocs that found no stack
 };
 
 Registry& registry() {
@@ -148,7 +149,13 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
     return nullptr;
   }
   DeviceStack* s = stack(device);
-  return s == nullptr ? nullptr : s->allocate(stream, static_cast<std::size_t>(size));
+  if (s == nullptr) {
+    if (device >= 0 && device < max_devices) {
+      registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
+    }
+    return nullptr;
+  }
+  return s->allocate(stream, static_cast<std::size_t>(size));
 }
 
 void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
@@ -212,7 +219,9 @@ const char* carve_torch_stats_json(int device) {
   append(json, "frees", load(b.frees));
   append(json, "device_calls", load(b.device_calls));
   append(json, "device_failures", load(b.device_failures));
-  append(json, "failures", load(b.failures));
+  const std::uint64_t refused =
+      device >= 0 && device < max_devices ? load(registry().refused[slot(device)]) : std::uint64_t{0};
+  append(json, "failures", load(b.failures) + refused);
   for (const auto& [key, value] : {std::pair{"max_reserved_bytes", c.stack.max_reserved},
                                    std::pair{"idle_threshold_bytes", c.stack.idle_threshold}}) {
     json += ",\"";

@@ -257,6 +257,38 @@ def worker_streams(pool):
     print(f"{pool}: cross-stream reuse under an 8 MiB cap: refused while A worked, served after")
 
 
+def worker_idle(pool):
+    """CARVE_TORCH_IDLE_THRESHOLD=0: a free whose stream has no work left gives the memory back at
+    once, without empty_cache; one whose stream still works keeps it until then."""
+    lib = load(pool, idle_threshold=0)
+    stream = 0xC0
+    p = lib.malloc(5 * MiB, 0, stream)
+    q = lib.malloc(5 * MiB, 0, stream)
+    check(p and q, "two blocks of 5 MiB")
+    lib.free(p, 5 * MiB, 0, stream)
+    lib.free(q, 5 * MiB, 0, stream)
+    stats = lib.stats(0)
+    check(stats["reserved_bytes"] == 0 and stats["idle_threshold_bytes"] == 0, f"idle memory kept: {stats}")
+    print(f"{pool}: idle threshold 0: memory back to the device at the free")
+
+
+def worker_no_driver(pool):
+    """The CUDA backend where there may be no GPU: without one, malloc returns NULL and the stats
+    say why; with one, the block is real."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from carve_gpu import library
+    lib = library.load(LIBRARY, pool=pool, backend="cuda")
+    p = lib.malloc(4096, 0, 0)
+    stats = lib.stats(0)
+    if p is None:
+        check("error" in stats and stats["failures"] == 1, f"no pool and no reason: {stats}")
+        print(f"{pool}: CUDA backend without a usable GPU: NULL, and the stats say: {stats['error']}")
+    else:
+        lib.free(p, 4096, 0, 0)
+        check(stats["mallocs"] == 1, f"{stats}")
+        print(f"{pool}: CUDA backend: a block on the GPU")
+
+
 def run_worker(kind, pool, env=None):
     result = subprocess.run([sys.executable, __file__, LIBRARY, ROOT, kind, pool], capture_output=True, text=True,
                             env=env, timeout=120)
@@ -354,7 +386,9 @@ def check_scripts():
 
 def main():
     if len(sys.argv) == 5:
-        {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams}[sys.argv[3]](sys.argv[4])
+        workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
+                   "no-driver": worker_no_driver}
+        workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -363,7 +397,7 @@ def main():
         env.pop(name, None)
     failed = []
     for pool in POOLS:
-        for kind in ("replay", "threads", "streams"):
+        for kind in ("replay", "threads", "streams", "idle", "no-driver"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:
