@@ -24,7 +24,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev
-  libconcurrentqueue-dev libboost-dev liburing-dev doxygen)
+  libconcurrentqueue-dev libboost-dev liburing-dev doxygen python3)
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -321,6 +321,17 @@ gpu() {
     echo "| --- | --- | ---: | --- | --- | --- |"
     awk -F '\t' '{ gsub(/\|/, "\\|"); print "| " $1 " | " $2 " | " $3 " " $4 " | " $5 " " $4 " | " $6 " | " $7 " |" }' "$targets"
   } >>"$report"
+  # libcarve_torch under a real training step (PyTorch's two allocators and carve's), where
+  # PyTorch, transformers and timm are installed; the script appends its table to the report.
+  printf '\n## PyTorch through libcarve_torch\n' >>"$report"
+  if python3 -c "import torch, transformers, timm" >/dev/null 2>&1; then
+    local step=passed
+    python3 "$root/tests/torch/gpu_training_step.py" --library "$dir/src/torch/libcarve_torch.so" \
+      --replay "$dir/examples/carve_replay" --report "$report" >/dev/null 2>&1 || step=FAILED
+    echo "test,,gpu_training_step,,,,,$step" >>"$csv"
+  else
+    printf '\nskipped: python3 cannot import torch, transformers and timm here\n' >>"$report"
+  fi
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)
   if [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ]; then
@@ -361,7 +372,7 @@ bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
 gpu)
   # A GPU machine may have no network: build with what it has when the packages cannot be installed.
-  install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev ||
+  install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev python3 ||
     say "could not install every package (no network?); building with what is here"
   gpu
   ;;

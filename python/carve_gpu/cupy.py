@@ -1,0 +1,47 @@
+"""carve's pools as CuPy's GPU allocator.
+
+    import carve_gpu.cupy
+    carve_gpu.cupy.use()
+    x = cupy.zeros(1 << 20)      # served by carve
+"""
+
+import threading
+
+from . import library as _library
+
+
+def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):
+    """Makes carve's `pool` CuPy's allocator (cupy.cuda.set_allocator) for every device. Blocks are
+    allocated and freed on the stream current at the allocation (CuPy names none to free())."""
+    _library.settings_for(pool, None, max_reserved, idle_threshold)
+    try:
+        import cupy  # the framework, not this module: absolute import
+    except ImportError as e:
+        raise ImportError("carve_gpu.cupy needs CuPy (import cupy failed: " + str(e) + ")") from e
+    lib = _library.load(library, pool=pool, max_reserved=max_reserved, idle_threshold=idle_threshold)
+    blocks = {}  # address -> (size, stream): what free() must pass back
+    lock = threading.Lock()
+
+    def malloc(size, device):
+        stream = cupy.cuda.get_current_stream().ptr
+        ptr = lib.malloc(size, device, stream)
+        if not ptr:
+            raise MemoryError(f"carve ({pool}): out of memory allocating {size} bytes on device {device}; "
+                              f"stats: {lib.stats(device)}")
+        with lock:
+            blocks[ptr] = (size, stream)
+        return ptr
+
+    def free(ptr, device):
+        with lock:
+            size, stream = blocks.pop(ptr)
+        lib.free(ptr, size, device, stream)
+
+    allocator = cupy.cuda.PythonFunctionAllocator(malloc, free)
+    cupy.cuda.set_allocator(allocator.malloc)
+    return allocator
+
+
+def memory_stats(device=0, *, library=None):
+    """carve's figures for `device` as a dict (see carve_gpu.torch.memory_stats)."""
+    return _library.load(library).stats(device)

@@ -1,0 +1,152 @@
+"""Finding, configuring and calling libcarve_torch.so (standard library only: ctypes).
+
+The library reads its CARVE_TORCH_* environment variables once, at its first call, so load() sets
+them before that and refuses to load it a second time in one process with other settings.
+"""
+
+import ctypes
+import glob
+import json
+import os
+import threading
+
+POOLS = ("expandable", "stream-ordered", "caching")
+BACKENDS = ("cuda", "host")
+LIBRARY_NAME = "libcarve_torch.so"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+_lock = threading.Lock()
+_loaded = {}  # realpath -> (CarveLibrary, settings)
+
+
+def find_library(path=None):
+    """The path of libcarve_torch.so: `path` if given, else $CARVE_TORCH_LIBRARY, else one next to
+    this package, else the most recently built one under <checkout>/build/*/src/torch/. Raises
+    FileNotFoundError saying where it looked."""
+    looked = []
+    for candidate, why in ((path, "the library argument"),
+                           (os.environ.get("CARVE_TORCH_LIBRARY"), "CARVE_TORCH_LIBRARY")):
+        if candidate:
+            if os.path.isfile(candidate):
+                return candidate
+            raise FileNotFoundError(f"carve_gpu: {why} names {candidate!r}, which is not a file")
+    beside = os.path.join(_HERE, LIBRARY_NAME)
+    looked.append(beside)
+    if os.path.isfile(beside):
+        return beside
+    pattern = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "build", "*", "src", "torch", LIBRARY_NAME)
+    looked.append(pattern)
+    built = sorted(glob.glob(pattern), key=os.path.getmtime)
+    if built:
+        return built[-1]
+    raise FileNotFoundError("carve_gpu: no " + LIBRARY_NAME + " (build the CMake target carve_torch, or set "
+                            "CARVE_TORCH_LIBRARY); looked at " + ", ".join(looked))
+
+
+def _size_setting(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"carve_gpu: {name} must be a byte count (int) or a size such as '8G', not {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"carve_gpu: {name} must not be negative, not {value}")
+    return str(value)
+
+
+def settings_for(pool="expandable", backend=None, max_reserved=None, idle_threshold=None):
+    """The CARVE_TORCH_* variables for these options (checked here, so that a typo is a Python
+    error with the choices, not a message from the library)."""
+    if pool not in POOLS:
+        raise ValueError(f"carve_gpu: unknown pool {pool!r}: choose one of {', '.join(POOLS)}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"carve_gpu: unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    settings = {"CARVE_TORCH_POOL": pool,
+                "CARVE_TORCH_BACKEND": backend,
+                "CARVE_TORCH_MAX_RESERVED": _size_setting("max_reserved", max_reserved),
+                "CARVE_TORCH_IDLE_THRESHOLD": _size_setting("idle_threshold", idle_threshold)}
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def parse_stats(text):
+    """The dict of carve_torch_stats_json's text (keys as docs/torch.md lists them)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    stats = json.loads(text)
+    if not isinstance(stats, dict) or "reserved_bytes" not in stats:
+        raise ValueError(f"carve_gpu: not libcarve_torch statistics: {text!r}")
+    return stats
+
+
+class CarveLibrary:
+    """libcarve_torch.so loaded with ctypes: the C functions with their types."""
+
+    def __init__(self, path):
+        self.path = path
+        lib = ctypes.CDLL(path)
+        lib.carve_torch_malloc.restype = ctypes.c_void_p
+        lib.carve_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        lib.carve_torch_free.restype = None
+        lib.carve_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        lib.carve_torch_empty_cache.restype = None
+        lib.carve_torch_empty_cache.argtypes = []
+        lib.carve_torch_stats_json.restype = ctypes.c_char_p
+        lib.carve_torch_stats_json.argtypes = [ctypes.c_int]
+        lib.carve_torch_reset_peak.restype = None
+        lib.carve_torch_reset_peak.argtypes = [ctypes.c_int]
+        lib.carve_torch_config_error.restype = ctypes.c_char_p
+        lib.carve_torch_config_error.argtypes = []
+        for hook in ("carve_torch_host_stream_enqueue", "carve_torch_host_stream_complete"):
+            getattr(lib, hook).restype = None
+            getattr(lib, hook).argtypes = [ctypes.c_void_p]
+        self.lib = lib
+
+    def malloc(self, size, device=0, stream=0):
+        """A block's address (int), or None when the device is full."""
+        return self.lib.carve_torch_malloc(size, device, stream)
+
+    def free(self, ptr, size, device=0, stream=0):
+        self.lib.carve_torch_free(ptr, size, device, stream)
+
+    def empty_cache(self):
+        self.lib.carve_torch_empty_cache()
+
+    def stats(self, device=0):
+        return parse_stats(self.lib.carve_torch_stats_json(device))
+
+    def reset_peak(self, device=0):
+        self.lib.carve_torch_reset_peak(device)
+
+    def config_error(self):
+        """None, or what is wrong with the CARVE_TORCH_* variables the library read."""
+        message = self.lib.carve_torch_config_error()
+        return message.decode() if message else None
+
+    def host_stream_enqueue(self, stream):
+        """Host backend test hook: one piece of work queued on `stream`."""
+        self.lib.carve_torch_host_stream_enqueue(stream)
+
+    def host_stream_complete(self, stream):
+        """Host backend test hook: all work queued on `stream` has run."""
+        self.lib.carve_torch_host_stream_complete(stream)
+
+
+def load(library=None, pool="expandable", backend=None, max_reserved=None, idle_threshold=None):
+    """libcarve_torch.so, configured: sets the CARVE_TORCH_* variables for these options and loads
+    the library (once per process; loading it again with other settings raises RuntimeError, since
+    the library has read its settings already). Raises ValueError for a bad option."""
+    settings = settings_for(pool, backend, max_reserved, idle_threshold)
+    path = os.path.realpath(find_library(library))
+    with _lock:
+        if path in _loaded:
+            lib, before = _loaded[path]
+            if before != settings:
+                raise RuntimeError(f"carve_gpu: {path} is already loaded in this process with {before}; its "
+                                   f"settings are read once, so {settings} cannot take effect (start a new process)")
+            return lib
+        os.environ.update(settings)  # options not given keep what the environment says
+        lib = CarveLibrary(path)
+        error = lib.config_error()
+        if error:
+            raise ValueError(error)
+        _loaded[path] = (lib, settings)
+        return lib

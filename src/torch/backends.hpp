@@ -1,0 +1,100 @@
+// src/torch/backends.hpp — where libcarve_torch's memory and streams come from: the CUDA device
+// (CudaMemoryMapper, cudaMalloc, CUDA streams and events) or, with CARVE_TORCH_BACKEND=host, the
+// host twins (HostMemoryMapper, host memory, streams whose work the test hooks complete). The
+// stacks in device_stack.hpp are templates over one of these.
+#pragma once
+
+#include "host_streams.hpp"
+
+#include <carve/mr/simulated_card.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <carve/mr/cuda_device_resource.hpp>
+#include <carve/mr/cuda_stream_events.hpp>
+#include <carve/vmm/cuda_memory_mapper.hpp>
+
+#include <cuda_runtime_api.h>
+#define CARVE_TORCH_HAS_CUDA 1
+#else
+// The stream type of PyTorch's allocator interface, for a build without the CUDA toolkit (the
+// host backend only).
+using cudaStream_t = struct CUstream_st*;
+#endif
+
+namespace carve::torch {
+
+// The host twin: memory is host memory, so a test can write every byte it is given.
+struct HostBackend {
+  static constexpr const char* name = "host";
+  using Streams = HostStreams;
+  using Mapper = HostMemoryMapper;
+  using Upstream = SimulatedCard;
+
+  static HostStream stream(cudaStream_t s) noexcept { return HostStream{reinterpret_cast<std::uintptr_t>(s)}; }
+  // The CPU plays every device, with the granularity of today's GPUs.
+  static Mapper mapper(int device) {
+    return HostMemoryMapper(
+        HostMapperOptions{.granularity = std::size_t{2} << 20, .device_count = device + 1, .cpu_device = -1});
+  }
+  // Host memory without a limit of its own (Books::cap is the cap).
+  static Upstream upstream(int) { return SimulatedCard(std::size_t{1} << 50); }
+  // Only the test completes host work: nothing to wait for.
+  static void synchronize(int) noexcept {}
+  // Nothing is current on the host.
+  struct DeviceScope {
+    explicit DeviceScope(int) noexcept {}
+  };
+};
+
+#ifdef CARVE_TORCH_HAS_CUDA
+// A CUDA device.
+struct CudaBackend {
+  static constexpr const char* name = "cuda";
+  using Streams = CudaStreams;
+  using Mapper = CudaMemoryMapper;
+  using Upstream = CudaDeviceResource;
+
+  static cuda::stream_ref stream(cudaStream_t s) noexcept { return cuda::stream_ref(s); }
+  static Mapper mapper(int) { return CudaMemoryMapper{}; }
+  static Upstream upstream(int device) { return CudaDeviceResource(device); }
+  // What PyTorch does before it empties its cache: the work on blocks freed so far has run.
+  static void synchronize(int device) noexcept {
+    const DeviceScope scope(device);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
+  // Makes `device` current for the events and memory calls of one request, when it is not already
+  // (PyTorch frees from threads whose current device may be another).
+  class DeviceScope {
+  public:
+    explicit DeviceScope(int device) noexcept {
+      if (cudaGetDevice(&previous_) != cudaSuccess) {
+        cudaGetLastError(); // no driver: the calls that follow fail and say so
+      } else if (previous_ != device) {
+        restore_ = cudaSetDevice(device) == cudaSuccess;
+        if (!restore_) {
+          cudaGetLastError();
+        }
+      }
+    }
+    ~DeviceScope() {
+      if (restore_) {
+        cudaSetDevice(previous_);
+      }
+    }
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+  private:
+    int previous_ = 0;
+    bool restore_ = false;
+  };
+};
+#endif
+
+} // namespace carve::torch

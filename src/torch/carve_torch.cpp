@@ -1,0 +1,270 @@
+// libcarve_torch.so: carve's pools behind the C functions PyTorch's CUDAPluggableAllocator and
+// CuPy's allocator hooks call (carve_torch.h says what each does). One DeviceStack per device,
+// built on first use from the settings read once (config.hpp), kept until the process ends: PyTorch
+// frees tensors from its own static destructors, after which a destroyed pool would be a crash.
+#include "carve_torch.h"
+
+#include "config.hpp"
+#include "device_stack.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace {
+
+using carve::Errc;
+using carve::torch::BackendKind;
+using carve::torch::Config;
+using carve::torch::DeviceStack;
+
+constexpr int max_devices = 64;
+
+std::size_t slot(int device) { return static_cast<std::size_t>(device); }
+
+const Config& config() {
+  static const Config c = carve::torch::read_config();
+  return c;
+}
+
+[[noreturn]] void fatal(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+const Config& checked_config() {
+  const Config& c = config();
+  if (!c.error.empty()) {
+    fatal(c.error);
+  }
+  return c;
+}
+
+const char* pool_name(carve::torch::PoolKind k) {
+  switch (k) {
+  case carve::torch::PoolKind::caching:
+    return "caching";
+  case carve::torch::PoolKind::stream_ordered:
+    return "stream-ordered";
+  case carve::torch::PoolKind::expandable:
+    break;
+  }
+  return "expandable";
+}
+
+template <class Backend>
+std::unique_ptr<DeviceStack> make_stack(int device, const carve::torch::StackOptions& o) {
+  switch (o.pool) {
+  case carve::torch::PoolKind::caching:
+    return std::make_unique<carve::torch::CachingStack<Backend>>(device, o);
+  case carve::torch::PoolKind::stream_ordered:
+    return std::make_unique<carve::torch::StreamOrderedStack<Backend>>(device, o);
+  case carve::torch::PoolKind::expandable:
+    break;
+  }
+  return std::make_unique<carve::torch::ExpandableStack<Backend>>(device, o);
+}
+
+// The stacks, by device; a device whose stack could not be built keeps the reason.
+struct Registry {
+  std::array<std::atomic<DeviceStack*>, max_devices> stacks{};
+  std::mutex build;
+  std::array<std::string, max_devices> errors;                   // under `build`
+  std::array<std::atomic<std::uint64_t>, max_devices> refused{}; // mallocs that found no stack
+};
+
+Registry& registry() {
+  static Registry* r = new Registry; // never destroyed (see the top of this file)
+  return *r;
+}
+
+// The stack of `device`, built now if it is the first use; null (the reason reported once on
+// stderr) when the device does not exist or the pool cannot be built.
+DeviceStack* stack(int device) {
+  if (device < 0 || device >= max_devices) {
+    return nullptr;
+  }
+  Registry& r = registry();
+  if (DeviceStack* s = r.stacks[slot(device)].load(std::memory_order_acquire)) {
+    return s;
+  }
+  const Config& c = checked_config();
+  const std::lock_guard lock(r.build);
+  if (DeviceStack* s = r.stacks[slot(device)].load(std::memory_order_acquire)) {
+    return s;
+  }
+  if (!r.errors[slot(device)].empty()) {
+    return nullptr;
+  }
+  try {
+    std::unique_ptr<DeviceStack> made;
+    if (c.backend == BackendKind::host) {
+      made = make_stack<carve::torch::HostBackend>(device, c.stack);
+    } else {
+#ifdef CARVE_TORCH_HAS_CUDA
+      made = make_stack<carve::torch::CudaBackend>(device, c.stack);
+#endif
+    }
+    r.stacks[slot(device)].store(made.get(), std::memory_order_release);
+    return made.release();
+  } catch (const std::exception& e) {
+    r.errors[slot(device)] =
+        std::string("libcarve_torch: no pool for device ") + std::to_string(device) + ": " + e.what();
+    std::fprintf(stderr, "%s\n", r.errors[slot(device)].c_str());
+    return nullptr;
+  }
+}
+
+std::string hex(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+
+[[noreturn]] void free_misuse(const void* p, ssize_t size, int device, const char* why) {
+  fatal("carve_torch_free(" + hex(p) + ", " + std::to_string(size) + " bytes, device " + std::to_string(device) +
+        "): " + why);
+}
+
+void append(std::string& json, const char* key, std::uint64_t value) {
+  json += ",\"";
+  json += key;
+  json += "\":";
+  json += std::to_string(value);
+}
+
+} // namespace
+
+extern "C" {
+
+void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
+  if (size <= 0) {
+    (void)checked_config();
+    return nullptr;
+  }
+  DeviceStack* s = stack(device);
+  if (s == nullptr) {
+    if (device >= 0 && device < max_devices) {
+      registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
+    }
+    return nullptr;
+  }
+  return s->allocate(stream, static_cast<std::size_t>(size));
+}
+
+void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
+  if (ptr == nullptr) {
+    return;
+  }
+  DeviceStack* s = size > 0 ? stack(device) : nullptr;
+  if (s == nullptr) {
+    free_misuse(ptr, size, device, "no block of libcarve_torch on that device has this address and size");
+  }
+  const auto freed = s->deallocate(stream, ptr, static_cast<std::size_t>(size));
+  if (freed) {
+    return;
+  }
+  switch (freed.error()) {
+  case Errc::not_allocated:
+    free_misuse(ptr, size, device, "not a live block of libcarve_torch (never handed out, or freed already)");
+  case Errc::invalid_size:
+    free_misuse(ptr, size, device, "the block was allocated with another size");
+  default:
+    free_misuse(ptr, size, device, "the pool could not record the free (out of host memory)");
+  }
+}
+
+void carve_torch_empty_cache(void) {
+  (void)checked_config();
+  Registry& r = registry();
+  for (auto& slot : r.stacks) {
+    if (DeviceStack* s = slot.load(std::memory_order_acquire)) {
+      s->empty_cache();
+    }
+  }
+}
+
+const char* carve_torch_stats_json(int device) {
+  thread_local std::string json;
+  const Config& c = config();
+  json = "{\"device\":" + std::to_string(device) + ",\"backend\":\"" +
+         (c.backend == BackendKind::host ? "host" : "cuda") + "\",\"pool\":\"" + pool_name(c.stack.pool) + "\"";
+  const DeviceStack* s = nullptr;
+  std::string error = c.error;
+  if (error.empty() && (device < 0 || device >= max_devices)) {
+    error = "libcarve_torch: no device " + std::to_string(device);
+  } else if (error.empty()) {
+    Registry& r = registry();
+    s = r.stacks[slot(device)].load(std::memory_order_acquire);
+    if (s == nullptr) {
+      const std::lock_guard lock(r.build);
+      error = r.errors[slot(device)];
+    }
+  }
+  static const carve::torch::Books unused;
+  const carve::torch::Books& b = s != nullptr ? s->books() : unused;
+  const auto load = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  append(json, "reserved_bytes", b.reserved.now());
+  append(json, "peak_reserved_bytes", b.reserved.peak());
+  append(json, "live_bytes", b.live.now());
+  append(json, "peak_live_bytes", b.live.peak());
+  append(json, "live_blocks", load(b.mallocs) - load(b.frees));
+  append(json, "mallocs", load(b.mallocs));
+  append(json, "frees", load(b.frees));
+  append(json, "device_calls", load(b.device_calls));
+  append(json, "device_failures", load(b.device_failures));
+  const std::uint64_t refused =
+      device >= 0 && device < max_devices ? load(registry().refused[slot(device)]) : std::uint64_t{0};
+  append(json, "failures", load(b.failures) + refused);
+  for (const auto& [key, value] : {std::pair{"max_reserved_bytes", c.stack.max_reserved},
+                                   std::pair{"idle_threshold_bytes", c.stack.idle_threshold}}) {
+    json += ",\"";
+    json += key;
+    json += value == std::numeric_limits<std::size_t>::max() ? "\":null" : "\":" + std::to_string(value);
+  }
+  if (!error.empty()) {
+    json += ",\"error\":\"";
+    for (const char ch : error) {
+      if (ch == '"' || ch == '\\') {
+        json += '\\';
+      }
+      json += static_cast<unsigned char>(ch) < 0x20 ? ' ' : ch;
+    }
+    json += '"';
+  }
+  json += '}';
+  return json.c_str();
+}
+
+void carve_torch_reset_peak(int device) {
+  if (device >= 0 && device < max_devices) {
+    if (DeviceStack* s = registry().stacks[slot(device)].load(std::memory_order_acquire)) {
+      s->reset_peak();
+    }
+  }
+}
+
+const char* carve_torch_config_error(void) {
+  const Config& c = config();
+  return c.error.empty() ? nullptr : c.error.c_str();
+}
+
+void carve_torch_host_stream_enqueue(cudaStream_t stream) {
+  if (config().backend == BackendKind::host) {
+    carve::torch::HostStreamTable::instance().enqueue(reinterpret_cast<std::uintptr_t>(stream));
+  }
+}
+
+void carve_torch_host_stream_complete(cudaStream_t stream) {
+  if (config().backend == BackendKind::host) {
+    carve::torch::HostStreamTable::instance().complete(reinterpret_cast<std::uintptr_t>(stream));
+  }
+}
+
+} // extern "C"

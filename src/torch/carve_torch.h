@@ -1,0 +1,89 @@
+/* carve_torch.h — the C interface of libcarve_torch.so: carve's pools as PyTorch's (or CuPy's)
+ * GPU allocator.
+ *
+ * PyTorch loads carve_torch_malloc and carve_torch_free through
+ * torch.cuda.memory.CUDAPluggableAllocator(path, "carve_torch_malloc", "carve_torch_free");
+ * python/carve_gpu does that for you. Each device gets one carve pool, built on its first use and
+ * kept until the process ends, chosen by environment variables read once, at the first call:
+ *
+ *   CARVE_TORCH_POOL            expandable (default) | stream-ordered | caching
+ *   CARVE_TORCH_MAX_RESERVED    the most device memory the pool may hold per device, in bytes, with
+ *                               an optional K, M, G or T suffix (binary units: 8G is 8 GiB); default
+ *                               no cap beyond the device's own memory
+ *   CARVE_TORCH_IDLE_THRESHOLD  free memory a pool keeps before giving some back (same units);
+ *                               default: keep it all until carve_torch_empty_cache()
+ *   CARVE_TORCH_BACKEND         cuda (default) | host: the host twin (see the test hooks below)
+ *
+ * Bad values end the process at the first call with a message saying which; call
+ * carve_torch_config_error() first to check them without that. Every function is thread-safe.
+ */
+#ifndef CARVE_TORCH_H
+#define CARVE_TORCH_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#if defined(__has_include)
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define CARVE_TORCH_STREAM_DECLARED 1
+#endif
+#endif
+#ifndef CARVE_TORCH_STREAM_DECLARED
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+/* The functions below are the library's only exported symbols. */
+#if defined(__GNUC__)
+#define CARVE_TORCH_API __attribute__((visibility("default")))
+#else
+#define CARVE_TORCH_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A block of `size` bytes on `device` for work queued on `stream`, aligned to 512 bytes; NULL
+ * when the device (or CARVE_TORCH_MAX_RESERVED) cannot hold it, which PyTorch reports as its
+ * OutOfMemoryError. NULL for a size of 0 or below, which is not counted as a failure. */
+CARVE_TORCH_API void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* Frees `ptr` (from carve_torch_malloc with this `size` and `device`) for work queued on `stream`
+ * after the work that used it: reused on `stream` at once, on another stream only once `stream`
+ * has run that work. NULL is ignored. A pointer this library did not hand out, or a wrong size,
+ * ends the process with a message naming the pointer, as free() does. */
+CARVE_TORCH_API void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
+
+/* Gives every device the memory its pool holds and no block uses (after the work queued so far
+ * has run, as torch.cuda.empty_cache() does). */
+CARVE_TORCH_API void carve_torch_empty_cache(void);
+
+/* The figures of `device`'s pool as one JSON object: backend, pool, reserved_bytes,
+ * peak_reserved_bytes, live_bytes, peak_live_bytes (live counts round each block to 512 bytes),
+ * live_blocks, mallocs, frees, device_calls (physical memory created, mapped and unmapped, or
+ * cudaMalloc/cudaFree calls), device_failures (such calls refused), failures (carve_torch_malloc
+ * calls that returned NULL), max_reserved_bytes and idle_threshold_bytes (null when unset), and,
+ * when the pool could not be built, error. The text belongs to the library and stays valid until
+ * the calling thread calls this again; the caller frees nothing. */
+CARVE_TORCH_API const char* carve_torch_stats_json(int device);
+
+/* Starts both peaks (reserved and live) again from the bytes held now. */
+CARVE_TORCH_API void carve_torch_reset_peak(int device);
+
+/* NULL when the CARVE_TORCH_* variables are good (or a message saying what is wrong with them).
+ * Reads them, as the first call of any function here does; later changes to them are not seen. */
+CARVE_TORCH_API const char* carve_torch_config_error(void);
+
+/* Test hooks of the host backend (CARVE_TORCH_BACKEND=host), where a stream is any handle the
+ * caller picks and its work is what these say: enqueue queues one piece of work on `stream` (a
+ * kernel that uses the blocks), complete runs all of it. A block freed on a stream with queued
+ * work is reused on another stream only after complete(). They do nothing on the CUDA backend. */
+CARVE_TORCH_API void carve_torch_host_stream_enqueue(cudaStream_t stream);
+CARVE_TORCH_API void carve_torch_host_stream_complete(cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CARVE_TORCH_H */

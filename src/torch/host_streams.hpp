@@ -1,0 +1,83 @@
+// src/torch/host_streams.hpp — the streams of libcarve_torch's host backend (CARVE_TORCH_BACKEND=host).
+//
+// There a stream is whatever handle the caller passes as its cudaStream_t: an opaque number. Work
+// on it is queued and completed only by the test hooks (carve_torch_host_stream_enqueue and
+// carve_torch_host_stream_complete in carve_torch.h), so a test decides when a block freed on one
+// stream may be reused on another, exactly as a kernel still running would decide on a GPU. A
+// stream nothing was queued on has no pending work: its events complete at once.
+#pragma once
+
+#include <carve/core/error.hpp>
+#include <carve/mr/stream_events.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace carve::torch {
+
+// A host-backend stream: the handle the caller passed.
+struct HostStream {
+  std::uintptr_t handle = 0;
+  friend constexpr bool operator==(HostStream, HostStream) = default;
+};
+
+// The work queued and completed on every host stream: one table for the process, since the test
+// hooks name streams, not pools.
+class HostStreamTable {
+public:
+  static HostStreamTable& instance() {
+    static HostStreamTable table;
+    return table;
+  }
+  void enqueue(std::uintptr_t stream) {
+    const std::lock_guard lock(mutex_);
+    ++work_[stream].queued;
+  }
+  void complete(std::uintptr_t stream) {
+    const std::lock_guard lock(mutex_);
+    Work& w = work_[stream];
+    w.done = w.queued;
+  }
+  std::uint64_t queued(std::uintptr_t stream) {
+    const std::lock_guard lock(mutex_);
+    const auto it = work_.find(stream);
+    return it == work_.end() ? 0 : it->second.queued;
+  }
+  std::uint64_t pending(std::uintptr_t stream) {
+    const std::lock_guard lock(mutex_);
+    const auto it = work_.find(stream);
+    return it == work_.end() ? 0 : it->second.queued - it->second.done;
+  }
+  bool done(std::uintptr_t stream, std::uint64_t position) {
+    const std::lock_guard lock(mutex_);
+    const auto it = work_.find(stream);
+    return it == work_.end() || it->second.done >= position;
+  }
+
+private:
+  struct Work {
+    std::uint64_t queued = 0;
+    std::uint64_t done = 0;
+  };
+  std::mutex mutex_;
+  std::unordered_map<std::uintptr_t, Work> work_;
+};
+
+// StreamEvents over HostStreamTable: an event is the stream and the work queued on it when it was
+// recorded. No wait(): only the test completes work, so a pool that would wait says no instead.
+class HostStreams {
+public:
+  using stream_type = HostStream;
+  struct event_type {
+    std::uintptr_t stream = 0;
+    std::uint64_t position = 0;
+  };
+  Result<event_type> record(HostStream s) { return event_type{s.handle, HostStreamTable::instance().queued(s.handle)}; }
+  bool completed(event_type e) const { return HostStreamTable::instance().done(e.stream, e.position); }
+  void release(event_type) noexcept {}
+};
+
+static_assert(StreamEvents<HostStreams>);
+
+} // namespace carve::torch

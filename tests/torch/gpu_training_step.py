@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""A real training step under three allocators, on a GPU: what `bash cmake/dev.sh gpu` runs for
+libcarve_torch.
+
+Two models, a few steps each at a batch that fills a good part of the card: a GPT-2-small-sized
+transformer from `transformers` (random weights) and `timm`'s ResNet-50. Each runs three times, in
+a process of its own: PyTorch's default caching allocator, PyTorch with
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and carve's expandable pool through
+carve_gpu.torch.use(). Same seed, PyTorch's deterministic algorithms, TF32 off: the same
+arithmetic on different memory, so the loss after the last step must agree to 1e-6 relative.
+Recorded per run: peak reserved (PyTorch's max_memory_reserved; carve's from its stats), peak
+allocated, the median step time after the first step, the final loss. A fourth run, under the
+default allocator, records its allocations (torch.cuda.memory._record_memory_history) and dumps
+the snapshot, which carve_replay replays: its prediction of carve's peak reserved is set beside
+what carve reserved on the card. Finally, carve_gpu.torch.use() after CUDA was initialised must refuse with a clear
+message.
+
+    gpu_training_step.py --library build/gpu/src/torch/libcarve_torch.so \\
+        --replay build/gpu/examples/carve_replay --report build/gpu/gpu-report.md
+
+Appends a markdown section to --report (and prints it); exits non-zero when a run failed, the
+losses disagree or the late install was not refused. The goals (carve's peak reserved at most
+1.03x its peak allocated and below both PyTorch modes, step time within 2% of the default
+allocator) are reported met or MISSED without failing the run.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODES = ("pytorch", "expandable_segments", "carve")
+MODELS = ("gpt2", "resnet50")
+GiB = float(1 << 30)
+
+
+def make_model(name, batch, torch):
+    """The model and a function that runs one forward pass and returns the loss."""
+    generator = torch.Generator(device="cpu").manual_seed(1234)
+    if name == "gpt2":
+        import transformers
+        config = transformers.GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
+        model = transformers.GPT2LMHeadModel(config).cuda()
+        tokens = torch.randint(0, config.vocab_size, (batch, 1024), generator=generator).cuda()
+        return model, lambda: model(input_ids=tokens, labels=tokens).loss
+    import timm
+    model = timm.create_model("resnet50", pretrained=False, num_classes=1000).cuda()
+    images = torch.randn(batch, 3, 224, 224, generator=generator).cuda()
+    labels = torch.randint(0, 1000, (batch,), generator=generator).cuda()
+    return model, lambda: torch.nn.functional.cross_entropy(model(images), labels)
+
+
+def run_child(args):
+    """One model under one allocator, in this process; prints one JSON line."""
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS
+    carve = None
+    if args.mode == "carve":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import carve_gpu.torch as carve
+        carve.use("expandable", library=args.library)
+    import torch
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if args.snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    model, forward = make_model(args.model, args.batch, torch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    loss = None
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = forward()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    result = {"model": args.model, "mode": args.mode, "batch": args.batch, "loss": float(loss.item()),
+              "step_ms": 1e3 * statistics.median(times[1:] if len(times) > 1 else times)}
+    if args.snapshot:
+        torch.cuda.memory._dump_snapshot(args.snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    if carve is not None:
+        stats = carve.memory_stats(torch.cuda.current_device())
+        result.update(peak_reserved=stats["peak_reserved_bytes"], peak_allocated=stats["peak_live_bytes"],
+                      device_calls=stats["device_calls"], failures=stats["failures"])
+    else:
+        result.update(peak_reserved=torch.cuda.max_memory_reserved(), peak_allocated=torch.cuda.max_memory_allocated())
+    print(json.dumps(result), flush=True)
+
+
+def run_late_install(args):
+    """carve_gpu.torch.use() after PyTorch's allocator initialised CUDA: must refuse, saying why."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import torch
+    import carve_gpu.torch as carve
+    torch.zeros(1, device="cuda")
+    try:
+        carve.use(library=args.library)
+    except RuntimeError as e:
+        print(json.dumps({"refused": "already initialised" in str(e), "message": str(e)}))
+        return
+    print(json.dumps({"refused": False, "message": "use() succeeded after CUDA was initialised"}))
+
+
+def child(argv, env=None, timeout=900):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, capture_output=True, text=True,
+                         env=env, timeout=timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return None, (out.stderr or out.stdout)[-2000:]
+    return json.loads(lines[-1]), None
+
+
+def predicted_by_replay(replay, snapshot):
+    out = subprocess.run([replay, snapshot, "--allocators", "expandable-pool", "--json"], capture_output=True,
+                         text=True, timeout=900)
+    if out.returncode != 0:
+        return None, out.stderr[-1000:]
+    for allocator in json.loads(out.stdout)["allocators"]:
+        if allocator["name"] == "expandable-pool":
+            return allocator["peak_reserved_bytes"], None
+    return None, "carve_replay printed no expandable-pool row"
+
+
+def orchestrate(args):
+    lines = ["## A real training step under PyTorch's allocators and carve (tests/torch/gpu_training_step.py)", ""]
+    failed = []
+    work = tempfile.mkdtemp(prefix="carve_gpu_step_")
+    batches = {"gpt2": args.gpt2_batch, "resnet50": args.resnet_batch}
+    library = ["--library", args.library] if args.library else []
+    rows = []
+    for model in MODELS:
+        results = {}
+        for mode in MODES:
+            env = dict(os.environ)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            if mode == "expandable_segments":
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            argv = ["--child", "--model", model, "--mode", mode, "--batch", str(batches[model]), "--steps",
+                    str(args.steps)] + library
+            result, error = child(argv, env)
+            if result is None:
+                failed.append(f"{model} under {mode}: {error}")
+                continue
+            results[mode] = result
+        if args.replay and "carve" in results:
+            # The requests, recorded in a run of their own (recording slows the steps it records).
+            snapshot = os.path.join(work, f"{model}.pickle")
+            argv = ["--child", "--model", model, "--mode", "pytorch", "--batch", str(batches[model]), "--steps",
+                    str(args.steps), "--snapshot", snapshot] + library
+            recorded, error = child(argv, {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"})
+            predicted = None
+            if recorded is None:
+                failed.append(f"{model}, recording the snapshot: {error}")
+            else:
+                predicted, error = predicted_by_replay(args.replay, snapshot)
+                if error:
+                    failed.append(f"carve_replay on {model}: {error}")
+            results["carve"]["predicted"] = predicted
+        rows.append((model, results))
+
+    lines += ["| model | allocator | peak reserved | peak allocated | reserved / allocated | step time | final loss |"
+              " carve_replay's prediction |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    goals = []
+    for model, results in rows:
+        base = results.get("pytorch")
+        for mode in MODES:
+            r = results.get(mode)
+            if not r or "loss" not in r:
+                lines.append(f"| {model} | {mode} | failed | | | | | |")
+                continue
+            predicted = r.get("predicted")
+            prediction = (f"{predicted / GiB:.3f} GiB ({predicted / r['peak_reserved']:.3f}x actual)"
+                          if predicted else "")
+            lines.append(f"| {model} (batch {r['batch']}) | {mode} | {r['peak_reserved'] / GiB:.3f} GiB | "
+                         f"{r['peak_allocated'] / GiB:.3f} GiB | {r['peak_reserved'] / r['peak_allocated']:.3f}x | "
+                         f"{r['step_ms']:.1f} ms | {r['loss']:.9g} | {prediction} |")
+            if base and mode != "pytorch":
+                relative = abs(r["loss"] - base["loss"]) / max(abs(base["loss"]), 1e-30)
+                if relative > 1e-6:
+                    failed.append(f"{model}: loss under {mode} {r['loss']!r} differs from PyTorch's {base['loss']!r} "
+                                  f"by {relative:.3g} relative (limit 1e-6)")
+        carve, expandable = results.get("carve"), results.get("expandable_segments")
+        if base and carve and expandable and "loss" in carve:
+            ratio = carve["peak_reserved"] / carve["peak_allocated"]
+            below = carve["peak_reserved"] < min(base["peak_reserved"], expandable["peak_reserved"])
+            slower = carve["step_ms"] / base["step_ms"]
+            goals += [f"- {model}: carve's peak reserved {ratio:.3f}x its peak allocated (target <= 1.03x): "
+                      f"{'met' if ratio <= 1.03 else 'MISSED'}",
+                      f"- {model}: carve's peak reserved below both PyTorch modes: {'met' if below else 'MISSED'}",
+                      f"- {model}: step time {slower:.3f}x PyTorch's default (target <= 1.02x): "
+                      f"{'met' if slower <= 1.02 else 'MISSED'}"]
+    late, error = child(["--late-install"] + library, dict(os.environ), timeout=300)
+    if late is None or not late["refused"]:
+        failed.append("carve_gpu.torch.use() after CUDA was initialised: " + (error or late["message"]))
+    else:
+        goals.append("- carve_gpu.torch.use() after CUDA was initialised refuses: " + late["message"])
+    lines += ["", *goals, ""]
+    lines += [f"- FAILED: {f}" for f in failed] or ["All runs completed and the final losses agree to 1e-6."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.report:
+        with open(args.report, "a") as f:
+            f.write("\n" + text)
+    return 1 if failed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--library", default=os.environ.get("CARVE_TORCH_LIBRARY"),
+                        help="libcarve_torch.so (default: carve_gpu's search)")
+    parser.add_argument("--replay", help="the carve_replay program (no prediction without it)")
+    parser.add_argument("--report", help="a markdown file to append the table to")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--gpt2-batch", type=int, default=8, help="sequences of 1024 tokens per step")
+    parser.add_argument("--resnet-batch", type=int, default=256, help="224x224 images per step")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--late-install", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run_child(args)
+    elif args.late_install:
+        run_late_install(args)
+    else:
+        sys.exit(orchestrate(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+// libcarve_torch on its host backend: each of the three stacks (expandable, stream-ordered,
+// caching) driven as PyTorch drives the C functions — blocks written whole and never overlapping,
+// a free on one stream reused on another only after that stream's work has run, out of memory
+// under a cap, empty_cache, the counts balancing — first by hand, then from four threads on four
+// streams; and the C functions themselves (CARVE_TORCH_BACKEND=host is set by ctest).
+#include <carve_torch.h>
+#include <device_stack.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using carve::torch::DeviceStack;
+using carve::torch::HostBackend;
+using carve::torch::PoolKind;
+using carve::torch::StackOptions;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+cudaStream_t stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// Streams are process-wide on the host backend: each test takes handles no other test used.
+std::uintptr_t fresh_streams(std::uintptr_t count) {
+  static std::atomic<std::uintptr_t> next{0x1000};
+  return next.fetch_add(count);
+}
+
+std::unique_ptr<DeviceStack> make(PoolKind kind, std::size_t cap = std::numeric_limits<std::size_t>::max()) {
+  StackOptions o;
+  o.pool = kind;
+  o.max_reserved = cap;
+  switch (kind) {
+  case PoolKind::caching:
+    return std::make_unique<carve::torch::CachingStack<HostBackend>>(0, o);
+  case PoolKind::stream_ordered:
+    return std::make_unique<carve::torch::StreamOrderedStack<HostBackend>>(0, o);
+  case PoolKind::expandable:
+    break;
+  }
+  return std::make_unique<carve::torch::ExpandableStack<HostBackend>>(0, o);
+}
+
+// The stacks built here count on this program's table of host streams (the library has its own,
+// behind its test hooks).
+void enqueue(cudaStream_t s) { carve::torch::HostStreamTable::instance().enqueue(reinterpret_cast<std::uintptr_t>(s)); }
+void complete(cudaStream_t s) {
+  carve::torch::HostStreamTable::instance().complete(reinterpret_cast<std::uintptr_t>(s));
+}
+
+const char* name(PoolKind kind) {
+  return kind == PoolKind::caching ? "caching" : kind == PoolKind::stream_ordered ? "stream-ordered" : "expandable";
+}
+
+constexpr PoolKind kinds[] = {PoolKind::expandable, PoolKind::stream_ordered, PoolKind::caching};
+
+// Live blocks by address: a new one must overlap none (no byte handed out twice).
+class LiveBlocks {
+public:
+  bool add(void* p, std::size_t bytes) {
+    const std::lock_guard lock(mutex_);
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const auto after = blocks_.lower_bound(a);
+    if (after != blocks_.end() && after->first < a + bytes) {
+      return false;
+    }
+    if (after != blocks_.begin() && std::prev(after)->first + std::prev(after)->second > a) {
+      return false;
+    }
+    blocks_.emplace(a, bytes);
+    return true;
+  }
+  void remove(void* p) {
+    const std::lock_guard lock(mutex_);
+    blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+
+private:
+  std::mutex mutex_;
+  std::map<std::uintptr_t, std::size_t> blocks_;
+};
+
+// Every byte is `tag`: the first is, and each equals the next (memcmp, which the sanitizers run at
+// full speed).
+bool filled_with(const void* p, std::size_t bytes, unsigned char tag) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  return bytes == 0 || (b[0] == tag && std::memcmp(b, b + 1, bytes - 1) == 0);
+}
+
+} // namespace
+
+TEST_CASE("each stack: a free on one stream is reused on another only after that stream's work has run") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const std::uintptr_t a = fresh_streams(2);
+    const std::uintptr_t b = a + 1;
+    void* p = stack->allocate(stream(a), 3 * MiB);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 512 == 0);
+    std::memset(p, 0x5a, 3 * MiB);
+
+    // A kernel on a still uses p when a frees it: b must not get p.
+    enqueue(stream(a));
+    REQUIRE(stack->deallocate(stream(a), p, 3 * MiB));
+    void* q = stack->allocate(stream(b), 3 * MiB);
+    REQUIRE(q != nullptr);
+    CHECK(q != p);
+    // a itself may take p back at once: its next kernel runs after the last.
+    void* r = stack->allocate(stream(a), 3 * MiB);
+    CHECK(r == p);
+    REQUIRE(stack->deallocate(stream(a), r, 3 * MiB));
+    REQUIRE(stack->deallocate(stream(b), q, 3 * MiB));
+
+    // Freed on b while b still runs a kernel on it: a gets it back only once b has run that work.
+    void* x = stack->allocate(stream(a), 1 * MiB);
+    REQUIRE(x != nullptr);
+    enqueue(stream(b));
+    REQUIRE(stack->deallocate(stream(b), x, 1 * MiB));
+    void* y = stack->allocate(stream(a), 1 * MiB);
+    CHECK(y != x);
+    complete(stream(b));
+    complete(stream(a));
+    void* z = stack->allocate(stream(a), 1 * MiB);
+    CHECK(z == x);
+    REQUIRE(stack->deallocate(stream(a), y, 1 * MiB));
+    REQUIRE(stack->deallocate(stream(a), z, 1 * MiB));
+
+    // Every stream's work has run: the device gets everything back.
+    stack->empty_cache();
+    const carve::torch::Books& books = stack->books();
+    CHECK(books.live.now() == 0);
+    CHECK((books.mallocs.load() - books.frees.load()) == 0);
+    CHECK(books.reserved.now() == 0);
+    CHECK(books.mallocs.load() == books.frees.load());
+    CHECK(books.live.peak() == 6 * MiB);
+    CHECK(books.failures.load() == 0);
+  }
+}
+
+TEST_CASE("each stack: out of memory under a cap returns null and changes nothing; empty_cache gives all back") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind, 16 * MiB);
+    const std::uintptr_t a = fresh_streams(2);
+    const std::uintptr_t b = a + 1;
+    std::vector<void*> held;
+    for (void* p = nullptr; (p = stack->allocate(stream(a), 3 * MiB)) != nullptr;) {
+      std::memset(p, 1, 3 * MiB);
+      held.push_back(p);
+      REQUIRE(held.size() < 16);
+    }
+    CHECK(held.size() >= 4);
+    CHECK(stack->books().failures.load() == 1);
+    CHECK(stack->books().reserved.now() <= 16 * MiB);
+    CHECK(stack->allocate(stream(a), 17 * MiB) == nullptr);
+    CHECK((stack->books().mallocs.load() - stack->books().frees.load()) == held.size());
+
+    // Freed on a with a's work done: b can have the memory (through the device for caching).
+    for (void* p : held) {
+      REQUIRE(stack->deallocate(stream(a), p, 3 * MiB));
+    }
+    void* big = stack->allocate(stream(b), 12 * MiB);
+    REQUIRE(big != nullptr);
+    std::memset(big, 2, 12 * MiB);
+    REQUIRE(stack->deallocate(stream(b), big, 12 * MiB));
+
+    // A freed block whose stream still works on it stays with the pool through empty_cache.
+    void* busy = stack->allocate(stream(b), 2 * MiB);
+    REQUIRE(busy != nullptr);
+    enqueue(stream(b));
+    REQUIRE(stack->deallocate(stream(b), busy, 2 * MiB));
+    stack->empty_cache();
+    CHECK(stack->books().reserved.now() > 0);
+    complete(stream(b));
+    stack->empty_cache();
+    CHECK(stack->books().reserved.now() == 0);
+    CHECK(stack->books().live.now() == 0);
+    CHECK(stack->books().device_calls.load() > 0);
+
+    // Not a block of this stack: refused, nothing changes.
+    int local = 0;
+    const auto refused = stack->deallocate(stream(a), &local, 512);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error() == carve::Errc::not_allocated);
+  }
+}
+
+namespace {
+
+// Four threads, each on its own stream, allocate and free random sizes, writing each block whole
+// and checking it is intact before its free (another block over it would have written it); a
+// quarter of the blocks are freed by the next thread on its own stream, whose work is queued and
+// completed as it goes. Returns the number of failures seen.
+template <class Allocate, class Free, class Finish>
+int hammer(Allocate allocate, Free free, Finish finish, std::uintptr_t first_stream) {
+  constexpr int threads = 4;
+  constexpr int rounds = 300;
+  LiveBlocks live;
+  std::atomic<int> failures{0};
+  struct Handoff {
+    std::mutex mutex;
+    std::vector<std::pair<void*, std::size_t>> blocks;
+  };
+  std::vector<Handoff> handoffs(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      const cudaStream_t s = stream(first_stream + static_cast<std::uintptr_t>(t));
+      std::mt19937 rng(static_cast<unsigned>(t) + 1);
+      std::vector<std::pair<void*, std::size_t>> mine;
+      const auto release = [&](void* p, std::size_t bytes) {
+        if (!filled_with(p, bytes, static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 9))) {
+          ++failures;
+        }
+        live.remove(p);
+        free(s, p, bytes);
+      };
+      for (int i = 0; i < rounds; ++i) {
+        const std::size_t bytes = (std::size_t{1} << (8 + rng() % 13)) + rng() % 512; // 256 bytes to 1 MiB
+        void* p = allocate(s, bytes);
+        if (p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 512 != 0 || !live.add(p, bytes)) {
+          ++failures;
+          continue;
+        }
+        std::memset(p, static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 9), bytes);
+        mine.emplace_back(p, bytes);
+        if (rng() % 4 == 0) { // the next thread frees it on its stream
+          const std::lock_guard lock(handoffs[static_cast<std::size_t>((t + 1) % threads)].mutex);
+          handoffs[static_cast<std::size_t>((t + 1) % threads)].blocks.push_back(mine.back());
+          mine.pop_back();
+        }
+        if (mine.size() > 8) {
+          const std::size_t k = rng() % mine.size();
+          release(mine[k].first, mine[k].second);
+          mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+        std::vector<std::pair<void*, std::size_t>> given;
+        {
+          const std::lock_guard lock(handoffs[static_cast<std::size_t>(t)].mutex);
+          given.swap(handoffs[static_cast<std::size_t>(t)].blocks);
+        }
+        for (const auto& [q, n] : given) {
+          release(q, n);
+        }
+        if (i % 16 == 0) {
+          finish(s);
+        }
+      }
+      for (const auto& [q, n] : mine) {
+        release(q, n);
+      }
+      finish(s);
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  for (auto& h : handoffs) { // handed to a thread that had finished
+    for (const auto& [q, n] : h.blocks) {
+      live.remove(q);
+      free(stream(first_stream), q, n);
+    }
+  }
+  return failures.load();
+}
+
+} // namespace
+
+TEST_CASE("each stack: four threads on four streams, blocks never overlapping, counts balanced") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const int failures =
+        hammer([&](cudaStream_t s, std::size_t bytes) { return stack->allocate(s, bytes); },
+               [&](cudaStream_t s, void* p, std::size_t bytes) { CHECK(stack->deallocate(s, p, bytes)); },
+               [](cudaStream_t s) {
+                 enqueue(s);
+                 complete(s);
+               },
+               fresh_streams(4));
+    CHECK(failures == 0);
+    const carve::torch::Books& books = stack->books();
+    CHECK((books.mallocs.load() - books.frees.load()) == 0);
+    CHECK(books.live.now() == 0);
+    CHECK(books.mallocs.load() == books.frees.load());
+    CHECK(books.mallocs.load() == 4 * 300);
+    stack->empty_cache();
+    CHECK(books.reserved.now() == 0);
+  }
+}
+
+TEST_CASE("the C functions: host backend, expandable by default, threads, stats as JSON") {
+  const char* backend = std::getenv("CARVE_TORCH_BACKEND");
+  REQUIRE_MESSAGE((backend != nullptr && std::string(backend) == "host"), "run with CARVE_TORCH_BACKEND=host");
+  REQUIRE(carve_torch_config_error() == nullptr);
+  const int failures =
+      hammer([](cudaStream_t s, std::size_t bytes) { return carve_torch_malloc(static_cast<ssize_t>(bytes), 1, s); },
+             [](cudaStream_t s, void* p, std::size_t bytes) { carve_torch_free(p, static_cast<ssize_t>(bytes), 1, s); },
+             [](cudaStream_t s) {
+               carve_torch_host_stream_enqueue(s);
+               carve_torch_host_stream_complete(s);
+             },
+             fresh_streams(4));
+  CHECK(failures == 0);
+  CHECK(carve_torch_malloc(0, 1, nullptr) == nullptr);
+  carve_torch_free(nullptr, 0, 1, nullptr);
+  carve_torch_empty_cache();
+  const std::string json = carve_torch_stats_json(1);
+  CHECK(json.find("\"backend\":\"host\"") != std::string::npos);
+  CHECK(json.find("\"pool\":\"expandable\"") != std::string::npos);
+  CHECK(json.find("\"reserved_bytes\":0,") != std::string::npos);
+  CHECK(json.find("\"live_blocks\":0,") != std::string::npos);
+  CHECK(json.find("\"mallocs\":1200,\"frees\":1200,") != std::string::npos);
+  CHECK(json.find("\"failures\":0,") != std::string::npos);
+  carve_torch_reset_peak(1);
+  CHECK(std::string(carve_torch_stats_json(1)).find("\"peak_reserved_bytes\":0,") != std::string::npos);
+  CHECK(std::string(carve_torch_stats_json(-1)).find("\"error\":\"libcarve_torch: no device -1\"") !=
+        std::string::npos);
+}

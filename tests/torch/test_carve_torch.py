@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""libcarve_torch.so driven through ctypes exactly as PyTorch's CUDAPluggableAllocator drives it,
+on the host backend (CARVE_TORCH_BACKEND=host: host memory, streams whose work this test
+completes), for each of the three pools:
+
+- the requests of PyTorch memory snapshots replayed (the repository's small one always; the shared
+  real one, sizes divided by 64, when ../shared/traces is there): every byte handed out is written,
+  no live blocks overlap, each block is intact when freed, and the counts balance;
+- four threads on four streams, a quarter of the blocks freed by another thread on its own stream;
+- a free on one stream and the same memory wanted on another, before and after the freeing
+  stream's work has run, under a cap (out of memory before, served after); empty_cache;
+- the clear messages: bad settings, a free of a pointer the library never gave, carve_gpu's errors;
+- the GPU check script and the carve_gpu package compile.
+
+    test_carve_torch.py <path of libcarve_torch.so> <repository root>
+
+Each pool runs in its own process (the library reads its settings once). Standard library only.
+"""
+
+import bisect
+import ctypes
+import glob
+import os
+import pickle
+import py_compile
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.dont_write_bytecode = True  # importing carve_gpu must leave no __pycache__ in the source tree
+
+LIBRARY, ROOT = (os.path.abspath(a) for a in sys.argv[1:3]) if len(sys.argv) >= 3 else (None, None)
+MiB = 1 << 20
+POOLS = ("expandable", "stream-ordered", "caching")
+SMALL_SNAPSHOT = "tests/data/traces/small_snapshot.pickle"
+REAL_SNAPSHOT_GLOB = "../shared/traces/*.pickle"
+REAL_SCALE = 64  # the real snapshot's sizes divided by this: ~70 MiB live at its peak
+
+
+class NoGlobals(pickle.Unpickler):
+    """A snapshot is plain data: dicts, lists, strings and numbers. Anything else is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refused {module}.{name}: a memory snapshot holds plain data only")
+
+
+def read_snapshot(path):
+    with open(path, "rb") as f:
+        return NoGlobals(f).load()
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+class Blocks:
+    """The live blocks: a new one must overlap none; each is filled with its tag and checked whole
+    when freed (a block handed out over it would have overwritten it)."""
+
+    def __init__(self):
+        self.starts = []
+        self.sizes = {}
+        self.lock = threading.Lock()
+
+    def add(self, p, size, tag):
+        check(p % 512 == 0, f"block {p:#x} is not 512-byte aligned")
+        with self.lock:
+            i = bisect.bisect(self.starts, p)
+            check(i == 0 or self.starts[i - 1] + self.sizes[self.starts[i - 1]] <= p,
+                  f"block {p:#x} ({size} bytes) overlaps the live block at {self.starts[i - 1]:#x}" if i else "")
+            check(i == len(self.starts) or p + size <= self.starts[i],
+                  f"block {p:#x} ({size} bytes) overlaps the live block at "
+                  f"{self.starts[i]:#x}" if i < len(self.starts) else "")
+            self.starts.insert(i, p)
+            self.sizes[p] = size
+        ctypes.memset(p, tag, size)
+
+    def remove(self, p, size, tag):
+        data = ctypes.string_at(p, size)
+        check(data.count(tag) == size, f"block {p:#x} ({size} bytes) was written by someone else while live")
+        with self.lock:
+            self.starts.pop(bisect.bisect_left(self.starts, p))
+            del self.sizes[p]
+
+
+def rounded(n):
+    return (n + 511) // 512 * 512
+
+
+def load(pool, **options):
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from carve_gpu import library
+    return library.load(LIBRARY, pool=pool, backend="host", **options)
+
+
+def replay(lib, path, scale):
+    """The snapshot's requests on their streams (stream 0 is the default stream, handle 0), each
+    allocation followed by a piece of work on its stream, every stream's work completed every 64
+    events. Frees of blocks allocated before the recording began are skipped. Returns the peak of
+    live bytes (each rounded to 512) and the number of allocations."""
+    snapshot = read_snapshot(path)
+    blocks = Blocks()
+    live = {}  # trace address -> (our address, size, stream, tag)
+    now = peak = count = 0
+    streams = set()
+    for trace in snapshot["device_traces"]:
+        for i, event in enumerate(trace):
+            stream = event.get("stream", 0)
+            streams.add(stream)
+            if event["action"] == "alloc":
+                size = max(1, event["size"] // scale)
+                p = lib.malloc(size, 0, stream)
+                check(p, f"{path}: allocation {count} of {size} bytes failed: {lib.stats(0)}")
+                tag = count % 251 + 1
+                blocks.add(p, size, tag)
+                live[event["addr"]] = (p, size, stream, tag)
+                lib.host_stream_enqueue(stream)
+                count += 1
+                now += rounded(size)
+                peak = max(peak, now)
+            elif event["action"] == "free_requested" and event["addr"] in live:
+                p, size, stream, tag = live.pop(event["addr"])
+                blocks.remove(p, size, tag)
+                lib.free(p, size, 0, stream)
+                now -= rounded(size)
+            if i % 64 == 63:
+                for s in streams:
+                    lib.host_stream_complete(s)
+    for p, size, stream, tag in live.values():  # still live at the end of the recording
+        blocks.remove(p, size, tag)
+        lib.free(p, size, 0, stream)
+    for s in streams:
+        lib.host_stream_complete(s)
+    return peak, count
+
+
+def worker_replay(pool):
+    lib = load(pool)
+    paths = [(os.path.join(ROOT, SMALL_SNAPSHOT), 1)]
+    real = sorted(glob.glob(os.path.join(ROOT, REAL_SNAPSHOT_GLOB)))
+    if real:
+        paths += [(p, REAL_SCALE) for p in real]
+    else:
+        print(f"skipped: no real snapshot at {REAL_SNAPSHOT_GLOB} (relative to the repository); replayed only "
+              f"{SMALL_SNAPSHOT}")
+    mallocs = 0
+    for path, scale in paths:
+        lib.reset_peak(0)
+        peak, count = replay(lib, path, scale)
+        mallocs += count
+        stats = lib.stats(0)
+        check(stats["peak_live_bytes"] == peak, f"{path}: peak live {stats['peak_live_bytes']}, expected {peak}")
+        check(stats["peak_reserved_bytes"] >= peak, f"{path}: reserved less than live: {stats}")
+        check(stats["live_bytes"] == 0 and stats["live_blocks"] == 0, f"{path}: blocks left: {stats}")
+        check(stats["mallocs"] == stats["frees"] == mallocs, f"{path}: {mallocs} allocations: {stats}")
+        check(stats["failures"] == 0, f"{path}: failures: {stats}")
+        print(f"{pool}: {os.path.basename(path)} (sizes / {scale}): {count} allocations, peak live {peak / MiB:.1f} "
+              f"MiB, peak reserved {stats['peak_reserved_bytes'] / MiB:.1f} MiB "
+              f"({stats['peak_reserved_bytes'] / peak:.3f}x), {stats['device_calls']} device calls")
+        lib.empty_cache()
+        check(lib.stats(0)["reserved_bytes"] == 0, f"{path}: empty_cache kept memory: {lib.stats(0)}")
+
+
+def worker_threads(pool):
+    lib = load(pool)
+    blocks = Blocks()
+    handoff = [[] for _ in range(4)]
+    handoff_lock = threading.Lock()
+    errors = []
+
+    def run(t):
+        try:
+            rng = random.Random(t)
+            stream = 0x100 * (t + 1)
+            mine = []
+            for i in range(400):
+                size = rng.randrange(1, 1 << rng.randrange(9, 21))
+                p = lib.malloc(size, 0, stream)
+                check(p, f"thread {t}: allocation of {size} bytes failed")
+                tag = (t * 50 + i) % 251 + 1
+                blocks.add(p, size, tag)
+                lib.host_stream_enqueue(stream)
+                if rng.random() < 0.25:
+                    with handoff_lock:
+                        handoff[(t + 1) % 4].append((p, size, tag))
+                else:
+                    mine.append((p, size, tag))
+                if len(mine) > 6:
+                    q, n, g = mine.pop(rng.randrange(len(mine)))
+                    blocks.remove(q, n, g)
+                    lib.free(q, n, 0, stream)
+                with handoff_lock:
+                    given, handoff[t] = handoff[t], []
+                for q, n, g in given:  # freed on this thread's stream, not the allocating one
+                    blocks.remove(q, n, g)
+                    lib.free(q, n, 0, stream)
+                if i % 32 == 31:
+                    lib.host_stream_complete(stream)
+            for q, n, g in mine:
+                blocks.remove(q, n, g)
+                lib.free(q, n, 0, stream)
+            lib.host_stream_complete(stream)
+        except Exception as e:  # reported by the main thread
+            errors.append(f"thread {t}: {e}")
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t, pending in enumerate(handoff):
+        for q, n, g in pending:
+            blocks.remove(q, n, g)
+            lib.free(q, n, 0, 0x100 * (t + 1))
+    check(not errors, "; ".join(errors))
+    for t in range(4):
+        lib.host_stream_complete(0x100 * (t + 1))
+    stats = lib.stats(0)
+    check(stats["mallocs"] == stats["frees"] == 1600 and stats["live_bytes"] == 0, f"counts: {stats}")
+    lib.empty_cache()
+    check(lib.stats(0)["reserved_bytes"] == 0, f"empty_cache kept memory: {lib.stats(0)}")
+    print(f"{pool}: 4 threads x 400 allocations on 4 streams: peak live {stats['peak_live_bytes'] / MiB:.1f} MiB, "
+          f"peak reserved {stats['peak_reserved_bytes'] / MiB:.1f} MiB")
+
+
+def worker_streams(pool):
+    """Cap 8 MiB: 6 MiB freed on stream A while A still works on it cannot serve B; once A's work
+    has run it can."""
+    lib = load(pool, max_reserved="8M")
+    a, b = 0xA0, 0xB0
+    p = lib.malloc(6 * MiB, 0, a)
+    check(p, "6 MiB under an 8 MiB cap")
+    ctypes.memset(p, 1, 6 * MiB)
+    lib.host_stream_enqueue(a)  # a kernel on A uses p
+    lib.free(p, 6 * MiB, 0, a)
+    again = lib.malloc(6 * MiB, 0, a)  # A may reuse it at once: its next kernel runs after
+    check(again == p, f"stream A did not get its own free block back: {again} against {p}")
+    lib.free(again, 6 * MiB, 0, a)
+    check(lib.malloc(6 * MiB, 0, b) is None, "B was given memory A's work may still use")
+    stats = lib.stats(0)
+    check(stats["failures"] == 1 and stats["reserved_bytes"] <= 8 * MiB, f"after the refusal: {stats}")
+    lib.host_stream_complete(a)
+    q = lib.malloc(6 * MiB, 0, b)
+    check(q, f"B was refused memory A had finished with: {lib.stats(0)}")
+    ctypes.memset(q, 2, 6 * MiB)
+    if pool == "stream-ordered":
+        check(q == p, "the stream-ordered pool reuses A's block once A's work has run")
+    check(lib.malloc(3 * MiB, 0, a) is None, "the cap let 9 MiB through")
+    lib.free(q, 6 * MiB, 0, b)
+    lib.empty_cache()
+    stats = lib.stats(0)
+    check(stats["reserved_bytes"] == 0 and stats["live_blocks"] == 0 and stats["failures"] == 2, f"end: {stats}")
+    check(stats["peak_reserved_bytes"] <= 8 * MiB, f"cap passed: {stats}")
+    print(f"{pool}: cross-stream reuse under an 8 MiB cap: refused while A worked, served after")
+
+
+def worker_idle(pool):
+    """CARVE_TORCH_IDLE_THRESHOLD=0: a free whose stream has no work left gives the memory back at
+    once, without empty_cache; one whose stream still works keeps it until then."""
+    lib = load(pool, idle_threshold=0)
+    stream = 0xC0
+    p = lib.malloc(5 * MiB, 0, stream)
+    q = lib.malloc(5 * MiB, 0, stream)
+    check(p and q, "two blocks of 5 MiB")
+    lib.free(p, 5 * MiB, 0, stream)
+    lib.free(q, 5 * MiB, 0, stream)
+    stats = lib.stats(0)
+    check(stats["reserved_bytes"] == 0 and stats["idle_threshold_bytes"] == 0, f"idle memory kept: {stats}")
+    print(f"{pool}: idle threshold 0: memory back to the device at the free")
+
+
+def worker_no_driver(pool):
+    """The CUDA backend where there may be no GPU: without one, malloc returns NULL and the stats
+    say why; with one, the block is real."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from carve_gpu import library
+    lib = library.load(LIBRARY, pool=pool, backend="cuda")
+    p = lib.malloc(4096, 0, 0)
+    stats = lib.stats(0)
+    if p is None:
+        check("error" in stats and stats["failures"] == 1, f"no pool and no reason: {stats}")
+        print(f"{pool}: CUDA backend without a usable GPU: NULL, and the stats say: {stats['error']}")
+    else:
+        lib.free(p, 4096, 0, 0)
+        check(stats["mallocs"] == 1, f"{stats}")
+        print(f"{pool}: CUDA backend: a block on the GPU")
+
+
+def run_worker(kind, pool, env=None):
+    result = subprocess.run([sys.executable, __file__, LIBRARY, ROOT, kind, pool], capture_output=True, text=True,
+                            env=env, timeout=120)
+    return result
+
+
+def expect_abort(code, env, *needles):
+    result = subprocess.run([sys.executable, "-c", code, LIBRARY], capture_output=True, text=True, env=env,
+                            timeout=60)
+    check(result.returncode != 0, f"expected the process to end: {code}")
+    for needle in needles:
+        check(needle in result.stderr, f"message {needle!r} missing from {result.stderr!r}")
+
+
+PRELUDE = ("import ctypes, sys\nlib = ctypes.CDLL(sys.argv[1])\nlib.carve_torch_malloc.restype = ctypes.c_void_p\n"
+           "lib.carve_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n"
+           "lib.carve_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n")
+
+
+def check_messages():
+    env = dict(os.environ, CARVE_TORCH_BACKEND="host")
+    env.pop("CARVE_TORCH_POOL", None)
+    # A free of a pointer the library never gave, and a wrong size: the process ends, naming it.
+    expect_abort(PRELUDE + "p = lib.carve_torch_malloc(4096, 0, None)\nlib.carve_torch_free(p + 512, 4096, 0, None)",
+                 env, "carve_torch_free(0x", "not a live block of libcarve_torch")
+    expect_abort(PRELUDE + "p = lib.carve_torch_malloc(4096, 0, None)\nlib.carve_torch_free(p, 9999, 0, None)", env,
+                 "allocated with another size")
+    # Bad settings: a message naming the variable and the choices, at the first call.
+    bad = dict(env, CARVE_TORCH_POOL="fastest")
+    expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", bad,
+                 "CARVE_TORCH_POOL=fastest is no pool: expandable, stream-ordered or caching")
+    expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_MAX_RESERVED="lots"),
+                 "CARVE_TORCH_MAX_RESERVED=lots is not a size")
+    expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_BACKEND="tpu"),
+                 "CARVE_TORCH_BACKEND=tpu is no backend")
+    probe = subprocess.run([sys.executable, "-c", PRELUDE + "lib.carve_torch_config_error.restype = ctypes.c_char_p\n"
+                            "print(lib.carve_torch_config_error().decode())", LIBRARY], capture_output=True,
+                           text=True, env=bad, timeout=60)
+    check("CARVE_TORCH_POOL=fastest" in probe.stdout, f"carve_torch_config_error: {probe.stdout!r}")
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import carve_gpu
+    import carve_gpu.cupy
+    import carve_gpu.torch
+    from carve_gpu import library
+
+    def raises(kind, needle, fn, *args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except kind as e:
+            check(needle in str(e), f"{kind.__name__} without {needle!r}: {e}")
+            return
+        raise AssertionError(f"{fn.__name__} did not raise {kind.__name__}")
+
+    raises(ValueError, "unknown pool 'fastest': choose one of expandable, stream-ordered, caching",
+           carve_gpu.torch.use, pool="fastest")
+    raises(ValueError, "unknown pool", carve_gpu.cupy.use, pool="fastest")
+    raises(TypeError, "max_reserved must be a byte count", library.settings_for, max_reserved=1.5)
+    raises(FileNotFoundError, "which is not a file", library.find_library, "/nonexistent/libcarve_torch.so")
+    raises(ValueError, "not libcarve_torch statistics", library.parse_stats, "[1, 2]")
+    check(library.parse_stats(b'{"reserved_bytes": 5}') == {"reserved_bytes": 5}, "parse_stats")
+    # Discovery: the argument, then CARVE_TORCH_LIBRARY, then next to the package, then the build tree.
+    saved = os.environ.pop("CARVE_TORCH_LIBRARY", None)
+    try:
+        found = library.find_library()
+        check(os.path.basename(found) == "libcarve_torch.so" and os.path.isfile(found), f"found {found}")
+        os.environ["CARVE_TORCH_LIBRARY"] = LIBRARY
+        check(library.find_library() == LIBRARY, "CARVE_TORCH_LIBRARY is not used")
+        os.environ["CARVE_TORCH_LIBRARY"] = "/nonexistent.so"
+        raises(FileNotFoundError, "CARVE_TORCH_LIBRARY names", library.find_library)
+    finally:
+        os.environ.pop("CARVE_TORCH_LIBRARY", None)
+        if saved is not None:
+            os.environ["CARVE_TORCH_LIBRARY"] = saved
+    # Settings are read once: a second load with others is refused.
+    lib = library.load(LIBRARY, pool="caching", backend="host")
+    check(lib.stats(0)["pool"] == "caching" and lib.stats(0)["backend"] == "host", f"{lib.stats(0)}")
+    check(library.load(LIBRARY, pool="caching", backend="host") is lib, "the same settings load the same library")
+    raises(RuntimeError, "read once", library.load, LIBRARY, pool="expandable", backend="host")
+    try:
+        import torch  # noqa: F401  (only to learn whether PyTorch is here)
+    except ImportError:
+        raises(ImportError, "carve_gpu.torch needs PyTorch", carve_gpu.torch.use)
+    print("messages: bad settings, bad frees and carve_gpu's errors say what is wrong")
+
+
+def check_scripts():
+    scripts = glob.glob(os.path.join(ROOT, "tests/torch/*.py")) + glob.glob(os.path.join(ROOT, "python/carve_gpu/*.py"))
+    check(any(s.endswith("gpu_training_step.py") for s in scripts), "tests/torch/gpu_training_step.py is missing")
+    with tempfile.TemporaryDirectory() as out:
+        for i, script in enumerate(scripts):
+            py_compile.compile(script, cfile=os.path.join(out, f"{i}.pyc"), doraise=True)
+    print(f"compiled: {len(scripts)} Python files")
+
+
+def main():
+    if len(sys.argv) == 5:
+        workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
+                   "no-driver": worker_no_driver}
+        workers[sys.argv[3]](sys.argv[4])
+        return
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    env = dict(os.environ)
+    for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD"):
+        env.pop(name, None)
+    failed = []
+    for pool in POOLS:
+        for kind in ("replay", "threads", "streams", "idle", "no-driver"):
+            result = run_worker(kind, pool, env)
+            sys.stdout.write(result.stdout)
+            if result.returncode != 0:
+                failed.append(f"{kind} on {pool} (exit {result.returncode}):\n{result.stderr}")
+    check_messages()
+    check_scripts()
+    if failed:
+        sys.exit("FAILED:\n" + "\n".join(failed))
+    print("passed")
+
+
+if __name__ == "__main__":
+    main()
