@@ -124,7 +124,7 @@ void mirror_sync() {
   const std::size_t devices = mirror.device_count();
   const std::size_t total = mirror.capacity();
   Checks checks;
-  const auto allocation = mirror.try_allocate(total);
+  const auto allocation = mirror.try_allocate(total, 1);
   if (!checks.expect(allocation.has_value(), "the mirror's whole capacity as one allocation")) {
     std::printf("  %s\n", mirror.allocation_failure_message(total).c_str());
     return;

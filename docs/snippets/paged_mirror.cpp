@@ -13,8 +13,8 @@ int main() {
   carve::PagedMirror mirror(cards, {.page_size = 64 << 10, .tracking = carve::WriteTracking::automatic},
                             carve::StripePlacement{.stripe_pages = 16});
 
-  auto* table = static_cast<float*>(*mirror.try_allocate(64 << 20, 1, {.priority = 1})); // expected<void*, Errc>
-  table[0] = 1.0f;                                                                       // its page is now dirty
+  auto* table = static_cast<float*>(*mirror.try_allocate_placed(64 << 20, 1, {.priority = 1})); // expected<void*, Errc>
+  table[0] = 1.0f;                                                                              // its page is now dirty
   const carve::SyncReport r = *mirror.sync();
   std::printf("synced %llu page(s), %llu bytes, in %llu copy\n", static_cast<unsigned long long>(r.pages),
               static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(r.copies));

@@ -124,7 +124,7 @@ int main() {
   expect(mirror.capacity() == mirror.device_count() * 64 * MiB, "64 MiB of every device");
 
   const std::size_t bytes = 48 * MiB;
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
   expect(mirror.sync_all().has_value(), "initial full sync");
   expect(devices_match(mirror, gpus, p, bytes), "a new allocation is zero on the devices");
 

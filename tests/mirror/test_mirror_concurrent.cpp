@@ -36,7 +36,7 @@ TEST_CASE("concurrent writers: every written page is dirty exactly once, and the
     add_cards(devices, {{2 * MiB, 1}, {2 * MiB, 1}});
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode}, carve::StripePlacement{.stripe_pages = 4});
     constexpr std::size_t bytes = 3 * MiB;
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
     std::vector<unsigned char> shadow(bytes, 0);
     for (int round = 0; round < 4; ++round) {
       std::vector<std::set<std::size_t>> touched(threads);
@@ -90,7 +90,7 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode});
     std::vector<unsigned char*> own(threads);
     for (auto& p : own) {
-      p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+      p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
     }
     // What each writer stored in its allocation (which starts zeroed), kept apart from the mirror.
     std::vector<std::vector<unsigned char>> shadow(threads, std::vector<unsigned char>(256 * KiB, 0));
@@ -100,7 +100,7 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
       std::vector<void*> held;
       while (!stop.load()) {
         if (held.size() < 8 && (rng() & 1) != 0) {
-          if (auto q = mirror.try_allocate(4 * KiB * (1 + rng() % 16))) {
+          if (auto q = mirror.try_allocate(4 * KiB * (1 + rng() % 16), 1)) {
             static_cast<unsigned char*>(*q)[0] = 1; // a store while the others store too
             held.push_back(*q);
           }

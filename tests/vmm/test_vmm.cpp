@@ -409,7 +409,7 @@ TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer
     CHECK(m.mapping_count() == 2);
     carve::PagedMirror mirror(devices, {.page_size = 64 * KiB, .tracking = carve::WriteTracking::explicit_calls},
                               carve::StripePlacement{.stripe_pages = 1});
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
     REQUIRE(mirror.sync_all());
     std::memset(p, 0x77, 256 * KiB);
     REQUIRE(mirror.mark_dirty(p, 256 * KiB));

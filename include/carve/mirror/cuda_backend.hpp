@@ -46,7 +46,6 @@
 #include <cstddef>
 #include <new>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -106,8 +105,8 @@ public:
 
   /// cudaMemcpyAsync from the host on device d's stream. Errors: out_of_range for an unknown
   /// device or a range past its memory; device_error when CUDA fails.
-  cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
-                                                 std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
+                                                               std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
@@ -117,8 +116,8 @@ public:
                               : cudaErrorInvalidDevice);
   }
   /// cudaMemcpyAsync to the host on device d's stream. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
-                                               std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
+                                                             std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
@@ -128,7 +127,7 @@ public:
                               : cudaErrorInvalidDevice);
   }
   /// cudaMemsetAsync on device d's stream. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
@@ -138,7 +137,7 @@ public:
   }
   /// Waits for everything queued on device d. Errors: out_of_range for an unknown or unavailable
   /// device; device_error when CUDA reports a failure.
-  cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
     if (d >= devices_.size() || devices_[d].memory == nullptr) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
@@ -165,13 +164,13 @@ public:
     }
   }
 
-  /// Device memory behind a mirror segment, for kernels. Throws std::out_of_range (from
-  /// vector::at) for an unknown device, as the next two do.
-  void* device_pointer(std::size_t d, std::size_t offset) const { return devices_.at(d).memory + offset; }
+  /// Device memory behind a mirror segment, for kernels. Throws carve::Exception (out_of_range)
+  /// for an unknown device, as the next two do.
+  void* device_pointer(std::size_t d, std::size_t offset) const { return known(d).memory + offset; }
   /// Device d's stream, to order kernels after its copies.
-  cudaStream_t stream(std::size_t d) const { return devices_.at(d).stream; }
+  cudaStream_t stream(std::size_t d) const { return known(d).stream; }
   /// Device d's CUDA ordinal.
-  int cuda_ordinal(std::size_t d) const { return devices_.at(d).ordinal; }
+  int cuda_ordinal(std::size_t d) const { return known(d).ordinal; }
 
 private:
   struct Device {
@@ -181,6 +180,14 @@ private:
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
   };
+
+  const Device& known(std::size_t d) const {
+    if (d >= devices_.size()) {
+      throw Exception(Errc::out_of_range, "carve::CudaMirrorBackend: no device " + std::to_string(d) + " (" +
+                                              std::to_string(devices_.size()) + " in use)");
+    }
+    return devices_[d];
+  }
 
   static Device open(int ordinal, const CudaMirrorOptions& options) {
     Device d;
@@ -281,7 +288,7 @@ private:
     return d < devices_.size() && devices_[d].memory != nullptr && offset <= devices_[d].info.capacity &&
            bytes <= devices_[d].info.capacity - offset;
   }
-  static cuda::std::expected<void, Errc> check(cudaError_t e) noexcept {
+  [[nodiscard]] static cuda::std::expected<void, Errc> check(cudaError_t e) noexcept {
     if (e != cudaSuccess) {
       cudaGetLastError();
       return cuda::std::unexpected(Errc::device_error);

@@ -85,30 +85,30 @@ public:
 
   /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
   /// or a range past its memory; device_error when the queue cannot grow.
-  cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
-                                                 std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
+                                                               std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     return queued(devices_[d]->stream.copy(devices_[d]->memory + offset, src, bytes));
   }
   /// Queues `bytes` from `offset` in device d to `dst`. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
-                                               std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
+                                                             std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     return queued(devices_[d]->stream.copy(dst, devices_[d]->memory + offset, bytes));
   }
   /// Queues zeroing `bytes` at `offset` in device d. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
     if (!fits(d, offset, bytes)) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
     return queued(devices_[d]->stream.zero(devices_[d]->memory + offset, bytes));
   }
   /// Blocks until everything queued on device d has run. Errors: out_of_range for an unknown device.
-  cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
     if (d >= devices_.size()) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
@@ -117,9 +117,10 @@ public:
   }
 
   /// What device d holds (call wait(d) first to see the effect of queued copies). Throws
-  /// std::out_of_range (from vector::at) for an unknown device.
+  /// carve::Exception (out_of_range) for an unknown device.
   std::span<const std::byte> device_memory(std::size_t d) const {
-    return {devices_.at(d)->memory, devices_.at(d)->info.capacity};
+    const Device& device = known(d);
+    return {device.memory, device.info.capacity};
   }
   /// Devices registered.
   std::size_t device_count() const noexcept { return devices_.size(); }
@@ -144,10 +145,17 @@ private:
     HostCopyStream stream; // declared last: drained and joined before the arena goes back
   };
 
+  const Device& known(std::size_t d) const {
+    if (d >= devices_.size()) {
+      throw Exception(Errc::out_of_range, "carve::HostMirrorBackend: no device " + std::to_string(d) + " (" +
+                                              std::to_string(devices_.size()) + " registered)");
+    }
+    return *devices_[d];
+  }
   bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
     return d < devices_.size() && offset <= devices_[d]->size && bytes <= devices_[d]->size - offset;
   }
-  static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
+  [[nodiscard]] static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
     if (!ok) {
       return cuda::std::unexpected(Errc::device_error);
     }

@@ -127,7 +127,7 @@ public:
 
   /// The recommended granularity of exportable pinned memory on `device` (out_of_range for an
   /// unknown device).
-  Result<std::size_t> granularity(int device) const {
+  [[nodiscard]] Result<std::size_t> granularity(int device) const {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -144,7 +144,7 @@ public:
 
   /// cuMemCreate of `bytes` (a multiple of granularity(device)) on `device`, exportable as a POSIX
   /// descriptor.
-  Result<physical_handle> create(int device, std::size_t bytes) {
+  [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
     const auto g = granularity(device);
     if (!g) {
       return cuda::std::unexpected(g.error());
@@ -164,7 +164,7 @@ public:
   }
 
   /// cuMemExportToShareableHandle as a POSIX descriptor (made close-on-exec), owned by the caller.
-  Result<int> export_fd(physical_handle h) {
+  [[nodiscard]] Result<int> export_fd(physical_handle h) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -181,7 +181,7 @@ public:
 
   /// cuMemImportFromShareableHandle of a descriptor another process exported; `fd` stays the
   /// caller's.
-  Result<physical_handle> import_fd(int fd) {
+  [[nodiscard]] Result<physical_handle> import_fd(int fd) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -197,13 +197,13 @@ public:
   }
 
   /// cuMemRelease: the memory lives on while mapped.
-  Result<void> release(physical_handle h) {
+  [[nodiscard]] Result<void> release(physical_handle h) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemRelease", d.release(h)) : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemAddressReserve of `bytes` aligned to `alignment` (0: the driver's choice).
-  Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
+  [[nodiscard]] Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -216,27 +216,27 @@ public:
   }
 
   /// cuMemAddressFree of a whole reservation.
-  Result<void> free_reservation(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> free_reservation(void* va, std::size_t bytes) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemAddressFree", d.free_reservation(pointer(va), bytes))
                              : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemMap of the allocation's first `bytes` at `va`.
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, 0, h, 0))
                              : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemUnmap of whole mappings.
-  Result<void> unmap(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> unmap(void* va, std::size_t bytes) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemUnmap", d.unmap(pointer(va), bytes)) : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemSetAccess for one device.
-  Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
+  [[nodiscard]] Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -251,7 +251,7 @@ public:
   }
 
   /// cuMemGetAccess for one device.
-  Result<Access> access(void* va, int device) const {
+  [[nodiscard]] Result<Access> access(void* va, int device) const {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -300,7 +300,7 @@ private:
     return prop;
   }
 
-  static Result<void> check(const detail::CudaVmmDriver& d, const char* call, CUresult r) {
+  [[nodiscard]] static Result<void> check(const detail::CudaVmmDriver& d, const char* call, CUresult r) {
     if (r == CUDA_SUCCESS) {
       return {};
     }

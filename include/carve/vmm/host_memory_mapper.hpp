@@ -89,7 +89,7 @@ public:
   }
 
   /// The granularity (the same for every device). Errors: out_of_range for an unknown device.
-  Result<std::size_t> granularity(int device) const {
+  [[nodiscard]] Result<std::size_t> granularity(int device) const {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -98,7 +98,7 @@ public:
 
   /// A memfd of `bytes` (a multiple of the granularity) on `device`. Errors: out_of_range,
   /// invalid_size, no_space when the system refuses (the message says which call and why).
-  Result<physical_handle> create(int device, std::size_t bytes) {
+  [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -121,7 +121,7 @@ public:
 
   /// A new descriptor of the allocation (close-on-exec), owned by the caller. Errors:
   /// not_allocated for an unknown handle; no_space when the system refuses the duplicate.
-  Result<int> export_fd(physical_handle h) {
+  [[nodiscard]] Result<int> export_fd(physical_handle h) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->physical.find(h);
     if (it == state_->physical.end()) {
@@ -137,7 +137,7 @@ public:
   /// The allocation behind a descriptor another process exported; `fd` stays the caller's.
   /// Errors: invalid_argument for a descriptor that is not a file of whole pages; no_space when the
   /// system refuses the duplicate.
-  Result<physical_handle> import_fd(int fd) {
+  [[nodiscard]] Result<physical_handle> import_fd(int fd) {
     struct stat st {};
     if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
         static_cast<std::size_t>(st.st_size) % os_page_size() != 0) {
@@ -153,7 +153,7 @@ public:
 
   /// Forgets the handle and closes its memfd; mappings of it keep their pages. Errors:
   /// not_allocated for an unknown handle.
-  Result<void> release(physical_handle h) {
+  [[nodiscard]] Result<void> release(physical_handle h) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->physical.find(h);
     if (it == state_->physical.end()) {
@@ -168,7 +168,7 @@ public:
   /// granularity; else a power of two), with nothing behind them. Errors: invalid_size,
   /// invalid_argument for an alignment that is not a power of two, no_space when the system has
   /// no such range.
-  Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
+  [[nodiscard]] Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
     if (auto ok = check_size("reserve", bytes); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -207,7 +207,7 @@ public:
 
   /// Gives a whole reservation back. Errors: not_allocated when `va` starts no reservation,
   /// invalid_size when `bytes` is not its size, invalid_argument while something is mapped in it.
-  Result<void> free_reservation(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> free_reservation(void* va, std::size_t bytes) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->reservations.find(address(va));
     if (it == state_->reservations.end()) {
@@ -229,7 +229,7 @@ public:
   /// Maps the allocation's first `bytes` at `va`, PROT_NONE for every device. Errors:
   /// invalid_size (also: larger than the allocation), invalid_argument (misaligned, outside one
   /// reservation, over another mapping), not_allocated (an unknown handle), no_space (mmap failed).
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
     if (auto ok = check_size("map", bytes); !ok) {
       return ok;
     }
@@ -273,7 +273,7 @@ public:
   /// Unmaps whole mappings covering exactly [va, va + bytes); their rights go with them. Errors:
   /// invalid_size, invalid_argument (misaligned, outside a reservation), not_allocated (the range
   /// is not exactly whole mappings).
-  Result<void> unmap(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> unmap(void* va, std::size_t bytes) {
     if (auto ok = check_size("unmap", bytes); !ok) {
       return ok;
     }
@@ -290,7 +290,7 @@ public:
 
   /// Gives `device` the right `access` on whole mappings covering exactly [va, va + bytes).
   /// Errors as unmap, and out_of_range for an unknown device; nothing changes on an error.
-  Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
+  [[nodiscard]] Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
     if (auto ok = check_device(device); !ok) {
       return ok;
     }
@@ -315,7 +315,7 @@ public:
 
   /// The right `device` has at `va`. Errors: out_of_range for an unknown device, not_allocated
   /// where nothing is mapped.
-  Result<Access> access(void* va, int device) const {
+  [[nodiscard]] Result<Access> access(void* va, int device) const {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -406,14 +406,14 @@ private:
 
   std::size_t device_count() const noexcept { return static_cast<std::size_t>(state_->options.device_count); }
 
-  Result<void> check_device(int device) const {
+  [[nodiscard]] Result<void> check_device(int device) const {
     if (device < 0 || device >= state_->options.device_count) {
       return fail(Errc::out_of_range, "no device " + std::to_string(device) + " (the mapper has " +
                                           std::to_string(state_->options.device_count) + ")");
     }
     return {};
   }
-  Result<void> check_size(const char* call, std::size_t bytes) const {
+  [[nodiscard]] Result<void> check_size(const char* call, std::size_t bytes) const {
     if (bytes == 0 || bytes % state_->options.granularity != 0) {
       return fail(Errc::invalid_size, std::string(call) + ": " + std::to_string(bytes) +
                                           " bytes is not a non-zero multiple of the granularity " +
@@ -422,7 +422,7 @@ private:
     return {};
   }
 
-  Result<physical_handle> adopt(int fd, std::size_t bytes, int device) {
+  [[nodiscard]] Result<physical_handle> adopt(int fd, std::size_t bytes, int device) {
     try {
       const std::lock_guard lock(state_->mutex);
       const physical_handle h = state_->next_handle++;
@@ -435,7 +435,7 @@ private:
   }
 
   // The reservation that holds [va, va + bytes) whole, va aligned to the granularity. Called locked.
-  Result<ReservationIt> reservation_of(const char* call, void* va, std::size_t bytes) {
+  [[nodiscard]] Result<ReservationIt> reservation_of(const char* call, void* va, std::size_t bytes) {
     const std::uintptr_t begin = address(va);
     if (begin % state_->options.granularity != 0) {
       return fail(Errc::invalid_argument, std::string(call) + ": " + text(va) + " is not aligned to the granularity " +
@@ -453,7 +453,7 @@ private:
   }
 
   // The mappings that cover [va, va + bytes) exactly, back to back. Called locked.
-  Result<Covered> whole_mappings(const char* call, void* va, std::size_t bytes) {
+  [[nodiscard]] Result<Covered> whole_mappings(const char* call, void* va, std::size_t bytes) {
     auto r = reservation_of(call, va, bytes);
     if (!r) {
       return cuda::std::unexpected(r.error());
