@@ -310,6 +310,42 @@ TEST_CASE("HostMemoryMapper: every_device gives the CPU the widest right any dev
   REQUIRE(m.release(*h));
 }
 
+TEST_CASE("HostMemoryMapper: three devices' memory in one reservation, rights per device, the CPU playing each") {
+  HostMemoryMapper m({.granularity = granule, .device_count = 3, .cpu_device = HostMemoryMapper::every_device});
+  const auto va = m.reserve(3 * granule, 0);
+  REQUIRE(va);
+  auto* base = static_cast<std::byte*>(*va);
+  for (int d = 0; d < 3; ++d) {
+    const auto h = m.create(d, granule);
+    REQUIRE(h);
+    REQUIRE(m.map(base + static_cast<std::size_t>(d) * granule, granule, *h));
+    REQUIRE(m.release(*h)); // the mapping keeps it
+  }
+  for (int d = 0; d < 3; ++d) {
+    CHECK(*m.owner(base + static_cast<std::size_t>(d) * granule + 5) == d);
+  }
+  CHECK(code_of(m.owner(base + 3 * granule)) == Errc::not_allocated);
+  // Devices 0 and 1 reach everything; device 2 only its own granule (no peer access to the others).
+  REQUIRE(m.set_access(base, 3 * granule, 0, Access::read_write));
+  REQUIRE(m.set_access(base, 3 * granule, 1, Access::read_write));
+  REQUIRE(m.set_access(base + 2 * granule, granule, 2, Access::read_write));
+  CHECK(*m.access(base, 2) == Access::none);
+  CHECK(code_of(m.play_device(3)) == Errc::out_of_range);
+  CHECK(m.cpu_device() == HostMemoryMapper::every_device); // the refusal changed nothing
+  std::memset(base, 3, 3 * granule);                       // every_device: the widest right
+  const auto status_of = [](int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; };
+  // A child playing device 2 faults exactly where device 2 has no right, and nowhere else.
+  CHECK(status_of(in_child([&] { return m.play_device(2) ? touch_expecting_fault(base + granule + 64, false) : 1; })) ==
+        faulted_where_expected);
+  CHECK(status_of(in_child([&] {
+          return m.play_device(2) ? touch_expecting_fault(base + 2 * granule + 64, true) : 1;
+        })) == did_not_fault);
+  CHECK(status_of(in_child([&] { return m.play_device(1) ? touch_expecting_fault(base + 64, true) : 1; })) ==
+        did_not_fault);
+  REQUIRE(m.unmap(base, 3 * granule));
+  REQUIRE(m.free_reservation(base, 3 * granule));
+}
+
 TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {
   HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
   CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) == Errc::invalid_size);
