@@ -1,5 +1,5 @@
 /// @file carve/mirror/mirror_options.hpp
-/// What a PagedMirror is built with and told per allocation, and how it describes where memory is.
+/// What a PagedMirror is built with and told per allocation.
 #pragma once
 
 #include <carve/mirror/priority_dispatcher.hpp>
@@ -20,21 +20,21 @@ struct MirrorOptions {
   /// syncs only what write() and mark_dirty() name.
   WriteTracking tracking = WriteTracking::automatic;
   DispatchOrder dispatch_order = DispatchOrder::strict_priority; ///< for submit / dispatch
+  /// true: every allocation also gets a device view, one device pointer over all its pages
+  /// (device_pointer; see carve/mirror/device_view.hpp). The backend must be a DeviceViewBackend
+  /// and page_size a multiple of every device's granularity (2 MiB on today's GPUs), else
+  /// construction throws carve::Exception (unsupported, invalid_argument).
+  bool device_view = false;
 };
 
 /// Where an allocation's pages should go: its priority (higher syncs first) and the device that
 /// will use it (placement policies that care put its pages there or close).
 struct MirrorHint {
-  int priority = 0;                                 ///< higher syncs first
-  std::optional<std::uint32_t> near = std::nullopt; ///< the device that will use the memory
-};
-
-/// A piece of mirror memory that lives in one run of one device's pages.
-struct MirrorSegment {
-  std::uint32_t device = 0;      ///< the device's index in the backend
-  std::size_t device_offset = 0; ///< into the backend's memory for the mirror on that device
-  std::byte* host = nullptr;     ///< the piece's host address
-  std::size_t bytes = 0;         ///< the piece's size
+  int priority = 0; ///< higher syncs first
+  /// The device that will use the memory: with a device view, the one that runs the kernel over
+  /// device_pointer (PickerPlacement puts the pages there first, then on the peers its loads read
+  /// fastest from).
+  std::optional<std::uint32_t> near = std::nullopt;
 };
 
 } // namespace carve

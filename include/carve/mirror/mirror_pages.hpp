@@ -12,6 +12,7 @@
 #include <carve/core/errc.hpp>
 #include <carve/core/error.hpp>
 #include <carve/core/format_bytes.hpp>
+#include <carve/core/os_page_size.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/placement.hpp>
 #include <carve/mirror/sync_report.hpp>
@@ -29,6 +30,18 @@
 #include <vector>
 
 namespace carve {
+
+/// `s` when it is a page size a mirror takes: a power of two, a multiple of the system page and at
+/// most `max`. Throws carve::Exception (invalid_argument) otherwise.
+inline std::size_t checked_mirror_page_size(std::size_t s, std::size_t max) {
+  if (s == 0 || (s & (s - 1)) != 0 || s % os_page_size() != 0 || s > max) {
+    throw Exception(Errc::invalid_argument, "carve::PagedMirror: page size " + std::to_string(s) +
+                                                " must be a power of two, a multiple of the system page size (" +
+                                                std::to_string(os_page_size()) + ") and at most " +
+                                                std::to_string(max));
+  }
+  return s;
+}
 
 /// A run of one device's pages behind consecutive host pages.
 struct MirrorRun {
@@ -53,6 +66,16 @@ public:
   std::uint32_t host_count() const noexcept { return host_.size(); }
   /// Whether `device` has a book (it is known, available and holds a whole page).
   bool usable(std::uint32_t device) const noexcept { return device < devices_.size() && devices_[device]; }
+  /// The devices with a book, in order.
+  std::vector<std::uint32_t> usable_devices() const {
+    std::vector<std::uint32_t> out;
+    for (std::uint32_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d]) {
+        out.push_back(d);
+      }
+    }
+    return out;
+  }
   /// Pages on `device`; 0 for an unknown or unavailable one.
   std::uint32_t device_count(std::uint32_t device) const noexcept {
     return usable(device) ? devices_[device]->size() : 0;

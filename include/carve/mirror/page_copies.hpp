@@ -18,6 +18,7 @@
 
 #include <cuda/std/expected>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -39,16 +40,27 @@ inline std::size_t device_offset(const WriteTracker& tracker, std::uint32_t page
 }
 } // namespace detail
 
-/// Copies the dirty pages of each host range of `allocations` (in that order: higher priority
-/// first, so their copies land first on every stream) to their devices, every page when
-/// `everything`, and waits for each device of `wait_for`. Fills `report` (whose mechanism and
-/// device_count the caller set). Errors: device_error (the pages whose copies failed are dirty).
+/// An allocation's host pages and its priority.
+struct PrioritisedPages {
+  int priority = 0; ///< higher syncs first
+  SlotRange pages;  ///< the allocation's host pages
+};
+
+/// Copies the dirty pages of each of `allocations` to their devices, higher priority first (so
+/// their copies land first on every stream), every page when `everything`, and waits for each
+/// device of `wait_for`; the report covers `device_count` devices. Errors: device_error (the
+/// pages whose copies failed are dirty).
 template <MirrorBackend Backend>
 [[nodiscard]] cuda::std::expected<SyncReport, Errc>
 copy_pages_to_devices(Backend& backend, WriteTracker& tracker, const PageTable& table,
-                      std::span<const SlotRange> allocations, bool everything, std::span<const std::uint32_t> wait_for,
-                      SyncReport report) {
+                      std::vector<PrioritisedPages> allocations, bool everything,
+                      std::span<const std::uint32_t> wait_for, std::size_t device_count) {
   using detail::bytes_of, detail::device_offset, detail::host_address;
+  std::stable_sort(allocations.begin(), allocations.end(),
+                   [](const PrioritisedPages& x, const PrioritisedPages& y) { return x.priority > y.priority; });
+  SyncReport report;
+  report.mechanism = tracker.mechanism();
+  report.device_count = static_cast<std::uint32_t>(device_count);
   std::vector<std::vector<SlotRange>> queued(report.device_count); // host pages per device, to redo on failure
   cuda::std::expected<void, Errc> result;
   std::chrono::nanoseconds collect{};
@@ -67,15 +79,15 @@ copy_pages_to_devices(Backend& backend, WriteTracker& tracker, const PageTable& 
       report.add(s.device, s.pages, bytes_of(tracker, s.pages));
     });
   };
-  for (const SlotRange allocation : allocations) {
+  for (const PrioritisedPages& allocation : allocations) {
     const auto t0 = std::chrono::steady_clock::now();
     if (everything) {
-      tracker.harvest(allocation, [](SlotRange) {});
+      tracker.harvest(allocation.pages, [](SlotRange) {});
       collect += std::chrono::steady_clock::now() - t0;
-      copy(allocation);
+      copy(allocation.pages);
     } else {
       std::vector<SlotRange> runs;
-      tracker.harvest(allocation, [&](SlotRange run) { runs.push_back(run); });
+      tracker.harvest(allocation.pages, [&](SlotRange run) { runs.push_back(run); });
       collect += std::chrono::steady_clock::now() - t0;
       for (const SlotRange run : runs) {
         copy(run);
@@ -100,14 +112,20 @@ copy_pages_to_devices(Backend& backend, WriteTracker& tracker, const PageTable& 
   return report;
 }
 
-/// Replaces the host copy of `pages` (non-empty, mapped) with what their devices hold and marks
-/// them clean. Fills `report` (whose mechanism and device_count the caller set). Errors:
-/// device_error (the host copy may be partly updated; the pages are dirty).
+/// Replaces the host copy of `pages` (mapped; none for an empty range) with what their devices
+/// hold and marks them clean; the report covers `device_count` devices. Errors: device_error (the
+/// host copy may be partly updated; the pages are dirty).
 template <MirrorBackend Backend>
 [[nodiscard]] cuda::std::expected<FetchReport, Errc> copy_pages_to_host(Backend& backend, WriteTracker& tracker,
                                                                         const PageTable& table, SlotRange pages,
-                                                                        FetchReport report) {
+                                                                        std::size_t device_count) {
   using detail::bytes_of, detail::device_offset, detail::host_address;
+  FetchReport report;
+  report.mechanism = tracker.mechanism();
+  report.device_count = static_cast<std::uint32_t>(device_count);
+  if (pages.count == 0) {
+    return report;
+  }
   report.discarded_dirty_pages = tracker.dirty_count(pages);
   const auto start = std::chrono::steady_clock::now();
   tracker.prepare_host_write(pages);

@@ -24,7 +24,8 @@
 /// granted together in priority order, backed by the `Partitioner`) is the base
 /// MirrorComputeGrants (carve/mirror/compute_grants.hpp).
 ///
-/// The mirror is a carve::MemoryResource: a stack can put a pool or a StatsResource over it.
+/// With MirrorOptions::device_view each allocation also has one device pointer over all its pages
+/// (device_pointer; carve/mirror/device_view.hpp). The mirror is a carve::MemoryResource.
 /// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
 /// not a power of two), no_space (more than the whole mirror could ever hold, an alignment above
 /// the page size, not enough free pages now), out_of_range (a range that is not inside one
@@ -44,6 +45,7 @@
 #include <carve/mirror/compute_grants.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/device_segments.hpp>
+#include <carve/mirror/device_view.hpp>
 #include <carve/mirror/host_backend.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mirror/mirror_options.hpp>
@@ -82,9 +84,11 @@ template <MirrorBackend Backend, PagePlacement Placement = FillPlacement, class 
           SmPartitioner Partitioner = AdvisorySmLedger>
 requires WordSearchingFitPolicy<Fit>
 class PagedMirror : public MirrorComputeGrants<PagedMirror<Backend, Placement, Fit, Partitioner>, Partitioner>,
+                    public MirrorDeviceViews<PagedMirror<Backend, Placement, Fit, Partitioner>>,
                     public CcclSpellings<PagedMirror<Backend, Placement, Fit, Partitioner>> {
   using Grants = MirrorComputeGrants<PagedMirror, Partitioner>;
   friend Grants;
+  friend MirrorDeviceViews<PagedMirror>;
 
 public:
   using backend_type = Backend;     ///< the devices
@@ -100,9 +104,13 @@ public:
   explicit PagedMirror(Backend& backend, MirrorOptions options = {}, Placement placement = {},
                        Partitioner partitioner = {})
       : Grants(backend.devices(), options.dispatch_order, std::move(partitioner)), backend_(backend), options_(options),
-        placement_(std::move(placement)), devices_(backend.devices()), page_size_(checked_page_size(options.page_size)),
-        pages_(devices_, page_size_), tracker_(pages_.host_count(), page_size_, options.tracking),
-        table_(pages_.host_count()) {}
+        placement_(std::move(placement)), devices_(backend.devices()),
+        page_size_(checked_mirror_page_size(options.page_size, max_page_size)), pages_(devices_, page_size_),
+        tracker_(pages_.host_count(), page_size_, options.tracking), table_(pages_.host_count()) {
+    if (options.device_view) {
+      check_view_page_size(backend_, devices_, page_size_);
+    }
+  }
 
   /// Waits for every device, then gives back every allocation's host memory.
   ~PagedMirror() {
@@ -114,8 +122,6 @@ public:
   }
   PagedMirror(const PagedMirror&) = delete;
   PagedMirror& operator=(const PagedMirror&) = delete;
-
-  // --- memory -------------------------------------------------------------------------------
 
   /// `bytes` of zeroed memory, rounded up to whole pages, host and device copies equal; it starts
   /// on a page, so any alignment up to the page size is met. Pages placed with no hint.
@@ -222,16 +228,9 @@ public:
     if (!pages) {
       return cuda::std::unexpected(pages.error());
     }
-    FetchReport report;
-    report.mechanism = tracker_.mechanism();
-    report.device_count = static_cast<std::uint32_t>(devices_.size());
-    if (n == 0) {
-      return report;
-    }
-    return copy_pages_to_host(backend_, tracker_, table_, *pages, report);
+    return copy_pages_to_host(backend_, tracker_, table_, n == 0 ? SlotRange{pages->first, 0} : *pages,
+                              devices_.size());
   }
-
-  // --- where memory lives ---------------------------------------------------------------------
 
   /// The device page behind the page holding p; nullopt when p is not in an allocation.
   [[nodiscard]] std::optional<PageLocation> locate(const void* p) const {
@@ -248,19 +247,7 @@ public:
     if (!pages) {
       return cuda::std::unexpected(pages.error());
     }
-    std::vector<MirrorSegment> out;
-    const auto* begin = static_cast<const std::byte*>(p);
-    const std::byte* end = begin + n;
-    for_each_device_segment(table_, *pages, [&](const DeviceSegment& s) {
-      std::byte* host = host_address(s.host_page);
-      const std::byte* lo = std::max<const std::byte*>(host, begin);
-      const std::byte* hi = std::min<const std::byte*>(host + bytes_of(s.pages), end);
-      if (lo < hi) {
-        out.push_back({s.device, device_offset(s.device_page) + static_cast<std::size_t>(lo - host),
-                       const_cast<std::byte*>(lo), static_cast<std::size_t>(hi - lo)});
-      }
-    });
-    return out;
+    return clip_segments(table_, *pages, tracker_.base(), page_size_, static_cast<const std::byte*>(p), n);
   }
 
   /// Whether the page holding `p` is dirty; false when `p` is not in an allocation.
@@ -279,8 +266,6 @@ public:
     }
     return n;
   }
-
-  // --- description ---------------------------------------------------------------------------
 
   /// Bytes per page.
   std::size_t page_size() const noexcept { return page_size_; }
@@ -330,16 +315,9 @@ private:
     std::size_t bytes;
     int priority;
     std::vector<MirrorRun> runs; // device page runs, in host order
+    PlacedMemory view{};         // the device view; base null without one
   };
 
-  static std::size_t checked_page_size(std::size_t s) {
-    if (s == 0 || (s & (s - 1)) != 0 || s % os_page_size() != 0 || s > max_page_size) {
-      throw Exception(Errc::invalid_argument, "carve::PagedMirror: page size " + std::to_string(s) +
-                                                  " must be a power of two, a multiple of the system page size (" +
-                                                  std::to_string(os_page_size()) + ") and at most 1 GiB");
-    }
-    return s;
-  }
   std::size_t bytes_of(std::uint64_t pages) const noexcept { return static_cast<std::size_t>(pages) * page_size_; }
   // Rounded up without forming bytes + page_size - 1, which wraps for sizes near SIZE_MAX.
   std::uint64_t pages_for(std::size_t bytes) const noexcept {
@@ -422,6 +400,16 @@ private:
         return cuda::std::unexpected(Errc::device_error);
       }
     }
+    if (options_.device_view) {
+      auto view = map_allocation_view(backend_, a.runs, page_size_);
+      if (!view) {
+        wait_all();
+        release_host(a);
+        give_back(a);
+        return cuda::std::unexpected(view.error().code);
+      }
+      a.view = *view;
+    }
     void* address = host_address(a.pages.first);
     const std::unique_lock lock(allocations_mutex_);
     allocations_.emplace(a.pages.first, std::move(a));
@@ -431,6 +419,9 @@ private:
   void give_back(const Allocation& a) noexcept { pages_.give_back(a.pages, a.runs); }
 
   void release_host(const Allocation& a) {
+    if (a.view.base != nullptr) {
+      unmap_allocation_view(backend_, a.view);
+    }
     if constexpr (HostMemoryObserver<Backend>) {
       backend_.host_released(host_address(a.pages.first), bytes_of(a.pages.count));
     }
@@ -463,30 +454,13 @@ private:
 
   [[nodiscard]] cuda::std::expected<SyncReport, Errc> sync_locked(bool everything) {
     const std::shared_lock lock(allocations_mutex_);
-    SyncReport report;
-    report.mechanism = tracker_.mechanism();
-    report.device_count = static_cast<std::uint32_t>(devices_.size());
-    // Higher priority first, so their copies are queued (and land) first on every stream.
-    std::vector<const Allocation*> order;
-    order.reserve(allocations_.size());
+    std::vector<PrioritisedPages> ranges;
+    ranges.reserve(allocations_.size());
     for (const auto& [first, a] : allocations_) {
-      order.push_back(&a);
+      ranges.push_back({a.priority, a.pages});
     }
-    std::stable_sort(order.begin(), order.end(),
-                     [](const Allocation* x, const Allocation* y) { return x->priority > y->priority; });
-
-    std::vector<SlotRange> ranges;
-    ranges.reserve(order.size());
-    for (const Allocation* a : order) {
-      ranges.push_back(a->pages);
-    }
-    std::vector<std::uint32_t> usable;
-    for (std::uint32_t d = 0; d < devices_.size(); ++d) {
-      if (pages_.usable(d)) {
-        usable.push_back(d);
-      }
-    }
-    return copy_pages_to_devices(backend_, tracker_, table_, ranges, everything, usable, report);
+    return copy_pages_to_devices(backend_, tracker_, table_, std::move(ranges), everything, pages_.usable_devices(),
+                                 devices_.size());
   }
 
   // The hooks MirrorComputeGrants uses (under control_).

@@ -1,0 +1,230 @@
+/// @file carve/mirror/vmm_mirror_backend.hpp
+/// A MirrorBackend whose devices' memory is physical granules, so that a PagedMirror can give
+/// device code one pointer over several devices' memory (MirrorOptions::device_view).
+///
+/// @code
+/// carve::HostMemoryMapper mapper({.granularity = 64 << 10, .device_count = 3,
+///                                 .cpu_device = carve::HostMemoryMapper::every_device});
+/// carve::VmmMirrorBackend<> devices(mapper);               // peers: carve::AlwaysMapped
+/// for (int d = 0; d < 3; ++d) devices.register_device(d, 1 << 20);
+/// carve::PagedMirror mirror(devices, {.page_size = 64 << 10, .device_view = true});
+/// auto* x = static_cast<float*>(*mirror.try_allocate(3 << 20, 1));   // pages on all three
+/// auto* dx = static_cast<float*>(*mirror.device_pointer(x));          // one pointer for device code
+/// @endcode
+///
+/// Each registered device holds its memory as DeviceGranules (carve/vmm/device_granules.hpp): one
+/// physical allocation per granule, mapped back to back in the device's local range, where copies
+/// go. map_view places an allocation's device runs back to back in a reservation of its own
+/// (map_granule_view) and gives read/write access to every device that can reach every owner of
+/// those runs; before a device first reaches another's memory the `Peer` policy (the borrowing
+/// layer's PeerAccess: AlwaysMapped, SimulatedPeerAccess, CudaPeerAccess) switches the pair on,
+/// once per pair. A device that cannot reach an owner simply gets no access to that view; the
+/// mirror's device_pointer(p, device) names the pair.
+///
+/// Copies are memcpy on one HostCopyStream per device, so the memory must be host-addressable:
+/// the host twin (HostMemoryMapper, with cpu_device every_device so the copy threads may touch
+/// every device's memory). A CUDA model needs cudaMemcpyAsync on each device's stream instead;
+/// it is not built yet. Not copyable; thread-safe as far as PagedMirror uses it (it serialises
+/// map_view and unmap_view itself).
+#pragma once
+
+#include <carve/borrow/peer_access.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+#include <carve/mirror/device_info.hpp>
+#include <carve/mirror/host_copy_stream.hpp>
+#include <carve/mirror/mirror_backend.hpp>
+#include <carve/vmm/device_granules.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
+
+#include <cuda/std/expected>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace carve {
+
+/// A MirrorBackend that can also map views (see the file's description).
+template <PhysicalMemoryMapper Mapper = HostMemoryMapper, PeerAccess Peer = AlwaysMapped>
+class VmmMirrorBackend {
+public:
+  using mapper_type = Mapper; ///< where the memory comes from
+
+  /// No devices yet; `mapper` (a copy is kept) makes every device's memory, `peer` says which
+  /// devices reach which (by the mapper's device ordinals).
+  explicit VmmMirrorBackend(Mapper mapper, Peer peer = {}) : mapper_(std::move(mapper)), peer_(std::move(peer)) {}
+  VmmMirrorBackend(const VmmMirrorBackend&) = delete;
+  VmmMirrorBackend& operator=(const VmmMirrorBackend&) = delete;
+
+  /// Adds the mapper's device `mapper_device` with `bytes` (rounded down to whole granules) and
+  /// returns its index. Throws carve::Exception as DeviceGranules does (nothing is registered then).
+  std::size_t register_device(int mapper_device, std::size_t bytes, std::string name = {},
+                              std::uint32_t compute_units = 0) {
+    const std::size_t index = devices_.size();
+    auto device = std::make_unique<Device>(mapper_, mapper_device, bytes);
+    device->info.name = name.empty() ? "device " + std::to_string(index) : std::move(name);
+    device->info.capacity = device->memory.bytes();
+    device->info.compute_units = compute_units;
+    const std::lock_guard lock(views_mutex_);
+    devices_.push_back(std::move(device));
+    for (auto& row : enabled_) {
+      row.push_back(false);
+    }
+    enabled_.emplace_back(devices_.size(), false);
+    return index;
+  }
+
+  /// The devices registered so far, by index.
+  std::vector<DeviceInfo> devices() const {
+    std::vector<DeviceInfo> out;
+    for (const auto& d : devices_) {
+      out.push_back(d->info);
+    }
+    return out;
+  }
+  /// The granularity of device d's memory: a view's runs are whole granules. 0 for an unknown device.
+  std::size_t granularity(std::size_t d) const noexcept {
+    return d < devices_.size() ? devices_[d]->memory.granularity() : 0;
+  }
+  /// Device d's local range (where copies go). Throws carve::Exception (out_of_range) for an
+  /// unknown device.
+  std::byte* local_memory(std::size_t d) const { return known(d).memory.base(); }
+  /// The mapper (to ask who owns an address and who may touch it).
+  Mapper& mapper() noexcept { return mapper_; }
+  /// The peer policy (with any state it keeps).
+  const Peer& peer() const noexcept { return peer_; }
+
+  /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
+  /// or a range past its memory; device_error when the queue cannot grow.
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
+                                                               std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.copy(devices_[d]->memory.base() + offset, src, bytes));
+  }
+  /// Queues `bytes` from `offset` in device d to `dst`. Errors as copy_to_device.
+  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
+                                                             std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.copy(dst, devices_[d]->memory.base() + offset, bytes));
+  }
+  /// Queues zeroing `bytes` at `offset` in device d. Errors as copy_to_device.
+  [[nodiscard]] cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
+    if (!fits(d, offset, bytes)) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    return queued(devices_[d]->stream.zero(devices_[d]->memory.base() + offset, bytes));
+  }
+  /// Blocks until everything queued on device d has run. Errors: out_of_range for an unknown device.
+  [[nodiscard]] cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
+    if (d >= devices_.size()) {
+      return cuda::std::unexpected(Errc::out_of_range);
+    }
+    devices_[d]->stream.wait();
+    return {};
+  }
+
+  /// Whether device `from` can reach device `to`'s memory (a device always reaches its own).
+  bool reaches(std::size_t from, std::size_t to) const noexcept {
+    return from < devices_.size() && to < devices_.size() &&
+           (from == to || peer_.can_access(devices_[from]->memory.device(), devices_[to]->memory.device()));
+  }
+
+  /// `runs` back to back in a new range, read/write for every device that reaches every run's
+  /// owner (peer access switched on first, once per pair; a pair the policy refuses leaves that
+  /// device out). Errors (nothing stays mapped): out_of_range for an unknown device or a run past
+  /// its memory, invalid_size for runs that are not whole granules, the mapper's errors.
+  [[nodiscard]] Result<PlacedMemory> map_view(std::span<const MirrorViewRun> runs) {
+    const std::lock_guard lock(views_mutex_);
+    std::vector<GranuleRun<Mapper>> granules;
+    granules.reserve(runs.size());
+    std::vector<bool> owner(devices_.size(), false);
+    for (const MirrorViewRun& r : runs) {
+      if (!fits(r.device, r.offset, r.bytes)) {
+        return fail(Errc::out_of_range,
+                    "carve::VmmMirrorBackend::map_view: a run past device " + std::to_string(r.device) + "'s memory");
+      }
+      granules.push_back({&devices_[r.device]->memory, r.offset, r.bytes});
+      owner[r.device] = true;
+    }
+    std::vector<int> access;
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d]->info.available && reaches_all(d, owner) && enable_pairs(d, owner)) {
+        access.push_back(devices_[d]->memory.device());
+      }
+    }
+    return map_granule_view<Mapper>(mapper_, granules, access);
+  }
+  /// Undoes map_view. Errors: the mapper's (not_allocated for a range map_view did not return).
+  [[nodiscard]] Result<void> unmap_view(const PlacedMemory& view) {
+    const std::lock_guard lock(views_mutex_);
+    return unplace_physical(mapper_, view);
+  }
+
+private:
+  struct Device {
+    Device(Mapper& mapper, int mapper_device, std::size_t bytes) : memory(mapper, mapper_device, bytes) {}
+    DeviceGranules<Mapper> memory;
+    DeviceInfo info;
+    HostCopyStream stream; // declared last: drained and joined before the memory goes
+  };
+
+  const Device& known(std::size_t d) const {
+    if (d >= devices_.size()) {
+      throw Exception(Errc::out_of_range, "carve::VmmMirrorBackend: no device " + std::to_string(d) + " (" +
+                                              std::to_string(devices_.size()) + " registered)");
+    }
+    return *devices_[d];
+  }
+  bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
+    return d < devices_.size() && offset <= devices_[d]->memory.bytes() &&
+           bytes <= devices_[d]->memory.bytes() - offset;
+  }
+  bool reaches_all(std::size_t d, const std::vector<bool>& owner) const noexcept {
+    for (std::size_t o = 0; o < owner.size(); ++o) {
+      if (owner[o] && !reaches(d, o)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Switches on every (d, owner) pair not on yet; false when the policy refuses one.
+  bool enable_pairs(std::size_t d, const std::vector<bool>& owner) {
+    for (std::size_t o = 0; o < owner.size(); ++o) {
+      if (!owner[o] || o == d || enabled_[d][o]) {
+        continue;
+      }
+      if (!peer_.enable(devices_[d]->memory.device(), devices_[o]->memory.device())) {
+        return false;
+      }
+      enabled_[d][o] = true;
+    }
+    return true;
+  }
+  [[nodiscard]] static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
+    if (!ok) {
+      return cuda::std::unexpected(Errc::device_error);
+    }
+    return {};
+  }
+
+  Mapper mapper_;
+  Peer peer_;
+  std::mutex views_mutex_;
+  std::vector<std::vector<bool>> enabled_; // [requester][owner]: peer access switched on
+  std::vector<std::unique_ptr<Device>> devices_;
+};
+
+static_assert(DeviceViewBackend<VmmMirrorBackend<>>);
+
+} // namespace carve
