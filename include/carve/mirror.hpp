@@ -28,6 +28,7 @@
 #include <carve/mirror/simulated_green_contexts.hpp>
 #include <carve/mirror/sm_partitioner.hpp>
 #include <carve/mirror/sync_report.hpp>
+#include <carve/mirror/view_placement.hpp>
 #include <carve/mirror/vmm_mirror_backend.hpp>
 #include <carve/mirror/write_tracker.hpp>
 #include <carve/mirror/write_tracking.hpp>

@@ -2,11 +2,13 @@
 // fetch, placement, the compute dispatcher, and what an empty 1 TiB mirror costs.
 #include "mirror_helpers.hpp"
 #include "support/errors.hpp"
+#include "support/topology_data.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -710,4 +712,75 @@ TEST_CASE("compute grants backed by green contexts (twin): SMs and memory return
   CHECK(mirror.dispatch().empty()); // reclaims first
   CHECK(mirror.held_grants() == 0);
   CHECK(mirror.free_bytes() == free_before + 256 * KiB);
+}
+
+TEST_CASE("ViewPlacement: the reader's pages first, then peers by load bandwidth, on six real machines") {
+  const char* files[] = {"dgx1_v100.txt", "dgx_a100.txt",        "hgx_h100.txt",
+                         "hgx_h200.txt",  "pcie_8x_rtx4090.txt", "power8_minsky_p100.txt"};
+  constexpr std::size_t page = 64 << 10;
+  for (const char* file : files) {
+    CAPTURE(file);
+    const carve::Topology t = carve::Topology::from_nvidia_smi(topology_text(file));
+    // The reference's bandwidths: the topology's paths with no GPU relaying, read directly.
+    const carve::Topology loads = t.with_options({t.options().max_hops, carve::GpuRelay::never});
+    const auto n = static_cast<std::uint32_t>(t.gpu_count());
+    const auto bw = [&](std::uint32_t r, std::uint32_t o) {
+      return loads.path_bandwidth(loads.gpu(static_cast<int>(r)), loads.gpu(static_cast<int>(o)));
+    };
+    const carve::ViewPlacement placement(t);
+    for (std::uint32_t reader = 0; reader < n; ++reader) {
+      CAPTURE(reader);
+      std::vector<carve::DevicePageState> devices(n);
+      std::uint32_t reachable = 0;
+      for (std::uint32_t d = 0; d < n; ++d) {
+        devices[d] = {(reader * 7 + d * 3) % 9, 8, d != (reader + 5) % n || n < 6}; // one unavailable
+        reachable += devices[d].available && (d == reader || bw(reader, d) > 0) ? devices[d].free_pages : 0;
+      }
+      const std::uint32_t want = reachable / 2 + 1;
+      const auto plan = placement.place({want, page, 0, reader}, devices);
+      REQUIRE(plan);
+      std::vector<std::uint32_t> took(n, 0);
+      std::uint32_t total = 0;
+      for (const carve::PlacementChunk& c : *plan) {
+        took[c.device] += c.pages;
+        total += c.pages;
+      }
+      CHECK(total == want);
+      CHECK(took[reader] == std::min(want, devices[reader].free_pages)); // local first
+      for (std::uint32_t a = 0; a < n; ++a) {
+        CHECK(took[a] <= devices[a].free_pages);
+        if (a == reader || took[a] == 0) {
+          continue;
+        }
+        CHECK(devices[a].available);
+        CHECK(bw(reader, a) > 0);               // reachable by loads
+        for (std::uint32_t b = 0; b < n; ++b) { // nothing faster left with free pages
+          if (b != reader && b != a && devices[b].available && bw(reader, b) > bw(reader, a)) {
+            CHECK(took[b] == devices[b].free_pages);
+          }
+        }
+      }
+      // explain(): the time to read every byte once, from the reference's bandwidths.
+      std::vector<carve::MirrorSegment> segments;
+      double seconds = 0;
+      for (std::uint32_t d = 0; d < n; ++d) {
+        if (took[d] != 0) {
+          segments.push_back({d, 0, nullptr, took[d] * page});
+          seconds += d == reader ? 0.0 : static_cast<double>(took[d] * page) / 1e9 / bw(reader, d);
+        }
+      }
+      const carve::ViewReadEstimate e = placement.explain(reader, segments);
+      if (seconds == 0) {
+        CHECK(std::isinf(e.expected_gbps));
+      } else {
+        CHECK(e.expected_gbps == doctest::Approx(static_cast<double>(total * page) / 1e9 / seconds));
+      }
+      CHECK(e.text.find("GPU" + std::to_string(reader) + " reads") == 0);
+    }
+    // Bad input: a reader the topology lacks, devices that are not its GPUs.
+    std::vector<carve::DevicePageState> devices(n, {8, 8, true});
+    CHECK(placement.place({1, page, 0, n}, devices).error() == Errc::out_of_range);
+    devices.pop_back();
+    CHECK(placement.place({1, page, 0, 0}, devices).error() == Errc::out_of_range);
+  }
 }
