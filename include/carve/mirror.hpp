@@ -21,6 +21,7 @@
 #include <carve/mirror/page_copies.hpp>
 #include <carve/mirror/page_table.hpp>
 #include <carve/mirror/paged_mirror.hpp>
+#include <carve/mirror/peer_views.hpp>
 #include <carve/mirror/picker_placement.hpp>
 #include <carve/mirror/placement.hpp>
 #include <carve/mirror/priority_dispatcher.hpp>

@@ -23,9 +23,9 @@
 ///
 /// Copies are memcpy on one HostCopyStream per device, so the memory must be host-addressable:
 /// the host twin (HostMemoryMapper, with cpu_device every_device so the copy threads may touch
-/// every device's memory). A CUDA model needs cudaMemcpyAsync on each device's stream instead;
-/// it is not built yet. Not copyable; thread-safe as far as PagedMirror uses it (it serialises
-/// map_view and unmap_view itself).
+/// every device's memory). On GPUs the same views come with cudaMemcpyAsync copies:
+/// CudaMirrorBackend is that model. Devices are registered before a mirror is built over it. Not
+/// copyable; map_view and unmap_view may come from any thread (PeerViews serialises them).
 #pragma once
 
 #include <carve/borrow/peer_access.hpp>
@@ -34,6 +34,7 @@
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/host_copy_stream.hpp>
 #include <carve/mirror/mirror_backend.hpp>
+#include <carve/mirror/peer_views.hpp>
 #include <carve/vmm/device_granules.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
@@ -59,7 +60,7 @@ public:
 
   /// No devices yet; `mapper` (a copy is kept) makes every device's memory, `peer` says which
   /// devices reach which (by the mapper's device ordinals).
-  explicit VmmMirrorBackend(Mapper mapper, Peer peer = {}) : mapper_(std::move(mapper)), peer_(std::move(peer)) {}
+  explicit VmmMirrorBackend(Mapper mapper, Peer peer = {}) : mapper_(std::move(mapper)), views_(std::move(peer)) {}
   VmmMirrorBackend(const VmmMirrorBackend&) = delete;
   VmmMirrorBackend& operator=(const VmmMirrorBackend&) = delete;
 
@@ -72,12 +73,7 @@ public:
     device->info.name = name.empty() ? "device " + std::to_string(index) : std::move(name);
     device->info.capacity = device->memory.bytes();
     device->info.compute_units = compute_units;
-    const std::lock_guard lock(views_mutex_);
     devices_.push_back(std::move(device));
-    for (auto& row : enabled_) {
-      row.push_back(false);
-    }
-    enabled_.emplace_back(devices_.size(), false);
     return index;
   }
 
@@ -99,7 +95,7 @@ public:
   /// The mapper (to ask who owns an address and who may touch it).
   Mapper& mapper() noexcept { return mapper_; }
   /// The peer policy (with any state it keeps).
-  const Peer& peer() const noexcept { return peer_; }
+  const Peer& peer() const noexcept { return views_.peer(); }
 
   /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
   /// or a range past its memory; device_error when the queue cannot grow.
@@ -135,41 +131,17 @@ public:
   }
 
   /// Whether device `from` can reach device `to`'s memory (a device always reaches its own).
-  bool reaches(std::size_t from, std::size_t to) const noexcept {
-    return from < devices_.size() && to < devices_.size() &&
-           (from == to || peer_.can_access(devices_[from]->memory.device(), devices_[to]->memory.device()));
-  }
+  bool reaches(std::size_t from, std::size_t to) const { return views_.reaches(memories(), from, to); }
 
   /// `runs` back to back in a new range, read/write for every device that reaches every run's
-  /// owner (peer access switched on first, once per pair; a pair the policy refuses leaves that
-  /// device out). Errors (nothing stays mapped): out_of_range for an unknown device or a run past
-  /// its memory, invalid_size for runs that are not whole granules, the mapper's errors.
+  /// owner (PeerViews::map: peer access switched on first, once per pair). Errors (nothing stays
+  /// mapped): out_of_range for an unknown device or a run past its memory, invalid_size for runs
+  /// that are not whole granules, the mapper's errors.
   [[nodiscard]] Result<PlacedMemory> map_view(std::span<const MirrorViewRun> runs) {
-    const std::lock_guard lock(views_mutex_);
-    std::vector<GranuleRun<Mapper>> granules;
-    granules.reserve(runs.size());
-    std::vector<bool> owner(devices_.size(), false);
-    for (const MirrorViewRun& r : runs) {
-      if (!fits(r.device, r.offset, r.bytes)) {
-        return fail(Errc::out_of_range,
-                    "carve::VmmMirrorBackend::map_view: a run past device " + std::to_string(r.device) + "'s memory");
-      }
-      granules.push_back({&devices_[r.device]->memory, r.offset, r.bytes});
-      owner[r.device] = true;
-    }
-    std::vector<int> access;
-    for (std::size_t d = 0; d < devices_.size(); ++d) {
-      if (devices_[d]->info.available && reaches_all(d, owner) && enable_pairs(d, owner)) {
-        access.push_back(devices_[d]->memory.device());
-      }
-    }
-    return map_granule_view<Mapper>(mapper_, granules, access);
+    return views_.map(mapper_, memories(), runs);
   }
   /// Undoes map_view. Errors: the mapper's (not_allocated for a range map_view did not return).
-  [[nodiscard]] Result<void> unmap_view(const PlacedMemory& view) {
-    const std::lock_guard lock(views_mutex_);
-    return unplace_physical(mapper_, view);
-  }
+  [[nodiscard]] Result<void> unmap_view(const PlacedMemory& view) { return views_.unmap(mapper_, view); }
 
 private:
   struct Device {
@@ -190,26 +162,12 @@ private:
     return d < devices_.size() && offset <= devices_[d]->memory.bytes() &&
            bytes <= devices_[d]->memory.bytes() - offset;
   }
-  bool reaches_all(std::size_t d, const std::vector<bool>& owner) const noexcept {
-    for (std::size_t o = 0; o < owner.size(); ++o) {
-      if (owner[o] && !reaches(d, o)) {
-        return false;
-      }
+  std::vector<typename PeerViews<Mapper, Peer>::Memory> memories() const {
+    std::vector<typename PeerViews<Mapper, Peer>::Memory> out;
+    for (const auto& d : devices_) {
+      out.push_back(d->info.available ? &d->memory : nullptr);
     }
-    return true;
-  }
-  // Switches on every (d, owner) pair not on yet; false when the policy refuses one.
-  bool enable_pairs(std::size_t d, const std::vector<bool>& owner) {
-    for (std::size_t o = 0; o < owner.size(); ++o) {
-      if (!owner[o] || o == d || enabled_[d][o]) {
-        continue;
-      }
-      if (!peer_.enable(devices_[d]->memory.device(), devices_[o]->memory.device())) {
-        return false;
-      }
-      enabled_[d][o] = true;
-    }
-    return true;
+    return out;
   }
   [[nodiscard]] static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
     if (!ok) {
@@ -219,9 +177,7 @@ private:
   }
 
   Mapper mapper_;
-  Peer peer_;
-  std::mutex views_mutex_;
-  std::vector<std::vector<bool>> enabled_; // [requester][owner]: peer access switched on
+  PeerViews<Mapper, Peer> views_;
   std::vector<std::unique_ptr<Device>> devices_;
 };
 
