@@ -42,15 +42,22 @@ public:
   using handle_type = typename Mapper::physical_handle; ///< one granule's physical allocation
 
   /// Creates `bytes` (rounded down to whole granules) on `device` through `mapper` (a copy is
-  /// kept; a mapper's copies share its tables). Throws carve::Exception: invalid_argument when
-  /// not one granule fits in `bytes`; the mapper's error when it refuses (nothing is left
-  /// behind).
-  DeviceGranules(Mapper mapper, int device, std::size_t bytes) : mapper_(std::move(mapper)), device_(device) {
+  /// kept; a mapper's copies share its tables), one physical allocation per `granule` bytes (0:
+  /// the mapper's granularity; else a multiple of it: larger granules, fewer driver calls, and a
+  /// view maps whole ones). Throws carve::Exception: invalid_argument when `granule` is not a
+  /// multiple of the mapper's granularity or not one granule fits in `bytes`; the mapper's error
+  /// when it refuses (nothing is left behind).
+  DeviceGranules(Mapper mapper, int device, std::size_t bytes, std::size_t granule = 0)
+      : mapper_(std::move(mapper)), device_(device) {
     const auto g = mapper_.granularity(device);
     if (!g) {
       throw Exception(g.error().code, "carve::DeviceGranules: " + g.error().message);
     }
-    granularity_ = *g;
+    if (granule % *g != 0) {
+      throw Exception(Errc::invalid_argument, "carve::DeviceGranules: a granule of " + std::to_string(granule) +
+                                                  " bytes is not a multiple of the device's " + std::to_string(*g));
+    }
+    granularity_ = granule == 0 ? *g : granule;
     const std::size_t count = bytes / granularity_;
     if (count == 0) {
       throw Exception(Errc::invalid_argument, "carve::DeviceGranules: " + std::to_string(bytes) +
@@ -98,7 +105,7 @@ public:
   std::byte* base() const noexcept { return base_; }
   /// Bytes held (whole granules).
   std::size_t bytes() const noexcept { return bytes_; }
-  /// The device's granularity.
+  /// Bytes per physical allocation: a view maps whole ones.
   std::size_t granularity() const noexcept { return granularity_; }
   /// The mapper's device ordinal.
   int device() const noexcept { return device_; }
