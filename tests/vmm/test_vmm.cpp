@@ -607,3 +607,42 @@ TEST_CASE("device view: unreachable pairs, foreign pointers, bad page sizes and 
   CHECK(no_view.device_pointer(p).error() == Errc::unsupported);
   REQUIRE(no_view.try_deallocate(p));
 }
+
+TEST_CASE("device view: memory another process exported is registered as a device and used through the view") {
+  // The exporter (another process, or another node with fabric handles on CUDA) and this process
+  // have mappers of their own; only descriptors pass between them.
+  HostMemoryMapper exporter({.granularity = granule, .device_count = 2, .cpu_device = HostMemoryMapper::every_device});
+  std::vector<HostMemoryMapper::physical_handle> theirs;
+  std::vector<HostMemoryMapper::physical_handle> imported;
+  HostMemoryMapper m({.granularity = granule, .device_count = 2, .cpu_device = HostMemoryMapper::every_device});
+  for (int i = 0; i < 4; ++i) {
+    theirs.push_back(*exporter.create(1, granule));
+    const int fd = *exporter.export_fd(theirs.back());
+    imported.push_back(*m.import_fd(fd));
+    ::close(fd);
+  }
+  carve::VmmMirrorBackend<> devices(m);
+  devices.register_device(0, 4 * granule);
+  CHECK(devices.register_imported_device(1, imported, granule, "remote") == 1);
+  CHECK(carve::test::thrown_code([&] { devices.register_imported_device(1, {}, granule); }) == Errc::invalid_argument);
+  CHECK(devices.devices().size() == 2);
+  {
+    carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true});
+    auto* x = static_cast<std::uint32_t*>(*mirror.try_allocate(8 * granule, 1)); // 4 local, 4 remote pages
+    for (std::size_t i = 0; i < 8 * granule / 4; ++i) {
+      x[i] = static_cast<std::uint32_t>(i);
+    }
+    REQUIRE(mirror.sync());
+    // The exporter sees the remote half in its own memory.
+    const auto placed = carve::place_physical(exporter, theirs[1], granule, 1, Access::read_write);
+    REQUIRE(placed);
+    CHECK(static_cast<const std::uint32_t*>(placed->base)[3] == static_cast<std::uint32_t>(5 * granule / 4 + 3));
+    REQUIRE(carve::unplace_physical(exporter, *placed));
+    const auto* dx = static_cast<const std::uint32_t*>(*mirror.device_pointer(x));
+    CHECK(dx[5 * granule / 4 + 3] == static_cast<std::uint32_t>(5 * granule / 4 + 3));
+    REQUIRE(mirror.try_deallocate(x));
+  }
+  for (const auto h : theirs) {
+    REQUIRE(exporter.release(h));
+  }
+}

@@ -68,13 +68,17 @@ public:
   /// returns its index. Throws carve::Exception as DeviceGranules does (nothing is registered then).
   std::size_t register_device(int mapper_device, std::size_t bytes, std::string name = {},
                               std::uint32_t compute_units = 0) {
-    const std::size_t index = devices_.size();
-    auto device = std::make_unique<Device>(mapper_, mapper_device, bytes);
-    device->info.name = name.empty() ? "device " + std::to_string(index) : std::move(name);
-    device->info.capacity = device->memory.bytes();
-    device->info.compute_units = compute_units;
-    devices_.push_back(std::move(device));
-    return index;
+    return add(std::make_unique<Device>(mapper_, mapper_device, bytes), std::move(name), compute_units);
+  }
+
+  /// Adds memory another process or node exported (handles this process imported, `granule`
+  /// bytes each: import_fd, or CudaMemoryMapper::import_fabric across the nodes of an NVLink
+  /// domain) as a device the mapper knows as `mapper_device`, taking the handles over. Throws
+  /// carve::Exception as DeviceGranules does (the handles are released then).
+  std::size_t register_imported_device(int mapper_device, std::vector<typename Mapper::physical_handle> imported,
+                                       std::size_t granule, std::string name = {}, std::uint32_t compute_units = 0) {
+    return add(std::make_unique<Device>(mapper_, mapper_device, std::move(imported), granule), std::move(name),
+               compute_units);
   }
 
   /// The devices registered so far, by index.
@@ -145,12 +149,21 @@ public:
 
 private:
   struct Device {
-    Device(Mapper& mapper, int mapper_device, std::size_t bytes) : memory(mapper, mapper_device, bytes) {}
+    template <class... Memory>
+    explicit Device(Memory&&... memory_arguments) : memory(std::forward<Memory>(memory_arguments)...) {}
     DeviceGranules<Mapper> memory;
     DeviceInfo info;
     HostCopyStream stream; // declared last: drained and joined before the memory goes
   };
 
+  std::size_t add(std::unique_ptr<Device> device, std::string name, std::uint32_t compute_units) {
+    const std::size_t index = devices_.size();
+    device->info.name = name.empty() ? "device " + std::to_string(index) : std::move(name);
+    device->info.capacity = device->memory.bytes();
+    device->info.compute_units = compute_units;
+    devices_.push_back(std::move(device));
+    return index;
+  }
   const Device& known(std::size_t d) const {
     if (d >= devices_.size()) {
       throw Exception(Errc::out_of_range, "carve::VmmMirrorBackend: no device " + std::to_string(d) + " (" +

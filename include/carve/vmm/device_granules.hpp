@@ -73,21 +73,32 @@ public:
         }
         handles_.push_back(*h);
       }
-      const auto va = mapper_.reserve(bytes_, granularity_);
-      if (!va) {
-        throw Exception(va.error().code, "carve::DeviceGranules: " + va.error().message);
+      map_all();
+    } catch (...) {
+      release_handles();
+      throw;
+    }
+  }
+
+  /// Takes over `imported` (physical allocations of `granule` bytes each, a multiple of the
+  /// mapper's granularity, that another process or node exported and this one imported:
+  /// import_fd, or CudaMemoryMapper::import_fabric across nodes) as `device`'s memory, in that
+  /// order. Throws carve::Exception: invalid_argument for no handles or a bad granule; the
+  /// mapper's error (the handles are released either way).
+  DeviceGranules(Mapper mapper, int device, std::vector<handle_type> imported, std::size_t granule)
+      : mapper_(std::move(mapper)), device_(device), granularity_(granule), handles_(std::move(imported)) {
+    try {
+      const auto g = mapper_.granularity(device);
+      if (!g) {
+        throw Exception(g.error().code, "carve::DeviceGranules: " + g.error().message);
       }
-      base_ = static_cast<std::byte*>(*va);
-      for (std::size_t i = 0; i < count; ++i) {
-        if (const auto m = mapper_.map(base_ + i * granularity_, granularity_, handles_[i]); !m) {
-          unmap_first(i);
-          throw Exception(m.error().code, "carve::DeviceGranules: " + m.error().message);
-        }
+      if (handles_.empty() || granule == 0 || granule % *g != 0) {
+        throw Exception(Errc::invalid_argument, "carve::DeviceGranules: imported memory needs handles of whole "
+                                                "granules of the device's " +
+                                                    std::to_string(*g) + " bytes");
       }
-      if (const auto a = mapper_.set_access(base_, bytes_, device, Access::read_write); !a) {
-        unmap_first(count);
-        throw Exception(a.error().code, "carve::DeviceGranules: " + a.error().message);
-      }
+      bytes_ = handles_.size() * granularity_;
+      map_all();
     } catch (...) {
       release_handles();
       throw;
@@ -119,6 +130,24 @@ public:
   }
 
 private:
+  // Reserves bytes_ and maps every handle there in order, read/write for device_.
+  void map_all() {
+    const auto va = mapper_.reserve(bytes_, granularity_);
+    if (!va) {
+      throw Exception(va.error().code, "carve::DeviceGranules: " + va.error().message);
+    }
+    base_ = static_cast<std::byte*>(*va);
+    for (std::size_t i = 0; i < handles_.size(); ++i) {
+      if (const auto m = mapper_.map(base_ + i * granularity_, granularity_, handles_[i]); !m) {
+        unmap_first(i);
+        throw Exception(m.error().code, "carve::DeviceGranules: " + m.error().message);
+      }
+    }
+    if (const auto a = mapper_.set_access(base_, bytes_, device_, Access::read_write); !a) {
+      unmap_first(handles_.size());
+      throw Exception(a.error().code, "carve::DeviceGranules: " + a.error().message);
+    }
+  }
   void unmap_first(std::size_t count) noexcept {
     if (base_ == nullptr) {
       return;
