@@ -15,6 +15,7 @@
 #include <carve/mirror/fault_handler.hpp>
 #include <carve/mirror/host_backend.hpp>
 #include <carve/mirror/host_copy_stream.hpp>
+#include <carve/mirror/host_stream_copies.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mirror/mirror_options.hpp>
 #include <carve/mirror/mirror_pages.hpp>

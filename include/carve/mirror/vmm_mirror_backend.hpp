@@ -33,6 +33,7 @@
 #include <carve/core/error.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/host_copy_stream.hpp>
+#include <carve/mirror/host_stream_copies.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mirror/peer_views.hpp>
 #include <carve/vmm/device_granules.hpp>
@@ -54,7 +55,9 @@ namespace carve {
 
 /// A MirrorBackend that can also map views (see the file's description).
 template <PhysicalMemoryMapper Mapper = HostMemoryMapper, PeerAccess Peer = AlwaysMapped>
-class VmmMirrorBackend {
+class VmmMirrorBackend : public HostStreamCopies<VmmMirrorBackend<Mapper, Peer>> {
+  friend HostStreamCopies<VmmMirrorBackend>;
+
 public:
   using mapper_type = Mapper; ///< where the memory comes from
 
@@ -101,39 +104,6 @@ public:
   /// The peer policy (with any state it keeps).
   const Peer& peer() const noexcept { return views_.peer(); }
 
-  /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
-  /// or a range past its memory; device_error when the queue cannot grow.
-  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
-                                                               std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.copy(devices_[d]->memory.base() + offset, src, bytes));
-  }
-  /// Queues `bytes` from `offset` in device d to `dst`. Errors as copy_to_device.
-  [[nodiscard]] cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
-                                                             std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.copy(dst, devices_[d]->memory.base() + offset, bytes));
-  }
-  /// Queues zeroing `bytes` at `offset` in device d. Errors as copy_to_device.
-  [[nodiscard]] cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.zero(devices_[d]->memory.base() + offset, bytes));
-  }
-  /// Blocks until everything queued on device d has run. Errors: out_of_range for an unknown device.
-  [[nodiscard]] cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
-    if (d >= devices_.size()) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    devices_[d]->stream.wait();
-    return {};
-  }
-
   /// Whether device `from` can reach device `to`'s memory (a device always reaches its own).
   bool reaches(std::size_t from, std::size_t to) const { return views_.reaches(memories(), from, to); }
 
@@ -148,6 +118,11 @@ public:
   [[nodiscard]] Result<void> unmap_view(const PlacedMemory& view) { return views_.unmap(mapper_, view); }
 
 private:
+  HostStreamTarget stream_target(std::size_t d) noexcept {
+    return d < devices_.size()
+               ? HostStreamTarget{devices_[d]->memory.base(), devices_[d]->memory.bytes(), &devices_[d]->stream}
+               : HostStreamTarget{};
+  }
   struct Device {
     template <class... Memory>
     explicit Device(Memory&&... memory_arguments) : memory(std::forward<Memory>(memory_arguments)...) {}
@@ -171,22 +146,12 @@ private:
     }
     return *devices_[d];
   }
-  bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
-    return d < devices_.size() && offset <= devices_[d]->memory.bytes() &&
-           bytes <= devices_[d]->memory.bytes() - offset;
-  }
   std::vector<typename PeerViews<Mapper, Peer>::Memory> memories() const {
     std::vector<typename PeerViews<Mapper, Peer>::Memory> out;
     for (const auto& d : devices_) {
       out.push_back(d->info.available ? &d->memory : nullptr);
     }
     return out;
-  }
-  [[nodiscard]] static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
-    if (!ok) {
-      return cuda::std::unexpected(Errc::device_error);
-    }
-    return {};
   }
 
   Mapper mapper_;
