@@ -80,8 +80,8 @@ inline HostMemoryMapper& host_vmm_mapper() {
 /// read/write for `device` at the device's granularity, as `kind`. Errors (nothing stays
 /// mapped): bad_message for a size that cannot be rounded, the mapper's.
 template <PhysicalMemoryMapper Mapper, class Import>
-Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, int device, ExportKind kind,
-                                             Import&& import) {
+[[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, int device,
+                                                           ExportKind kind, Import&& import) {
   const auto g = mapper.granularity(device);
   if (!g) {
     return cuda::std::unexpected(g.error());
@@ -125,8 +125,8 @@ Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int devi
 /// Maps a segment exported as a fabric handle (ExportKind::cuda_fabric), possibly from another
 /// node of the NVLink domain, read/write for `device`; undone with unmap_vmm_segment. Errors as
 /// map_vmm_segment, and the mapper's import_fabric errors.
-inline Result<MappedSegment> map_fabric_segment(CudaMemoryMapper& mapper, std::size_t size, int device,
-                                                const CudaFabricHandle& handle) {
+[[nodiscard]] inline Result<MappedSegment> map_fabric_segment(CudaMemoryMapper& mapper, std::size_t size, int device,
+                                                              const CudaFabricHandle& handle) {
   return place_imported_segment(mapper, size, device, ExportKind::cuda_fabric,
                                 [&] { return mapper.import_fabric(handle); });
 }
