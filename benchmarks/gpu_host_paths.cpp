@@ -12,6 +12,15 @@
 //   throughput (source: the same bytes copied without carve in this run; sync adds finding the
 //   dirty pages and queuing the copies, and coalesces adjacent ones).
 //
+// One pointer over the cards: a PagedMirror with a device view (64 MiB of every card, 2 MiB pages
+//   striped 8 at a time) and one array over all of it; device 0 reads the array through the one
+//   device pointer (mirror.device_pointer), owner by owner, with cudaMemcpyAsync into its own
+//   memory (the copy engine reading through the view: this file is not compiled by nvcc, so no
+//   load kernel). Printed per owner: GB/s, medians of 5, beside the topology's score for device
+//   0's loads from that card (ViewPlacement::load_gbps: the discovered topology's paths with no
+//   GPU relaying), and ViewPlacement::explain for the whole array. Checks: every byte read through
+//   the view equals the host's. No target: the figures are what this machine gives.
+//
 // Service IPC: carve-served lending CUDA memory through CUDA IPC (--backend cuda-ipc, topology from
 //   the CUDA runtime; --backend cuda lends VMM memory as descriptors and maps no IPC handle)
 //   and this process as its client. Per card, 100 allocate + free round trips of 2 MiB: the
@@ -33,6 +42,7 @@
 #include <carve/mirror.hpp>
 #include <carve/mirror/cuda_backend.hpp>
 #include <carve/service.hpp>
+#include <carve/topology/cuda_discovery.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -124,7 +134,7 @@ void mirror_sync() {
   const std::size_t devices = mirror.device_count();
   const std::size_t total = mirror.capacity();
   Checks checks;
-  const auto allocation = mirror.try_allocate(total);
+  const auto allocation = mirror.try_allocate(total, 1);
   if (!checks.expect(allocation.has_value(), "the mirror's whole capacity as one allocation")) {
     std::printf("  %s\n", mirror.allocation_failure_message(total).c_str());
     return;
@@ -211,6 +221,61 @@ void mirror_sync() {
                        Aim::at_least, 0.9, source, checks.ok());
   carve::bench::target("mirror sync of 10% dirty pages over plain cudaMemcpyAsync per page",
                        ratio(dirty_sync_gbps, dirty_plain_gbps), "x", Aim::at_least, 0.9, source, checks.ok());
+}
+
+// ---- one pointer over the cards ---------------------------------------------------------------
+
+void view_reads() {
+  constexpr std::size_t per_device = std::size_t{64} << 20;
+  carve::CudaMirrorBackend gpus(carve::CudaMirrorOptions{.bytes_per_device = per_device});
+  carve::PagedMirror mirror(gpus, carve::MirrorOptions{.page_size = mirror_page, .device_view = true},
+                            carve::StripePlacement{.stripe_pages = 8});
+  const std::size_t total = mirror.capacity();
+  Checks checks;
+  auto* data = static_cast<std::uint64_t*>(*mirror.try_allocate(total, 1));
+  std::iota(data, data + total / sizeof(std::uint64_t), std::uint64_t{7});
+  checks.expect(mirror.sync().has_value(), "the array synced to its owners");
+  const auto view = mirror.device_pointer(data, 0);
+  if (!checks.expect(view.has_value(), "device 0 reaches every owner")) {
+    std::printf("  %s\n", view.error().message.c_str());
+    return;
+  }
+  const auto* dview = static_cast<const std::byte*>(*view);
+  const auto parts = *mirror.segments(data, total);
+  const carve::ViewPlacement scores(carve::discover_topology());
+  void* scratch = nullptr;
+  cuda_check(cudaSetDevice(gpus.cuda_ordinal(0)), "cudaSetDevice");
+  cuda_check(cudaMalloc(&scratch, total), "cudaMalloc");
+  std::printf("one pointer over %zu card(s): device 0 reads %zu MiB through the view, medians of 5\n",
+              mirror.device_count(), total >> 20);
+  std::vector<std::byte> back(total);
+  for (std::uint32_t owner = 0; owner < mirror.device_count(); ++owner) {
+    std::vector<double> us;
+    std::size_t bytes = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      bytes = 0;
+      const auto t0 = clock_type::now();
+      for (const carve::MirrorSegment& s : parts) {
+        if (s.device == owner) {
+          const std::size_t at = static_cast<std::size_t>(s.host - reinterpret_cast<std::byte*>(data));
+          cuda_check(cudaMemcpyAsync(static_cast<std::byte*>(scratch) + at, dview + at, s.bytes,
+                                     cudaMemcpyDeviceToDevice, gpus.stream(0)),
+                     "cudaMemcpyAsync through the view");
+          bytes += s.bytes;
+        }
+      }
+      cuda_check(cudaStreamSynchronize(gpus.stream(0)), "cudaStreamSynchronize");
+      us.push_back(microseconds_since(t0));
+    }
+    const double gbps = bytes > 0 ? static_cast<double>(bytes) / (percentile(us, 0.5) * 1e3) : 0.0;
+    std::printf("  owner %u: %zu MiB at %.1f GB/s; topology score %.1f GB/s\n", owner, bytes >> 20, gbps,
+                scores.load_gbps(0, owner));
+  }
+  cuda_check(cudaMemcpy(back.data(), scratch, total, cudaMemcpyDeviceToHost), "copy back");
+  checks.expect(std::memcmp(back.data(), data, total) == 0, "every byte read through the view equals the host's");
+  std::printf("  %s\n", scores.explain(0, parts).text.c_str());
+  cuda_check(cudaFree(scratch), "cudaFree");
+  mirror.deallocate(data, total, 1);
 }
 
 // ---- service IPC -----------------------------------------------------------------------------
@@ -350,6 +415,7 @@ int main() {
   const int devices = carve::bench::require_devices("gpu_host_paths");
   try {
     mirror_sync();
+    view_reads();
     service_ipc(devices);
   } catch (const std::exception& e) { // a device that cannot be opened, a server that will not start
     std::printf("FAILED: %s\n", e.what());

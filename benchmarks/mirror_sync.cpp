@@ -48,7 +48,7 @@ struct Setup {
       devices.register_device(SimulatedCard(mirror_bytes / cards));
     }
     mirror.emplace(devices, MirrorOptions{.page_size = page, .tracking = mode});
-    data = static_cast<unsigned char*>(*mirror->try_allocate(mirror_bytes));
+    data = static_cast<unsigned char*>(*mirror->try_allocate(mirror_bytes, 1));
     std::memset(data, 1, mirror_bytes); // commits the host pages
     (void)mirror->sync_all();           // and the device pages
     std::mt19937_64 rng(42);

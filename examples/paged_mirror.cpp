@@ -35,8 +35,8 @@ int main() {
               mirror.device_count(), mirror.page_size() / KiB, carve::to_string(mirror.tracking_mechanism()));
 
   // 64 MiB: more than any one card holds, striped over all three.
-  auto* table = static_cast<float*>(*mirror.try_allocate(64 * MiB, 1, {.priority = 1}));
-  auto* small = static_cast<char*>(*mirror.try_allocate(100 * KiB, 1, {.priority = 5}));
+  auto* table = static_cast<float*>(*mirror.try_allocate_placed(64 * MiB, 1, {.priority = 1}));
+  auto* small = static_cast<char*>(*mirror.try_allocate_placed(100 * KiB, 1, {.priority = 5}));
 
   table[0] = 1.0f;                                                // plain stores: page 0
   table[40 * KiB / sizeof(float)] = 2.0f;                         // page 0 again
@@ -57,7 +57,7 @@ int main() {
               static_cast<double>(table[30 * MiB / sizeof(float)]));
 
   // Bad input is an error value, and nothing changes.
-  if (auto r = mirror.try_allocate(200 * MiB); !r) {
+  if (auto r = mirror.try_allocate(200 * MiB, 1); !r) {
     std::printf("allocate(200 MiB): %s: %s\n", carve::to_string(r.error()),
                 mirror.allocation_failure_message(200 * MiB).c_str());
   }

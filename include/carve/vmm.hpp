@@ -7,8 +7,10 @@
 #pragma once
 
 #include <carve/vmm/cuda_memory_mapper.hpp>
+#include <carve/vmm/device_granules.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
+#include <carve/vmm/host_mapper_tables.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>

@@ -3,7 +3,8 @@
 // mirror memory on every device and fetch() bringing it back; then compute grants backed by green
 // contexts (CudaGreenContexts): two grants on one device, a kernel in each recording the SMs its
 // blocks ran on, which must be as many as granted at most and disjoint between the grants, and the
-// grants' SMs and memory coming back once the kernels have run. Exit code 77 (skipped) without a GPU.
+// grants' SMs and memory coming back once the kernels have run; and one kernel over one device
+// pointer (a device view) spanning pages on every visible device. Exit code 77 (skipped) without a GPU.
 #include "support/device_test.hpp"
 
 #include <carve/mirror.hpp>
@@ -38,6 +39,55 @@ __global__ void record_sm(unsigned* sm_of_block) {
 }
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// A kernel written for one GPU and one pointer: nothing in it knows of pages or devices.
+__global__ void scale_and_shift(float* x, std::size_t n) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    x[i] = 2.0f * x[i] + 1.0f;
+  }
+}
+
+// One device pointer over pages on every visible device (one owner on a one-GPU machine): the
+// kernel runs once, on device 0, and every element must come back as the host expects.
+void one_pointer_over_every_device() {
+  carve::CudaMirrorBackend gpus(
+      {.devices = {}, .bytes_per_device = 16 * MiB, .free_fraction = 0.5, .pin_host_memory = true});
+  carve::PagedMirror mirror(gpus, {.page_size = 2 * MiB, .device_view = true},
+                            carve::StripePlacement{.stripe_pages = 1});
+  const std::size_t pages = 2 * mirror.device_count();
+  const std::size_t n = pages * 2 * MiB / sizeof(float) - 7;
+  auto* x = static_cast<float*>(*mirror.try_allocate(n * sizeof(float), 1));
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i % 1000);
+  }
+  expect(mirror.sync().has_value(), "view: sync");
+  std::vector<bool> owner(mirror.device_count(), false);
+  const auto parts = mirror.segments(x, n * sizeof(float));
+  expect(parts.has_value(), "view: the allocation's segments");
+  for (const carve::MirrorSegment& s : parts ? *parts : std::vector<carve::MirrorSegment>{}) {
+    owner[s.device] = true;
+  }
+  expect(std::count(owner.begin(), owner.end(), true) == static_cast<std::ptrdiff_t>(mirror.device_count()),
+         "view: pages on every device");
+  const auto dx = mirror.device_pointer(x, 0);
+  if (!dx) {
+    std::printf("device 0 cannot use the view: %s\n", dx.error().message.c_str());
+    expect(false, "view: device 0 reaches every owner");
+    return;
+  }
+  carve::test::check(cudaSetDevice(gpus.cuda_ordinal(0)), "cudaSetDevice");
+  scale_and_shift<<<256, 256>>>(static_cast<float*>(*dx), n);
+  carve::test::check(cudaGetLastError(), "launch over the view");
+  carve::test::check(cudaDeviceSynchronize(), "the kernel over the view");
+  expect(mirror.fetch(x, n * sizeof(float)).has_value(), "view: fetch");
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    wrong += x[i] != 2.0f * static_cast<float>(i % 1000) + 1.0f ? 1 : 0;
+  }
+  std::printf("one pointer over %zu device(s): %zu of %zu elements wrong\n", mirror.device_count(), wrong, n);
+  expect(wrong == 0, "view: every element as the host expects");
+  expect(mirror.try_deallocate(x).has_value(), "view: deallocate");
+}
 
 // Two grants on device 0, a kernel on each grant's stream: with green contexts each kernel runs
 // on at most its grant's SM count and on SMs the other does not use. Handed back with run(), they
@@ -124,7 +174,7 @@ int main() {
   expect(mirror.capacity() == mirror.device_count() * 64 * MiB, "64 MiB of every device");
 
   const std::size_t bytes = 48 * MiB;
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
   expect(mirror.sync_all().has_value(), "initial full sync");
   expect(devices_match(mirror, gpus, p, bytes), "a new allocation is zero on the devices");
 
@@ -162,6 +212,7 @@ int main() {
   expect(mirror.sync()->pages == 0, "fetched pages are clean");
   expect(mirror.try_deallocate(p).has_value(), "deallocate");
   green_contexts();
+  one_pointer_over_every_device();
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -36,7 +36,7 @@ TEST_CASE("concurrent writers: every written page is dirty exactly once, and the
     add_cards(devices, {{2 * MiB, 1}, {2 * MiB, 1}});
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode}, carve::StripePlacement{.stripe_pages = 4});
     constexpr std::size_t bytes = 3 * MiB;
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
     std::vector<unsigned char> shadow(bytes, 0);
     for (int round = 0; round < 4; ++round) {
       std::vector<std::set<std::size_t>> touched(threads);
@@ -90,7 +90,7 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode});
     std::vector<unsigned char*> own(threads);
     for (auto& p : own) {
-      p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+      p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
     }
     // What each writer stored in its allocation (which starts zeroed), kept apart from the mirror.
     std::vector<std::vector<unsigned char>> shadow(threads, std::vector<unsigned char>(256 * KiB, 0));
@@ -100,7 +100,7 @@ TEST_CASE("writers keep storing while another thread allocates and frees") {
       std::vector<void*> held;
       while (!stop.load()) {
         if (held.size() < 8 && (rng() & 1) != 0) {
-          if (auto q = mirror.try_allocate(4 * KiB * (1 + rng() % 16))) {
+          if (auto q = mirror.try_allocate(4 * KiB * (1 + rng() % 16), 1)) {
             static_cast<unsigned char*>(*q)[0] = 1; // a store while the others store too
             held.push_back(*q);
           }
@@ -204,4 +204,50 @@ TEST_CASE("green contexts (twin): a device thread completes work while the owner
   CHECK_FALSE(d.last_error()); // no partition was ever refused: grants stayed disjoint
   CHECK(gpu.live() == 0);
   CHECK(d.free_units(0) == 64);
+}
+
+TEST_CASE("device view: stores, device_pointer and views mapped and unmapped on other threads; syncs between") {
+  carve::HostMemoryMapper mapper(
+      {.granularity = 64 * KiB, .device_count = 3, .cpu_device = carve::HostMemoryMapper::every_device});
+  carve::VmmMirrorBackend<> devices(mapper);
+  for (int d = 0; d < 3; ++d) {
+    devices.register_device(d, 2 * MiB);
+  }
+  PagedMirror mirror(devices, {.page_size = 64 * KiB, .device_view = true}, carve::StripePlacement{.stripe_pages = 1});
+  constexpr std::size_t bytes = 1 * MiB;
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
+  const auto* view = static_cast<const unsigned char*>(*mirror.device_pointer(p));
+  std::vector<unsigned char> shadow(bytes, 0);
+  for (int round = 0; round < 3; ++round) {
+    std::atomic<bool> stop{false};
+    std::thread churn([&] { // other allocations' views come and go meanwhile
+      while (!stop.load()) {
+        if (auto q = mirror.try_allocate(3 * 64 * KiB, 1)) {
+          CHECK(mirror.device_pointer(*q));
+          CHECK(mirror.try_deallocate(*q));
+        }
+      }
+    });
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::mt19937_64 rng(static_cast<std::uint64_t>(round) * 100 + t);
+        for (int i = 0; i < 300; ++i) {
+          const std::size_t at = (rng() % (bytes / threads)) * threads + t;
+          const auto value = static_cast<unsigned char>(rng() | 1);
+          p[at] = value;
+          shadow[at] = value;
+          CHECK(mirror.device_pointer(p + at) == static_cast<const void*>(view + at));
+        }
+      });
+    }
+    for (std::thread& th : pool) {
+      th.join();
+    }
+    stop.store(true);
+    churn.join();
+    REQUIRE(mirror.sync());
+    CHECK(std::equal(shadow.begin(), shadow.end(), view)); // the device side reads what the host wrote
+  }
+  REQUIRE(mirror.try_deallocate(p));
 }

@@ -65,7 +65,7 @@ TEST_CASE("faults outside the mirror go to the handler installed before carve's"
     HostBackend devices;
     add_cards(devices, {{1 * MiB, 1}});
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = WriteTracking::automatic_mprotect});
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * KiB));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * KiB, 1));
     p[5 * 4 * KiB] = 1;                                 // carve's fault: resolved by carve
     *reinterpret_cast<volatile int*>(foreign_page) = 7; // the program's own: passed on
     if (foreign_faults != 1 || mirror.dirty_pages() != 1 || mirror.sync()->pages != 1) {
@@ -91,7 +91,7 @@ TEST_CASE("a store outside every allocation is the program's usual fault") {
       HostBackend devices;
       add_cards(devices, {{1 * MiB, 1}});
       PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode});
-      auto* p = static_cast<unsigned char*>(*mirror.try_allocate(8 * KiB));
+      auto* p = static_cast<unsigned char*>(*mirror.try_allocate(8 * KiB, 1));
       p[0] = 1;                                                     // fine
       *reinterpret_cast<volatile unsigned char*>(p + 64 * KiB) = 1; // inside the mirror, not allocated
     });
@@ -117,7 +117,7 @@ TEST_CASE("mprotect tracking survives a dirty pattern that exhausts the process'
   HostBackend devices;
   add_cards(devices, {{pages * 4 * KiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = WriteTracking::automatic_mprotect});
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(pages * 4 * KiB));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(pages * 4 * KiB, 1));
   for (std::size_t page = 0; page < pages; page += 2) {
     p[page * 4 * KiB] = static_cast<unsigned char>(page / 2 + 1);
   }

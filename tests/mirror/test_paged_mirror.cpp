@@ -2,11 +2,13 @@
 // fetch, placement, the compute dispatcher, and what an empty 1 TiB mirror costs.
 #include "mirror_helpers.hpp"
 #include "support/errors.hpp"
+#include "support/topology_data.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -86,7 +88,7 @@ void shadow_workout(WriteTracking mode, std::size_t page_size, Placement placeme
   };
   const auto add = [&] {
     const std::size_t bytes = std::uniform_int_distribution<std::size_t>(1, 3 * page_size + 100)(rng);
-    const auto p = mirror.try_allocate(bytes, 1, {.priority = std::uniform_int_distribution<int>(0, 3)(rng)});
+    const auto p = mirror.try_allocate_placed(bytes, 1, {.priority = std::uniform_int_distribution<int>(0, 3)(rng)});
     if (p) {
       live.push_back({static_cast<unsigned char*>(*p), bytes, std::vector<unsigned char>(bytes, 0)});
     } else {
@@ -179,7 +181,7 @@ TEST_CASE("by default plain stores are tracked and synced") {
   PagedMirror mirror(devices, {.page_size = 4 * KiB});
   CHECK(mirror.tracking_mechanism() == (carve::userfaultfd_tracking_available() ? carve::TrackingMechanism::userfaultfd
                                                                                 : carve::TrackingMechanism::mprotect));
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * KiB));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * KiB, 1));
   CHECK(mirror.sync()->pages == 0);
   std::memset(p + 4 * KiB, 0x3c, 8 * KiB); // two pages, no write() or mark_dirty()
   CHECK(mirror.sync()->pages == 2);
@@ -222,7 +224,7 @@ TEST_CASE("sync copies only dirty pages, one copy per run that is contiguous on 
   HostBackend devices;
   add_cards(devices, {{1 * MiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB});
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * 4 * KiB));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(64 * 4 * KiB, 1));
   const unsigned char one = 1;
   for (const std::size_t page : {3u, 4u, 5u, 10u, 63u}) {
     REQUIRE(mirror.write(p + page * 4 * KiB + 7, &one, 1));
@@ -238,7 +240,7 @@ TEST_CASE("sync copies only dirty pages, one copy per run that is contiguous on 
   HostBackend two;
   add_cards(two, {{1 * MiB, 1}, {1 * MiB, 1}});
   PagedMirror striped(two, {.page_size = 4 * KiB}, carve::StripePlacement{.stripe_pages = 2});
-  auto* q = static_cast<unsigned char*>(*striped.try_allocate(8 * 4 * KiB));
+  auto* q = static_cast<unsigned char*>(*striped.try_allocate(8 * 4 * KiB, 1));
   CHECK(striped.locate(q)->device == 0);
   CHECK(striped.locate(q + 2 * 4 * KiB)->device == 1);
   CHECK(striped.locate(q + 4 * 4 * KiB)->device == 0);
@@ -265,7 +267,7 @@ TEST_CASE("sync_all copies every allocated page and leaves them clean") {
   HostBackend devices;
   add_cards(devices, {{1 * MiB, 1}, {1 * MiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB});
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(300 * 4 * KiB));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(300 * 4 * KiB, 1));
   std::memset(p, 0x5a, 300 * 4 * KiB); // behind the tracker's back (explicit mode)
   REQUIRE(mirror.mark_dirty(p, 1));
   const auto r = mirror.sync_all();
@@ -280,23 +282,23 @@ TEST_CASE("allocation past the total capacity is a clear error and changes nothi
   HostBackend devices;
   add_cards(devices, {{1 * MiB, 1}, {2 * MiB, 1}});
   PagedMirror mirror(devices, {.page_size = 64 * KiB});
-  const auto a = mirror.try_allocate(1 * MiB);
+  const auto a = mirror.try_allocate(1 * MiB, 1);
   REQUIRE(a);
   const std::size_t free = mirror.free_bytes();
-  const auto big = mirror.try_allocate(3 * MiB + 1);
+  const auto big = mirror.try_allocate(3 * MiB + 1, 1);
   REQUIRE_FALSE(big);
   CHECK(big.error() == Errc::no_space); // could never fit: a fallback's to serve
-  const auto now = mirror.try_allocate(2 * MiB + 1);
+  const auto now = mirror.try_allocate(2 * MiB + 1, 1);
   REQUIRE_FALSE(now);
   CHECK(now.error() == Errc::no_space); // could fit, once memory is freed
-  CHECK_FALSE(mirror.try_allocate(0));
-  CHECK(mirror.try_allocate(0).error() == Errc::invalid_size);
+  CHECK_FALSE(mirror.try_allocate(0, 1));
+  CHECK(mirror.try_allocate(0, 1).error() == Errc::invalid_size);
   CHECK(mirror.free_bytes() == free);
   CHECK(mirror.allocation_count() == 1);
   CHECK(mirror.device_free_pages(0) + mirror.device_free_pages(1) == free / (64 * KiB));
   CHECK(mirror.allocation_failure_message(3 * MiB + 1) ==
         "cannot allocate 3.0 MiB: the mirror holds 3.0 MiB (2.0 MiB free: card 0 0 B, card 1 2.0 MiB)");
-  const auto fits = mirror.try_allocate(2 * MiB);
+  const auto fits = mirror.try_allocate(2 * MiB, 1);
   CHECK(fits);
   CHECK(mirror.free_bytes() == 0);
 }
@@ -305,8 +307,8 @@ TEST_CASE("the explicit API rejects ranges outside an allocation and writes noth
   HostBackend devices;
   add_cards(devices, {{1 * MiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB});
-  auto* a = static_cast<unsigned char*>(*mirror.try_allocate(10000));
-  auto* b = static_cast<unsigned char*>(*mirror.try_allocate(4 * KiB));
+  auto* a = static_cast<unsigned char*>(*mirror.try_allocate(10000, 1));
+  auto* b = static_cast<unsigned char*>(*mirror.try_allocate(4 * KiB, 1));
   const std::vector<unsigned char> data(20000, 7);
   CHECK(mirror.write(a + 9999, data.data(), 2).error() == Errc::out_of_range);    // runs past the allocation
   CHECK(mirror.write(a, data.data(), 20000).error() == Errc::out_of_range);       // into the next one
@@ -334,7 +336,7 @@ TEST_CASE("fetch pulls device-written pages back and leaves them clean") {
     HostBackend devices;
     add_cards(devices, {{1 * MiB, 1}, {1 * MiB, 1}});
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode}, carve::StripePlacement{.stripe_pages = 1});
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(8 * 4 * KiB));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(8 * 4 * KiB, 1));
     REQUIRE(mirror.sync());
     // Device code writes pages 2 and 3 (on different devices): here, straight into device memory.
     std::vector<unsigned char> kernel_output(2 * 4 * KiB, 0xee);
@@ -373,11 +375,11 @@ TEST_CASE("memory from a freed allocation comes back zeroed on the host and the 
   HostBackend devices;
   add_cards(devices, {{256 * KiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = WriteTracking::automatic});
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
   std::memset(p, 0xab, 256 * KiB);
   CHECK(mirror.sync()->pages == 64);
   REQUIRE(mirror.try_deallocate(p));
-  auto* q = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+  auto* q = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
   CHECK(q == p);
   CHECK(std::all_of(q, q + 256 * KiB, [](unsigned char c) { return c == 0; }));
   wait_all(devices);
@@ -389,7 +391,7 @@ TEST_CASE("placement policies: fill, stripe and the bandwidth picker") {
   add_cards(devices, {{8 * 64 * KiB, 1}, {8 * 64 * KiB, 1}, {8 * 64 * KiB, 1}});
   SUBCASE("fill uses device 0 until it is full") {
     PagedMirror mirror(devices, {.page_size = 64 * KiB});
-    auto* p = static_cast<std::byte*>(*mirror.try_allocate(10 * 64 * KiB));
+    auto* p = static_cast<std::byte*>(*mirror.try_allocate(10 * 64 * KiB, 1));
     CHECK(mirror.locate(p)->device == 0);
     CHECK(mirror.locate(p + 7 * 64 * KiB)->device == 0);
     CHECK(mirror.locate(p + 8 * 64 * KiB)->device == 1);
@@ -398,32 +400,33 @@ TEST_CASE("placement policies: fill, stripe and the bandwidth picker") {
   }
   SUBCASE("stripe deals stripes round robin and starts where it stopped") {
     PagedMirror mirror(devices, {.page_size = 64 * KiB}, carve::StripePlacement{.stripe_pages = 2});
-    auto* p = static_cast<std::byte*>(*mirror.try_allocate(5 * 64 * KiB));
+    auto* p = static_cast<std::byte*>(*mirror.try_allocate(5 * 64 * KiB, 1));
     CHECK(mirror.locate(p)->device == 0);
     CHECK(mirror.locate(p + 2 * 64 * KiB)->device == 1);
     CHECK(mirror.locate(p + 4 * 64 * KiB)->device == 2);
-    auto* q = static_cast<std::byte*>(*mirror.try_allocate(64 * KiB));
+    auto* q = static_cast<std::byte*>(*mirror.try_allocate(64 * KiB, 1));
     CHECK(mirror.locate(q)->device == 0); // the cursor moved on past device 2
   }
   SUBCASE("the picker keeps memory on the requesting device, then borrows over the widest link") {
     PagedMirror mirror(devices, {.page_size = 64 * KiB},
                        carve::PickerPlacement(carve::BandwidthWeightedPicker(three_gpus())));
-    auto* local = static_cast<std::byte*>(*mirror.try_allocate(4 * 64 * KiB, 1, {.priority = 0, .near = 2}));
+    auto* local = static_cast<std::byte*>(*mirror.try_allocate_placed(4 * 64 * KiB, 1, {.priority = 0, .near = 2}));
     CHECK(mirror.locate(local)->device == 2);
     // GPU2 has 4 pages left; GPU0 and GPU1 are equally far (over PCIe): the lower ordinal lends.
-    auto* borrowed = static_cast<std::byte*>(*mirror.try_allocate(6 * 64 * KiB, 1, {.priority = 0, .near = 2}));
+    auto* borrowed = static_cast<std::byte*>(*mirror.try_allocate_placed(6 * 64 * KiB, 1, {.priority = 0, .near = 2}));
     CHECK(mirror.locate(borrowed)->device == 0);
     // GPU0 has 2 pages left; GPU1 is its NVLink neighbour.
-    auto* near0 = static_cast<std::byte*>(*mirror.try_allocate(4 * 64 * KiB, 1, {.priority = 0, .near = 0}));
+    auto* near0 = static_cast<std::byte*>(*mirror.try_allocate_placed(4 * 64 * KiB, 1, {.priority = 0, .near = 0}));
     CHECK(mirror.locate(near0)->device == 1);
     // No single device holds 10 pages: the requester's own first, then the picker's order.
-    auto* spread = static_cast<std::byte*>(*mirror.try_allocate(10 * 64 * KiB, 1, {.priority = 0, .near = 1}));
+    auto* spread = static_cast<std::byte*>(*mirror.try_allocate_placed(10 * 64 * KiB, 1, {.priority = 0, .near = 1}));
     CHECK(mirror.locate(spread)->device == 1);
     CHECK(mirror.locate(spread + 4 * 64 * KiB)->device == 0);
     CHECK(mirror.locate(spread + 6 * 64 * KiB)->device == 2);
     CHECK(mirror.free_bytes() == 0);
-    CHECK(mirror.try_allocate(64 * KiB, 1, {.priority = 0, .near = 1}).error() == Errc::no_space);
-    CHECK(mirror.try_allocate(64 * KiB, 1, {.priority = 0, .near = 3}).error() == Errc::out_of_range); // no device 3
+    CHECK(mirror.try_allocate_placed(64 * KiB, 1, {.priority = 0, .near = 1}).error() == Errc::no_space);
+    CHECK(mirror.try_allocate_placed(64 * KiB, 1, {.priority = 0, .near = 3}).error() ==
+          Errc::out_of_range); // no device 3
   }
 }
 
@@ -438,7 +441,7 @@ TEST_CASE("a placement policy that breaks its contract is refused") {
   HostBackend devices;
   add_cards(devices, {{1 * MiB, 1}});
   PagedMirror mirror(devices, {.page_size = 4 * KiB}, Greedy{});
-  CHECK(mirror.try_allocate(4 * KiB).error() == Errc::invalid_placement);
+  CHECK(mirror.try_allocate(4 * KiB, 1).error() == Errc::invalid_placement);
   CHECK(mirror.free_bytes() == 1 * MiB);
 }
 
@@ -484,7 +487,7 @@ TEST_CASE("requests whose memory does not fit yet wait, and in strict order hold
   HostBackend devices;
   add_cards(devices, {{4 * 64 * KiB, 2}, {4 * 64 * KiB, 2}});
   PagedMirror mirror(devices, {.page_size = 64 * KiB});
-  const auto hog = mirror.try_allocate(7 * 64 * KiB);
+  const auto hog = mirror.try_allocate(7 * 64 * KiB, 1);
   REQUIRE(hog);
   const auto big = mirror.submit({.bytes = 2 * 64 * KiB, .priority = 5, .compute_units = 1});
   const auto small = mirror.submit({.bytes = 64 * KiB, .priority = 1, .compute_units = 1});
@@ -506,7 +509,7 @@ TEST_CASE("sizes near SIZE_MAX are refused, not wrapped to zero pages") {
   for (const std::size_t bytes : {huge, huge - 64 * KiB + 2, huge / 2 + 1}) {
     CAPTURE(bytes);
     CHECK(mirror.submit({.bytes = bytes, .priority = 9, .compute_units = 1}).error() == Errc::no_space);
-    CHECK(mirror.try_allocate(bytes).error() == Errc::no_space);
+    CHECK(mirror.try_allocate(bytes, 1).error() == Errc::no_space);
   }
   CHECK(mirror.queued_requests() == 0);
   // Nothing was queued ahead of it, so a small request is granted at once.
@@ -538,8 +541,8 @@ TEST_CASE("higher-priority allocations are copied first on every device") {
   add_cards(devices, {{1 * MiB, 1}});
   Recording recording{devices, {}};
   PagedMirror mirror(recording, {.page_size = 4 * KiB});
-  auto* low = static_cast<char*>(*mirror.try_allocate(4 * KiB, 1, {.priority = 0}));
-  auto* high = static_cast<char*>(*mirror.try_allocate(4 * KiB, 1, {.priority = 7}));
+  auto* low = static_cast<char*>(*mirror.try_allocate_placed(4 * KiB, 1, {.priority = 0}));
+  auto* high = static_cast<char*>(*mirror.try_allocate_placed(4 * KiB, 1, {.priority = 7}));
   REQUIRE(mirror.write(low, "l", 1));
   REQUIRE(mirror.write(high, "h", 1));
   REQUIRE(mirror.sync());
@@ -575,7 +578,7 @@ TEST_CASE("a failed copy leaves its pages dirty for the next sync") {
   add_cards(devices, {{1 * MiB, 1}});
   Flaky flaky{devices, false};
   PagedMirror mirror(flaky, {.page_size = 4 * KiB});
-  auto* p = static_cast<char*>(*mirror.try_allocate(16 * KiB));
+  auto* p = static_cast<char*>(*mirror.try_allocate(16 * KiB, 1));
   REQUIRE(mirror.write(p, "abc", 3));
   REQUIRE(mirror.write(p + 3 * 4 * KiB, "d", 1));
   flaky.fail_waits = true;
@@ -599,7 +602,7 @@ TEST_CASE("sync while other threads store: a page stored to during a sync is cop
     add_cards(devices, {{2 * MiB, 1}, {2 * MiB, 1}});
     PagedMirror mirror(devices, {.page_size = 4 * KiB, .tracking = mode}, carve::StripePlacement{});
     constexpr std::size_t bytes = 1 * MiB;
-    auto* p = static_cast<std::uint32_t*>(*mirror.try_allocate(bytes));
+    auto* p = static_cast<std::uint32_t*>(*mirror.try_allocate(bytes, 1));
     std::atomic<bool> stop{false};
     std::thread writer([&] {
       std::mt19937 rng(7);
@@ -643,7 +646,7 @@ TEST_CASE("an empty 1 TiB mirror costs almost nothing; memory is committed as it
   CHECK(after - before < 16 * MiB); // bitmaps of 2 bits per page; the table and the range are lazy
   const std::byte* base = mirror.host_base();
   CHECK(resident_bytes_in(base, base + mirror.capacity()) == 0);
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(std::size_t{64} << 20));
+  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(std::size_t{64} << 20, 1));
   CHECK(resident_bytes_in(base, base + mirror.capacity()) == 0); // allocated, not yet touched
   p[5 << 20] = 1;
   CHECK(resident_bytes_in(base, base + mirror.capacity()) <= 2 * MiB); // the page stored to
@@ -709,4 +712,75 @@ TEST_CASE("compute grants backed by green contexts (twin): SMs and memory return
   CHECK(mirror.dispatch().empty()); // reclaims first
   CHECK(mirror.held_grants() == 0);
   CHECK(mirror.free_bytes() == free_before + 256 * KiB);
+}
+
+TEST_CASE("ViewPlacement: the reader's pages first, then peers by load bandwidth, on six real machines") {
+  const char* files[] = {"dgx1_v100.txt", "dgx_a100.txt",        "hgx_h100.txt",
+                         "hgx_h200.txt",  "pcie_8x_rtx4090.txt", "power8_minsky_p100.txt"};
+  constexpr std::size_t page = 64 << 10;
+  for (const char* file : files) {
+    CAPTURE(file);
+    const carve::Topology t = carve::Topology::from_nvidia_smi(topology_text(file));
+    // The reference's bandwidths: the topology's paths with no GPU relaying, read directly.
+    const carve::Topology loads = t.with_options({t.options().max_hops, carve::GpuRelay::never});
+    const auto n = static_cast<std::uint32_t>(t.gpu_count());
+    const auto bw = [&](std::uint32_t r, std::uint32_t o) {
+      return loads.path_bandwidth(loads.gpu(static_cast<int>(r)), loads.gpu(static_cast<int>(o)));
+    };
+    const carve::ViewPlacement placement(t);
+    for (std::uint32_t reader = 0; reader < n; ++reader) {
+      CAPTURE(reader);
+      std::vector<carve::DevicePageState> devices(n);
+      std::uint32_t reachable = 0;
+      for (std::uint32_t d = 0; d < n; ++d) {
+        devices[d] = {(reader * 7 + d * 3) % 9, 8, d != (reader + 5) % n || n < 6}; // one unavailable
+        reachable += devices[d].available && (d == reader || bw(reader, d) > 0) ? devices[d].free_pages : 0;
+      }
+      const std::uint32_t want = reachable / 2 + 1;
+      const auto plan = placement.place({want, page, 0, reader}, devices);
+      REQUIRE(plan);
+      std::vector<std::uint32_t> took(n, 0);
+      std::uint32_t total = 0;
+      for (const carve::PlacementChunk& c : *plan) {
+        took[c.device] += c.pages;
+        total += c.pages;
+      }
+      CHECK(total == want);
+      CHECK(took[reader] == std::min(want, devices[reader].free_pages)); // local first
+      for (std::uint32_t a = 0; a < n; ++a) {
+        CHECK(took[a] <= devices[a].free_pages);
+        if (a == reader || took[a] == 0) {
+          continue;
+        }
+        CHECK(devices[a].available);
+        CHECK(bw(reader, a) > 0);               // reachable by loads
+        for (std::uint32_t b = 0; b < n; ++b) { // nothing faster left with free pages
+          if (b != reader && b != a && devices[b].available && bw(reader, b) > bw(reader, a)) {
+            CHECK(took[b] == devices[b].free_pages);
+          }
+        }
+      }
+      // explain(): the time to read every byte once, from the reference's bandwidths.
+      std::vector<carve::MirrorSegment> segments;
+      double seconds = 0;
+      for (std::uint32_t d = 0; d < n; ++d) {
+        if (took[d] != 0) {
+          segments.push_back({d, 0, nullptr, took[d] * page});
+          seconds += d == reader ? 0.0 : static_cast<double>(took[d] * page) / 1e9 / bw(reader, d);
+        }
+      }
+      const carve::ViewReadEstimate e = placement.explain(reader, segments);
+      if (seconds == 0) {
+        CHECK(std::isinf(e.expected_gbps));
+      } else {
+        CHECK(e.expected_gbps == doctest::Approx(static_cast<double>(total * page) / 1e9 / seconds));
+      }
+      CHECK(e.text.find("GPU" + std::to_string(reader) + " reads") == 0);
+    }
+    // Bad input: a reader the topology lacks, devices that are not its GPUs.
+    std::vector<carve::DevicePageState> devices(n, {8, 8, true});
+    CHECK(placement.place({1, page, 0, n}, devices).error() == Errc::out_of_range);
+    devices.pop_back();
+    CHECK(placement.place({1, page, 0, 0}, devices).error() == Errc::out_of_range);
+  }
 }

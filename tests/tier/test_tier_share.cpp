@@ -154,11 +154,11 @@ TEST_CASE("a caching pool and a PagedMirror on spill shares") {
     backend.register_device(carve::TierShareResource(plan, gpu, 0), {.bytes = 8 * MiB});
   }
   carve::PagedMirror mirror(backend, {.page_size = 64 << 10});
-  auto* data = static_cast<std::uint32_t*>(*mirror.try_allocate(12 * MiB)); // spans both devices
+  auto* data = static_cast<std::uint32_t*>(*mirror.try_allocate(12 * MiB, 1)); // spans both devices
   for (std::size_t i = 0; i < 12 * MiB / 4; i += 1024) {
     data[i] = static_cast<std::uint32_t>(i);
   }
-  mirror.mark_dirty(data, 12 * MiB);
+  REQUIRE(mirror.mark_dirty(data, 12 * MiB));
   const auto report = mirror.sync();
   REQUIRE(report);
   CHECK(report->bytes == 12 * MiB);

@@ -310,6 +310,42 @@ TEST_CASE("HostMemoryMapper: every_device gives the CPU the widest right any dev
   REQUIRE(m.release(*h));
 }
 
+TEST_CASE("HostMemoryMapper: three devices' memory in one reservation, rights per device, the CPU playing each") {
+  HostMemoryMapper m({.granularity = granule, .device_count = 3, .cpu_device = HostMemoryMapper::every_device});
+  const auto va = m.reserve(3 * granule, 0);
+  REQUIRE(va);
+  auto* base = static_cast<std::byte*>(*va);
+  for (int d = 0; d < 3; ++d) {
+    const auto h = m.create(d, granule);
+    REQUIRE(h);
+    REQUIRE(m.map(base + static_cast<std::size_t>(d) * granule, granule, *h));
+    REQUIRE(m.release(*h)); // the mapping keeps it
+  }
+  for (int d = 0; d < 3; ++d) {
+    CHECK(*m.owner(base + static_cast<std::size_t>(d) * granule + 5) == d);
+  }
+  CHECK(code_of(m.owner(base + 3 * granule)) == Errc::not_allocated);
+  // Devices 0 and 1 reach everything; device 2 only its own granule (no peer access to the others).
+  REQUIRE(m.set_access(base, 3 * granule, 0, Access::read_write));
+  REQUIRE(m.set_access(base, 3 * granule, 1, Access::read_write));
+  REQUIRE(m.set_access(base + 2 * granule, granule, 2, Access::read_write));
+  CHECK(*m.access(base, 2) == Access::none);
+  CHECK(code_of(m.play_device(3)) == Errc::out_of_range);
+  CHECK(m.cpu_device() == HostMemoryMapper::every_device); // the refusal changed nothing
+  std::memset(base, 3, 3 * granule);                       // every_device: the widest right
+  const auto status_of = [](int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; };
+  // A child playing device 2 faults exactly where device 2 has no right, and nowhere else.
+  CHECK(status_of(in_child([&] { return m.play_device(2) ? touch_expecting_fault(base + granule + 64, false) : 1; })) ==
+        faulted_where_expected);
+  CHECK(status_of(in_child([&] {
+          return m.play_device(2) ? touch_expecting_fault(base + 2 * granule + 64, true) : 1;
+        })) == did_not_fault);
+  CHECK(status_of(in_child([&] { return m.play_device(1) ? touch_expecting_fault(base + 64, true) : 1; })) ==
+        did_not_fault);
+  REQUIRE(m.unmap(base, 3 * granule));
+  REQUIRE(m.free_reservation(base, 3 * granule));
+}
+
 TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {
   HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
   CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) == Errc::invalid_size);
@@ -409,7 +445,7 @@ TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer
     CHECK(m.mapping_count() == 2);
     carve::PagedMirror mirror(devices, {.page_size = 64 * KiB, .tracking = carve::WriteTracking::explicit_calls},
                               carve::StripePlacement{.stripe_pages = 1});
-    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB));
+    auto* p = static_cast<unsigned char*>(*mirror.try_allocate(256 * KiB, 1));
     REQUIRE(mirror.sync_all());
     std::memset(p, 0x77, 256 * KiB);
     REQUIRE(mirror.mark_dirty(p, 256 * KiB));
@@ -424,4 +460,189 @@ TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer
   }
   CHECK(m.mapping_count() == 0);
   CHECK(m.physical_count() == 0);
+}
+
+namespace {
+
+// A kernel written for one device and one pointer: it knows nothing of pages or devices.
+void scale_and_shift(float* x, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = 2.0f * x[i] + 1.0f;
+  }
+}
+
+HostMemoryMapper three_devices() {
+  return HostMemoryMapper({.granularity = granule, .device_count = 3, .cpu_device = HostMemoryMapper::every_device});
+}
+
+using ViewBackend = carve::VmmMirrorBackend<HostMemoryMapper, carve::SimulatedPeerAccess>;
+
+// Devices 0 and 1 reach each other; device 2 reaches only itself.
+carve::SimulatedPeerAccess island_two() {
+  return carve::SimulatedPeerAccess({{false, true, false}, {true, false, false}, {false, false, false}});
+}
+
+} // namespace
+
+TEST_CASE("device view: an unchanged kernel runs over one pointer across three devices' pages") {
+  HostMemoryMapper m = three_devices();
+  carve::VmmMirrorBackend<> devices(m);
+  for (int d = 0; d < 3; ++d) {
+    devices.register_device(d, 8 * granule);
+  }
+  carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true},
+                            carve::StripePlacement{.stripe_pages = 2});
+  constexpr std::size_t n = 20 * granule / sizeof(float) - 100; // 20 pages, the last one partly used
+  auto* x = static_cast<float*>(*mirror.try_allocate(n * sizeof(float), 1));
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i); // plain stores, tracked
+  }
+  REQUIRE(mirror.sync());
+  auto* dx = static_cast<float*>(*mirror.device_pointer(x));
+  CHECK(static_cast<void*>(dx) != static_cast<void*>(x));
+  std::array<int, 3> pages_on{};
+  for (std::size_t page = 0; page < 20; ++page) { // each page of the view holds its owner's memory
+    const auto* host = reinterpret_cast<const std::byte*>(x) + page * granule;
+    auto* device = reinterpret_cast<std::byte*>(dx) + page * granule;
+    const auto at = mirror.locate(host);
+    REQUIRE(at);
+    CHECK(*m.owner(device) == static_cast<int>(at->device));
+    ++pages_on[at->device];
+    for (int d = 0; d < 3; ++d) {
+      CHECK(*m.access(device, d) == Access::read_write);
+    }
+  }
+  CHECK(pages_on == std::array<int, 3>{8, 6, 6});
+  scale_and_shift(dx, n); // "device code": one pointer, one launch
+  CHECK(x[7] == 7.0f);    // the host copy is untouched until fetched
+  const auto fetched = mirror.fetch(x, n * sizeof(float));
+  REQUIRE(fetched);
+  CHECK(fetched->discarded_dirty_pages == 0);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    wrong += x[i] != 2.0f * static_cast<float>(i) + 1.0f ? 1 : 0;
+  }
+  CHECK(wrong == 0);
+  const std::size_t mappings = m.mapping_count();
+  REQUIRE(mirror.try_deallocate(x));
+  CHECK(m.mapping_count() == mappings - 20); // the view went with its allocation
+}
+
+TEST_CASE("device view: both sides wrote one page between transfers: the last transfer wins the page") {
+  HostMemoryMapper m = three_devices();
+  carve::VmmMirrorBackend<> devices(m);
+  for (int d = 0; d < 3; ++d) {
+    devices.register_device(d, 2 * granule);
+  }
+  carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true});
+  auto* x = static_cast<int*>(*mirror.try_allocate(granule, 1));
+  auto* dx = static_cast<int*>(*mirror.device_pointer(x));
+  x[0] = 1;               // host
+  dx[1] = 2;              // device, same page
+  REQUIRE(mirror.sync()); // the host's page replaces the device's
+  CHECK(dx[0] == 1);
+  CHECK(dx[1] == 0);
+  x[0] = 3;
+  dx[1] = 4;
+  const auto fetched = mirror.fetch(x, granule); // the device's page replaces the host's
+  REQUIRE(fetched);
+  CHECK(fetched->discarded_dirty_pages == 1);
+  CHECK(x[0] == 1);
+  CHECK(x[1] == 4);
+  CHECK_FALSE(mirror.is_dirty(x));
+  REQUIRE(mirror.try_deallocate(x));
+}
+
+TEST_CASE("device view: unreachable pairs, foreign pointers, bad page sizes and backends change nothing") {
+  HostMemoryMapper m = three_devices();
+  ViewBackend devices(m, island_two());
+  for (int d = 0; d < 3; ++d) {
+    devices.register_device(d, 4 * granule);
+  }
+  carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true});
+  auto* spread = static_cast<std::byte*>(*mirror.try_allocate(8 * granule, 1)); // 4 + 4 pages: devices 0, 1
+  auto* local = static_cast<std::byte*>(*mirror.try_allocate(2 * granule, 1));  // device 2's pages
+  const auto view = mirror.device_pointer(spread + 5, 1);
+  REQUIRE(view);
+  auto* dspread = static_cast<std::byte*>(*view) - 5;
+  // Devices 0 and 1 reach every owner of `spread`; device 2 reaches neither.
+  CHECK(*m.access(dspread, 0) == Access::read_write);
+  CHECK(*m.access(dspread, 1) == Access::read_write);
+  CHECK(*m.access(dspread, 2) == Access::none);
+  const auto refused = mirror.device_pointer(spread, 2);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == Errc::unsupported);
+  CHECK(refused.error().message.find("device 2 cannot reach device 0") != std::string::npos);
+  // `local` lies on device 2 alone: only device 2 may use its view.
+  auto* dlocal = static_cast<std::byte*>(*mirror.device_pointer(local, 2));
+  CHECK(*m.access(dlocal, 2) == Access::read_write);
+  CHECK(*m.access(dlocal, 0) == Access::none);
+  CHECK(devices.peer().enable_calls(0, 1) == 1); // switched on once per pair
+  CHECK(devices.peer().enable_calls(1, 0) == 1);
+  // A child playing device 2 faults exactly where it touches the spread view.
+  const auto status_of = [](int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; };
+  CHECK(status_of(in_child([&] {
+          return m.play_device(2) ? touch_expecting_fault(dspread + 3 * granule + 8, false) : 1;
+        })) == faulted_where_expected);
+  CHECK(status_of(in_child([&] { return m.play_device(2) ? touch_expecting_fault(dlocal + 8, true) : 1; })) ==
+        did_not_fault);
+  // Bad input: the documented Errc, and nothing changes.
+  const std::size_t mappings = m.mapping_count();
+  int foreign = 0;
+  CHECK(mirror.device_pointer(&foreign).error() == Errc::out_of_range);
+  CHECK(mirror.device_pointer(local + 2 * granule).error() == Errc::out_of_range); // past the last allocation
+  CHECK(mirror.device_pointer(spread, 3).error().code == Errc::out_of_range);      // no device 3
+  CHECK(m.mapping_count() == mappings);
+  REQUIRE(mirror.try_deallocate(local));
+  REQUIRE(mirror.try_deallocate(spread));
+  CHECK(carve::test::thrown_code([&] {
+          carve::PagedMirror bad(devices, {.page_size = carve::os_page_size(), .device_view = true});
+        }) == Errc::invalid_argument); // pages smaller than a granule
+  carve::HostMirrorBackend<> plain;
+  plain.register_device(carve::SimulatedCard(4 * granule));
+  CHECK(carve::test::thrown_code([&] { carve::PagedMirror bad(plain, {.page_size = granule, .device_view = true}); }) ==
+        Errc::unsupported);
+  carve::PagedMirror no_view(plain, {.page_size = granule});
+  auto* p = *no_view.try_allocate(granule, 1);
+  CHECK(no_view.device_pointer(p).error() == Errc::unsupported);
+  REQUIRE(no_view.try_deallocate(p));
+}
+
+TEST_CASE("device view: memory another process exported is registered as a device and used through the view") {
+  // The exporter (another process, or another node with fabric handles on CUDA) and this process
+  // have mappers of their own; only descriptors pass between them.
+  HostMemoryMapper exporter({.granularity = granule, .device_count = 2, .cpu_device = HostMemoryMapper::every_device});
+  std::vector<HostMemoryMapper::physical_handle> theirs;
+  std::vector<HostMemoryMapper::physical_handle> imported;
+  HostMemoryMapper m({.granularity = granule, .device_count = 2, .cpu_device = HostMemoryMapper::every_device});
+  for (int i = 0; i < 4; ++i) {
+    theirs.push_back(*exporter.create(1, granule));
+    const int fd = *exporter.export_fd(theirs.back());
+    imported.push_back(*m.import_fd(fd));
+    ::close(fd);
+  }
+  carve::VmmMirrorBackend<> devices(m);
+  devices.register_device(0, 4 * granule);
+  CHECK(devices.register_imported_device(1, imported, granule, "remote") == 1);
+  CHECK(carve::test::thrown_code([&] { devices.register_imported_device(1, {}, granule); }) == Errc::invalid_argument);
+  CHECK(devices.devices().size() == 2);
+  {
+    carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true});
+    auto* x = static_cast<std::uint32_t*>(*mirror.try_allocate(8 * granule, 1)); // 4 local, 4 remote pages
+    for (std::size_t i = 0; i < 8 * granule / 4; ++i) {
+      x[i] = static_cast<std::uint32_t>(i);
+    }
+    REQUIRE(mirror.sync());
+    // The exporter sees the remote half in its own memory.
+    const auto placed = carve::place_physical(exporter, theirs[1], granule, 1, Access::read_write);
+    REQUIRE(placed);
+    CHECK(static_cast<const std::uint32_t*>(placed->base)[3] == static_cast<std::uint32_t>(5 * granule / 4 + 3));
+    REQUIRE(carve::unplace_physical(exporter, *placed));
+    const auto* dx = static_cast<const std::uint32_t*>(*mirror.device_pointer(x));
+    CHECK(dx[5 * granule / 4 + 3] == static_cast<std::uint32_t>(5 * granule / 4 + 3));
+    REQUIRE(mirror.try_deallocate(x));
+  }
+  for (const auto h : theirs) {
+    REQUIRE(exporter.release(h));
+  }
 }

@@ -107,7 +107,7 @@ public:
   /// A green context holding `groups` of `device`'s split and a stream in it (a plain stream on an
   /// advisory device). Errors: out_of_range for groups past the split or an unknown device;
   /// device_error when the driver refuses (its CUresult in the message).
-  Result<partition_type> create(std::uint32_t device, SlotRange groups) {
+  [[nodiscard]] Result<partition_type> create(std::uint32_t device, SlotRange groups) {
     if (device >= devices_.size() || groups.count == 0) {
       return fail(Errc::out_of_range, "carve::CudaGreenContexts: no device " + std::to_string(device));
     }
@@ -170,8 +170,14 @@ public:
 
   /// Whether grants on `device` get a green context.
   bool enforced(std::uint32_t device) const noexcept { return device < devices_.size() && devices_[device].enforced(); }
-  /// Why `device` is advisory; empty when it is enforced.
-  const std::string& advisory_reason(std::uint32_t device) const { return devices_.at(device).advisory_reason; }
+  /// Why `device` is advisory; empty when it is enforced. Throws carve::Exception (out_of_range)
+  /// for an unknown device.
+  const std::string& advisory_reason(std::uint32_t device) const {
+    if (device >= devices_.size()) {
+      throw Exception(Errc::out_of_range, "carve::CudaGreenContexts: no device " + std::to_string(device));
+    }
+    return devices_[device].advisory_reason;
+  }
 
 private:
   struct Driver {

@@ -1,5 +1,6 @@
 /// @file carve/mirror/device_segments.hpp
-/// A run of host pages cut into pieces that are contiguous on one device.
+/// A run of host pages cut into pieces that are contiguous on one device; a range of mirror
+/// memory cut the same way (MirrorSegment).
 ///
 /// Adjacent host pages become one copy when the page table puts them on the same device at
 /// consecutive device pages; that is all coalescing needs, and why the placement policies and the
@@ -9,7 +10,10 @@
 #include <carve/mirror/page_table.hpp>
 #include <carve/slot/storage/slot_range.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace carve {
 
@@ -46,6 +50,32 @@ void for_each_device_segment(const PageTable& table, SlotRange host_pages, F&& f
   if (seg.pages != 0) {
     f(seg);
   }
+}
+
+/// A piece of mirror memory that lives in one run of one device's pages.
+struct MirrorSegment {
+  std::uint32_t device = 0;      ///< the device's index in the backend
+  std::size_t device_offset = 0; ///< into the backend's memory for the mirror on that device
+  std::byte* host = nullptr;     ///< the piece's host address
+  std::size_t bytes = 0;         ///< the piece's size
+};
+
+/// The pieces of [begin, begin + n) (inside host pages `pages` of a mirror whose host range
+/// starts at `host_base`) that are contiguous on one device, in address order.
+inline std::vector<MirrorSegment> clip_segments(const PageTable& table, SlotRange pages, std::byte* host_base,
+                                                std::size_t page_size, const std::byte* begin, std::size_t n) {
+  std::vector<MirrorSegment> out;
+  const std::byte* end = begin + n;
+  for_each_device_segment(table, pages, [&](const DeviceSegment& s) {
+    std::byte* host = host_base + std::size_t{s.host_page} * page_size;
+    const std::byte* lo = std::max<const std::byte*>(host, begin);
+    const std::byte* hi = std::min<const std::byte*>(host + std::size_t{s.pages} * page_size, end);
+    if (lo < hi) {
+      out.push_back({s.device, std::size_t{s.device_page} * page_size + static_cast<std::size_t>(lo - host),
+                     host + (lo - host), static_cast<std::size_t>(hi - lo)});
+    }
+  });
+  return out;
 }
 
 } // namespace carve

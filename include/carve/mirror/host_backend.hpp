@@ -19,6 +19,7 @@
 #include <carve/core/error.hpp>
 #include <carve/mirror/device_info.hpp>
 #include <carve/mirror/host_copy_stream.hpp>
+#include <carve/mirror/host_stream_copies.hpp>
 #include <carve/mirror/mirror_backend.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
@@ -44,7 +45,9 @@ struct HostDeviceSpec {
 
 /// A MirrorBackend whose devices are memory taken from `Card`s, each with a copy thread.
 template <UpstreamResource Card = SimulatedCard>
-class HostMirrorBackend {
+class HostMirrorBackend : public HostStreamCopies<HostMirrorBackend<Card>> {
+  friend HostStreamCopies<HostMirrorBackend>;
+
 public:
   /// Device memory is aligned for the largest page size PagedMirror takes.
   static constexpr std::size_t alignment = std::size_t{2} << 20;
@@ -83,48 +86,20 @@ public:
     return out;
   }
 
-  /// Queues `bytes` from `src` to `offset` in device d. Errors: out_of_range for an unknown device
-  /// or a range past its memory; device_error when the queue cannot grow.
-  cuda::std::expected<void, Errc> copy_to_device(std::size_t d, std::size_t offset, const void* src,
-                                                 std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.copy(devices_[d]->memory + offset, src, bytes));
-  }
-  /// Queues `bytes` from `offset` in device d to `dst`. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> copy_to_host(std::size_t d, void* dst, std::size_t offset,
-                                               std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.copy(dst, devices_[d]->memory + offset, bytes));
-  }
-  /// Queues zeroing `bytes` at `offset` in device d. Errors as copy_to_device.
-  cuda::std::expected<void, Errc> zero(std::size_t d, std::size_t offset, std::size_t bytes) noexcept {
-    if (!fits(d, offset, bytes)) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    return queued(devices_[d]->stream.zero(devices_[d]->memory + offset, bytes));
-  }
-  /// Blocks until everything queued on device d has run. Errors: out_of_range for an unknown device.
-  cuda::std::expected<void, Errc> wait(std::size_t d) noexcept {
-    if (d >= devices_.size()) {
-      return cuda::std::unexpected(Errc::out_of_range);
-    }
-    devices_[d]->stream.wait();
-    return {};
-  }
-
   /// What device d holds (call wait(d) first to see the effect of queued copies). Throws
-  /// std::out_of_range (from vector::at) for an unknown device.
+  /// carve::Exception (out_of_range) for an unknown device.
   std::span<const std::byte> device_memory(std::size_t d) const {
-    return {devices_.at(d)->memory, devices_.at(d)->info.capacity};
+    const Device& device = known(d);
+    return {device.memory, device.info.capacity};
   }
   /// Devices registered.
   std::size_t device_count() const noexcept { return devices_.size(); }
 
 private:
+  HostStreamTarget stream_target(std::size_t d) noexcept {
+    return d < devices_.size() ? HostStreamTarget{devices_[d]->memory, devices_[d]->size, &devices_[d]->stream}
+                               : HostStreamTarget{};
+  }
   // The card's memory, given back when the device goes.
   struct Arena {
     Arena(Card c, std::byte* m, std::size_t bytes) : card(std::move(c)), memory(m), size(bytes) {}
@@ -144,14 +119,12 @@ private:
     HostCopyStream stream; // declared last: drained and joined before the arena goes back
   };
 
-  bool fits(std::size_t d, std::size_t offset, std::size_t bytes) const noexcept {
-    return d < devices_.size() && offset <= devices_[d]->size && bytes <= devices_[d]->size - offset;
-  }
-  static cuda::std::expected<void, Errc> queued(bool ok) noexcept {
-    if (!ok) {
-      return cuda::std::unexpected(Errc::device_error);
+  const Device& known(std::size_t d) const {
+    if (d >= devices_.size()) {
+      throw Exception(Errc::out_of_range, "carve::HostMirrorBackend: no device " + std::to_string(d) + " (" +
+                                              std::to_string(devices_.size()) + " registered)");
     }
-    return {};
+    return *devices_[d];
   }
 
   std::vector<std::unique_ptr<Device>> devices_;

@@ -28,12 +28,16 @@
 #pragma once
 
 #include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 #include <carve/mirror/device_info.hpp>
+#include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <cuda/std/expected>
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <vector>
 
 namespace carve {
@@ -61,6 +65,27 @@ concept HostMemoryObserver = requires(B& b, void* p, std::size_t bytes) {
   noexcept;
   { b.host_released(p, bytes) }
   noexcept;
+};
+
+/// Bytes [offset, offset + bytes) of backend device `device`'s memory, as a device view maps them.
+struct MirrorViewRun {
+  std::uint32_t device = 0; ///< the backend's device index
+  std::size_t offset = 0;   ///< into the device's memory for the mirror
+  std::size_t bytes = 0;    ///< whole granules of that device
+};
+
+/// A MirrorBackend that can give device code one pointer over several devices' memory
+/// (MirrorOptions::device_view): `granularity(d)` is device d's mapping granule (0: unknown);
+/// `map_view(runs)` maps the runs back to back in a new range that every device reaching every
+/// run's owner may read and write, `unmap_view` undoes it; `reaches(from, to)` says whether device
+/// `from` can reach device `to`'s memory. VmmMirrorBackend is one.
+template <class B>
+concept DeviceViewBackend = MirrorBackend<B> &&
+    requires(B& b, const B& cb, std::size_t d, std::span<const MirrorViewRun> runs, PlacedMemory view) {
+  { cb.granularity(d) } -> std::convertible_to<std::size_t>;
+  { b.map_view(runs) } -> std::same_as<Result<PlacedMemory>>;
+  { b.unmap_view(view) } -> std::same_as<Result<void>>;
+  { cb.reaches(d, d) } -> std::convertible_to<bool>;
 };
 
 } // namespace carve

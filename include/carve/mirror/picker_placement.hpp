@@ -45,7 +45,8 @@ public:
 
   /// The plan. Errors: out_of_range when the topology's GPU count differs from the devices' or the
   /// requester is not one of them; no_space when no reachable device has room for what is left.
-  cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r, std::span<const DevicePageState> devices) {
+  [[nodiscard]] cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r,
+                                                               std::span<const DevicePageState> devices) {
     if (devices.size() != static_cast<std::size_t>(picker_.card_count())) {
       return cuda::std::unexpected(Errc::out_of_range);
     }

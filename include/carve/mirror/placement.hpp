@@ -90,8 +90,8 @@ struct FillPlacement {
   static constexpr const char* name = "fill"; ///< for reports
 
   /// The plan, or no_space when the available devices' free pages cannot hold the request.
-  cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r,
-                                                 std::span<const DevicePageState> devices) const {
+  [[nodiscard]] cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r,
+                                                               std::span<const DevicePageState> devices) const {
     if (detail::usable_pages(devices) < r.pages) {
       return cuda::std::unexpected(Errc::no_space);
     }
@@ -120,7 +120,8 @@ struct StripePlacement {
 
   /// The plan, moving the cursor on. Errors: invalid_size for stripe_pages == 0; no_space when the
   /// available devices' free pages cannot hold the request.
-  cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r, std::span<const DevicePageState> devices) {
+  [[nodiscard]] cuda::std::expected<PlacementPlan, Errc> place(const PlacementRequest& r,
+                                                               std::span<const DevicePageState> devices) {
     if (stripe_pages == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
     }

@@ -111,7 +111,7 @@ public:
 
   /// Queues a request and returns its ticket. Errors: invalid_size when no usable device has that
   /// many compute units in whole groups (it could never be served).
-  cuda::std::expected<std::uint64_t, Errc> submit(ComputeRequest r) {
+  [[nodiscard]] cuda::std::expected<std::uint64_t, Errc> submit(ComputeRequest r) {
     if (!could_ever_fit(r)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
@@ -121,7 +121,7 @@ public:
   }
 
   /// Removes a queued request. Errors: not_allocated when the ticket is not queued.
-  cuda::std::expected<void, Errc> cancel(std::uint64_t ticket) {
+  [[nodiscard]] cuda::std::expected<void, Errc> cancel(std::uint64_t ticket) {
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->first.ticket == ticket) {
         queue_.erase(it);
@@ -168,7 +168,7 @@ public:
 
   /// Where work for grant `g` goes: a stream inside its partition. Errors: not_allocated when `g`
   /// is not held or was released.
-  cuda::std::expected<stream_type, Errc> stream(const ComputeGrant& g) const {
+  [[nodiscard]] cuda::std::expected<stream_type, Errc> stream(const ComputeGrant& g) const {
     const Held* h = find(g);
     if (h == nullptr || h->released) {
       return cuda::std::unexpected(Errc::not_allocated);
@@ -180,7 +180,7 @@ public:
   /// queued on its stream has run (at once for advisory grants), found by the next reclaim() or
   /// dispatch(); never earlier, so no later grant shares SMs with work still running. Errors:
   /// not_allocated when it is not held or was released already.
-  cuda::std::expected<void, Errc> release(const ComputeGrant& g) {
+  [[nodiscard]] cuda::std::expected<void, Errc> release(const ComputeGrant& g) {
     const auto it = held_.find(g.ticket);
     if (it == held_.end() || !same(it->second.grant, g) || it->second.released) {
       return cuda::std::unexpected(Errc::not_allocated);
@@ -193,7 +193,7 @@ public:
   /// the same step: its units return once that work has run, with no release() to call. Errors:
   /// not_allocated when `g` is not held or was released (work is not called then).
   template <class Work>
-  cuda::std::expected<void, Errc> run(const ComputeGrant& g, Work&& work) {
+  [[nodiscard]] cuda::std::expected<void, Errc> run(const ComputeGrant& g, Work&& work) {
     const auto s = stream(g);
     if (!s) {
       return cuda::std::unexpected(s.error());

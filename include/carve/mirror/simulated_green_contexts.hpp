@@ -106,7 +106,7 @@ public:
   /// A green context over `groups` of `device`'s split, with a stream. Errors: out_of_range for
   /// an unknown device or groups past its split; invalid_argument for an empty range or a group
   /// that a live partition holds (partitions must be disjoint).
-  Result<partition_type> create(std::uint32_t device, SlotRange groups) {
+  [[nodiscard]] Result<partition_type> create(std::uint32_t device, SlotRange groups) {
     const std::lock_guard lock(mutex_);
     if (device >= owner_.size() || groups.end() > owner_[device].size()) {
       return fail(Errc::out_of_range, "no SM groups [" + std::to_string(groups.first) + ", " +
@@ -150,7 +150,7 @@ public:
 
   /// Queues one piece of work (a kernel) on `s`. Errors: out_of_range when `s` is no live
   /// partition's stream.
-  Result<void> enqueue(SimulatedStream s) {
+  [[nodiscard]] Result<void> enqueue(SimulatedStream s) {
     const std::lock_guard lock(mutex_);
     const auto it = streams_.find(s.id);
     if (it == streams_.end()) {

@@ -87,7 +87,7 @@ struct AdvisorySmLedger {
   /// Every unit its own group, not enforced.
   SmLayout layout(std::uint32_t /*device*/, std::uint32_t units) const noexcept { return {1, units, false}; }
   /// Nothing to create.
-  Result<partition_type> create(std::uint32_t /*device*/, SlotRange /*groups*/) const noexcept {
+  [[nodiscard]] Result<partition_type> create(std::uint32_t /*device*/, SlotRange /*groups*/) const noexcept {
     return partition_type{};
   }
   /// No stream.

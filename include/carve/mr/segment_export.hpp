@@ -47,6 +47,10 @@ enum class ExportKind : std::uint8_t {
   /// a memfd of HostMemoryMapper, the VMM protocol's host twin: imported, reserved, mapped and
   /// given access the way cuda_vmm is, with mmap and mprotect
   host_vmm = 4,
+  /// a CUDA fabric handle (CU_MEM_HANDLE_TYPE_FABRIC) of a VMM physical allocation, in `handle`:
+  /// imported with cuMemImportFromShareableHandle on any node of the same NVLink domain (the
+  /// driver's IMEX service does the exchange) and mapped as cuda_vmm is
+  cuda_fabric = 5,
 };
 
 /// The enumerator's name ("shared_memory", "cuda_ipc"); never null.
@@ -60,13 +64,17 @@ constexpr const char* to_string(ExportKind k) noexcept {
     return "cuda_vmm";
   case ExportKind::host_vmm:
     return "host_vmm";
+  case ExportKind::cuda_fabric:
+    return "cuda_fabric";
   }
   return "unknown";
 }
 
 /// Whether a segment of kind `k` travels as a file descriptor (SCM_RIGHTS) rather than a handle
-/// inside the message: shared_memory and the two VMM kinds do; cuda_ipc does not.
-constexpr bool travels_as_descriptor(ExportKind k) noexcept { return k != ExportKind::cuda_ipc; }
+/// inside the message: shared_memory and the two VMM kinds do; cuda_ipc and cuda_fabric do not.
+constexpr bool travels_as_descriptor(ExportKind k) noexcept {
+  return k != ExportKind::cuda_ipc && k != ExportKind::cuda_fabric;
+}
 
 /// One exported segment: what another process needs to map it.
 struct SegmentExport {
@@ -76,7 +84,7 @@ struct SegmentExport {
   std::size_t size = 0;                        ///< bytes of the whole segment
   int fd = -1;     ///< shared_memory and the VMM kinds: the resource's descriptor (borrowed, do not close)
   int device = -1; ///< cuda_ipc and the VMM kinds: the device that holds the memory
-  std::array<std::uint8_t, handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t bytes
+  std::array<std::uint8_t, handle_bytes> handle{}; ///< cuda_ipc: cudaIpcMemHandle_t; cuda_fabric: CUmemFabricHandle
 };
 
 /// An UpstreamResource whose allocations another process can map: `export_kind`,

@@ -400,7 +400,7 @@ void export_kind(A& a, K& kind) {
   a.enumeration(kind);
   if constexpr (std::same_as<A, WireReader>) {
     if (kind != ExportKind::shared_memory && kind != ExportKind::cuda_ipc && kind != ExportKind::cuda_vmm &&
-        kind != ExportKind::host_vmm) {
+        kind != ExportKind::host_vmm && kind != ExportKind::cuda_fabric) {
       a.fail("unknown export kind");
     }
   }

@@ -76,6 +76,32 @@ inline HostMemoryMapper& host_vmm_mapper() {
   return mapper;
 }
 
+/// Imports a segment of `size` bytes with `import()` (a Result of a physical handle) and maps it
+/// read/write for `device` at the device's granularity, as `kind`. Errors (nothing stays
+/// mapped): bad_message for a size that cannot be rounded, the mapper's.
+template <PhysicalMemoryMapper Mapper, class Import>
+[[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, int device,
+                                                           ExportKind kind, Import&& import) {
+  const auto g = mapper.granularity(device);
+  if (!g) {
+    return cuda::std::unexpected(g.error());
+  }
+  const auto rounded = round_up_to_granularity(size, *g);
+  if (!rounded) {
+    return fail(Errc::bad_message, "a segment of " + std::to_string(size) + " bytes cannot be mapped");
+  }
+  const auto h = import();
+  if (!h) {
+    return cuda::std::unexpected(h.error());
+  }
+  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write);
+  (void)mapper.release(*h); // a mapping keeps the memory; on failure this frees it
+  if (!placed) {
+    return cuda::std::unexpected(placed.error());
+  }
+  return MappedSegment{placed->base, size, kind, device, placed->bytes};
+}
+
 /// Maps a VMM segment of `size` bytes on `device` with `mapper` (see the file's description); `fd`
 /// is taken over and closed. Errors (nothing stays mapped or imported): bad_message for an empty
 /// segment or no descriptor; the mapper's errors otherwise (out_of_range: a device this process
@@ -88,26 +114,23 @@ Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int devi
     message.append(" segment came empty or without its descriptor");
     return fail(Errc::bad_message, std::move(message));
   }
-  const auto g = mapper.granularity(device);
-  if (!g) {
-    return cuda::std::unexpected(g.error());
-  }
-  const auto rounded = round_up_to_granularity(size, *g);
-  if (!rounded) {
-    return fail(Errc::bad_message, "a segment of " + std::to_string(size) + " bytes cannot be mapped");
-  }
-  const auto h = mapper.import_fd(fd.get());
-  fd.reset(); // imported: the handle holds the memory now
-  if (!h) {
-    return cuda::std::unexpected(h.error());
-  }
-  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write);
-  (void)mapper.release(*h); // a mapping keeps the memory; on failure this frees it
-  if (!placed) {
-    return cuda::std::unexpected(placed.error());
-  }
-  return MappedSegment{placed->base, size, Mapper::export_kind, device, placed->bytes};
+  return place_imported_segment(mapper, size, device, Mapper::export_kind, [&] {
+    auto h = mapper.import_fd(fd.get());
+    fd.reset(); // imported: the handle holds the memory now
+    return h;
+  });
 }
+
+#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
+/// Maps a segment exported as a fabric handle (ExportKind::cuda_fabric), possibly from another
+/// node of the NVLink domain, read/write for `device`; undone with unmap_vmm_segment. Errors as
+/// map_vmm_segment, and the mapper's import_fabric errors.
+[[nodiscard]] inline Result<MappedSegment> map_fabric_segment(CudaMemoryMapper& mapper, std::size_t size, int device,
+                                                              const CudaFabricHandle& handle) {
+  return place_imported_segment(mapper, size, device, ExportKind::cuda_fabric,
+                                [&] { return mapper.import_fabric(handle); });
+}
+#endif
 
 /// Undoes map_vmm_segment with the same mapper.
 template <PhysicalMemoryMapper Mapper>
@@ -140,6 +163,16 @@ inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int 
 #else
     return fail(Errc::unsupported_version,
                 "the server lends CUDA VMM memory (cuda_vmm) but this program was built without the CUDA headers");
+#endif
+  }
+  if (kind == ExportKind::cuda_fabric) {
+#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
+    CudaMemoryMapper gpus;
+    return map_fabric_segment(gpus, size, device, handle);
+#else
+    return fail(
+        Errc::unsupported_version,
+        "the server lends CUDA fabric memory (cuda_fabric) but this program was built without the CUDA headers");
 #endif
   }
   if (kind == ExportKind::shared_memory) {
@@ -194,7 +227,7 @@ inline void unmap_segment(const MappedSegment& s) noexcept {
     return;
   }
 #if defined(CARVE_SERVICE_HAS_CUDA_VMM)
-  if (s.kind == ExportKind::cuda_vmm) {
+  if (s.kind == ExportKind::cuda_vmm || s.kind == ExportKind::cuda_fabric) {
     CudaMemoryMapper gpus;
     unmap_vmm_segment(gpus, s);
     return;

@@ -26,7 +26,14 @@
 /// Physical allocations are pinned device memory (CU_MEM_ALLOCATION_TYPE_PINNED) that may be
 /// exported as a POSIX file descriptor; the granularity is the driver's recommended one (2 MiB on
 /// current GPUs). Calls naming a device make it current for their duration and put the caller's
-/// back. Stateless: copies are interchangeable; thread-safe as the driver is.
+/// back. Copies are interchangeable (they carry only their options); thread-safe as the driver is.
+///
+/// Across nodes: with CudaMapperOptions::fabric, allocations can also be exported as fabric
+/// handles (export_fabric / import_fabric, CU_MEM_HANDLE_TYPE_FABRIC), 64 bytes that a process on
+/// another node of the same multi-node NVLink domain imports and maps like any physical
+/// allocation. The exchange of rights between the nodes is the driver's IMEX service; carve only
+/// carries the bytes (SegmentExport, ExportKind::cuda_fabric). Compiles here; never run (no GPU,
+/// no NVLink domain).
 ///
 /// Needs the CUDA headers: declared only where both `<cuda.h>` and `<cuda_runtime_api.h>` are on
 /// the include path (link CUDA::cudart or cudart_static, never CUDA::cuda_driver), so
@@ -45,9 +52,12 @@
 
 #include <fcntl.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <tuple>
 
 namespace carve {
 
@@ -117,9 +127,33 @@ struct CudaVmmDriver {
 
 } // namespace detail
 
+/// Whether this build's CUDA headers know fabric handles (CU_MEM_HANDLE_TYPE_FABRIC, CUDA 12.3+).
+#if CUDA_VERSION >= 12030
+inline constexpr bool cuda_fabric_handles = true;
+#else
+inline constexpr bool cuda_fabric_handles = false;
+#endif
+
+/// A CUDA fabric handle's bytes (CUmemFabricHandle): what crosses nodes inside a message.
+using CudaFabricHandle = std::array<std::uint8_t, 64>;
+
+/// How a CudaMemoryMapper creates memory.
+struct CudaMapperOptions {
+  /// Also exportable as a fabric handle (CU_MEM_HANDLE_TYPE_FABRIC), which a process on another
+  /// node of the same NVLink domain imports; needs the driver's IMEX service running on the nodes
+  /// (else cuMemCreate refuses: unsupported or invalid_argument) and a build whose headers have
+  /// fabric handles (cuda_fabric_handles).
+  bool fabric = false;
+};
+
 /// The VMM protocol over the CUDA driver (see the file's description): a PhysicalMemoryMapper.
 class CudaMemoryMapper {
 public:
+  /// A mapper whose allocations export as POSIX descriptors only.
+  CudaMemoryMapper() = default;
+  /// A mapper with `options` (fabric handles as well).
+  explicit CudaMemoryMapper(CudaMapperOptions options) noexcept : options_(options) {}
+
   /// The driver's CUmemGenericAllocationHandle.
   using physical_handle = CUmemGenericAllocationHandle;
   /// Segments of a VmmCard over this mapper leave the process as cuda_vmm.
@@ -127,7 +161,7 @@ public:
 
   /// The recommended granularity of exportable pinned memory on `device` (out_of_range for an
   /// unknown device).
-  Result<std::size_t> granularity(int device) const {
+  [[nodiscard]] Result<std::size_t> granularity(int device) const {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -144,7 +178,7 @@ public:
 
   /// cuMemCreate of `bytes` (a multiple of granularity(device)) on `device`, exportable as a POSIX
   /// descriptor.
-  Result<physical_handle> create(int device, std::size_t bytes) {
+  [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
     const auto g = granularity(device);
     if (!g) {
       return cuda::std::unexpected(g.error());
@@ -164,7 +198,7 @@ public:
   }
 
   /// cuMemExportToShareableHandle as a POSIX descriptor (made close-on-exec), owned by the caller.
-  Result<int> export_fd(physical_handle h) {
+  [[nodiscard]] Result<int> export_fd(physical_handle h) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -179,9 +213,57 @@ public:
     return fd;
   }
 
+  /// cuMemExportToShareableHandle as a fabric handle, for a process on this or another node of the
+  /// NVLink domain. Errors: unsupported without fabric handles in this build, or for memory not
+  /// created with CudaMapperOptions::fabric (the driver's message says which).
+  [[nodiscard]] Result<CudaFabricHandle> export_fabric(physical_handle h) {
+#if CUDA_VERSION >= 12030
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    CUmemFabricHandle fabric{};
+    if (auto ok =
+            check(d, "cuMemExportToShareableHandle(FABRIC)", d.export_handle(&fabric, h, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+        !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    CudaFabricHandle out{};
+    static_assert(sizeof fabric.data == std::tuple_size_v<CudaFabricHandle>);
+    std::memcpy(out.data(), fabric.data, out.size());
+    return out;
+#else
+    (void)h;
+    return fail(Errc::unsupported, "cuMemExportToShareableHandle: this CUDA has no fabric handles (before 12.3)");
+#endif
+  }
+
+  /// cuMemImportFromShareableHandle of a fabric handle exported here or on another node (through
+  /// the IMEX service). Errors: unsupported without fabric handles; the driver's otherwise.
+  [[nodiscard]] Result<physical_handle> import_fabric(const CudaFabricHandle& handle) {
+#if CUDA_VERSION >= 12030
+    const auto& d = driver();
+    if (!d.missing.empty()) {
+      return fail(Errc::unsupported, d.missing);
+    }
+    CUmemFabricHandle fabric{};
+    std::memcpy(fabric.data, handle.data(), handle.size());
+    physical_handle h{};
+    if (auto ok =
+            check(d, "cuMemImportFromShareableHandle(FABRIC)", d.import_handle(&h, &fabric, CU_MEM_HANDLE_TYPE_FABRIC));
+        !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return h;
+#else
+    (void)handle;
+    return fail(Errc::unsupported, "cuMemImportFromShareableHandle: this CUDA has no fabric handles (before 12.3)");
+#endif
+  }
+
   /// cuMemImportFromShareableHandle of a descriptor another process exported; `fd` stays the
   /// caller's.
-  Result<physical_handle> import_fd(int fd) {
+  [[nodiscard]] Result<physical_handle> import_fd(int fd) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -197,13 +279,13 @@ public:
   }
 
   /// cuMemRelease: the memory lives on while mapped.
-  Result<void> release(physical_handle h) {
+  [[nodiscard]] Result<void> release(physical_handle h) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemRelease", d.release(h)) : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemAddressReserve of `bytes` aligned to `alignment` (0: the driver's choice).
-  Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
+  [[nodiscard]] Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -216,27 +298,27 @@ public:
   }
 
   /// cuMemAddressFree of a whole reservation.
-  Result<void> free_reservation(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> free_reservation(void* va, std::size_t bytes) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemAddressFree", d.free_reservation(pointer(va), bytes))
                              : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemMap of the allocation's first `bytes` at `va`.
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, 0, h, 0))
                              : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemUnmap of whole mappings.
-  Result<void> unmap(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> unmap(void* va, std::size_t bytes) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemUnmap", d.unmap(pointer(va), bytes)) : fail(Errc::unsupported, d.missing);
   }
 
   /// cuMemSetAccess for one device.
-  Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
+  [[nodiscard]] Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -251,7 +333,7 @@ public:
   }
 
   /// cuMemGetAccess for one device.
-  Result<Access> access(void* va, int device) const {
+  [[nodiscard]] Result<Access> access(void* va, int device) const {
     const auto& d = driver();
     if (!d.missing.empty()) {
       return fail(Errc::unsupported, d.missing);
@@ -291,16 +373,22 @@ private:
     return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(va));
   }
 
-  static CUmemAllocationProp properties(int device) noexcept {
+  CUmemAllocationProp properties(int device) const noexcept {
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+#if CUDA_VERSION >= 12030
+    if (options_.fabric) {
+      prop.requestedHandleTypes =
+          static_cast<CUmemAllocationHandleType>(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC);
+    }
+#endif
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
     return prop;
   }
 
-  static Result<void> check(const detail::CudaVmmDriver& d, const char* call, CUresult r) {
+  [[nodiscard]] static Result<void> check(const detail::CudaVmmDriver& d, const char* call, CUresult r) {
     if (r == CUDA_SUCCESS) {
       return {};
     }
@@ -330,6 +418,8 @@ private:
     }
     return fail(code, std::string(call) + ": " + name + " (" + std::to_string(static_cast<int>(r)) + ")");
   }
+
+  CudaMapperOptions options_{};
 };
 
 static_assert(PhysicalMemoryMapper<CudaMemoryMapper>);

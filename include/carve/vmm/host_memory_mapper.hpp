@@ -22,7 +22,9 @@
 /// - the CPU plays one device (`cpu_device`): that device's right is applied with mprotect, the
 ///   other devices' rights are recorded (access() reports them). With `cpu_device` every_device the
 ///   CPU gets the widest right any device holds: the stance of a process that runs every
-///   simulated device's work on the CPU, as a client of a host_vmm server does.
+///   simulated device's work on the CPU, as a client of a host_vmm server does. play_device
+///   changes the device later (a forked child that runs one device's work); owner(va) says whose
+///   physical memory a mapping holds, so one reservation may hold several devices' memory.
 /// - release closes the memfd; a mapping keeps its pages, as a CUDA mapping keeps released memory.
 ///
 /// Copies are handles to the same mapper (its tables are shared); thread-safe. The destructor of
@@ -33,6 +35,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/os_page_size.hpp>
 #include <carve/mr/segment_export.hpp>
+#include <carve/vmm/host_mapper_tables.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <fcntl.h>
@@ -55,13 +58,6 @@
 
 namespace carve {
 
-/// How a HostMemoryMapper behaves.
-struct HostMapperOptions {
-  std::size_t granularity = std::size_t{2} << 20; ///< a multiple of the OS page; 2 MiB like today's GPUs
-  int device_count = 1;                           ///< simulated devices 0 .. device_count-1
-  int cpu_device = 0;                             ///< the device this CPU plays, or HostMemoryMapper::every_device
-};
-
 /// The host twin of the VMM protocol (see the file's description): a PhysicalMemoryMapper.
 class HostMemoryMapper {
 public:
@@ -76,6 +72,7 @@ public:
   /// that is 0 or not a multiple of the OS page, a device_count below 1, or a cpu_device that is
   /// neither a device nor every_device.
   explicit HostMemoryMapper(HostMapperOptions options = {}) : state_(std::make_shared<State>(options)) {
+    state_->cpu_device = options.cpu_device;
     if (options.granularity == 0 || options.granularity % os_page_size() != 0) {
       throw Exception(Errc::invalid_argument, "carve::HostMemoryMapper: granularity " +
                                                   std::to_string(options.granularity) + " is not a multiple of the " +
@@ -89,7 +86,7 @@ public:
   }
 
   /// The granularity (the same for every device). Errors: out_of_range for an unknown device.
-  Result<std::size_t> granularity(int device) const {
+  [[nodiscard]] Result<std::size_t> granularity(int device) const {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -98,7 +95,7 @@ public:
 
   /// A memfd of `bytes` (a multiple of the granularity) on `device`. Errors: out_of_range,
   /// invalid_size, no_space when the system refuses (the message says which call and why).
-  Result<physical_handle> create(int device, std::size_t bytes) {
+  [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -121,7 +118,7 @@ public:
 
   /// A new descriptor of the allocation (close-on-exec), owned by the caller. Errors:
   /// not_allocated for an unknown handle; no_space when the system refuses the duplicate.
-  Result<int> export_fd(physical_handle h) {
+  [[nodiscard]] Result<int> export_fd(physical_handle h) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->physical.find(h);
     if (it == state_->physical.end()) {
@@ -137,7 +134,7 @@ public:
   /// The allocation behind a descriptor another process exported; `fd` stays the caller's.
   /// Errors: invalid_argument for a descriptor that is not a file of whole pages; no_space when the
   /// system refuses the duplicate.
-  Result<physical_handle> import_fd(int fd) {
+  [[nodiscard]] Result<physical_handle> import_fd(int fd) {
     struct stat st {};
     if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
         static_cast<std::size_t>(st.st_size) % os_page_size() != 0) {
@@ -153,7 +150,7 @@ public:
 
   /// Forgets the handle and closes its memfd; mappings of it keep their pages. Errors:
   /// not_allocated for an unknown handle.
-  Result<void> release(physical_handle h) {
+  [[nodiscard]] Result<void> release(physical_handle h) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->physical.find(h);
     if (it == state_->physical.end()) {
@@ -168,7 +165,7 @@ public:
   /// granularity; else a power of two), with nothing behind them. Errors: invalid_size,
   /// invalid_argument for an alignment that is not a power of two, no_space when the system has
   /// no such range.
-  Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
+  [[nodiscard]] Result<void*> reserve(std::size_t bytes, std::size_t alignment) {
     if (auto ok = check_size("reserve", bytes); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -197,7 +194,7 @@ public:
     }
     try {
       const std::lock_guard lock(state_->mutex);
-      state_->reservations.emplace(base, Reservation{bytes, {}});
+      state_->reservations.emplace(base, HostMapperTables::Reservation{bytes, {}});
     } catch (const std::bad_alloc&) {
       ::munmap(reinterpret_cast<void*>(base), bytes);
       return fail(Errc::no_space, "reserve: out of memory for the mapper's tables");
@@ -207,7 +204,7 @@ public:
 
   /// Gives a whole reservation back. Errors: not_allocated when `va` starts no reservation,
   /// invalid_size when `bytes` is not its size, invalid_argument while something is mapped in it.
-  Result<void> free_reservation(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> free_reservation(void* va, std::size_t bytes) {
     const std::lock_guard lock(state_->mutex);
     const auto it = state_->reservations.find(address(va));
     if (it == state_->reservations.end()) {
@@ -229,7 +226,7 @@ public:
   /// Maps the allocation's first `bytes` at `va`, PROT_NONE for every device. Errors:
   /// invalid_size (also: larger than the allocation), invalid_argument (misaligned, outside one
   /// reservation, over another mapping), not_allocated (an unknown handle), no_space (mmap failed).
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
     if (auto ok = check_size("map", bytes); !ok) {
       return ok;
     }
@@ -242,7 +239,7 @@ public:
       return fail(Errc::invalid_size, "map: " + std::to_string(bytes) + " bytes of a " +
                                           std::to_string(p->second.size) + "-byte allocation");
     }
-    auto r = reservation_of("map", va, bytes);
+    auto r = state_->reservation_of("map", va, bytes);
     if (!r) {
       return cuda::std::unexpected(r.error());
     }
@@ -262,7 +259,8 @@ public:
       return system_failure("mmap(MAP_FIXED)");
     }
     try {
-      mappings.emplace(begin, Mapping{bytes, std::vector<Access>(device_count(), Access::none)});
+      mappings.emplace(
+          begin, HostMapperTables::Mapping{bytes, p->second.device, std::vector<Access>(device_count(), Access::none)});
     } catch (const std::bad_alloc&) {
       restore_reservation(va, bytes);
       return fail(Errc::no_space, "map: out of memory for the mapper's tables");
@@ -273,12 +271,12 @@ public:
   /// Unmaps whole mappings covering exactly [va, va + bytes); their rights go with them. Errors:
   /// invalid_size, invalid_argument (misaligned, outside a reservation), not_allocated (the range
   /// is not exactly whole mappings).
-  Result<void> unmap(void* va, std::size_t bytes) {
+  [[nodiscard]] Result<void> unmap(void* va, std::size_t bytes) {
     if (auto ok = check_size("unmap", bytes); !ok) {
       return ok;
     }
     const std::lock_guard lock(state_->mutex);
-    auto covered = whole_mappings("unmap", va, bytes);
+    auto covered = state_->whole_mappings("unmap", va, bytes);
     if (!covered) {
       return cuda::std::unexpected(covered.error());
     }
@@ -290,7 +288,7 @@ public:
 
   /// Gives `device` the right `access` on whole mappings covering exactly [va, va + bytes).
   /// Errors as unmap, and out_of_range for an unknown device; nothing changes on an error.
-  Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
+  [[nodiscard]] Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
     if (auto ok = check_device(device); !ok) {
       return ok;
     }
@@ -298,7 +296,7 @@ public:
       return ok;
     }
     const std::lock_guard lock(state_->mutex);
-    auto covered = whole_mappings("set_access", va, bytes);
+    auto covered = state_->whole_mappings("set_access", va, bytes);
     if (!covered) {
       return cuda::std::unexpected(covered.error());
     }
@@ -315,21 +313,52 @@ public:
 
   /// The right `device` has at `va`. Errors: out_of_range for an unknown device, not_allocated
   /// where nothing is mapped.
-  Result<Access> access(void* va, int device) const {
+  [[nodiscard]] Result<Access> access(void* va, int device) const {
     if (auto ok = check_device(device); !ok) {
       return cuda::std::unexpected(ok.error());
     }
     const std::lock_guard lock(state_->mutex);
-    const std::uintptr_t at = address(va);
-    auto r = state_->reservations.upper_bound(at);
-    if (r != state_->reservations.begin()) {
-      --r;
-      auto m = r->second.mappings.upper_bound(at);
-      if (m != r->second.mappings.begin() && at < std::prev(m)->first + std::prev(m)->second.size) {
-        return std::prev(m)->second.rights[static_cast<std::size_t>(device)];
-      }
+    if (const auto* m = state_->mapping_at(va)) {
+      return m->rights[static_cast<std::size_t>(device)];
     }
     return fail(Errc::not_allocated, "access: nothing is mapped at " + text(va));
+  }
+
+  /// The device whose physical memory is mapped at `va` (-1: an imported allocation). Errors:
+  /// not_allocated where nothing is mapped.
+  [[nodiscard]] Result<int> owner(void* va) const {
+    const std::lock_guard lock(state_->mutex);
+    if (const auto* m = state_->mapping_at(va)) {
+      return m->owner;
+    }
+    return fail(Errc::not_allocated, "owner: nothing is mapped at " + text(va));
+  }
+
+  /// Makes this CPU play `device` (or every_device) from now on: every mapping's protection
+  /// becomes that device's right, so a store where the device has no right faults at that address
+  /// as the device's would. For a process that runs one device's work (a forked child, a test).
+  /// Errors: out_of_range for an unknown device (nothing changes).
+  [[nodiscard]] Result<void> play_device(int device) {
+    if (device != every_device) {
+      if (auto ok = check_device(device); !ok) {
+        return ok;
+      }
+    }
+    const std::lock_guard lock(state_->mutex);
+    state_->cpu_device = device;
+    for (const auto& [base, r] : state_->reservations) {
+      for (const auto& [start, m] : r.mappings) {
+        if (::mprotect(reinterpret_cast<void*>(start), m.size, protection(m)) != 0) {
+          return system_failure("mprotect"); // cannot happen on our own mapping
+        }
+      }
+    }
+    return {};
+  }
+  /// The device this CPU plays now (see play_device).
+  int cpu_device() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->cpu_device;
   }
 
   /// Physical allocations with a live handle here.
@@ -355,65 +384,27 @@ public:
   const HostMapperOptions& options() const noexcept { return state_->options; }
 
 private:
-  struct Physical {
-    int fd = -1;
-    std::size_t size = 0;
-    int device = -1; // -1: imported
-  };
-  struct Mapping {
-    std::size_t size = 0;
-    std::vector<Access> rights; // by device
-  };
-  struct Reservation {
-    std::size_t size = 0;
-    std::map<std::uintptr_t, Mapping> mappings; // by start address
-  };
-  struct State {
-    explicit State(HostMapperOptions o) : options(o) {}
-    State(const State&) = delete;
-    State& operator=(const State&) = delete;
-    ~State() {
-      for (const auto& [base, r] : reservations) {
-        ::munmap(reinterpret_cast<void*>(base), r.size);
-      }
-      for (const auto& [h, p] : physical) {
-        ::close(p.fd);
-      }
-    }
-    HostMapperOptions options;
-    mutable std::mutex mutex;
-    physical_handle next_handle = 1;
-    std::map<physical_handle, Physical> physical;
-    std::map<std::uintptr_t, Reservation> reservations; // by start address
-  };
-  using ReservationIt = std::map<std::uintptr_t, Reservation>::iterator;
-  using MappingIt = std::map<std::uintptr_t, Mapping>::iterator;
-  struct Covered {
-    ReservationIt reservation;
-    MappingIt first;
-    MappingIt last; // one past
-  };
-
-  static std::uintptr_t address(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
-  static std::string text(const void* p) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%p", p);
-    return buffer;
-  }
+  using State = HostMapperTables;
+  using Covered = HostMapperTables::Covered;
+  static std::uintptr_t address(const void* p) noexcept { return HostMapperTables::address(p); }
+  static std::string text(const void* p) { return HostMapperTables::text(p); }
   static cuda::std::unexpected<Error> system_failure(const char* call) {
-    return fail(Errc::no_space, std::string(call) + ": " + std::strerror(errno));
+    return HostMapperTables::system_failure(call);
+  }
+  static void restore_reservation(void* va, std::size_t bytes) noexcept {
+    HostMapperTables::restore_reservation(va, bytes);
   }
 
   std::size_t device_count() const noexcept { return static_cast<std::size_t>(state_->options.device_count); }
 
-  Result<void> check_device(int device) const {
+  [[nodiscard]] Result<void> check_device(int device) const {
     if (device < 0 || device >= state_->options.device_count) {
       return fail(Errc::out_of_range, "no device " + std::to_string(device) + " (the mapper has " +
                                           std::to_string(state_->options.device_count) + ")");
     }
     return {};
   }
-  Result<void> check_size(const char* call, std::size_t bytes) const {
+  [[nodiscard]] Result<void> check_size(const char* call, std::size_t bytes) const {
     if (bytes == 0 || bytes % state_->options.granularity != 0) {
       return fail(Errc::invalid_size, std::string(call) + ": " + std::to_string(bytes) +
                                           " bytes is not a non-zero multiple of the granularity " +
@@ -422,11 +413,11 @@ private:
     return {};
   }
 
-  Result<physical_handle> adopt(int fd, std::size_t bytes, int device) {
+  [[nodiscard]] Result<physical_handle> adopt(int fd, std::size_t bytes, int device) {
     try {
       const std::lock_guard lock(state_->mutex);
       const physical_handle h = state_->next_handle++;
-      state_->physical.emplace(h, Physical{fd, bytes, device});
+      state_->physical.emplace(h, HostMapperTables::Physical{fd, bytes, device});
       return h;
     } catch (const std::bad_alloc&) {
       ::close(fd);
@@ -434,60 +425,14 @@ private:
     }
   }
 
-  // The reservation that holds [va, va + bytes) whole, va aligned to the granularity. Called locked.
-  Result<ReservationIt> reservation_of(const char* call, void* va, std::size_t bytes) {
-    const std::uintptr_t begin = address(va);
-    if (begin % state_->options.granularity != 0) {
-      return fail(Errc::invalid_argument, std::string(call) + ": " + text(va) + " is not aligned to the granularity " +
-                                              std::to_string(state_->options.granularity));
-    }
-    auto r = state_->reservations.upper_bound(begin);
-    if (r != state_->reservations.begin()) {
-      --r;
-      if (begin - r->first <= r->second.size && bytes <= r->second.size - (begin - r->first)) {
-        return r;
-      }
-    }
-    return fail(Errc::invalid_argument,
-                std::string(call) + ": " + text(va) + " +" + std::to_string(bytes) + " is not inside one reservation");
-  }
-
-  // The mappings that cover [va, va + bytes) exactly, back to back. Called locked.
-  Result<Covered> whole_mappings(const char* call, void* va, std::size_t bytes) {
-    auto r = reservation_of(call, va, bytes);
-    if (!r) {
-      return cuda::std::unexpected(r.error());
-    }
-    auto& mappings = (*r)->second.mappings;
-    const std::uintptr_t begin = address(va);
-    const std::uintptr_t end = begin + bytes;
-    auto it = mappings.find(begin);
-    const auto first = it;
-    std::uintptr_t at = begin;
-    while (it != mappings.end() && it->first == at && at < end) {
-      at += it->second.size;
-      ++it;
-    }
-    if (first == mappings.end() || at != end) {
-      return fail(Errc::not_allocated, std::string(call) + ": " + text(va) + " +" + std::to_string(bytes) +
-                                           " is not a run of whole mappings");
-    }
-    return Covered{*r, first, it};
-  }
-
-  void restore_reservation(void* va, std::size_t bytes) noexcept {
-    // MAP_FIXED replaces whatever is there in one step, so no other thread can take the range.
-    ::mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-  }
-
-  int protection(const Mapping& m) const noexcept {
+  int protection(const HostMapperTables::Mapping& m) const noexcept {
     Access cpu = Access::none;
-    if (state_->options.cpu_device == every_device) {
+    if (state_->cpu_device == every_device) {
       for (const Access a : m.rights) {
         cpu = std::max(cpu, a);
       }
     } else {
-      cpu = m.rights[static_cast<std::size_t>(state_->options.cpu_device)];
+      cpu = m.rights[static_cast<std::size_t>(state_->cpu_device)];
     }
     switch (cpu) {
     case Access::read:

@@ -126,8 +126,8 @@ struct PlacedMemory {
 /// there and gives `device` the right `access`. On failure nothing stays reserved or mapped (`h`
 /// is the caller's either way).
 template <PhysicalMemoryMapper M>
-Result<PlacedMemory> place_physical(M& mapper, typename M::physical_handle h, std::size_t bytes, int device,
-                                    Access access) {
+[[nodiscard]] Result<PlacedMemory> place_physical(M& mapper, typename M::physical_handle h, std::size_t bytes,
+                                                  int device, Access access) {
   const auto g = mapper.granularity(device);
   if (!g) {
     return cuda::std::unexpected(g.error());
@@ -151,7 +151,7 @@ Result<PlacedMemory> place_physical(M& mapper, typename M::physical_handle h, st
 /// Undoes place_physical: unmaps and frees the reservation. The first error, if any (the
 /// reservation is freed only once nothing is mapped in it).
 template <PhysicalMemoryMapper M>
-Result<void> unplace_physical(M& mapper, const PlacedMemory& placed) {
+[[nodiscard]] Result<void> unplace_physical(M& mapper, const PlacedMemory& placed) {
   if (auto unmapped = mapper.unmap(placed.base, placed.bytes); !unmapped) {
     return unmapped;
   }
