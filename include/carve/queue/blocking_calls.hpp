@@ -50,29 +50,29 @@ public:
   /// Host only: try_push, waiting while the request's tier is full. Errors: closed, status()
   /// (a queue built in device code does not wait: full). On error the request is still in
   /// `request`.
-  cuda::std::expected<void, Errc> push(T&& request) { return push_waiting(request, std::nullopt); }
+  [[nodiscard]] cuda::std::expected<void, Errc> push(T&& request) { return push_waiting(request, std::nullopt); }
   /// push(), waiting at most `timeout` (then Errc::timed_out); a timeout of zero behaves like
   /// try_push.
   template <class Rep, class Period>
-  cuda::std::expected<void, Errc> push(T&& request, std::chrono::duration<Rep, Period> timeout) {
+  [[nodiscard]] cuda::std::expected<void, Errc> push(T&& request, std::chrono::duration<Rep, Period> timeout) {
     return push_waiting(request, std::chrono::steady_clock::now() + timeout);
   }
 
   /// Host only: try_pop, waiting while the queue is empty. Errors: closed (once nothing is left
   /// or in flight), status().
-  cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_seat(), std::nullopt); }
+  [[nodiscard]] cuda::std::expected<T, Errc> pop() { return pop_waiting(Gate::my_seat(), std::nullopt); }
   /// pop(), waiting at most `timeout` (then Errc::timed_out); a timeout of zero behaves like
   /// try_pop.
   template <class Rep, class Period>
-  cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
+  [[nodiscard]] cuda::std::expected<T, Errc> pop(std::chrono::duration<Rep, Period> timeout) {
     return pop_waiting(Gate::my_seat(), std::chrono::steady_clock::now() + timeout);
   }
 
   /// Host only: waits at most `timeout` for one request, then takes up to `max` in all into `out`
   /// without waiting further. Errors as pop(timeout); a `max` of 0 returns 0 at once.
   template <class Out, class Rep, class Period>
-  cuda::std::expected<cuda::std::size_t, Errc> pop_bulk(Out out, cuda::std::size_t max,
-                                                        std::chrono::duration<Rep, Period> timeout) {
+  [[nodiscard]] cuda::std::expected<cuda::std::size_t, Errc> pop_bulk(Out out, cuda::std::size_t max,
+                                                                      std::chrono::duration<Rep, Period> timeout) {
     if (max == 0) {
       return cuda::std::size_t{0};
     }
@@ -125,8 +125,8 @@ private:
 
   // Retries `attempt` until it gives something other than `busy`, sleeping on `cv` in between.
   template <class Attempt>
-  auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, GateWord announce,
-                       const Deadline& deadline) {
+  [[nodiscard]] auto wait_for_change(Attempt attempt, Errc busy, std::condition_variable& cv, GateWord announce,
+                                     const Deadline& deadline) {
     auto r = attempt();
     if (r || r.error() != busy) {
       return r;
@@ -154,7 +154,7 @@ private:
     return r;
   }
 
-  cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
+  [[nodiscard]] cuda::std::expected<void, Errc> push_waiting(T& request, const Deadline& deadline) {
     Queue& q = queue();
     GateWord gate = 0;
     if (waiters_ == nullptr) { // not usable (status()), or built in device code: no host waiters
@@ -166,7 +166,7 @@ private:
     return r;
   }
 
-  cuda::std::expected<T, Errc> pop_waiting(const Seat& seat, const Deadline& deadline) {
+  [[nodiscard]] cuda::std::expected<T, Errc> pop_waiting(const Seat& seat, const Deadline& deadline) {
     Queue& q = queue();
     if (waiters_ == nullptr) {
       return q.pop_expected(seat);

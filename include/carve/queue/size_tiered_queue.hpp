@@ -138,7 +138,7 @@ public:
   /// invalid_thresholds, invalid_argument (zero capacity, capacities or drain parameters not
   /// matching the tiers) or no_space (lane storage could not be allocated); otherwise success.
   /// (On the host such a queue is never built: the constructor throws.)
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
@@ -153,14 +153,14 @@ public:
   /// Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
   /// On error the request is still in `request`. A tier found full takes pushes again once its
   /// lane has room to spare (with RingLanes, 1/16 of the tier; lane.hpp).
-  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<void, Errc> try_push(T&& request) noexcept {
     typename Gate::word gate = 0;
     const std::uint32_t why = push_quietly(request, gate);
     this->wake_readers(gate);
     return result_of(why);
   }
   /// try_push of a copy of `request`.
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_push(const T& request) requires cuda::std::is_copy_constructible_v<T> {
     T copy(request);
     return try_push(cuda::std::move(copy));
@@ -172,7 +172,7 @@ public:
   /// the queue; a pop reports closed only once these are gone as well. Never blocks. Errors: full
   /// (the tier already holds requeue_capacity such requests; the request stays in `request`),
   /// status(). Not counted against the tier's capacity: it held the request before.
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push_front(T&& request) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push_front(T&& request) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));
     }
@@ -189,7 +189,7 @@ public:
 
   /// The next request in drain order. Never blocks. Errors: empty; closed (closed, and nothing
   /// is left or in flight); status().
-  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<T, Errc> try_pop() noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::expected<T, Errc> try_pop() noexcept {
     const Seat seat = Gate::my_seat();
     Held held;
     if (const std::uint32_t why = pop_quietly(seat, held); why != 0) {
@@ -204,7 +204,8 @@ public:
   /// empty, or closed once nothing is left or in flight (so a consumer learns that the queue is
   /// done from the same call), or status(). A `max` of 0 takes nothing and returns 0.
   template <class Out>
-  CARVE_HOST_DEVICE cuda::std::expected<cuda::std::size_t, Errc> try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<cuda::std::size_t, Errc>
+  try_pop_bulk(Out out, cuda::std::size_t max) noexcept {
     if (max == 0) {
       return cuda::std::size_t{0};
     }
@@ -360,7 +361,8 @@ private:
   // A push's outcome as the call returns it: 0 is success, anything else an Errc. Calls pass
   // plain numbers between them: an expected<void, Errc> returned out of line is written in two
   // pieces and read back whole (see force_inline.hpp), a stall on every push.
-  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static cuda::std::expected<void, Errc> result_of(std::uint32_t why) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE CARVE_QUEUE_INLINE static cuda::std::expected<void, Errc>
+  result_of(std::uint32_t why) noexcept {
     if (why != 0) {
       return cuda::std::unexpected(static_cast<Errc>(why));
     }
@@ -416,7 +418,7 @@ private:
     }
     return static_cast<std::uint32_t>(Errc::empty);
   }
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_expected(const Seat& seat) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<T, Errc> pop_expected(const Seat& seat) noexcept {
     Held held;
     if (const std::uint32_t why = pop_quietly(seat, held); why != 0) {
       return cuda::std::unexpected(static_cast<Errc>(why));

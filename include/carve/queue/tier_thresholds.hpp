@@ -70,7 +70,7 @@ public:
       : TierThresholds(cuda::std::span<const std::uint64_t>(thresholds.begin(), thresholds.size())) {}
 
   /// invalid_thresholds for thresholds built from a bad list in device code; success otherwise.
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
     if (count_ == 0) {
       return cuda::std::unexpected(Errc::invalid_thresholds);
     }

@@ -35,7 +35,7 @@ union HeldRequest {
   CARVE_HOST_DEVICE HeldRequest() noexcept {}
   CARVE_HOST_DEVICE ~HeldRequest() {}
   // Moves the request out and ends its life here.
-  CARVE_HOST_DEVICE cuda::std::expected<T, Errc> take() noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<T, Errc> take() noexcept {
     cuda::std::expected<T, Errc> r(cuda::std::in_place, cuda::std::move(value));
     value.~T();
     return r;
