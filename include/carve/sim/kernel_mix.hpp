@@ -92,16 +92,7 @@ KernelMix builtin_mix(std::string_view name, const std::string& where, std::size
 
 inline KernelType KernelType::parse(std::string_view text, const std::string& where, std::size_t line) {
   const std::string form = "'NAME size=SLOTS launch=DIST mean=CYCLES spread=CV weight=W'";
-  std::vector<std::string_view> words;
-  for (std::size_t i = 0; i < text.size();) {
-    const std::size_t a = text.find_first_not_of(" \t", i);
-    if (a == std::string_view::npos) {
-      break;
-    }
-    const std::size_t b = std::min(text.find_first_of(" \t", a), text.size());
-    words.push_back(text.substr(a, b - a));
-    i = b;
-  }
+  const std::vector<std::string_view> words = detail::split_words(text, " \t");
   if (words.empty() || words[0].find('=') != std::string_view::npos) {
     throw input_error(where, line, "'" + std::string(text) + "': expected " + form);
   }

@@ -20,15 +20,18 @@ namespace carve::sim {
 
 namespace detail {
 
-inline std::vector<std::string_view> split_words(std::string_view text) {
+// The words of `text` between any of `separators`: spaces, tabs and colons for a distribution
+// ("uniform:64:256" inside a kernel type), spaces and tabs for a kernel type, whose DIST keeps its
+// colons.
+inline std::vector<std::string_view> split_words(std::string_view text, std::string_view separators = " \t:") {
   std::vector<std::string_view> words;
   std::size_t i = 0;
   while (i < text.size()) {
-    const std::size_t start = text.find_first_not_of(" \t:", i);
+    const std::size_t start = text.find_first_not_of(separators, i);
     if (start == std::string_view::npos) {
       break;
     }
-    const std::size_t end = std::min(text.find_first_of(" \t:", start), text.size());
+    const std::size_t end = std::min(text.find_first_of(separators, start), text.size());
     words.push_back(text.substr(start, end - start));
     i = end;
   }
