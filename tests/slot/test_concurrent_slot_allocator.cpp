@@ -102,7 +102,7 @@ TEST_CASE("bad input returns the pinned error and changes nothing") {
   REQUIRE(slots.allocate(70));
   const auto before = slots.snapshot();
   CHECK(slots.allocate(0).error() == Errc::invalid_size);
-  CHECK(slots.allocate(131).error() == Errc::invalid_size);
+  CHECK(slots.allocate(131).error() == Errc::no_space); // more than it could ever hold
   CHECK(slots.allocate(51).error() == Errc::no_space);
   CHECK(slots.deallocate({0, 0}).error() == Errc::invalid_size);
   CHECK(slots.deallocate({130, 1}).error() == Errc::out_of_range);
@@ -268,11 +268,11 @@ TEST_CASE("a sharded allocator serves the home shard first and falls back in ord
   const Sharded slots(words.data());
   CHECK(slots.allocate(1, 0).error() == Errc::no_space); // not reset yet: all taken
   slots.reset();
-  CHECK(*slots.allocate(10, 2) == SlotRange{128, 10});        // shard 2 starts at slot 128
-  CHECK(*slots.allocate(60, 2) == SlotRange{192, 60});        // shard 2 has 54 left: shard 3
-  CHECK(*slots.allocate(54, 6) == SlotRange{138, 54});        // home 6 % 4 = 2
-  CHECK(*slots.allocate(64, 3) == SlotRange{0, 64});          // 3 has 4 left, then wrap to shard 0
-  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size); // larger than a shard
+  CHECK(*slots.allocate(10, 2) == SlotRange{128, 10});    // shard 2 starts at slot 128
+  CHECK(*slots.allocate(60, 2) == SlotRange{192, 60});    // shard 2 has 54 left: shard 3
+  CHECK(*slots.allocate(54, 6) == SlotRange{138, 54});    // home 6 % 4 = 2
+  CHECK(*slots.allocate(64, 3) == SlotRange{0, 64});      // 3 has 4 left, then wrap to shard 0
+  CHECK(slots.allocate(65, 0).error() == Errc::no_space); // larger than a shard: a fallback's
   CHECK(slots.allocate(0, 0).error() == Errc::invalid_size);
   CHECK(slots.free_count() == 256 - 188);
   CHECK(slots.deallocate({60, 10}).error() == Errc::not_allocated); // spans shards 0 and 1
@@ -281,7 +281,7 @@ TEST_CASE("a sharded allocator serves the home shard first and falls back in ord
   CHECK(slots.deallocate({128, 10}));
   CHECK(slots.deallocate({138, 54}));
   CHECK(slots.shard(2).free_count() == 64);
-  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size);
+  CHECK(slots.allocate(65, 0).error() == Errc::no_space);
 }
 
 TEST_CASE("threads with their own home shards never share a slot") {
@@ -764,7 +764,7 @@ void hinted_same_as_sequential(std::uint64_t seed, std::uint32_t max_m, int step
   // Bad input, hinted: the same errors, nothing changed.
   const SlotBitmap<N> before = concurrent->snapshot();
   CHECK(concurrent->allocate(0, ExpectedRelease{1}).error() == Errc::invalid_size);
-  CHECK(concurrent->allocate(N + 1, ExpectedRelease{1}).error() == Errc::invalid_size);
+  CHECK(concurrent->allocate(N + 1, ExpectedRelease{1}).error() == Errc::no_space);
   CHECK(concurrent->snapshot() == before);
 }
 

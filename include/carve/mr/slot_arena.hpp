@@ -90,11 +90,11 @@ public:
     if (bytes > capacity() || alignment > slot_alignment()) {
       return cuda::std::unexpected(Errc::no_space);
     }
+    // Slot sources answer no_space for a run longer than they hand out in one piece (a sharded
+    // allocator's shard), as for one that is not free now: a fallback's to serve either way.
     const auto run = slots_.allocate(static_cast<cuda::std::uint32_t>(pieces(bytes, slot_bytes_)));
     if (!run) {
-      // The request is valid and fits the arena, so invalid_size here means a run longer than the
-      // allocator hands out in one piece (a sharded allocator's shard): a fallback's to serve.
-      return cuda::std::unexpected(run.error() == Errc::invalid_size ? Errc::no_space : run.error());
+      return cuda::std::unexpected(run.error());
     }
     return base_ + run->first * slot_bytes_;
   }

@@ -91,8 +91,8 @@ public:
   CARVE_HOST_DEVICE constexpr explicit ConcurrentSlotAllocator(Words words, policy_type fit = {}) noexcept
       : words_(words), fit_(fit) {}
 
-  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
-  /// (the policy found no place in words that a second read showed unchanged, see below);
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0); no_space (m > N, or
+  /// the policy found no place in words that a second read showed unchanged, see below);
   /// invalid_placement (the policy proposed a run that was not free in what it was shown).
   ///
   /// "No space" is confirmed by reading again every word the search read. Up to 1024 slots the
@@ -215,8 +215,8 @@ private:
   template <class Search, class Record>
   CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate_with(std::uint32_t m, Search search,
                                                                        Record record) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
     std::uint64_t point = 0;

@@ -58,11 +58,12 @@ public:
     reset();
   }
 
-  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > size()),
-  /// no_space, invalid_placement (a policy that proposed a run that is not free).
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0), no_space (no free
+  /// run of m, m > size() included), invalid_placement (a policy that proposed a run that is not
+  /// free).
   cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
-    if (m == 0 || m > slots_) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (const auto ok = check_slot_request(m, slots_); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     if (m > free_) {
       return cuda::std::unexpected(Errc::no_space);

@@ -68,11 +68,11 @@ public:
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return ShardSlots * Shards; }
 
   /// m contiguous slots, from shard `home % Shards` if it has room, else from the next shard that
-  /// has. Errors: invalid_size (m == 0 or m larger than one shard: a run never spans shards);
-  /// no_space (no shard could hold it); what a shard reports otherwise.
+  /// has. Errors: invalid_size (m == 0); no_space (no shard could hold it, m larger than one
+  /// shard included: a run never spans shards); what a shard reports otherwise.
   CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m, std::uint32_t home) const noexcept {
-    if (m == 0 || m > ShardSlots) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (const auto ok = check_slot_request(m, ShardSlots); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     for (std::uint32_t i = 0; i < Shards; ++i) {
       const std::uint32_t s = (home % Shards + i) % Shards;

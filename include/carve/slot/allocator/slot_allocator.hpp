@@ -45,11 +45,12 @@ public:
   CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : fit_(fit) {}
 
   /// m contiguous slots placed by the policy.
-  /// Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
-  /// invalid_placement when the policy breaks its contract (only possible with user policies).
+  /// Errors: invalid_size for m == 0; no_space when no run of m free slots exists (m > N
+  /// included: a request it could never hold is a fallback's to serve); invalid_placement when
+  /// the policy breaks its contract (only possible with user policies).
   CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     const auto taken = take(fit_.find(bitmap_, m), m);
     if constexpr (TracksPlacements<policy_type>) {
@@ -66,8 +67,8 @@ public:
   requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
       CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
       allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     const auto taken = take(fit_.find(bitmap_, m, hint), m);
     if (taken) {

@@ -37,7 +37,7 @@ struct CuPlacement {
   }
 };
 
-/// A request's outcome: where it went, or invalid_size (m == 0 or m > N) / no_space (no unit fits).
+/// A request's outcome: where it went, or invalid_size (m == 0) / no_space (no unit fits, m > N included).
 using BatchPlacement = cuda::std::expected<CuPlacement, Errc>;
 
 /// What unit `cu` would do with a request for m slots.
@@ -67,7 +67,7 @@ requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda:
   for (std::size_t r = 0; r < sizes.size(); ++r) {
     const std::uint32_t m = sizes[r];
     if (m == 0 || m > N || bitmaps.empty()) {
-      out[r] = cuda::std::unexpected(m == 0 || m > N ? Errc::invalid_size : Errc::no_space);
+      out[r] = cuda::std::unexpected(m == 0 ? Errc::invalid_size : Errc::no_space);
       continue;
     }
     CuCandidate best = evaluate_cu(fit, bitmaps[0], 0, m);
