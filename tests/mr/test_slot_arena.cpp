@@ -318,3 +318,10 @@ TEST_CASE("the block-scratch stack on host threads: local arena first, then a sh
   CHECK(scratch.primary().free_bytes() == scratch.primary().capacity());
   CHECK(global.free_bytes() == global.capacity()); // the handle sees the same words
 }
+TEST_CASE("a slot arena over slots that report bad construction refuses them") {
+  // A sharded allocator over no words reports it through status(); an arena over it is bad input.
+  using Sharded = carve::ShardedSlotAllocator<32, 4>;
+  Heap heap;
+  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<Sharded>(heap.bytes, sizeof heap.bytes, slot,
+                                                               Sharded(static_cast<carve::bits::word*>(nullptr))));
+}

@@ -51,7 +51,7 @@ __global__ void allocate_sharded(carve::bits::word* words, std::uint32_t m, carv
     return;
   }
   const Sharded s(words, blockIdx.x); // each block at home in its own shard
-  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m) : s.allocate(m);
   out[i] = r ? *r : none;
 }
 
@@ -66,6 +66,44 @@ __global__ void free_sharded(carve::bits::word* words, const carve::SlotRange* h
   if (i < threads && held[i].count != 0 && !Sharded(words).deallocate(held[i])) {
     atomicAdd(failures, 1);
   }
+}
+
+// Device code cannot throw: a sharded handle over bad words reports it through status() and
+// refuses every call with it. out: status, allocate's and deallocate's errors (0: success),
+// free_count, for null words and for misaligned words.
+__global__ void bad_sharded(carve::bits::word* words, int* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) {
+    return;
+  }
+  carve::bits::word* const bad[] = {nullptr, reinterpret_cast<carve::bits::word*>(reinterpret_cast<char*>(words) + 4)};
+  for (int k = 0; k < 2; ++k) {
+    const Sharded s(bad[k], 3);
+    s.reset(); // does nothing
+    const auto st = s.status();
+    const auto r = s.allocate_near(1, 3);
+    const auto d = s.deallocate({0, 1});
+    out[4 * k] = st ? 0 : static_cast<int>(st.error());
+    out[4 * k + 1] = r ? 0 : static_cast<int>(r.error());
+    out[4 * k + 2] = d ? 0 : static_cast<int>(d.error());
+    out[4 * k + 3] = static_cast<int>(s.free_count());
+  }
+}
+
+void check_bad_sharded() {
+  carve::bits::word* words = nullptr;
+  carve::test::check(cudaMalloc(&words, Sharded::word_count * sizeof(carve::bits::word)), "cudaMalloc");
+  int* out = carve::test::to_device(std::vector<int>(8, -1));
+  bad_sharded<<<1, 1>>>(words, out);
+  carve::test::check(cudaDeviceSynchronize(), "bad_sharded");
+  const auto got = carve::test::to_host(out, 8);
+  const int refused = static_cast<int>(carve::Errc::invalid_argument);
+  for (std::size_t k = 0; k < 2; ++k) {
+    carve::test::expect(got[4 * k] == refused && got[4 * k + 1] == refused && got[4 * k + 2] == refused &&
+                            got[4 * k + 3] == 0,
+                        "a sharded handle over bad words says so and refuses every call");
+  }
+  cudaFree(words);
+  cudaFree(out);
 }
 
 // Whether the ranges are disjoint, and the words hold exactly them (bit set = slot taken).
@@ -130,6 +168,7 @@ int main() {
                allocate_sharded<false>, free_sharded);
   run<Sharded>("ShardedSlotAllocator<256, 64>, warp-aggregated", Sharded::size(), Sharded::word_count, reset_sharded,
                allocate_sharded<true>, free_sharded);
+  check_bad_sharded();
   std::printf(carve::test::failures == 0 ? "all passed\n" : "%d failed\n", carve::test::failures);
   return carve::test::failures == 0 ? 0 : 1;
 }
