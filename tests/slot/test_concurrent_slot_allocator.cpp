@@ -143,6 +143,26 @@ TEST_CASE("an allocator over borrowed words") {
   CHECK(other.free_count() == 100);
 }
 
+TEST_CASE("borrowed words are checked: bad ones throw on the host; none are reported, not dereferenced") {
+  using Ref = carve::ConcurrentSlotAllocatorRef<150, carve::FirstFit, cuda::thread_scope_system>;
+  CHECK_THROWS_ERRC(Errc::invalid_argument, carve::BorrowedSlotWords<150>(nullptr));
+  alignas(8) std::byte raw[40]{};
+  CHECK_THROWS_ERRC(Errc::invalid_argument,
+                    carve::BorrowedSlotWords<150>(reinterpret_cast<carve::bits::word*>(raw + 4)));
+  // Before, an allocator over no words (what a __shared__ declaration starts as) dereferenced a
+  // null pointer on its first call; now it says so and refuses every call.
+  Ref none{carve::BorrowedSlotWords<150>{}};
+  CHECK(none.status().error() == Errc::invalid_argument);
+  none.reset(); // does nothing
+  CHECK(none.allocate(1).error() == Errc::invalid_argument);
+  CHECK(none.deallocate({0, 1}).error() == Errc::invalid_argument);
+  CHECK(none.free_count() == 0);
+  CHECK(none.snapshot() == SlotBitmap<150>::all_taken());
+  CHECK(HostConcurrent<150>().status()); // owned words: always there
+  alignas(8) std::uint64_t words[3] = {};
+  CHECK(Ref{carve::BorrowedSlotWords<150>{words}}.status());
+}
+
 namespace {
 
 // `threads` workers allocate and free at random, stamping each slot they hold with their id

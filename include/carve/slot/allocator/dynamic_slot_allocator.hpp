@@ -61,7 +61,7 @@ public:
   /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0), no_space (no free
   /// run of m, m > size() included), invalid_placement (a policy that proposed a run that is not
   /// free).
-  cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+  [[nodiscard]] cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     if (const auto ok = check_slot_request(m, slots_); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -82,7 +82,7 @@ public:
 
   /// Returns a taken range (all or part of an allocation). Errors: invalid_size (empty),
   /// out_of_range (past the end or wrapping), not_allocated (any slot of it already free).
-  cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
     }

@@ -51,7 +51,8 @@ evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::
 }
 
 /// The outcome for the winning candidate (already chosen by a CuChoiceRule).
-CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best, std::uint32_t m) noexcept {
+[[nodiscard]] CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best,
+                                                                      std::uint32_t m) noexcept {
   if (!best.fits) {
     return cuda::std::unexpected(Errc::no_space);
   }
@@ -90,8 +91,8 @@ using BatchRelease = cuda::std::expected<void, Errc>;
 /// Gives `p.range` back on unit `p.cu` of `bitmaps`, checked as SlotAllocator::deallocate checks
 /// it; on error nothing changes.
 template <std::uint32_t N>
-CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<N>> bitmaps,
-                                                     const CuPlacement& p) noexcept {
+[[nodiscard]] CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<N>> bitmaps,
+                                                                   const CuPlacement& p) noexcept {
   if (p.range.count == 0) {
     return cuda::std::unexpected(Errc::invalid_size);
   }

@@ -44,8 +44,8 @@ CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_
 /// args, so pass args that agree across the lanes asking for the same m (a hint the warp
 /// shares). Every lane frees its own share: a share is an ordinary range of the allocator.
 template <class Allocator, class... Args>
-__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots, std::uint32_t m,
-                                                              Args... args) {
+[[nodiscard]] __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots,
+                                                                            std::uint32_t m, Args... args) {
   const unsigned group = __match_any_sync(members, m);
   const int leader = __ffs(static_cast<int>(group)) - 1;
   const unsigned lane = threadIdx.x % 32;
