@@ -188,7 +188,7 @@ TEST_CASE("PriorityDispatcher: priority order, strict or backfilling, partitions
   const auto a = *strict.submit({.priority = 1, .compute_units = 6});
   const auto b = *strict.submit({.priority = 2, .compute_units = 6});
   const auto c = *strict.submit({.priority = 1, .compute_units = 2});
-  CHECK(strict.submit({.priority = 0, .compute_units = 9}).error() == Errc::invalid_size);
+  CHECK(strict.submit({.priority = 0, .compute_units = 9}).error() == Errc::no_space);
   auto g = strict.dispatch();
   REQUIRE(g.size() == 1); // b (priority 2) on device 0; a cannot fit anywhere now, c waits behind it
   CHECK(g[0].ticket == b);
@@ -292,7 +292,7 @@ TEST_CASE("green contexts (twin): the split per architecture, rounding to whole 
   CHECK(d.total_units(3) == 24);
   CHECK_FALSE(d.enforced(9));
 
-  CHECK(d.submit({.priority = 0, .compute_units = 133}).error() == Errc::invalid_size);
+  CHECK(d.submit({.priority = 0, .compute_units = 133}).error() == Errc::no_space);
   const auto thirty = *d.submit({.priority = 3, .compute_units = 30}); // 32 on the H100: 4 groups
   const auto six = *d.submit({.priority = 2, .compute_units = 6});     // 8 on the A100: 2 groups
   const auto whole = *d.submit({.priority = 1, .compute_units = 0});   // a whole device

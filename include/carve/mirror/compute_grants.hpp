@@ -60,9 +60,9 @@ public:
   using partitioner_type = Partitioner;                  ///< how compute grants are backed
   using stream_type = typename Partitioner::stream_type; ///< where a grant's work goes
 
-  /// Queues a request for compute and memory. Errors: invalid_size (0 bytes, more compute units
-  /// than any device has), no_space (more memory than the mirror holds: it could never be granted,
-  /// and in strict priority order it would hold back every request behind it for good).
+  /// Queues a request for compute and memory. Errors: invalid_size (0 bytes), no_space (more
+  /// compute units than any device has, or more memory than the mirror holds: it could never be
+  /// granted, and in strict priority order it would hold back every request behind it for good).
   [[nodiscard]] cuda::std::expected<std::uint64_t, Errc> submit(const ResourceRequest& r) {
     const std::lock_guard control(self().control_);
     if (r.bytes == 0) {

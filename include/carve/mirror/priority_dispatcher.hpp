@@ -109,11 +109,11 @@ public:
     }
   }
 
-  /// Queues a request and returns its ticket. Errors: invalid_size when no usable device has that
+  /// Queues a request and returns its ticket. Errors: no_space when no usable device has that
   /// many compute units in whole groups (it could never be served).
   [[nodiscard]] cuda::std::expected<std::uint64_t, Errc> submit(ComputeRequest r) {
     if (!could_ever_fit(r)) {
-      return cuda::std::unexpected(Errc::invalid_size);
+      return cuda::std::unexpected(Errc::no_space);
     }
     const std::uint64_t ticket = next_ticket_++;
     queue_.emplace(Key{-static_cast<long long>(r.priority), ticket}, r);
