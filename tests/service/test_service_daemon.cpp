@@ -145,7 +145,7 @@ TEST_CASE("connections that never say Hello cannot lock out a well-behaved clien
     CHECK(raw.closed_by_server());
   }
   AllocationClient c = connect(server);
-  const auto r = c.allocate(64 * KiB, 0);
+  const auto r = c.lease(64 * KiB, 0, 256);
   REQUIRE(r);
   std::this_thread::sleep_for(300ms); // a greeted client has no handshake deadline
   CHECK(c.free(r->ptr));
@@ -156,7 +156,7 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
   ServedProcess server(dgx1({"--idle-timeout", "200ms"}));
   AllocationClient holder = connect(server);
   AllocationClient idle = connect(server);
-  const auto r = holder.allocate(64 * KiB, 0);
+  const auto r = holder.lease(64 * KiB, 0, 256);
   REQUIRE(r);
   std::this_thread::sleep_for(500ms);
   const auto gone = idle.stats();
@@ -206,7 +206,7 @@ TEST_CASE("live segments hold no server descriptor") {
   REQUIRE(before);
   std::vector<void*> held;
   for (int i = 0; i < 64; ++i) {
-    auto r = c.allocate(64 * KiB, i % 8);
+    auto r = c.lease(64 * KiB, i % 8, 256);
     REQUIRE(r);
     held.push_back(r->ptr);
   }
@@ -232,7 +232,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   AllocationClient c = connect(server);
   std::vector<void*> held;
   for (int i = 0; i < 32; ++i) { // more regions than the server has descriptors
-    auto r = c.allocate(64 * KiB, 0);
+    auto r = c.lease(64 * KiB, 0, 256);
     REQUIRE(r);
     held.push_back(r->ptr);
   }
@@ -263,7 +263,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   CHECK(why->message.find("carve-served has run out of file descriptors (Too many open files)") == 0);
 
   // A new segment needs a memfd, which the system refuses now: the failure names that cause.
-  const auto failed = c.allocate(64 * KiB, 0);
+  const auto failed = c.lease(64 * KiB, 0, 256);
   REQUIRE_FALSE(failed);
   CHECK(failed.error().code == Errc::no_space);
   CHECK(failed.error().message.find("card 0: the system refused the memory (memfd_create: Too many open files)") == 0);
@@ -279,7 +279,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
     REQUIRE(c.wait_reclaimed_client(id, 5s));
   }
   AllocationClient later = connect(server);
-  const auto r = later.allocate(64 * KiB, 1);
+  const auto r = later.lease(64 * KiB, 1, 256);
   REQUIRE(r);
   CHECK(later.free(r->ptr));
   for (void* p : held) {
@@ -387,7 +387,7 @@ TEST_CASE("wait_reclaimed returns once a killed client's regions are back") {
   const pid_t victim = carve::test::fork_child([&] {
     auto c = AllocationClient::connect(ClientOptions{server.socket(), "victim", 10s});
     for (int i = 0; c && i < 3; ++i) {
-      if (!c->allocate(300 * KiB, i)) {
+      if (!c->lease(300 * KiB, i, 256)) {
         return 1;
       }
     }

@@ -4,19 +4,22 @@
 /// @code
 /// auto client = carve::AllocationClient::connect({.name = "trainer"});
 /// if (!client) { std::puts(client.error().message.c_str()); return 1; }
-/// auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
+/// auto r = client->lease(64 << 20, /*requesting card*/ 0, /*alignment*/ 256); // carve::Result<Region>
 /// if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
 /// @endcode
 ///
-/// allocate() asks the server for a region, which is a segment of its own that only this client
-/// maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC handle), and
-/// free() unmaps it and gives it back. The client remembers pointer -> region id, so free() and
-/// query() take the pointer.
+/// lease() asks the server for a region for a card, which is a segment of its own that only this
+/// client maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC
+/// handle), and free() unmaps it and gives it back. The client remembers pointer -> region id, so
+/// free() and query() take the pointer.
 ///
-/// The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
-/// are allocate / free with the message dropped, so remote memory stacks under pools and
-/// fallbacks like any other. That is how small allocations should go: a CachingPool over the
-/// client leases segments from the server and serves blocks from them without a round trip,
+/// The client is also a carve::MemoryResource whose bytes come from one card, the default card
+/// chosen at connect() (ClientOptions::card): try_allocate(bytes, alignment) and
+/// deallocate(p, bytes, alignment), and CCCL's allocate / allocate_sync / deallocate_sync, mean
+/// what they mean on every carve resource (a lease for ClientOptions::card with the message
+/// dropped, and its free), so remote memory stacks under pools and fallbacks like any other.
+/// That is how small allocations should go: a CachingPool over the client leases segments from
+/// the server and serves blocks from them without a round trip,
 ///
 /// @code
 /// carve::CachingPool pool(carve::ref(*client));        // a client-side pool over leases
@@ -75,7 +78,7 @@ struct ClientOptions {
   std::filesystem::path socket_path = default_socket_path(); ///< where the server listens
   std::string name;                         ///< shown in the server's stats; cut to max_name_length bytes
   std::chrono::milliseconds timeout{30000}; ///< for each reply; then the connection counts as lost
-  int card = 0;                             ///< the requesting card of try_allocate (the resource form)
+  int card = 0; ///< the default card: the requesting card of the resource form (try_allocate, allocate, ...)
 };
 
 /// A region as this process sees it.
@@ -109,32 +112,27 @@ public:
   /// Hangs up (the server reclaims every region of this client) and unmaps everything.
   ~AllocationClient() = default;
 
-  /// `bytes` of memory for `card` (the requesting card), on that card or borrowed from another,
-  /// mapped here. Errors: the server's (no_space, out_of_range for no such card, invalid_size for
-  /// 0 bytes); disconnected; bad_message for a reply that does not hold together, and
+  /// A lease of `bytes` for `card` (the requesting card), on that card or borrowed from another,
+  /// mapped here at an address aligned to `alignment`. Errors: invalid_size (0 bytes, an
+  /// alignment that is not a power of two; nothing is sent); the server's (no_space,
+  /// out_of_range for no such card); no_space for a region that does not start at `alignment`
+  /// (it is given back: a mapping starts on a page, and is not moved to meet a coarser
+  /// alignment); disconnected; bad_message for a reply that does not hold together, and
   /// map_segment's errors (the region is given back in both cases).
-  Result<Region> allocate(std::size_t bytes, int card) {
+  [[nodiscard]] Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
     const std::lock_guard lock(state_->mutex);
-    return state_->allocate(bytes, card);
+    return state_->lease(bytes, card, alignment);
   }
 
-  /// The resource form (carve::MemoryResource): a region for ClientOptions::card. Errors: the
-  /// server's codes; invalid_size (0 bytes, an alignment that is not a power of two); no_space
-  /// also for a region that does not start at `alignment` (it is given back), or when this
-  /// client's bookkeeping cannot grow.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto ok = check_request(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
-    }
+  /// The resource form (carve::MemoryResource): `bytes` aligned to `alignment`, leased for the
+  /// default card (ClientOptions::card). Errors: lease()'s codes, and no_space when this client's
+  /// bookkeeping cannot grow. allocate(bytes, alignment) and allocate_sync are this, throwing.
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
-      const auto r = state_->allocate(bytes, state_->options.card);
+      const auto r = state_->lease(bytes, state_->options.card, alignment);
       if (!r) {
         return cuda::std::unexpected(r.error().code);
-      }
-      if (address(r->ptr) % alignment != 0) {
-        (void)state_->free(r->ptr);
-        return cuda::std::unexpected(Errc::no_space);
       }
       return r->ptr;
     } catch (const std::exception&) { // the client's own bookkeeping could not grow
@@ -151,7 +149,7 @@ public:
   /// Errors (nothing changes): not_allocated when `p` does not start a region of this client;
   /// invalid_size when `bytes` is not its size; the server's errors. After a lost connection the
   /// region is dropped here and the call succeeds.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
       const auto it = state_->regions.find(address(p));
@@ -364,7 +362,20 @@ private:
       return {};
     }
 
-    Result<Region> allocate(std::size_t bytes, int card) {
+    Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
+      if (!valid_request(bytes, alignment)) {
+        return fail(Errc::invalid_size, "cannot lease " + std::to_string(bytes) + " bytes aligned to " +
+                                            std::to_string(alignment) + ": 0 bytes, or not a power of two");
+      }
+      auto r = lease_mapped(bytes, card);
+      if (r && address(r->ptr) % alignment != 0) {
+        (void)free(r->ptr);
+        return fail(Errc::no_space, "the region is mapped at an address not aligned to " + std::to_string(alignment));
+      }
+      return r;
+    }
+
+    Result<Region> lease_mapped(std::size_t bytes, int card) {
       std::vector<UniqueFd> fds;
       auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
       if (!r) {
