@@ -407,7 +407,7 @@ private:
       } else {
         key = known->second;
       }
-      LocalSegment& s = segments.at(key);
+      LocalSegment& s = segments.find(key)->second; // just added, or by_segment's: both are in `segments`
       if (a.region.offset > s.mapping.size || a.region.size > s.mapping.size - a.region.offset) {
         return give_back(a.region.id, "the server placed a region outside its segment");
       }
@@ -590,11 +590,15 @@ private:
       std::vector<SegmentId> done;
       for (const SegmentId id : retired) {
         const auto it = by_segment.find(id);
-        if (it == by_segment.end() || segments.at(it->second).live != 0) {
+        if (it == by_segment.end()) {
+          continue;
+        }
+        const auto s = segments.find(it->second); // every by_segment entry names a mapped segment
+        if (s->second.live != 0) {
           continue; // a retired segment holds no regions; ignore a notice that says otherwise
         }
-        unmap_segment(segments.at(it->second).mapping);
-        segments.erase(it->second);
+        unmap_segment(s->second.mapping);
+        segments.erase(s);
         by_segment.erase(it);
         done.push_back(id);
       }
@@ -617,7 +621,7 @@ private:
     // region a segment of its own, so the segment of a freed region is done with), and the server
     // is told, so that it can end the lease.
     void release_segment_use(std::uint64_t key, SegmentId id) {
-      LocalSegment& s = segments.at(key);
+      LocalSegment& s = segments.find(key)->second; // a region's segment stays mapped while it lives
       if (--s.live != 0) {
         return;
       }

@@ -299,8 +299,14 @@ public:
   std::size_t region_count() const noexcept { return regions_.size(); }
   /// The allocator, for its picker, history and card states.
   const allocator_type& allocator() const noexcept { return allocator_; }
-  /// Card `c`'s leases and segments; throws std::out_of_range for no such card.
-  const card_type& card(int c) const { return cards_.at(static_cast<std::size_t>(c)); }
+  /// Card `c`'s leases and segments. Throws carve::Exception (out_of_range) for no such card.
+  const card_type& card(int c) const {
+    if (c < 0 || c >= card_count()) {
+      throw Exception(Errc::out_of_range,
+                      "card " + std::to_string(c) + " of a service with " + std::to_string(card_count()) + " cards");
+    }
+    return cards_[static_cast<std::size_t>(c)];
+  }
 
 private:
   struct Mapping {
@@ -415,7 +421,7 @@ private:
     c.mappings.emplace(where->segment, Mapping{h->card, 1, false});
     mappers_[where->segment] = {id};
     const RegionId rid = next_region_++;
-    regions_.emplace(rid, Region{id, *h, where->segment, where->offset});
+    const auto region = regions_.emplace(rid, Region{id, *h, where->segment, where->offset}).first;
     ++counters_.taken[static_cast<std::size_t>(h->card)];
     c.regions.insert(rid);
     c.bytes += h->size;
@@ -425,7 +431,7 @@ private:
     a.new_mapping = true;
     a.device = e->device;
     a.handle = e->handle;
-    a.region = info(rid, regions_.at(rid));
+    a.region = info(rid, region->second);
     a.segment_size = where->segment_size;
     out.push_back(Outgoing{id, encode(Reply{a}, seq), std::move(fd), false});
   }
@@ -439,7 +445,8 @@ private:
       return send(out, id, error(e.error(), "region " + std::to_string(m.region) + " could not be freed"), seq);
     }
     ++counters_.returned[static_cast<std::size_t>(r->second.handle.card)];
-    --c.mappings.at(r->second.segment).live;
+    // A live region's segment is mapped by its owner: the mapping goes only once it holds no region.
+    --c.mappings.find(r->second.segment)->second.live;
     c.regions.erase(m.region);
     c.bytes -= r->second.handle.size;
     regions_.erase(r);
@@ -560,7 +567,8 @@ private:
           continue;
         }
         for (const ClientId client : m->second) {
-          auto& mapping = clients_.at(client).mappings.at(s);
+          // A mapper on record is connected and maps `s`: disconnect and Unmapped drop both together.
+          auto& mapping = clients_.find(client)->second.mappings.find(s)->second;
           if (!mapping.retired) {
             mapping.retired = true;
             notices[client].push_back(s);
