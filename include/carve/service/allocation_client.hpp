@@ -97,7 +97,7 @@ public:
   /// speaking another protocol version: the message says which), permission_denied (a server of
   /// another user, or one that refuses this user), no_space (the server has no room for another
   /// client), invalid_size (a socket path too long for a socket address).
-  static Result<AllocationClient> connect(ClientOptions options = {}) {
+  [[nodiscard]] static Result<AllocationClient> connect(ClientOptions options = {}) {
     AllocationClient client(std::move(options));
     if (auto r = client.state_->open(); !r) {
       return cuda::std::unexpected(std::move(r.error()));
@@ -183,14 +183,14 @@ public:
   /// Frees the region that starts at `p` and unmaps it. Errors: not_allocated when `p` is not the
   /// start of a region of this client (nothing is sent); the server's errors. A region orphaned
   /// by a lost connection is dropped locally (its server reclaimed it already).
-  Result<void> free(void* p) {
+  [[nodiscard]] Result<void> free(void* p) {
     const std::lock_guard lock(state_->mutex);
     return state_->free(p);
   }
 
   /// The server's record of the region that holds `p` (any byte of it). Errors: not_allocated
   /// when no live region of this client holds it (nothing is sent); the server's; disconnected.
-  Result<RegionInfo> query(const void* p) {
+  [[nodiscard]] Result<RegionInfo> query(const void* p) {
     const std::lock_guard lock(state_->mutex);
     const auto r = state_->find(p);
     if (r == state_->regions.end() || r->second.orphan) {
@@ -201,12 +201,12 @@ public:
 
   /// The server's counters, cards, borrows and clients (one round trip); the my_ fields are this
   /// client's.
-  Result<StatsReply> stats() {
+  [[nodiscard]] Result<StatsReply> stats() {
     const std::lock_guard lock(state_->mutex);
     return state_->call_for<StatsReply>(StatsRequest{});
   }
   /// Every card's size, free memory and bandwidths (one round trip).
-  Result<std::vector<CardInfo>> cards() {
+  [[nodiscard]] Result<std::vector<CardInfo>> cards() {
     const std::lock_guard lock(state_->mutex);
     auto r = state_->call_for<CardsReply>(CardsRequest{});
     if (!r) {
@@ -221,18 +221,18 @@ public:
   /// regions then. Errors: timed_out when one is still connected after `timeout`;
   /// invalid_argument for 0 or a timeout outside 0 ms .. 1 h (nothing is sent), and for this
   /// client's own pid; no_space when this client already waits 64 times; disconnected.
-  Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{0, pid, 0}, timeout);
   }
   /// As wait_reclaimed_pid, for one client (its HelloReply::client_id); invalid_argument for this
   /// client's own id.
-  Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{client_id, 0, 0}, timeout);
   }
 
   /// Hangs up (if still connected) and connects again: a new session, which owns none of the
   /// old regions (they become orphans). Errors: as connect().
-  Result<void> reconnect() {
+  [[nodiscard]] Result<void> reconnect() {
     const std::lock_guard lock(state_->mutex);
     state_->lose_connection();
     return state_->open();
@@ -300,7 +300,7 @@ private:
     return r && card < r->cards.size() ? static_cast<std::size_t>(r->cards[card].*figure) : 0;
   }
 
-  Result<std::uint64_t> wait_reclaimed(WaitReclaimed request, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed(WaitReclaimed request, std::chrono::milliseconds timeout) {
     if (timeout.count() < 0 || timeout.count() > max_wait_ms) {
       return fail(Errc::invalid_argument, "a wait of " + std::to_string(timeout.count()) + " ms is outside 0 ms .. " +
                                               std::to_string(max_wait_ms) + " ms");
@@ -342,7 +342,7 @@ private:
       }
     }
 
-    Result<void> open() {
+    [[nodiscard]] Result<void> open() {
       auto fd = connect_to(options.socket_path);
       if (!fd) {
         return cuda::std::unexpected(std::move(fd.error()));
@@ -362,7 +362,7 @@ private:
       return {};
     }
 
-    Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
+    [[nodiscard]] Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
       if (!valid_request(bytes, alignment)) {
         return fail(Errc::invalid_size, "cannot lease " + std::to_string(bytes) + " bytes aligned to " +
                                             std::to_string(alignment) + ": 0 bytes, or not a power of two");
@@ -375,7 +375,7 @@ private:
       return r;
     }
 
-    Result<Region> lease_mapped(std::size_t bytes, int card) {
+    [[nodiscard]] Result<Region> lease_mapped(std::size_t bytes, int card) {
       std::vector<UniqueFd> fds;
       auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
       if (!r) {
@@ -423,7 +423,7 @@ private:
       return fail(Errc::bad_message, why);
     }
 
-    Result<void> free(void* p) {
+    [[nodiscard]] Result<void> free(void* p) {
       const auto it = regions.find(address(p));
       if (it == regions.end()) {
         return fail(Errc::not_allocated, "this client holds no region starting at that address");
@@ -442,7 +442,7 @@ private:
       return {};
     }
 
-    Result<RegionInfo> query(RegionId id) {
+    [[nodiscard]] Result<RegionInfo> query(RegionId id) {
       auto r = call_for<QueryReply>(Query{id});
       if (!r) {
         return cuda::std::unexpected(std::move(r.error()));
@@ -456,7 +456,7 @@ private:
 
     // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
     template <class M>
-    Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
+    [[nodiscard]] Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
       auto reply = call(request, fds);
       if (!reply) {
         return cuda::std::unexpected(std::move(reply.error()));
@@ -471,7 +471,7 @@ private:
       return fail(Errc::bad_message, "carve-served answered with the wrong message type");
     }
 
-    Result<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
+    [[nodiscard]] Result<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
       if (!socket) {
         return not_connected();
       }
@@ -506,7 +506,7 @@ private:
       }
     }
 
-    Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline, std::vector<UniqueFd>& fds) {
+    [[nodiscard]] Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline, std::vector<UniqueFd>& fds) {
       for (;;) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

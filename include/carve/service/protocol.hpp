@@ -594,7 +594,7 @@ bool decode_body(std::uint16_t type, WireReader& r, Variant& out) {
 }
 
 template <class Variant>
-cuda::std::expected<Decoded<Variant>, DecodeError> decode(std::span<const std::uint8_t> bytes, std::size_t max_size) {
+[[nodiscard]] cuda::std::expected<Decoded<Variant>, DecodeError> decode(std::span<const std::uint8_t> bytes, std::size_t max_size) {
   using Result = cuda::std::expected<Decoded<Variant>, DecodeError>;
   std::uint32_t sequence = 0;
   const auto fail = [&sequence](Errc code, std::string reason, bool fatal = true) {
@@ -654,11 +654,11 @@ inline std::vector<std::uint8_t> encode(const Reply& reply, std::uint32_t sequen
 }
 
 /// One request of at most max_request_size bytes, decoded strictly (see the file's description).
-inline cuda::std::expected<Decoded<Request>, DecodeError> decode_request(std::span<const std::uint8_t> bytes) {
+[[nodiscard]] inline cuda::std::expected<Decoded<Request>, DecodeError> decode_request(std::span<const std::uint8_t> bytes) {
   return detail::decode<Request>(bytes, max_request_size);
 }
 /// One reply of at most max_message_size bytes, decoded strictly.
-inline cuda::std::expected<Decoded<Reply>, DecodeError> decode_reply(std::span<const std::uint8_t> bytes) {
+[[nodiscard]] inline cuda::std::expected<Decoded<Reply>, DecodeError> decode_reply(std::span<const std::uint8_t> bytes) {
   return detail::decode<Reply>(bytes, max_message_size);
 }
 

@@ -65,7 +65,7 @@ public:
   /// Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space for an
   /// alignment above the OS page, a full card, or when the system refuses the memory (then noted:
   /// last_system_refusal()).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     clear_system_refusal(); // a card that is merely full is not the system's refusal
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
