@@ -13,6 +13,8 @@
 #include <carve/service/allocation_service.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/protocol_layout.hpp>
+#include <carve/service/protocol_messages.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/server_config.hpp>
 #include <carve/service/shared_memory_card.hpp>

@@ -149,7 +149,8 @@ public:
   /// Errors (nothing changes): not_allocated when `p` does not start a region of this client;
   /// invalid_size when `bytes` is not its size; the server's errors. After a lost connection the
   /// region is dropped here and the call succeeds.
-  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
       const auto it = state_->regions.find(address(p));
@@ -226,7 +227,8 @@ public:
   }
   /// As wait_reclaimed_pid, for one client (its HelloReply::client_id); invalid_argument for this
   /// client's own id.
-  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id,
+                                                            std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{client_id, 0, 0}, timeout);
   }
 
@@ -506,7 +508,8 @@ private:
       }
     }
 
-    [[nodiscard]] Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline, std::vector<UniqueFd>& fds) {
+    [[nodiscard]] Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline,
+                                                      std::vector<UniqueFd>& fds) {
       for (;;) {
         const auto left =
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

@@ -147,9 +147,9 @@ void unmap_vmm_segment(Mapper& mapper, const MappedSegment& s) noexcept {
 /// together (an empty segment, no descriptor, or a file smaller than the segment); no_space when
 /// the system refuses the mapping; out_of_range for a CUDA device this process cannot see;
 /// unsupported_version for a kind this build cannot map.
-[[nodiscard]] inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int device,
-                                         const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle,
-                                         UniqueFd fd) {
+[[nodiscard]] inline Result<MappedSegment>
+map_segment(ExportKind kind, std::size_t size, int device,
+            const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle, UniqueFd fd) {
   if (size == 0) {
     return fail(Errc::bad_message, "the server exported an empty segment");
   }
