@@ -11,6 +11,8 @@
 #include <carve/service/allocation_client.hpp>
 #include <carve/service/allocation_server.hpp>
 #include <carve/service/allocation_service.hpp>
+#include <carve/service/client_mappings.hpp>
+#include <carve/service/client_transport.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/protocol_layout.hpp>

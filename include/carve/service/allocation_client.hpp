@@ -46,27 +46,21 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
+#include <carve/service/client_mappings.hpp>
+#include <carve/service/client_transport.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/unix_socket.hpp>
 
-#include <poll.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -153,15 +147,15 @@ public:
                                                                std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
-      const auto it = state_->regions.find(address(p));
-      if (it == state_->regions.end()) {
+      const detail::LocalRegion* r = state_->mappings.region_at(p);
+      if (r == nullptr) {
         return cuda::std::unexpected(Errc::not_allocated);
       }
-      if (it->second.info.size != bytes || !check_request(bytes, alignment)) {
+      if (r->info.size != bytes || !check_request(bytes, alignment)) {
         return cuda::std::unexpected(Errc::invalid_size);
       }
-      const auto r = state_->free(p);
-      return r ? cuda::std::expected<void, Errc>{} : cuda::std::unexpected(r.error().code);
+      const auto freed = state_->free(p);
+      return freed ? cuda::std::expected<void, Errc>{} : cuda::std::unexpected(freed.error().code);
     } catch (const std::exception&) {
       return cuda::std::unexpected(Errc::no_space);
     }
@@ -175,8 +169,8 @@ public:
   /// Whether `p` lies in a live region of this client (an orphan's does not count).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->find(p);
-    return it != state_->regions.end() && !it->second.orphan;
+    const detail::LocalRegion* r = state_->mappings.region_holding(p);
+    return r != nullptr && !r->orphan;
   }
   /// Equal only to itself: regions go back to the client that allocated them.
   friend bool operator==(const AllocationClient& a, const AllocationClient& b) noexcept { return a.state_ == b.state_; }
@@ -193,11 +187,11 @@ public:
   /// when no live region of this client holds it (nothing is sent); the server's; disconnected.
   [[nodiscard]] Result<RegionInfo> query(const void* p) {
     const std::lock_guard lock(state_->mutex);
-    const auto r = state_->find(p);
-    if (r == state_->regions.end() || r->second.orphan) {
+    const detail::LocalRegion* r = state_->mappings.region_holding(p);
+    if (r == nullptr || r->orphan) {
       return fail(Errc::not_allocated, "no region of this client holds that address");
     }
-    return state_->query(r->second.info.id);
+    return state_->query(r->info.id);
   }
 
   /// The server's counters, cards, borrows and clients (one round trip); the my_ fields are this
@@ -252,18 +246,18 @@ public:
   /// nullopt for anything else, orphans included.
   std::optional<RegionId> region_of(const void* p) const {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->regions.find(address(p));
-    if (it == state_->regions.end() || it->second.orphan) {
+    const detail::LocalRegion* r = state_->mappings.region_at(p);
+    if (r == nullptr || r->orphan) {
       return std::nullopt;
     }
-    return it->second.info.id;
+    return r->info.id;
   }
 
   /// Whether the connection is up as far as this side knows (a server that hung up is noticed at
   /// the next call).
   bool connected() const {
     const std::lock_guard lock(state_->mutex);
-    return static_cast<bool>(state_->socket);
+    return state_->transport.connected();
   }
   /// The server's answer to Hello (its pid, this client's id, the backend, ...).
   HelloReply server() const {
@@ -273,21 +267,17 @@ public:
   /// Segments mapped into this process now, orphans' included.
   std::size_t mapped_segments() const {
     const std::lock_guard lock(state_->mutex);
-    return state_->segments.size();
+    return state_->mappings.segment_count();
   }
   /// Every segment mapped into this process for this client: all the server's memory it can reach.
   std::vector<MappedSegment> mappings() const {
     const std::lock_guard lock(state_->mutex);
-    std::vector<MappedSegment> out;
-    for (const auto& [key, s] : state_->segments) {
-      out.push_back(s.mapping);
-    }
-    return out;
+    return state_->mappings.mappings();
   }
   /// Regions this process holds, orphans included.
   std::size_t live_regions() const {
     const std::lock_guard lock(state_->mutex);
-    return state_->regions.size();
+    return state_->mappings.region_count();
   }
   /// As given to connect().
   const ClientOptions& options() const noexcept { return state_->options; }
@@ -322,39 +312,18 @@ private:
     return r->reclaimed_regions;
   }
 
-  struct LocalSegment {
-    MappedSegment mapping;
-    std::size_t live = 0; // this process's regions in it
-    bool orphan = false;  // from a lost connection
-  };
-  struct LocalRegion {
-    RegionInfo info;
-    std::uint64_t segment_key = 0; // into State::segments
-    bool orphan = false;
-  };
-
+  // The client's state behind its mutex: the connection, and the regions mapped here. The data
+  // path of a lease reads top to bottom: lease -> call_for (the transport) -> map the segment ->
+  // record the region (the mappings).
   struct State {
-    explicit State(ClientOptions o) : options(std::move(o)) {}
+    explicit State(ClientOptions o) : options(std::move(o)), transport(options.socket_path, options.timeout) {}
     State(const State&) = delete;
     State& operator=(const State&) = delete;
-    ~State() {
-      socket.reset();
-      for (const auto& [key, s] : segments) {
-        unmap_segment(s.mapping);
-      }
-    }
 
     [[nodiscard]] Result<void> open() {
-      auto fd = connect_to(options.socket_path);
-      if (!fd) {
-        return cuda::std::unexpected(std::move(fd.error()));
+      if (auto c = transport.connect(); !c) {
+        return c;
       }
-      const auto peer = peer_credentials(fd->get());
-      if (!peer || (peer->uid != ::geteuid() && peer->uid != 0)) {
-        return fail(Errc::permission_denied,
-                    options.socket_path.string() + " is served by another user; refusing to use it");
-      }
-      socket = std::move(*fd);
       auto r = call_for<HelloReply>(Hello{options.name});
       if (!r) {
         lose_connection();
@@ -377,6 +346,7 @@ private:
       return r;
     }
 
+    // Asks for the region, maps its segment when it is new here, and records the region.
     [[nodiscard]] Result<Region> lease_mapped(std::size_t bytes, int card) {
       std::vector<UniqueFd> fds;
       auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
@@ -384,9 +354,8 @@ private:
         return cuda::std::unexpected(std::move(r.error()));
       }
       const Allocated& a = *r;
-      const auto known = by_segment.find(a.region.segment);
-      std::uint64_t key = 0;
-      if (a.new_mapping == (known != by_segment.end())) {
+      auto key = mappings.key_of(a.region.segment);
+      if (a.new_mapping == key.has_value()) {
         return give_back(a.region.id, "the server's reply does not match this client's mappings");
       }
       if (a.new_mapping) {
@@ -403,19 +372,12 @@ private:
           unmapped({a.region.segment});
           return fail(m.error().code, m.error().message);
         }
-        key = next_key++;
-        segments.emplace(key, LocalSegment{*m, 0, false});
-        by_segment.emplace(a.region.segment, key);
-      } else {
-        key = known->second;
+        key = mappings.add_segment(a.region.segment, *m);
       }
-      LocalSegment& s = segments.find(key)->second; // just added, or by_segment's: both are in `segments`
-      if (a.region.offset > s.mapping.size || a.region.size > s.mapping.size - a.region.offset) {
+      void* p = mappings.add_region(a.region, *key);
+      if (p == nullptr) {
         return give_back(a.region.id, "the server placed a region outside its segment");
       }
-      void* p = static_cast<std::uint8_t*>(s.mapping.base) + a.region.offset;
-      ++s.live;
-      regions[address(p)] = LocalRegion{a.region, key, false};
       return Region{p, a.region};
     }
 
@@ -426,21 +388,20 @@ private:
     }
 
     [[nodiscard]] Result<void> free(void* p) {
-      const auto it = regions.find(address(p));
-      if (it == regions.end()) {
+      const detail::LocalRegion* r = mappings.region_at(p);
+      if (r == nullptr) {
         return fail(Errc::not_allocated, "this client holds no region starting at that address");
       }
-      if (!it->second.orphan) {
-        const auto r = call_for<Freed>(Free{it->second.info.id});
-        if (!r && r.error().code != Errc::disconnected) {
-          return cuda::std::unexpected(r.error());
+      if (!r->orphan) {
+        const auto freed = call_for<Freed>(Free{r->info.id});
+        if (!freed && freed.error().code != Errc::disconnected) {
+          return cuda::std::unexpected(freed.error());
         }
         // disconnected: lose_connection() has made the region an orphan; drop it below
       }
-      const auto again = regions.find(address(p));
-      const LocalRegion gone = again->second;
-      regions.erase(again);
-      release_segment_use(gone.segment_key, gone.info.segment);
+      if (const auto done = mappings.remove_region(p)) {
+        unmapped({*done}); // its segment is unmapped here: the server can end the lease
+      }
       return {};
     }
 
@@ -452,15 +413,14 @@ private:
       return r->region;
     }
 
-    std::map<std::uintptr_t, LocalRegion>::iterator find(const void* p) {
-      return carve::detail::block_containing(regions, p, [](const LocalRegion& r) { return r.info.size; });
-    }
-
-    // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
+    // One request, its reply of type M (or the server's ErrorReply, or a transport failure,
+    // after which this session's regions are orphans).
     template <class M>
     [[nodiscard]] Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
-      auto reply = call(request, fds);
+      auto reply = transport.call(request, fds, extra_wait,
+                                  [this](const SegmentsRetired& notice) { unmap_retired(notice.segments); });
       if (!reply) {
+        lose_connection();
         return cuda::std::unexpected(std::move(reply.error()));
       }
       if (auto* e = std::get_if<ErrorReply>(&*reply)) {
@@ -473,213 +433,41 @@ private:
       return fail(Errc::bad_message, "carve-served answered with the wrong message type");
     }
 
-    [[nodiscard]] Result<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
-      if (!socket) {
-        return not_connected();
-      }
-      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
-      const std::uint32_t seq = sequence;
-      if (const int e = send_message(socket.get(), encode(request, seq)); e != 0) {
-        return e == EPIPE || e == ECONNRESET ? server_hung_up()
-                                             : lost("cannot send to carve-served: " + detail::errno_text(e));
-      }
-      const auto deadline = std::chrono::steady_clock::now() + options.timeout + extra_wait;
-      for (;;) {
-        std::vector<UniqueFd> received;
-        auto message = next_message(deadline, received);
-        if (!message) {
-          return cuda::std::unexpected(std::move(message.error()));
-        }
-        if (auto* notice = std::get_if<SegmentsRetired>(&message->body); notice != nullptr && message->sequence == 0) {
-          unmap_retired(notice->segments);
-          continue;
-        }
-        if (auto* why = std::get_if<ErrorReply>(&message->body); why != nullptr && message->sequence == 0) {
-          return hung_up(*why); // refused, or the server is shutting down
-        }
-        if (message->sequence != seq) {
-          return lost("carve-served answered request " + std::to_string(message->sequence) + " while " +
-                      std::to_string(seq) + " was pending");
-        }
-        if (fds != nullptr) {
-          *fds = std::move(received);
-        }
-        return std::move(message->body);
-      }
-    }
-
-    [[nodiscard]] Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline,
-                                                      std::vector<UniqueFd>& fds) {
-      for (;;) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        pollfd p{socket.get(), POLLIN, 0};
-        const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
-        if (ready < 0 && errno == EINTR) {
-          continue;
-        }
-        if (ready == 0) {
-          return lost("no reply from carve-served within " + std::to_string(options.timeout.count()) + " ms");
-        }
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds);
-        if (r.closed || r.error == ECONNRESET) {
-          return server_hung_up();
-        }
-        if (r.error != 0 || r.truncated) {
-          return lost(r.error != 0 ? "cannot read from carve-served: " + detail::errno_text(r.error)
-                                   : "carve-served sent an oversized message");
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        if (!decoded) {
-          return lost("carve-served sent a message that does not decode: " + decoded.error().message);
-        }
-        return std::move(*decoded);
-      }
-    }
-
-    // The connection is gone. A server that hangs up says why first (an ErrorReply with
-    // sequence 0) when it can; a reset is reported before the data that is still queued.
-    cuda::std::unexpected<Error> server_hung_up() {
-      if (const auto why = goodbye()) {
-        return hung_up(*why);
-      }
-      return lost("carve-served closed the connection (it stopped or restarted)");
-    }
-    std::optional<ErrorReply> goodbye() {
-      for (int resets = 0;;) {
-        std::vector<UniqueFd> fds;
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
-        if (r.error == ECONNRESET && ++resets < 2) {
-          continue;
-        }
-        if (r.error != 0 || r.closed || r.truncated) {
-          return std::nullopt;
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        if (!decoded) {
-          return std::nullopt;
-        }
-        if (auto* why = std::get_if<ErrorReply>(&decoded->body); why != nullptr && decoded->sequence == 0) {
-          return *why;
-        }
-      }
-    }
-
-    // Reads notices that are already there, without waiting.
+    // Handles the notices that have arrived, without waiting; returns the segments unmapped.
     std::size_t drain_notices() {
-      std::size_t unmapped = 0;
-      while (socket) {
-        std::vector<UniqueFd> fds;
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
-        if (r.error == EAGAIN || r.error == EWOULDBLOCK) {
-          break;
-        }
-        if (r.closed || r.error != 0 || r.truncated) {
-          lose_connection();
-          break;
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        auto* notice = decoded ? std::get_if<SegmentsRetired>(&decoded->body) : nullptr;
-        if (notice == nullptr || decoded->sequence != 0) {
-          lose_connection(); // nothing but notices can be waiting between calls
-          break;
-        }
-        unmapped += unmap_retired(notice->segments);
+      std::size_t unmapped_now = 0;
+      transport.drain([&](const SegmentsRetired& notice) { unmapped_now += unmap_retired(notice.segments); });
+      if (!transport.connected()) {
+        lose_connection();
       }
-      return unmapped;
+      return unmapped_now;
     }
 
     std::size_t unmap_retired(const std::vector<SegmentId>& retired) {
-      std::vector<SegmentId> done;
-      for (const SegmentId id : retired) {
-        const auto it = by_segment.find(id);
-        if (it == by_segment.end()) {
-          continue;
-        }
-        const auto s = segments.find(it->second); // every by_segment entry names a mapped segment
-        if (s->second.live != 0) {
-          continue; // a retired segment holds no regions; ignore a notice that says otherwise
-        }
-        unmap_segment(s->second.mapping);
-        segments.erase(s);
-        by_segment.erase(it);
-        done.push_back(id);
-      }
+      const std::vector<SegmentId> done = mappings.unmap_retired(retired);
       unmapped(done);
       return done.size();
     }
 
     // Tells the server these segments are not mapped here (no reply).
     void unmapped(std::vector<SegmentId> ids) {
-      if (ids.empty() || !socket) {
-        return;
-      }
-      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
-      if (send_message(socket.get(), encode(Request{Unmapped{std::move(ids)}}, sequence)) != 0) {
+      if (!ids.empty() && transport.connected() && !transport.notify(Request{Unmapped{std::move(ids)}})) {
         lose_connection();
-      }
-    }
-
-    // A segment this process holds no region in is unmapped at once (the server gives each
-    // region a segment of its own, so the segment of a freed region is done with), and the server
-    // is told, so that it can end the lease.
-    void release_segment_use(std::uint64_t key, SegmentId id) {
-      LocalSegment& s = segments.find(key)->second; // a region's segment stays mapped while it lives
-      if (--s.live != 0) {
-        return;
-      }
-      const bool orphan = s.orphan;
-      unmap_segment(s.mapping);
-      segments.erase(key);
-      if (!orphan) {
-        by_segment.erase(id);
-        unmapped({id});
       }
     }
 
     // The server is gone (or this side hung up): regions become orphans, idle mappings go.
     void lose_connection() {
-      socket.reset();
-      for (auto& [p, r] : regions) {
-        r.orphan = true;
-      }
-      by_segment.clear();
-      for (auto it = segments.begin(); it != segments.end();) {
-        if (it->second.live == 0) {
-          unmap_segment(it->second.mapping);
-          it = segments.erase(it);
-        } else {
-          it->second.orphan = true;
-          ++it;
-        }
-      }
-    }
-
-    // The server said why it closes the connection (an ErrorReply with sequence 0).
-    cuda::std::unexpected<Error> hung_up(const ErrorReply& why) {
-      lose_connection();
-      return fail(why.code, "carve-served closed the connection: " + why.message);
-    }
-    cuda::std::unexpected<Error> lost(std::string why) {
-      lose_connection();
-      return fail(Errc::disconnected, std::move(why));
-    }
-    cuda::std::unexpected<Error> not_connected() const {
-      return fail(Errc::disconnected,
-                  "not connected to carve-served at " + options.socket_path.string() + "; call reconnect()");
+      transport.hang_up();
+      mappings.orphan_all();
     }
 
     ClientOptions options;
     std::chrono::milliseconds extra_wait{0}; // on top of options.timeout, for a call answered late
     mutable std::mutex mutex;
-    UniqueFd socket;
     HelloReply hello;
-    std::uint32_t sequence = 0;
-    std::vector<std::uint8_t> buffer = std::vector<std::uint8_t>(max_message_size);
-    std::map<std::uintptr_t, LocalRegion> regions;            // by pointer in this process
-    std::unordered_map<std::uint64_t, LocalSegment> segments; // by local key
-    std::unordered_map<SegmentId, std::uint64_t> by_segment;  // this session's segment ids -> key
-    std::uint64_t next_key = 1;
+    detail::ClientMappings mappings; // unmapped after the transport below hangs up
+    detail::ClientTransport transport;
   };
 
   explicit AllocationClient(ClientOptions options) : state_(std::make_unique<State>(std::move(options))) {}
