@@ -17,8 +17,10 @@
 #include <carve/service/protocol.hpp>
 #include <carve/service/protocol_layout.hpp>
 #include <carve/service/protocol_messages.hpp>
+#include <carve/service/reclaim_waits.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/server_config.hpp>
+#include <carve/service/service_report.hpp>
 #include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/service/wire.hpp>

@@ -34,6 +34,8 @@ using RegionId = std::uint64_t;
 /// An exported segment's id: never 0, unique within the server process and never reused, so a
 /// client can key its mappings by it even when a new segment reuses an old address.
 using SegmentId = std::uint64_t;
+/// A connection's id in the service (HelloReply::client_id): from 1, in order of arrival.
+using ClientId = std::uint32_t;
 
 /// The header's first field: "CRVE" in byte order.
 inline constexpr std::uint32_t protocol_magic = 0x45565243;
