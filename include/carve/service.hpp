@@ -13,6 +13,8 @@
 #include <carve/service/allocation_service.hpp>
 #include <carve/service/client_mappings.hpp>
 #include <carve/service/client_transport.hpp>
+#include <carve/service/descriptor_reserve.hpp>
+#include <carve/service/event_loop.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/protocol_layout.hpp>
@@ -20,6 +22,7 @@
 #include <carve/service/reclaim_waits.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/server_config.hpp>
+#include <carve/service/server_options.hpp>
 #include <carve/service/service_report.hpp>
 #include <carve/service/shared_memory_card.hpp>
 #include <carve/service/unix_socket.hpp>
