@@ -739,7 +739,7 @@ TEST_CASE("a freed region's segment is unmapped and goes back to its card") {
   CHECK(released.cards[4].upstream_frees == 1);
   CHECK(released.consistent);
   CHECK(c.process_notices() == 0); // the notice of the retired segment finds nothing left to unmap
-  CHECK(c.lease(3 * MiB, 4, 256));   // and the card's memory is there again
+  CHECK(c.lease(3 * MiB, 4, 256)); // and the card's memory is there again
 }
 
 TEST_CASE("cards and stats describe the machine") {

@@ -171,16 +171,19 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
 }
 
 TEST_CASE("timeouts are checked settings") {
-  const std::vector<std::pair<std::string, bool>> cases{{"200ms", true}, {"5s", true},   {"2min", true},
-                                                        {"0", true},     {"200", false}, {"5h", false},
-                                                        {"-1s", false},  {"ms", false},  {"1441min", false}};
-  for (const auto& entry : cases) {
-    const std::string& value = entry.first;
-    const bool ok = entry.second;
+  // Each text, and the time it must parse to (nullopt: refused). Parsing that merely does not
+  // throw is not enough: a unit read wrongly would still parse.
+  const std::vector<std::pair<std::string, std::optional<std::chrono::milliseconds>>> cases{
+      {"200ms", 200ms}, {"5s", 5000ms}, {"2min", 120000ms}, {"0", 0ms}, {"1440min", 24h},
+      {"200", {}},      {"5h", {}},     {"-1s", {}},        {"ms", {}}, {"1441min", {}}};
+  for (const auto& [value, expected] : cases) {
     CAPTURE(value);
     const std::vector<std::string_view> args{"--handshake-timeout", value};
-    if (ok) {
-      CHECK_NOTHROW(svc::parse_server_args(args));
+    if (expected) {
+      const auto parsed = svc::parse_server_args(args).server_options();
+      CHECK(parsed.handshake_timeout == *expected);
+      CHECK(parsed.idle_timeout == svc::ServerOptions{}.idle_timeout); // the others keep their defaults
+      CHECK(parsed.drain_timeout == svc::ServerOptions{}.drain_timeout);
     } else {
       CHECK_THROWS_WITH_AS(svc::parse_server_args(args), doctest::Contains("is not a time such as 200ms, 5s or 10min"),
                            carve::Exception);

@@ -165,8 +165,8 @@ TEST_CASE("min_wire_size comes from the field lists and agrees with what the wri
     using M = std::remove_cvref_t<decltype(message)>;
     CHECK(encode(Request{message}, 1).size() - header_size == min_wire_size<M>());
   };
-  std::apply([&](const auto&... m) { (payload(m), ...); }, std::tuple<Hello, Allocate, Free, Query, StatsRequest,
-                                                                      CardsRequest, Unmapped, WaitReclaimed>{});
+  std::apply([&](const auto&... m) { (payload(m), ...); },
+             std::tuple<Hello, Allocate, Free, Query, StatsRequest, CardsRequest, Unmapped, WaitReclaimed>{});
   const auto reply_payload = [](const auto& message) {
     using M = std::remove_cvref_t<decltype(message)>;
     CHECK(encode(Reply{message}, 1).size() - header_size == min_wire_size<M>());
