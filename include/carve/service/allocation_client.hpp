@@ -84,7 +84,7 @@ struct Region {
 };
 
 /// An application's connection to carve-served (see the file's description), and a
-/// MemoryResource for ClientOptions::card. Thread-safe; movable, not copyable.
+/// MemoryResource on its default card (ClientOptions::card). Thread-safe; movable, not copyable.
 class AllocationClient : public CcclSpellings<AllocationClient> {
 public:
   /// Connects and says Hello. Errors: disconnected (no server, no answer in time, or a server
