@@ -301,7 +301,7 @@ std::vector<double> allocate_round_trips(carve::service::AllocationClient& clien
   std::vector<unsigned char> back(region_bytes);
   for (int i = 0; i < round_trips; ++i) {
     const auto t0 = clock_type::now();
-    auto r = client.allocate(region_bytes, card);
+    auto r = client.lease(region_bytes, card, 256);
     const double us = microseconds_since(t0);
     if (!checks.expect(r.has_value(), "allocate 2 MiB on card " + std::to_string(card))) {
       std::printf("  %s\n", r.error().message.c_str());
@@ -347,7 +347,7 @@ void service_ipc(int devices) {
     unmaps.insert(unmaps.end(), unmap_us.begin(), unmap_us.end());
   }
   std::vector<double> query_us;
-  if (auto r = client.allocate(region_bytes, 0)) {
+  if (auto r = client.lease(region_bytes, 0, 256)) {
     for (int i = 0; i < round_trips; ++i) {
       const auto t0 = clock_type::now();
       const auto q = client.query(r->ptr);

@@ -114,7 +114,7 @@ int client_main(const std::filesystem::path& socket, unsigned seed, clock_type::
         }
       } else if (dice < 92) {
         std::optional<carve::Result<Region>> r;
-        server_us.push_back(timed_us([&] { r = client->allocate((1 + rng() % 4) * MiB, card); }));
+        server_us.push_back(timed_us([&] { r = client->lease((1 + rng() % 4) * MiB, card, 256); }));
         ++report.server_calls;
         if (*r) {
           std::memset((*r)->ptr, 0xa5, 4 * KiB);

@@ -127,7 +127,7 @@ void service_pair(benchmark::State& state, std::size_t bytes) {
   for (auto _ : state) {
     void* p = nullptr;
     lat.first.push_back(timed_us([&] {
-      auto r = c.allocate(bytes, 0);
+      auto r = c.lease(bytes, 0, 256);
       p = r ? r->ptr : nullptr;
     }));
     if (p == nullptr) {
@@ -142,7 +142,7 @@ void service_pair(benchmark::State& state, std::size_t bytes) {
 // A call with no allocation: the server looks the region up and answers.
 void service_query(benchmark::State& state) {
   AllocationClient c = connect("bench");
-  auto r = c.allocate(4 * KiB, 0);
+  auto r = c.lease(4 * KiB, 0, 256);
   if (!r) {
     state.SkipWithError("allocate failed");
     return;
@@ -210,7 +210,7 @@ void many_clients(benchmark::State& state) {
         for (int i = 0; i < pairs_each; ++i) {
           void* p = nullptr;
           us.push_back(timed_us([&] {
-            auto r = c.allocate(512 + rng() % (64 * KiB), static_cast<int>(rng() % 8));
+            auto r = c.lease(512 + rng() % (64 * KiB), static_cast<int>(rng() % 8), 256);
             p = r ? r->ptr : nullptr;
           }));
           if (p == nullptr) {

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
 
   std::vector<carve::service::Region> held;
   for (int i = 0; i < count; ++i) {
-    auto r = client->allocate(size, card);
+    auto r = client->lease(size, card, carve::default_alignment);
     if (!r) {
       std::printf("%s for GPU%d: %s\n", mib(size).c_str(), card, r.error().message.c_str());
       break;

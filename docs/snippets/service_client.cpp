@@ -11,7 +11,7 @@ int main() {
     std::printf("%s\n", client.error().message.c_str()); // "no carve-served socket at ..."
     return 0;
   }
-  auto r = client->allocate(64 << 20, /*requesting card*/ 0); // carve::Result<Region>
+  auto r = client->lease(64 << 20, /*requesting card*/ 0, /*alignment*/ 256); // carve::Result<Region>
   if (!r) {
     std::printf("%s\n", r.error().message.c_str()); // why no card could lend it
     return 1;

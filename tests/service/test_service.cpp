@@ -126,7 +126,7 @@ TEST_CASE("borrowing across cards follows the picker, for every strategy") {
       }
       const std::size_t bytes = (1 + rng() % 12) * 256 * KiB + rng() % 1000;
       const int requester = static_cast<int>(rng() % 3); // three busy cards, five lenders
-      auto got = client.allocate(bytes, requester);
+      auto got = client.lease(bytes, requester, 256);
       auto want = oracle.borrow_explained(requester, bytes, carve::default_alignment);
       REQUIRE(got.has_value() == want.has_value());
       if (!got) {
@@ -177,7 +177,7 @@ bool mapped_here(const void* p) {
 TEST_CASE("regions keep their ids, and each is a segment its client alone maps") {
   ServedProcess server(dgx1());
   AllocationClient a = connect(server, "a");
-  auto r = a.allocate(64 * KiB, 2);
+  auto r = a.lease(64 * KiB, 2, 256);
   REQUIRE(r);
   CHECK(r->info.card == 2);
   CHECK(r->info.size == 64 * KiB);
@@ -190,7 +190,7 @@ TEST_CASE("regions keep their ids, and each is a segment its client alone maps")
   REQUIRE(q);
   CHECK(*q == r->info);
   // A second region, kept while the first is freed: a segment of its own, not a neighbour.
-  auto kept = a.allocate(4 * KiB, 2);
+  auto kept = a.lease(4 * KiB, 2, 256);
   REQUIRE(kept);
   CHECK(kept->info.segment != r->info.segment);
   CHECK(a.mapped_segments() == 2);
@@ -207,7 +207,7 @@ TEST_CASE("regions keep their ids, and each is a segment its client alone maps")
     }
     std::vector<svc::Region> mine;
     for (int i = 0; i < 8; ++i) { // the freed size, and sizes that would fit beside `kept`
-      auto got = b->allocate(i == 0 ? 64 * KiB : 4 * KiB * static_cast<std::size_t>(i), 2);
+      auto got = b->lease(i == 0 ? 64 * KiB : 4 * KiB * static_cast<std::size_t>(i), 2, 256);
       if (!got || got->info.segment == first.segment || got->info.segment == r->info.segment) {
         return 2;
       }
@@ -236,7 +236,7 @@ TEST_CASE("regions keep their ids, and each is a segment its client alone maps")
                     [](unsigned char c) { return c == 0xa2; }));
   checked.post();
   CHECK(carve::test::wait_exit(child) == 0);
-  auto again = a.allocate(64 * KiB, 2);
+  auto again = a.lease(64 * KiB, 2, 256);
   REQUIRE(again);
   CHECK(again->info.id != first.id); // ids are never reused
   CHECK_FALSE(mappings_hold(a, 0xb7));
@@ -296,10 +296,56 @@ TEST_CASE("a client-side pool serves small blocks from its leases; the server st
   CHECK(after.consistent);
 }
 
+TEST_CASE("the client's byte spellings are every resource's, on its default card; a card is named by lease()") {
+  ServedProcess server(dgx1());
+  auto made = AllocationClient::connect(ClientOptions{server.socket(), "bytes", 10s, 3}); // default card 3
+  REQUIRE(made);
+  AllocationClient& c = *made;
+  // allocate(bytes, alignment) as on every carve resource: once the client's allocate(bytes, card)
+  // hid it, and this call asked the server for a region for card 256.
+  void* p = c.allocate(4096, 256);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
+  const auto q = c.query(p);
+  REQUIRE(q);
+  CHECK(q->size == 4096);
+  CHECK(q->requester == 3);
+  std::memset(p, 0x5c, 4096);
+  c.deallocate(p, 4096, 256);
+  void* s = c.allocate_sync(8192, 4096);
+  CHECK(reinterpret_cast<std::uintptr_t>(s) % 4096 == 0);
+  CHECK(c.query(s)->requester == 3);
+  c.deallocate_sync(s, 8192, 4096);
+  CHECK(c.try_allocate(4096, 3).error() == Errc::invalid_size); // not a power of two: nothing is sent
+  CHECK(c.try_allocate(0, 256).error() == Errc::invalid_size);
+  // A card is named only by lease(), which says so: card 256 is no card of this server.
+  const auto far = c.lease(4096, 256, 256);
+  REQUIRE_FALSE(far);
+  CHECK(far.error().code == Errc::out_of_range);
+  const auto odd = c.lease(4096, 1, 24);
+  REQUIRE_FALSE(odd);
+  CHECK(odd.error().code == Errc::invalid_size);
+  auto other = c.lease(4096, 1, 256);
+  REQUIRE(other);
+  CHECK(other->info.requester == 1);
+  CHECK(reinterpret_cast<std::uintptr_t>(other->ptr) % 256 == 0);
+  REQUIRE(c.free(other->ptr));
+  // An alignment coarser than a mapping gives: met by chance, or given back as no_space.
+  const auto coarse = c.try_allocate(4096, std::size_t{1} << 40);
+  if (coarse) {
+    CHECK(reinterpret_cast<std::uintptr_t>(*coarse) % (std::size_t{1} << 40) == 0);
+    c.deallocate(*coarse, 4096, std::size_t{1} << 40);
+  } else {
+    CHECK(coarse.error() == Errc::no_space);
+  }
+  const auto after = stats_of(c);
+  CHECK(after.live_regions == 0);
+  CHECK(after.consistent);
+}
+
 TEST_CASE("a client frees and queries only its own regions") {
   ServedProcess server(dgx1());
   AllocationClient owner = connect(server, "owner");
-  auto r = owner.allocate(100 * KiB, 1);
+  auto r = owner.lease(100 * KiB, 1, 256);
   REQUIRE(r);
   std::memset(r->ptr, 0x11, r->info.size);
   const svc::RegionId id = r->info.id;
@@ -344,7 +390,7 @@ TEST_CASE("the server records each peer's credentials") {
   CHECK(c.server().peer_uid == static_cast<std::uint32_t>(::geteuid()));
   CHECK(c.server().cards == 8);
   CHECK(c.server().backend == carve::ExportKind::shared_memory);
-  REQUIRE(c.allocate(3 * MiB, 0));
+  REQUIRE(c.lease(3 * MiB, 0, 256));
   const auto s = stats_of(c);
   REQUIRE(s.client_list.size() == 1);
   CHECK(s.client_list[0].pid == static_cast<std::uint32_t>(::getpid()));
@@ -445,7 +491,7 @@ TEST_CASE("a client killed mid-stream has everything reclaimed") {
         held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
         continue;
       }
-      if (auto r = c->allocate(4 * KiB + rng() % (600 * KiB), static_cast<int>(rng() % 8))) {
+      if (auto r = c->lease(4 * KiB + rng() % (600 * KiB), static_cast<int>(rng() % 8), 256)) {
         std::memset(r->ptr, 0x3c, 64);
         held.push_back(r->ptr);
         ++allocations;
@@ -608,14 +654,14 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
   CHECK(s.clients == 1);
   CHECK(s.live_regions == 0);
   CHECK(s.rejected_messages >= static_cast<std::uint64_t>(rejected));
-  REQUIRE(c.allocate(MiB, 0));
+  REQUIRE(c.lease(MiB, 0, 256));
   CHECK(server.stop() == 0);
 }
 
 TEST_CASE("server restart: clients get a clear error and reconnect") {
   ServedProcess first(dgx1());
   AllocationClient c = connect(first);
-  auto old = c.allocate(256 * KiB, 0);
+  auto old = c.lease(256 * KiB, 0, 256);
   REQUIRE(old);
   std::memset(old->ptr, 0x42, old->info.size);
 
@@ -623,7 +669,7 @@ TEST_CASE("server restart: clients get a clear error and reconnect") {
   CHECK(first.output().find("stopping: disconnecting 1 clients, reclaiming 1 regions") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(first.socket())); // removed on the way out
 
-  const auto lost = c.allocate(4096, 0);
+  const auto lost = c.lease(4096, 0, 256);
   REQUIRE_FALSE(lost);
   CHECK(lost.error().code == Errc::disconnected);
   CHECK(lost.error().message == "carve-served closed the connection: the server is shutting down");
@@ -637,7 +683,7 @@ TEST_CASE("server restart: clients get a clear error and reconnect") {
   REQUIRE(second.listening());
   REQUIRE(c.reconnect());
   CHECK(c.server().server_pid == static_cast<std::uint32_t>(second.pid()));
-  auto fresh = c.allocate(256 * KiB, 0);
+  auto fresh = c.lease(256 * KiB, 0, 256);
   REQUIRE(fresh);
   CHECK(c.free(old->ptr)); // dropped locally: its server is gone
   CHECK(c.free(fresh->ptr));
@@ -659,7 +705,7 @@ TEST_CASE("a server at its client limit refuses more, with a reason") {
   REQUIRE_FALSE(second);
   CHECK(second.error().code == Errc::no_space);
   CHECK(second.error().message == "carve-served closed the connection: the server has reached its limit of 1 clients");
-  CHECK(first.allocate(4096, 0));
+  CHECK(first.lease(4096, 0, 256));
 }
 
 TEST_CASE("a second server on a live socket is refused") {
@@ -675,7 +721,7 @@ TEST_CASE("a second server on a live socket is refused") {
 TEST_CASE("a freed region's segment is unmapped and goes back to its card") {
   ServedProcess server(dgx1());
   AllocationClient c = connect(server, "mapper");
-  auto big = c.allocate(3 * MiB, 4);
+  auto big = c.lease(3 * MiB, 4, 256);
   REQUIRE(big);
   CHECK(c.mapped_segments() == 1);
   const auto held = stats_of(c);
@@ -693,7 +739,7 @@ TEST_CASE("a freed region's segment is unmapped and goes back to its card") {
   CHECK(released.cards[4].upstream_frees == 1);
   CHECK(released.consistent);
   CHECK(c.process_notices() == 0); // the notice of the retired segment finds nothing left to unmap
-  CHECK(c.allocate(3 * MiB, 4));   // and the card's memory is there again
+  CHECK(c.lease(3 * MiB, 4, 256)); // and the card's memory is there again
 }
 
 TEST_CASE("cards and stats describe the machine") {
@@ -709,7 +755,7 @@ TEST_CASE("cards and stats describe the machine") {
   CHECK((*cards)[0].bandwidth_gbps[3] == 40.0); // NV2, 20 GB/s per link
   CHECK((*cards)[0].bandwidth_gbps[5] == 10.0); // what GPU0's loads get: the system path, not two NVLink hops
   CHECK(std::isinf((*cards)[0].bandwidth_gbps[0]));
-  auto r = c.allocate(5 * MiB, 3);
+  auto r = c.lease(5 * MiB, 3, 256);
   REQUIRE(r);
   const auto s = stats_of(c);
   CHECK(s.cards[3].bytes_in_use == 5 * MiB);

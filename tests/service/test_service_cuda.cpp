@@ -48,8 +48,8 @@ void lend_and_write(const char* backend, carve::ExportKind expected, int devices
   expect(client->server().cards == devices, "one card per device");
 
   for (int card = 0; card < devices; ++card) {
-    auto a = client->allocate(256 << 10, card);
-    auto b = client->allocate(128 << 10, card);
+    auto a = client->lease(256 << 10, card, 256);
+    auto b = client->lease(128 << 10, card, 256);
     if (!a || !b) {
       std::printf("FAILED: allocate on GPU%d: %s\n", card, (!a ? a.error() : b.error()).message.c_str());
       ++failures;

@@ -145,7 +145,7 @@ TEST_CASE("connections that never say Hello cannot lock out a well-behaved clien
     CHECK(raw.closed_by_server());
   }
   AllocationClient c = connect(server);
-  const auto r = c.allocate(64 * KiB, 0);
+  const auto r = c.lease(64 * KiB, 0, 256);
   REQUIRE(r);
   std::this_thread::sleep_for(300ms); // a greeted client has no handshake deadline
   CHECK(c.free(r->ptr));
@@ -156,7 +156,7 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
   ServedProcess server(dgx1({"--idle-timeout", "200ms"}));
   AllocationClient holder = connect(server);
   AllocationClient idle = connect(server);
-  const auto r = holder.allocate(64 * KiB, 0);
+  const auto r = holder.lease(64 * KiB, 0, 256);
   REQUIRE(r);
   std::this_thread::sleep_for(500ms);
   const auto gone = idle.stats();
@@ -171,16 +171,19 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
 }
 
 TEST_CASE("timeouts are checked settings") {
-  const std::vector<std::pair<std::string, bool>> cases{{"200ms", true}, {"5s", true},   {"2min", true},
-                                                        {"0", true},     {"200", false}, {"5h", false},
-                                                        {"-1s", false},  {"ms", false},  {"1441min", false}};
-  for (const auto& entry : cases) {
-    const std::string& value = entry.first;
-    const bool ok = entry.second;
+  // Each text, and the time it must parse to (nullopt: refused). Parsing that merely does not
+  // throw is not enough: a unit read wrongly would still parse.
+  const std::vector<std::pair<std::string, std::optional<std::chrono::milliseconds>>> cases{
+      {"200ms", 200ms}, {"5s", 5000ms}, {"2min", 120000ms}, {"0", 0ms}, {"1440min", 24h},
+      {"200", {}},      {"5h", {}},     {"-1s", {}},        {"ms", {}}, {"1441min", {}}};
+  for (const auto& [value, expected] : cases) {
     CAPTURE(value);
     const std::vector<std::string_view> args{"--handshake-timeout", value};
-    if (ok) {
-      CHECK_NOTHROW(svc::parse_server_args(args));
+    if (expected) {
+      const auto parsed = svc::parse_server_args(args).server_options();
+      CHECK(parsed.handshake_timeout == *expected);
+      CHECK(parsed.idle_timeout == svc::ServerOptions{}.idle_timeout); // the others keep their defaults
+      CHECK(parsed.drain_timeout == svc::ServerOptions{}.drain_timeout);
     } else {
       CHECK_THROWS_WITH_AS(svc::parse_server_args(args), doctest::Contains("is not a time such as 200ms, 5s or 10min"),
                            carve::Exception);
@@ -206,7 +209,7 @@ TEST_CASE("live segments hold no server descriptor") {
   REQUIRE(before);
   std::vector<void*> held;
   for (int i = 0; i < 64; ++i) {
-    auto r = c.allocate(64 * KiB, i % 8);
+    auto r = c.lease(64 * KiB, i % 8, 256);
     REQUIRE(r);
     held.push_back(r->ptr);
   }
@@ -232,7 +235,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   AllocationClient c = connect(server);
   std::vector<void*> held;
   for (int i = 0; i < 32; ++i) { // more regions than the server has descriptors
-    auto r = c.allocate(64 * KiB, 0);
+    auto r = c.lease(64 * KiB, 0, 256);
     REQUIRE(r);
     held.push_back(r->ptr);
   }
@@ -263,7 +266,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
   CHECK(why->message.find("carve-served has run out of file descriptors (Too many open files)") == 0);
 
   // A new segment needs a memfd, which the system refuses now: the failure names that cause.
-  const auto failed = c.allocate(64 * KiB, 0);
+  const auto failed = c.lease(64 * KiB, 0, 256);
   REQUIRE_FALSE(failed);
   CHECK(failed.error().code == Errc::no_space);
   CHECK(failed.error().message.find("card 0: the system refused the memory (memfd_create: Too many open files)") == 0);
@@ -279,7 +282,7 @@ TEST_CASE("out of descriptors: no spinning, a clear refusal, and service again o
     REQUIRE(c.wait_reclaimed_client(id, 5s));
   }
   AllocationClient later = connect(server);
-  const auto r = later.allocate(64 * KiB, 1);
+  const auto r = later.lease(64 * KiB, 1, 256);
   REQUIRE(r);
   CHECK(later.free(r->ptr));
   for (void* p : held) {
@@ -387,7 +390,7 @@ TEST_CASE("wait_reclaimed returns once a killed client's regions are back") {
   const pid_t victim = carve::test::fork_child([&] {
     auto c = AllocationClient::connect(ClientOptions{server.socket(), "victim", 10s});
     for (int i = 0; c && i < 3; ++i) {
-      if (!c->allocate(300 * KiB, i)) {
+      if (!c->lease(300 * KiB, i, 256)) {
         return 1;
       }
     }

@@ -67,7 +67,7 @@ int client_run(const std::filesystem::path& socket, int k, const std::filesystem
     }
     const std::size_t bytes = 256 + rng() % (16 * 1024);
     const int card = rng() % 3 == 0 ? static_cast<int>(rng() % 8) : static_cast<int>(rng() % 2);
-    auto r = c->allocate(bytes, card);
+    auto r = c->lease(bytes, card, 256);
     ++made;
     if (!r) {
       if (r.error().code != carve::Errc::no_space) {

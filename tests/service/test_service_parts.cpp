@@ -287,6 +287,24 @@ TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {
   CHECK(service.consistent());
 }
 
+TEST_CASE("AllocationService::card checks its index and throws carve::Exception") {
+  std::vector<carve::SharedMemoryCard> cards;
+  for (int i = 0; i < 8; ++i) {
+    cards.emplace_back(MiB);
+  }
+  const AllocationService<carve::SharedMemoryCard> service(carve::test::dgx1(), cards);
+  CHECK(service.card(7).capacity() == MiB);
+  for (const int bad : {8, -1, 256}) {
+    try {
+      (void)service.card(bad);
+      FAIL("card(" << bad << ") did not throw");
+    } catch (const carve::Exception& e) { // not std::out_of_range from vector::at
+      CHECK(e.code() == Errc::out_of_range);
+      CHECK(std::string(e.what()).find("card " + std::to_string(bad) + " ") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("socket directories are checked") {
   carve::test::TempDir dir;
   const auto message = [](const std::filesystem::path& d) {

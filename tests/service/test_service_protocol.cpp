@@ -11,6 +11,8 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 using namespace carve::service;
@@ -131,6 +133,62 @@ TEST_CASE("header errors name the problem") {
   CHECK(unknown.sequence == 4);
 }
 
+// What WireWriter writes for a default `T` (every text and list empty).
+template <class T>
+std::size_t written_size() {
+  Bytes b;
+  WireWriter w(b);
+  const T fewest{};
+  fields(w, fewest);
+  return b.size();
+}
+
+TEST_CASE("min_wire_size comes from the field lists and agrees with what the writer writes") {
+  // Every type that travels in a list: the sizes the layouts add up to (the comments above each
+  // fields() say the widths), and the writer's bytes for the fewest-bytes value.
+  CHECK(min_wire_size<RegionInfo>() == 40); // u64, i32, i32, u64, u64, u64
+  CHECK(min_wire_size<CardStats>() == 88);  // eleven u64
+  CHECK(min_wire_size<BorrowCount>() == 20);
+  CHECK(min_wire_size<BorrowEvent>() == 24);
+  CHECK(min_wire_size<ClientSummary>() == 30); // three u32, two u64, a text's u16 length
+  CHECK(min_wire_size<CardInfo>() == 34);      // i32, text, three u64, a list's u32 count
+  CHECK(min_wire_size<SegmentId>() == 8);
+  CHECK(min_wire_size<double>() == 8);
+  CHECK(min_wire_size<RegionInfo>() == written_size<RegionInfo>());
+  CHECK(min_wire_size<CardStats>() == written_size<CardStats>());
+  CHECK(min_wire_size<BorrowCount>() == written_size<BorrowCount>());
+  CHECK(min_wire_size<BorrowEvent>() == written_size<BorrowEvent>());
+  CHECK(min_wire_size<ClientSummary>() == written_size<ClientSummary>());
+  CHECK(min_wire_size<CardInfo>() == written_size<CardInfo>());
+  // And for every message: a default one's payload is exactly its fewest bytes.
+  const auto payload = [](const auto& message) {
+    using M = std::remove_cvref_t<decltype(message)>;
+    CHECK(encode(Request{message}, 1).size() - header_size == min_wire_size<M>());
+  };
+  std::apply([&](const auto&... m) { (payload(m), ...); },
+             std::tuple<Hello, Allocate, Free, Query, StatsRequest, CardsRequest, Unmapped, WaitReclaimed>{});
+  const auto reply_payload = [](const auto& message) {
+    using M = std::remove_cvref_t<decltype(message)>;
+    CHECK(encode(Reply{message}, 1).size() - header_size == min_wire_size<M>());
+  };
+  std::apply([&](const auto&... m) { (reply_payload(m), ...); },
+             std::tuple<HelloReply, Allocated, Freed, QueryReply, StatsReply, CardsReply, SegmentsRetired, ErrorReply,
+                        Reclaimed>{});
+  // A list whose count promises more elements than the bytes could hold is refused before
+  // anything is built: the check min_wire_size exists for.
+  CardsReply two;
+  two.cards.resize(2);
+  Bytes cut = encode(Reply{two}, 1);
+  cut.resize(cut.size() - 1);
+  const std::uint32_t length = static_cast<std::uint32_t>(cut.size() - header_size);
+  for (std::size_t i = 0; i < 4; ++i) {
+    cut[8 + i] = static_cast<std::uint8_t>(length >> (8 * i));
+  }
+  const auto d = decode_reply(cut);
+  REQUIRE_FALSE(d);
+  CHECK(d.error().message == "malformed payload: list count exceeds the message");
+}
+
 TEST_CASE("out-of-range values are refused") {
   const auto fails = [](Bytes b, std::size_t at, std::uint8_t value, const std::string& why) {
     b[at] = value;
@@ -141,9 +199,9 @@ TEST_CASE("out-of-range values are refused") {
   const Bytes hello = encode(Reply{HelloReply{1, 2, 3, 4, 5, carve::ExportKind::shared_memory}}, 1);
   fails(hello, hello.size() - 1, 9, "unknown export kind");
   fails(hello, hello.size() - 1, 0, "unknown export kind");
-  fails(hello, hello.size() - 1, 6, "unknown export kind"); // one past cuda_fabric
+  fails(hello, hello.size() - 1, 6, "unknown export kind");
   for (const auto kind : {carve::ExportKind::cuda_vmm, carve::ExportKind::host_vmm,
-                          carve::ExportKind::cuda_fabric}) { // the VMM kinds read back
+                          carve::ExportKind::cuda_fabric}) { // the kinds added after version 1 read back
     const auto d = decode_reply(encode(Reply{HelloReply{1, 2, 3, 4, 5, kind}}, 1));
     REQUIRE(d);
     CHECK(std::get<HelloReply>(d->body).backend == kind);

@@ -42,7 +42,7 @@ bool churn(AllocationClient& c, unsigned seed, int rounds) {
       }
       continue;
     }
-    auto r = c.allocate(512 + rng() % (32 * KiB), static_cast<int>(rng() % 8));
+    auto r = c.lease(512 + rng() % (32 * KiB), static_cast<int>(rng() % 8), 256);
     if (!r) {
       return false;
     }
@@ -132,7 +132,7 @@ TEST_CASE("a client that cannot map the server's kind of memory gets an error an
     REQUIRE(c);
     CHECK(c->server().backend == carve::ExportKind::cuda_ipc);
     for (int i = 0; i < 2; ++i) { // the second time, the segment is offered as a new mapping again
-      const auto r = c->allocate(4 * KiB, 0);
+      const auto r = c->lease(4 * KiB, 0, 256);
       REQUIRE_FALSE(r);
       CHECK(r.error().code == carve::Errc::unsupported_version);
       CHECK(r.error().message ==

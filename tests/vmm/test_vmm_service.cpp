@@ -46,7 +46,7 @@ TEST_CASE("a server lends VmmCard memory; the client maps it and both see the sa
     auto client = carve::AllocationClient::connect(ClientOptions{options.socket_path, "vmm", 30s});
     REQUIRE(client);
     CHECK(client->server().backend == carve::ExportKind::host_vmm);
-    const auto r = client->allocate(3000, 3);
+    const auto r = client->lease(3000, 3, 256);
     REQUIRE(r);
     CHECK(r->info.card == 3);
     std::memset(r->ptr, 0x6b, 3000);
@@ -64,7 +64,7 @@ TEST_CASE("a server lends VmmCard memory; the client maps it and both see the sa
     CHECK(host_vmm_mapper().mapping_count() == 1);
 
     // A second region: a segment of its own, mapped anew.
-    const auto r2 = client->allocate(2 * granule, 3);
+    const auto r2 = client->lease(2 * granule, 3, 256);
     REQUIRE(r2);
     CHECK(r2->info.segment != r->info.segment);
     std::memset(r2->ptr, 0x11, 2 * granule);
@@ -97,7 +97,7 @@ TEST_CASE("carve-served --backend host-vmm: another process lends, this one maps
     CHECK(client->server().backend == carve::ExportKind::host_vmm);
     std::vector<Region> held;
     for (int card = 0; card < 8; ++card) {
-      const auto r = client->allocate(100 * KiB, card);
+      const auto r = client->lease(100 * KiB, card, 256);
       REQUIRE(r);
       std::memset(r->ptr, card + 1, r->info.size);
       held.push_back(*r);

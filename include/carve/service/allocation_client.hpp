@@ -4,19 +4,22 @@
 /// @code
 /// auto client = carve::AllocationClient::connect({.name = "trainer"});
 /// if (!client) { std::puts(client.error().message.c_str()); return 1; }
-/// auto r = client->allocate(64 << 20, /*requesting card*/ 0);   // carve::Result<Region>
+/// auto r = client->lease(64 << 20, /*requesting card*/ 0, /*alignment*/ 256); // carve::Result<Region>
 /// if (r) { std::memset(r->ptr, 0, r->info.size); client->free(r->ptr); }
 /// @endcode
 ///
-/// allocate() asks the server for a region, which is a segment of its own that only this client
-/// maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC handle), and
-/// free() unmaps it and gives it back. The client remembers pointer -> region id, so free() and
-/// query() take the pointer.
+/// lease() asks the server for a region for a card, which is a segment of its own that only this
+/// client maps (shared memory: mmap of the descriptor passed with the reply; CUDA: the IPC
+/// handle), and free() unmaps it and gives it back. The client remembers pointer -> region id, so
+/// free() and query() take the pointer.
 ///
-/// The client is also a carve::MemoryResource for ClientOptions::card: try_allocate / deallocate
-/// are allocate / free with the message dropped, so remote memory stacks under pools and
-/// fallbacks like any other. That is how small allocations should go: a CachingPool over the
-/// client leases segments from the server and serves blocks from them without a round trip,
+/// The client is also a carve::MemoryResource whose bytes come from one card, the default card
+/// chosen at connect() (ClientOptions::card): try_allocate(bytes, alignment) and
+/// deallocate(p, bytes, alignment), and CCCL's allocate / allocate_sync / deallocate_sync, mean
+/// what they mean on every carve resource (a lease for ClientOptions::card with the message
+/// dropped, and its free), so remote memory stacks under pools and fallbacks like any other.
+/// That is how small allocations should go: a CachingPool over the client leases segments from
+/// the server and serves blocks from them without a round trip,
 ///
 /// @code
 /// carve::CachingPool pool(carve::ref(*client));        // a client-side pool over leases
@@ -43,27 +46,21 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
+#include <carve/service/client_mappings.hpp>
+#include <carve/service/client_transport.hpp>
 #include <carve/service/protocol.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/unix_socket.hpp>
 
-#include <poll.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -75,7 +72,7 @@ struct ClientOptions {
   std::filesystem::path socket_path = default_socket_path(); ///< where the server listens
   std::string name;                         ///< shown in the server's stats; cut to max_name_length bytes
   std::chrono::milliseconds timeout{30000}; ///< for each reply; then the connection counts as lost
-  int card = 0;                             ///< the requesting card of try_allocate (the resource form)
+  int card = 0; ///< the default card: the requesting card of the resource form (try_allocate, allocate, ...)
 };
 
 /// A region as this process sees it.
@@ -87,14 +84,14 @@ struct Region {
 };
 
 /// An application's connection to carve-served (see the file's description), and a
-/// MemoryResource for ClientOptions::card. Thread-safe; movable, not copyable.
+/// MemoryResource on its default card (ClientOptions::card). Thread-safe; movable, not copyable.
 class AllocationClient : public CcclSpellings<AllocationClient> {
 public:
   /// Connects and says Hello. Errors: disconnected (no server, no answer in time, or a server
   /// speaking another protocol version: the message says which), permission_denied (a server of
   /// another user, or one that refuses this user), no_space (the server has no room for another
   /// client), invalid_size (a socket path too long for a socket address).
-  static Result<AllocationClient> connect(ClientOptions options = {}) {
+  [[nodiscard]] static Result<AllocationClient> connect(ClientOptions options = {}) {
     AllocationClient client(std::move(options));
     if (auto r = client.state_->open(); !r) {
       return cuda::std::unexpected(std::move(r.error()));
@@ -109,32 +106,27 @@ public:
   /// Hangs up (the server reclaims every region of this client) and unmaps everything.
   ~AllocationClient() = default;
 
-  /// `bytes` of memory for `card` (the requesting card), on that card or borrowed from another,
-  /// mapped here. Errors: the server's (no_space, out_of_range for no such card, invalid_size for
-  /// 0 bytes); disconnected; bad_message for a reply that does not hold together, and
+  /// A lease of `bytes` for `card` (the requesting card), on that card or borrowed from another,
+  /// mapped here at an address aligned to `alignment`. Errors: invalid_size (0 bytes, an
+  /// alignment that is not a power of two; nothing is sent); the server's (no_space,
+  /// out_of_range for no such card); no_space for a region that does not start at `alignment`
+  /// (it is given back: a mapping starts on a page, and is not moved to meet a coarser
+  /// alignment); disconnected; bad_message for a reply that does not hold together, and
   /// map_segment's errors (the region is given back in both cases).
-  Result<Region> allocate(std::size_t bytes, int card) {
+  [[nodiscard]] Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
     const std::lock_guard lock(state_->mutex);
-    return state_->allocate(bytes, card);
+    return state_->lease(bytes, card, alignment);
   }
 
-  /// The resource form (carve::MemoryResource): a region for ClientOptions::card. Errors: the
-  /// server's codes; invalid_size (0 bytes, an alignment that is not a power of two); no_space
-  /// also for a region that does not start at `alignment` (it is given back), or when this
-  /// client's bookkeeping cannot grow.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto ok = check_request(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
-    }
+  /// The resource form (carve::MemoryResource): `bytes` aligned to `alignment`, leased for the
+  /// default card (ClientOptions::card). Errors: lease()'s codes, and no_space when this client's
+  /// bookkeeping cannot grow. allocate(bytes, alignment) and allocate_sync are this, throwing.
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
-      const auto r = state_->allocate(bytes, state_->options.card);
+      const auto r = state_->lease(bytes, state_->options.card, alignment);
       if (!r) {
         return cuda::std::unexpected(r.error().code);
-      }
-      if (address(r->ptr) % alignment != 0) {
-        (void)state_->free(r->ptr);
-        return cuda::std::unexpected(Errc::no_space);
       }
       return r->ptr;
     } catch (const std::exception&) { // the client's own bookkeeping could not grow
@@ -151,18 +143,19 @@ public:
   /// Errors (nothing changes): not_allocated when `p` does not start a region of this client;
   /// invalid_size when `bytes` is not its size; the server's errors. After a lost connection the
   /// region is dropped here and the call succeeds.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(state_->mutex);
-      const auto it = state_->regions.find(address(p));
-      if (it == state_->regions.end()) {
+      const detail::LocalRegion* r = state_->mappings.region_at(p);
+      if (r == nullptr) {
         return cuda::std::unexpected(Errc::not_allocated);
       }
-      if (it->second.info.size != bytes || !check_request(bytes, alignment)) {
+      if (r->info.size != bytes || !check_request(bytes, alignment)) {
         return cuda::std::unexpected(Errc::invalid_size);
       }
-      const auto r = state_->free(p);
-      return r ? cuda::std::expected<void, Errc>{} : cuda::std::unexpected(r.error().code);
+      const auto freed = state_->free(p);
+      return freed ? cuda::std::expected<void, Errc>{} : cuda::std::unexpected(freed.error().code);
     } catch (const std::exception&) {
       return cuda::std::unexpected(Errc::no_space);
     }
@@ -176,8 +169,8 @@ public:
   /// Whether `p` lies in a live region of this client (an orphan's does not count).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->find(p);
-    return it != state_->regions.end() && !it->second.orphan;
+    const detail::LocalRegion* r = state_->mappings.region_holding(p);
+    return r != nullptr && !r->orphan;
   }
   /// Equal only to itself: regions go back to the client that allocated them.
   friend bool operator==(const AllocationClient& a, const AllocationClient& b) noexcept { return a.state_ == b.state_; }
@@ -185,30 +178,30 @@ public:
   /// Frees the region that starts at `p` and unmaps it. Errors: not_allocated when `p` is not the
   /// start of a region of this client (nothing is sent); the server's errors. A region orphaned
   /// by a lost connection is dropped locally (its server reclaimed it already).
-  Result<void> free(void* p) {
+  [[nodiscard]] Result<void> free(void* p) {
     const std::lock_guard lock(state_->mutex);
     return state_->free(p);
   }
 
   /// The server's record of the region that holds `p` (any byte of it). Errors: not_allocated
   /// when no live region of this client holds it (nothing is sent); the server's; disconnected.
-  Result<RegionInfo> query(const void* p) {
+  [[nodiscard]] Result<RegionInfo> query(const void* p) {
     const std::lock_guard lock(state_->mutex);
-    const auto r = state_->find(p);
-    if (r == state_->regions.end() || r->second.orphan) {
+    const detail::LocalRegion* r = state_->mappings.region_holding(p);
+    if (r == nullptr || r->orphan) {
       return fail(Errc::not_allocated, "no region of this client holds that address");
     }
-    return state_->query(r->second.info.id);
+    return state_->query(r->info.id);
   }
 
   /// The server's counters, cards, borrows and clients (one round trip); the my_ fields are this
   /// client's.
-  Result<StatsReply> stats() {
+  [[nodiscard]] Result<StatsReply> stats() {
     const std::lock_guard lock(state_->mutex);
     return state_->call_for<StatsReply>(StatsRequest{});
   }
   /// Every card's size, free memory and bandwidths (one round trip).
-  Result<std::vector<CardInfo>> cards() {
+  [[nodiscard]] Result<std::vector<CardInfo>> cards() {
     const std::lock_guard lock(state_->mutex);
     auto r = state_->call_for<CardsReply>(CardsRequest{});
     if (!r) {
@@ -223,18 +216,19 @@ public:
   /// regions then. Errors: timed_out when one is still connected after `timeout`;
   /// invalid_argument for 0 or a timeout outside 0 ms .. 1 h (nothing is sent), and for this
   /// client's own pid; no_space when this client already waits 64 times; disconnected.
-  Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_pid(std::uint32_t pid, std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{0, pid, 0}, timeout);
   }
   /// As wait_reclaimed_pid, for one client (its HelloReply::client_id); invalid_argument for this
   /// client's own id.
-  Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed_client(std::uint32_t client_id,
+                                                            std::chrono::milliseconds timeout) {
     return wait_reclaimed(WaitReclaimed{client_id, 0, 0}, timeout);
   }
 
   /// Hangs up (if still connected) and connects again: a new session, which owns none of the
   /// old regions (they become orphans). Errors: as connect().
-  Result<void> reconnect() {
+  [[nodiscard]] Result<void> reconnect() {
     const std::lock_guard lock(state_->mutex);
     state_->lose_connection();
     return state_->open();
@@ -252,18 +246,18 @@ public:
   /// nullopt for anything else, orphans included.
   std::optional<RegionId> region_of(const void* p) const {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->regions.find(address(p));
-    if (it == state_->regions.end() || it->second.orphan) {
+    const detail::LocalRegion* r = state_->mappings.region_at(p);
+    if (r == nullptr || r->orphan) {
       return std::nullopt;
     }
-    return it->second.info.id;
+    return r->info.id;
   }
 
   /// Whether the connection is up as far as this side knows (a server that hung up is noticed at
   /// the next call).
   bool connected() const {
     const std::lock_guard lock(state_->mutex);
-    return static_cast<bool>(state_->socket);
+    return state_->transport.connected();
   }
   /// The server's answer to Hello (its pid, this client's id, the backend, ...).
   HelloReply server() const {
@@ -273,21 +267,17 @@ public:
   /// Segments mapped into this process now, orphans' included.
   std::size_t mapped_segments() const {
     const std::lock_guard lock(state_->mutex);
-    return state_->segments.size();
+    return state_->mappings.segment_count();
   }
   /// Every segment mapped into this process for this client: all the server's memory it can reach.
   std::vector<MappedSegment> mappings() const {
     const std::lock_guard lock(state_->mutex);
-    std::vector<MappedSegment> out;
-    for (const auto& [key, s] : state_->segments) {
-      out.push_back(s.mapping);
-    }
-    return out;
+    return state_->mappings.mappings();
   }
   /// Regions this process holds, orphans included.
   std::size_t live_regions() const {
     const std::lock_guard lock(state_->mutex);
-    return state_->regions.size();
+    return state_->mappings.region_count();
   }
   /// As given to connect().
   const ClientOptions& options() const noexcept { return state_->options; }
@@ -302,7 +292,7 @@ private:
     return r && card < r->cards.size() ? static_cast<std::size_t>(r->cards[card].*figure) : 0;
   }
 
-  Result<std::uint64_t> wait_reclaimed(WaitReclaimed request, std::chrono::milliseconds timeout) {
+  [[nodiscard]] Result<std::uint64_t> wait_reclaimed(WaitReclaimed request, std::chrono::milliseconds timeout) {
     if (timeout.count() < 0 || timeout.count() > max_wait_ms) {
       return fail(Errc::invalid_argument, "a wait of " + std::to_string(timeout.count()) + " ms is outside 0 ms .. " +
                                               std::to_string(max_wait_ms) + " ms");
@@ -322,39 +312,18 @@ private:
     return r->reclaimed_regions;
   }
 
-  struct LocalSegment {
-    MappedSegment mapping;
-    std::size_t live = 0; // this process's regions in it
-    bool orphan = false;  // from a lost connection
-  };
-  struct LocalRegion {
-    RegionInfo info;
-    std::uint64_t segment_key = 0; // into State::segments
-    bool orphan = false;
-  };
-
+  // The client's state behind its mutex: the connection, and the regions mapped here. The data
+  // path of a lease reads top to bottom: lease -> call_for (the transport) -> map the segment ->
+  // record the region (the mappings).
   struct State {
-    explicit State(ClientOptions o) : options(std::move(o)) {}
+    explicit State(ClientOptions o) : options(std::move(o)), transport(options.socket_path, options.timeout) {}
     State(const State&) = delete;
     State& operator=(const State&) = delete;
-    ~State() {
-      socket.reset();
-      for (const auto& [key, s] : segments) {
-        unmap_segment(s.mapping);
-      }
-    }
 
-    Result<void> open() {
-      auto fd = connect_to(options.socket_path);
-      if (!fd) {
-        return cuda::std::unexpected(std::move(fd.error()));
+    [[nodiscard]] Result<void> open() {
+      if (auto c = transport.connect(); !c) {
+        return c;
       }
-      const auto peer = peer_credentials(fd->get());
-      if (!peer || (peer->uid != ::geteuid() && peer->uid != 0)) {
-        return fail(Errc::permission_denied,
-                    options.socket_path.string() + " is served by another user; refusing to use it");
-      }
-      socket = std::move(*fd);
       auto r = call_for<HelloReply>(Hello{options.name});
       if (!r) {
         lose_connection();
@@ -364,16 +333,29 @@ private:
       return {};
     }
 
-    Result<Region> allocate(std::size_t bytes, int card) {
+    [[nodiscard]] Result<Region> lease(std::size_t bytes, int card, std::size_t alignment) {
+      if (!valid_request(bytes, alignment)) {
+        return fail(Errc::invalid_size, "cannot lease " + std::to_string(bytes) + " bytes aligned to " +
+                                            std::to_string(alignment) + ": 0 bytes, or not a power of two");
+      }
+      auto r = lease_mapped(bytes, card);
+      if (r && address(r->ptr) % alignment != 0) {
+        (void)free(r->ptr);
+        return fail(Errc::no_space, "the region is mapped at an address not aligned to " + std::to_string(alignment));
+      }
+      return r;
+    }
+
+    // Asks for the region, maps its segment when it is new here, and records the region.
+    [[nodiscard]] Result<Region> lease_mapped(std::size_t bytes, int card) {
       std::vector<UniqueFd> fds;
       auto r = call_for<Allocated>(Allocate{bytes, card}, &fds);
       if (!r) {
         return cuda::std::unexpected(std::move(r.error()));
       }
       const Allocated& a = *r;
-      const auto known = by_segment.find(a.region.segment);
-      std::uint64_t key = 0;
-      if (a.new_mapping == (known != by_segment.end())) {
+      auto key = mappings.key_of(a.region.segment);
+      if (a.new_mapping == key.has_value()) {
         return give_back(a.region.id, "the server's reply does not match this client's mappings");
       }
       if (a.new_mapping) {
@@ -390,19 +372,12 @@ private:
           unmapped({a.region.segment});
           return fail(m.error().code, m.error().message);
         }
-        key = next_key++;
-        segments.emplace(key, LocalSegment{*m, 0, false});
-        by_segment.emplace(a.region.segment, key);
-      } else {
-        key = known->second;
+        key = mappings.add_segment(a.region.segment, *m);
       }
-      LocalSegment& s = segments.at(key);
-      if (a.region.offset > s.mapping.size || a.region.size > s.mapping.size - a.region.offset) {
+      void* p = mappings.add_region(a.region, *key);
+      if (p == nullptr) {
         return give_back(a.region.id, "the server placed a region outside its segment");
       }
-      void* p = static_cast<std::uint8_t*>(s.mapping.base) + a.region.offset;
-      ++s.live;
-      regions[address(p)] = LocalRegion{a.region, key, false};
       return Region{p, a.region};
     }
 
@@ -412,26 +387,25 @@ private:
       return fail(Errc::bad_message, why);
     }
 
-    Result<void> free(void* p) {
-      const auto it = regions.find(address(p));
-      if (it == regions.end()) {
+    [[nodiscard]] Result<void> free(void* p) {
+      const detail::LocalRegion* r = mappings.region_at(p);
+      if (r == nullptr) {
         return fail(Errc::not_allocated, "this client holds no region starting at that address");
       }
-      if (!it->second.orphan) {
-        const auto r = call_for<Freed>(Free{it->second.info.id});
-        if (!r && r.error().code != Errc::disconnected) {
-          return cuda::std::unexpected(r.error());
+      if (!r->orphan) {
+        const auto freed = call_for<Freed>(Free{r->info.id});
+        if (!freed && freed.error().code != Errc::disconnected) {
+          return cuda::std::unexpected(freed.error());
         }
         // disconnected: lose_connection() has made the region an orphan; drop it below
       }
-      const auto again = regions.find(address(p));
-      const LocalRegion gone = again->second;
-      regions.erase(again);
-      release_segment_use(gone.segment_key, gone.info.segment);
+      if (const auto done = mappings.remove_region(p)) {
+        unmapped({*done}); // its segment is unmapped here: the server can end the lease
+      }
       return {};
     }
 
-    Result<RegionInfo> query(RegionId id) {
+    [[nodiscard]] Result<RegionInfo> query(RegionId id) {
       auto r = call_for<QueryReply>(Query{id});
       if (!r) {
         return cuda::std::unexpected(std::move(r.error()));
@@ -439,15 +413,14 @@ private:
       return r->region;
     }
 
-    std::map<std::uintptr_t, LocalRegion>::iterator find(const void* p) {
-      return carve::detail::block_containing(regions, p, [](const LocalRegion& r) { return r.info.size; });
-    }
-
-    // One request, its reply of type M (or the server's ErrorReply, or a transport failure).
+    // One request, its reply of type M (or the server's ErrorReply, or a transport failure,
+    // after which this session's regions are orphans).
     template <class M>
-    Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
-      auto reply = call(request, fds);
+    [[nodiscard]] Result<M> call_for(const Request& request, std::vector<UniqueFd>* fds = nullptr) {
+      auto reply = transport.call(request, fds, extra_wait,
+                                  [this](const SegmentsRetired& notice) { unmap_retired(notice.segments); });
       if (!reply) {
+        lose_connection();
         return cuda::std::unexpected(std::move(reply.error()));
       }
       if (auto* e = std::get_if<ErrorReply>(&*reply)) {
@@ -460,208 +433,41 @@ private:
       return fail(Errc::bad_message, "carve-served answered with the wrong message type");
     }
 
-    Result<Reply> call(const Request& request, std::vector<UniqueFd>* fds) {
-      if (!socket) {
-        return not_connected();
-      }
-      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
-      const std::uint32_t seq = sequence;
-      if (const int e = send_message(socket.get(), encode(request, seq)); e != 0) {
-        return e == EPIPE || e == ECONNRESET ? server_hung_up()
-                                             : lost("cannot send to carve-served: " + detail::errno_text(e));
-      }
-      const auto deadline = std::chrono::steady_clock::now() + options.timeout + extra_wait;
-      for (;;) {
-        std::vector<UniqueFd> received;
-        auto message = next_message(deadline, received);
-        if (!message) {
-          return cuda::std::unexpected(std::move(message.error()));
-        }
-        if (auto* notice = std::get_if<SegmentsRetired>(&message->body); notice != nullptr && message->sequence == 0) {
-          unmap_retired(notice->segments);
-          continue;
-        }
-        if (auto* why = std::get_if<ErrorReply>(&message->body); why != nullptr && message->sequence == 0) {
-          return hung_up(*why); // refused, or the server is shutting down
-        }
-        if (message->sequence != seq) {
-          return lost("carve-served answered request " + std::to_string(message->sequence) + " while " +
-                      std::to_string(seq) + " was pending");
-        }
-        if (fds != nullptr) {
-          *fds = std::move(received);
-        }
-        return std::move(message->body);
-      }
-    }
-
-    Result<Decoded<Reply>> next_message(std::chrono::steady_clock::time_point deadline, std::vector<UniqueFd>& fds) {
-      for (;;) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        pollfd p{socket.get(), POLLIN, 0};
-        const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
-        if (ready < 0 && errno == EINTR) {
-          continue;
-        }
-        if (ready == 0) {
-          return lost("no reply from carve-served within " + std::to_string(options.timeout.count()) + " ms");
-        }
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds);
-        if (r.closed || r.error == ECONNRESET) {
-          return server_hung_up();
-        }
-        if (r.error != 0 || r.truncated) {
-          return lost(r.error != 0 ? "cannot read from carve-served: " + detail::errno_text(r.error)
-                                   : "carve-served sent an oversized message");
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        if (!decoded) {
-          return lost("carve-served sent a message that does not decode: " + decoded.error().message);
-        }
-        return std::move(*decoded);
-      }
-    }
-
-    // The connection is gone. A server that hangs up says why first (an ErrorReply with
-    // sequence 0) when it can; a reset is reported before the data that is still queued.
-    cuda::std::unexpected<Error> server_hung_up() {
-      if (const auto why = goodbye()) {
-        return hung_up(*why);
-      }
-      return lost("carve-served closed the connection (it stopped or restarted)");
-    }
-    std::optional<ErrorReply> goodbye() {
-      for (int resets = 0;;) {
-        std::vector<UniqueFd> fds;
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
-        if (r.error == ECONNRESET && ++resets < 2) {
-          continue;
-        }
-        if (r.error != 0 || r.closed || r.truncated) {
-          return std::nullopt;
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        if (!decoded) {
-          return std::nullopt;
-        }
-        if (auto* why = std::get_if<ErrorReply>(&decoded->body); why != nullptr && decoded->sequence == 0) {
-          return *why;
-        }
-      }
-    }
-
-    // Reads notices that are already there, without waiting.
+    // Handles the notices that have arrived, without waiting; returns the segments unmapped.
     std::size_t drain_notices() {
-      std::size_t unmapped = 0;
-      while (socket) {
-        std::vector<UniqueFd> fds;
-        const ReceivedMessage r = receive_message(socket.get(), buffer, fds, true);
-        if (r.error == EAGAIN || r.error == EWOULDBLOCK) {
-          break;
-        }
-        if (r.closed || r.error != 0 || r.truncated) {
-          lose_connection();
-          break;
-        }
-        auto decoded = decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
-        auto* notice = decoded ? std::get_if<SegmentsRetired>(&decoded->body) : nullptr;
-        if (notice == nullptr || decoded->sequence != 0) {
-          lose_connection(); // nothing but notices can be waiting between calls
-          break;
-        }
-        unmapped += unmap_retired(notice->segments);
+      std::size_t unmapped_now = 0;
+      transport.drain([&](const SegmentsRetired& notice) { unmapped_now += unmap_retired(notice.segments); });
+      if (!transport.connected()) {
+        lose_connection();
       }
-      return unmapped;
+      return unmapped_now;
     }
 
     std::size_t unmap_retired(const std::vector<SegmentId>& retired) {
-      std::vector<SegmentId> done;
-      for (const SegmentId id : retired) {
-        const auto it = by_segment.find(id);
-        if (it == by_segment.end() || segments.at(it->second).live != 0) {
-          continue; // a retired segment holds no regions; ignore a notice that says otherwise
-        }
-        unmap_segment(segments.at(it->second).mapping);
-        segments.erase(it->second);
-        by_segment.erase(it);
-        done.push_back(id);
-      }
+      const std::vector<SegmentId> done = mappings.unmap_retired(retired);
       unmapped(done);
       return done.size();
     }
 
     // Tells the server these segments are not mapped here (no reply).
     void unmapped(std::vector<SegmentId> ids) {
-      if (ids.empty() || !socket) {
-        return;
-      }
-      sequence = sequence == std::numeric_limits<std::uint32_t>::max() ? 1 : sequence + 1;
-      if (send_message(socket.get(), encode(Request{Unmapped{std::move(ids)}}, sequence)) != 0) {
+      if (!ids.empty() && transport.connected() && !transport.notify(Request{Unmapped{std::move(ids)}})) {
         lose_connection();
-      }
-    }
-
-    // A segment this process holds no region in is unmapped at once (the server gives each
-    // region a segment of its own, so the segment of a freed region is done with), and the server
-    // is told, so that it can end the lease.
-    void release_segment_use(std::uint64_t key, SegmentId id) {
-      LocalSegment& s = segments.at(key);
-      if (--s.live != 0) {
-        return;
-      }
-      const bool orphan = s.orphan;
-      unmap_segment(s.mapping);
-      segments.erase(key);
-      if (!orphan) {
-        by_segment.erase(id);
-        unmapped({id});
       }
     }
 
     // The server is gone (or this side hung up): regions become orphans, idle mappings go.
     void lose_connection() {
-      socket.reset();
-      for (auto& [p, r] : regions) {
-        r.orphan = true;
-      }
-      by_segment.clear();
-      for (auto it = segments.begin(); it != segments.end();) {
-        if (it->second.live == 0) {
-          unmap_segment(it->second.mapping);
-          it = segments.erase(it);
-        } else {
-          it->second.orphan = true;
-          ++it;
-        }
-      }
-    }
-
-    // The server said why it closes the connection (an ErrorReply with sequence 0).
-    cuda::std::unexpected<Error> hung_up(const ErrorReply& why) {
-      lose_connection();
-      return fail(why.code, "carve-served closed the connection: " + why.message);
-    }
-    cuda::std::unexpected<Error> lost(std::string why) {
-      lose_connection();
-      return fail(Errc::disconnected, std::move(why));
-    }
-    cuda::std::unexpected<Error> not_connected() const {
-      return fail(Errc::disconnected,
-                  "not connected to carve-served at " + options.socket_path.string() + "; call reconnect()");
+      transport.hang_up();
+      mappings.orphan_all();
     }
 
     ClientOptions options;
     std::chrono::milliseconds extra_wait{0}; // on top of options.timeout, for a call answered late
     mutable std::mutex mutex;
-    UniqueFd socket;
     HelloReply hello;
-    std::uint32_t sequence = 0;
-    std::vector<std::uint8_t> buffer = std::vector<std::uint8_t>(max_message_size);
-    std::map<std::uintptr_t, LocalRegion> regions;            // by pointer in this process
-    std::unordered_map<std::uint64_t, LocalSegment> segments; // by local key
-    std::unordered_map<SegmentId, std::uint64_t> by_segment;  // this session's segment ids -> key
-    std::uint64_t next_key = 1;
+    detail::ClientMappings mappings; // unmapped after the transport below hangs up
+    detail::ClientTransport transport;
   };
 
   explicit AllocationClient(ClientOptions options) : state_(std::make_unique<State>(std::move(options))) {}

@@ -37,15 +37,15 @@
 #include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/allocation_service.hpp>
+#include <carve/service/descriptor_reserve.hpp>
+#include <carve/service/event_loop.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/server_options.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/topology/topology.hpp>
 
-#include <fcntl.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/stat.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,29 +63,6 @@
 
 namespace carve::service {
 
-/// How an AllocationServer listens and whom it serves. The server's constructor refuses times
-/// outside 0 ms .. 24 h and counts of 0 (invalid_argument).
-struct ServerOptions {
-  std::filesystem::path socket_path = default_socket_path(); ///< where to listen
-  ServiceOptions service{};                                  ///< how cards are picked
-  std::size_t max_clients = 256;       ///< connections served at once; one more is refused (no_space)
-  std::size_t max_queued_replies = 64; ///< per client, before the server stops reading from it
-  /// A connection that has not said Hello by then is refused (timed_out) and closed. 0: no limit.
-  /// A real client says Hello right after connecting, so seconds are generous.
-  std::chrono::milliseconds handshake_timeout{5000};
-  /// A greeted client that holds no memory (no regions, no mapped segments) and has sent nothing
-  /// for this long is told so (timed_out) and closed. 0 (the default): never, because a closed
-  /// session surprises a client that merely has nothing to allocate yet, and the handshake
-  /// deadline already frees the slots of connections that never speak.
-  std::chrono::milliseconds idle_timeout{0};
-  /// After request_stop(): how long the server keeps answering its clients and flushing the
-  /// replies it owes before it gives up on slow readers.
-  std::chrono::milliseconds drain_timeout{2000};
-  /// Out of descriptors with no reserve left to refuse a connection: how long the listener is
-  /// not watched before the server tries again. Above 0.
-  std::chrono::milliseconds backoff_interval{100};
-};
-
 /// carve's allocation server over `Upstream` cards (see the file's description). run() on one
 /// thread; request_stop() from anywhere; the accessors while run() is not running elsewhere.
 template <ExportableResource Upstream>
@@ -96,11 +73,8 @@ public:
   /// directory, another server on the socket), io_error (the system refused a socket, epoll or
   /// timer).
   AllocationServer(const Topology& topology, std::vector<Upstream> cards, ServerOptions options = {})
-      : options_(checked(std::move(options))), service_(topology, std::move(cards), options_.service),
-        listener_(listen_on(options_.socket_path)), stop_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-        epoll_(::epoll_create1(EPOLL_CLOEXEC)), tick_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)),
-        backoff_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)),
-        reserve_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {
+      : options_(detail::checked_options(std::move(options))), service_(topology, std::move(cards), options_.service),
+        listener_(listen_on(options_.socket_path)) {
     struct stat st {};
     if (!stop_ || !epoll_ || !tick_ || !backoff_ || !reserve_ || ::stat(options_.socket_path.c_str(), &st) != 0) {
       const int e = errno;
@@ -108,10 +82,10 @@ public:
       throw Exception(Errc::io_error, "cannot set up the event loop: " + detail::errno_text(e));
     }
     socket_inode_ = st.st_ino;
-    watch(listener_.get(), listener_key, EPOLLIN);
-    watch(stop_.get(), stop_key, EPOLLIN);
-    watch(tick_.get(), tick_key, EPOLLIN);
-    watch(backoff_.get(), backoff_key, EPOLLIN);
+    epoll_.watch(listener_.get(), listener_key, EPOLLIN);
+    epoll_.watch(stop_.get(), stop_key, EPOLLIN);
+    epoll_.watch(tick_.get(), tick_key, EPOLLIN);
+    epoll_.watch(backoff_.get(), backoff_key, EPOLLIN);
   }
 
   AllocationServer(const AllocationServer&) = delete;
@@ -134,9 +108,9 @@ public:
   /// Serves until request_stop(), then drains (see the file's description) and returns. Throws
   /// carve::Exception (io_error) if epoll itself fails.
   void run() {
-    std::array<epoll_event, 64> events{};
+    detail::Epoll::Events events{};
     while (!stopping_) {
-      const int n = wait(events, -1);
+      const int n = epoll_.wait(events, -1);
       for (int i = 0; i < n; ++i) {
         handle(events[static_cast<std::size_t>(i)]);
       }
@@ -146,10 +120,7 @@ public:
 
   /// Makes run() stop accepting, drain and return (at once, if called before run()). Safe to call
   /// from a signal handler or another thread.
-  void request_stop() noexcept {
-    const std::uint64_t one = 1;
-    (void)!::write(stop_.get(), &one, sizeof one);
-  }
+  void request_stop() noexcept { stop_.signal(); }
 
   /// Where it listens (until run() returns).
   const std::filesystem::path& socket_path() const noexcept { return options_.socket_path; }
@@ -158,7 +129,7 @@ public:
   /// As given, once checked.
   const ServerOptions& options() const noexcept { return options_; }
   /// Connections refused because the server had run out of descriptors, since it started.
-  std::uint64_t refused_for_descriptors() const noexcept { return refused_for_descriptors_; }
+  std::uint64_t refused_for_descriptors() const noexcept { return reserve_.refused(); }
 
 private:
   static constexpr std::uint64_t listener_key = 0;
@@ -176,44 +147,10 @@ private:
     Clock::time_point last_request{};
   };
 
-  static ServerOptions checked(ServerOptions o) {
-    using std::chrono::milliseconds;
-    const auto check = [](milliseconds v, const char* what) {
-      if (v < milliseconds{0} || v > std::chrono::hours{24}) {
-        throw Exception(Errc::invalid_argument,
-                        std::string(what) + " of " + std::to_string(v.count()) + " ms is outside 0 ms .. 24 h");
-      }
-    };
-    check(o.handshake_timeout, "handshake_timeout");
-    check(o.idle_timeout, "idle_timeout");
-    check(o.drain_timeout, "drain_timeout");
-    check(o.backoff_interval, "backoff_interval");
-    if (o.backoff_interval == milliseconds{0}) {
-      throw Exception(Errc::invalid_argument, "backoff_interval must be above 0 ms");
-    }
-    if (o.max_clients == 0 || o.max_queued_replies == 0) {
-      throw Exception(Errc::invalid_argument, "max_clients and max_queued_replies must be at least 1");
-    }
-    return o;
-  }
-
-  int wait(std::array<epoll_event, 64>& events, int timeout_ms) {
-    for (;;) {
-      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
-      if (n >= 0) {
-        return n;
-      }
-      if (errno != EINTR) {
-        throw Exception(Errc::io_error, "epoll_wait: " + detail::errno_text(errno));
-      }
-    }
-  }
-
   void handle(const epoll_event& e) {
     switch (e.data.u64) {
     case stop_key: {
-      std::uint64_t value = 0;
-      (void)!::read(stop_.get(), &value, sizeof value);
+      stop_.consume();
       stopping_ = true;
       return;
     }
@@ -224,26 +161,16 @@ private:
       expire();
       return;
     case backoff_key: {
-      std::uint64_t expirations = 0;
-      (void)!::read(backoff_.get(), &expirations, sizeof expirations);
+      backoff_.consume();
       if (listener_ && paused_) {
         paused_ = false;
-        watch(listener_.get(), listener_key, EPOLLIN, EPOLL_CTL_MOD);
+        epoll_.watch(listener_.get(), listener_key, EPOLLIN, EPOLL_CTL_MOD);
         accept_all();
       }
       return;
     }
     default:
       serve(static_cast<ClientId>(e.data.u64), e.events);
-    }
-  }
-
-  void watch(int fd, std::uint64_t key, std::uint32_t events, int op = EPOLL_CTL_ADD) {
-    epoll_event e{};
-    e.events = events;
-    e.data.u64 = key;
-    if (::epoll_ctl(epoll_.get(), op, fd, &e) != 0 && op == EPOLL_CTL_ADD) {
-      throw Exception(Errc::io_error, "epoll_ctl: " + detail::errno_text(errno));
     }
   }
 
@@ -257,7 +184,8 @@ private:
         }
         if (e == EMFILE || e == ENFILE) {
           // accept4 fails so even with nobody waiting: the descriptor is taken first.
-          const Refusal r = refuse_for_descriptors(e);
+          using Refusal = detail::DescriptorReserve::Refusal;
+          const Refusal r = reserve_.refuse_one(listener_.get(), e);
           if (r == Refusal::refused) {
             continue;
           }
@@ -288,53 +216,16 @@ private:
       Connection& c = connections_[id];
       c.fd = std::move(fd);
       c.accepted = c.last_request = Clock::now();
-      watch(c.fd.get(), id, EPOLLIN | EPOLLRDHUP);
+      epoll_.watch(c.fd.get(), id, EPOLLIN | EPOLLRDHUP);
       start_ticking();
       dispatch(out);
     }
   }
 
-  // The process is out of descriptors and a client waits: free the reserve, accept that client,
-  // tell it why it is refused, close it and take the reserve back. Without this the listener
-  // stays readable and epoll reports it again at once, forever.
-  enum class Refusal { refused, nobody_waiting, no_reserve };
-  Refusal refuse_for_descriptors(int error) {
-    if (!reserve_) { // another thread of the process took the slot last time
-      reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      return Refusal::no_reserve;
-    }
-    reserve_.reset();
-    UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    const bool accepted = static_cast<bool>(fd);
-    if (accepted) {
-      ++refused_for_descriptors_;
-      const auto why = encode(
-          Reply{ErrorReply{Errc::no_space, "carve-served has run out of file descriptors (" +
-                                               detail::errno_text(error) + "); try again when clients have left"}},
-          0);
-      (void)send_message(fd.get(), why, -1, true);
-      fd.reset();
-    }
-    reserve_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-    if (!reserve_) {
-      return Refusal::no_reserve;
-    }
-    return accepted ? Refusal::refused : Refusal::nobody_waiting;
-  }
-
   void pause_accepting() {
     paused_ = true;
-    watch(listener_.get(), listener_key, 0, EPOLL_CTL_MOD);
-    itimerspec t{};
-    t.it_value = timespec_of(options_.backoff_interval);
-    ::timerfd_settime(backoff_.get(), 0, &t, nullptr);
-  }
-
-  static timespec timespec_of(std::chrono::milliseconds ms) {
-    timespec t{};
-    t.tv_sec = static_cast<time_t>(ms.count() / 1000);
-    t.tv_nsec = static_cast<long>(ms.count() % 1000) * 1000000L;
-    return t;
+    epoll_.watch(listener_.get(), listener_key, 0, EPOLL_CTL_MOD);
+    backoff_.arm_once(options_.backoff_interval);
   }
 
   // The deadlines (handshakes, idleness, WaitReclaimed) are checked on a periodic tick, a
@@ -356,15 +247,11 @@ private:
         (options_.handshake_timeout.count() == 0 && options_.idle_timeout.count() == 0 && !service_.waits_pending())) {
       return;
     }
-    const auto interval = tick_interval();
-    itimerspec t{};
-    t.it_value = t.it_interval = timespec_of(interval);
-    ticking_ = ::timerfd_settime(tick_.get(), 0, &t, nullptr) == 0;
+    ticking_ = tick_.arm_every(tick_interval());
   }
 
   void expire() {
-    std::uint64_t expirations = 0;
-    (void)!::read(tick_.get(), &expirations, sizeof expirations);
+    tick_.consume();
     const auto now = Clock::now();
     std::vector<Outgoing> out;
     std::vector<ClientId> ids;
@@ -404,8 +291,7 @@ private:
     service_.expire_waits(now, out);
     dispatch(out);
     if (!watching && !service_.waits_pending()) {
-      itimerspec off{};
-      ::timerfd_settime(tick_.get(), 0, &off, nullptr);
+      tick_.disarm();
       ticking_ = false;
     }
   }
@@ -473,9 +359,9 @@ private:
 
   // After request_stop(): no new clients; requests that already arrived are answered and owed
   // replies flushed, until nothing is left or drain_timeout passes.
-  void drain(std::array<epoll_event, 64>& events) {
+  void drain(detail::Epoll::Events& events) {
     if (listener_) {
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+      epoll_.unwatch(listener_.get());
       listener_.reset();
       remove_socket_file();
     }
@@ -500,7 +386,7 @@ private:
         return;
       }
       if (owed) {
-        const int n = wait(events, static_cast<int>(std::min<std::int64_t>(left.count(), 100)));
+        const int n = epoll_.wait(events, static_cast<int>(std::min<std::int64_t>(left.count(), 100)));
         for (int i = 0; i < n; ++i) {
           const epoll_event& e = events[static_cast<std::size_t>(i)];
           if (e.data.u64 == tick_key) {
@@ -562,7 +448,7 @@ private:
         (c.queue.empty() ? 0u : EPOLLOUT);
     if (want != c.armed) {
       c.armed = want;
-      watch(c.fd.get(), id, want, EPOLL_CTL_MOD);
+      epoll_.watch(c.fd.get(), id, want, EPOLL_CTL_MOD);
     }
   }
 
@@ -571,7 +457,7 @@ private:
     if (it == connections_.end()) {
       return;
     }
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.fd.get(), nullptr);
+    epoll_.unwatch(it->second.fd.get());
     connections_.erase(it);
     service_.disconnect(id, out);
   }
@@ -579,16 +465,15 @@ private:
   ServerOptions options_;
   AllocationService<Upstream> service_;
   UniqueFd listener_;
-  UniqueFd stop_;
-  UniqueFd epoll_;
-  UniqueFd tick_;    // deadlines of connections
-  UniqueFd backoff_; // re-watch the listener after running out of descriptors
-  UniqueFd reserve_; // /dev/null, given up to refuse a connection when descriptors run out
+  detail::EventFd stop_;
+  detail::Epoll epoll_;
+  detail::TimerFd tick_;              // deadlines of connections
+  detail::TimerFd backoff_;           // re-watch the listener after running out of descriptors
+  detail::DescriptorReserve reserve_; // /dev/null, given up to refuse a connection when descriptors run out
   ino_t socket_inode_ = 0;
   bool stopping_ = false;
   bool ticking_ = false;
   bool paused_ = false;
-  std::uint64_t refused_for_descriptors_ = 0;
   std::unordered_map<ClientId, Connection> connections_;
   std::vector<std::uint8_t> buffer_ = std::vector<std::uint8_t>(max_request_size);
 };

@@ -37,6 +37,8 @@
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/reclaim_waits.hpp>
+#include <carve/service/service_report.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/topology/topology.hpp>
 
@@ -46,11 +48,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <span>
 #include <string>
-#include <system_error>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -64,9 +64,6 @@ struct ServiceOptions {
   AnyStrategy strategy{};            ///< how the picker ranks cards that could lend; LargestBandwidth by default
   std::size_t history_window = 1024; ///< borrows the weighted strategy remembers
 };
-
-/// A connection's id in the service (HelloReply::client_id): from 1, in order of arrival.
-using ClientId = std::uint32_t;
 
 /// A message for one client's connection.
 struct Outgoing {
@@ -166,119 +163,26 @@ public:
   /// Ends the WaitReclaimed requests whose time is up (timed_out). The server calls it on a tick
   /// while waits_pending().
   void expire_waits(std::chrono::steady_clock::time_point now, std::vector<Outgoing>& out) {
-    std::erase_if(waits_, [&](const Wait& w) {
-      if (now < w.deadline) {
-        return false;
-      }
+    waits_.expire(now, [&](const detail::ReclaimWaits::Wait& w) {
       const std::string who = w.what.client_id != 0 ? "client " + std::to_string(w.what.client_id)
                                                     : "a client of pid " + std::to_string(w.what.pid);
       send(out, w.waiter,
            error(Errc::timed_out, who + " is still connected after " + std::to_string(w.what.timeout_ms) + " ms"),
            w.seq);
-      return true;
     });
   }
   /// Whether some WaitReclaimed is not answered yet.
-  bool waits_pending() const noexcept { return !waits_.empty(); }
+  bool waits_pending() const noexcept { return waits_.pending(); }
 
   /// What StatsRequest answers; `asking` is the client whose my_ fields are filled (0: none).
-  StatsReply stats(ClientId asking = 0) const {
-    StatsReply s;
-    s.clients = clients_.size();
-    s.live_regions = regions_.size();
-    s.allocations = counters_.allocations;
-    s.frees = counters_.frees;
-    s.failed_allocations = counters_.failed;
-    s.reclaimed_regions = counters_.reclaimed;
-    s.rejected_messages = counters_.rejected;
-    s.open_descriptors = open_descriptors();
-    if (const auto me = clients_.find(asking); me != clients_.end()) {
-      s.my_regions = me->second.regions.size();
-      s.my_bytes = me->second.bytes;
-    }
-    const std::vector<CardState> states = allocator_.card_states();
-    const std::vector<CardUse> use = card_use();
-    for (int c = 0; c < card_count(); ++c) {
-      const auto i = static_cast<std::size_t>(c);
-      const card_type& card = cards_[i];
-      s.leased_segments += card.leased_count();
-      s.retired_segments += card.retired_count();
-      // The server keeps no cache (clients pool inside their own leases): cached bytes and hits
-      // are 0, and every region is one segment taken from the card.
-      s.cards.push_back(CardStats{card.capacity(), states[i].free_bytes, states[i].largest_free_block, use[i].bytes, 0,
-                                  card.capacity() - card.free_bytes(), use[i].regions, card.held_count(), 0,
-                                  counters_.taken[i], counters_.returned[i]});
-    }
-    const auto now = std::chrono::steady_clock::now();
-    std::map<std::pair<int, int>, BorrowCount> pairs;
-    const std::vector<BorrowRecord> records = allocator_.history().records();
-    for (auto r = records.rbegin(); r != records.rend(); ++r) {
-      BorrowCount& b = pairs[{r->requester, r->lender}];
-      b.requester = r->requester;
-      b.lender = r->lender;
-      ++b.count;
-      b.bytes += r->bytes;
-      if (s.recent_borrows.size() < max_recent_borrows) {
-        const auto age = std::chrono::duration_cast<std::chrono::microseconds>(now - r->time).count();
-        s.recent_borrows.push_back(BorrowEvent{static_cast<std::uint64_t>(age), r->requester, r->lender, r->bytes});
-      }
-    }
-    for (const auto& [key, b] : pairs) {
-      s.borrows.push_back(b);
-    }
-    for (const auto& [id, c] : clients_) {
-      if (s.client_list.size() < max_client_entries) {
-        s.client_list.push_back(ClientSummary{id, c.peer.pid, c.peer.uid, c.regions.size(), c.bytes, c.name});
-      }
-    }
-    std::sort(s.client_list.begin(), s.client_list.end(),
-              [](const ClientSummary& a, const ClientSummary& b) { return a.client_id < b.client_id; });
-    s.consistent = consistent();
-    return s;
-  }
+  StatsReply stats(ClientId asking = 0) const { return detail::ServiceReport::stats(*this, asking); }
 
   /// What CardsRequest answers: every card's size, free memory and bandwidths.
-  std::vector<CardInfo> cards() const {
-    const std::vector<CardState> states = allocator_.card_states();
-    std::vector<CardInfo> out;
-    for (int c = 0; c < card_count(); ++c) {
-      CardInfo info;
-      info.card = c;
-      info.name = names_[static_cast<std::size_t>(c)];
-      info.capacity = cards_[static_cast<std::size_t>(c)].capacity();
-      info.free_bytes = states[static_cast<std::size_t>(c)].free_bytes;
-      info.largest_free_block = states[static_cast<std::size_t>(c)].largest_free_block;
-      for (int to = 0; to < card_count(); ++to) {
-        info.bandwidth_gbps.push_back(allocator_.picker().bandwidth(c, to));
-      }
-      out.push_back(std::move(info));
-    }
-    return out;
-  }
+  std::vector<CardInfo> cards() const { return detail::ServiceReport::cards(*this); }
 
   /// The region table agrees with the cards and the leases: every region is a live segment of
   /// its card, mapped by its owner alone, and every leased segment has its mapper on record.
-  bool consistent() const {
-    std::vector<std::size_t> regions(static_cast<std::size_t>(card_count()), 0);
-    for (const auto& [id, r] : regions_) {
-      ++regions[static_cast<std::size_t>(r.handle.card)];
-      const auto owner = clients_.find(r.owner);
-      const auto mappers = mappers_.find(r.segment);
-      if (owner == clients_.end() || owner->second.regions.count(id) != 1 || mappers == mappers_.end() ||
-          mappers->second != std::vector<ClientId>{r.owner}) {
-        return false;
-      }
-    }
-    std::size_t leased = 0;
-    for (int c = 0; c < card_count(); ++c) {
-      const card_type& card = cards_[static_cast<std::size_t>(c)];
-      if (card.live_count() != regions[static_cast<std::size_t>(c)]) {
-        return false;
-      }
-      leased += card.leased_count();
-    }
-    return leased == mappers_.size();
-  }
+  bool consistent() const { return detail::ServiceReport::consistent(*this); }
 
   /// Whether `client` has said Hello (for the server's handshake deadline).
   bool greeted(ClientId client) const {
@@ -299,10 +203,18 @@ public:
   std::size_t region_count() const noexcept { return regions_.size(); }
   /// The allocator, for its picker, history and card states.
   const allocator_type& allocator() const noexcept { return allocator_; }
-  /// Card `c`'s leases and segments; throws std::out_of_range for no such card.
-  const card_type& card(int c) const { return cards_.at(static_cast<std::size_t>(c)); }
+  /// Card `c`'s leases and segments. Throws carve::Exception (out_of_range) for no such card.
+  const card_type& card(int c) const {
+    if (c < 0 || c >= card_count()) {
+      throw Exception(Errc::out_of_range,
+                      "card " + std::to_string(c) + " of a service with " + std::to_string(card_count()) + " cards");
+    }
+    return cards_[static_cast<std::size_t>(c)];
+  }
 
 private:
+  friend struct detail::ServiceReport; // reads the tables below, changes nothing
+
   struct Mapping {
     int card = -1;
     std::uint32_t live = 0; // the client's regions in this segment
@@ -322,13 +234,6 @@ private:
     SegmentId segment = 0;
     std::uint64_t offset = 0;
   };
-  static constexpr std::ptrdiff_t max_waits_per_client = 64; // bounds what one client can make us keep
-  struct Wait {                                              // a WaitReclaimed not answered yet
-    ClientId waiter = 0;
-    std::uint32_t seq = 0;
-    WaitReclaimed what;
-    std::chrono::steady_clock::time_point deadline;
-  };
   struct Counters {
     std::uint64_t allocations = 0;
     std::uint64_t frees = 0;
@@ -338,21 +243,6 @@ private:
     std::vector<std::uint64_t> taken;    // per card: segments taken for regions
     std::vector<std::uint64_t> returned; // per card: regions given back (freed or reclaimed)
   };
-  struct CardUse {
-    std::uint64_t bytes = 0;
-    std::uint64_t regions = 0;
-  };
-
-  std::vector<CardUse> card_use() const {
-    std::vector<CardUse> use(static_cast<std::size_t>(card_count()));
-    for (const auto& [id, r] : regions_) {
-      CardUse& u = use[static_cast<std::size_t>(r.handle.card)];
-      u.bytes += r.handle.size;
-      ++u.regions;
-    }
-    return use;
-  }
-
   allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options) {
     if (topology.gpu_count() < 1 || topology.gpu_count() > max_cards) {
       throw Exception(Errc::invalid_argument, "the topology has " + std::to_string(topology.gpu_count()) +
@@ -415,7 +305,7 @@ private:
     c.mappings.emplace(where->segment, Mapping{h->card, 1, false});
     mappers_[where->segment] = {id};
     const RegionId rid = next_region_++;
-    regions_.emplace(rid, Region{id, *h, where->segment, where->offset});
+    const auto region = regions_.emplace(rid, Region{id, *h, where->segment, where->offset}).first;
     ++counters_.taken[static_cast<std::size_t>(h->card)];
     c.regions.insert(rid);
     c.bytes += h->size;
@@ -425,7 +315,7 @@ private:
     a.new_mapping = true;
     a.device = e->device;
     a.handle = e->handle;
-    a.region = info(rid, regions_.at(rid));
+    a.region = info(rid, region->second);
     a.segment_size = where->segment_size;
     out.push_back(Outgoing{id, encode(Reply{a}, seq), std::move(fd), false});
   }
@@ -439,7 +329,8 @@ private:
       return send(out, id, error(e.error(), "region " + std::to_string(m.region) + " could not be freed"), seq);
     }
     ++counters_.returned[static_cast<std::size_t>(r->second.handle.card)];
-    --c.mappings.at(r->second.segment).live;
+    // A live region's segment is mapped by its owner: the mapping goes only once it holds no region.
+    --c.mappings.find(r->second.segment)->second.live;
     c.regions.erase(m.region);
     c.bytes -= r->second.handle.size;
     regions_.erase(r);
@@ -478,14 +369,14 @@ private:
     if (!still_connected(m)) {
       return send(out, id, Reclaimed{counters_.reclaimed}, seq);
     }
-    if (std::count_if(waits_.begin(), waits_.end(), [id](const Wait& w) { return w.waiter == id; }) >=
-        max_waits_per_client) {
+    if (!waits_.room_for(id)) {
       return send(out, id,
-                  error(Errc::no_space,
-                        "a client may wait for at most " + std::to_string(max_waits_per_client) + " reclaims at once"),
+                  error(Errc::no_space, "a client may wait for at most " +
+                                            std::to_string(detail::ReclaimWaits::max_waits_per_client) +
+                                            " reclaims at once"),
                   seq);
     }
-    waits_.push_back(Wait{id, seq, m, std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms)});
+    waits_.add(id, seq, m);
   }
 
   bool still_connected(const WaitReclaimed& m) const {
@@ -497,16 +388,9 @@ private:
 
   // `gone` has been reclaimed: its own waits end, and those it satisfied are answered.
   void settle_waits(ClientId gone, std::vector<Outgoing>& out) {
-    std::erase_if(waits_, [&](const Wait& w) {
-      if (w.waiter == gone) {
-        return true;
-      }
-      if (still_connected(w.what)) {
-        return false;
-      }
-      send(out, w.waiter, Reclaimed{counters_.reclaimed}, w.seq);
-      return true;
-    });
+    waits_.settle(
+        gone, [this](const WaitReclaimed& what) { return still_connected(what); },
+        [&](const detail::ReclaimWaits::Wait& w) { send(out, w.waiter, Reclaimed{counters_.reclaimed}, w.seq); });
   }
 
   // No reply. Segments the client still holds regions in, or never mapped, are ignored.
@@ -560,7 +444,8 @@ private:
           continue;
         }
         for (const ClientId client : m->second) {
-          auto& mapping = clients_.at(client).mappings.at(s);
+          // A mapper on record is connected and maps `s`: disconnect and Unmapped drop both together.
+          auto& mapping = clients_.find(client)->second.mappings.find(s)->second;
           if (!mapping.retired) {
             mapping.retired = true;
             notices[client].push_back(s);
@@ -578,15 +463,6 @@ private:
     }
   }
 
-  static std::uint64_t open_descriptors() {
-    std::error_code ec;
-    std::uint64_t n = 0;
-    for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end; it.increment(ec)) {
-      ++n;
-    }
-    return n > 0 ? n - 1 : 0; // the iterator's own descriptor
-  }
-
   ServiceOptions options_;
   std::vector<card_type> cards_; // filled by make_allocator, before allocator_ is built
   allocator_type allocator_;
@@ -594,7 +470,7 @@ private:
   std::unordered_map<ClientId, Client> clients_;
   std::unordered_map<RegionId, Region> regions_;
   std::unordered_map<SegmentId, std::vector<ClientId>> mappers_; // who maps each leased segment
-  std::vector<Wait> waits_;
+  detail::ReclaimWaits waits_;
   ClientId next_client_ = 1;
   RegionId next_region_ = 1;
   Counters counters_;

@@ -72,7 +72,7 @@ public:
 
   /// A new segment from the upstream, numbered. Errors: the upstream's; no_space when the
   /// bookkeeping cannot grow (the segment goes back).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const auto got = state_->upstream.try_allocate(bytes, alignment);
     if (!got) {
       return got;

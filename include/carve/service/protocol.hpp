@@ -1,5 +1,7 @@
 /// @file carve/service/protocol.hpp
-/// The messages carve-served and AllocationClient exchange, and their encoding (version 1).
+/// The encoding of carve's service protocol (version 1): the header, encode() and the strict
+/// decoders. The messages are in protocol_messages.hpp, their field layouts in
+/// protocol_layout.hpp; this header includes both.
 ///
 /// Transport: a Unix-domain SOCK_SEQPACKET connection, so one send is one message. A message is
 /// a 16-byte header and a payload, every integer little-endian:
@@ -12,19 +14,7 @@
 ///         12  u32 sequence  chosen by the client (never 0); a reply repeats its request's
 /// @endcode
 ///
-/// Requests are at most max_request_size bytes, replies at most max_message_size. The first
-/// request on a connection must be Hello. Every request but Unmapped gets exactly one reply: the
-/// matching reply type or ErrorReply. Two messages come unasked, with sequence 0: SegmentsRetired
-/// (segments the client maps were freed; it unmaps those it holds no region in and answers with
-/// Unmapped, which gets no reply), and the ErrorReply the server sends before it closes a
-/// connection on its own (a refused peer, a missed deadline, shutdown). A reply may come long
-/// after its request: WaitReclaimed waits for other clients to go.
-///
-/// Every region is a segment of its own that only its client maps. A shared-memory segment's
-/// descriptor travels as SCM_RIGHTS with the Allocated reply that first uses the segment
-/// (Allocated::new_mapping, set in every Allocated carve-served sends); the client unmaps the
-/// segment when it no longer holds a region in it (at the region's Free) and says so with
-/// Unmapped, which ends the segment's lease.
+/// Requests are at most max_request_size bytes, replies at most max_message_size.
 ///
 /// Decoding is strict: a wrong magic, version or length, a truncated or oversized message, an
 /// unknown enum value, a flag other than 0 or 1, a list or text beyond its limit, or trailing
@@ -33,512 +23,21 @@
 #pragma once
 
 #include <carve/core/error.hpp>
-#include <carve/mr/segment_export.hpp>
+#include <carve/service/protocol_layout.hpp>
+#include <carve/service/protocol_messages.hpp>
 #include <carve/service/wire.hpp>
 
 #include <cuda/std/expected>
 
-#include <array>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
 namespace carve::service {
-
-/// A region's id: never 0, never reused while its server runs.
-using RegionId = std::uint64_t;
-/// An exported segment's id: never 0, unique within the server process and never reused, so a
-/// client can key its mappings by it even when a new segment reuses an old address.
-using SegmentId = std::uint64_t;
-
-/// The header's first field: "CRVE" in byte order.
-inline constexpr std::uint32_t protocol_magic = 0x45565243;
-/// The header's version field; a message with any other is refused (unsupported_version).
-inline constexpr std::uint16_t protocol_version = 1;
-/// Bytes of the header before every payload.
-inline constexpr std::size_t header_size = 16;
-/// The largest request, header included; the server refuses a larger one and closes the
-/// connection.
-inline constexpr std::size_t max_request_size = 4096;
-/// The largest reply, header included.
-inline constexpr std::size_t max_message_size = 65536;
-/// The most cards a server serves, and a CardsReply or StatsReply lists.
-inline constexpr int max_cards = 64;
-/// The longest client or card name on the wire, in bytes.
-inline constexpr std::size_t max_name_length = 64;
-/// The longest ErrorReply message on the wire, in bytes; a longer one is cut.
-inline constexpr std::size_t max_error_length = 1024;
-/// The most segment ids one Unmapped or SegmentsRetired carries.
-inline constexpr std::size_t max_segment_list = 256;
-/// The most BorrowCount entries a StatsReply carries.
-inline constexpr std::size_t max_borrow_entries = 512;
-/// The most BorrowEvent entries (the newest) a StatsReply carries.
-inline constexpr std::size_t max_recent_borrows = 64;
-/// The most ClientSummary entries a StatsReply carries.
-inline constexpr std::size_t max_client_entries = 64;
-
-/// The header's type field: requests below 0x8000, replies and notices from 0x8000 on.
-enum class MessageType : std::uint16_t {
-  // requests
-  hello = 0x0001,    ///< Hello
-  allocate = 0x0002, ///< Allocate
-  free = 0x0003,     ///< Free
-  query = 0x0004,    ///< Query
-  stats = 0x0005,    ///< StatsRequest
-  cards = 0x0006,    ///< CardsRequest
-  unmapped = 0x0007, ///< Unmapped (no reply)
-  // replies
-  hello_reply = 0x8001,      ///< HelloReply
-  allocated = 0x8002,        ///< Allocated
-  freed = 0x8003,            ///< Freed
-  query_reply = 0x8004,      ///< QueryReply
-  stats_reply = 0x8005,      ///< StatsReply
-  cards_reply = 0x8006,      ///< CardsReply
-  segments_retired = 0x8007, ///< SegmentsRetired: unsolicited, sequence 0
-  error = 0x80ff,            ///< ErrorReply
-  // Added after version 1 was first released; the values need not follow on.
-  wait_reclaimed = 0x0020, ///< WaitReclaimed (a request)
-  reclaimed = 0x8020,      ///< Reclaimed (its reply)
-};
-
-// ---- requests ----
-
-/// The first request on a connection. Answered by HelloReply; sent again, it closes the
-/// connection (bad_message).
-struct Hello {
-  static constexpr MessageType type = MessageType::hello; ///< its header type
-  std::string client_name;                                ///< shown in stats; at most max_name_length bytes
-  /// Field by field.
-  friend bool operator==(const Hello&, const Hello&) = default;
-};
-/// A region of `bytes` for card `card`, on that card or borrowed from a peer. Answered by
-/// Allocated, or ErrorReply: no_space (naming every card's largest free block, or the system's
-/// refusal), out_of_range (no such card), invalid_size (0 bytes).
-struct Allocate {
-  static constexpr MessageType type = MessageType::allocate; ///< its header type
-  std::uint64_t bytes = 0;                                   ///< the region's size
-  std::int32_t card = 0;                                     ///< the requesting card
-  /// Field by field.
-  friend bool operator==(const Allocate&, const Allocate&) = default;
-};
-/// Gives back one of this client's regions. Answered by Freed, or ErrorReply: not_allocated (no
-/// such region), permission_denied (another client's).
-struct Free {
-  static constexpr MessageType type = MessageType::free; ///< its header type
-  RegionId region = 0;                                   ///< the region to free
-  /// Field by field.
-  friend bool operator==(const Free&, const Free&) = default;
-};
-/// The server's record of one of this client's regions. Answered by QueryReply, or ErrorReply as
-/// for Free.
-struct Query {
-  static constexpr MessageType type = MessageType::query; ///< its header type
-  RegionId region = 0;                                    ///< the region asked about
-  /// Field by field.
-  friend bool operator==(const Query&, const Query&) = default;
-};
-/// The server's counters, cards, borrows and clients. Answered by StatsReply.
-struct StatsRequest {
-  static constexpr MessageType type = MessageType::stats; ///< its header type
-  /// Field by field.
-  friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
-};
-/// Every card's size, free memory and bandwidths. Answered by CardsReply.
-struct CardsRequest {
-  static constexpr MessageType type = MessageType::cards; ///< its header type
-  /// Field by field.
-  friend bool operator==(const CardsRequest&, const CardsRequest&) = default;
-};
-/// The client has unmapped these segments, so their leases end. No reply; segments it still
-/// holds regions in, or never mapped, are ignored.
-struct Unmapped {
-  static constexpr MessageType type = MessageType::unmapped; ///< its header type
-  std::vector<SegmentId> segments;                           ///< at most max_segment_list
-  /// Field by field.
-  friend bool operator==(const Unmapped&, const Unmapped&) = default;
-};
-
-/// Waits until the server has reclaimed everything of one client (client_id, as HelloReply names
-/// it) or of every client of one process (pid): it replies Reclaimed once none of them is
-/// connected any more (at once when none is), or ErrorReply timed_out after timeout_ms. For a
-/// client that died: its connection closes when the kernel notices, and its regions are freed
-/// then. Other errors: invalid_argument (both or neither named, a timeout above max_wait_ms, the
-/// asking client itself), no_space (the asker already waits 64 times).
-struct WaitReclaimed {
-  static constexpr MessageType type = MessageType::wait_reclaimed; ///< its header type
-  std::uint32_t client_id = 0;                                     ///< the client to wait for, or 0
-  std::uint32_t pid = 0;                                           ///< the process whose clients to wait for, or 0
-  std::uint32_t timeout_ms = 0;                                    ///< at most max_wait_ms
-  /// Field by field.
-  friend bool operator==(const WaitReclaimed&, const WaitReclaimed&) = default;
-};
-/// The longest WaitReclaimed: one hour.
-inline constexpr std::uint32_t max_wait_ms = 3600 * 1000;
-
-/// Every message a client sends.
-using Request = std::variant<Hello, Allocate, Free, Query, StatsRequest, CardsRequest, Unmapped, WaitReclaimed>;
-
-// ---- replies ----
-
-/// The answer to Hello: who is on each side, and how segments will come.
-struct HelloReply {
-  static constexpr MessageType type = MessageType::hello_reply; ///< its header type
-  std::uint32_t server_pid = 0;                                 ///< the server process
-  std::uint32_t client_id = 0;                                  ///< this connection, as stats name it
-  std::uint32_t peer_pid = 0;                                   ///< the client as the server's SO_PEERCRED saw it
-  std::uint32_t peer_uid = 0;                                   ///< the client's user, likewise
-  std::int32_t cards = 0;                                       ///< how many cards the server serves
-  ExportKind backend = ExportKind::shared_memory;               ///< how its segments are exported
-  /// Field by field.
-  friend bool operator==(const HelloReply&, const HelloReply&) = default;
-};
-
-/// A region as the server keeps it.
-struct RegionInfo {
-  RegionId id = 0;             ///< the region's id
-  std::int32_t card = -1;      ///< whose memory it is
-  std::int32_t requester = -1; ///< the card that asked; card != requester: borrowed
-  SegmentId segment = 0;       ///< the exported segment holding it
-  std::uint64_t offset = 0;    ///< from the segment's start
-  std::uint64_t size = 0;      ///< bytes asked for
-  /// Field by field.
-  friend bool operator==(const RegionInfo&, const RegionInfo&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<RegionInfo> = 40;
-/// @endcond
-
-/// The answer to Allocate: the region, and how to map the segment that holds it.
-struct Allocated {
-  static constexpr MessageType type = MessageType::allocated;     ///< its header type
-  RegionInfo region;                                              ///< where the region is
-  ExportKind kind = ExportKind::shared_memory;                    ///< how its segment is exported
-  std::uint64_t segment_size = 0;                                 ///< bytes of the whole segment to map
-  std::int32_t device = -1;                                       ///< cuda_ipc and the VMM kinds: the device holding it
-  std::array<std::uint8_t, SegmentExport::handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t
-  /// The segment is new to this client: map it (shared_memory, cuda_vmm, host_vmm: with the
-  /// SCM_RIGHTS descriptor that comes with this reply; cuda_ipc: from `handle`). Otherwise the
-  /// client has it mapped already.
-  bool new_mapping = false;
-  /// Field by field.
-  friend bool operator==(const Allocated&, const Allocated&) = default;
-};
-/// The answer to Free: the region is back with the server.
-struct Freed {
-  static constexpr MessageType type = MessageType::freed; ///< its header type
-  RegionId region = 0;                                    ///< the freed region
-  /// Field by field.
-  friend bool operator==(const Freed&, const Freed&) = default;
-};
-/// The answer to Query.
-struct QueryReply {
-  static constexpr MessageType type = MessageType::query_reply; ///< its header type
-  RegionInfo region;                                            ///< the server's record of it
-  /// Field by field.
-  friend bool operator==(const QueryReply&, const QueryReply&) = default;
-};
-
-/// One card's figures in a StatsReply. carve-served keeps no cache (clients pool inside their
-/// own leases), so bytes_cached and cache_hits are 0 there and every region is one segment.
-struct CardStats {
-  std::uint64_t capacity = 0;             ///< the card's size
-  std::uint64_t free_bytes = 0;           ///< what the card has free now
-  std::uint64_t largest_free_block = 0;   ///< the largest region it could give now
-  std::uint64_t bytes_in_use = 0;         ///< the sizes of the live regions on it
-  std::uint64_t bytes_cached = 0;         ///< held for reuse by a server-side cache
-  std::uint64_t bytes_reserved = 0;       ///< taken from the card (freed CUDA IPC segments too, until unmapped)
-  std::uint64_t live_blocks = 0;          ///< live regions on it
-  std::uint64_t segments = 0;             ///< segments held from the card
-  std::uint64_t cache_hits = 0;           ///< requests a server-side cache served
-  std::uint64_t upstream_allocations = 0; ///< segments taken from the card, since the server started
-  std::uint64_t upstream_frees = 0;       ///< regions given back (freed or reclaimed), since then
-  /// Field by field.
-  friend bool operator==(const CardStats&, const CardStats&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<CardStats> = 88;
-/// @endcond
-
-/// The borrows of one requesting card from one lender in the server's history window.
-struct BorrowCount {
-  std::int32_t requester = -1; ///< the card that asked
-  std::int32_t lender = -1;    ///< the card that lent
-  std::uint32_t count = 0;     ///< how many borrows
-  std::uint64_t bytes = 0;     ///< their total size
-  /// Field by field.
-  friend bool operator==(const BorrowCount&, const BorrowCount&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<BorrowCount> = 20;
-/// @endcond
-
-/// One record of the borrowing history; StatsReply lists the newest first.
-struct BorrowEvent {
-  std::uint64_t age_us = 0;    ///< how long ago, in microseconds
-  std::int32_t requester = -1; ///< the card that asked
-  std::int32_t lender = -1;    ///< the card that lent
-  std::uint64_t bytes = 0;     ///< the borrow's size
-  /// Field by field.
-  friend bool operator==(const BorrowEvent&, const BorrowEvent&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<BorrowEvent> = 24;
-/// @endcond
-
-/// One connected client in a StatsReply.
-struct ClientSummary {
-  std::uint32_t client_id = 0; ///< as its HelloReply names it
-  std::uint32_t pid = 0;       ///< its process, from SO_PEERCRED
-  std::uint32_t uid = 0;       ///< its user, from SO_PEERCRED
-  std::uint64_t regions = 0;   ///< its live regions
-  std::uint64_t bytes = 0;     ///< their total size
-  std::string name;            ///< from its Hello
-  /// Field by field.
-  friend bool operator==(const ClientSummary&, const ClientSummary&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<ClientSummary> = 30;
-/// @endcond
-
-/// The answer to StatsRequest: the server's counters (since it started), every card, the
-/// borrowing history and the clients.
-struct StatsReply {
-  static constexpr MessageType type = MessageType::stats_reply; ///< its header type
-  std::uint64_t clients = 0;                                    ///< connections now
-  std::uint64_t live_regions = 0;                               ///< regions held now
-  std::uint64_t allocations = 0;                                ///< successful
-  std::uint64_t frees = 0;                                      ///< by clients
-  std::uint64_t failed_allocations = 0;                         ///< Allocate requests refused
-  std::uint64_t reclaimed_regions = 0;                          ///< freed because their client went away
-  std::uint64_t rejected_messages = 0;     ///< bad or out-of-order messages, refused or timed-out connections
-  std::uint64_t leased_segments = 0;       ///< mapped by at least one client
-  std::uint64_t retired_segments = 0;      ///< freed while their client mapped them, not yet reported unmapped
-  std::uint64_t open_descriptors = 0;      ///< the server process's, from /proc/self/fd
-  std::uint64_t my_regions = 0;            ///< the asking client's live regions
-  std::uint64_t my_bytes = 0;              ///< their total size
-  bool consistent = false;                 ///< the region table agrees with the cards and the leases
-  std::vector<CardStats> cards;            ///< one per card
-  std::vector<BorrowCount> borrows;        ///< per requester and lender; at most max_borrow_entries
-  std::vector<BorrowEvent> recent_borrows; ///< newest first; at most max_recent_borrows
-  std::vector<ClientSummary> client_list;  ///< by client id; at most max_client_entries
-  /// Field by field.
-  friend bool operator==(const StatsReply&, const StatsReply&) = default;
-};
-
-/// One card in a CardsReply.
-struct CardInfo {
-  std::int32_t card = -1;               ///< its index
-  std::string name;                     ///< as the topology names it ("GPU3")
-  std::uint64_t capacity = 0;           ///< its size
-  std::uint64_t free_bytes = 0;         ///< what it has free now
-  std::uint64_t largest_free_block = 0; ///< the largest region it could give now
-  std::vector<double> bandwidth_gbps;   ///< to every card; +infinity to itself, 0 without a path
-  /// Field by field.
-  friend bool operator==(const CardInfo&, const CardInfo&) = default;
-};
-/// @cond
-template <>
-inline constexpr std::size_t min_wire_size<CardInfo> = 34;
-/// @endcond
-
-/// The answer to CardsRequest.
-struct CardsReply {
-  static constexpr MessageType type = MessageType::cards_reply; ///< its header type
-  std::vector<CardInfo> cards;                                  ///< one per card, in card order
-  /// Field by field.
-  friend bool operator==(const CardsReply&, const CardsReply&) = default;
-};
-/// A notice (sequence 0): segments this client maps were freed. It unmaps those it holds no
-/// region in and answers with Unmapped.
-struct SegmentsRetired {
-  static constexpr MessageType type = MessageType::segments_retired; ///< its header type
-  std::vector<SegmentId> segments;                                   ///< at most max_segment_list
-  /// Field by field.
-  friend bool operator==(const SegmentsRetired&, const SegmentsRetired&) = default;
-};
-/// The answer to a request that failed; with sequence 0, why the server closes the connection.
-struct ErrorReply {
-  static constexpr MessageType type = MessageType::error; ///< its header type
-  Errc code = Errc::bad_message;                          ///< what failed; a reader refuses a value that is no Errc
-  std::string message;                                    ///< why, for people; at most max_error_length bytes
-  /// Field by field.
-  friend bool operator==(const ErrorReply&, const ErrorReply&) = default;
-};
-
-/// The answer to WaitReclaimed: none of the clients waited for is connected any more.
-struct Reclaimed {
-  static constexpr MessageType type = MessageType::reclaimed; ///< its header type
-  std::uint64_t reclaimed_regions = 0;                        ///< StatsReply::reclaimed_regions when the wait ended
-  /// Field by field.
-  friend bool operator==(const Reclaimed&, const Reclaimed&) = default;
-};
-
-/// Every message the server sends.
-using Reply = std::variant<HelloReply, Allocated, Freed, QueryReply, StatsReply, CardsReply, SegmentsRetired,
-                           ErrorReply, Reclaimed>;
-
-// ---- fields: the wire layout of each message, in order ----
-
-/// M is T, const or not: one fields() overload serves the writer (a const message) and the reader.
-template <class M, class T>
-concept Is = std::same_as<std::remove_const_t<M>, T>;
-
-/// An ExportKind field; the reader fails on a value that is no ExportKind (cuda_vmm and host_vmm
-/// came after version 1 was first released: a reader from before refuses them, so an old client
-/// gets a clear bad_message from a VMM server rather than a mapping it cannot make).
-template <class A, class K>
-void export_kind(A& a, K& kind) {
-  a.enumeration(kind);
-  if constexpr (std::same_as<A, WireReader>) {
-    if (kind != ExportKind::shared_memory && kind != ExportKind::cuda_ipc && kind != ExportKind::cuda_vmm &&
-        kind != ExportKind::host_vmm && kind != ExportKind::cuda_fabric) {
-      a.fail("unknown export kind");
-    }
-  }
-}
-
-/// Hello on the wire: the client name (text).
-template <class A>
-void fields(A& a, Is<Hello> auto& m) {
-  a.text(m.client_name, max_name_length);
-}
-/// Allocate on the wire: bytes (u64), then the requesting card (i32).
-template <class A>
-void fields(A& a, Is<Allocate> auto& m) {
-  a(m.bytes, m.card);
-}
-/// Free on the wire: the region id (u64).
-template <class A>
-void fields(A& a, Is<Free> auto& m) {
-  a(m.region);
-}
-/// Query on the wire: the region id (u64).
-template <class A>
-void fields(A& a, Is<Query> auto& m) {
-  a(m.region);
-}
-/// StatsRequest on the wire: no fields.
-template <class A>
-void fields(A&, Is<StatsRequest> auto&) {}
-/// CardsRequest on the wire: no fields.
-template <class A>
-void fields(A&, Is<CardsRequest> auto&) {}
-/// Unmapped on the wire: a list of segment ids.
-template <class A>
-void fields(A& a, Is<Unmapped> auto& m) {
-  a.list(m.segments, max_segment_list);
-}
-/// WaitReclaimed on the wire: client id, pid, timeout in ms (u32 each).
-template <class A>
-void fields(A& a, Is<WaitReclaimed> auto& m) {
-  a(m.client_id, m.pid, m.timeout_ms);
-}
-/// Reclaimed on the wire: the reclaimed-region count (u64).
-template <class A>
-void fields(A& a, Is<Reclaimed> auto& m) {
-  a(m.reclaimed_regions);
-}
-/// HelloReply on the wire: server pid, client id, peer pid, peer uid (u32), cards (i32), backend (u8).
-template <class A>
-void fields(A& a, Is<HelloReply> auto& m) {
-  a(m.server_pid, m.client_id, m.peer_pid, m.peer_uid, m.cards);
-  export_kind(a, m.backend);
-}
-/// RegionInfo on the wire: id (u64), card, requester (i32), segment, offset, size (u64).
-template <class A>
-void fields(A& a, Is<RegionInfo> auto& m) {
-  a(m.id, m.card, m.requester, m.segment, m.offset, m.size);
-}
-/// Allocated on the wire: the region, the export kind, segment size, device, the handle's bytes, new_mapping.
-template <class A>
-void fields(A& a, Is<Allocated> auto& m) {
-  fields(a, m.region);
-  export_kind(a, m.kind);
-  a(m.segment_size, m.device, m.handle, m.new_mapping);
-}
-/// Freed on the wire: the region id (u64).
-template <class A>
-void fields(A& a, Is<Freed> auto& m) {
-  a(m.region);
-}
-/// QueryReply on the wire: the region's RegionInfo.
-template <class A>
-void fields(A& a, Is<QueryReply> auto& m) {
-  fields(a, m.region);
-}
-/// CardStats on the wire: its eleven counters (u64), in declaration order.
-template <class A>
-void fields(A& a, Is<CardStats> auto& m) {
-  a(m.capacity, m.free_bytes, m.largest_free_block, m.bytes_in_use, m.bytes_cached, m.bytes_reserved, m.live_blocks,
-    m.segments, m.cache_hits, m.upstream_allocations, m.upstream_frees);
-}
-/// BorrowCount on the wire: requester, lender (i32), count (u32), bytes (u64).
-template <class A>
-void fields(A& a, Is<BorrowCount> auto& m) {
-  a(m.requester, m.lender, m.count, m.bytes);
-}
-/// BorrowEvent on the wire: age (u64), requester, lender (i32), bytes (u64).
-template <class A>
-void fields(A& a, Is<BorrowEvent> auto& m) {
-  a(m.age_us, m.requester, m.lender, m.bytes);
-}
-/// ClientSummary on the wire: client id, pid, uid (u32), regions, bytes (u64), then the name (text).
-template <class A>
-void fields(A& a, Is<ClientSummary> auto& m) {
-  a(m.client_id, m.pid, m.uid, m.regions, m.bytes);
-  a.text(m.name, max_name_length);
-}
-/// StatsReply on the wire: its twelve counters (u64) and the flag, then the four lists.
-template <class A>
-void fields(A& a, Is<StatsReply> auto& m) {
-  a(m.clients, m.live_regions, m.allocations, m.frees, m.failed_allocations, m.reclaimed_regions, m.rejected_messages,
-    m.leased_segments, m.retired_segments, m.open_descriptors, m.my_regions, m.my_bytes, m.consistent);
-  a.list(m.cards, static_cast<std::size_t>(max_cards));
-  a.list(m.borrows, max_borrow_entries);
-  a.list(m.recent_borrows, max_recent_borrows);
-  a.list(m.client_list, max_client_entries);
-}
-/// CardInfo on the wire: card (i32), name (text), capacity, free bytes, largest free block (u64), bandwidths.
-template <class A>
-void fields(A& a, Is<CardInfo> auto& m) {
-  a(m.card);
-  a.text(m.name, max_name_length);
-  a(m.capacity, m.free_bytes, m.largest_free_block);
-  a.list(m.bandwidth_gbps, static_cast<std::size_t>(max_cards));
-}
-/// CardsReply on the wire: a list of CardInfo.
-template <class A>
-void fields(A& a, Is<CardsReply> auto& m) {
-  a.list(m.cards, static_cast<std::size_t>(max_cards));
-}
-/// SegmentsRetired on the wire: a list of segment ids.
-template <class A>
-void fields(A& a, Is<SegmentsRetired> auto& m) {
-  a.list(m.segments, max_segment_list);
-}
-/// ErrorReply on the wire: the code (its Errc value, checked), then the message (text).
-template <class A>
-void fields(A& a, Is<ErrorReply> auto& m) {
-  a.enumeration(m.code);
-  if constexpr (std::same_as<A, WireReader>) {
-    const auto v = static_cast<int>(m.code);
-    if (v < static_cast<int>(Errc::no_space) || v > static_cast<int>(last_errc)) {
-      a.fail("unknown error code");
-    }
-  }
-  a.text(m.message, max_error_length);
-}
-
-// ---- messages ----
 
 /// The header type of message type M.
 template <class M>
@@ -594,7 +93,8 @@ bool decode_body(std::uint16_t type, WireReader& r, Variant& out) {
 }
 
 template <class Variant>
-cuda::std::expected<Decoded<Variant>, DecodeError> decode(std::span<const std::uint8_t> bytes, std::size_t max_size) {
+[[nodiscard]] cuda::std::expected<Decoded<Variant>, DecodeError> decode(std::span<const std::uint8_t> bytes,
+                                                                        std::size_t max_size) {
   using Result = cuda::std::expected<Decoded<Variant>, DecodeError>;
   std::uint32_t sequence = 0;
   const auto fail = [&sequence](Errc code, std::string reason, bool fatal = true) {
@@ -654,11 +154,13 @@ inline std::vector<std::uint8_t> encode(const Reply& reply, std::uint32_t sequen
 }
 
 /// One request of at most max_request_size bytes, decoded strictly (see the file's description).
-inline cuda::std::expected<Decoded<Request>, DecodeError> decode_request(std::span<const std::uint8_t> bytes) {
+[[nodiscard]] inline cuda::std::expected<Decoded<Request>, DecodeError>
+decode_request(std::span<const std::uint8_t> bytes) {
   return detail::decode<Request>(bytes, max_request_size);
 }
 /// One reply of at most max_message_size bytes, decoded strictly.
-inline cuda::std::expected<Decoded<Reply>, DecodeError> decode_reply(std::span<const std::uint8_t> bytes) {
+[[nodiscard]] inline cuda::std::expected<Decoded<Reply>, DecodeError>
+decode_reply(std::span<const std::uint8_t> bytes) {
   return detail::decode<Reply>(bytes, max_message_size);
 }
 

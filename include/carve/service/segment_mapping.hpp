@@ -107,7 +107,7 @@ template <PhysicalMemoryMapper Mapper, class Import>
 /// segment or no descriptor; the mapper's errors otherwise (out_of_range: a device this process
 /// cannot see).
 template <PhysicalMemoryMapper Mapper>
-Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int device, UniqueFd fd) {
+[[nodiscard]] Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int device, UniqueFd fd) {
   if (size == 0 || !fd) {
     std::string message = to_string(Mapper::export_kind);
     message.insert(0, "the server's ");
@@ -147,9 +147,9 @@ void unmap_vmm_segment(Mapper& mapper, const MappedSegment& s) noexcept {
 /// together (an empty segment, no descriptor, or a file smaller than the segment); no_space when
 /// the system refuses the mapping; out_of_range for a CUDA device this process cannot see;
 /// unsupported_version for a kind this build cannot map.
-inline Result<MappedSegment> map_segment(ExportKind kind, std::size_t size, int device,
-                                         const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle,
-                                         UniqueFd fd) {
+[[nodiscard]] inline Result<MappedSegment>
+map_segment(ExportKind kind, std::size_t size, int device,
+            const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle, UniqueFd fd) {
   if (size == 0) {
     return fail(Errc::bad_message, "the server exported an empty segment");
   }

@@ -29,9 +29,9 @@
 #include <carve/core/system_refusal.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
+#include <carve/service/detail/segment_descriptors.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -65,7 +65,7 @@ public:
   /// Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space for an
   /// alignment above the OS page, a full card, or when the system refuses the memory (then noted:
   /// last_system_refusal()).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     clear_system_refusal(); // a card that is merely full is not the system's refusal
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
@@ -129,11 +129,7 @@ public:
     if (it == state_->segments.end() || it->second.size != bytes || it->second.fd < 0) {
       return std::nullopt;
     }
-    SegmentExport e;
-    e.kind = ExportKind::shared_memory;
-    e.size = it->second.size;
-    e.fd = it->second.fd;
-    return e;
+    return SegmentExport{.kind = ExportKind::shared_memory, .size = it->second.size, .fd = it->second.fd};
   }
 
   /// Hands the segment's memfd over to the caller, who closes it: the segment will not be
@@ -141,18 +137,13 @@ public:
   /// segment or one already handed over.
   std::optional<int> release_descriptor(void* base) noexcept {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
-    if (it == state_->segments.end() || it->second.fd < 0) {
-      return std::nullopt;
-    }
-    return std::exchange(it->second.fd, -1);
+    return detail::release_segment_descriptor(state_->segments, base);
   }
 
   /// Whether `p` lies in a live allocation of this card.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    return detail::block_containing(state_->segments, p, [](const Segment& s) { return s.size; }) !=
-           state_->segments.end();
+    return detail::segment_holds(state_->segments, p, [](const Segment& s) { return s.size; });
   }
 
   /// The card's size.

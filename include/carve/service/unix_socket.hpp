@@ -203,7 +203,7 @@ inline UniqueFd listen_on(const std::filesystem::path& path, int backlog = 128) 
 /// A blocking connection to the server at `path`. Errors: disconnected (nothing there, or it
 /// refused), permission_denied (the socket is another user's), invalid_size (a path empty or too
 /// long for a socket address).
-inline Result<UniqueFd> connect_to(const std::filesystem::path& path) {
+[[nodiscard]] inline Result<UniqueFd> connect_to(const std::filesystem::path& path) {
   const auto addr = detail::unix_address(path);
   if (!addr) {
     return fail(Errc::invalid_size, "socket path '" + path.string() + "' is empty or too long");
@@ -325,7 +325,7 @@ inline ReceivedMessage receive_message(int fd, std::span<std::uint8_t> buffer, s
 /// unset. A name starting with '@' is in the abstract namespace. Errors: invalid_argument for a
 /// name that is not an absolute path or '@' name, or too long; disconnected when nothing listens
 /// there; io_error when no socket can be made.
-inline Result<UniqueFd> connect_notify_socket() {
+[[nodiscard]] inline Result<UniqueFd> connect_notify_socket() {
   const char* env = std::getenv("NOTIFY_SOCKET");
   if (env == nullptr || *env == '\0') {
     return UniqueFd{};

@@ -3,7 +3,8 @@
 /// doubles by their bits, length-prefixed text and lists.
 ///
 /// Every message type lists its fields once, in a `fields(archive, message)` function; WireWriter
-/// and WireReader are the two archives, so encoding and decoding cannot drift apart. The reader
+/// and WireReader are the two archives, so encoding and decoding cannot drift apart, and
+/// WireSizer counts the fewest bytes a type takes (min_wire_size) from the same list. The reader
 /// never reads past its input, never allocates more than the input could describe (a list's
 /// count is checked against the bytes left before anything is reserved), and records the first
 /// problem instead of throwing; callers check ok() once at the end.
@@ -21,11 +22,6 @@
 #include <vector>
 
 namespace carve::service {
-
-/// Bytes one element of a list takes at least on the wire, so a count can be checked against
-/// the input before the list is built. Each message type that appears in a list declares it.
-template <class T>
-inline constexpr std::size_t min_wire_size = sizeof(T);
 
 /// The encoding archive: appends fields to a byte vector. Encoding cannot fail.
 class WireWriter {
@@ -89,6 +85,62 @@ private:
   std::vector<std::uint8_t>& out_;
 };
 
+/// The counting archive: the fewest bytes a type's fields() take on the wire (every text and list
+/// empty), for min_wire_size. Counts what WireWriter writes: each value in its own width, a u16
+/// length per text, a u32 count per list.
+class WireSizer {
+public:
+  /// Each value's width: integers, a bool (1), a double (8), a byte array (its length).
+  template <class... T>
+  void operator()(const T&...) noexcept {
+    (count<T>(), ...);
+  }
+  /// The u16 length; the text may be empty.
+  void text(const std::string&, std::size_t) noexcept { bytes_ += sizeof(std::uint16_t); }
+  /// The u32 count; the list may be empty.
+  template <class T>
+  void list(const std::vector<T>&, std::size_t) noexcept {
+    bytes_ += sizeof(std::uint32_t);
+  }
+  /// The underlying integer's width.
+  template <class E>
+  void enumeration(const E&) noexcept {
+    bytes_ += sizeof(std::underlying_type_t<E>);
+  }
+  /// The bytes counted so far.
+  std::size_t bytes() const noexcept { return bytes_; }
+
+private:
+  template <class T>
+  void count() noexcept {
+    // A bool is one byte, a double its 8, an integer its width, a byte array its length.
+    if constexpr (!std::is_arithmetic_v<T>) {
+      static_assert(std::is_same_v<T, std::array<std::uint8_t, std::tuple_size_v<T>>>);
+    }
+    bytes_ += std::is_same_v<T, bool> ? 1 : sizeof(T);
+  }
+
+  std::size_t bytes_ = 0;
+};
+
+/// Bytes one element of a list takes at least on the wire, so that a count can be checked
+/// against the input before the list is built: a number's width, and for a struct what its
+/// fields() add up to (counted once, by WireSizer), so the figure cannot disagree with the layout.
+template <class T>
+std::size_t min_wire_size() {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return sizeof(T);
+  } else {
+    static const std::size_t bytes = [] {
+      WireSizer s;
+      const T fewest{};
+      fields(s, fewest);
+      return s.bytes();
+    }();
+    return bytes;
+  }
+}
+
 /// The decoding archive: reads fields from one message's bytes, never past them, and records the
 /// first problem instead of throwing (check ok() or finished() at the end).
 class WireReader {
@@ -123,7 +175,7 @@ public:
     if (n > max_count) {
       return fail("list longer than its limit");
     }
-    if (!ok_ || static_cast<std::size_t>(n) * min_wire_size < T >> remaining()) {
+    if (!ok_ || static_cast<std::size_t>(n) * min_wire_size<T>() > remaining()) {
       return fail("list count exceeds the message");
     }
     items.assign(n, T{});

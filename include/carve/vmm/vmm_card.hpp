@@ -31,9 +31,9 @@
 #include <carve/core/error.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
-#include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
+#include <carve/service/detail/segment_descriptors.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <unistd.h>
@@ -145,30 +145,20 @@ public:
       }
       it->second.fd = *fd;
     }
-    SegmentExport e;
-    e.kind = export_kind;
-    e.size = bytes;
-    e.fd = it->second.fd;
-    e.device = state_->device;
-    return e;
+    return SegmentExport{.kind = export_kind, .size = bytes, .fd = it->second.fd, .device = state_->device};
   }
 
   /// Hands the segment's exported descriptor over to the caller, who closes it; nullopt for an
   /// unknown segment or one with no descriptor held.
   std::optional<int> release_descriptor(void* base) noexcept {
     const std::lock_guard lock(state_->mutex);
-    const auto it = state_->segments.find(reinterpret_cast<std::uintptr_t>(base));
-    if (it == state_->segments.end() || it->second.fd < 0) {
-      return std::nullopt;
-    }
-    return std::exchange(it->second.fd, -1);
+    return detail::release_segment_descriptor(state_->segments, base);
   }
 
   /// Whether `p` lies in a live allocation of this card.
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(state_->mutex);
-    return detail::block_containing(state_->segments, p, [](const Segment& s) { return s.placed.bytes; }) !=
-           state_->segments.end();
+    return detail::segment_holds(state_->segments, p, [](const Segment& s) { return s.placed.bytes; });
   }
 
   /// The device the card's memory is on.
