@@ -7,7 +7,7 @@
 #                             carve_replay on a real PyTorch memory snapshot
 #   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
 #                             device builds for sm_80 and sm_90 when nvcc is present, and the
-#                             compile time of a .cu that includes the umbrella header),
+#                             compile time of a .cu that includes each umbrella header),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                             the tests labelled `concurrent` under ThreadSanitizer, the
 #                             libFuzzer targets for a short run each, the API reference with
@@ -134,16 +134,56 @@ release_stage() {
   run_tests release
 }
 
-# What a .cu that includes <carve/carve.hpp> and uses carve's allocators in kernels cost to
-# compile in the release build (nvcc, both architectures in one invocation), from Ninja's log.
+# What including carve costs a .cu. First examples/compose_block_scratch.cu (includes
+# <carve/carve.hpp>, uses carve's allocators in a kernel) as the release build compiled it: nvcc,
+# both architectures in one invocation, from Ninja's log. Then each umbrella header with one empty
+# kernel, once per architecture (tests/umbrella): their compile commands are taken from the release
+# build and run here, $jobs at a time, timed (wall, and the CPU time nvcc and its passes used, which
+# other work on the machine inflates less); a command that fails fails the stage. The aim: at most
+# 5 s per architecture for the device-side umbrellas (slot, mr, queue).
 umbrella_compile_time() {
-  local log="$root/build/release/.ninja_log"
+  local dir="$root/build/release"
   local object=examples/CMakeFiles/compose_block_scratch.dir/compose_block_scratch.cu.o
-  if ! grep -q "$object" "$log" 2>/dev/null; then
+  if ! grep -q "$object" "$dir/.ninja_log" 2>/dev/null; then
     echo "no nvcc build: nothing to report"
     return
   fi
-  awk -v o="$object" '$4 == o {ms = $2 - $1} END {printf "examples/compose_block_scratch.cu (includes <carve/carve.hpp>, carve allocators in a kernel): %.1f s for sm_80 and sm_90\n", ms / 1000}' "$log"
+  awk -v o="$object" '$4 == o {ms = $2 - $1} END {printf "examples/compose_block_scratch.cu (includes <carve/carve.hpp>, carve allocators in a kernel): %.1f s for sm_80 and sm_90\n", ms / 1000}' "$dir/.ninja_log"
+
+  local objects work timed=()
+  objects=$(ninja -C "$dir" -t targets all | sed -n 's|^\(tests/umbrella/CMakeFiles/carve_umbrella_[a-z]*_sm_[A-Za-z0-9_]*\.dir/[a-z]*\.cu\.o\):.*|\1|p')
+  work=$(mktemp -d)
+  for o in $objects; do
+    local name
+    name=$(basename "$(dirname "$o")" .dir)
+    timed+=("$name")
+    mkdir -p "$dir/$(dirname "$o")"
+    ninja -C "$dir" -t commands "$o" | tail -n 1 >"$work/$name"
+  done
+  if [ ${#timed[@]} -eq 0 ]; then
+    echo "no tests/umbrella objects in the release build: nothing more to report"
+    rm -rf "$work"
+    return
+  fi
+  # One compile per process; bash's `time` counts the CPU time of nvcc's passes too.
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  printf '%s\n' "${timed[@]}" | xargs -P "$jobs" -I{} bash -c 'cd "$1" && TIMEFORMAT="%R %U %S" && { time bash "$2/$3" >"$2/$3.log" 2>&1; } 2>"$2/$3.time" || echo failed >>"$2/$3.time"' _ "$dir" "$work" {}
+  local failed=0 umbrella name
+  printf '%-28s %-8s %8s %8s\n' ".cu with one empty kernel" arch "wall" "CPU"
+  for umbrella in carve slot mr queue; do
+    for name in $(printf '%s\n' "${timed[@]}" | grep "^carve_umbrella_${umbrella}_sm_" | sort); do
+      local arch=sm_${name#carve_umbrella_"${umbrella}"_sm_}
+      if grep -q failed "$work/$name.time"; then
+        printf '%-28s %-8s FAILED to compile:\n' "<carve/$umbrella.hpp>" "$arch"
+        cat "$work/$name.log"
+        failed=1
+      else
+        awk -v u="<carve/$umbrella.hpp>" -v a="$arch" 'NR == 1 {printf "%-28s %-8s %6.1f s %6.1f s\n", u, a, $1, $2 + $3}' "$work/$name.time"
+      fi
+    done
+  done
+  rm -rf "$work"
+  return $failed
 }
 
 # Unoptimised: clang takes three times as long to instrument optimised code, and the tests run
@@ -174,7 +214,7 @@ tests() {
   find_nvcc
   local start=$SECONDS
   stage "g++, warnings as errors (device code with nvcc for sm_80 and sm_90 if present)" release_stage
-  stage "nvcc: what a .cu that includes <carve/carve.hpp> takes to compile" umbrella_compile_time
+  stage "nvcc: what a .cu that includes carve's umbrella headers takes to compile" umbrella_compile_time
   stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
   stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
   stage "clang++ libFuzzer (ASan + UBSan)" fuzz_check

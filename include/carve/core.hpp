@@ -14,4 +14,5 @@
 #include <carve/core/format_bytes.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/core/os_page_size.hpp>
+#include <carve/core/system_refusal.hpp>
 #include <carve/core/thread_number.hpp>

@@ -2,6 +2,10 @@
 /// Requests queued by size: SizeTieredQueue, its lanes and its drain policies.
 ///
 /// Host and device lanes; blocking calls are host-only.
+///
+/// In a CUDA translation unit (`__CUDACC__` defined) this header leaves out the host-only
+/// MoodycamelLane; include `<carve/queue/moodycamel_lane.hpp>` by name, or define
+/// CARVE_CUDA_FULL_UMBRELLAS before the first carve include.
 #pragma once
 
 #include <carve/queue/backoff.hpp>
@@ -11,7 +15,6 @@
 #include <carve/queue/drain_policy.hpp>
 #include <carve/queue/drain_view.hpp>
 #include <carve/queue/lane.hpp>
-#include <carve/queue/moodycamel_lane.hpp> // only when moodycamel's header is found (CARVE_HAS_MOODYCAMEL_LANE)
 #include <carve/queue/mpmc_ring.hpp>
 #include <carve/queue/poll_backoff.hpp>
 #include <carve/queue/priority_tag.hpp>
@@ -26,3 +29,8 @@
 #include <carve/queue/tier_thresholds.hpp>
 #include <carve/queue/tiered_lanes.hpp>
 #include <carve/queue/weighted_round_robin.hpp>
+
+// Host only.
+#if !defined(__CUDACC__) || defined(CARVE_CUDA_FULL_UMBRELLAS)
+#include <carve/queue/moodycamel_lane.hpp> // only when moodycamel's header is found (CARVE_HAS_MOODYCAMEL_LANE)
+#endif

@@ -4,10 +4,14 @@
 /// searches, and placing batches of workgroups.
 ///
 /// Host and device.
+///
+/// In a CUDA translation unit (`__CUDACC__` defined) this header leaves out the host-only
+/// DynamicSlotAllocator (sized at run time, `std::vector` storage) and adds the batch placement
+/// kernels; include `<carve/slot/allocator/dynamic_slot_allocator.hpp>` by name, or define
+/// CARVE_CUDA_FULL_UMBRELLAS before the first carve include.
 #pragma once
 
 #include <carve/slot/allocator/concurrent_slot_allocator.hpp>
-#include <carve/slot/allocator/dynamic_slot_allocator.hpp>
 #include <carve/slot/allocator/sharded_slot_allocator.hpp>
 #include <carve/slot/allocator/slot_allocator.hpp>
 #include <carve/slot/allocator/slot_source.hpp>
@@ -32,6 +36,11 @@
 #include <carve/slot/storage/slot_words.hpp>
 #include <carve/slot/storage/word_fingerprint.hpp>
 #include <carve/slot/storage/word_source.hpp>
+
+// Host only.
+#if !defined(__CUDACC__) || defined(CARVE_CUDA_FULL_UMBRELLAS)
+#include <carve/slot/allocator/dynamic_slot_allocator.hpp>
+#endif
 
 // Batch placement kernels and their launchers: only under a CUDA compiler.
 #if defined(__CUDACC__)

@@ -3,7 +3,8 @@
 #include "support/device_test.hpp"
 
 #include <carve/borrow.hpp>
-#include <carve/mr.hpp>
+#include <carve/mr/caching_pool.hpp> // host-only: not in <carve/mr.hpp> in a .cu
+#include <carve/mr/cuda_device_resource.hpp>
 #include <carve/topology.hpp>
 #include <carve/topology/cuda_discovery.hpp>
 

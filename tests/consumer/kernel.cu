@@ -1,8 +1,7 @@
 // A .cu file of a project that consumes carve: a kernel whose blocks each share one lock-free slot
 // allocator in shared memory. Built with nothing but carve::carve linked: the target asks for the
-// C++20 that carve's headers need. It includes the slot folder's umbrella rather than
-// <carve/carve.hpp>, which nvcc takes several times as long to compile (below_cxx20.cu includes
-// that one).
+// C++20 that carve's headers need. It includes the slot folder's umbrella, what the kernel uses
+// (below_cxx20.cu includes <carve/carve.hpp>, which in a .cu adds mr, queue and core).
 #include <carve/slot.hpp>
 #include <carve/version.hpp>
 

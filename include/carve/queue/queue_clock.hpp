@@ -32,9 +32,6 @@
 #if !defined(__CUDA_ARCH__)
 #include <chrono>
 #include <thread>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 #endif
 
 namespace carve {
@@ -79,9 +76,15 @@ private:
             .count());
   }
 
+#if defined(__x86_64__)
+  // The time-stamp counter through the builtin __rdtsc() wraps: <x86intrin.h> would bring every x86
+  // intrinsic header (AVX-512 included), about a second of parsing in each .cu that uses a queue.
+  static std::uint64_t rdtsc() noexcept { return __builtin_ia32_rdtsc(); }
+#endif
+
   static std::uint64_t host_now() noexcept {
 #if defined(__x86_64__)
-    return __rdtsc();
+    return rdtsc();
 #else
     return steady_ns();
 #endif
@@ -92,10 +95,10 @@ private:
     static const double rate = [] {
       // Both clocks read twice, 5 ms apart; the first pair is taken tightly together.
       const std::uint64_t ns0 = steady_ns();
-      const std::uint64_t t0 = __rdtsc();
+      const std::uint64_t t0 = rdtsc();
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       const std::uint64_t ns1 = steady_ns();
-      const std::uint64_t t1 = __rdtsc();
+      const std::uint64_t t1 = rdtsc();
       return t1 > t0 ? static_cast<double>(ns1 - ns0) / static_cast<double>(t1 - t0) : 1.0;
     }();
     return rate;

@@ -1,0 +1,46 @@
+# Every header of a folder include/carve/<area>/ is reachable from that folder's umbrella,
+# include/carve/<area>.hpp: named by it, or included by another header of its folder (an internal
+# helper such as queue/force_inline.hpp). Headers under detail/ are exempt. Run with
+# cmake -DROOT=<source dir> -P check_umbrellas.cmake: a header split out of another and forgotten
+# in the umbrella fails it, named with the umbrella it is missing from.
+cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED ROOT)
+  message(FATAL_ERROR "check_umbrellas.cmake needs -DROOT=<source dir>")
+endif()
+set(base ${ROOT}/include/carve)
+file(GLOB_RECURSE all RELATIVE ${base} ${base}/*.hpp ${base}/*.cuh)
+# What each carve header includes from its own folder, for the helper rule.
+set(included "")
+foreach(file IN LISTS all)
+  string(REGEX REPLACE "/.*" "" area "${file}")
+  file(STRINGS ${base}/${file} lines REGEX "^#include <carve/${area}/")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^#include <carve/([^>]+)>.*" "\\1" name "${line}")
+    if(NOT name STREQUAL file)
+      list(APPEND included ${name})
+    endif()
+  endforeach()
+endforeach()
+
+set(problems "")
+set(count 0)
+foreach(file IN LISTS all)
+  if(NOT file MATCHES "/" OR file MATCHES "(^|/)detail/")
+    continue()
+  endif()
+  string(REGEX REPLACE "/.*" "" area "${file}")
+  math(EXPR count "${count} + 1")
+  if(NOT EXISTS ${base}/${area}.hpp)
+    string(APPEND problems "  include/carve/${file}: no umbrella include/carve/${area}.hpp\n")
+    continue()
+  endif()
+  file(STRINGS ${base}/${area}.hpp named REGEX "^#include <carve/${file}>")
+  if(NOT named AND NOT file IN_LIST included)
+    string(APPEND problems "  include/carve/${file}: not in include/carve/${area}.hpp\n")
+  endif()
+endforeach()
+if(problems)
+  message(FATAL_ERROR "headers their umbrella leaves out (add them; in the host-only section if "
+                      "kernels cannot use them):\n${problems}")
+endif()
+message(STATUS "${count} headers reachable from their umbrellas")
