@@ -25,7 +25,7 @@
 #include <carve/slot/policy/first_fit.hpp> // FirstFit: end_fit.hpp under its old name
 #include <carve/slot/policy/fit_policy.hpp>
 #include <carve/slot/policy/hinted_fit_policy.hpp>
-#include <carve/slot/policy/last_fit.hpp> // LastFit: likewise
+#include <carve/slot/policy/last_fit.hpp> // LastFit: end_fit.hpp under its old name
 #include <carve/slot/policy/release_aligned_fit.hpp>
 #include <carve/slot/policy/run_time_predictor.hpp>
 #include <carve/slot/search/free_runs.hpp>
