@@ -29,9 +29,9 @@
 #include <carve/core/system_refusal.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/segment_descriptors.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
-#include <carve/service/detail/segment_descriptors.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>

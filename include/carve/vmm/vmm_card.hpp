@@ -31,9 +31,9 @@
 #include <carve/core/error.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/segment_descriptors.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
-#include <carve/service/detail/segment_descriptors.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <unistd.h>

@@ -1,4 +1,4 @@
-/// @file carve/service/detail/segment_descriptors.hpp
+/// @file carve/mr/detail/segment_descriptors.hpp
 /// What the exporting cards (SharedMemoryCard, VmmCard) do alike with their segment tables: a
 /// table maps a segment's start address to a record with the segment's exported descriptor
 /// (`int fd`, -1 once handed over), and the card hands that descriptor over and answers owns()
