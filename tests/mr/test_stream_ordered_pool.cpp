@@ -2,6 +2,7 @@
 // on another stream only after the free's event has completed, checked by hand, against a model
 // over random operations, and with threads.
 #include <carve/mr.hpp>
+#include <support/errors.hpp>
 
 #include <doctest/doctest.h>
 
@@ -83,7 +84,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 128 * KiB, 256).error() == Errc::no_space);
-  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 256).error() == Errc::no_space);
+  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 256).error() == Errc::invalid_size); // overflows when rounded
   void* p = *pool.try_allocate(s0, 1 * KiB, 256);
   int local = 0;
   CHECK(pool.try_deallocate(s0, &local, 1 * KiB, 256).error() == Errc::not_allocated);
@@ -97,7 +98,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.owns(p));                                                            // cached: still the pool's memory
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
   CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
-  CHECK_THROWS_AS(pool.allocate(s0, 128 * KiB, 256), std::bad_alloc);
+  CHECK_THROWS_ERRC(carve::Errc::no_space, pool.allocate(s0, 128 * KiB, 256));
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
   CHECK_FALSE(pool.owns(p));
   CHECK(pool.stats().upstream_failures == 2);
@@ -234,4 +235,14 @@ TEST_CASE("threads, each with its stream, never share a block") {
   CHECK(pool.stats().cross_stream_reuses + pool.stats().same_stream_reuses > 0);
   pool.trim();
   CHECK(pool.upstream().used_bytes() == 0);
+}
+
+TEST_CASE("SimulatedStreams: an unknown stream is carve::Exception (out_of_range), not std::out_of_range") {
+  SimulatedStreams streams(2);
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.enqueue(SimulatedStream{2}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.complete(SimulatedStream{7}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.pending(SimulatedStream{2}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.completed({5, 0}));
+  streams.enqueue(SimulatedStream{1});
+  CHECK(streams.pending(SimulatedStream{1}) == 1);
 }

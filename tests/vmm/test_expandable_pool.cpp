@@ -263,9 +263,9 @@ TEST_CASE("bad requests and bad frees get an error and change nothing") {
   const auto before = pool.stats();
   CHECK(pool.try_allocate(0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(64, 3).error() == Errc::invalid_size);
-  CHECK(pool.try_allocate(64, 2 * granule).error() == Errc::no_space); // beyond the device's granularity
-  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::no_space);
-  CHECK(pool.try_allocate(17 * MiB, 256).error() == Errc::no_space); // beyond the address space
+  CHECK(pool.try_allocate(64, 2 * granule).error() == Errc::no_space);   // beyond the device's granularity
+  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.try_allocate(17 * MiB, 256).error() == Errc::no_space);     // beyond the address space
   int on_stack = 0;
   CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);

@@ -100,16 +100,20 @@ public:
     }
   }
 
-  /// Errors (nothing changes): invalid_size for 0 bytes or an alignment that is not a power of
-  /// two; no_space for an alignment above the granularity, a size too large to round, or when
-  /// neither the cache nor the upstream (after the cache is returned to it) can hold the request.
+  /// Errors (nothing changes): invalid_size for 0 bytes, an alignment that is not a power of
+  /// two or a size that overflows when rounded to the granularity; no_space for an alignment above
+  /// the granularity, or when neither the cache nor the upstream (after the cache is returned to
+  /// it) can hold the request.
   cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
+    if (alignment > options_.granularity) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
     const std::size_t size = rounded(bytes, alignment);
     if (size == 0) {
-      return cuda::std::unexpected(Errc::no_space);
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
       const std::lock_guard lock(mutex_);

@@ -38,7 +38,6 @@
 
 #include <concepts>
 #include <cstddef>
-#include <new>
 #include <string>
 
 namespace carve {
@@ -51,23 +50,19 @@ inline constexpr bool cuda_mr_available = false;
 #endif
 
 /// Gives a MemoryResource the spellings CCCL's resource_ref and std::pmr callers use:
-/// allocate / allocate_sync, which throw std::bad_alloc when the resource is out of space (the
-/// contract both follow) and carve::Exception for a request no resource could serve, and
-/// deallocate_sync. The derived class provides try_allocate, deallocate and ==.
+/// allocate / allocate_sync, which throw carve::Exception (Errc::no_space when the resource is
+/// out of space, the request's own error otherwise), and deallocate_sync. The derived class
+/// provides try_allocate, deallocate and ==.
 template <class Derived>
 class CcclSpellings {
 public:
-  /// try_allocate, throwing: std::bad_alloc for no_space, carve::Exception for any other error.
+  /// try_allocate, throwing carve::Exception with its error.
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
     const cuda::std::expected<void*, Errc> p = self().try_allocate(bytes, alignment);
-    if (p) {
-      return *p;
+    if (!p) {
+      detail::throw_allocation_failure("carve", p.error(), bytes, alignment);
     }
-    if (p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    throw Exception(p.error(), "cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
-                                   std::to_string(alignment) + ": " + to_string(p.error()));
+    return *p;
   }
   /// allocate, under the name CCCL 3.1's synchronous_resource uses.
   void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
@@ -92,7 +87,8 @@ concept declares_property = requires(const R& r, P p) {
 
 /// What CCCL 3.1's cuda::mr::synchronous_resource requires, stated without CCCL so that every
 /// build checks it. Semantic requirements (as CCCL's): allocate_sync returns memory of at least
-/// `bytes` aligned to `alignment` or throws (std::bad_alloc when out of memory);
+/// `bytes` aligned to `alignment` or throws (carve's resources: carve::Exception,
+/// Errc::no_space when out of memory);
 /// deallocate_sync takes back exactly what allocate_sync gave, with the same size and
 /// alignment; two resources compare equal when one can free what the other allocated.
 template <class R>

@@ -22,7 +22,8 @@
 /// Semantic requirements:
 /// - try_allocate returns memory of at least `bytes` aligned to `alignment`, or an error and
 ///   changes nothing. Errc::invalid_size only for what no resource could serve: 0 bytes, an
-///   alignment that is not a power of two. Errc::no_space for everything else this resource
+///   alignment that is not a power of two, a size that overflows when rounded up to the
+///   resource's granule. Errc::no_space for everything else this resource
 ///   cannot serve — it is full, the request is larger than it could ever hold, the alignment is
 ///   coarser than it can give — so that a FallbackResource passes the request on.
 /// - deallocate takes back exactly what try_allocate gave, with the same bytes and alignment.

@@ -23,7 +23,8 @@
 /// that have synchronised: a synchronous free is reusable by any stream at once, and a
 /// synchronous allocation takes only blocks whose events have completed.
 ///
-/// Errors: invalid_size (check_request); no_space when the upstream refuses, even after every
+/// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
+/// no_space when the upstream refuses, even after every
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
 /// before failing), and no cached block fits. A refused request makes no block; the cached blocks
 /// it gave back to the upstream in trying stay given back. A free whose event cannot be recorded
@@ -98,16 +99,12 @@ public:
     return give(p, bytes, alignment, stream);
   }
 
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception
-  /// otherwise.
+  /// CCCL's stream-ordered spelling: throws carve::Exception with its
+  /// error.
   void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
     const auto p = try_allocate(stream, bytes, alignment);
-    if (!p && p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
     if (!p) {
-      throw Exception(p.error(), "carve::StreamOrderedPool: cannot allocate " + std::to_string(bytes) +
-                                     " bytes aligned to " + std::to_string(alignment));
+      detail::throw_allocation_failure("carve::StreamOrderedPool", p.error(), bytes, alignment);
     }
     return *p;
   }
@@ -203,8 +200,8 @@ private:
       return cuda::std::unexpected(ok.error());
     }
     const std::size_t size = round_up(bytes, options_.granularity);
-    if (size == 0) {
-      return cuda::std::unexpected(Errc::no_space);
+    if (size == 0) { // overflows when rounded: no resource could serve it
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
       const std::lock_guard lock(mutex_);

@@ -323,19 +323,15 @@ public:
     log_->record(ticket, deallocation(p, bytes, alignment, detail::traced_stream_number(stream), r));
     return r;
   }
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception
-  /// otherwise (recorded once, as try_allocate).
+  /// CCCL's stream-ordered spelling: throws carve::Exception with its
+  /// error (recorded once, as try_allocate).
   void* allocate(stream_arg stream, std::size_t bytes,
                  std::size_t alignment = default_alignment) requires detail::traced_stream_ordered<R> {
     const cuda::std::expected<void*, Errc> p = try_allocate(stream, bytes, alignment);
     if (p) {
       return *p;
     }
-    if (p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    throw Exception(p.error(), "carve::TraceResource: cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
-                                   std::to_string(alignment) + ": " + to_string(p.error()));
+    detail::throw_allocation_failure("carve::TraceResource", p.error(), bytes, alignment);
   }
 
   /// The resource's owns, where it has one.

@@ -33,8 +33,8 @@
 /// SynchronousStreams has one stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
-/// unmapped): invalid_size (check_request); no_space for an alignment above the device's
-/// granularity, a size that overflows when rounded, a full address space, or physical memory
+/// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
+/// an alignment above the device's granularity, a full address space, or physical memory
 /// refused by the device or by max_reserved_bytes after idle chunks were unmapped (the message of
 /// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes):
 /// not_allocated, invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not
@@ -134,15 +134,11 @@ public:
     return give(std::nullopt, p, bytes, alignment);
   }
 
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception otherwise.
+  /// CCCL's stream-ordered spelling: throws carve::Exception with its error (no_space when out of memory).
   void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
     const auto p = try_allocate(stream, bytes, alignment);
-    if (!p && p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
     if (!p) {
-      throw Exception(p.error(), "carve::ExpandablePool: cannot allocate " + std::to_string(bytes) +
-                                     " bytes aligned to " + std::to_string(alignment));
+      detail::throw_allocation_failure("carve::ExpandablePool", p.error(), bytes, alignment);
     }
     return *p;
   }
@@ -304,8 +300,8 @@ private:
       return cuda::std::unexpected(Errc::invalid_size);
     }
     const std::size_t size = rounded(bytes);
-    if (size == 0 || alignment > s_->granule) {
-      return cuda::std::unexpected(Errc::no_space);
+    if (size == 0 || alignment > s_->granule) { // overflow: no resource could serve it
+      return cuda::std::unexpected(size == 0 ? Errc::invalid_size : Errc::no_space);
     }
     try {
       const std::lock_guard lock(s_->mutex);

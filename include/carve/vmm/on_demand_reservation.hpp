@@ -64,7 +64,8 @@ template <PhysicalMemoryMapper Mapper>
 class OnDemandReservation {
 public:
   /// `bytes` (rounded up to the device's granularity) of addresses on `device`, nothing mapped.
-  /// Errors: the mapper's; invalid_size for 0 bytes or more granules than 2^32 - 1.
+  /// Errors: the mapper's; invalid_size for 0 bytes or a size that overflows when rounded; no_space
+  /// for more granules than 2^32 - 1 (more than a reservation can ever hold).
   static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
     const auto g = mapper.granularity(device);
     if (!g) {
@@ -75,7 +76,7 @@ public:
       return fail(Errc::invalid_argument, "the device's granularity " + std::to_string(*g) + " is not a power of two");
     }
     if (!rounded || *rounded / *g >= std::numeric_limits<std::uint32_t>::max()) {
-      return fail(Errc::invalid_size,
+      return fail(!rounded ? Errc::invalid_size : Errc::no_space,
                   "cannot reserve " + std::to_string(bytes) + " bytes in granules of " + std::to_string(*g));
     }
     auto va = mapper.reserve(*rounded, *g);
