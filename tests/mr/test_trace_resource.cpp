@@ -310,15 +310,15 @@ TEST_CASE("a stream-ordered pool, traced: its calls carry the stream's number, s
   const SimulatedStream s1{1};
   const SimulatedStream s2{2};
   void* a = *pool.try_allocate(s1, 4 * KiB, 256);
-  void* b = pool.allocate(s2, 2 * KiB);
+  void* b = pool.allocate(s2, 2 * KiB, 256);
   void* c = *pool.try_allocate(KiB, 256);
   CHECK(pool.owns(a));
   pool.inner().streams().enqueue(s1);
   REQUIRE(pool.try_deallocate(s1, a, 4 * KiB, 256));
   CHECK(pool.try_deallocate(s1, a, 4 * KiB, 256).error() == Errc::not_allocated);
-  pool.deallocate(s2, b, 2 * KiB);
+  pool.deallocate(s2, b, 2 * KiB, 256);
   pool.deallocate(c, KiB, 256);
-  CHECK_THROWS_ERRC(carve::Errc::no_space, (void)pool.allocate(s1, 2 << 20));
+  CHECK_THROWS_ERRC(carve::Errc::no_space, (void)pool.allocate(s1, 2 << 20, 256));
   log->flush();
   const auto r = rows(text.str());
   REQUIRE(r.size() == 8);
@@ -345,10 +345,10 @@ TEST_CASE("stream numbers: a pointer-like handle's value, or the type's own trac
   const pointer_streams::Handle h{&anchor};
   TraceResource<carve::StreamOrderedPool<SimulatedCard, pointer_streams::Streams>> by_pointer(
       std::in_place, log, SimulatedCard(1 << 20), pointer_streams::Streams{});
-  by_pointer.deallocate(h, by_pointer.allocate(h, KiB), KiB);
+  by_pointer.deallocate(h, by_pointer.allocate(h, KiB, 256), KiB, 256);
   TraceResource<carve::StreamOrderedPool<SimulatedCard, named_streams::Streams>> by_name(
       std::in_place, log, SimulatedCard(1 << 20), named_streams::Streams{});
-  by_name.deallocate(named_streams::Lane{7}, by_name.allocate(named_streams::Lane{7}, KiB), KiB);
+  by_name.deallocate(named_streams::Lane{7}, by_name.allocate(named_streams::Lane{7}, KiB, 256), KiB, 256);
   log->flush();
   const auto r = rows(text.str());
   REQUIRE(r.size() == 4);

@@ -469,9 +469,9 @@ TEST_CASE("it stacks under the combinators and under a caching pool") {
   spill.deallocate(r, granule, 256);
 
   carve::CachingPool<Pool> cached(Pool(mapper(), small()));
-  void* t = *cached.try_allocate(3000);
+  void* t = *cached.try_allocate(3000, 256);
   CHECK(cached.upstream().stats().bytes_in_use == 2 * MiB); // one 2 MiB segment from the pool
-  cached.deallocate(t, 3000);
+  cached.deallocate(t, 3000, 256);
   CHECK(cached.trim() == 2 * MiB);
 }
 

@@ -96,7 +96,7 @@ public:
   /// Addresses for `bytes`. Errors: invalid_size (check_request, or a size that overflows when
   /// rounded); no_space when the rounded
   /// request would pass the capacity, or the alignment cannot be met.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -134,7 +134,8 @@ public:
 
   /// Errors (nothing changes): not_allocated for an address it never gave or gave back already;
   /// invalid_size when `bytes` does not round to what was taken.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     if (!check_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }

@@ -104,7 +104,7 @@ public:
   /// two or a size that overflows when rounded to the granularity; no_space for an alignment above
   /// the granularity, or when neither the cache nor the upstream (after the cache is returned to
   /// it) can hold the request.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
@@ -143,8 +143,8 @@ public:
 
   /// Errors (nothing changes): not_allocated when `p` is not a live block of this pool (never
   /// allocated, or freed already); invalid_size when `bytes` does not match its allocation.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
-                                                 std::size_t alignment = default_alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     const std::lock_guard lock(mutex_);
     const BestFitRanges::Handle* found = live_.find(to_addr(p));
     if (found == nullptr) {
@@ -171,7 +171,7 @@ public:
 
   /// deallocate cannot report an error (it is noexcept), so misuse ends the program with a
   /// message (core/misuse.hpp); try_deallocate reports it instead.
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::CachingPool::deallocate", p, bytes, r.error());
     }

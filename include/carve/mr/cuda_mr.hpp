@@ -77,6 +77,46 @@ private:
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
 };
 
+/// The stream-ordered spellings, the same on every stream-ordered carve resource
+/// (StreamOrderedPool, ExpandablePool, a TraceResource over either), the stream always first:
+///
+/// @code
+/// try_allocate(stream, bytes, alignment)      -> expected<void*, Errc>   the derived class
+/// try_deallocate(stream, p, bytes, alignment) -> expected<void, Errc>    the derived class
+/// deallocate(stream, p, bytes, alignment)                                the derived class
+/// allocate(stream, bytes, alignment)          -> void*, throws           here (CCCL 3.1's resource)
+/// allocate_async(bytes, alignment, stream)    -> void*, throws           here (CCCL 3.0's async_resource,
+/// deallocate_async(p, bytes, alignment, stream)                          the CCCL of CUDA 13.0: stream last)
+/// @endcode
+///
+/// and CcclSpellings' synchronous ones. Each spelling here is the try_ or deallocate call above
+/// under CCCL's name: allocate throws carve::Exception with try_allocate's error.
+template <class Derived, class Stream>
+class StreamOrderedSpellings : public CcclSpellings<Derived> {
+public:
+  using CcclSpellings<Derived>::allocate; // the synchronous spellings
+
+  /// try_allocate(stream, bytes, alignment), throwing carve::Exception with its error.
+  void* allocate(Stream stream, std::size_t bytes, std::size_t alignment) {
+    const cuda::std::expected<void*, Errc> p = self().try_allocate(stream, bytes, alignment);
+    if (!p) {
+      detail::throw_allocation_failure("carve", p.error(), bytes, alignment);
+    }
+    return *p;
+  }
+  /// allocate(stream, bytes, alignment) under CCCL 3.0's name and argument order.
+  void* allocate_async(std::size_t bytes, std::size_t alignment, Stream stream) {
+    return allocate(stream, bytes, alignment);
+  }
+  /// deallocate(stream, p, bytes, alignment) under CCCL 3.0's name and argument order.
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    self().deallocate(stream, p, bytes, alignment);
+  }
+
+private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
+
 namespace detail {
 // Whether `R` declares the stateless property `P` (a get_property(const R&, P) found by ADL).
 template <class R, class P>

@@ -39,8 +39,8 @@ public:
   /// From the primary; from the fallback when the primary says no_space. Errors: the primary's
   /// other errors, or the fallback's.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = this->first_.try_allocate(bytes, alignment);
     if (p || p.error() != Errc::no_space) {
       return p;
@@ -60,9 +60,9 @@ public:
 
   /// deallocate, checked by the part that gets `p` (where both parts check).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(void* p, cuda::std::size_t bytes,
-                                                                   cuda::std::size_t alignment) noexcept requires
-      ChecksDeallocation<Primary> && ChecksDeallocation<Fallback> {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(
+      void* p, cuda::std::size_t bytes,
+      cuda::std::size_t alignment) noexcept requires ChecksDeallocation<Primary> && ChecksDeallocation<Fallback> {
     return this->first_.owns(p) ? this->first_.try_deallocate(p, bytes, alignment)
                                 : this->second_.try_deallocate(p, bytes, alignment);
   }

@@ -45,8 +45,8 @@ public:
   /// From the resource if the budget has `bytes` left. Errors: invalid_size (check_request);
   /// no_space (over budget); the resource's own.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -73,7 +73,7 @@ public:
 
   /// The resource's try_deallocate; the budget gets `bytes` back only when it succeeds.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);

@@ -39,8 +39,8 @@ public:
 
   /// From the part the size selects; its errors are returned as they are.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     return bytes <= Threshold ? this->first_.try_allocate(bytes, alignment)
                               : this->second_.try_allocate(bytes, alignment);
   }
@@ -57,7 +57,7 @@ public:
 
   /// deallocate, checked by the part the size selects (where both parts check).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<Small> && ChecksDeallocation<Large> {
     return bytes <= Threshold ? this->first_.try_deallocate(p, bytes, alignment)

@@ -54,8 +54,8 @@ public:
 
   /// The resource's try_allocate, counted.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     if (!p) {
       counter(counts_.failed).fetch_add(1, cuda::std::memory_order_relaxed);
@@ -79,7 +79,7 @@ public:
 
   /// The resource's try_deallocate, counted (where it has one).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);

@@ -87,7 +87,7 @@ public:
   }
 
   /// An event after everything queued on `s` so far. Errors: out_of_range for an unknown stream.
-  Result<event_type> record(SimulatedStream s) {
+  [[nodiscard]] Result<event_type> record(SimulatedStream s) {
     const std::lock_guard lock(mutex_);
     if (s.id >= queued_.size()) {
       return fail(Errc::out_of_range, "no simulated stream " + std::to_string(s.id));
@@ -135,7 +135,7 @@ public:
   /// An event (complete from the start).
   struct event_type {};
   /// An event after all work so far: none is pending.
-  Result<event_type> record(SynchronousStream) noexcept { return event_type{}; }
+  [[nodiscard]] Result<event_type> record(SynchronousStream) noexcept { return event_type{}; }
   /// Always: the work ran before the call that recorded it returned.
   bool completed(event_type) const noexcept { return true; }
   /// Nothing to give back.

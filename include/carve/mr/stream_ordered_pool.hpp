@@ -70,9 +70,9 @@ struct StreamPoolStats {
 
 /// A stream-ordered caching pool over `Upstream`, with streams and events from `Streams`.
 template <MemoryResource Upstream, StreamEvents Streams>
-class StreamOrderedPool : public CcclSpellings<StreamOrderedPool<Upstream, Streams>> {
+class StreamOrderedPool
+    : public StreamOrderedSpellings<StreamOrderedPool<Upstream, Streams>, typename Streams::stream_type> {
 public:
-  using CcclSpellings<StreamOrderedPool>::allocate; // the synchronous spellings
   /// The stream type allocations name.
   using stream_type = typename Streams::stream_type;
 
@@ -88,47 +88,32 @@ public:
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
 
   /// A block for work queued on `stream`. Errors: see the top of this header.
-  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
+                                                              std::size_t alignment) noexcept {
     return take(bytes, alignment, stream);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing
   /// changes): not_allocated when `p` is not a live block of this pool; invalid_size when
   /// `bytes` or `alignment` are not the allocation's.
-  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(p, bytes, alignment, stream);
   }
 
-  /// CCCL's stream-ordered spelling: throws carve::Exception with its
-  /// error.
-  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
-    const auto p = try_allocate(stream, bytes, alignment);
-    if (!p) {
-      detail::throw_allocation_failure("carve::StreamOrderedPool", p.error(), bytes, alignment);
-    }
-    return *p;
-  }
-  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  /// Frees `p` for work queued on `stream`; misuse ends the program (see try_deallocate).
+  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
       report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
     }
   }
-  /// The older CCCL spelling of the same (cuda::mr::async_resource in CCCL before 3.1).
-  void* allocate_async(std::size_t bytes, std::size_t alignment, stream_type stream) {
-    return allocate(stream, bytes, alignment);
-  }
-  /// The older CCCL spelling of deallocate(stream, ...).
-  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_type stream) noexcept {
-    deallocate(stream, p, bytes, alignment);
-  }
 
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(bytes, alignment, std::nullopt);
   }
   /// The synchronous free: the caller has synchronised, so any stream may reuse the block at once.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(p, bytes, alignment, std::nullopt);
   }
   /// Synchronous; misuse ends the program (see try_deallocate).
@@ -194,8 +179,8 @@ private:
     }
   }
 
-  cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
-                                        std::optional<stream_type> stream) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
+                                                      std::optional<stream_type> stream) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
@@ -269,8 +254,8 @@ private:
     }
   }
 
-  cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
-                                       std::optional<stream_type> stream) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
+                                                     std::optional<stream_type> stream) noexcept {
     try {
       const std::lock_guard lock(mutex_);
       const auto address = reinterpret_cast<std::uintptr_t>(p);

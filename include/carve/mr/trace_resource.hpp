@@ -233,6 +233,12 @@ concept traced_stream_checked = traced_stream_ordered<R> &&
   noexcept->std::same_as<cuda::std::expected<void, Errc>>;
 };
 
+// TraceResource's spellings: the stream-ordered ones exactly where the resource has them.
+template <class Self, class R>
+using traced_spellings =
+    std::conditional_t<traced_stream_ordered<R>, StreamOrderedSpellings<Self, typename traced_stream_of<R>::type>,
+                       CcclSpellings<Self>>;
+
 template <class S>
 std::uint64_t traced_stream_number(const S& s) noexcept {
   if constexpr (requires {
@@ -259,13 +265,12 @@ std::uint64_t traced_stream_number(const S& s) noexcept {
 /// Resource `R` with every call recorded in a TraceLog. A MemoryResource; stream-ordered where
 /// `R` is.
 template <MemoryResource R>
-class TraceResource : public CcclSpellings<TraceResource<R>>, public detail::TracedStreams<R> {
+class TraceResource : public detail::traced_spellings<TraceResource<R>, R>, public detail::TracedStreams<R> {
   // The stream R's stream-ordered calls take; a tag where it has none (those calls are then
   // constrained away).
   using stream_arg = typename detail::traced_stream_of<R>::type;
 
 public:
-  using CcclSpellings<TraceResource>::allocate; // the synchronous spellings
   /// The resource traced.
   using resource_type = R;
 
@@ -281,7 +286,7 @@ public:
       : r_(std::forward<Args>(args)...), log_(checked(std::move(log))) {}
 
   /// The resource's try_allocate, recorded with its result.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     log_->record(allocation(p, bytes, alignment, std::nullopt));
     return p;
@@ -292,8 +297,8 @@ public:
     r_.deallocate(p, bytes, alignment);
   }
   /// The resource's try_deallocate, recorded with its result (where it has one).
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept requires ChecksDeallocation<R> {
+  [[nodiscard]] cuda::std::expected<void, Errc>
+  try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     const TraceLog::Ticket ticket = log_->take();
     const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);
     log_->record(ticket, deallocation(p, bytes, alignment, std::nullopt, r));
@@ -301,7 +306,7 @@ public:
   }
 
   /// The resource's stream-ordered try_allocate, recorded with the stream.
-  cuda::std::expected<void*, Errc>
+  [[nodiscard]] cuda::std::expected<void*, Errc>
   try_allocate(stream_arg stream, std::size_t bytes,
                std::size_t alignment) noexcept requires detail::traced_stream_ordered<R> {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(stream, bytes, alignment);
@@ -310,12 +315,12 @@ public:
   }
   /// Recorded with the stream, then the resource's stream-ordered deallocate.
   void deallocate(stream_arg stream, void* p, std::size_t bytes,
-                  std::size_t alignment = default_alignment) noexcept requires detail::traced_stream_ordered<R> {
+                  std::size_t alignment) noexcept requires detail::traced_stream_ordered<R> {
     log_->record(deallocation(p, bytes, alignment, detail::traced_stream_number(stream), {}));
     r_.deallocate(stream, p, bytes, alignment);
   }
   /// The resource's stream-ordered try_deallocate, recorded with the stream and its result.
-  cuda::std::expected<void, Errc>
+  [[nodiscard]] cuda::std::expected<void, Errc>
   try_deallocate(stream_arg stream, void* p, std::size_t bytes,
                  std::size_t alignment) noexcept requires detail::traced_stream_checked<R> {
     const TraceLog::Ticket ticket = log_->take();
@@ -323,17 +328,6 @@ public:
     log_->record(ticket, deallocation(p, bytes, alignment, detail::traced_stream_number(stream), r));
     return r;
   }
-  /// CCCL's stream-ordered spelling: throws carve::Exception with its
-  /// error (recorded once, as try_allocate).
-  void* allocate(stream_arg stream, std::size_t bytes,
-                 std::size_t alignment = default_alignment) requires detail::traced_stream_ordered<R> {
-    const cuda::std::expected<void*, Errc> p = try_allocate(stream, bytes, alignment);
-    if (p) {
-      return *p;
-    }
-    detail::throw_allocation_failure("carve::TraceResource", p.error(), bytes, alignment);
-  }
-
   /// The resource's owns, where it has one.
   bool owns(const void* p) const noexcept requires OwnsMemory<R> { return r_.owns(p); }
   /// The resource's free_bytes, where it has one.

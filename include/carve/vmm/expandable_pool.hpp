@@ -72,9 +72,8 @@ namespace carve {
 
 /// A MemoryResource whose physical memory follows its live blocks (see the file's description).
 template <PhysicalMemoryMapper Mapper, StreamEvents Streams = SynchronousStreams>
-class ExpandablePool : public CcclSpellings<ExpandablePool<Mapper, Streams>> {
+class ExpandablePool : public StreamOrderedSpellings<ExpandablePool<Mapper, Streams>, typename Streams::stream_type> {
 public:
-  using CcclSpellings<ExpandablePool>::allocate; // the synchronous spellings
   /// The stream type the stream-ordered spellings name.
   using stream_type = typename Streams::stream_type;
 
@@ -116,40 +115,33 @@ public:
   ~ExpandablePool() { close(); }
 
   /// A block on `stream`. Errors: see the top of this header.
-  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
+                                                              std::size_t alignment) noexcept {
     return take(stream, bytes, alignment);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing changes):
   /// not_allocated when `p` is not a live block; invalid_size when `bytes` does not round to its size.
-  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(stream, p, bytes, alignment);
   }
-  /// The synchronous form: a block from the synchronous reservation.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return take(std::nullopt, bytes, alignment);
-  }
-  /// The synchronous free: the caller has synchronised, so the block is free at once.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    return give(std::nullopt, p, bytes, alignment);
-  }
-
-  /// CCCL's stream-ordered spelling: throws carve::Exception with its error (no_space when out of memory).
-  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
-    const auto p = try_allocate(stream, bytes, alignment);
-    if (!p) {
-      detail::throw_allocation_failure("carve::ExpandablePool", p.error(), bytes, alignment);
-    }
-    return *p;
-  }
-  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  /// Frees `p` for work queued on `stream`; misuse ends the program (see try_deallocate).
+  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
       report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
     }
   }
+  /// The synchronous form: a block from the synchronous reservation.
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+    return take(std::nullopt, bytes, alignment);
+  }
+  /// The synchronous free: the caller has synchronised, so the block is free at once.
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
+    return give(std::nullopt, p, bytes, alignment);
+  }
   /// Synchronous; misuse ends the program (see try_deallocate).
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
     }
@@ -294,8 +286,8 @@ private:
     ExpandablePoolStats stats; ///< the counters kept here; the rest is filled in by stats()
   };
 
-  cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
-                                        std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
+                                                      std::size_t alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
@@ -338,8 +330,8 @@ private:
     }
   }
 
-  cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
-                                       std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
+                                                     std::size_t alignment) noexcept {
     const std::lock_guard lock(s_->mutex);
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const Live* found = s_->live.find(addr);

@@ -66,7 +66,7 @@ public:
   /// `bytes` (rounded up to the device's granularity) of addresses on `device`, nothing mapped.
   /// Errors: the mapper's; invalid_size for 0 bytes or a size that overflows when rounded; no_space
   /// for more granules than 2^32 - 1 (more than a reservation can ever hold).
-  static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
+  [[nodiscard]] static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
     const auto g = mapper.granularity(device);
     if (!g) {
       return cuda::std::unexpected(g.error());
@@ -109,7 +109,7 @@ public:
   /// the ChunkRule, asked only when something must be mapped. Returns the bytes newly mapped (0 when
   /// all were mapped already).
   template <class MakeRule>
-  Result<std::size_t> back(std::uintptr_t addr, std::size_t bytes, MakeRule&& make_rule) {
+  [[nodiscard]] Result<std::size_t> back(std::uintptr_t addr, std::size_t bytes, MakeRule&& make_rule) {
     if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
       return fail(Errc::out_of_range, "back: the range is not inside the reservation");
     }
@@ -301,7 +301,7 @@ private:
   }
 
   // Creates, maps and opens one chunk of `n` granules at granule `g`.
-  Result<void> map_chunk(std::size_t g, std::size_t n) {
+  [[nodiscard]] Result<void> map_chunk(std::size_t g, std::size_t n) {
     const std::size_t size = n * granule_;
     try {
       if (owner_.size() < g + n) {
