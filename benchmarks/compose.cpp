@@ -10,6 +10,8 @@
 #include <benchmark/benchmark.h>
 
 #include <array>
+#include <tuple>
+#include <utility>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
     pairs(s, heap);
   });
   benchmark::RegisterBenchmark((prefix + "StatsResource<SlotArena>").c_str(), [](benchmark::State& s) {
-    StatsResource<Arena> counted(arena_memory, slot_bytes);
+    StatsResource<Arena> counted(std::piecewise_construct, std::forward_as_tuple(arena_memory, slot_bytes));
     pairs(s, counted);
   });
   benchmark::RegisterBenchmark((prefix + "CachingPool").c_str(), [](benchmark::State& s) {

@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 using carve::Errc;
@@ -448,10 +450,10 @@ TEST_CASE("the release threshold unmaps the least recently idle chunks first") {
 
 TEST_CASE("it stacks under the combinators and under a caching pool") {
   using Counted = carve::StatsResource<Pool>;
-  Counted counted(mapper(), small());
+  Counted counted(std::piecewise_construct, std::forward_as_tuple(mapper(), small()));
   void* p = *counted.try_allocate(1000, 256);
   CHECK(counted.stats().bytes_in_use == 1000);
-  CHECK(counted.inner().stats().bytes_in_use == 1024);
+  CHECK(counted.upstream().stats().bytes_in_use == 1024);
   counted.deallocate(p, 1000, 256);
 
   carve::LimitResource<Pool> limited(Pool(mapper(), small()), 64 * KiB); // moved in

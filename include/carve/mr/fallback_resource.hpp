@@ -8,11 +8,13 @@
 ///
 /// try_allocate asks the primary; only when it answers no_space does the fallback get the request
 /// (invalid_size and other errors come back as they are: no resource could serve them). Since
-/// deallocate is told only the pointer, the primary must know what it owns (OwnsMemory): a block
-/// it owns goes back to it, every other block to the fallback. Capabilities: owns when both parts
-/// know theirs; free_bytes and capacity (sums) and trim where the parts have them; try_deallocate
-/// when both parts check theirs. Parts are held by value (carve::ref(r) to share one);
-/// __host__ __device__ wherever both parts are.
+/// deallocate is told only the pointer, the primary must know what it owns (OwnsMemory): a block it
+/// owns goes back to it, every other block to the fallback. Capabilities: owns when both parts know
+/// theirs; free_bytes and capacity (sums) and trim where the parts have them; try_deallocate when
+/// both parts check theirs. Parts are held by value, each built from one argument (the part, what
+/// its constructor takes, or carve::ref(r) to share one) or in place (std::piecewise_construct and
+/// a tuple of constructor arguments per part): the forms of docs/memory-resources.md, "Building a
+/// stack"; __host__ __device__ wherever both parts are.
 #pragma once
 
 #include <carve/core/config.hpp>

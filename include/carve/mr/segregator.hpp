@@ -6,12 +6,15 @@
 ///     carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
 /// @endcode
 ///
-/// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate
-/// routes by the same size, so neither part needs to know what it owns. A part that has no room
-/// says no_space; the request does not move to the other part (put a FallbackResource in the
-/// stack for that). Capabilities: owns when both parts know theirs; free_bytes and capacity
-/// (sums) and trim where the parts have them; try_deallocate when both parts check theirs. Parts
-/// are held by value (carve::ref(r) to share one); __host__ __device__ wherever both parts are.
+/// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate routes
+/// by the same size, so neither part needs to know what it owns. A part that has no room says
+/// no_space; the request does not move to the other part (put a FallbackResource in the stack for
+/// that). Capabilities: owns when both parts know theirs; free_bytes and capacity (sums) and trim
+/// where the parts have them; try_deallocate when both parts check theirs. Parts are held by value,
+/// each built from one argument (the part, what its constructor takes, or carve::ref(r) to share
+/// one) or in place (std::piecewise_construct and a tuple of constructor arguments per part): the
+/// forms of docs/memory-resources.md, "Building a stack"; __host__ __device__ wherever both parts
+/// are.
 #pragma once
 
 #include <carve/core/config.hpp>

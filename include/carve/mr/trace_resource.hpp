@@ -35,6 +35,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/thread_number.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/make_part.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/trace/carve_csv.hpp>
@@ -279,11 +280,13 @@ public:
   template <class Resource>
   requires std::constructible_from<R, Resource> TraceResource(Resource&& resource, std::shared_ptr<TraceLog> log)
       : r_(std::forward<Resource>(resource)), log_(checked(std::move(log))) {}
-  /// The resource built in place from `args` (for resources that cannot move), recorded in `log`.
-  template <class... Args>
-  requires std::constructible_from<R, Args...> TraceResource(std::in_place_t, std::shared_ptr<TraceLog> log,
-                                                             Args&&... args)
-      : r_(std::forward<Args>(args)...), log_(checked(std::move(log))) {}
+  /// The resource built in place from `args`, its constructor's arguments
+  /// (`std::piecewise_construct, std::forward_as_tuple(...)`; for resources that cannot move),
+  /// recorded in `log`.
+  template <class Tag, class Args>
+  requires detail::piecewise_tag<Tag> && detail::part_arguments<R, Args> TraceResource(Tag, Args&& args,
+                                                                                       std::shared_ptr<TraceLog> log)
+      : r_(detail::make_part<R>(std::forward<Args>(args))), log_(checked(std::move(log))) {}
 
   /// The resource's try_allocate, recorded with its result.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -340,9 +343,9 @@ public:
   decltype(auto) stats() const requires ReportsStats<R> { return r_.stats(); }
 
   /// The resource traced.
-  R& inner() noexcept { return r_; }
+  R& upstream() noexcept { return r_; }
   /// The resource traced.
-  const R& inner() const noexcept { return r_; }
+  const R& upstream() const noexcept { return r_; }
   /// The log the calls go to.
   const std::shared_ptr<TraceLog>& log() const noexcept { return log_; }
 
