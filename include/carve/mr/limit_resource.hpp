@@ -20,6 +20,7 @@
 #include <carve/core/errc.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/make_part.hpp>
+#include <carve/mr/detail/take_within.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <cuda/atomic>
@@ -52,7 +53,8 @@ public:
       CARVE_HOST_DEVICE constexpr LimitResource(Tag, Args&& args, cuda::std::size_t budget)
       : r_(detail::make_part<R>(static_cast<Args&&>(args))), budget_(budget) {}
 
-  /// From the resource if the budget has `bytes` left. Errors: invalid_size (check_request);
+  /// From the resource if the budget has the footprint left. Errors: invalid_size (check_request,
+  /// or a footprint that overflows);
   /// no_space (over budget); the resource's own.
   CARVE_EXEC_CHECK_DISABLE
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
@@ -64,16 +66,12 @@ public:
     if (footprint == 0) { // overflows when rounded: no resource could serve it
       return cuda::std::unexpected(Errc::invalid_size);
     }
-    auto used = used_ref();
-    cuda::std::size_t before = used.load(cuda::std::memory_order_relaxed);
-    do {
-      if (footprint > budget_ - before) {
-        return cuda::std::unexpected(Errc::no_space);
-      }
-    } while (!used.compare_exchange_weak(before, before + footprint, cuda::std::memory_order_relaxed));
+    if (!detail::take_within(used_ref(), footprint, budget_)) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     if (!p) {
-      used.fetch_sub(footprint, cuda::std::memory_order_relaxed);
+      used_ref().fetch_sub(footprint, cuda::std::memory_order_relaxed);
     }
     return p;
   }
