@@ -34,6 +34,7 @@
 #endif
 
 #include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <concepts>
@@ -83,14 +84,18 @@ private:
 /// @code
 /// try_allocate(stream, bytes, alignment)      -> expected<void*, Errc>   the derived class
 /// try_deallocate(stream, p, bytes, alignment) -> expected<void, Errc>    the derived class
-/// deallocate(stream, p, bytes, alignment)                                the derived class
+/// deallocate(stream, p, bytes, alignment)                                here, from try_deallocate
+/// deallocate(p, bytes, alignment)                                         here, from try_deallocate
 /// allocate(stream, bytes, alignment)          -> void*, throws           here (CCCL 3.1's resource)
 /// allocate_async(bytes, alignment, stream)    -> void*, throws           here (CCCL 3.0's async_resource,
 /// deallocate_async(p, bytes, alignment, stream)                          the CCCL of CUDA 13.0: stream last)
 /// @endcode
 ///
-/// and CcclSpellings' synchronous ones. Each spelling here is the try_ or deallocate call above
-/// under CCCL's name: allocate throws carve::Exception with try_allocate's error.
+/// and CcclSpellings' synchronous ones. Each spelling here is a try_ call under CCCL's name:
+/// allocate throws carve::Exception with try_allocate's error, and deallocate ends the program
+/// with a message naming `Derived::resource_name` when try_deallocate refuses (as free() does
+/// with a pointer it never gave). A derived class that records its frees (TraceResource) writes
+/// its own deallocate, which hides these.
 template <class Derived, class Stream>
 class StreamOrderedSpellings : public CcclSpellings<Derived> {
 public:
@@ -103,6 +108,18 @@ public:
       detail::throw_allocation_failure("carve", p.error(), bytes, alignment);
     }
     return *p;
+  }
+  /// try_deallocate(stream, ...); misuse ends the program.
+  void deallocate(Stream stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = self().try_deallocate(stream, p, bytes, alignment); !r) {
+      report_misuse(Derived::resource_name, p, bytes, r.error());
+    }
+  }
+  /// try_deallocate(p, ...), the synchronous free; misuse ends the program.
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = self().try_deallocate(p, bytes, alignment); !r) {
+      report_misuse(Derived::resource_name, p, bytes, r.error());
+    }
   }
   /// allocate(stream, bytes, alignment) under CCCL 3.0's name and argument order.
   void* allocate_async(std::size_t bytes, std::size_t alignment, Stream stream) {

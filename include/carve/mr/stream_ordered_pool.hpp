@@ -73,6 +73,8 @@ template <MemoryResource Upstream, StreamEvents Streams>
 class StreamOrderedPool
     : public StreamOrderedSpellings<StreamOrderedPool<Upstream, Streams>, typename Streams::stream_type> {
 public:
+  /// The name misuse reports give.
+  static constexpr const char* resource_name = "carve::StreamOrderedPool::deallocate";
   /// The stream type allocations name.
   using stream_type = typename Streams::stream_type;
 
@@ -100,13 +102,6 @@ public:
     return give(p, bytes, alignment, stream);
   }
 
-  /// Frees `p` for work queued on `stream`; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
-      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
-    }
-  }
-
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(bytes, alignment, std::nullopt);
@@ -115,12 +110,6 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                                std::size_t alignment) noexcept {
     return give(p, bytes, alignment, std::nullopt);
-  }
-  /// Synchronous; misuse ends the program (see try_deallocate).
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
-      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
-    }
   }
 
   /// Gives every cached block whose event has completed back to the upstream; returns the bytes.

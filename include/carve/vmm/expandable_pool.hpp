@@ -74,6 +74,8 @@ namespace carve {
 template <PhysicalMemoryMapper Mapper, StreamEvents Streams = SynchronousStreams>
 class ExpandablePool : public StreamOrderedSpellings<ExpandablePool<Mapper, Streams>, typename Streams::stream_type> {
 public:
+  /// The name misuse reports give.
+  static constexpr const char* resource_name = "carve::ExpandablePool::deallocate";
   /// The stream type the stream-ordered spellings name.
   using stream_type = typename Streams::stream_type;
 
@@ -125,12 +127,6 @@ public:
                                                                std::size_t alignment) noexcept {
     return give(stream, p, bytes, alignment);
   }
-  /// Frees `p` for work queued on `stream`; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
-      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
-    }
-  }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(std::nullopt, bytes, alignment);
@@ -139,12 +135,6 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                                std::size_t alignment) noexcept {
     return give(std::nullopt, p, bytes, alignment);
-  }
-  /// Synchronous; misuse ends the program (see try_deallocate).
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
-      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
-    }
   }
 
   /// Unmaps every chunk no block touches (frees whose stream work has completed count as free),
