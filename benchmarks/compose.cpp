@@ -10,12 +10,12 @@
 #include <benchmark/benchmark.h>
 
 #include <array>
-#include <tuple>
-#include <utility>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace {
 
