@@ -4,8 +4,8 @@
 ///
 /// @code
 /// carve::CachingPool pool(carve::SimulatedCard(16ull << 30), {.idle_threshold = 1ull << 30});
-/// auto p = pool.try_allocate(3 << 20);            // expected<void*, Errc>
-/// pool.deallocate(*p, 3 << 20);                   // cached, not freed
+/// auto p = pool.try_allocate(3 << 20, 256);       // expected<void*, Errc>
+/// pool.deallocate(*p, 3 << 20, 256);              // cached, not freed
 /// pool.trim();                                    // free segments back to the card
 /// @endcode
 ///
