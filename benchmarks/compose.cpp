@@ -59,19 +59,20 @@ const std::string prefix = "allocate+deallocate/";
 
 int main(int argc, char** argv) {
   benchmark::RegisterBenchmark((prefix + "SlotArena").c_str(), [](benchmark::State& s) {
-    Arena arena(arena_memory, slot_bytes);
+    Arena arena(arena_memory, sizeof arena_memory, slot_bytes);
     pairs(s, arena);
   });
   benchmark::RegisterBenchmark((prefix + "Segregator<4096, SlotArena, CachingPool>").c_str(), [](benchmark::State& s) {
-    Segregator<4096, Arena, Pool> heap(Arena(arena_memory, slot_bytes), SimulatedCard(64 << 20));
+    Segregator<4096, Arena, Pool> heap(Arena(arena_memory, sizeof arena_memory, slot_bytes), SimulatedCard(64 << 20));
     pairs(s, heap);
   });
   benchmark::RegisterBenchmark((prefix + "FallbackResource<SlotArena, CachingPool>").c_str(), [](benchmark::State& s) {
-    FallbackResource<Arena, Pool> heap(Arena(arena_memory, slot_bytes), SimulatedCard(64 << 20));
+    FallbackResource<Arena, Pool> heap(Arena(arena_memory, sizeof arena_memory, slot_bytes), SimulatedCard(64 << 20));
     pairs(s, heap);
   });
   benchmark::RegisterBenchmark((prefix + "StatsResource<SlotArena>").c_str(), [](benchmark::State& s) {
-    StatsResource<Arena> counted(std::piecewise_construct, std::forward_as_tuple(arena_memory, slot_bytes));
+    StatsResource<Arena> counted(std::piecewise_construct,
+                                 std::forward_as_tuple(arena_memory, sizeof arena_memory, slot_bytes));
     pairs(s, counted);
   });
   benchmark::RegisterBenchmark((prefix + "CachingPool").c_str(), [](benchmark::State& s) {

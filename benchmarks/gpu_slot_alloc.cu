@@ -73,8 +73,8 @@ __global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threa
   if (i >= threads) {
     return;
   }
-  const Sharded s(storage);
-  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m, blockIdx.x);
+  const Sharded s(storage, blockIdx.x); // each block at home in its own shard
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m) : s.allocate(m);
   out[i] = r ? *r : carve::SlotRange{not_allocated, 0};
 }
 

@@ -15,7 +15,7 @@ __global__ void sums(const unsigned* counts, unsigned long long* out, Global glo
   __shared__ alignas(128) std::byte local_memory[64 * 128];
   __shared__ Scratch scratch;
   if (threadIdx.x == 0) { // shared memory is not constructed: one thread sets the stack up
-    scratch.primary().reset(local_memory, 128);
+    scratch.primary().reset(local_memory, sizeof local_memory, 128);
     scratch.fallback() = global;
   }
   __syncthreads();
@@ -52,8 +52,9 @@ int main() {
   for (unsigned i = 0; i < items; ++i) {
     counts[i] = 1 + i * 37 % 200; // 4 to 800 bytes of scratch each
   }
-  Global global(memory, 128, carve::ConcurrentSlotAllocatorRef<4096>(carve::BorrowedSlotWords<4096>(words)));
-  global.reset(memory, 128); // all 4096 slots free
+  Global global(memory, 4096 * 128, 128,
+                carve::ConcurrentSlotAllocatorRef<4096>(carve::BorrowedSlotWords<4096>(words)));
+  global.reset(); // all 4096 slots free
   sums<<<64, 256>>>(counts, out, global);
 
   if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {

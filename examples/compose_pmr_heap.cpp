@@ -14,7 +14,7 @@ using Heap = carve::Segregator<4096, SmallBlocks, LargeBlocks>;
 
 int main() {
   alignas(256) static std::byte small_memory[128 * 256];
-  Heap heap(SmallBlocks(small_memory, 256), carve::SimulatedCard(64 << 20));
+  Heap heap(SmallBlocks(small_memory, sizeof small_memory, 256), carve::SimulatedCard(64 << 20));
   auto pmr = carve::as_pmr(heap);
 
   std::pmr::vector<std::pmr::string> names(&pmr);

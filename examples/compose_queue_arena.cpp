@@ -20,7 +20,7 @@ struct JobBytes {
 int main() {
   carve::SizeTieredQueue<Job, JobBytes> queue({2048, 8192}, 256); // tiers: up to 2 KiB, up to 8 KiB, larger
   alignas(256) static std::byte memory[64 << 10];
-  carve::SlotArena<carve::SlotAllocator<256>> arena(memory, 256); // 64 KiB in 256 slots of 256 bytes
+  carve::SlotArena<carve::SlotAllocator<256>> arena(memory, sizeof memory, 256); // 64 KiB: 256 slots of 256 bytes
   for (std::uint32_t i = 0; i < 200; ++i) {
     (void)queue.try_push(Job{256 + i * 7919 % 24000, 1 + i % 5});
   }

@@ -23,7 +23,9 @@ int main() {
 
   std::thread producer([&] {
     for (std::uint32_t i = 0; i < 1000; ++i) {
-      q.push(Lookup{i % 8, std::vector<std::uint64_t>(1 + i * 37 % 700)}); // waits while its tier is full
+      if (!q.push(Lookup{i % 8, std::vector<std::uint64_t>(1 + i * 37 % 700)})) { // waits while its tier is full
+        break; // expected<void, Errc>: fails only once the queue is closed
+      }
     }
     q.close(); // wakes every waiter; what is queued still drains
   });

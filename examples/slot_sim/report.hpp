@@ -206,7 +206,7 @@ inline void write_figures(const Results& res, const std::string& dir, const std:
             true};
 
   for (const std::string& p : res.policies) {
-    const SeriesSums& s = res.series.at(p);
+    const SeriesSums& s = res.series_of(p);
     const double runs = runs_of(p);
     PlotLine r{p, {}, {}, color_of(p, res), p == res.bound_name};
     PlotLine f = r;

@@ -97,6 +97,16 @@ struct Results {
   std::uint32_t sample_every = 1;
   std::uint32_t slots = 0;
 
+  // The series of policy `p`; throws carve::Exception (out_of_range) naming a policy the results
+  // hold no series for (series.csv lacks it).
+  const SeriesSums& series_of(const std::string& p) const {
+    const auto it = series.find(p);
+    if (it == series.end()) {
+      throw carve::Exception(carve::Errc::out_of_range, "slot_sim results: no series for policy '" + p + "'");
+    }
+    return it->second;
+  }
+
   // Makespans by policy, ordered by seed (the pairing).
   std::vector<double> column(const std::string& policy, double RunRow::*field) const {
     std::vector<const RunRow*> mine;
@@ -156,7 +166,7 @@ inline void write_results(const Results& res, const std::string& dir, const std:
     auto f = fmt::output_file(dir + "/series.csv");
     f.print("policy,cycle,remaining_sum,free_slots_sum_waiting,runs_waiting\n");
     for (const std::string& p : res.policies) {
-      const SeriesSums& s = res.series.at(p);
+      const SeriesSums& s = res.series_of(p);
       for (std::size_t k = 0; k < s.remaining.size(); ++k) {
         f.print("{},{},{},{},{}\n", p, k * res.sample_every, s.remaining[k], s.free_waiting[k], s.runs_waiting[k]);
       }

@@ -10,10 +10,13 @@
 #include <carve/sim/compute_unit.hpp>
 #include <carve/sim/cost.hpp>
 #include <carve/sim/dispatcher.hpp>
+#include <carve/sim/distribution.hpp>
 #include <carve/sim/input_error.hpp>
+#include <carve/sim/kernel_mix.hpp>
 #include <carve/sim/random.hpp>
 #include <carve/sim/run_result.hpp>
 #include <carve/sim/stats.hpp>
 #include <carve/sim/sweep.hpp>
+#include <carve/sim/text_words.hpp>
 #include <carve/sim/trace.hpp>
 #include <carve/sim/workload.hpp>

@@ -17,10 +17,9 @@
 #include <carve/slot/cooperative/warp_scan.hpp>
 #include <carve/slot/policy/best_fit.hpp>
 #include <carve/slot/policy/boundary_nearest_fit.hpp>
-#include <carve/slot/policy/first_fit.hpp>
+#include <carve/slot/policy/end_fit.hpp>
 #include <carve/slot/policy/fit_policy.hpp>
 #include <carve/slot/policy/hinted_fit_policy.hpp>
-#include <carve/slot/policy/last_fit.hpp>
 #include <carve/slot/policy/release_aligned_fit.hpp>
 #include <carve/slot/policy/run_time_predictor.hpp>
 #include <carve/slot/search/free_runs.hpp>

@@ -438,3 +438,12 @@ TEST_CASE("threads allocating through card resources: nothing lost, nothing hand
   CHECK(failures == 0);
   CHECK(all_back(borrower));
 }
+
+TEST_CASE("SimulatedPeerAccess::enable_calls checks its cards and throws carve's exception") {
+  carve::SimulatedPeerAccess peers({{true, true}, {true, true}});
+  CHECK(peers.enable(0, 1).has_value());
+  CHECK(peers.enable_calls(0, 1) == 1);
+  // Was vector::at: std::out_of_range, which carve never throws.
+  CHECK(carve::test::thrown_code([&] { (void)peers.enable_calls(0, 2); }) == Errc::out_of_range);
+  CHECK(carve::test::thrown_message([&] { (void)peers.enable_calls(-1, 0); }).find("no card -1") != std::string::npos);
+}

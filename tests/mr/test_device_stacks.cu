@@ -24,7 +24,7 @@ __global__ void hammer(Global global, unsigned* failures, unsigned long long* se
   __shared__ alignas(64) std::byte local_memory[128 * 64];
   __shared__ Stack stack;
   if (threadIdx.x == 0) {
-    stack.primary().reset(local_memory, 64);
+    stack.primary().reset(local_memory, sizeof local_memory, 64);
     stack.fallback().small() = Counted(carve::LimitResource<Global>(global, 64 << 10));
     stack.fallback().large() = global;
   }
@@ -63,6 +63,34 @@ __global__ void hammer(Global global, unsigned* failures, unsigned long long* se
 }
 
 __global__ void reset(Global global) { global.slots().reset(); }
+
+// Device code cannot throw: an arena given bad input reports it through status() and refuses
+// every call with it, instead of holding nothing silently. out: per case, the status and the
+// error try_allocate gave (0 for success).
+__global__ void bad_arenas(int* out) {
+  __shared__ alignas(64) std::byte local_memory[128 * 64];
+  __shared__ Local arena;
+  if (threadIdx.x != 0) {
+    return;
+  }
+  const auto record = [&](int k) {
+    const auto st = arena.status();
+    out[2 * k] = st ? 0 : static_cast<int>(st.error());
+    const auto p = arena.try_allocate(64, 8);
+    out[2 * k + 1] = p ? 0 : static_cast<int>(p.error());
+    if (p) {
+      arena.deallocate(*p, 64, 8);
+    }
+  };
+  arena.reset(local_memory, sizeof local_memory - 1, 64); // one byte short of 128 slots
+  record(0);
+  arena.reset(nullptr, sizeof local_memory, 64);
+  record(1);
+  arena.reset(local_memory, sizeof local_memory, 0);
+  record(2);
+  arena.reset(local_memory, sizeof local_memory, 64); // good input clears it
+  record(3);
+}
 __global__ void free_bytes(Global global, unsigned long long* out) { *out = global.free_bytes(); }
 
 } // namespace
@@ -74,14 +102,22 @@ int main() {
   carve::bits::word* words = nullptr;
   check(cudaMalloc(&memory, 2048 * 64), "cudaMalloc arena");
   check(cudaMalloc(&words, carve::bits::word_count(2048) * sizeof(carve::bits::word)), "cudaMalloc words");
-  const Global global(memory, 64,
+  const Global global(memory, 2048 * 64, 64,
                       carve::ConcurrentSlotAllocatorRef<2048, carve::FirstFit>(carve::BorrowedSlotWords<2048>(words)));
   reset<<<1, 1>>>(global);
   unsigned* d_failures = to_device(std::vector<unsigned>{0});
   unsigned long long* d_served = to_device(std::vector<unsigned long long>{0, 0});
   hammer<<<blocks, threads>>>(global, d_failures, d_served);
   free_bytes<<<1, 1>>>(global, d_served + 1);
+  int* d_bad = to_device(std::vector<int>(8, -1));
+  bad_arenas<<<1, 32>>>(d_bad);
   check(cudaDeviceSynchronize(), "kernels");
+  const auto bad = to_host(d_bad, 8);
+  const int refused = static_cast<int>(carve::Errc::invalid_argument);
+  for (std::size_t k = 0; k < 3; ++k) {
+    expect(bad[2 * k] == refused && bad[2 * k + 1] == refused, "an arena given bad input in a kernel says so");
+  }
+  expect(bad[6] == 0 && bad[7] == 0, "an arena reset with good input serves again");
   const auto f = to_host(d_failures, 1);
   const auto s = to_host(d_served, 2);
   expect(f[0] == 0, "no thread saw its bytes change, every counter balanced");

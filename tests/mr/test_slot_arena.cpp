@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using carve::Errc;
@@ -41,7 +43,7 @@ static_assert(carve::UpstreamResource<SlotArena<carve::SlotAllocator<128>>>);
 
 TEST_CASE("bytes become whole slots where the policy puts them") {
   Heap heap;
-  SlotArena<carve::SlotAllocator<128, carve::BoundaryNearestFit>> arena(heap.bytes, slot);
+  SlotArena<carve::SlotAllocator<128, carve::BoundaryNearestFit>> arena(heap.bytes, sizeof heap.bytes, slot);
   CHECK(arena.capacity() == 128 * slot);
   CHECK(arena.slot_alignment() == slot);
   // The worked example: slots 0-1 and 6-123 taken, 3 slots asked: boundary-nearest takes 125.
@@ -65,7 +67,7 @@ TEST_CASE("bytes become whole slots where the policy puts them") {
 
 TEST_CASE("a slot arena refuses bad input and changes nothing") {
   Heap heap;
-  SlotArena<carve::SlotAllocator<128>> arena(heap.bytes, slot);
+  SlotArena<carve::SlotAllocator<128>> arena(heap.bytes, sizeof heap.bytes, slot);
   CHECK(arena.try_allocate(0, 8).error() == Errc::invalid_size);
   CHECK(arena.try_allocate(8, 12).error() == Errc::invalid_size);
   CHECK(arena.try_allocate(128 * slot + 1, 8).error() == Errc::no_space); // more than the arena: a fallback's
@@ -84,16 +86,57 @@ TEST_CASE("a slot arena refuses bad input and changes nothing") {
   CHECK(arena.try_deallocate(b, 1000, 8));
   CHECK(arena.try_deallocate(b, 1000, 8).error() == Errc::not_allocated); // a double free
   CHECK(arena.free_bytes() == arena.capacity());
-  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<carve::SlotAllocator<128>>(heap.bytes, 0));
-  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<carve::SlotAllocator<128>>(nullptr, slot));
-  const SlotArena<carve::SlotAllocator<128>> nothing; // what a __shared__ declaration starts as
+}
+
+TEST_CASE("a slot arena is told its buffer's length and refuses bad input: it throws and builds nothing") {
+  using Arena = SlotArena<carve::SlotAllocator<128>>;
+  Heap heap;
+  // Before, the arena never knew its buffer's length: 128 slots of 256 bytes over a 1 KiB buffer
+  // handed out the 31 KiB past its end. The length is part of every construction now.
+  static_assert(!std::is_constructible_v<Arena, void*, std::size_t>);
+  static_assert(std::is_constructible_v<Arena, void*, std::size_t, std::size_t>);
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(heap.bytes, 1024, slot));                  // too short
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(heap.bytes, sizeof heap.bytes - 1, slot)); // one byte short
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(heap.bytes, 0, slot));
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(heap.bytes, sizeof heap.bytes, 0)); // 0-byte slots
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(nullptr, sizeof heap.bytes, slot));
+  CHECK_THROWS_ERRC(Errc::invalid_argument,
+                    Arena(reinterpret_cast<void*>(std::uintptr_t{0} - 4096), SIZE_MAX, slot)); // wraps
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Arena(heap.bytes, SIZE_MAX, SIZE_MAX / 64));       // overflows
+  CHECK_THROWS_WITH_AS(Arena(heap.bytes, 1024, slot), doctest::Contains("shorter than its slots need"),
+                       carve::Exception);
+
+  // Exactly enough, and more than enough (the rest is left unused).
+  const Arena exact(heap.bytes, sizeof heap.bytes, slot);
+  CHECK(exact.status());
+  CHECK(exact.capacity() == sizeof heap.bytes);
+  std::vector<std::byte> more(sizeof heap.bytes + 1000);
+  const Arena roomy(more.data(), more.size(), slot);
+  CHECK(roomy.capacity() == 128 * slot);
+
+  // reset with bad input throws and leaves the arena as it was.
+  Arena arena(heap.bytes, sizeof heap.bytes, slot);
+  const auto p = arena.try_allocate(slot, 8);
+  REQUIRE(p);
+  CHECK_THROWS_ERRC(Errc::invalid_argument, arena.reset(heap.bytes, 100, slot));
+  CHECK(arena.status());
+  CHECK(arena.base() == heap.bytes);
+  CHECK(arena.free_bytes() == arena.capacity() - slot);
+  arena.deallocate(*p, slot, 8);
+
+  // What a __shared__ declaration starts as: over nothing, and it says so by answering no_space
+  // (not a silent success), with nothing wrong to report.
+  const Arena nothing;
+  CHECK(nothing.status());
   CHECK(nothing.capacity() == 0);
   CHECK_FALSE(nothing.owns(heap.bytes));
+  Arena empty;
+  CHECK(empty.try_allocate(8, 8).error() == Errc::no_space);
 }
 
 TEST_CASE("a slot arena against a model of its slots") {
   Heap heap;
-  SlotArena<carve::SlotAllocator<128, carve::FirstFit>> arena(heap.bytes, slot);
+  SlotArena<carve::SlotAllocator<128, carve::FirstFit>> arena(heap.bytes, sizeof heap.bytes, slot);
   std::vector<bool> taken(128, false);
   std::vector<std::pair<void*, std::size_t>> live;
   std::mt19937 rng(5);
@@ -144,8 +187,8 @@ TEST_CASE("a slot arena against a model of its slots") {
 
 TEST_CASE("threads share a lock-free slot arena without sharing a slot") {
   Heap heap;
-  SlotArena<carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_system>> arena(heap.bytes,
-                                                                                                             slot);
+  SlotArena<carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_system>> arena(
+      heap.bytes, sizeof heap.bytes, slot);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -184,7 +227,7 @@ TEST_CASE("sharded and run-time-sized slots serve arenas too") {
   carve::ShardedSlotAllocator<32, 4> shards(words.data(), /*home*/ 2);
   shards.reset();
   Heap heap;
-  SlotArena<carve::ShardedSlotAllocator<32, 4>> sharded(heap.bytes, slot, shards);
+  SlotArena<carve::ShardedSlotAllocator<32, 4>> sharded(heap.bytes, sizeof heap.bytes, slot, shards);
   const auto p = sharded.try_allocate(3 * slot, 8);
   REQUIRE(p);
   CHECK(first_slot(heap.bytes, *p) / 32 == 2);                         // from the home shard
@@ -192,7 +235,7 @@ TEST_CASE("sharded and run-time-sized slots serve arenas too") {
   sharded.deallocate(*p, 3 * slot, 8);
 
   std::vector<std::byte> big(100000 * 64);
-  SlotArena<carve::DynamicSlotAllocator<carve::FirstFit>> pages(big.data(), 64,
+  SlotArena<carve::DynamicSlotAllocator<carve::FirstFit>> pages(big.data(), big.size(), 64,
                                                                 carve::DynamicSlotAllocator<carve::FirstFit>(100000));
   CHECK(pages.capacity() == 100000 * 64);
   const auto q = pages.try_allocate(1 << 20, 8);
@@ -206,7 +249,8 @@ TEST_CASE("a segregator sends small requests to a slot arena and the rest to a p
   Heap heap;
   using Arena = SlotArena<carve::SlotAllocator<128>>;
   using Pool = carve::StatsResource<carve::CachingPool<carve::SimulatedCard>>;
-  carve::Segregator<4096, Arena, Pool> heap_stack(Arena(heap.bytes, slot), carve::SimulatedCard(16 << 20));
+  carve::Segregator<4096, Arena, Pool> heap_stack(Arena(heap.bytes, sizeof heap.bytes, slot),
+                                                  carve::SimulatedCard(16 << 20));
   const auto small = heap_stack.try_allocate(100, 8);
   const auto large = heap_stack.try_allocate(100000, 8);
   REQUIRE(small);
@@ -235,11 +279,11 @@ TEST_CASE("the block-scratch stack on host threads: local arena first, then a sh
   alignas(128) static std::byte local_memory[64 * 128];
   alignas(128) static std::byte global_memory[1024 * 128];
   std::vector<carve::bits::word> words(carve::bits::word_count(1024));
-  Global global(global_memory, 128,
+  Global global(global_memory, sizeof global_memory, 128,
                 carve::ConcurrentSlotAllocatorRef<1024>(carve::BorrowedSlotWords<1024>(words.data())));
-  global.reset(global_memory, 128);
+  global.reset();         // all slots free
   static Scratch scratch; // as a __shared__ variable is: default-constructed, then set up by one thread
-  scratch.primary().reset(local_memory, 128);
+  scratch.primary().reset(local_memory, sizeof local_memory, 128);
   scratch.fallback() = global;
 
   std::atomic<int> failures{0};
@@ -273,4 +317,11 @@ TEST_CASE("the block-scratch stack on host threads: local arena first, then a sh
   MESSAGE(from_global.load() << " of 4000 items spilled to the global arena");
   CHECK(scratch.primary().free_bytes() == scratch.primary().capacity());
   CHECK(global.free_bytes() == global.capacity()); // the handle sees the same words
+}
+TEST_CASE("a slot arena over slots that report bad construction refuses them") {
+  // A sharded allocator over no words reports it through status(); an arena over it is bad input.
+  using Sharded = carve::ShardedSlotAllocator<32, 4>;
+  Heap heap;
+  CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<Sharded>(heap.bytes, sizeof heap.bytes, slot,
+                                                               Sharded(static_cast<carve::bits::word*>(nullptr))));
 }

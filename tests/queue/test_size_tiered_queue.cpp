@@ -345,6 +345,14 @@ TEST_CASE("an MpmcRing of capacity 0 refuses every push and keeps the item") {
   CHECK(ring.size() == 0);
 }
 
+TEST_CASE("no memory for a ring's cells is carve's no_space on the host, not std::bad_alloc") {
+  // Cells whose bytes overflow size_t: operator new[] would throw std::bad_array_new_length.
+  constexpr std::size_t too_many = ~std::size_t{0} / 2;
+  CHECK_THROWS_ERRC(Errc::no_space, MpmcRing<Request>(too_many));
+  using Q = Queue<carve::RingLanes<>>;
+  CHECK_THROWS_ERRC(Errc::no_space, Q({128}, too_many));
+}
+
 TEST_CASE_TEMPLATE("a request put back goes to the head of its tier", Lanes, CARVE_TEST_LANES) {
   Queue<Lanes> q(thresholds({128, 512}), 8);
   for (std::uint64_t i = 0; i < 4; ++i) {

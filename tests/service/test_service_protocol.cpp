@@ -141,8 +141,9 @@ TEST_CASE("out-of-range values are refused") {
   const Bytes hello = encode(Reply{HelloReply{1, 2, 3, 4, 5, carve::ExportKind::shared_memory}}, 1);
   fails(hello, hello.size() - 1, 9, "unknown export kind");
   fails(hello, hello.size() - 1, 0, "unknown export kind");
-  fails(hello, hello.size() - 1, 5, "unknown export kind");
-  for (const auto kind : {carve::ExportKind::cuda_vmm, carve::ExportKind::host_vmm}) { // the VMM kinds read back
+  fails(hello, hello.size() - 1, 6, "unknown export kind"); // one past cuda_fabric
+  for (const auto kind : {carve::ExportKind::cuda_vmm, carve::ExportKind::host_vmm,
+                          carve::ExportKind::cuda_fabric}) { // the VMM kinds read back
     const auto d = decode_reply(encode(Reply{HelloReply{1, 2, 3, 4, 5, kind}}, 1));
     REQUIRE(d);
     CHECK(std::get<HelloReply>(d->body).backend == kind);

@@ -1,3 +1,5 @@
+#include "support/errors.hpp"
+
 #include <carve/sim.hpp>
 
 #include <doctest/doctest.h>
@@ -43,4 +45,11 @@ TEST_CASE("the best of several, with ties shared") {
   CHECK(shares[0] == doctest::Approx(1 + 1.0 / 3));
   CHECK(shares[1] == doctest::Approx(1.0 / 3));
   CHECK(shares[2] == doctest::Approx(1 + 1.0 / 3));
+}
+
+TEST_CASE("best_shares refuses candidates of unequal runs with carve's exception, naming the candidate") {
+  // A shorter candidate after the first was read past its end (vector::at: std::out_of_range).
+  const auto call = [] { (void)best_shares({{1, 2, 3}, {1, 2, 3}, {1, 2}}); };
+  CHECK(carve::test::thrown_code(call) == carve::Errc::out_of_range);
+  CHECK(carve::test::thrown_message(call).find("candidate 2") != std::string::npos);
 }

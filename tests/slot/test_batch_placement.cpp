@@ -87,8 +87,8 @@ std::vector<RefOutcome> ref_place_batch(std::vector<Slots>& units, const std::ve
                                         std::uint32_t n) {
   std::vector<RefOutcome> out;
   for (const std::uint32_t m : sizes) {
-    if (m == 0 || m > n) {
-      out.push_back({Errc::invalid_size});
+    if (m == 0 || m > n) { // more than a unit holds: no_space, a fallback's to serve
+      out.push_back({m == 0 ? Errc::invalid_size : Errc::no_space});
       continue;
     }
     std::vector<RefCandidate> all;
@@ -334,11 +334,11 @@ TEST_CASE("place_batch: invalid sizes, no units, and a request that fits nowhere
       cuda::std::span<SlotBitmap<16>>(bitmaps.data(), bitmaps.size()),
       cuda::std::span<const std::uint32_t>(sizes.data(), sizes.size()), out.data());
   CHECK(out[0].error() == Errc::invalid_size);
-  CHECK(out[1].error() == Errc::invalid_size);
+  CHECK(out[1].error() == Errc::no_space); // more than a unit could ever hold
   CHECK(*out[2] == CuPlacement{0, {0, 16}});
   CHECK(*out[3] == CuPlacement{1, {0, 16}}); // unit 0 is full now
   CHECK(out[4].error() == Errc::no_space);
-  CHECK(out[5].error() == Errc::invalid_size);
+  CHECK(out[5].error() == Errc::no_space);
 
   // No units: a valid size fits nowhere, an invalid one is still invalid.
   std::vector<BatchPlacement> none(sizes.size());

@@ -2,12 +2,15 @@
 // errors, and under real threads no slot owned twice, no free lost, and a final state equal to
 // what the surviving allocations say.
 #include "reference.hpp"
+#include "support/errors.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <concepts>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <random>
@@ -102,7 +105,7 @@ TEST_CASE("bad input returns the pinned error and changes nothing") {
   REQUIRE(slots.allocate(70));
   const auto before = slots.snapshot();
   CHECK(slots.allocate(0).error() == Errc::invalid_size);
-  CHECK(slots.allocate(131).error() == Errc::invalid_size);
+  CHECK(slots.allocate(131).error() == Errc::no_space); // more than it could ever hold
   CHECK(slots.allocate(51).error() == Errc::no_space);
   CHECK(slots.deallocate({0, 0}).error() == Errc::invalid_size);
   CHECK(slots.deallocate({130, 1}).error() == Errc::out_of_range);
@@ -138,6 +141,26 @@ TEST_CASE("an allocator over borrowed words") {
   CHECK(slots.allocate(1).error() == Errc::no_space);
   CHECK(slots.deallocate({0, 100}));
   CHECK(other.free_count() == 100);
+}
+
+TEST_CASE("borrowed words are checked: bad ones throw on the host; none are reported, not dereferenced") {
+  using Ref = carve::ConcurrentSlotAllocatorRef<150, carve::FirstFit, cuda::thread_scope_system>;
+  CHECK_THROWS_ERRC(Errc::invalid_argument, carve::BorrowedSlotWords<150>(nullptr));
+  alignas(8) std::byte raw[40]{};
+  CHECK_THROWS_ERRC(Errc::invalid_argument,
+                    carve::BorrowedSlotWords<150>(reinterpret_cast<carve::bits::word*>(raw + 4)));
+  // Before, an allocator over no words (what a __shared__ declaration starts as) dereferenced a
+  // null pointer on its first call; now it says so and refuses every call.
+  Ref none{carve::BorrowedSlotWords<150>{}};
+  CHECK(none.status().error() == Errc::invalid_argument);
+  none.reset(); // does nothing
+  CHECK(none.allocate(1).error() == Errc::invalid_argument);
+  CHECK(none.deallocate({0, 1}).error() == Errc::invalid_argument);
+  CHECK(none.free_count() == 0);
+  CHECK(none.snapshot() == SlotBitmap<150>::all_taken());
+  CHECK(HostConcurrent<150>().status()); // owned words: always there
+  alignas(8) std::uint64_t words[3] = {};
+  CHECK(Ref{carve::BorrowedSlotWords<150>{words}}.status());
 }
 
 namespace {
@@ -266,14 +289,14 @@ TEST_CASE("a sharded allocator serves the home shard first and falls back in ord
   static_assert(Sharded::size() == 256 && Sharded::word_count == 4);
   std::vector<std::uint64_t> words(Sharded::word_count, 0);
   const Sharded slots(words.data());
-  CHECK(slots.allocate(1, 0).error() == Errc::no_space); // not reset yet: all taken
+  CHECK(slots.allocate_near(1, 0).error() == Errc::no_space); // not reset yet: all taken
   slots.reset();
-  CHECK(*slots.allocate(10, 2) == SlotRange{128, 10});        // shard 2 starts at slot 128
-  CHECK(*slots.allocate(60, 2) == SlotRange{192, 60});        // shard 2 has 54 left: shard 3
-  CHECK(*slots.allocate(54, 6) == SlotRange{138, 54});        // home 6 % 4 = 2
-  CHECK(*slots.allocate(64, 3) == SlotRange{0, 64});          // 3 has 4 left, then wrap to shard 0
-  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size); // larger than a shard
-  CHECK(slots.allocate(0, 0).error() == Errc::invalid_size);
+  CHECK(*slots.allocate_near(10, 2) == SlotRange{128, 10});    // shard 2 starts at slot 128
+  CHECK(*slots.allocate_near(60, 2) == SlotRange{192, 60});    // shard 2 has 54 left: shard 3
+  CHECK(*slots.allocate_near(54, 6) == SlotRange{138, 54});    // home 6 % 4 = 2
+  CHECK(*slots.allocate_near(64, 3) == SlotRange{0, 64});      // 3 has 4 left, then wrap to shard 0
+  CHECK(slots.allocate_near(65, 0).error() == Errc::no_space); // larger than a shard: a fallback's
+  CHECK(slots.allocate_near(0, 0).error() == Errc::invalid_size);
   CHECK(slots.free_count() == 256 - 188);
   CHECK(slots.deallocate({60, 10}).error() == Errc::not_allocated); // spans shards 0 and 1
   CHECK(slots.deallocate({250, 10}).error() == Errc::out_of_range);
@@ -281,7 +304,36 @@ TEST_CASE("a sharded allocator serves the home shard first and falls back in ord
   CHECK(slots.deallocate({128, 10}));
   CHECK(slots.deallocate({138, 54}));
   CHECK(slots.shard(2).free_count() == 64);
-  CHECK(slots.allocate(65, 0).error() == Errc::invalid_size);
+  CHECK(slots.allocate_near(65, 0).error() == Errc::no_space);
+  CHECK(*slots.with_home(2).allocate(10) == SlotRange{128, 10});     // the handle's own home
+  CHECK(*Sharded(words.data(), 7).allocate(1) == SlotRange{252, 1}); // home 7 % 4 = 3, after its 60
+  CHECK_THROWS_ERRC(Errc::out_of_range, (void)slots.shard(4));       // an index past the shards
+}
+
+// The sharded allocator named its home shard as allocate's second argument, which every other
+// slot allocator reads as a hint for a hinted policy: generic code passing a hint compiled and
+// used it as a shard number. The home has a name of its own now.
+template <class S>
+concept TakesSecondAllocateArgument = requires(S& s, std::uint32_t m, std::uint32_t x) {
+  s.allocate(m, x);
+};
+using ShardedTrap = carve::ShardedSlotAllocator<64, 4, carve::FirstFit>;
+static_assert(!TakesSecondAllocateArgument<ShardedTrap>);
+static_assert(!TakesSecondAllocateArgument<const ShardedTrap>);
+static_assert(requires(const ShardedTrap& s) {
+  { s.allocate_near(1u, 2u) } -> std::same_as<cuda::std::expected<SlotRange, Errc>>;
+});
+
+TEST_CASE("a sharded allocator refuses bad words: it throws on the host, builds nothing") {
+  using Sharded = carve::ShardedSlotAllocator<64, 4, carve::FirstFit, cuda::thread_scope_system>;
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Sharded(nullptr));
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Sharded(nullptr, 3));
+  alignas(8) std::byte raw[8 * (Sharded::word_count + 1)]{};
+  CHECK_THROWS_ERRC(Errc::invalid_argument, Sharded(reinterpret_cast<carve::bits::word*>(raw + 4)));
+  std::vector<std::uint64_t> words(Sharded::word_count, 0);
+  const Sharded good(words.data(), 1);
+  CHECK(good.status());
+  CHECK(good.with_home(3).status());
 }
 
 TEST_CASE("threads with their own home shards never share a slot") {
@@ -309,7 +361,7 @@ TEST_CASE("threads with their own home shards never share a slot") {
           }
           violations += slots.deallocate(r) ? 0 : 1;
         } else if (const auto r =
-                       slots.allocate(static_cast<std::uint32_t>(1 + rng() % 40), static_cast<std::uint32_t>(t))) {
+                       slots.allocate_near(static_cast<std::uint32_t>(1 + rng() % 40), static_cast<std::uint32_t>(t))) {
           for (std::uint32_t s = r->first; s < r->end(); ++s) {
             violations += owner[s] != 0 ? 1 : 0;
             owner[s] = t + 1;
@@ -764,7 +816,7 @@ void hinted_same_as_sequential(std::uint64_t seed, std::uint32_t max_m, int step
   // Bad input, hinted: the same errors, nothing changed.
   const SlotBitmap<N> before = concurrent->snapshot();
   CHECK(concurrent->allocate(0, ExpectedRelease{1}).error() == Errc::invalid_size);
-  CHECK(concurrent->allocate(N + 1, ExpectedRelease{1}).error() == Errc::invalid_size);
+  CHECK(concurrent->allocate(N + 1, ExpectedRelease{1}).error() == Errc::no_space);
   CHECK(concurrent->snapshot() == before);
 }
 

@@ -51,7 +51,7 @@ __global__ void allocate_sharded(carve::bits::word* words, std::uint32_t m, carv
     return;
   }
   const Sharded s(words, blockIdx.x); // each block at home in its own shard
-  const auto r = Aggregated ? carve::warp_allocate(members, s, m, blockIdx.x) : s.allocate(m);
+  const auto r = Aggregated ? carve::warp_allocate(members, s, m) : s.allocate(m);
   out[i] = r ? *r : none;
 }
 
@@ -66,6 +66,62 @@ __global__ void free_sharded(carve::bits::word* words, const carve::SlotRange* h
   if (i < threads && held[i].count != 0 && !Sharded(words).deallocate(held[i])) {
     atomicAdd(failures, 1);
   }
+}
+
+// Device code cannot throw: a sharded handle over bad words reports it through status() and
+// refuses every call with it. out[0..7]: status, allocate's and deallocate's errors (0: success),
+// free_count, for null words and for misaligned words; out[8..11]: the other types below.
+__global__ void bad_input(carve::bits::word* words, int* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) {
+    return;
+  }
+  carve::bits::word* const bad[] = {nullptr, reinterpret_cast<carve::bits::word*>(reinterpret_cast<char*>(words) + 4)};
+  for (int k = 0; k < 2; ++k) {
+    const Sharded s(bad[k], 3);
+    s.reset(); // does nothing
+    const auto st = s.status();
+    const auto r = s.allocate_near(1, 3);
+    const auto d = s.deallocate({0, 1});
+    out[4 * k] = st ? 0 : static_cast<int>(st.error());
+    out[4 * k + 1] = r ? 0 : static_cast<int>(r.error());
+    out[4 * k + 2] = d ? 0 : static_cast<int>(d.error());
+    out[4 * k + 3] = static_cast<int>(s.free_count());
+  }
+  // The other slot types a kernel builds from input: borrowed words, a run-time predictor's
+  // settings, free runs over words.
+  const Big none{carve::BorrowedSlotWords<big>{nullptr}};
+  Big none_copy = none;
+  const auto r = none_copy.allocate(1);
+  out[8] = none.status() ? 0 : static_cast<int>(none.status().error());
+  out[9] = r ? 0 : static_cast<int>(r.error());
+  carve::RunTimePredictor<4> predictor(
+      carve::RunTimePredictorSettings{carve::RunTimeEstimate::mean, 0.0f, 0.5f}); // weight 0: learns nothing
+  predictor.observe(1, 100);
+  out[10] = predictor.status() ? 0 : static_cast<int>(predictor.status().error());
+  out[10] += predictor.predict(1) ? 1000 : 0;
+  const carve::FreeRuns<> runs(cuda::std::span<const carve::bits::word>(words, 1), 65); // 65 slots in 1 word
+  out[11] = runs.status() ? 0 : static_cast<int>(runs.status().error());
+  out[11] += runs.begin() == runs.end() ? 0 : 1000;
+}
+
+void check_bad_input() {
+  carve::bits::word* words = nullptr;
+  carve::test::check(cudaMalloc(&words, Sharded::word_count * sizeof(carve::bits::word)), "cudaMalloc");
+  int* out = carve::test::to_device(std::vector<int>(12, -1));
+  bad_input<<<1, 1>>>(words, out);
+  carve::test::check(cudaDeviceSynchronize(), "bad_input");
+  const auto got = carve::test::to_host(out, 12);
+  const int refused = static_cast<int>(carve::Errc::invalid_argument);
+  for (std::size_t k = 0; k < 2; ++k) {
+    carve::test::expect(got[4 * k] == refused && got[4 * k + 1] == refused && got[4 * k + 2] == refused &&
+                            got[4 * k + 3] == 0,
+                        "a sharded handle over bad words says so and refuses every call");
+  }
+  carve::test::expect(got[8] == refused && got[9] == refused, "an allocator over no words says so and refuses");
+  carve::test::expect(got[10] == refused, "a predictor given bad settings says so and predicts nothing");
+  carve::test::expect(got[11] == refused, "free runs over too few words say so and are empty");
+  cudaFree(words);
+  cudaFree(out);
 }
 
 // Whether the ranges are disjoint, and the words hold exactly them (bit set = slot taken).
@@ -130,6 +186,7 @@ int main() {
                allocate_sharded<false>, free_sharded);
   run<Sharded>("ShardedSlotAllocator<256, 64>, warp-aggregated", Sharded::size(), Sharded::word_count, reset_sharded,
                allocate_sharded<true>, free_sharded);
+  check_bad_input();
   std::printf(carve::test::failures == 0 ? "all passed\n" : "%d failed\n", carve::test::failures);
   return carve::test::failures == 0 ? 0 : 1;
 }

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 using carve::BestFit;
@@ -110,6 +111,10 @@ static_assert(!carve::FitPolicy<int>);
 TEST_CASE("policies have names for reports") {
   CHECK(std::strcmp(carve::policy_name<BoundaryNearestFit>(), "boundary-nearest") == 0);
   CHECK(std::strcmp(carve::policy_name<FirstFit>(), "first-fit") == 0);
+  CHECK(std::strcmp(carve::policy_name<carve::LastFit>(), "last-fit") == 0);
+  // First and last fit are one policy with the end as its parameter; the old names still name them.
+  static_assert(std::is_same_v<FirstFit, carve::EndFit<carve::SlotEnd::first>>);
+  static_assert(std::is_same_v<carve::LastFit, carve::EndFit<carve::SlotEnd::last>>);
   CHECK(std::strcmp(carve::policy_name<NotAPolicy>(), "custom") == 0);
 }
 

@@ -1,5 +1,6 @@
 // RunTimePredictor against a reference model of its two estimates, written out in double precision.
 #include "reference_run_time.hpp"
+#include "support/errors.hpp"
 
 #include <carve/sim/random.hpp>
 #include <carve/slot/policy/run_time_predictor.hpp>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 using carve::RunTimeEstimate;
@@ -91,4 +93,22 @@ TEST_CASE("usable in constant expressions, as on a device: no allocation, fixed 
   }();
   static_assert(predicted == 100);
   static_assert(sizeof(RunTimePredictor<64>) <= 64 * 12 + 12);
+}
+
+TEST_CASE("settings outside their domain throw instead of learning nonsense") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const RunTimePredictorSettings bad[] = {
+      {RunTimeEstimate::mean, 0.0f, 0.5f},     {RunTimeEstimate::mean, 1.5f, 0.5f},
+      {RunTimeEstimate::mean, -0.1f, 0.5f},    {RunTimeEstimate::mean, nan, 0.5f},
+      {RunTimeEstimate::quantile, 0.1f, 0.0f}, {RunTimeEstimate::quantile, 0.1f, 1.0f},
+      {RunTimeEstimate::quantile, 0.1f, nan},  {static_cast<RunTimeEstimate>(7), 0.1f, 0.5f},
+  };
+  for (const RunTimePredictorSettings& s : bad) {
+    CAPTURE(s.weight);
+    CAPTURE(s.quantile);
+    CHECK_THROWS_ERRC(carve::Errc::invalid_argument, RunTimePredictor<4>(s));
+  }
+  const RunTimePredictor<4> edge(RunTimePredictorSettings{RunTimeEstimate::quantile, 1.0f, 0.999f});
+  CHECK(edge.status());
+  CHECK(RunTimePredictor<4>().status());
 }

@@ -1,4 +1,5 @@
 #include "reference.hpp"
+#include "support/errors.hpp"
 
 #include <doctest/doctest.h>
 
@@ -50,6 +51,15 @@ TEST_CASE("occupy and release touch exactly the slots of the range") {
   CHECK_FALSE(b.is_free(199));
   b.reset();
   CHECK(b == SlotBitmap<200>{});
+}
+
+TEST_CASE("free runs over more slots than their words hold throw instead of reading past them") {
+  const carve::bits::word words[2] = {~carve::bits::word{0}, ~carve::bits::word{0}};
+  const cuda::std::span<const carve::bits::word> view(words, 2);
+  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, carve::FreeRuns<>(view, 129));
+  const carve::FreeRuns<> all(view, 128);
+  CHECK(all.status());
+  CHECK(*all.begin() == SlotRange{0, 128});
 }
 
 TEST_CASE("from_words clears bits past the end") {

@@ -116,6 +116,14 @@ TEST_CASE("the kernel's memory tiers are used when every node has one") {
   CHECK(tiers[1].capacity == (4ull << 30));
 }
 
+TEST_CASE("a node number too large for an int is carve's error, not std::out_of_range") {
+  TempDir sys;
+  fake_node(sys.path, 0, "0-3", 1 << 20, 1 << 20);
+  write(sys.path / "devices/system/node/node99999999999/meminfo", "Node 0 MemTotal: 10 kB\n");
+  CHECK(carve::test::thrown_code([&] { (void)carve::discover_memory_nodes(sys.path); }) ==
+        carve::Errc::invalid_argument);
+}
+
 TEST_CASE("broken sysfs data is reported with the file") {
   TempDir sys;
   CHECK_THROWS_AS(carve::discover_memory_nodes(sys.path), carve::Exception); // no node directory

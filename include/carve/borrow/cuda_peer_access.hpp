@@ -56,7 +56,7 @@ public:
 
   /// Switches `requester`'s access to `lender`'s memory on, once. Errors: unsupported when the
   /// pair cannot map each other or the driver refuses (its message included).
-  Result<void> enable(int requester, int lender) {
+  [[nodiscard]] Result<void> enable(int requester, int lender) {
     const std::string pair = "GPU" + std::to_string(requester) + " -> GPU" + std::to_string(lender);
     if (!can_access(requester, lender)) {
       return fail(Errc::unsupported, "peer access " + pair + ": the driver says the pair cannot map each other");

@@ -34,7 +34,7 @@ struct AlwaysMapped {
   /// Always true.
   bool can_access(int, int) const noexcept { return true; }
   /// Nothing to do.
-  Result<void> enable(int, int) noexcept { return {}; }
+  [[nodiscard]] Result<void> enable(int, int) noexcept { return {}; }
 };
 
 /// A host twin of a machine's peer matrix: `can[r][l]` says whether card r can map card l's
@@ -58,7 +58,7 @@ public:
   }
   /// Switches the pair on, as cudaDeviceEnablePeerAccess would; a second call is a no-op (the
   /// driver's "already enabled"). Errors: unsupported for a pair that cannot map each other.
-  Result<void> enable(int requester, int lender) {
+  [[nodiscard]] Result<void> enable(int requester, int lender) {
     if (!can_access(requester, lender) || requester == lender) {
       return fail(Errc::unsupported, "GPU" + std::to_string(requester) + " cannot map GPU" + std::to_string(lender) +
                                          "'s memory (no peer access between them)");
@@ -67,8 +67,17 @@ public:
     return {};
   }
   /// How often enable() switched the pair on (calls after the first are not counted by a
-  /// policy that remembers; this twin counts every call so a test can see repeats).
-  int enable_calls(int requester, int lender) const { return enabled_.at(index(requester)).at(index(lender)); }
+  /// policy that remembers; this twin counts every call so a test can see repeats). Throws
+  /// carve::Exception (out_of_range) naming a card the matrix does not have.
+  int enable_calls(int requester, int lender) const {
+    for (const int card : {requester, lender}) {
+      if (!known(card, card)) {
+        throw Exception(Errc::out_of_range, "SimulatedPeerAccess::enable_calls: no card " + std::to_string(card) +
+                                                " (the matrix has " + std::to_string(can_.size()) + ")");
+      }
+    }
+    return enabled_[index(requester)][index(lender)];
+  }
 
 private:
   bool known(int r, int l) const noexcept {

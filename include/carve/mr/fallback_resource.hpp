@@ -3,7 +3,7 @@
 ///
 /// @code
 /// carve::FallbackResource<carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
-///     carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
+///     carve::SlotArena<Slots>(buffer, sizeof buffer, 256), carve::SimulatedCard(64 << 20));
 /// @endcode
 ///
 /// try_allocate asks the primary; only when it answers no_space does the fallback get the request

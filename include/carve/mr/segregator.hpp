@@ -3,7 +3,7 @@
 ///
 /// @code
 /// carve::Segregator<4096, carve::SlotArena<Slots>, carve::CachingPool<carve::SimulatedCard>> heap(
-///     carve::SlotArena<Slots>(buffer, 256), carve::SimulatedCard(64 << 20));
+///     carve::SlotArena<Slots>(buffer, sizeof buffer, 256), carve::SimulatedCard(64 << 20));
 /// @endcode
 ///
 /// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate routes

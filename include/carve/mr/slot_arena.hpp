@@ -7,7 +7,7 @@
 /// using Slots = carve::ConcurrentSlotAllocator<128, carve::BoundaryNearestFit, cuda::thread_scope_block>;
 /// __shared__ alignas(256) std::byte heap[128 * 256];
 /// __shared__ carve::SlotArena<Slots> arena;
-/// if (threadIdx.x == 0) arena.reset(heap, 256);   // shared memory is not constructed: set it up once
+/// if (threadIdx.x == 0) arena.reset(heap, sizeof heap, 256);   // shared memory is not constructed: set it up once
 /// __syncthreads();
 /// auto p = arena.try_allocate(1000, 16);   // 4 slots from any thread: expected<void*, Errc>
 /// arena.deallocate(*p, 1000, 16);
@@ -25,9 +25,16 @@
 /// Slots is any carve::SlotSource, held by value: a ConcurrentSlotAllocator serves many threads,
 /// a SlotAllocator one owner, a DynamicSlotAllocator a size chosen at run time. Host and device
 /// wherever Slots is. A default-constructed arena holds nothing (every request: no_space) until
-/// reset(base, slot_bytes) points it at its bytes, so it can be declared __shared__ and set up by
-/// one thread. Given a null base or 0 slot bytes it throws carve::Exception on the host; device
-/// code cannot throw, and gets an arena that holds nothing.
+/// reset(base, bytes, slot_bytes) points it at its bytes, so it can be declared __shared__ and set
+/// up by one thread.
+///
+/// The arena is told how many bytes it is given and checks them against what its slots need
+/// (slots.size() * slot_bytes; more is allowed and left unused). Bad input — a null base, 0 slot
+/// bytes, slots that would run past the end of the address space, fewer bytes than the slots
+/// need, or slots whose own status() reports an error — throws carve::Exception
+/// (invalid_argument) on the host and builds nothing. Device code cannot throw: there the arena's
+/// status() reports the code, and every call refuses with it (try_allocate, try_deallocate), so a
+/// misconfigured arena under a FallbackResource is an error, not a silent spill to the fallback.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -46,6 +53,8 @@
 #include <cuda/std/expected>
 #include <cuda/std/utility>
 
+#include <string>
+
 namespace carve {
 
 /// Bytes cut into equal slots, placed by a SlotSource `Slots`. A MemoryResource; thread-safe when
@@ -56,45 +65,62 @@ public:
   /// The slot allocator.
   using slots_type = Slots;
 
-  /// Over nothing (every request: no_space) until reset(base, slot_bytes).
+  /// Over nothing (every request: no_space; status() success) until reset(base, bytes,
+  /// slot_bytes).
   constexpr SlotArena() noexcept = default;
 
-  /// `slots.size()` slots of `slot_bytes` bytes each from `base`, all free.
-  CARVE_HOST_DEVICE SlotArena(void* base,
+  /// `slots.size()` slots of `slot_bytes` bytes each from `base`, all free; `bytes`: the length of
+  /// the buffer at `base`, at least slots.size() * slot_bytes. Bad input: see the file's comment.
+  CARVE_HOST_DEVICE SlotArena(void* base, cuda::std::size_t bytes,
                               cuda::std::size_t slot_bytes) requires cuda::std::default_initializable<Slots> {
-    reset(base, slot_bytes);
+    reset(base, bytes, slot_bytes);
   }
   /// The same over slots built elsewhere (a handle on shared words, a size chosen at run time);
   /// they keep the state they have.
-  CARVE_HOST_DEVICE SlotArena(void* base, cuda::std::size_t slot_bytes,
+  CARVE_HOST_DEVICE SlotArena(void* base, cuda::std::size_t bytes, cuda::std::size_t slot_bytes,
                               Slots slots) requires cuda::std::move_constructible<Slots>
       : slots_(cuda::std::move(slots)) {
-    point_at(base, slot_bytes);
+    point_at(base, bytes, slot_bytes);
   }
 
-  /// Points the arena at `base` and frees every slot. Not safe against concurrent calls: on a
-  /// device, one thread of the block, then __syncthreads().
+  /// Points the arena at the `bytes` bytes at `base` and frees every slot; bad input as the
+  /// constructor (on a device, status() tells and the slots are left alone). Not safe against
+  /// concurrent calls: on a device, one thread of the block, then __syncthreads().
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE void reset(void* base, cuda::std::size_t slot_bytes) {
-    point_at(base, slot_bytes);
-    slots_.reset();
+  CARVE_HOST_DEVICE void reset(void* base, cuda::std::size_t bytes, cuda::std::size_t slot_bytes) {
+    if (point_at(base, bytes, slot_bytes)) {
+      slots_.reset();
+    }
   }
 
-  /// The run of slots the policy picks for `bytes` rounded up to whole slots; errors above.
+  /// invalid_argument for an arena given bad input in device code (on the host such an arena is
+  /// never built: the constructor throws); success otherwise, a default-constructed arena included.
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> status() const noexcept {
+    if (status_ != Errc{}) {
+      return cuda::std::unexpected(status_);
+    }
+    return {};
+  }
+
+  /// The run of slots the policy picks for `bytes` rounded up to whole slots; errors above, or
+  /// status().
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
+    }
+    if (status_ != Errc{}) {
+      return cuda::std::unexpected(status_);
     }
     if (bytes > capacity() || alignment > slot_alignment()) {
       return cuda::std::unexpected(Errc::no_space);
     }
+    // Slot sources answer no_space for a run longer than they hand out in one piece (a sharded
+    // allocator's shard), as for one that is not free now: a fallback's to serve either way.
     const auto run = slots_.allocate(static_cast<cuda::std::uint32_t>(pieces(bytes, slot_bytes_)));
     if (!run) {
-      // The request is valid and fits the arena, so invalid_size here means a run longer than the
-      // allocator hands out in one piece (a sharded allocator's shard): a fallback's to serve.
-      return cuda::std::unexpected(run.error() == Errc::invalid_size ? Errc::no_space : run.error());
+      return cuda::std::unexpected(run.error());
     }
     return base_ + run->first * slot_bytes_;
   }
@@ -108,12 +134,15 @@ public:
 
   /// Errors (nothing changes): invalid_size (0 bytes, a bad alignment); not_allocated (`p` is not
   /// a slot start of this arena, or a slot of the run is free); out_of_range (the run would end
-  /// past the arena).
+  /// past the arena); status().
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(void* p, cuda::std::size_t bytes,
-                                                                   cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(void* p, cuda::std::size_t bytes,
+                                                                                 cuda::std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return ok;
+    }
+    if (status_ != Errc{}) {
+      return cuda::std::unexpected(status_);
     }
     if (!owns(p)) {
       return cuda::std::unexpected(Errc::not_allocated);
@@ -170,28 +199,57 @@ public:
   }
 
 private:
+  /// What is wrong with pointing the arena at `bytes` bytes at `base` (nullptr: nothing).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE void point_at(void* base, cuda::std::size_t slot_bytes) {
-    const bool fits =
-        slot_bytes != 0 && base != nullptr &&
-        static_cast<cuda::std::size_t>(slots_.size()) <=
-            (static_cast<cuda::std::uintptr_t>(-1) - reinterpret_cast<cuda::std::uintptr_t>(base)) / slot_bytes;
-    if (!fits) {
+  CARVE_HOST_DEVICE const char* problem(void* base, cuda::std::size_t bytes,
+                                        cuda::std::size_t slot_bytes) const noexcept {
+    if (base == nullptr) {
+      return "a null base address";
+    }
+    if (slot_bytes == 0) {
+      return "0 bytes per slot";
+    }
+    if constexpr (requires { slots_.status(); }) {
+      if (!slots_.status()) {
+        return "slots whose status() reports an error";
+      }
+    }
+    const auto slots = static_cast<cuda::std::size_t>(slots_.size());
+    if (slots > (static_cast<cuda::std::uintptr_t>(-1) - reinterpret_cast<cuda::std::uintptr_t>(base)) / slot_bytes) {
+      return "slots that would run past the end of the address space";
+    }
+    if (bytes < slots * slot_bytes) {
+      return "a buffer shorter than its slots need";
+    }
+    return nullptr;
+  }
+
+  /// Points the arena at its bytes, or (bad input) throws on the host and, on a device, leaves it
+  /// over nothing with status() invalid_argument. Whether it took them.
+  CARVE_EXEC_CHECK_DISABLE
+  CARVE_HOST_DEVICE bool point_at(void* base, cuda::std::size_t bytes, cuda::std::size_t slot_bytes) {
+    if (const char* why = problem(base, bytes, slot_bytes)) {
       NV_IF_TARGET(NV_IS_HOST,
                    (throw Exception(Errc::invalid_argument,
-                                    "carve::SlotArena: needs a base address and a slot size whose slots stay inside "
-                                    "the address space (slot_bytes " +
-                                        std::to_string(slot_bytes) + ")");));
-      base = nullptr;
-      slot_bytes = 0;
+                                    std::string("carve::SlotArena: ") + why + " (" + std::to_string(slots_.size()) +
+                                        " slots of " + std::to_string(slot_bytes) + " bytes from " +
+                                        std::to_string(reinterpret_cast<cuda::std::uintptr_t>(base)) + ", " +
+                                        std::to_string(bytes) + " bytes given)");));
+      base_ = nullptr;
+      slot_bytes_ = 0;
+      status_ = Errc::invalid_argument;
+      return false;
     }
     base_ = static_cast<cuda::std::byte*>(base);
     slot_bytes_ = slot_bytes;
+    status_ = Errc{};
+    return true;
   }
 
   Slots slots_{};
   cuda::std::byte* base_ = nullptr;
   cuda::std::size_t slot_bytes_ = 0;
+  Errc status_{}; ///< Errc{} (no error) unless bad input reached reset or a constructor in device code
 };
 
 static_assert(MemoryResource<SlotArena<SlotAllocator<64>>> && OwnsMemory<SlotArena<SlotAllocator<64>>> &&

@@ -82,4 +82,11 @@ private:
   } consumers_;
 };
 
+namespace detail {
+// What a queue without a shared bound keeps in place of its BoundedCount.
+struct NoBound {
+  CARVE_HOST_DEVICE explicit NoBound(std::uint64_t) noexcept {}
+};
+} // namespace detail
+
 } // namespace carve

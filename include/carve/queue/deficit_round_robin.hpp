@@ -52,11 +52,7 @@ public:
 
   /// One quantum per tier (at most max_tiers are kept); prepare() checks them.
   CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(cuda::std::span<const std::uint64_t> quanta) noexcept
-      : count_(static_cast<std::uint32_t>(quanta.size())) {
-    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
-      quanta_[t] = quanta[t];
-    }
-  }
+      : quanta_(quanta) {}
   /// `DeficitRoundRobin({q0, q1, q2})`.
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit DeficitRoundRobin(const std::uint64_t (&quanta)[K]) noexcept
@@ -69,15 +65,16 @@ public:
   CARVE_HOST_DEVICE static constexpr DeficitRoundRobin
   small_first(cuda::std::span<const double> work, std::uint64_t floor, std::uint64_t headroom = 4) noexcept {
     DeficitRoundRobin drr(cuda::std::span<const std::uint64_t>{});
-    drr.count_ = static_cast<std::uint32_t>(work.size());
+    drr.quanta_.count = static_cast<std::uint32_t>(work.size());
     double least = 0;
-    for (std::uint32_t t = 1; t < drr.count_ && t < max_tiers; ++t) {
+    for (std::uint32_t t = 1; t < drr.quanta_.count && t < max_tiers; ++t) {
       least = (t == 1 || work[t] < least) ? work[t] : least;
     }
-    for (std::uint32_t t = 0; t < drr.count_ && t < max_tiers; ++t) {
+    for (std::uint32_t t = 0; t < drr.quanta_.count && t < max_tiers; ++t) {
       if (work[t] > 0 && least > 0) { // else 0: refused by prepare()
         const double q = static_cast<double>(floor) * static_cast<double>(t == 0 ? headroom : 1) * work[t] / least;
-        drr.quanta_[t] = q < static_cast<double>(max_quantum) ? static_cast<std::uint64_t>(q + 0.5) : max_quantum;
+        drr.quanta_.values[t] =
+            q < static_cast<double>(max_quantum) ? static_cast<std::uint64_t>(q + 0.5) : max_quantum;
       }
     }
     return drr;
@@ -92,14 +89,11 @@ public:
   /// Errc::invalid_argument unless there is one quantum per tier, each in [1, max_quantum];
   /// starts tier 0's first visit.
   template <class Clock>
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
-    if (count_ != tiers) {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+    if (!quanta_.fit(tiers, 1, max_quantum)) {
       return cuda::std::unexpected(Errc::invalid_argument);
     }
     for (std::uint32_t t = 0; t < tiers; ++t) {
-      if (quanta_[t] == 0 || quanta_[t] > max_quantum) {
-        return cuda::std::unexpected(Errc::invalid_argument);
-      }
       deficit_[t] = 0;
     }
     cursor_ = 0;
@@ -141,9 +135,7 @@ public:
   }
 
   /// The quanta as given (or as small_first() computed them).
-  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint64_t> quanta() const noexcept {
-    return {quanta_, count_ < max_tiers ? count_ : max_tiers};
-  }
+  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint64_t> quanta() const noexcept { return quanta_.given(); }
 
   /// The largest quantum (2^48), and the most a request is charged: more would risk overflowing
   /// the signed deficits.
@@ -170,9 +162,8 @@ private:
     deficit<View>(tier).store(d, cuda::std::memory_order_relaxed);
   }
 
-  std::uint64_t quanta_[max_tiers]{};
+  detail::TierValues<std::uint64_t> quanta_;
   alignas(8) std::int64_t deficit_[max_tiers]{};
-  std::uint32_t count_ = 0;
   alignas(4) std::uint32_t cursor_ = 0;
 };
 

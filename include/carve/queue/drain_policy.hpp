@@ -46,12 +46,14 @@
 #include <carve/core/errc.hpp>
 #include <carve/queue/force_inline.hpp>
 #include <carve/queue/queue_clock.hpp>
+#include <carve/queue/tier_thresholds.hpp>
 
 #include <cuda/atomic>
 #include <cuda/std/concepts>
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
 #include <cuda/std/optional>
+#include <cuda/std/span>
 
 namespace carve {
 
@@ -116,6 +118,40 @@ CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint32_t> next_unt
                                                                                      std::uint32_t from) noexcept {
   return as_pick(first_untried(view, from));
 }
+
+// A policy's list of one value per tier (weights, quanta, tags), as its constructor is given it:
+// the first max_tiers values kept with the count given, so that prepare() refuses a list that
+// does not fit the tiers rather than the constructor, which device code cannot fail.
+template <class V>
+struct TierValues {
+  V values[max_tiers]{};
+  std::uint32_t count = 0;
+
+  constexpr TierValues() noexcept = default;
+  CARVE_HOST_DEVICE constexpr explicit TierValues(cuda::std::span<const V> given) noexcept
+      : count(static_cast<std::uint32_t>(given.size())) {
+    for (std::uint32_t t = 0; t < count && t < max_tiers; ++t) {
+      values[t] = given[t];
+    }
+  }
+  // One value per tier of `tiers`, each in [lo, hi].
+  CARVE_HOST_DEVICE constexpr bool fit(std::uint32_t tiers, V lo, V hi) const noexcept {
+    if (count != tiers) {
+      return false;
+    }
+    for (std::uint32_t t = 0; t < tiers; ++t) {
+      if (values[t] < lo || values[t] > hi) {
+        return false;
+      }
+    }
+    return true;
+  }
+  CARVE_HOST_DEVICE constexpr V operator[](std::uint32_t tier) const noexcept { return values[tier]; }
+  // The values as given (at most max_tiers).
+  CARVE_HOST_DEVICE constexpr cuda::std::span<const V> given() const noexcept {
+    return {values, count < max_tiers ? count : max_tiers};
+  }
+};
 } // namespace detail
 
 /// Which tier the next pop serves: prepare(), pick() and served() as the file's description says;

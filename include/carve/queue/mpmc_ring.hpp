@@ -36,11 +36,13 @@
 /// Not strictly lock-free: a producer stopped between its claim and its publish holds back the
 /// consumer of that one cell (others go on). Positions are 63-bit (the enqueue counter's top bit
 /// marks a ring found full) and never wrap in practice.
-/// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize);
-/// capacity() is 0 when that failed, and then every push fails.
+/// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize):
+/// there capacity() is 0 when that failed, and then every push fails; on the host no memory
+/// throws carve::Exception (no_space).
 #pragma once
 
 #include <carve/core/config.hpp>
+#include <carve/core/error.hpp>
 #include <carve/queue/backoff.hpp>
 #include <carve/queue/lane.hpp>
 #include <carve/queue/poll_backoff.hpp>
@@ -50,6 +52,7 @@
 #include <cuda/std/cstdint>
 #include <cuda/std/optional>
 #include <cuda/std/utility>
+#include <nv/target>
 
 #include <new>
 
@@ -64,9 +67,9 @@ public:
   using value_type = T; ///< the item type
 
   /// Room for exactly `capacity` items, from operator new. capacity() is 0 when `capacity` is 0
-  /// or, in device code, the device heap is full (on the host a failed new throws bad_alloc).
-  CARVE_HOST_DEVICE explicit MpmcRing(cuda::std::size_t capacity)
-      : cells_(capacity == 0 ? nullptr : new Cell[capacity]) {
+  /// or, in device code, the device heap is full. On the host, no memory for them throws
+  /// carve::Exception (no_space), as every carve constructor reports bad input on the host.
+  CARVE_HOST_DEVICE explicit MpmcRing(cuda::std::size_t capacity) : cells_(new_cells(capacity)) {
     if (cells_ == nullptr) {
       return;
     }
@@ -194,6 +197,24 @@ private:
     cuda::atomic<std::uint64_t, Scope> stamp{0};
     Slot slot;
   };
+  // `capacity` cells, or nullptr for none or (device code) a full device heap.
+  CARVE_HOST_DEVICE static Cell* new_cells(cuda::std::size_t capacity) {
+    if (capacity == 0) {
+      return nullptr;
+    }
+    NV_IF_TARGET(NV_IS_HOST, (return new_host_cells(capacity);))
+    NV_IF_TARGET(NV_IS_DEVICE, (return new Cell[capacity];))
+  }
+  // The throwing new would report no memory with std::bad_alloc (or bad_array_new_length for a
+  // count whose bytes overflow), which carve does not throw.
+  static Cell* new_host_cells(cuda::std::size_t capacity) {
+    Cell* cells = capacity <= ~cuda::std::size_t{0} / sizeof(Cell) ? new (std::nothrow) Cell[capacity] : nullptr;
+    if (cells == nullptr) {
+      throw Exception(Errc::no_space, "carve::MpmcRing: no memory for " + std::to_string(capacity) + " cells");
+    }
+    return cells;
+  }
+
   // Producers and consumers each hammer their own counter: keep them out of each other's lines.
   struct alignas(interference_size) Counter {
     cuda::atomic<std::uint64_t, Scope> value{0};

@@ -44,11 +44,7 @@ public:
   constexpr PriorityTag() noexcept = default;
   /// One tag per tier, lowest served first (at most max_tiers are kept; prepare() checks the count).
   CARVE_HOST_DEVICE constexpr explicit PriorityTag(cuda::std::span<const std::uint32_t> tags) noexcept
-      : count_(static_cast<std::uint32_t>(tags.size())), custom_(true) {
-    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
-      tags_[t] = tags[t];
-    }
-  }
+      : tags_(tags), custom_(true) {}
   /// `PriorityTag({0, 0, 1})`.
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit PriorityTag(const std::uint32_t (&tags)[K]) noexcept
@@ -56,14 +52,14 @@ public:
 
   /// Sets the default tags; Errc::invalid_argument when tags of your own are not one per tier.
   template <class Clock>
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
     if (!custom_) {
       for (std::uint32_t t = 0; t < tiers; ++t) {
-        tags_[t] = t;
+        tags_.values[t] = t;
       }
-      count_ = tiers;
+      tags_.count = tiers;
     }
-    if (count_ != tiers) {
+    if (!tags_.fit(tiers, 0, ~std::uint32_t{0})) {
       return cuda::std::unexpected(Errc::invalid_argument);
     }
     return {};
@@ -72,8 +68,9 @@ public:
   /// Arrival order matters only between tiers that share a tag; with distinct tags (the default)
   /// the order is by tag alone, and the queue need not stamp every request.
   CARVE_HOST_DEVICE constexpr bool reads_stamps() const noexcept {
-    for (std::uint32_t a = 0; a < count_ && a < max_tiers; ++a) {
-      for (std::uint32_t b = a + 1; b < count_ && b < max_tiers; ++b) {
+    const cuda::std::span<const std::uint32_t> tags = tags_.given();
+    for (std::uint32_t a = 0; a < tags.size(); ++a) {
+      for (std::uint32_t b = a + 1; b < tags.size(); ++b) {
         if (tags_[a] == tags_[b]) {
           return true;
         }
@@ -113,8 +110,7 @@ public:
   CARVE_HOST_DEVICE constexpr std::uint32_t tag(std::uint32_t tier) const noexcept { return tags_[tier]; }
 
 private:
-  std::uint32_t tags_[max_tiers]{};
-  std::uint32_t count_ = 0;
+  detail::TierValues<std::uint32_t> tags_;
   bool custom_ = false;
 };
 

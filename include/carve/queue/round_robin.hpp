@@ -25,7 +25,7 @@ public:
 
   /// Accepts any tier count.
   template <class Clock>
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
     return {};
   }
 

@@ -45,7 +45,7 @@ public:
 
   /// Converts the bound to the clock's ticks; accepts any tier count.
   template <class Clock>
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> prepare(std::uint32_t) noexcept {
     bound_ticks_ = aging_ ? Clock::ticks_from_ns(bound_ns_) : 0;
     return {};
   }

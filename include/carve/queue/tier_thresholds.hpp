@@ -19,6 +19,7 @@
 #include <carve/core/config.hpp>
 #include <carve/core/error.hpp>
 
+#include <cuda/std/concepts>
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
@@ -34,6 +35,13 @@ namespace carve {
 /// Tiers a SizeTieredQueue can have (thresholds + 1). Sixteen is far more than size classes need
 /// and keeps a queue's per-tier state in fixed arrays, so it can live in device memory.
 inline constexpr std::uint32_t max_tiers = 16;
+
+/// What sorts requests into tiers: a copyable callable giving a request's size (bytes, rows, any
+/// unit the thresholds use).
+template <class F, class T>
+concept SizeFunction = cuda::std::copy_constructible<F> && requires(const F& size, const T& request) {
+  { size(request) } -> cuda::std::convertible_to<std::uint64_t>;
+};
 
 /// Inclusive upper bounds that cut sizes into tiers (see the file's description). A value; its
 /// calls are const.
@@ -62,7 +70,7 @@ public:
       : TierThresholds(cuda::std::span<const std::uint64_t>(thresholds.begin(), thresholds.size())) {}
 
   /// invalid_thresholds for thresholds built from a bad list in device code; success otherwise.
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
     if (count_ == 0) {
       return cuda::std::unexpected(Errc::invalid_thresholds);
     }

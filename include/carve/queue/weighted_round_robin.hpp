@@ -33,11 +33,7 @@ public:
 
   /// One weight per tier (at most max_tiers are kept); prepare() checks them.
   CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(cuda::std::span<const std::uint32_t> weights) noexcept
-      : count_(static_cast<std::uint32_t>(weights.size())) {
-    for (std::uint32_t t = 0; t < count_ && t < max_tiers; ++t) {
-      weights_[t] = weights[t];
-    }
-  }
+      : weights_(weights) {}
   /// `WeightedRoundRobin({4, 2, 1})`.
   template <cuda::std::size_t K>
   CARVE_HOST_DEVICE constexpr explicit WeightedRoundRobin(const std::uint32_t (&weights)[K]) noexcept
@@ -45,14 +41,9 @@ public:
 
   /// Errc::invalid_argument unless there is one weight per tier, each at least 1.
   template <class Clock>
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
-    if (count_ != tiers) {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> prepare(std::uint32_t tiers) noexcept {
+    if (!weights_.fit(tiers, 1, ~std::uint32_t{0})) {
       return cuda::std::unexpected(Errc::invalid_argument);
-    }
-    for (std::uint32_t t = 0; t < tiers; ++t) {
-      if (weights_[t] == 0) {
-        return cuda::std::unexpected(Errc::invalid_argument);
-      }
     }
     return {};
   }
@@ -84,9 +75,7 @@ public:
   }
 
   /// The weights as given.
-  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint32_t> weights() const noexcept {
-    return {weights_, count_ < max_tiers ? count_ : max_tiers};
-  }
+  CARVE_HOST_DEVICE constexpr cuda::std::span<const std::uint32_t> weights() const noexcept { return weights_.given(); }
 
 private:
   template <class View>
@@ -94,8 +83,7 @@ private:
     return cuda::atomic_ref<std::uint64_t, View::scope>(turn_);
   }
 
-  std::uint32_t weights_[max_tiers]{};
-  std::uint32_t count_ = 0;
+  detail::TierValues<std::uint32_t> weights_;
   alignas(8) std::uint64_t turn_ = 0; // current tier << 32 | requests served in its turn
 };
 

@@ -82,7 +82,7 @@ public:
 
   /// The allocator's call for a request: with a hint when the policy takes one and the
   /// dispatcher has an estimate (expected != 0), else the plain call.
-  static cuda::std::expected<SlotRange, Errc> allocate(allocator_type& a, const Request& r) {
+  [[nodiscard]] static cuda::std::expected<SlotRange, Errc> allocate(allocator_type& a, const Request& r) {
     if constexpr (hinted) {
       if (r.expected != 0) {
         return a.allocate(r.size, make_hint<typename policy_type::hint_type>(r));

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
-#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace carve::sim {
@@ -119,15 +119,25 @@ inline PairedComparison compare_paired(const std::vector<double>& reference, con
 
 /// For each run, the share of the lowest value that each candidate holds: 1 for the single best,
 /// 1/k each for a k-way tie. Returns one share sum per candidate (divide by runs for a rate).
+/// Every candidate must hold the same runs: throws carve::Exception (out_of_range) naming the
+/// first candidate whose count differs from candidate 0's.
 inline std::vector<double> best_shares(const std::vector<std::vector<double>>& candidates) {
   std::vector<double> shares(candidates.size(), 0.0);
   if (candidates.empty()) {
     return shares;
   }
-  for (std::size_t run = 0; run < candidates[0].size(); ++run) {
+  const std::size_t runs = candidates[0].size();
+  for (std::size_t k = 1; k < candidates.size(); ++k) {
+    if (candidates[k].size() != runs) {
+      throw Exception(Errc::out_of_range, "best_shares: candidate " + std::to_string(k) + " has " +
+                                              std::to_string(candidates[k].size()) + " runs, candidate 0 has " +
+                                              std::to_string(runs));
+    }
+  }
+  for (std::size_t run = 0; run < runs; ++run) {
     double best = std::numeric_limits<double>::infinity();
     for (const auto& c : candidates) {
-      best = std::min(best, c.at(run));
+      best = std::min(best, c[run]);
     }
     std::size_t tied = 0;
     for (const auto& c : candidates) {

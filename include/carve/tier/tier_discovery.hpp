@@ -152,6 +152,10 @@ inline std::vector<MemoryNode> discover_memory_nodes(const std::filesystem::path
         !std::all_of(name.begin() + 4, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       continue;
     }
+    if (name.size() > 10) { // std::stoi would throw std::out_of_range, which carve does not throw
+      throw Exception(Errc::invalid_argument,
+                      "unexpected node directory " + entry.path().string() + " (want node<N>, N below 10^6)");
+    }
     const int id = std::stoi(name.substr(4));
     const std::filesystem::path meminfo = entry.path() / "meminfo";
     const std::string info = detail::read_text(meminfo);

@@ -114,6 +114,56 @@ inline bool populate(void* p, std::size_t bytes) noexcept {
   }
   return true;
 }
+
+// What NumaNodeResource and MappedFileResource (`Derived`) share: a byte budget that copies
+// share, charged before pages are mapped and credited once they are unmapped, and the calls
+// that report it.
+template <class Derived>
+class MappedBudget {
+public:
+  /// The budget.
+  std::size_t capacity() const noexcept { return budget_.capacity(); }
+  /// Bytes of the budget not handed out.
+  std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
+  /// Equal when both are copies sharing one budget.
+  friend bool operator==(const Derived& a, const Derived& b) noexcept {
+    return static_cast<const MappedBudget&>(a).budget_ == static_cast<const MappedBudget&>(b).budget_;
+  }
+#if defined(CARVE_HAS_CUDA_MR)
+  /// Its memory is host memory.
+  friend constexpr void get_property(const Derived&, cuda::mr::host_accessible) noexcept {}
+#endif
+
+protected:
+  explicit MappedBudget(std::size_t budget) : budget_(budget) {}
+
+  // Checks the request, charges the budget and maps the pages with `map()` (nullptr: the system
+  // refused, no_space); a failed mapping gives its bytes back.
+  template <class Map>
+  [[nodiscard]] cuda::std::expected<void*, Errc> map_charged(std::size_t bytes, std::size_t alignment,
+                                                             Map&& map) noexcept {
+    if (const auto ok = check_mappable(bytes, alignment); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (!budget_.take(bytes)) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    void* p = map();
+    if (p == nullptr) {
+      budget_.give_back(bytes);
+      return cuda::std::unexpected(Errc::no_space);
+    }
+    return p;
+  }
+  // Unmaps what map_charged() mapped and gives its bytes back to the budget.
+  void unmap_credited(void* p, std::size_t bytes) noexcept {
+    unmap_pages(p, bytes);
+    budget_.give_back(bytes);
+  }
+
+private:
+  ByteBudget budget_;
+};
 } // namespace detail
 
 #if __has_include(<numa.h>)
@@ -131,12 +181,12 @@ enum class MemoryBacking {
 
 /// Up to `budget` bytes on NUMA node `node`, in whole pages. Copies share the budget;
 /// thread-safe.
-class NumaNodeResource : public CcclSpellings<NumaNodeResource> {
+class NumaNodeResource : public CcclSpellings<NumaNodeResource>, public detail::MappedBudget<NumaNodeResource> {
 public:
   /// Throws carve::Exception when this build has no libnuma or the system no NUMA support
   /// (unsupported), or there is no such node (invalid_argument).
   NumaNodeResource(int node, std::size_t budget, MemoryBacking backing = MemoryBacking::populate)
-      : node_(node), budget_(budget), backing_(backing) {
+      : MappedBudget<NumaNodeResource>(budget), node_(node), backing_(backing) {
 #if __has_include(<numa.h>)
     if (::numa_available() < 0) {
       throw Exception(Errc::unsupported, "NUMA is not available on this system");
@@ -153,64 +203,43 @@ public:
   /// Fresh pages bound to the node, backed as backing() says. Errors as the file's description
   /// says; no_space also when populating finds no room on the node.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
-    }
-    if (!budget_.take(bytes)) {
-      return cuda::std::unexpected(Errc::no_space);
-    }
-    void* p = detail::map_aligned(bytes, alignment, -1);
-    if (p == nullptr) {
-      budget_.give_back(bytes);
-      return cuda::std::unexpected(Errc::no_space);
-    }
+    return map_charged(bytes, alignment, [&]() -> void* {
+      void* p = detail::map_aligned(bytes, alignment, -1);
+      if (p == nullptr) {
+        return nullptr;
+      }
 #if __has_include(<numa.h>)
-    ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // every page faulted in lands on the node
+      ::numa_tonode_memory(p, detail::whole_pages(bytes), node_); // every page faulted in lands on the node
 #endif
-    if (backing_ == MemoryBacking::populate && !detail::populate(p, bytes)) {
-      detail::unmap_pages(p, bytes);
-      budget_.give_back(bytes);
-      return cuda::std::unexpected(Errc::no_space);
-    }
-    return p;
+      if (backing_ == MemoryBacking::populate && !detail::populate(p, bytes)) {
+        detail::unmap_pages(p, bytes);
+        return nullptr;
+      }
+      return p;
+    });
   }
   /// Unmaps the pages and gives their bytes back to the budget.
-  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
-    detail::unmap_pages(p, bytes);
-    budget_.give_back(bytes);
-  }
+  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept { unmap_credited(p, bytes); }
 
   /// The NUMA node.
   int node() const noexcept { return node_; }
   /// When pages get their memory.
   MemoryBacking backing() const noexcept { return backing_; }
-  /// The budget.
-  std::size_t capacity() const noexcept { return budget_.capacity(); }
-  /// Bytes of the budget not handed out.
-  std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
-  /// Equal when both are copies sharing one budget.
-  friend bool operator==(const NumaNodeResource& a, const NumaNodeResource& b) noexcept {
-    return a.budget_ == b.budget_;
-  }
-#if defined(CARVE_HAS_CUDA_MR)
-  /// Its memory is host memory.
-  friend constexpr void get_property(const NumaNodeResource&, cuda::mr::host_accessible) noexcept {}
-#endif
+  // capacity(), free_bytes(), == and host_accessible: detail::MappedBudget.
 
 private:
   int node_;
-  ByteBudget budget_;
   MemoryBacking backing_;
 };
 static_assert(UpstreamResource<NumaNodeResource>);
 
 /// Up to `budget` bytes in unlinked files under `directory`, one file per allocation. Copies share
 /// the budget; thread-safe.
-class MappedFileResource : public CcclSpellings<MappedFileResource> {
+class MappedFileResource : public CcclSpellings<MappedFileResource>, public detail::MappedBudget<MappedFileResource> {
 public:
   /// Throws carve::Exception (invalid_argument) when `directory` is not a directory.
   MappedFileResource(std::filesystem::path directory, std::size_t budget)
-      : directory_(std::move(directory)), budget_(budget) {
+      : MappedBudget<MappedFileResource>(budget), directory_(std::move(directory)) {
     if (!std::filesystem::is_directory(directory_)) {
       throw Exception(Errc::invalid_argument, "MappedFileResource: " + directory_.string() + " is not a directory");
     }
@@ -219,39 +248,14 @@ public:
   /// A new file's blocks, mapped shared. Errors as the file's description says; no_space also
   /// when the file cannot be made or its blocks allocated (a full disk).
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto ok = detail::check_mappable(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
-    }
-    if (!budget_.take(bytes)) {
-      return cuda::std::unexpected(Errc::no_space);
-    }
-    void* p = map_new_file(bytes, alignment);
-    if (p == nullptr) {
-      budget_.give_back(bytes);
-      return cuda::std::unexpected(Errc::no_space);
-    }
-    return p;
+    return map_charged(bytes, alignment, [&] { return map_new_file(bytes, alignment); });
   }
   /// Unmaps the file (which then goes away) and gives its bytes back to the budget.
-  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept {
-    detail::unmap_pages(p, bytes);
-    budget_.give_back(bytes);
-  }
+  void deallocate(void* p, std::size_t bytes, std::size_t) noexcept { unmap_credited(p, bytes); }
 
   /// Where the files go.
   const std::filesystem::path& directory() const noexcept { return directory_; }
-  /// The budget.
-  std::size_t capacity() const noexcept { return budget_.capacity(); }
-  /// Bytes of the budget not handed out.
-  std::size_t free_bytes() const noexcept { return budget_.free_bytes(); }
-  /// Equal when both are copies sharing one budget.
-  friend bool operator==(const MappedFileResource& a, const MappedFileResource& b) noexcept {
-    return a.budget_ == b.budget_;
-  }
-#if defined(CARVE_HAS_CUDA_MR)
-  /// Its memory is host memory.
-  friend constexpr void get_property(const MappedFileResource&, cuda::mr::host_accessible) noexcept {}
-#endif
+  // capacity(), free_bytes(), == and host_accessible: detail::MappedBudget.
 
 private:
   void* map_new_file(std::size_t bytes, std::size_t alignment) const noexcept {
@@ -270,7 +274,6 @@ private:
   }
 
   std::filesystem::path directory_;
-  ByteBudget budget_;
 };
 static_assert(UpstreamResource<MappedFileResource>);
 

@@ -131,7 +131,7 @@ public:
 
   /// A block live before the first event. Errors: a bad size; an end past 2^64 - 1; the live
   /// bytes past max_live_bytes; an address live already.
-  Result<void> start_block(std::uint64_t address, std::uint64_t bytes, std::uint64_t stream) {
+  [[nodiscard]] Result<void> start_block(std::uint64_t address, std::uint64_t bytes, std::uint64_t stream) {
     if (!trace_.requests.empty()) {
       return failure("start blocks come before the first event", std::nullopt);
     }
@@ -145,8 +145,8 @@ public:
 
   /// Event `event`: `bytes` allocated at `address` on `stream`. Errors: a bad size; an end past
   /// 2^64 - 1; the live bytes past max_live_bytes; the address is live.
-  Result<void> allocate(std::uint64_t event, std::uint64_t address, std::uint64_t bytes, std::uint64_t stream,
-                        std::int64_t time_us = no_time) {
+  [[nodiscard]] Result<void> allocate(std::uint64_t event, std::uint64_t address, std::uint64_t bytes,
+                                      std::uint64_t stream, std::int64_t time_us = no_time) {
     if (auto ok = take_block(address, bytes, event); !ok) {
       return ok;
     }
@@ -157,8 +157,8 @@ public:
 
   /// Event `event`: the block at `address` freed (`bytes`: its size where the file records it, to
   /// be checked). Errors: nothing is live there; the size differs.
-  Result<void> free(std::uint64_t event, std::uint64_t address, std::optional<std::uint64_t> bytes = std::nullopt,
-                    std::int64_t time_us = no_time) {
+  [[nodiscard]] Result<void> free(std::uint64_t event, std::uint64_t address,
+                                  std::optional<std::uint64_t> bytes = std::nullopt, std::int64_t time_us = no_time) {
     const auto it = live_.find(address);
     if (it == live_.end()) {
       return failure("free of address " + hex(address) + ", which is not live (never allocated, or freed already)",
@@ -182,7 +182,7 @@ public:
   /// held before the first event; call reserve_start once, before the first change.
   void reserve_start(std::uint64_t start_bytes) { trace_.recorded = RecordedReserve{start_bytes, {}, start_bytes, 0}; }
   /// See reserve_start. Errors: a change that takes the reserve below zero or past 2^64 bytes.
-  Result<void> reserve_change(std::uint64_t event, std::int64_t delta) {
+  [[nodiscard]] Result<void> reserve_change(std::uint64_t event, std::int64_t delta) {
     if (!trace_.recorded) {
       reserve_start(0);
     }
@@ -218,7 +218,7 @@ public:
 
   /// The trace. Errors: none so far (the events were checked as they came); kept a Result so that
   /// whole-trace checks have a place.
-  Result<AllocationTrace> finish() && {
+  [[nodiscard]] Result<AllocationTrace> finish() && {
     if (trace_.blocks.size() > UINT32_MAX) {
       return failure("more than 2^32 blocks", std::nullopt);
     }
@@ -244,7 +244,7 @@ public:
   }
 
   /// Errors for a block size of 0 or above max_block_bytes, with the message every reader uses.
-  Result<void> check_size(std::uint64_t bytes, std::optional<std::uint64_t> event) const {
+  [[nodiscard]] Result<void> check_size(std::uint64_t bytes, std::optional<std::uint64_t> event) const {
     if (bytes == 0) {
       return failure("a block of 0 bytes", event);
     }
@@ -256,7 +256,8 @@ public:
 
 private:
   /// The checks of a new live block, and its address and bytes taken as live.
-  Result<void> take_block(std::uint64_t address, std::uint64_t bytes, std::optional<std::uint64_t> event) {
+  [[nodiscard]] Result<void> take_block(std::uint64_t address, std::uint64_t bytes,
+                                        std::optional<std::uint64_t> event) {
     if (auto ok = check_size(bytes, event); !ok) {
       return ok;
     }

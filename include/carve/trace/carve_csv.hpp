@@ -332,7 +332,7 @@ inline cuda::std::unexpected<Error> csv_passed_on(Result<void>&& failed) {
 /// line without nine fields, a field that does not parse, a seq that does not rise, and all that
 /// TraceBuilder refuses (a size of 0 or above 2^62, an address live already, a deallocation of an
 /// address not live or with other bytes than its allocation's).
-inline Result<AllocationTrace> read_carve_csv(std::string_view text, std::string source) {
+[[nodiscard]] inline Result<AllocationTrace> read_carve_csv(std::string_view text, std::string source) {
   detail::CsvLines lines(text);
   std::string_view line;
   if (!lines.next(line) || line != carve_csv_version_line) {

@@ -117,7 +117,7 @@ public:
     return v == absent ? std::nullopt : std::optional<Id>(v);
   }
 
-  Result<Id> field(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
+  [[nodiscard]] Result<Id> field(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     if (doc_.kind(dict) != PickleDocument::Kind::dict) {
       return builder_.failure(std::string(where) + " is not a dict", event);
     }
@@ -128,7 +128,7 @@ public:
     return *id;
   }
 
-  Result<std::uint64_t> count(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
+  [[nodiscard]] Result<std::uint64_t> count(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
@@ -139,7 +139,7 @@ public:
     return static_cast<std::uint64_t>(doc_.integer(*id));
   }
 
-  Result<std::string_view> text(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
+  [[nodiscard]] Result<std::string_view> text(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
@@ -150,7 +150,8 @@ public:
     return doc_.text(*id);
   }
 
-  Result<std::span<const Id>> list(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
+  [[nodiscard]] Result<std::span<const Id>> list(Id dict, Key key, std::optional<std::uint64_t> event,
+                                                 const char* where) {
     auto id = field(dict, key, event, where);
     if (!id) {
       return cuda::std::unexpected(id.error());
@@ -213,8 +214,8 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
 
 /// The trace of `device` (nullopt: the first device with events) in the snapshot `bytes`; `source`
 /// starts every message. See the file's description.
-inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std::string source,
-                                                    std::optional<std::uint64_t> device = std::nullopt) {
+[[nodiscard]] inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std::string source,
+                                                                  std::optional<std::uint64_t> device = std::nullopt) {
   auto doc = read_pickle(bytes, source);
   if (!doc) {
     return cuda::std::unexpected(doc.error());

@@ -81,7 +81,7 @@ public:
   PickleMachine(std::string_view in, std::string_view source) : in_(in), source_(source) {}
 
   /// Runs the pickle to its STOP.
-  Result<PickleDocument> run() && {
+  [[nodiscard]] Result<PickleDocument> run() && {
     for (;;) {
       at_ = pos_;
       if (pos_ == in_.size()) {
@@ -99,7 +99,7 @@ public:
 
 private:
   /// STOP: the one value on the stack is the document's root.
-  Result<PickleDocument> stop() {
+  [[nodiscard]] Result<PickleDocument> stop() {
     if (!marks_.empty()) {
       return failure("STOP with a MARK still open");
     }
@@ -484,7 +484,7 @@ private:
 
 /// Decodes `bytes`, a pickle of plain data, up to its first STOP, executing nothing; `source` (a
 /// file name) starts every message. Errors: Errc::bad_message (see the file's description).
-inline Result<PickleDocument> read_pickle(std::string_view bytes, std::string_view source) {
+[[nodiscard]] inline Result<PickleDocument> read_pickle(std::string_view bytes, std::string_view source) {
   return detail::PickleMachine(bytes, source).run();
 }
 

@@ -67,7 +67,7 @@ struct RmmColumns {
   std::size_t fields = 0;                         // in the header, so in every line
 
   // The columns of `header`, or what is wrong with it.
-  static cuda::std::expected<RmmColumns, std::string> find(std::string_view header) {
+  [[nodiscard]] static cuda::std::expected<RmmColumns, std::string> find(std::string_view header) {
     std::vector<std::string_view> f;
     csv_split(header, f);
     RmmColumns c;
@@ -129,7 +129,7 @@ inline std::int64_t rmm_time_of_day(CsvFieldReader& read, std::string_view field
 /// `source` (a file name) starts every message. Errors: Errc::invalid_argument for a header
 /// without the columns, a line with another number of fields, a field that does not parse, an
 /// allocation at the null pointer, and all that TraceBuilder refuses.
-inline Result<AllocationTrace> read_rmm_log(std::string_view text, std::string source) {
+[[nodiscard]] inline Result<AllocationTrace> read_rmm_log(std::string_view text, std::string source) {
   using Columns = detail::RmmColumns;
   detail::CsvLines lines(text);
   std::string_view line;

@@ -59,7 +59,8 @@ inline constexpr std::uint64_t max_trace_file_bytes = std::uint64_t{4} << 30;
 
 /// The whole of the file at `path`, at most `max_bytes` of it. Errors: io_error naming it when it
 /// cannot be opened or read; invalid_argument when it holds more than `max_bytes`.
-inline Result<std::string> read_whole_file(const std::string& path, std::uint64_t max_bytes = max_trace_file_bytes) {
+[[nodiscard]] inline Result<std::string> read_whole_file(const std::string& path,
+                                                         std::uint64_t max_bytes = max_trace_file_bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     return fail(Errc::io_error, path + ": cannot open: " + std::strerror(errno));
@@ -99,9 +100,9 @@ inline Result<std::string> read_whole_file(const std::string& path, std::uint64_
 
 /// The trace in the file at `path` (for a snapshot, of `device`: nullopt for the first device with
 /// events), a file of at most `max_bytes`. Messages start with the path.
-inline Result<AllocationTrace> read_trace_file(const std::string& path,
-                                               std::optional<std::uint64_t> device = std::nullopt,
-                                               std::uint64_t max_bytes = max_trace_file_bytes) {
+[[nodiscard]] inline Result<AllocationTrace> read_trace_file(const std::string& path,
+                                                             std::optional<std::uint64_t> device = std::nullopt,
+                                                             std::uint64_t max_bytes = max_trace_file_bytes) {
   auto bytes = read_whole_file(path, max_bytes);
   if (!bytes) {
     return cuda::std::unexpected(bytes.error());

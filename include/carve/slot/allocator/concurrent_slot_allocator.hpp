@@ -87,12 +87,25 @@ public:
 
   /// All slots free, constant-initialised (so it can be a __device__ or static global).
   constexpr ConcurrentSlotAllocator() noexcept = default;
-  /// Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory.
+  /// Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory. Words
+  /// that report an error (none, or bad ones given in device code) leave status() reporting it.
   CARVE_HOST_DEVICE constexpr explicit ConcurrentSlotAllocator(Words words, policy_type fit = {}) noexcept
       : words_(words), fit_(fit) {}
 
-  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > N); no_space
-  /// (the policy found no place in words that a second read showed unchanged, see below);
+  /// Success for words it owns; over borrowed words, their status(): invalid_argument when there
+  /// are none (default-constructed, or bad ones given in device code; on the host those throw).
+  /// An allocator whose status() fails refuses every call with it, free_count() is 0 and reset()
+  /// does nothing.
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+    if constexpr (requires { words_.status(); }) {
+      return words_.status();
+    } else {
+      return {};
+    }
+  }
+
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0); no_space (m > N, or
+  /// the policy found no place in words that a second read showed unchanged, see below); status();
   /// invalid_placement (the policy proposed a run that was not free in what it was shown).
   ///
   /// "No space" is confirmed by reading again every word the search read. Up to 1024 slots the
@@ -101,7 +114,7 @@ public:
   /// failed search is repeated between two reads of every word, compared by fingerprint
   /// (word_fingerprint.hpp): when both agree, the repeated search saw one unchanging picture. (As
   /// with any check by value, a word that changes and changes back between the two reads passes.)
-  CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     return allocate_with(
         m, [&](const LazySnapshot<N, Scope>& seen) { return find(seen, m); },
         [&](SlotRange range) {
@@ -115,9 +128,8 @@ public:
   /// ReleaseAlignedFit). Same errors; only exists for hinted policies.
   template <class F = policy_type>
   requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
-      CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m,
-                                                                      const typename F::hint_type& hint)
-  noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc>
+  allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
     return allocate_with(
         m,
         [&](const LazySnapshot<N, Scope>& seen) -> cuda::std::optional<std::uint32_t> {
@@ -137,10 +149,13 @@ public:
   }
 
   /// Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
-  /// of the range is free: a double free).
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+  /// of the range is free: a double free), status().
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (const auto ok = status(); !ok) {
+      return ok;
     }
     if (r.end() > N) {
       return cuda::std::unexpected(Errc::out_of_range);
@@ -179,6 +194,9 @@ public:
   /// All slots free. Not safe against concurrent calls: use it before sharing the allocator
   /// (e.g. by one thread of a block, followed by __syncthreads()).
   CARVE_HOST_DEVICE void reset() noexcept {
+    if (!status()) {
+      return;
+    }
     // Word by word (no SlotBitmap<N> on the stack: N / 8 bytes is a lot for a device thread).
     constexpr std::uint32_t last = bits::word_count(N) - 1;
     const AtomicWords<N, Scope> words = live();
@@ -193,10 +211,16 @@ public:
 
   /// The bitmap as read word by word now (exact when no other thread is active). A copy of all
   /// N / 8 bytes: on a device, for tests and tools rather than kernels that run wide.
-  CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept { return LazySnapshot<N, Scope>(live()).bitmap(); }
+  /// (All taken when status() fails.)
+  CARVE_HOST_DEVICE SlotBitmap<N> snapshot() const noexcept {
+    return status() ? LazySnapshot<N, Scope>(live()).bitmap() : SlotBitmap<N>::all_taken();
+  }
   /// Free slots as read word by word now (only a hint while others allocate). Counted word by
   /// word, with no copy of the bitmap, so a kernel may call it at any N without a large frame.
   CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept {
+    if (!status()) {
+      return 0;
+    }
     const AtomicWords<N, Scope> words = live();
     std::uint32_t free = 0;
     for (std::uint32_t k = 0; k < words.size(); ++k) {
@@ -213,10 +237,13 @@ private:
   /// allocate's loop (described above): `search(seen)` proposes a start, `record(range)` runs once
   /// the range is claimed.
   template <class Search, class Record>
-  CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate_with(std::uint32_t m, Search search,
-                                                                       Record record) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate_with(std::uint32_t m, Search search,
+                                                                                     Record record) noexcept {
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    if (const auto ok = status(); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
     std::uint64_t point = 0;

@@ -58,11 +58,12 @@ public:
     reset();
   }
 
-  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0 or m > size()),
-  /// no_space, invalid_placement (a policy that proposed a run that is not free).
-  cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
-    if (m == 0 || m > slots_) {
-      return cuda::std::unexpected(Errc::invalid_size);
+  /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0), no_space (no free
+  /// run of m, m > size() included), invalid_placement (a policy that proposed a run that is not
+  /// free).
+  [[nodiscard]] cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+    if (const auto ok = check_slot_request(m, slots_); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     if (m > free_) {
       return cuda::std::unexpected(Errc::no_space);
@@ -81,7 +82,7 @@ public:
 
   /// Returns a taken range (all or part of an allocation). Errors: invalid_size (empty),
   /// out_of_range (past the end or wrapping), not_allocated (any slot of it already free).
-  cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
     }

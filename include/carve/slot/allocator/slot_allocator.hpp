@@ -45,11 +45,12 @@ public:
   CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : fit_(fit) {}
 
   /// m contiguous slots placed by the policy.
-  /// Errors: invalid_size for m == 0 or m > N; no_space when no run of m free slots exists;
-  /// invalid_placement when the policy breaks its contract (only possible with user policies).
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+  /// Errors: invalid_size for m == 0; no_space when no run of m free slots exists (m > N
+  /// included: a request it could never hold is a fallback's to serve); invalid_placement when
+  /// the policy breaks its contract (only possible with user policies).
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     const auto taken = take(fit_.find(bitmap_, m), m);
     if constexpr (TracksPlacements<policy_type>) {
@@ -64,10 +65,10 @@ public:
   /// is expected to be released. Same errors; only exists for hinted policies.
   template <class F = policy_type>
   requires cuda::std::same_as<F, policy_type> && HintedFitPolicyFor<F, N>
-      CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
-      allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
-    if (m == 0 || m > N) {
-      return cuda::std::unexpected(Errc::invalid_size);
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
+  allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
+    if (const auto ok = check_slot_request(m, N); !ok) {
+      return cuda::std::unexpected(ok.error());
     }
     const auto taken = take(fit_.find(bitmap_, m, hint), m);
     if (taken) {
@@ -84,7 +85,7 @@ public:
   /// one (e.g. shrinking a workgroup's scratch).
   /// Errors: invalid_size for an empty range; out_of_range when it ends past N or wraps;
   /// not_allocated when any slot in it is already free (a double free).
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
@@ -114,8 +115,8 @@ public:
 
 private:
   /// Occupies the run the policy chose, after checking it.
-  CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc> take(cuda::std::optional<std::uint32_t> start,
-                                                                        std::uint32_t m) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<SlotRange, Errc>
+  take(cuda::std::optional<std::uint32_t> start, std::uint32_t m) noexcept {
     if (!start) {
       return cuda::std::unexpected(Errc::no_space);
     }

@@ -63,7 +63,7 @@ __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const s
     const std::uint32_t m = sizes[r];
     if (m == 0 || m > N || units == 0) {
       if (threadIdx.x == 0) {
-        out[r] = cuda::std::unexpected(m == 0 || m > N ? Errc::invalid_size : Errc::no_space);
+        out[r] = cuda::std::unexpected(m == 0 ? Errc::invalid_size : Errc::no_space);
       }
       continue;
     }

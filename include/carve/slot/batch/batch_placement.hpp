@@ -37,7 +37,7 @@ struct CuPlacement {
   }
 };
 
-/// A request's outcome: where it went, or invalid_size (m == 0 or m > N) / no_space (no unit fits).
+/// A request's outcome: where it went, or invalid_size (m == 0) / no_space (no unit fits, m > N included).
 using BatchPlacement = cuda::std::expected<CuPlacement, Errc>;
 
 /// What unit `cu` would do with a request for m slots.
@@ -51,7 +51,8 @@ evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::
 }
 
 /// The outcome for the winning candidate (already chosen by a CuChoiceRule).
-CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best, std::uint32_t m) noexcept {
+[[nodiscard]] CARVE_HOST_DEVICE constexpr BatchPlacement placement_of(const CuCandidate& best,
+                                                                      std::uint32_t m) noexcept {
   if (!best.fits) {
     return cuda::std::unexpected(Errc::no_space);
   }
@@ -67,7 +68,7 @@ requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda:
   for (std::size_t r = 0; r < sizes.size(); ++r) {
     const std::uint32_t m = sizes[r];
     if (m == 0 || m > N || bitmaps.empty()) {
-      out[r] = cuda::std::unexpected(m == 0 || m > N ? Errc::invalid_size : Errc::no_space);
+      out[r] = cuda::std::unexpected(m == 0 ? Errc::invalid_size : Errc::no_space);
       continue;
     }
     CuCandidate best = evaluate_cu(fit, bitmaps[0], 0, m);
@@ -90,8 +91,8 @@ using BatchRelease = cuda::std::expected<void, Errc>;
 /// Gives `p.range` back on unit `p.cu` of `bitmaps`, checked as SlotAllocator::deallocate checks
 /// it; on error nothing changes.
 template <std::uint32_t N>
-CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<N>> bitmaps,
-                                                     const CuPlacement& p) noexcept {
+[[nodiscard]] CARVE_HOST_DEVICE constexpr BatchRelease release_one(cuda::std::span<SlotBitmap<N>> bitmaps,
+                                                                   const CuPlacement& p) noexcept {
   if (p.range.count == 0) {
     return cuda::std::unexpected(Errc::invalid_size);
   }

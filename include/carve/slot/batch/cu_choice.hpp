@@ -38,16 +38,38 @@ concept CuChoiceRule = requires(const R& rule, const CuCandidate& a, const CuCan
   { rule.better(a, b) } -> cuda::std::same_as<bool>;
 };
 
+namespace detail {
+/// How a unit compares with another on one key: before (-1), after (1) or level (0).
+CARVE_HOST_DEVICE constexpr int order_by(bool before, bool after) noexcept { return before ? -1 : after ? 1 : 0; }
+
+/// The order carve's rules share around their own keys: a unit that fits before one that does
+/// not, then `keys` (the first that is not level decides), then the lower index.
+template <class Keys>
+CARVE_HOST_DEVICE constexpr bool fitting_first(const CuCandidate& a, const CuCandidate& b, Keys keys) noexcept {
+  if (a.fits != b.fits) {
+    return a.fits;
+  }
+  if (const int k = keys(a, b); k != 0) {
+    return k < 0;
+  }
+  return a.cu < b.cu;
+}
+
+/// The emptier unit first.
+struct Emptier {
+  CARVE_HOST_DEVICE constexpr int operator()(const CuCandidate& a, const CuCandidate& b) const noexcept {
+    return order_by(a.free > b.free, a.free < b.free);
+  }
+};
+} // namespace detail
+
 /// The lowest-numbered unit that fits.
 struct FirstFittingCu {
   /// Shown in reports and tools.
   static constexpr const char* name = "first-cu";
   /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
-    if (a.fits != b.fits) {
-      return a.fits;
-    }
-    return a.cu < b.cu;
+    return detail::fitting_first(a, b, [](const CuCandidate&, const CuCandidate&) { return 0; });
   }
 };
 
@@ -57,13 +79,7 @@ struct LeastLoadedCu {
   static constexpr const char* name = "least-loaded";
   /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
-    if (a.fits != b.fits) {
-      return a.fits;
-    }
-    if (a.free != b.free) {
-      return a.free > b.free;
-    }
-    return a.cu < b.cu;
+    return detail::fitting_first(a, b, detail::Emptier{});
   }
 };
 
@@ -74,16 +90,11 @@ struct NearestBoundaryCu {
   static constexpr const char* name = "nearest-boundary";
   /// Whether `a` goes before `b`.
   CARVE_HOST_DEVICE constexpr bool better(const CuCandidate& a, const CuCandidate& b) const noexcept {
-    if (a.fits != b.fits) {
-      return a.fits;
-    }
-    if (a.fits && a.distance != b.distance) {
-      return a.distance < b.distance;
-    }
-    if (a.free != b.free) {
-      return a.free > b.free;
-    }
-    return a.cu < b.cu;
+    return detail::fitting_first(a, b, [](const CuCandidate& x, const CuCandidate& y) {
+      // Distances mean something only for units that fit (both do, or neither: fits is level).
+      const int nearer = x.fits ? detail::order_by(x.distance<y.distance, x.distance> y.distance) : 0;
+      return nearer != 0 ? nearer : detail::Emptier{}(x, y);
+    });
   }
 };
 

@@ -39,13 +39,13 @@ CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_
 /// controls, and a lane of the group missing from the mask would wait at a shuffle forever.
 ///
 /// `slots` is a carve slot allocator shared by those lanes, and `args` follow m in its allocate
-/// (the home shard of a ShardedSlotAllocator, a hint for a hinted policy). A group's run is
-/// allocated by its leader with the leader's args, so pass args that agree across the lanes
-/// asking for the same m (a block's home shard; a hint the warp shares). Every lane frees its
-/// own share: a share is an ordinary range of the allocator.
+/// (a hint for a hinted policy; a ShardedSlotAllocator handle carries its home shard, so build
+/// it with the block's home instead). A group's run is allocated by its leader with the leader's
+/// args, so pass args that agree across the lanes asking for the same m (a hint the warp
+/// shares). Every lane frees its own share: a share is an ordinary range of the allocator.
 template <class Allocator, class... Args>
-__device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots, std::uint32_t m,
-                                                              Args... args) {
+[[nodiscard]] __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots,
+                                                                            std::uint32_t m, Args... args) {
   const unsigned group = __match_any_sync(members, m);
   const int leader = __ffs(static_cast<int>(group)) - 1;
   const unsigned lane = threadIdx.x % 32;

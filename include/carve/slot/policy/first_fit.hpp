@@ -1,40 +1,6 @@
 /// @file carve/slot/policy/first_fit.hpp
-/// The lowest start that fits (the classic address-ordered first fit).
+/// FirstFit, the lowest start that fits: EndFit<SlotEnd::first>, defined in end_fit.hpp beside
+/// LastFit (this header stays so that code including it compiles unchanged).
 #pragma once
 
-#include <carve/core/config.hpp>
-#include <carve/slot/policy/fit_policy.hpp>
-#include <carve/slot/search/run_search.hpp>
-#include <carve/slot/storage/slot_bitmap.hpp>
-#include <carve/slot/storage/word_source.hpp>
-
-namespace carve {
-
-/// First fit: the lowest start of m free slots.
-struct FirstFit {
-  /// Shown in reports and tools.
-  static constexpr const char* name = "first-fit";
-
-  /// The start in `words`, or nullopt when nothing fits or m == 0.
-  template <WordSource Words>
-  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t /*slots*/,
-                                                                         std::uint32_t m) const noexcept {
-    return runs::lowest_start(words, m);
-  }
-
-  /// The choice given both extreme candidates (for the cooperative searches in warp_scan.hpp).
-  CARVE_HOST_DEVICE static constexpr cuda::std::optional<std::uint32_t> pick(runs::StartBounds b, std::uint32_t,
-                                                                             std::uint32_t) noexcept {
-    return b.found ? cuda::std::optional<std::uint32_t>(b.lowest) : cuda::std::nullopt;
-  }
-
-  /// The start in `bitmap`, or nullopt when nothing fits or m == 0.
-  template <std::uint32_t N>
-  CARVE_HOST_DEVICE constexpr cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>& bitmap,
-                                                                      std::uint32_t m) const noexcept {
-    return find_in(bitmap.words(), N, m);
-  }
-};
-static_assert(WordSearchingFitPolicy<FirstFit> && BoundsFitPolicy<FirstFit>);
-
-} // namespace carve
+#include <carve/slot/policy/end_fit.hpp>

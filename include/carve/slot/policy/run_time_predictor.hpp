@@ -26,8 +26,13 @@
 #pragma once
 
 #include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+
+#include <nv/target>
 
 #include <cuda/std/cstdint>
+#include <cuda/std/expected>
 #include <cuda/std/optional>
 
 namespace carve {
@@ -54,15 +59,35 @@ public:
   /// Kernel types with an entry of their own.
   static constexpr std::uint32_t kernels = Kernels;
 
-  /// Nothing observed; learns as `settings` say.
-  CARVE_HOST_DEVICE constexpr explicit RunTimePredictor(RunTimePredictorSettings settings = {}) noexcept
-      : settings_(settings) {}
+  /// Nothing observed; learns as `settings` say. Settings outside their domain (weight not in
+  /// (0, 1], quantile not in (0, 1), an unknown estimate; NaN included) throw carve::Exception
+  /// (invalid_argument) on the host. Device code cannot throw: there status() reports
+  /// invalid_argument, observe() learns nothing and predict() has nothing to say.
+  CARVE_HOST_DEVICE constexpr explicit RunTimePredictor(RunTimePredictorSettings settings = {}) : settings_(settings) {
+    if (!valid(settings)) {
+      NV_IF_TARGET(NV_IS_HOST,
+                   (throw Exception(Errc::invalid_argument, "carve::RunTimePredictor: weight must lie in (0, 1] and "
+                                                            "quantile in (0, 1), with a known estimate");));
+    }
+  }
+
+  /// invalid_argument for a predictor built from bad settings in device code (on the host such a
+  /// predictor is never built: the constructor throws); success otherwise.
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+    if (!valid(settings_)) {
+      return cuda::std::unexpected(Errc::invalid_argument);
+    }
+    return {};
+  }
 
   /// The settings it learns with.
   CARVE_HOST_DEVICE constexpr RunTimePredictorSettings settings() const noexcept { return settings_; }
 
   /// A workgroup of `kernel` finished after `run_time` ticks.
   CARVE_HOST_DEVICE constexpr void observe(std::uint32_t kernel, std::uint32_t run_time) noexcept {
+    if (!valid(settings_)) { // kept rather than a status word: the size stays three words per kernel
+      return;
+    }
     Entry& e = entries_[kernel % Kernels];
     const auto x = static_cast<float>(run_time);
     if (e.count != 0xffff'ffffu) {
@@ -125,6 +150,12 @@ private:
     float scale = 0.0f;    // running mean absolute deviation from the estimate
     std::uint32_t count = 0;
   };
+
+  /// Whether `s` lies in the documented domain; written so that NaN fails each comparison.
+  CARVE_HOST_DEVICE static constexpr bool valid(const RunTimePredictorSettings& s) noexcept {
+    return s.weight > 0.0f && s.weight <= 1.0f && s.quantile > 0.0f && s.quantile < 1.0f &&
+           (s.estimate == RunTimeEstimate::mean || s.estimate == RunTimeEstimate::quantile);
+  }
 
   RunTimePredictorSettings settings_;
   Entry entries_[Kernels]{};

@@ -9,12 +9,18 @@
 /// O(words + runs). The range is a view: it must not outlive the words it reads.
 #pragma once
 
+#include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
 #include <carve/slot/search/run_search.hpp>
 #include <carve/slot/storage/slot_range.hpp>
 
+#include <nv/target>
+
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
+#include <cuda/std/expected>
 #include <cuda/std/iterator>
 
 namespace carve {
@@ -75,8 +81,26 @@ public:
   };
 
   /// The runs of the first `slots` slots of `words` (SlotBitmap's layout; bits past them zero).
-  CARVE_HOST_DEVICE constexpr FreeRuns(runs::words_view<Extent> words, std::uint32_t slots) noexcept
-      : words_(words), slots_(slots) {}
+  /// More slots than the words hold throws carve::Exception (invalid_argument) on the host; in
+  /// device code the range is empty and status() reports it.
+  CARVE_HOST_DEVICE constexpr FreeRuns(runs::words_view<Extent> words, std::uint32_t slots)
+      : words_(words), slots_(slots) {
+    if (std::uint64_t{slots} > std::uint64_t{words.size()} * bits::word_bits) {
+      NV_IF_TARGET(NV_IS_HOST,
+                   (throw Exception(Errc::invalid_argument, "carve::FreeRuns: more slots than its words hold");));
+      slots_ = 0;
+      status_ = Errc::invalid_argument;
+    }
+  }
+
+  /// invalid_argument for a range built in device code over more slots than its words hold (on
+  /// the host the constructor throws); success otherwise.
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+    if (status_ != Errc{}) {
+      return cuda::std::unexpected(status_);
+    }
+    return {};
+  }
 
   /// The lowest run.
   CARVE_HOST_DEVICE constexpr iterator begin() const noexcept { return iterator(words_, slots_, 0); }
@@ -86,6 +110,7 @@ public:
 private:
   runs::words_view<Extent> words_;
   std::uint32_t slots_;
+  Errc status_{}; ///< Errc{} (no error) unless built from bad input in device code
 };
 
 } // namespace carve

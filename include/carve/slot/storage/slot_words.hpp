@@ -10,9 +10,14 @@
 
 #include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
+#include <carve/core/errc.hpp>
+#include <carve/core/error.hpp>
+
+#include <nv/target>
 
 #include <cuda/std/concepts>
 #include <cuda/std/cstdint>
+#include <cuda/std/expected>
 
 namespace carve {
 
@@ -55,10 +60,29 @@ public:
   /// Words needed: ceil(N / 64).
   static constexpr std::uint32_t word_count = bits::word_count(N);
 
-  /// No words yet (a __shared__ declaration, say): assign real ones before use.
+  /// No words yet (a __shared__ declaration, say): assign real ones before use; until then
+  /// status() reports invalid_argument and an allocator over them refuses every call.
   constexpr BorrowedSlotWords() noexcept = default;
   /// `words` must hold word_count 8-byte-aligned words laid out as above (reset() writes them).
-  CARVE_HOST_DEVICE constexpr explicit BorrowedSlotWords(bits::word* words) noexcept : words_(words) {}
+  /// A null or misaligned pointer throws carve::Exception (invalid_argument) on the host; in
+  /// device code it leaves no words, which status() reports.
+  CARVE_HOST_DEVICE explicit BorrowedSlotWords(bits::word* words) : words_(words) {
+    if (words == nullptr || reinterpret_cast<cuda::std::uintptr_t>(words) % alignof(bits::word) != 0) {
+      NV_IF_TARGET(NV_IS_HOST,
+                   (throw Exception(Errc::invalid_argument, words == nullptr ? "carve::BorrowedSlotWords: null words"
+                                                                             : "carve::BorrowedSlotWords: words not "
+                                                                               "8-byte aligned");));
+      words_ = nullptr;
+    }
+  }
+
+  /// invalid_argument when there are no words (none given yet, or bad ones given in device code).
+  [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
+    if (words_ == nullptr) {
+      return cuda::std::unexpected(Errc::invalid_argument);
+    }
+    return {};
+  }
 
   /// The words.
   CARVE_HOST_DEVICE constexpr bits::word* data() const noexcept { return words_; }
