@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -69,7 +71,8 @@ int main(int argc, char** argv) {
     pairs(s, heap);
   });
   benchmark::RegisterBenchmark((prefix + "StatsResource<SlotArena>").c_str(), [](benchmark::State& s) {
-    StatsResource<Arena> counted(arena_memory, sizeof arena_memory, slot_bytes);
+    StatsResource<Arena> counted(std::piecewise_construct,
+                                 std::forward_as_tuple(arena_memory, sizeof arena_memory, slot_bytes));
     pairs(s, counted);
   });
   benchmark::RegisterBenchmark((prefix + "CachingPool").c_str(), [](benchmark::State& s) {

@@ -28,13 +28,13 @@ int main() {
 
   std::vector<void*> tensors;
   for (int i = 0; i < 10; ++i) { // 160 MiB for a 64 MiB card
-    tensors.push_back(*gpu0.try_allocate(16 << 20));
+    tensors.push_back(*gpu0.try_allocate(16 << 20, 256));
   }
   for (int gpu = 0; gpu < borrower.card_count(); ++gpu) {
     std::printf("GPU%d holds %3zu MiB for GPU0\n", gpu, borrower.resource(gpu).stats().bytes_in_use >> 20);
   }
   for (void* t : tensors) {
-    gpu0.deallocate(t, 16 << 20);
+    gpu0.deallocate(t, 16 << 20, 256);
   }
   std::printf("after freeing, GPU0's pool caches %zu MiB", gpu0.stats().bytes_cached >> 20);
   std::printf("; trim() gives it back to the cards: %zu MiB\n", gpu0.trim() >> 20);

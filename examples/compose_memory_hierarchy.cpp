@@ -47,8 +47,9 @@ int main() {
                                    {carve::disk_tier(std::filesystem::temp_directory_path(), 1, "disk", 128 << 20)});
   const carve::TierPlan plan = planner.plan({{512 << 20}}); // a task that needs 128 MiB per GPU: 64 MiB extra each
   Hierarchy gpu0(carve::ref(borrower.resource(0)),
-                 carve::FallbackResource<Borrowed, Spilled>(Borrowed(borrower.peers(0), std::size_t{32} << 20),
-                                                            carve::TierShareResource(plan, 0, 0)));
+                 carve::FallbackResource<Borrowed, Spilled>(
+                     carve::LimitResource<Borrower::Card>(borrower.peers(0), std::size_t{32} << 20),
+                     carve::TierShareResource(plan, 0, 0)));
 
   std::vector<void*> blocks;
   for (auto p = gpu0.try_allocate(4 << 20, 256); p; p = gpu0.try_allocate(4 << 20, 256)) {

@@ -297,14 +297,14 @@ TEST_CASE("one pool, many threads") {
       for (int step = 0; step < 3000; ++step) {
         if (rng() % 2 == 0 || mine.empty()) {
           const std::size_t bytes = 1 + rng() % (256 * 1024);
-          if (const auto p = pool.try_allocate(bytes)) {
+          if (const auto p = pool.try_allocate(bytes, 256)) {
             std::memset(*p, t, bytes);
             mine.emplace_back(*p, bytes);
           }
         } else {
           const auto [p, bytes] = mine.back();
           mine.pop_back();
-          if (static_cast<unsigned char*>(p)[bytes - 1] != t || !pool.try_deallocate(p, bytes)) {
+          if (static_cast<unsigned char*>(p)[bytes - 1] != t || !pool.try_deallocate(p, bytes, 256)) {
             ++failures;
           }
         }
@@ -313,7 +313,7 @@ TEST_CASE("one pool, many threads") {
         }
       }
       for (const auto& [p, bytes] : mine) {
-        if (!pool.try_deallocate(p, bytes)) {
+        if (!pool.try_deallocate(p, bytes, 256)) {
           ++failures;
         }
       }
@@ -335,7 +335,7 @@ TEST_CASE("borrower.card(i) is a memory resource a pool stacks on") {
   CachingPool pool(borrower.card(0), PoolOptions{.granularity = 512, .segment_size = 2 * MiB});
   std::vector<void*> blocks;
   for (int i = 0; i < 6; ++i) {
-    const auto p = pool.try_allocate(2 * MiB);
+    const auto p = pool.try_allocate(2 * MiB, 256);
     REQUIRE(p);
     std::memset(*p, i, 2 * MiB);
     blocks.push_back(*p);
@@ -347,7 +347,7 @@ TEST_CASE("borrower.card(i) is a memory resource a pool stacks on") {
   CHECK(borrower.card(0).owns(blocks[5]));
   CHECK_FALSE(borrower.card(1).owns(blocks[5])); // handed out for GPU0, not GPU1
   for (void* p : blocks) {
-    pool.deallocate(p, 2 * MiB);
+    pool.deallocate(p, 2 * MiB, 256);
   }
   CHECK(pool.trim() == 12 * MiB);
   CHECK(all_back(borrower));

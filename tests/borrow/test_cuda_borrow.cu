@@ -60,20 +60,20 @@ int main() {
 
   carve::CachingPool pool(carve::CudaDeviceResource(0));
   const std::size_t n = 3 << 20;
-  const auto p = pool.try_allocate(n);
+  const auto p = pool.try_allocate(n, 256);
   expect(p.has_value(), "cudaMalloc through the pool");
   if (p) {
     fill<<<64, 256>>>(static_cast<unsigned char*>(*p), n, 0x5a);
     expect(cudaDeviceSynchronize() == cudaSuccess, "kernel writes pool memory");
     expect(filled(*p, n, 0x5a), "the memory holds what the kernel wrote");
-    expect(pool.try_deallocate(*p, n).has_value(), "deallocate");
-    const auto again = pool.try_allocate(n);
+    expect(pool.try_deallocate(*p, n, 256).has_value(), "deallocate");
+    const auto again = pool.try_allocate(n, 256);
     expect(again && *again == *p, "the freed block is reused");
-    expect(pool.try_deallocate(*again, n).has_value(), "deallocate again");
+    expect(pool.try_deallocate(*again, n, 256).has_value(), "deallocate again");
   }
   expect(pool.stats().upstream_allocations == 1, "one cudaMalloc for both");
   expect(pool.trim() > 0, "trim calls cudaFree");
-  expect(pool.try_allocate(std::size_t{1} << 50).error() == carve::Errc::no_space, "an impossible request");
+  expect(pool.try_allocate(std::size_t{1} << 50, 256).error() == carve::Errc::no_space, "an impossible request");
 
   using Pool = carve::CachingPool<carve::CudaDeviceResource>;
   carve::BorrowingAllocator<Pool, carve::LargestBandwidth, carve::CudaPeerAccess> alloc(
@@ -92,12 +92,12 @@ int main() {
     expect(alloc.give_back(*h).has_value(), "give back through the allocator");
   }
   carve::CachingPool last(alloc.card(devices - 1)); // a pool over the card's memory, borrowed when full
-  const auto q = last.try_allocate(n);
+  const auto q = last.try_allocate(n, 256);
   expect(q.has_value(), "a pool over borrower.card(i)");
   if (q) {
     fill<<<64, 256>>>(static_cast<unsigned char*>(*q), n, 0x33);
     expect(cudaDeviceSynchronize() == cudaSuccess && filled(*q, n, 0x33), "a kernel writes it");
-    last.deallocate(*q, n);
+    last.deallocate(*q, n, 256);
   }
   std::printf(failures == 0 ? "all passed\n" : "%d failed\n", failures);
   return failures == 0 ? 0 : 1;

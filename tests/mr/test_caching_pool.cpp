@@ -66,9 +66,9 @@ std::size_t round_up(std::size_t n, std::size_t g) { return (n + g - 1) / g * g;
 
 TEST_CASE("exact size from the cache, else the smallest larger block split") {
   CachingPool pool(SimulatedCard(64 * MiB), PoolOptions{.granularity = 512, .segment_size = 2 * MiB});
-  void* a = *pool.try_allocate(100 * KiB);
-  void* b = *pool.try_allocate(300 * KiB);
-  void* c = *pool.try_allocate(100 * KiB);
+  void* a = *pool.try_allocate(100 * KiB, 256);
+  void* b = *pool.try_allocate(300 * KiB, 256);
+  void* c = *pool.try_allocate(100 * KiB, 256);
   auto s = pool.stats();
   CHECK(s.upstream_allocations == 1); // all three share one 2 MiB segment
   CHECK(s.segments == 1);
@@ -77,14 +77,14 @@ TEST_CASE("exact size from the cache, else the smallest larger block split") {
   CHECK(s.bytes_cached == 2 * MiB - 500 * KiB);
   CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 100 * KiB);
 
-  REQUIRE(pool.try_deallocate(b, 300 * KiB));
+  REQUIRE(pool.try_deallocate(b, 300 * KiB, 256));
   // 300 KiB sits between two live blocks; the tail (1548 KiB) is larger. An exact fit wins.
-  void* b2 = *pool.try_allocate(300 * KiB);
+  void* b2 = *pool.try_allocate(300 * KiB, 256);
   CHECK(b2 == b);
-  REQUIRE(pool.try_deallocate(b2, 300 * KiB));
+  REQUIRE(pool.try_deallocate(b2, 300 * KiB, 256));
   // 200 KiB: the smallest block that holds it is the 300 KiB hole, split; 100 KiB stays cached.
   const auto splits = pool.stats().splits;
-  void* d = *pool.try_allocate(200 * KiB);
+  void* d = *pool.try_allocate(200 * KiB, 256);
   CHECK(d == b);
   CHECK(pool.stats().splits == splits + 1);
   CHECK(pool.stats().cached_blocks == 2);
@@ -92,9 +92,9 @@ TEST_CASE("exact size from the cache, else the smallest larger block split") {
   CHECK(pool.consistent());
 
   // Freeing everything merges the segment back into one block.
-  REQUIRE(pool.try_deallocate(a, 100 * KiB));
-  REQUIRE(pool.try_deallocate(c, 100 * KiB));
-  REQUIRE(pool.try_deallocate(d, 200 * KiB));
+  REQUIRE(pool.try_deallocate(a, 100 * KiB, 256));
+  REQUIRE(pool.try_deallocate(c, 100 * KiB, 256));
+  REQUIRE(pool.try_deallocate(d, 200 * KiB, 256));
   s = pool.stats();
   CHECK(s.cached_blocks == 1);
   CHECK(s.largest_cached_block == 2 * MiB);
@@ -107,26 +107,26 @@ TEST_CASE("exact size from the cache, else the smallest larger block split") {
 
 TEST_CASE("bad requests return an error and change nothing") {
   CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = 1 * MiB});
-  void* p = *pool.try_allocate(1000);
+  void* p = *pool.try_allocate(1000, 256);
   const auto before = pool.stats();
-  CHECK(pool.try_allocate(0).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(64, 1024).error() == Errc::no_space); // an alignment above the granularity: a fallback's
   CHECK(pool.try_allocate(64, 3).error() == Errc::invalid_size);
-  CHECK(pool.try_allocate(SIZE_MAX).error() == Errc::no_space); // larger than any pool could hold
-  CHECK(pool.try_allocate(5 * MiB).error() == Errc::no_space);
+  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.try_allocate(5 * MiB, 256).error() == Errc::no_space);
   int on_stack = 0;
-  CHECK(pool.try_deallocate(&on_stack, 4).error() == Errc::not_allocated);
-  CHECK(pool.try_deallocate(nullptr, 4).error() == Errc::not_allocated);
-  CHECK(pool.try_deallocate(p, 4096).error() == Errc::invalid_size); // wrong size for the block
-  CHECK(pool.try_deallocate(static_cast<char*>(p) + 512, 512).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(p, 4096, 256).error() == Errc::invalid_size); // wrong size for the block
+  CHECK(pool.try_deallocate(static_cast<char*>(p) + 512, 512, 256).error() == Errc::not_allocated);
   const auto after = pool.stats();
   CHECK(after.bytes_in_use == before.bytes_in_use);
   CHECK(after.bytes_reserved == before.bytes_reserved);
   CHECK(after.live_blocks == 1);
-  REQUIRE(pool.try_deallocate(p, 1000));
-  CHECK(pool.try_deallocate(p, 1000).error() == Errc::not_allocated); // double free
+  REQUIRE(pool.try_deallocate(p, 1000, 256));
+  CHECK(pool.try_deallocate(p, 1000, 256).error() == Errc::not_allocated); // double free
   CHECK(pool.consistent());
-  CHECK_THROWS_AS((void)pool.allocate(5 * MiB), std::bad_alloc);
+  CHECK_THROWS_ERRC(carve::Errc::no_space, (void)pool.allocate(5 * MiB));
   CHECK_THROWS_ERRC(carve::Errc::invalid_size, (void)pool.allocate(0));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, CachingPool(SimulatedCard(MiB), PoolOptions{.granularity = 384}));
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument,
@@ -139,11 +139,11 @@ TEST_CASE("the pool shrinks: idle bytes above the threshold go back, oldest firs
                    PoolOptions{.granularity = 512, .segment_size = seg, .idle_threshold = 3 * seg});
   std::vector<void*> blocks;
   for (int i = 0; i < 8; ++i) {
-    blocks.push_back(*pool.try_allocate(seg)); // one segment each
+    blocks.push_back(*pool.try_allocate(seg, 256)); // one segment each
   }
   CHECK(pool.stats().segments == 8);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    REQUIRE(pool.try_deallocate(blocks[i], seg));
+    REQUIRE(pool.try_deallocate(blocks[i], seg, 256));
     // Never more than the threshold stays cached, and nothing is released before it is passed.
     CHECK(pool.stats().bytes_cached == std::min<std::size_t>(i + 1, 3) * seg);
     const std::size_t released = i + 1 - std::min<std::size_t>(i + 1, 3);
@@ -152,7 +152,7 @@ TEST_CASE("the pool shrinks: idle bytes above the threshold go back, oldest firs
   // The three kept are the three freed last.
   std::vector<void*> again;
   for (int i = 0; i < 3; ++i) {
-    again.push_back(*pool.try_allocate(seg));
+    again.push_back(*pool.try_allocate(seg, 256));
   }
   std::sort(again.begin(), again.end());
   std::vector<void*> newest(blocks.end() - 3, blocks.end());
@@ -166,10 +166,10 @@ TEST_CASE("trim releases whole free segments only: the cache may end below keep,
   CachingPool pool(SimulatedCard(32 * MiB), PoolOptions{.granularity = 512, .segment_size = seg});
   std::vector<void*> blocks;
   for (int i = 0; i < 6; ++i) {
-    blocks.push_back(*pool.try_allocate(seg));
+    blocks.push_back(*pool.try_allocate(seg, 256));
   }
   for (void* p : blocks) {
-    REQUIRE(pool.try_deallocate(p, seg));
+    REQUIRE(pool.try_deallocate(p, seg, 256));
   }
   CHECK(pool.stats().bytes_cached == 6 * seg);
   CHECK(pool.trim(6 * seg) == 0);                 // not over: nothing goes
@@ -179,11 +179,11 @@ TEST_CASE("trim releases whole free segments only: the cache may end below keep,
   CHECK(pool.stats().upstream_frees == 4);
   // A segment with a live block in it cannot go back, even on trim(): its free rest stays
   // cached above keep.
-  void* small = *pool.try_allocate(4 * KiB);
+  void* small = *pool.try_allocate(4 * KiB, 256);
   CHECK(pool.trim() == seg);
   CHECK(pool.stats().bytes_reserved == seg);
   CHECK(pool.stats().bytes_cached == seg - 4 * KiB);
-  REQUIRE(pool.try_deallocate(small, 4 * KiB));
+  REQUIRE(pool.try_deallocate(small, 4 * KiB, 256));
   CHECK(pool.trim() == seg);
   CHECK(pool.upstream().used_bytes() == 0);
 }
@@ -191,43 +191,43 @@ TEST_CASE("trim releases whole free segments only: the cache may end below keep,
 TEST_CASE("a full card: the cache goes back to the upstream and the request is retried") {
   const std::size_t seg = 1 * MiB;
   CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = seg});
-  void* a = *pool.try_allocate(seg);
-  void* b = *pool.try_allocate(seg);
-  void* c = *pool.try_allocate(2 * seg);
-  REQUIRE(pool.try_deallocate(a, seg));
-  REQUIRE(pool.try_deallocate(b, seg));
+  void* a = *pool.try_allocate(seg, 256);
+  void* b = *pool.try_allocate(seg, 256);
+  void* c = *pool.try_allocate(2 * seg, 256);
+  REQUIRE(pool.try_deallocate(a, seg, 256));
+  REQUIRE(pool.try_deallocate(b, seg, 256));
   CHECK(pool.largest_allocation() == 2 * seg);
   CHECK(pool.free_bytes() == 2 * seg);
   // 2 MiB fits in no cached block and the card is full, but the two cached segments add up.
-  void* d = *pool.try_allocate(2 * seg);
+  void* d = *pool.try_allocate(2 * seg, 256);
   CHECK(pool.stats().upstream_failures == 1);
   CHECK(pool.stats().upstream_frees == 2);
   CHECK(pool.largest_allocation() == 0);
-  REQUIRE(pool.try_deallocate(c, 2 * seg));
-  REQUIRE(pool.try_deallocate(d, 2 * seg));
+  REQUIRE(pool.try_deallocate(c, 2 * seg, 256));
+  REQUIRE(pool.try_deallocate(d, 2 * seg, 256));
   // A request smaller than a segment when less than a segment is free gets an exact one.
   CachingPool tight(SimulatedCard(seg + 4 * KiB), PoolOptions{.granularity = 512, .segment_size = seg});
-  void* e = *tight.try_allocate(seg);
-  void* f = *tight.try_allocate(4 * KiB);
+  void* e = *tight.try_allocate(seg, 256);
+  void* f = *tight.try_allocate(4 * KiB, 256);
   CHECK(tight.stats().segments == 2);
-  CHECK(tight.try_allocate(512).error() == Errc::no_space);
-  REQUIRE(tight.try_deallocate(e, seg));
-  REQUIRE(tight.try_deallocate(f, 4 * KiB));
+  CHECK(tight.try_allocate(512, 256).error() == Errc::no_space);
+  REQUIRE(tight.try_deallocate(e, seg, 256));
+  REQUIRE(tight.try_deallocate(f, 4 * KiB, 256));
 }
 
 TEST_CASE("equal-sized cached blocks: the lowest address wins, for exact and for larger fits") {
   CachingPool pool(SimulatedCard(64 * MiB), PoolOptions{.granularity = 512, .segment_size = 2 * MiB});
   std::vector<void*> p;
   for (const std::size_t kib : {100u, 50u, 100u, 50u, 100u, 50u}) {
-    p.push_back(*pool.try_allocate(kib * KiB));
+    p.push_back(*pool.try_allocate(kib * KiB, 256));
   }
   // Free the 100 KiB blocks at p[4] and p[0] (in that order): two equal holes, plus the tail.
-  REQUIRE(pool.try_deallocate(p[4], 100 * KiB));
-  REQUIRE(pool.try_deallocate(p[0], 100 * KiB));
-  CHECK(*pool.try_allocate(100 * KiB) == p[0]); // exact: the lower of the two
-  REQUIRE(pool.try_deallocate(p[0], 100 * KiB));
-  CHECK(*pool.try_allocate(60 * KiB) == p[0]); // larger: the smallest (100 KiB), the lower one
-  CHECK(*pool.try_allocate(60 * KiB) == p[4]); // the other 100 KiB hole beats 40 KiB and the tail
+  REQUIRE(pool.try_deallocate(p[4], 100 * KiB, 256));
+  REQUIRE(pool.try_deallocate(p[0], 100 * KiB, 256));
+  CHECK(*pool.try_allocate(100 * KiB, 256) == p[0]); // exact: the lower of the two
+  REQUIRE(pool.try_deallocate(p[0], 100 * KiB, 256));
+  CHECK(*pool.try_allocate(60 * KiB, 256) == p[0]); // larger: the smallest (100 KiB), the lower one
+  CHECK(*pool.try_allocate(60 * KiB, 256) == p[4]); // the other 100 KiB hole beats 40 KiB and the tail
   CHECK(pool.consistent());
 }
 
@@ -465,7 +465,7 @@ TEST_CASE("random allocate/free/trim against a reference model: every block and 
         const std::size_t bytes =
             rng() % 4 == 0 ? 1 + rng() % (600 * KiB) : 1 + rng() % (8 * KiB); // mostly small, some large
         const bool from_cache = model.fits_somewhere(bytes);
-        const auto r = pool.try_allocate(bytes);
+        const auto r = pool.try_allocate(bytes, 256);
         model.allocate(bytes, r);
         if (!r) {
           ++refused;
@@ -492,7 +492,7 @@ TEST_CASE("random allocate/free/trim against a reference model: every block and 
         CHECK(bytes[0] == it->second.pattern); // nobody else wrote here
         CHECK(bytes[it->second.bytes / 2] == it->second.pattern);
         CHECK(bytes[it->second.bytes - 1] == it->second.pattern);
-        REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(it->first), it->second.bytes));
+        REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(it->first), it->second.bytes, 256));
         model.deallocate(reinterpret_cast<void*>(it->first));
         live.erase(it);
       } else {
@@ -512,7 +512,7 @@ TEST_CASE("random allocate/free/trim against a reference model: every block and 
     CHECK(refused > 0);
     trims_in_all += trims;
     for (const auto& [addr, l] : live) {
-      REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(addr), l.bytes));
+      REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(addr), l.bytes, 256));
       model.deallocate(reinterpret_cast<void*>(addr));
     }
     model.check(pool);
@@ -551,7 +551,7 @@ TEST_CASE("threads allocate, write, check, free and trim one pool; the figures b
         const int op = static_cast<int>(rng() % 100);
         if (op < 50 || mine.empty()) {
           const std::size_t bytes = rng() % 8 == 0 ? 1 + rng() % (300 * KiB) : 1 + rng() % (4 * KiB);
-          const auto r = pool.try_allocate(bytes);
+          const auto r = pool.try_allocate(bytes, 256);
           if (!r) {
             errors += r.error() == Errc::no_space ? 0 : 1;
             continue;
@@ -565,7 +565,7 @@ TEST_CASE("threads allocate, write, check, free and trim one pool; the figures b
         } else if (op < 95) {
           const std::size_t i = rng() % mine.size();
           corrupted += intact(mine[i]) ? 0 : 1;
-          errors += pool.try_deallocate(mine[i].p, mine[i].bytes) ? 0 : 1;
+          errors += pool.try_deallocate(mine[i].p, mine[i].bytes, 256) ? 0 : 1;
           mine[i] = mine.back();
           mine.pop_back();
           ++freed;
@@ -577,7 +577,7 @@ TEST_CASE("threads allocate, write, check, free and trim one pool; the figures b
       }
       for (const Mine& m : mine) {
         corrupted += intact(m) ? 0 : 1;
-        errors += pool.try_deallocate(m.p, m.bytes) ? 0 : 1;
+        errors += pool.try_deallocate(m.p, m.bytes, 256) ? 0 : 1;
         ++freed;
       }
     });

@@ -222,19 +222,20 @@ TEST_CASE("LimitResource: no_space past the budget, and the resource never sees 
       const std::size_t bytes = next.bytes();
       const std::size_t before = a.allocations();
       const auto p = stack.try_allocate(bytes, 8);
-      if (bytes > 5000 - used) {
+      const std::size_t footprint = (bytes + 7) / 8 * 8; // what the budget counts: aligned
+      if (footprint > 5000 - used) {
         REQUIRE_FALSE(p);
         CHECK(p.error() == Errc::no_space);
         CHECK(a.allocations() == before); // refused before the resource was asked
         continue;
       }
       REQUIRE(p);
-      used += bytes;
+      used += footprint;
       live.push_back({*p, bytes, 8});
     } else {
       const Block blk = take(live, next.pick(live.size()));
       stack.deallocate(blk.p, blk.bytes, blk.alignment);
-      used -= blk.bytes;
+      used -= (blk.bytes + 7) / 8 * 8;
     }
     REQUIRE(stack.used_bytes() == used);
     REQUIRE(stack.free_bytes() == 5000 - used);
@@ -293,7 +294,7 @@ TEST_CASE("parts that cannot move are built in place, one argument or piecewise"
   CHECK(heap.fallback().owns(*big));
   heap.deallocate(*big, 2 << 20, 256);
   CHECK(heap.trim() == 2u << 20);
-  CHECK(heap.fallback().inner().stats().segments == 0);
+  CHECK(heap.fallback().upstream().stats().segments == 0);
 }
 
 TEST_CASE("as_pmr: standard pmr containers allocate from any carve resource") {
@@ -318,7 +319,7 @@ TEST_CASE("as_pmr: standard pmr containers allocate from any carve resource") {
   auto elsewhere = carve::as_pmr(other);
   CHECK_FALSE(pmr.is_equal(elsewhere));
   std::pmr::memory_resource& base = pmr;
-  CHECK_THROWS_AS((void)base.allocate(64 << 20, 256), std::bad_alloc); // no space
+  CHECK_THROWS_ERRC(carve::Errc::no_space, (void)base.allocate(64 << 20, 256)); // no space
   std::size_t odd_alignment = 3; // not a constant: compilers refuse a constant that is no power of two
   CHECK_THROWS_ERRC(Errc::invalid_size, base.allocate(64, odd_alignment)); // an alignment no resource serves
   void* zero = base.allocate(0, 8);                                        // pmr allows 0 bytes
@@ -328,7 +329,8 @@ TEST_CASE("as_pmr: standard pmr containers allocate from any carve resource") {
 
 TEST_CASE("threads sharing StatsResource and LimitResource: exact counts, the budget never exceeded") {
   BudgetResource a(1 << 20);
-  carve::StatsResource<carve::LimitResource<Ref>> stack(carve::ref(a), std::size_t{64} << 10);
+  carve::StatsResource<carve::LimitResource<Ref>> stack(std::piecewise_construct,
+                                                        std::forward_as_tuple(carve::ref(a), std::size_t{64} << 10));
   constexpr int threads = 4;
   std::atomic<std::uint64_t> failed{0};
   std::atomic<bool> over{false};
@@ -371,6 +373,40 @@ TEST_CASE("threads sharing StatsResource and LimitResource: exact counts, the bu
   CHECK(s.bytes_in_use == 0);
   CHECK(s.failed == failed);
   CHECK(s.peak_bytes <= (std::size_t{64} << 10));
-  CHECK(stack.inner().used_bytes() == 0);
+  CHECK(stack.upstream().used_bytes() == 0);
   CHECK(a.live_blocks() == 0);
+}
+
+TEST_CASE("a LimitResource over a CachingPool with its own PoolOptions, built in one expression") {
+  using Pool = carve::CachingPool<carve::SimulatedCard>; // cannot move: built in place
+  carve::LimitResource<Pool> limited(
+      std::piecewise_construct,
+      std::forward_as_tuple(carve::SimulatedCard(1 << 20),
+                            carve::PoolOptions{.granularity = 4096, .segment_size = 64 << 10}),
+      std::size_t{32} << 10);
+  CHECK(limited.upstream().options().granularity == 4096);
+  CHECK(limited.upstream().options().segment_size == 64 << 10);
+  void* p = *limited.try_allocate(16 << 10, 4096);
+  CHECK(limited.try_allocate(20 << 10, 256).error() == Errc::no_space); // past the budget, not the pool
+  limited.deallocate(p, 16 << 10, 4096);
+  CHECK(limited.used_bytes() == 0);
+  // The same forms build the other adaptors' parts in place.
+  carve::StatsResource<Pool> counted(
+      std::piecewise_construct,
+      std::forward_as_tuple(carve::SimulatedCard(1 << 20), carve::PoolOptions{.granularity = 1024}));
+  CHECK(counted.upstream().options().granularity == 1024);
+}
+
+TEST_CASE("LimitResource counts each allocation's aligned footprint, not the bytes asked for") {
+  BudgetResource a(1 << 20);
+  carve::LimitResource<Ref> limited(carve::ref(a), 1024);
+  void* x = *limited.try_allocate(1, 512); // needs 512 bytes of the resource's memory at the least
+  void* y = *limited.try_allocate(1, 512);
+  CHECK(limited.used_bytes() == 1024);
+  CHECK(limited.try_allocate(1, 512).error() == Errc::no_space);            // counted as asked, 3 bytes would pass
+  CHECK(limited.try_allocate(SIZE_MAX, 512).error() == Errc::invalid_size); // overflows when rounded
+  limited.deallocate(x, 1, 512);
+  CHECK(limited.used_bytes() == 512);
+  limited.deallocate(y, 1, 512);
+  CHECK(limited.used_bytes() == 0);
 }

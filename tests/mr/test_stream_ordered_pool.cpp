@@ -2,6 +2,10 @@
 // on another stream only after the free's event has completed, checked by hand, against a model
 // over random operations, and with threads.
 #include <carve/mr.hpp>
+#include <carve/mr/trace_resource.hpp>
+#include <carve/vmm/expandable_pool.hpp>
+#include <carve/vmm/host_memory_mapper.hpp>
+#include <support/errors.hpp>
 
 #include <doctest/doctest.h>
 
@@ -83,7 +87,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 128 * KiB, 256).error() == Errc::no_space);
-  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 256).error() == Errc::no_space);
+  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 256).error() == Errc::invalid_size); // overflows when rounded
   void* p = *pool.try_allocate(s0, 1 * KiB, 256);
   int local = 0;
   CHECK(pool.try_deallocate(s0, &local, 1 * KiB, 256).error() == Errc::not_allocated);
@@ -97,7 +101,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.owns(p));                                                            // cached: still the pool's memory
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
   CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
-  CHECK_THROWS_AS(pool.allocate(s0, 128 * KiB, 256), std::bad_alloc);
+  CHECK_THROWS_ERRC(carve::Errc::no_space, pool.allocate(s0, 128 * KiB, 256));
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
   CHECK_FALSE(pool.owns(p));
   CHECK(pool.stats().upstream_failures == 2);
@@ -234,4 +238,68 @@ TEST_CASE("threads, each with its stream, never share a block") {
   CHECK(pool.stats().cross_stream_reuses + pool.stats().same_stream_reuses > 0);
   pool.trim();
   CHECK(pool.upstream().used_bytes() == 0);
+}
+
+TEST_CASE("SimulatedStreams: an unknown stream is carve::Exception (out_of_range), not std::out_of_range") {
+  SimulatedStreams streams(2);
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.enqueue(SimulatedStream{2}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.complete(SimulatedStream{7}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.pending(SimulatedStream{2}));
+  CHECK_THROWS_ERRC(Errc::out_of_range, streams.completed({5, 0}));
+  streams.enqueue(SimulatedStream{1});
+  CHECK(streams.pending(SimulatedStream{1}) == 1);
+}
+
+namespace one_shape {
+// The stream-ordered spellings every stream-ordered carve resource has, stream first, and CCCL
+// 3.0's with the stream last.
+template <class R, class S = typename R::stream_type>
+concept SameStreamSpellings = requires(R& r, S s, void* p, std::size_t n) {
+  { r.try_allocate(s, n, n) }
+  noexcept->std::same_as<cuda::std::expected<void*, Errc>>;
+  { r.try_deallocate(s, p, n, n) }
+  noexcept->std::same_as<cuda::std::expected<void, Errc>>;
+  { r.deallocate(s, p, n, n) }
+  noexcept;
+  { r.allocate(s, n, n) } -> std::same_as<void*>;
+  { r.allocate_async(n, n, s) } -> std::same_as<void*>;
+  { r.deallocate_async(p, n, n, s) }
+  noexcept;
+  { r.allocate_sync(n, n) } -> std::same_as<void*>;
+};
+// No spelling takes a default alignment where carve's own calls are concerned.
+template <class R, class S = typename R::stream_type>
+concept DefaultsAnAlignment = requires(R& r, S s, void* p, std::size_t n) {
+  r.try_allocate(s, n);
+}
+|| requires(R& r, S s, void* p, std::size_t n) { r.deallocate(s, p, n); }
+|| requires(R& r, S s, std::size_t n) { r.allocate(s, n); };
+using Expandable = carve::ExpandablePool<carve::HostMemoryMapper, SimulatedStreams>;
+static_assert(SameStreamSpellings<Pool> && SameStreamSpellings<Expandable>);
+static_assert(SameStreamSpellings<carve::TraceResource<Pool>> && SameStreamSpellings<carve::TraceResource<Expandable>>);
+static_assert(!DefaultsAnAlignment<Pool> && !DefaultsAnAlignment<Expandable> &&
+              !DefaultsAnAlignment<carve::TraceResource<Pool>>);
+template <class R>
+concept DefaultsAnAlignmentWithoutStreams = requires(R& r, std::size_t n) {
+  r.try_allocate(n);
+}
+|| requires(R& r, void* p, std::size_t n) { r.deallocate(p, n); }
+|| requires(R& r, void* p, std::size_t n) { r.try_deallocate(p, n); };
+static_assert(!DefaultsAnAlignmentWithoutStreams<carve::CachingPool<SimulatedCard>>); // no default there alone
+static_assert(!DefaultsAnAlignmentWithoutStreams<Pool> && !DefaultsAnAlignmentWithoutStreams<Expandable>);
+} // namespace one_shape
+
+TEST_CASE("the CCCL 3.0 spellings are the stream-first calls under another name") {
+  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(2));
+  const SimulatedStream s0{0};
+  const SimulatedStream s1{1};
+  void* p = pool.allocate_async(4 * KiB, 256, s0);
+  pool.streams().enqueue(s0);
+  pool.deallocate_async(p, 4 * KiB, 256, s0);
+  void* again = pool.allocate(s0, 4 * KiB, 256);
+  CHECK(again == p); // reused on the stream that freed it
+  pool.deallocate(s0, again, 4 * KiB, 256);
+  void* other = pool.allocate_async(4 * KiB, 256, s1);
+  CHECK(other != p); // not on another stream before the free's event has completed
+  pool.deallocate(s1, other, 4 * KiB, 256);
 }

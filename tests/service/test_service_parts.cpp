@@ -183,21 +183,21 @@ TEST_CASE("LeasedUpstream: ids, locations, and a released segment's leases") {
 TEST_CASE("LeasedUpstream keeps memory the upstream must not free while it is mapped") {
   LeasedUpstream<carve::test::CudaIpcLikeCard> card(carve::test::CudaIpcLikeCard(4 * MiB));
   carve::CachingPool pool(card, carve::PoolOptions{.granularity = 512, .segment_size = MiB, .idle_threshold = 0});
-  auto p = pool.try_allocate(3 * MiB);
+  auto p = pool.try_allocate(3 * MiB, 256);
   REQUIRE(p);
   const auto where = card.locate(*p);
   REQUIRE(where);
   REQUIRE(card.lease(where->segment));
-  REQUIRE(pool.try_deallocate(*p, 3 * MiB)); // idle threshold 0: the pool gives the segment back
+  REQUIRE(pool.try_deallocate(*p, 3 * MiB, 256)); // idle threshold 0: the pool gives the segment back
   CHECK(pool.stats().bytes_reserved == 0);
   CHECK(card.free_bytes() == MiB); // but the memory stays allocated while it is mapped
   CHECK(card.held_count() == 1);
-  CHECK_FALSE(pool.try_allocate(2 * MiB)); // and it is not there to be had
+  CHECK_FALSE(pool.try_allocate(2 * MiB, 256)); // and it is not there to be had
   CHECK(card.take_retired() == std::vector<SegmentId>{where->segment});
   CHECK(card.unlease(where->segment)); // the last mapper is done
   CHECK(card.free_bytes() == 4 * MiB);
   CHECK(card.held_count() == 0);
-  CHECK(pool.try_allocate(2 * MiB));
+  CHECK(pool.try_allocate(2 * MiB, 256));
 }
 
 TEST_CASE("AllocationService: sessions, ownership, mappings and reclamation") {

@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 using carve::Errc;
@@ -263,9 +265,9 @@ TEST_CASE("bad requests and bad frees get an error and change nothing") {
   const auto before = pool.stats();
   CHECK(pool.try_allocate(0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(64, 3).error() == Errc::invalid_size);
-  CHECK(pool.try_allocate(64, 2 * granule).error() == Errc::no_space); // beyond the device's granularity
-  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::no_space);
-  CHECK(pool.try_allocate(17 * MiB, 256).error() == Errc::no_space); // beyond the address space
+  CHECK(pool.try_allocate(64, 2 * granule).error() == Errc::no_space);   // beyond the device's granularity
+  CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.try_allocate(17 * MiB, 256).error() == Errc::no_space);     // beyond the address space
   int on_stack = 0;
   CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);
@@ -448,10 +450,10 @@ TEST_CASE("the release threshold unmaps the least recently idle chunks first") {
 
 TEST_CASE("it stacks under the combinators and under a caching pool") {
   using Counted = carve::StatsResource<Pool>;
-  Counted counted(mapper(), small());
+  Counted counted(std::piecewise_construct, std::forward_as_tuple(mapper(), small()));
   void* p = *counted.try_allocate(1000, 256);
   CHECK(counted.stats().bytes_in_use == 1000);
-  CHECK(counted.inner().stats().bytes_in_use == 1024);
+  CHECK(counted.upstream().stats().bytes_in_use == 1024);
   counted.deallocate(p, 1000, 256);
 
   carve::LimitResource<Pool> limited(Pool(mapper(), small()), 64 * KiB); // moved in
@@ -469,9 +471,9 @@ TEST_CASE("it stacks under the combinators and under a caching pool") {
   spill.deallocate(r, granule, 256);
 
   carve::CachingPool<Pool> cached(Pool(mapper(), small()));
-  void* t = *cached.try_allocate(3000);
+  void* t = *cached.try_allocate(3000, 256);
   CHECK(cached.upstream().stats().bytes_in_use == 2 * MiB); // one 2 MiB segment from the pool
-  cached.deallocate(t, 3000);
+  cached.deallocate(t, 3000, 256);
   CHECK(cached.trim() == 2 * MiB);
 }
 

@@ -646,3 +646,15 @@ TEST_CASE("device view: memory another process exported is registered as a devic
     REQUIRE(exporter.release(h));
   }
 }
+
+TEST_CASE("OnDemandReservation: more than it can ever hold is no_space, a size that overflows is invalid_size") {
+  using Reservation = carve::OnDemandReservation<HostMemoryMapper>;
+  const std::size_t too_many = (std::size_t{1} << 32) * granule; // 2^32 granules: past the 32-bit chunk index
+  const auto big = Reservation::reserve(two_devices(), 0, too_many);
+  REQUIRE_FALSE(big);
+  CHECK(big.error().code == Errc::no_space);
+  const auto wraps = Reservation::reserve(two_devices(), 0, SIZE_MAX);
+  REQUIRE_FALSE(wraps);
+  CHECK(wraps.error().code == Errc::invalid_size);
+  CHECK(Reservation::reserve(two_devices(), 0, 0).error().code == Errc::invalid_size);
+}

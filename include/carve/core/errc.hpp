@@ -17,8 +17,10 @@ namespace carve {
 /// The numeric values travel in the allocation service's wire protocol (carve/service/): add new
 /// values at the end only.
 enum class Errc {
-  no_space = 1,       ///< no run of free slots (or bytes) large enough for the request
-  invalid_size,       ///< a size of zero, or larger than the resource can ever hold
+  no_space = 1,       ///< this resource cannot serve the request: full, larger than it could ever hold, or
+                      ///< an alignment coarser than it gives (another resource might: FallbackResource asks it)
+  invalid_size,       ///< no resource could serve it: 0 bytes, an alignment that is not a power of two, a
+                      ///< size that overflows when rounded up (or a free whose size is not the allocation's)
   out_of_range,       ///< a range that ends past the resource or wraps around
   not_allocated,      ///< releasing something that is (partly) free already
   invalid_placement,  ///< a fit policy proposed a run that is not free: a bug in that policy

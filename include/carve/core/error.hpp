@@ -10,14 +10,16 @@
 /// Constructors: a constructor given bad input throws carve::Exception with the code and a
 /// message saying what was wrong, and builds nothing. Device code cannot throw, so the few types
 /// a kernel constructs check the same input there and, instead of throwing, leave the object
-/// refusing every call with the code (their status() tells it). Out of memory in the throwing
-/// `allocate` spelling that CCCL and std::pmr call is std::bad_alloc, as their contracts require.
+/// refusing every call with the code (their status() tells it). The throwing spellings
+/// (`allocate`, `allocate_sync`, a std::pmr adaptor's allocations) throw carve::Exception too,
+/// with Errc::no_space when the resource is out of memory.
 #pragma once
 
 #include <carve/core/errc.hpp>
 
 #include <cuda/std/expected>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -58,12 +60,20 @@ public:
   const Error& error() const noexcept { return error_; }
   /// The error's code.
   Errc code() const noexcept { return error_.code; }
-  /// The error's code as a std::error_code.
-  std::error_code error_code() const noexcept { return make_error_code(error_.code); }
 
 private:
   Error error_;
 };
+
+namespace detail {
+// What every throwing spelling throws for a refused request: carve::Exception with the Errc
+// (no_space when the resource is out of memory) and a sentence naming the resource and request.
+[[noreturn]] inline void throw_allocation_failure(const char* who, Errc error, std::size_t bytes,
+                                                  std::size_t alignment) {
+  throw Exception(error, std::string(who) + ": cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
+                             std::to_string(alignment) + ": " + to_string(error));
+}
+} // namespace detail
 
 /// The value of `r`, or throws its error.
 template <class T>

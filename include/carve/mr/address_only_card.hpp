@@ -93,15 +93,16 @@ public:
     state_->free = BestFitRanges(base, rounded);
   }
 
-  /// Addresses for `bytes`. Errors: invalid_size (check_request); no_space when the rounded
+  /// Addresses for `bytes`. Errors: invalid_size (check_request, or a size that overflows when
+  /// rounded); no_space when the rounded
   /// request would pass the capacity, or the alignment cannot be met.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
     const std::size_t size = taken(bytes);
-    if (size == 0) {
-      return cuda::std::unexpected(Errc::no_space);
+    if (size == 0) { // overflows when rounded: no resource could serve it
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
       const std::lock_guard lock(state_->mutex);
@@ -133,7 +134,8 @@ public:
 
   /// Errors (nothing changes): not_allocated for an address it never gave or gave back already;
   /// invalid_size when `bytes` does not round to what was taken.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     if (!check_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }

@@ -9,9 +9,9 @@
 /// @endcode
 ///
 /// The adaptor refers to the resource, which must outlive it (and every container using it).
-/// do_allocate throws std::bad_alloc when the resource has no space, as the pmr contract
-/// requires, and carve::Exception for a request no resource could serve (an alignment that is
-/// not a power of two); a request for 0 bytes is served as 1 byte, since pmr allows it and carve
+/// do_allocate throws carve::Exception (which the pmr contract allows: any exception) with the
+/// resource's error: no_space when it has no room, invalid_size for a request no resource could
+/// serve; a request for 0 bytes is served as 1 byte, since pmr allows it and carve
 /// resources do not. Two adaptors are equal when they refer to the same resource. Host-only.
 #pragma once
 
@@ -20,7 +20,6 @@
 
 #include <cstddef>
 #include <memory_resource>
-#include <new>
 #include <string>
 
 namespace carve {
@@ -41,11 +40,7 @@ private:
     if (p) {
       return *p;
     }
-    if (p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    throw Exception(p.error(), "carve::PmrResource: cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
-                                   std::to_string(alignment));
+    detail::throw_allocation_failure("carve::PmrResource", p.error(), bytes, alignment);
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) override {
     r_->deallocate(p, bytes == 0 ? 1 : bytes, alignment);

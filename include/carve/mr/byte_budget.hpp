@@ -6,6 +6,10 @@
 /// to the same count, as copies of such a resource are handles to the same memory. Thread-safe.
 #pragma once
 
+#include <carve/mr/detail/take_within.hpp>
+
+#include <cuda/std/atomic>
+
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -20,25 +24,22 @@ public:
 
   /// Takes `bytes` from the budget; false (and nothing taken) when they are not all there.
   bool take(std::size_t bytes) noexcept {
-    std::size_t used = state_->used.load(std::memory_order_relaxed);
-    do {
-      if (bytes > state_->capacity - used) {
-        return false;
-      }
-    } while (!state_->used.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    if (!detail::take_within(state_->used, bytes, state_->capacity)) {
+      return false;
+    }
     state_->allocations.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   /// Returns what one take() took.
   void give_back(std::size_t bytes) noexcept {
-    state_->used.fetch_sub(bytes, std::memory_order_relaxed);
+    state_->used.fetch_sub(bytes, cuda::std::memory_order_relaxed);
     state_->allocations.fetch_sub(1, std::memory_order_relaxed);
   }
 
   /// The budget's size.
   std::size_t capacity() const noexcept { return state_->capacity; }
   /// Bytes taken now.
-  std::size_t used_bytes() const noexcept { return state_->used.load(std::memory_order_relaxed); }
+  std::size_t used_bytes() const noexcept { return state_->used.load(cuda::std::memory_order_relaxed); }
   /// Bytes left.
   std::size_t free_bytes() const noexcept { return capacity() - used_bytes(); }
   /// take() calls not yet given back.
@@ -51,7 +52,7 @@ private:
   struct State {
     explicit State(std::size_t cap) : capacity(cap) {}
     const std::size_t capacity;
-    std::atomic<std::size_t> used{0};
+    cuda::std::atomic<std::size_t> used{0};
     std::atomic<std::size_t> allocations{0};
   };
   std::shared_ptr<State> state_;

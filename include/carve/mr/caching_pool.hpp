@@ -4,8 +4,8 @@
 ///
 /// @code
 /// carve::CachingPool pool(carve::SimulatedCard(16ull << 30), {.idle_threshold = 1ull << 30});
-/// auto p = pool.try_allocate(3 << 20);            // expected<void*, Errc>
-/// pool.deallocate(*p, 3 << 20);                   // cached, not freed
+/// auto p = pool.try_allocate(3 << 20, 256);       // expected<void*, Errc>
+/// pool.deallocate(*p, 3 << 20, 256);              // cached, not freed
 /// pool.trim();                                    // free segments back to the card
 /// @endcode
 ///
@@ -100,16 +100,20 @@ public:
     }
   }
 
-  /// Errors (nothing changes): invalid_size for 0 bytes or an alignment that is not a power of
-  /// two; no_space for an alignment above the granularity, a size too large to round, or when
-  /// neither the cache nor the upstream (after the cache is returned to it) can hold the request.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  /// Errors (nothing changes): invalid_size for 0 bytes, an alignment that is not a power of
+  /// two or a size that overflows when rounded to the granularity; no_space for an alignment above
+  /// the granularity, or when neither the cache nor the upstream (after the cache is returned to
+  /// it) can hold the request.
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
+    if (alignment > options_.granularity) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
     const std::size_t size = rounded(bytes, alignment);
     if (size == 0) {
-      return cuda::std::unexpected(Errc::no_space);
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
       const std::lock_guard lock(mutex_);
@@ -139,8 +143,8 @@ public:
 
   /// Errors (nothing changes): not_allocated when `p` is not a live block of this pool (never
   /// allocated, or freed already); invalid_size when `bytes` does not match its allocation.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
-                                                 std::size_t alignment = default_alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     const std::lock_guard lock(mutex_);
     const BestFitRanges::Handle* found = live_.find(to_addr(p));
     if (found == nullptr) {
@@ -167,7 +171,7 @@ public:
 
   /// deallocate cannot report an error (it is noexcept), so misuse ends the program with a
   /// message (core/misuse.hpp); try_deallocate reports it instead.
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto r = try_deallocate(p, bytes, alignment); !r) {
       report_misuse("carve::CachingPool::deallocate", p, bytes, r.error());
     }

@@ -55,7 +55,7 @@ public:
   /// 256 bytes; in practice its addresses are aligned to 512 bytes or more (2 MiB for large
   /// allocations), so a pool that keeps 512-byte blocks asks for 512 and gets it, and a request
   /// whose alignment the address misses is given back and refused rather than served misaligned.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }

@@ -34,11 +34,11 @@
 #endif
 
 #include <carve/core/error.hpp>
+#include <carve/core/misuse.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <concepts>
 #include <cstddef>
-#include <new>
 #include <string>
 
 namespace carve {
@@ -51,23 +51,19 @@ inline constexpr bool cuda_mr_available = false;
 #endif
 
 /// Gives a MemoryResource the spellings CCCL's resource_ref and std::pmr callers use:
-/// allocate / allocate_sync, which throw std::bad_alloc when the resource is out of space (the
-/// contract both follow) and carve::Exception for a request no resource could serve, and
-/// deallocate_sync. The derived class provides try_allocate, deallocate and ==.
+/// allocate / allocate_sync, which throw carve::Exception (Errc::no_space when the resource is
+/// out of space, the request's own error otherwise), and deallocate_sync. The derived class
+/// provides try_allocate, deallocate and ==.
 template <class Derived>
 class CcclSpellings {
 public:
-  /// try_allocate, throwing: std::bad_alloc for no_space, carve::Exception for any other error.
+  /// try_allocate, throwing carve::Exception with its error.
   void* allocate(std::size_t bytes, std::size_t alignment = default_alignment) {
     const cuda::std::expected<void*, Errc> p = self().try_allocate(bytes, alignment);
-    if (p) {
-      return *p;
+    if (!p) {
+      detail::throw_allocation_failure("carve", p.error(), bytes, alignment);
     }
-    if (p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    throw Exception(p.error(), "cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
-                                   std::to_string(alignment) + ": " + to_string(p.error()));
+    return *p;
   }
   /// allocate, under the name CCCL 3.1's synchronous_resource uses.
   void* allocate_sync(std::size_t bytes, std::size_t alignment = default_alignment) {
@@ -76,6 +72,62 @@ public:
   /// deallocate, under the name CCCL 3.1's synchronous_resource uses.
   void deallocate_sync(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
     self().deallocate(p, bytes, alignment);
+  }
+
+private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+};
+
+/// The stream-ordered spellings, the same on every stream-ordered carve resource
+/// (StreamOrderedPool, ExpandablePool, a TraceResource over either), the stream always first:
+///
+/// @code
+/// try_allocate(stream, bytes, alignment)      -> expected<void*, Errc>   the derived class
+/// try_deallocate(stream, p, bytes, alignment) -> expected<void, Errc>    the derived class
+/// deallocate(stream, p, bytes, alignment)                                here, from try_deallocate
+/// deallocate(p, bytes, alignment)                                         here, from try_deallocate
+/// allocate(stream, bytes, alignment)          -> void*, throws           here (CCCL 3.1's resource)
+/// allocate_async(bytes, alignment, stream)    -> void*, throws           here (CCCL 3.0's async_resource,
+/// deallocate_async(p, bytes, alignment, stream)                          the CCCL of CUDA 13.0: stream last)
+/// @endcode
+///
+/// and CcclSpellings' synchronous ones. Each spelling here is a try_ call under CCCL's name:
+/// allocate throws carve::Exception with try_allocate's error, and deallocate ends the program
+/// with a message naming `Derived::resource_name` when try_deallocate refuses (as free() does
+/// with a pointer it never gave). A derived class that records its frees (TraceResource) writes
+/// its own deallocate, which hides these.
+template <class Derived, class Stream>
+class StreamOrderedSpellings : public CcclSpellings<Derived> {
+public:
+  using CcclSpellings<Derived>::allocate; // the synchronous spellings
+
+  /// try_allocate(stream, bytes, alignment), throwing carve::Exception with its error.
+  void* allocate(Stream stream, std::size_t bytes, std::size_t alignment) {
+    const cuda::std::expected<void*, Errc> p = self().try_allocate(stream, bytes, alignment);
+    if (!p) {
+      detail::throw_allocation_failure("carve", p.error(), bytes, alignment);
+    }
+    return *p;
+  }
+  /// try_deallocate(stream, ...); misuse ends the program.
+  void deallocate(Stream stream, void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = self().try_deallocate(stream, p, bytes, alignment); !r) {
+      report_misuse(Derived::resource_name, p, bytes, r.error());
+    }
+  }
+  /// try_deallocate(p, ...), the synchronous free; misuse ends the program.
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    if (const auto r = self().try_deallocate(p, bytes, alignment); !r) {
+      report_misuse(Derived::resource_name, p, bytes, r.error());
+    }
+  }
+  /// allocate(stream, bytes, alignment) under CCCL 3.0's name and argument order.
+  void* allocate_async(std::size_t bytes, std::size_t alignment, Stream stream) {
+    return allocate(stream, bytes, alignment);
+  }
+  /// deallocate(stream, p, bytes, alignment) under CCCL 3.0's name and argument order.
+  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, Stream stream) noexcept {
+    self().deallocate(stream, p, bytes, alignment);
   }
 
 private:
@@ -92,7 +144,8 @@ concept declares_property = requires(const R& r, P p) {
 
 /// What CCCL 3.1's cuda::mr::synchronous_resource requires, stated without CCCL so that every
 /// build checks it. Semantic requirements (as CCCL's): allocate_sync returns memory of at least
-/// `bytes` aligned to `alignment` or throws (std::bad_alloc when out of memory);
+/// `bytes` aligned to `alignment` or throws (carve's resources: carve::Exception,
+/// Errc::no_space when out of memory);
 /// deallocate_sync takes back exactly what allocate_sync gave, with the same size and
 /// alignment; two resources compare equal when one can free what the other allocated.
 template <class R>

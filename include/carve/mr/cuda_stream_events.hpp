@@ -45,7 +45,7 @@ public:
 
   /// An event recorded on `stream` now. Errors: unsupported when CUDA cannot create or record it
   /// (its message included).
-  Result<cudaEvent_t> record(cuda::stream_ref stream) {
+  [[nodiscard]] Result<cudaEvent_t> record(cuda::stream_ref stream) {
     cudaEvent_t e = nullptr;
     if (!spare_.empty()) {
       e = spare_.back();

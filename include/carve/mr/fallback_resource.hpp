@@ -8,11 +8,13 @@
 ///
 /// try_allocate asks the primary; only when it answers no_space does the fallback get the request
 /// (invalid_size and other errors come back as they are: no resource could serve them). Since
-/// deallocate is told only the pointer, the primary must know what it owns (OwnsMemory): a block
-/// it owns goes back to it, every other block to the fallback. Capabilities: owns when both parts
-/// know theirs; free_bytes and capacity (sums) and trim where the parts have them; try_deallocate
-/// when both parts check theirs. Parts are held by value (carve::ref(r) to share one);
-/// __host__ __device__ wherever both parts are.
+/// deallocate is told only the pointer, the primary must know what it owns (OwnsMemory): a block it
+/// owns goes back to it, every other block to the fallback. Capabilities: owns when both parts know
+/// theirs; free_bytes and capacity (sums) and trim where the parts have them; try_deallocate when
+/// both parts check theirs. Parts are held by value, each built from one argument (the part, what
+/// its constructor takes, or carve::ref(r) to share one) or in place (std::piecewise_construct and
+/// a tuple of constructor arguments per part): the forms of docs/memory-resources.md, "Building a
+/// stack"; __host__ __device__ wherever both parts are.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -39,8 +41,8 @@ public:
   /// From the primary; from the fallback when the primary says no_space. Errors: the primary's
   /// other errors, or the fallback's.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = this->first_.try_allocate(bytes, alignment);
     if (p || p.error() != Errc::no_space) {
       return p;
@@ -60,9 +62,9 @@ public:
 
   /// deallocate, checked by the part that gets `p` (where both parts check).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(void* p, cuda::std::size_t bytes,
-                                                                   cuda::std::size_t alignment) noexcept requires
-      ChecksDeallocation<Primary> && ChecksDeallocation<Fallback> {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_deallocate(
+      void* p, cuda::std::size_t bytes,
+      cuda::std::size_t alignment) noexcept requires ChecksDeallocation<Primary> && ChecksDeallocation<Fallback> {
     return this->first_.owns(p) ? this->first_.try_deallocate(p, bytes, alignment)
                                 : this->second_.try_deallocate(p, bytes, alignment);
   }

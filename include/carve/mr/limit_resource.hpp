@@ -5,7 +5,9 @@
 /// carve::LimitResource<carve::ResourceRef<Pool>> tenant(carve::ref(pool), 256 << 20);  // 256 MiB for this tenant
 /// @endcode
 ///
-/// Bytes are counted as asked for (not as the resource rounds them); a request that would take
+/// Each allocation counts its aligned footprint: `bytes` rounded up to a multiple of its
+/// `alignment` (so 1 byte at 512 counts 512; what the resource rounds beyond that is its own). A
+/// request that would take
 /// the live total past the budget gets no_space (so a FallbackResource can pass it on) and never
 /// reaches the resource. The count is an atomic of scope `Scope`: many threads may share one
 /// budget, and the budget is never exceeded, not even for a moment. free_bytes is what is left of
@@ -17,6 +19,8 @@
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/make_part.hpp>
+#include <carve/mr/detail/take_within.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <cuda/atomic>
@@ -41,51 +45,59 @@ public:
   requires cuda::std::constructible_from<R, Resource>
       CARVE_HOST_DEVICE constexpr LimitResource(Resource&& resource, cuda::std::size_t budget)
       : r_(cuda::std::forward<Resource>(resource)), budget_(budget) {}
+  /// `budget` bytes of the resource built in place from `args`, its constructor's arguments
+  /// (`std::piecewise_construct, std::forward_as_tuple(...)`): for resources that cannot move.
+  CARVE_EXEC_CHECK_DISABLE
+  template <class Tag, class Args>
+  requires detail::piecewise_tag<Tag> && detail::part_arguments<R, Args>
+      CARVE_HOST_DEVICE constexpr LimitResource(Tag, Args&& args, cuda::std::size_t budget)
+      : r_(detail::make_part<R>(static_cast<Args&&>(args))), budget_(budget) {}
 
-  /// From the resource if the budget has `bytes` left. Errors: invalid_size (check_request);
+  /// From the resource if the budget has the footprint left. Errors: invalid_size (check_request,
+  /// or a footprint that overflows);
   /// no_space (over budget); the resource's own.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
-    auto used = used_ref();
-    cuda::std::size_t before = used.load(cuda::std::memory_order_relaxed);
-    do {
-      if (bytes > budget_ - before) {
-        return cuda::std::unexpected(Errc::no_space);
-      }
-    } while (!used.compare_exchange_weak(before, before + bytes, cuda::std::memory_order_relaxed));
+    const cuda::std::size_t footprint = round_up(bytes, alignment);
+    if (footprint == 0) { // overflows when rounded: no resource could serve it
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (!detail::take_within(used_ref(), footprint, budget_)) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     if (!p) {
-      used.fetch_sub(bytes, cuda::std::memory_order_relaxed);
+      used_ref().fetch_sub(footprint, cuda::std::memory_order_relaxed);
     }
     return p;
   }
 
-  /// To the resource; `bytes` go back to the budget.
+  /// To the resource; the footprint goes back to the budget.
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE void deallocate(void* p, cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
     r_.deallocate(p, bytes, alignment);
-    used_ref().fetch_sub(bytes, cuda::std::memory_order_relaxed);
+    used_ref().fetch_sub(round_up(bytes, alignment), cuda::std::memory_order_relaxed);
   }
 
-  /// The resource's try_deallocate; the budget gets `bytes` back only when it succeeds.
+  /// The resource's try_deallocate; the budget gets the footprint back only when it succeeds.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);
     if (r) {
-      used_ref().fetch_sub(bytes, cuda::std::memory_order_relaxed);
+      used_ref().fetch_sub(round_up(bytes, alignment), cuda::std::memory_order_relaxed);
     }
     return r;
   }
 
   /// The budget in bytes.
   CARVE_HOST_DEVICE cuda::std::size_t budget() const noexcept { return budget_; }
-  /// Bytes allocated through this resource and not yet freed.
+  /// The footprints of the allocations made through this resource and not yet freed.
   CARVE_HOST_DEVICE cuda::std::size_t used_bytes() const noexcept {
     return cuda::atomic_ref<cuda::std::size_t, Scope>(const_cast<cuda::std::size_t&>(used_))
         .load(cuda::std::memory_order_relaxed);
@@ -123,9 +135,9 @@ public:
   CARVE_HOST_DEVICE decltype(auto) stats() const requires ReportsStats<R> { return r_.stats(); }
 
   /// The resource behind the budget.
-  CARVE_HOST_DEVICE constexpr R& inner() noexcept { return r_; }
+  CARVE_HOST_DEVICE constexpr R& upstream() noexcept { return r_; }
   /// The resource behind the budget.
-  CARVE_HOST_DEVICE constexpr const R& inner() const noexcept { return r_; }
+  CARVE_HOST_DEVICE constexpr const R& upstream() const noexcept { return r_; }
 
   /// Equal when the resources are and the budgets are the same size.
   friend CARVE_HOST_DEVICE constexpr bool

@@ -22,7 +22,8 @@
 /// Semantic requirements:
 /// - try_allocate returns memory of at least `bytes` aligned to `alignment`, or an error and
 ///   changes nothing. Errc::invalid_size only for what no resource could serve: 0 bytes, an
-///   alignment that is not a power of two. Errc::no_space for everything else this resource
+///   alignment that is not a power of two, a size that overflows when rounded up to the
+///   resource's granule. Errc::no_space for everything else this resource
 ///   cannot serve — it is full, the request is larger than it could ever hold, the alignment is
 ///   coarser than it can give — so that a FallbackResource passes the request on.
 /// - deallocate takes back exactly what try_allocate gave, with the same bytes and alignment.
@@ -109,8 +110,8 @@ CARVE_HOST_DEVICE constexpr bool valid_request(cuda::std::size_t bytes, cuda::st
 
 /// The check every resource makes first: invalid_size for 0 bytes or an alignment that is not a
 /// power of two.
-CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> check_request(cuda::std::size_t bytes,
-                                                                          cuda::std::size_t alignment) noexcept {
+[[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc>
+check_request(cuda::std::size_t bytes, cuda::std::size_t alignment) noexcept {
   if (!valid_request(bytes, alignment)) {
     return cuda::std::unexpected(Errc::invalid_size);
   }
@@ -136,7 +137,8 @@ namespace detail {
 // The least a resource can be, and one that also knows what it owns: what the combinators'
 // headers check their concepts against. Never called.
 struct ResourceArchetype {
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t, cuda::std::size_t) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t,
+                                                                                cuda::std::size_t) noexcept {
     return cuda::std::unexpected(Errc::no_space);
   }
   CARVE_HOST_DEVICE void deallocate(void*, cuda::std::size_t, cuda::std::size_t) noexcept {}

@@ -6,12 +6,15 @@
 ///     carve::SlotArena<Slots>(buffer, sizeof buffer, 256), carve::SimulatedCard(64 << 20));
 /// @endcode
 ///
-/// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate
-/// routes by the same size, so neither part needs to know what it owns. A part that has no room
-/// says no_space; the request does not move to the other part (put a FallbackResource in the
-/// stack for that). Capabilities: owns when both parts know theirs; free_bytes and capacity
-/// (sums) and trim where the parts have them; try_deallocate when both parts check theirs. Parts
-/// are held by value (carve::ref(r) to share one); __host__ __device__ wherever both parts are.
+/// A request of at most Threshold bytes goes to Small, a larger one to Large, and deallocate routes
+/// by the same size, so neither part needs to know what it owns. A part that has no room says
+/// no_space; the request does not move to the other part (put a FallbackResource in the stack for
+/// that). Capabilities: owns when both parts know theirs; free_bytes and capacity (sums) and trim
+/// where the parts have them; try_deallocate when both parts check theirs. Parts are held by value,
+/// each built from one argument (the part, what its constructor takes, or carve::ref(r) to share
+/// one) or in place (std::piecewise_construct and a tuple of constructor arguments per part): the
+/// forms of docs/memory-resources.md, "Building a stack"; __host__ __device__ wherever both parts
+/// are.
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -39,8 +42,8 @@ public:
 
   /// From the part the size selects; its errors are returned as they are.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     return bytes <= Threshold ? this->first_.try_allocate(bytes, alignment)
                               : this->second_.try_allocate(bytes, alignment);
   }
@@ -57,7 +60,7 @@ public:
 
   /// deallocate, checked by the part the size selects (where both parts check).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<Small> && ChecksDeallocation<Large> {
     return bytes <= Threshold ? this->first_.try_deallocate(p, bytes, alignment)

@@ -28,7 +28,7 @@ public:
 
   /// Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space (the card
   /// is full, or the host itself is out of memory).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }

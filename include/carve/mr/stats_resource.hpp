@@ -13,12 +13,13 @@
 /// refused call (try_allocate errors, and try_deallocate errors where the resource checks).
 /// Counters read while other threads allocate are each exact, but not taken at one instant.
 /// Capabilities of the resource (owns, free_bytes, capacity, trim, try_deallocate) pass through;
-/// its own stats() is inner().stats().
+/// its own stats() is upstream().stats().
 #pragma once
 
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/make_part.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <cuda/atomic>
@@ -47,15 +48,23 @@ public:
 
   constexpr StatsResource() requires cuda::std::default_initializable<R>
   = default;
-  /// The resource from its constructor's arguments.
-  template <class... Args>
-  requires cuda::std::constructible_from<R, Args...> CARVE_HOST_DEVICE constexpr explicit StatsResource(Args&&... args)
-      : r_(cuda::std::forward<Args>(args)...) {}
+  /// `resource` counted (the resource itself, what its constructor takes, or carve::ref(r)).
+  template <class Resource>
+  requires cuda::std::constructible_from<R, Resource>
+      CARVE_HOST_DEVICE constexpr explicit StatsResource(Resource&& resource)
+      : r_(cuda::std::forward<Resource>(resource)) {}
+  /// The resource built in place from `args`, its constructor's arguments
+  /// (`std::piecewise_construct, std::forward_as_tuple(...)`): for resources that cannot move.
+  CARVE_EXEC_CHECK_DISABLE
+  template <class Tag, class Args>
+  requires detail::piecewise_tag<Tag> && detail::part_arguments<R, Args>
+      CARVE_HOST_DEVICE constexpr StatsResource(Tag, Args&& args)
+      : r_(detail::make_part<R>(static_cast<Args&&>(args))) {}
 
   /// The resource's try_allocate, counted.
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
-                                                                  cuda::std::size_t alignment) noexcept {
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void*, Errc> try_allocate(cuda::std::size_t bytes,
+                                                                                cuda::std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     if (!p) {
       counter(counts_.failed).fetch_add(1, cuda::std::memory_order_relaxed);
@@ -79,7 +88,7 @@ public:
 
   /// The resource's try_deallocate, counted (where it has one).
   CARVE_EXEC_CHECK_DISABLE
-  CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);
@@ -113,9 +122,9 @@ public:
   CARVE_HOST_DEVICE cuda::std::size_t trim() requires Trimmable<R> { return r_.trim(); }
 
   /// The resource counted.
-  CARVE_HOST_DEVICE constexpr R& inner() noexcept { return r_; }
+  CARVE_HOST_DEVICE constexpr R& upstream() noexcept { return r_; }
   /// The resource counted.
-  CARVE_HOST_DEVICE constexpr const R& inner() const noexcept { return r_; }
+  CARVE_HOST_DEVICE constexpr const R& upstream() const noexcept { return r_; }
 
   /// Equal when the resources are (the counts are not compared).
   friend CARVE_HOST_DEVICE constexpr bool

@@ -72,22 +72,22 @@ public:
   /// Queues one piece of work on `s` (a kernel that uses a block, say).
   void enqueue(SimulatedStream s) {
     const std::lock_guard lock(mutex_);
-    ++queued_.at(s.id);
+    ++queued_[index(s.id)];
   }
   /// Runs the oldest `n` pieces of `s`'s queued work (all of it when fewer are queued).
   void complete(SimulatedStream s, std::uint64_t n = ~std::uint64_t{0}) {
     const std::lock_guard lock(mutex_);
-    const std::uint64_t left = queued_.at(s.id) - done_.at(s.id);
+    const std::uint64_t left = queued_[index(s.id)] - done_[s.id];
     done_[s.id] += n < left ? n : left;
   }
   /// Work queued on `s` that has not run.
   std::uint64_t pending(SimulatedStream s) const {
     const std::lock_guard lock(mutex_);
-    return queued_.at(s.id) - done_.at(s.id);
+    return queued_[index(s.id)] - done_[s.id];
   }
 
   /// An event after everything queued on `s` so far. Errors: out_of_range for an unknown stream.
-  Result<event_type> record(SimulatedStream s) {
+  [[nodiscard]] Result<event_type> record(SimulatedStream s) {
     const std::lock_guard lock(mutex_);
     if (s.id >= queued_.size()) {
       return fail(Errc::out_of_range, "no simulated stream " + std::to_string(s.id));
@@ -97,13 +97,21 @@ public:
   /// Whether the work before the event has run.
   bool completed(event_type e) const {
     const std::lock_guard lock(mutex_);
-    return done_.at(e.stream) >= e.position;
+    return done_[index(e.stream)] >= e.position;
   }
   /// Nothing to give back. (No wait(): here only the test completes work, so a pool that would
   /// wait says no instead.)
   void release(event_type) noexcept {}
 
 private:
+  // `id` checked: carve::Exception (out_of_range) for a stream this object does not have.
+  std::size_t index(std::uint32_t id) const {
+    if (id >= queued_.size()) {
+      throw Exception(Errc::out_of_range, "no simulated stream " + std::to_string(id));
+    }
+    return id;
+  }
+
   mutable std::mutex mutex_;
   std::vector<std::uint64_t> queued_;
   std::vector<std::uint64_t> done_;
@@ -127,7 +135,7 @@ public:
   /// An event (complete from the start).
   struct event_type {};
   /// An event after all work so far: none is pending.
-  Result<event_type> record(SynchronousStream) noexcept { return event_type{}; }
+  [[nodiscard]] Result<event_type> record(SynchronousStream) noexcept { return event_type{}; }
   /// Always: the work ran before the call that recorded it returned.
   bool completed(event_type) const noexcept { return true; }
   /// Nothing to give back.

@@ -23,7 +23,8 @@
 /// that have synchronised: a synchronous free is reusable by any stream at once, and a
 /// synchronous allocation takes only blocks whose events have completed.
 ///
-/// Errors: invalid_size (check_request); no_space when the upstream refuses, even after every
+/// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
+/// no_space when the upstream refuses, even after every
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
 /// before failing), and no cached block fits. A refused request makes no block; the cached blocks
 /// it gave back to the upstream in trying stay given back. A free whose event cannot be recorded
@@ -69,9 +70,11 @@ struct StreamPoolStats {
 
 /// A stream-ordered caching pool over `Upstream`, with streams and events from `Streams`.
 template <MemoryResource Upstream, StreamEvents Streams>
-class StreamOrderedPool : public CcclSpellings<StreamOrderedPool<Upstream, Streams>> {
+class StreamOrderedPool
+    : public StreamOrderedSpellings<StreamOrderedPool<Upstream, Streams>, typename Streams::stream_type> {
 public:
-  using CcclSpellings<StreamOrderedPool>::allocate; // the synchronous spellings
+  /// The name misuse reports give.
+  static constexpr const char* resource_name = "carve::StreamOrderedPool::deallocate";
   /// The stream type allocations name.
   using stream_type = typename Streams::stream_type;
 
@@ -87,58 +90,26 @@ public:
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
 
   /// A block for work queued on `stream`. Errors: see the top of this header.
-  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
+                                                              std::size_t alignment) noexcept {
     return take(bytes, alignment, stream);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing
   /// changes): not_allocated when `p` is not a live block of this pool; invalid_size when
   /// `bytes` or `alignment` are not the allocation's.
-  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(p, bytes, alignment, stream);
   }
 
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception
-  /// otherwise.
-  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
-    const auto p = try_allocate(stream, bytes, alignment);
-    if (!p && p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    if (!p) {
-      throw Exception(p.error(), "carve::StreamOrderedPool: cannot allocate " + std::to_string(bytes) +
-                                     " bytes aligned to " + std::to_string(alignment));
-    }
-    return *p;
-  }
-  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
-    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
-      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
-    }
-  }
-  /// The older CCCL spelling of the same (cuda::mr::async_resource in CCCL before 3.1).
-  void* allocate_async(std::size_t bytes, std::size_t alignment, stream_type stream) {
-    return allocate(stream, bytes, alignment);
-  }
-  /// The older CCCL spelling of deallocate(stream, ...).
-  void deallocate_async(void* p, std::size_t bytes, std::size_t alignment, stream_type stream) noexcept {
-    deallocate(stream, p, bytes, alignment);
-  }
-
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(bytes, alignment, std::nullopt);
   }
   /// The synchronous free: the caller has synchronised, so any stream may reuse the block at once.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(p, bytes, alignment, std::nullopt);
-  }
-  /// Synchronous; misuse ends the program (see try_deallocate).
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
-    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
-      report_misuse("carve::StreamOrderedPool::deallocate", p, bytes, r.error());
-    }
   }
 
   /// Gives every cached block whose event has completed back to the upstream; returns the bytes.
@@ -197,14 +168,14 @@ private:
     }
   }
 
-  cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
-                                        std::optional<stream_type> stream) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
+                                                      std::optional<stream_type> stream) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
     const std::size_t size = round_up(bytes, options_.granularity);
-    if (size == 0) {
-      return cuda::std::unexpected(Errc::no_space);
+    if (size == 0) { // overflows when rounded: no resource could serve it
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
       const std::lock_guard lock(mutex_);
@@ -272,8 +243,8 @@ private:
     }
   }
 
-  cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
-                                       std::optional<stream_type> stream) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
+                                                     std::optional<stream_type> stream) noexcept {
     try {
       const std::lock_guard lock(mutex_);
       const auto address = reinterpret_cast<std::uintptr_t>(p);

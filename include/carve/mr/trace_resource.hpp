@@ -35,6 +35,7 @@
 #include <carve/core/error.hpp>
 #include <carve/core/thread_number.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/make_part.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/trace/carve_csv.hpp>
@@ -233,6 +234,12 @@ concept traced_stream_checked = traced_stream_ordered<R> &&
   noexcept->std::same_as<cuda::std::expected<void, Errc>>;
 };
 
+// TraceResource's spellings: the stream-ordered ones exactly where the resource has them.
+template <class Self, class R>
+using traced_spellings =
+    std::conditional_t<traced_stream_ordered<R>, StreamOrderedSpellings<Self, typename traced_stream_of<R>::type>,
+                       CcclSpellings<Self>>;
+
 template <class S>
 std::uint64_t traced_stream_number(const S& s) noexcept {
   if constexpr (requires {
@@ -259,13 +266,12 @@ std::uint64_t traced_stream_number(const S& s) noexcept {
 /// Resource `R` with every call recorded in a TraceLog. A MemoryResource; stream-ordered where
 /// `R` is.
 template <MemoryResource R>
-class TraceResource : public CcclSpellings<TraceResource<R>>, public detail::TracedStreams<R> {
+class TraceResource : public detail::traced_spellings<TraceResource<R>, R>, public detail::TracedStreams<R> {
   // The stream R's stream-ordered calls take; a tag where it has none (those calls are then
   // constrained away).
   using stream_arg = typename detail::traced_stream_of<R>::type;
 
 public:
-  using CcclSpellings<TraceResource>::allocate; // the synchronous spellings
   /// The resource traced.
   using resource_type = R;
 
@@ -274,14 +280,16 @@ public:
   template <class Resource>
   requires std::constructible_from<R, Resource> TraceResource(Resource&& resource, std::shared_ptr<TraceLog> log)
       : r_(std::forward<Resource>(resource)), log_(checked(std::move(log))) {}
-  /// The resource built in place from `args` (for resources that cannot move), recorded in `log`.
-  template <class... Args>
-  requires std::constructible_from<R, Args...> TraceResource(std::in_place_t, std::shared_ptr<TraceLog> log,
-                                                             Args&&... args)
-      : r_(std::forward<Args>(args)...), log_(checked(std::move(log))) {}
+  /// The resource built in place from `args`, its constructor's arguments
+  /// (`std::piecewise_construct, std::forward_as_tuple(...)`; for resources that cannot move),
+  /// recorded in `log`.
+  template <class Tag, class Args>
+  requires detail::piecewise_tag<Tag> && detail::part_arguments<R, Args> TraceResource(Tag, Args&& args,
+                                                                                       std::shared_ptr<TraceLog> log)
+      : r_(detail::make_part<R>(std::forward<Args>(args))), log_(checked(std::move(log))) {}
 
   /// The resource's try_allocate, recorded with its result.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(bytes, alignment);
     log_->record(allocation(p, bytes, alignment, std::nullopt));
     return p;
@@ -292,8 +300,8 @@ public:
     r_.deallocate(p, bytes, alignment);
   }
   /// The resource's try_deallocate, recorded with its result (where it has one).
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept requires ChecksDeallocation<R> {
+  [[nodiscard]] cuda::std::expected<void, Errc>
+  try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept requires ChecksDeallocation<R> {
     const TraceLog::Ticket ticket = log_->take();
     const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);
     log_->record(ticket, deallocation(p, bytes, alignment, std::nullopt, r));
@@ -301,7 +309,7 @@ public:
   }
 
   /// The resource's stream-ordered try_allocate, recorded with the stream.
-  cuda::std::expected<void*, Errc>
+  [[nodiscard]] cuda::std::expected<void*, Errc>
   try_allocate(stream_arg stream, std::size_t bytes,
                std::size_t alignment) noexcept requires detail::traced_stream_ordered<R> {
     const cuda::std::expected<void*, Errc> p = r_.try_allocate(stream, bytes, alignment);
@@ -310,12 +318,12 @@ public:
   }
   /// Recorded with the stream, then the resource's stream-ordered deallocate.
   void deallocate(stream_arg stream, void* p, std::size_t bytes,
-                  std::size_t alignment = default_alignment) noexcept requires detail::traced_stream_ordered<R> {
+                  std::size_t alignment) noexcept requires detail::traced_stream_ordered<R> {
     log_->record(deallocation(p, bytes, alignment, detail::traced_stream_number(stream), {}));
     r_.deallocate(stream, p, bytes, alignment);
   }
   /// The resource's stream-ordered try_deallocate, recorded with the stream and its result.
-  cuda::std::expected<void, Errc>
+  [[nodiscard]] cuda::std::expected<void, Errc>
   try_deallocate(stream_arg stream, void* p, std::size_t bytes,
                  std::size_t alignment) noexcept requires detail::traced_stream_checked<R> {
     const TraceLog::Ticket ticket = log_->take();
@@ -323,21 +331,6 @@ public:
     log_->record(ticket, deallocation(p, bytes, alignment, detail::traced_stream_number(stream), r));
     return r;
   }
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception
-  /// otherwise (recorded once, as try_allocate).
-  void* allocate(stream_arg stream, std::size_t bytes,
-                 std::size_t alignment = default_alignment) requires detail::traced_stream_ordered<R> {
-    const cuda::std::expected<void*, Errc> p = try_allocate(stream, bytes, alignment);
-    if (p) {
-      return *p;
-    }
-    if (p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    throw Exception(p.error(), "carve::TraceResource: cannot allocate " + std::to_string(bytes) + " bytes aligned to " +
-                                   std::to_string(alignment) + ": " + to_string(p.error()));
-  }
-
   /// The resource's owns, where it has one.
   bool owns(const void* p) const noexcept requires OwnsMemory<R> { return r_.owns(p); }
   /// The resource's free_bytes, where it has one.
@@ -350,9 +343,9 @@ public:
   decltype(auto) stats() const requires ReportsStats<R> { return r_.stats(); }
 
   /// The resource traced.
-  R& inner() noexcept { return r_; }
+  R& upstream() noexcept { return r_; }
   /// The resource traced.
-  const R& inner() const noexcept { return r_; }
+  const R& upstream() const noexcept { return r_; }
   /// The log the calls go to.
   const std::shared_ptr<TraceLog>& log() const noexcept { return log_; }
 

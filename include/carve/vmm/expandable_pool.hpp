@@ -33,8 +33,8 @@
 /// SynchronousStreams has one stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
-/// unmapped): invalid_size (check_request); no_space for an alignment above the device's
-/// granularity, a size that overflows when rounded, a full address space, or physical memory
+/// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
+/// an alignment above the device's granularity, a full address space, or physical memory
 /// refused by the device or by max_reserved_bytes after idle chunks were unmapped (the message of
 /// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes):
 /// not_allocated, invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not
@@ -72,9 +72,10 @@ namespace carve {
 
 /// A MemoryResource whose physical memory follows its live blocks (see the file's description).
 template <PhysicalMemoryMapper Mapper, StreamEvents Streams = SynchronousStreams>
-class ExpandablePool : public CcclSpellings<ExpandablePool<Mapper, Streams>> {
+class ExpandablePool : public StreamOrderedSpellings<ExpandablePool<Mapper, Streams>, typename Streams::stream_type> {
 public:
-  using CcclSpellings<ExpandablePool>::allocate; // the synchronous spellings
+  /// The name misuse reports give.
+  static constexpr const char* resource_name = "carve::ExpandablePool::deallocate";
   /// The stream type the stream-ordered spellings name.
   using stream_type = typename Streams::stream_type;
 
@@ -116,47 +117,24 @@ public:
   ~ExpandablePool() { close(); }
 
   /// A block on `stream`. Errors: see the top of this header.
-  cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
+                                                              std::size_t alignment) noexcept {
     return take(stream, bytes, alignment);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing changes):
   /// not_allocated when `p` is not a live block; invalid_size when `bytes` does not round to its size.
-  cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
-                                                 std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(stream, p, bytes, alignment);
   }
   /// The synchronous form: a block from the synchronous reservation.
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(std::nullopt, bytes, alignment);
   }
   /// The synchronous free: the caller has synchronised, so the block is free at once.
-  cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
+                                                               std::size_t alignment) noexcept {
     return give(std::nullopt, p, bytes, alignment);
-  }
-
-  /// CCCL's stream-ordered spelling: throws std::bad_alloc for no_space, carve::Exception otherwise.
-  void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment = default_alignment) {
-    const auto p = try_allocate(stream, bytes, alignment);
-    if (!p && p.error() == Errc::no_space) {
-      throw std::bad_alloc();
-    }
-    if (!p) {
-      throw Exception(p.error(), "carve::ExpandablePool: cannot allocate " + std::to_string(bytes) +
-                                     " bytes aligned to " + std::to_string(alignment));
-    }
-    return *p;
-  }
-  /// CCCL's stream-ordered spelling; misuse ends the program (see try_deallocate).
-  void deallocate(stream_type stream, void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
-    if (const auto r = try_deallocate(stream, p, bytes, alignment); !r) {
-      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
-    }
-  }
-  /// Synchronous; misuse ends the program (see try_deallocate).
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = default_alignment) noexcept {
-    if (const auto r = try_deallocate(p, bytes, alignment); !r) {
-      report_misuse("carve::ExpandablePool::deallocate", p, bytes, r.error());
-    }
   }
 
   /// Unmaps every chunk no block touches (frees whose stream work has completed count as free),
@@ -298,14 +276,14 @@ private:
     ExpandablePoolStats stats; ///< the counters kept here; the rest is filled in by stats()
   };
 
-  cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
-                                        std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
+                                                      std::size_t alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
     const std::size_t size = rounded(bytes);
-    if (size == 0 || alignment > s_->granule) {
-      return cuda::std::unexpected(Errc::no_space);
+    if (size == 0 || alignment > s_->granule) { // overflow: no resource could serve it
+      return cuda::std::unexpected(size == 0 ? Errc::invalid_size : Errc::no_space);
     }
     try {
       const std::lock_guard lock(s_->mutex);
@@ -342,8 +320,8 @@ private:
     }
   }
 
-  cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
-                                       std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
+                                                     std::size_t alignment) noexcept {
     const std::lock_guard lock(s_->mutex);
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const Live* found = s_->live.find(addr);

@@ -64,8 +64,9 @@ template <PhysicalMemoryMapper Mapper>
 class OnDemandReservation {
 public:
   /// `bytes` (rounded up to the device's granularity) of addresses on `device`, nothing mapped.
-  /// Errors: the mapper's; invalid_size for 0 bytes or more granules than 2^32 - 1.
-  static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
+  /// Errors: the mapper's; invalid_size for 0 bytes or a size that overflows when rounded; no_space
+  /// for more granules than 2^32 - 1 (more than a reservation can ever hold).
+  [[nodiscard]] static Result<OnDemandReservation> reserve(Mapper mapper, int device, std::size_t bytes) {
     const auto g = mapper.granularity(device);
     if (!g) {
       return cuda::std::unexpected(g.error());
@@ -75,7 +76,7 @@ public:
       return fail(Errc::invalid_argument, "the device's granularity " + std::to_string(*g) + " is not a power of two");
     }
     if (!rounded || *rounded / *g >= std::numeric_limits<std::uint32_t>::max()) {
-      return fail(Errc::invalid_size,
+      return fail(!rounded ? Errc::invalid_size : Errc::no_space,
                   "cannot reserve " + std::to_string(bytes) + " bytes in granules of " + std::to_string(*g));
     }
     auto va = mapper.reserve(*rounded, *g);
@@ -108,7 +109,7 @@ public:
   /// the ChunkRule, asked only when something must be mapped. Returns the bytes newly mapped (0 when
   /// all were mapped already).
   template <class MakeRule>
-  Result<std::size_t> back(std::uintptr_t addr, std::size_t bytes, MakeRule&& make_rule) {
+  [[nodiscard]] Result<std::size_t> back(std::uintptr_t addr, std::size_t bytes, MakeRule&& make_rule) {
     if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
       return fail(Errc::out_of_range, "back: the range is not inside the reservation");
     }
@@ -300,7 +301,7 @@ private:
   }
 
   // Creates, maps and opens one chunk of `n` granules at granule `g`.
-  Result<void> map_chunk(std::size_t g, std::size_t n) {
+  [[nodiscard]] Result<void> map_chunk(std::size_t g, std::size_t n) {
     const std::size_t size = n * granule_;
     try {
       if (owner_.size() < g + n) {

@@ -5,17 +5,12 @@
 #pragma once
 
 #include <carve/core/config.hpp>
+#include <carve/mr/detail/make_part.hpp>
 #include <carve/mr/memory_resource.hpp>
 
 #include <cuda/std/concepts>
 #include <cuda/std/cstddef>
-#include <cuda/std/tuple>
 #include <cuda/std/utility>
-
-#if !defined(__CUDA_ARCH__)
-#include <tuple>
-#include <utility>
-#endif
 
 namespace carve::detail {
 
@@ -35,20 +30,13 @@ public:
       CARVE_HOST_DEVICE constexpr ResourcePair(A&& first, B&& second)
       : first_(cuda::std::forward<A>(first)), second_(cuda::std::forward<B>(second)) {}
 
-  // Each part from its constructor's arguments, for parts that take several or cannot move.
-  template <class... A, class... B>
-  CARVE_HOST_DEVICE constexpr ResourcePair(cuda::std::piecewise_construct_t, cuda::std::tuple<A...> first,
-                                           cuda::std::tuple<B...> second)
-      : first_(cuda::std::make_from_tuple<First>(cuda::std::move(first))),
-        second_(cuda::std::make_from_tuple<Second>(cuda::std::move(second))) {}
-
-#if !defined(__CUDA_ARCH__)
-  // The same with the standard library's spelling, for host code.
-  template <class... A, class... B>
-  ResourcePair(std::piecewise_construct_t, std::tuple<A...> first, std::tuple<B...> second)
-      : first_(std::make_from_tuple<First>(std::move(first))),
-        second_(std::make_from_tuple<Second>(std::move(second))) {}
-#endif
+  // Each part built in place from its constructor's arguments (std::piecewise_construct or
+  // cuda::std's, then one tuple per part), for parts that take several or cannot move.
+  CARVE_EXEC_CHECK_DISABLE
+  template <class Tag, class A, class B>
+  requires piecewise_tag<Tag> && part_arguments<First, A> && part_arguments<Second, B>
+      CARVE_HOST_DEVICE constexpr ResourcePair(Tag, A&& first, B&& second)
+      : first_(make_part<First>(static_cast<A&&>(first))), second_(make_part<Second>(static_cast<B&&>(second))) {}
 
   CARVE_EXEC_CHECK_DISABLE
   CARVE_HOST_DEVICE bool owns(const void* p) const noexcept requires OwnsMemory<First> && OwnsMemory<Second> {
