@@ -60,7 +60,7 @@ public:
   static constexpr bool release_while_mapped = true;             ///< a mapping keeps its memory
 
   /// A new, empty card on `device`; copies share it. Throws carve::Exception when the mapper has no
-  /// such device (its error's code) or the capacity is below one granule (invalid_size).
+  /// such device (its error's code) or the capacity is below one granule (invalid_argument).
   VmmCard(Mapper mapper, int device, std::size_t capacity_bytes)
       : budget_(capacity_bytes), state_(std::make_shared<State>(std::move(mapper), device)) {
     const auto g = state_->mapper.granularity(device);
@@ -68,8 +68,8 @@ public:
       throw Exception(g.error().code, "carve::VmmCard: " + g.error().message);
     }
     if (capacity_bytes < *g) {
-      throw Exception(Errc::invalid_size, "carve::VmmCard: a capacity of " + std::to_string(capacity_bytes) +
-                                              " bytes is below the granularity " + std::to_string(*g));
+      throw Exception(Errc::invalid_argument, "carve::VmmCard: a capacity of " + std::to_string(capacity_bytes) +
+                                                  " bytes is below the granularity " + std::to_string(*g));
     }
     state_->granularity = *g;
   }
@@ -77,7 +77,7 @@ public:
   /// Errors: invalid_size (0 bytes, an alignment that is not a power of two); no_space for an
   /// alignment above the granularity, a full card, or when the mapper refuses (last_failure() says
   /// why).
-  cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
       return cuda::std::unexpected(ok.error());
     }
