@@ -150,8 +150,8 @@ umbrella_compile_time() {
   fi
   awk -v o="$object" '$4 == o {ms = $2 - $1} END {printf "examples/compose_block_scratch.cu (includes <carve/carve.hpp>, carve allocators in a kernel): %.1f s for sm_80 and sm_90\n", ms / 1000}' "$dir/.ninja_log"
 
-  local objects work timed=()
-  objects=$(ninja -C "$dir" -t targets all | sed -n 's|^\(tests/umbrella/CMakeFiles/carve_umbrella_[a-z]*_sm_[A-Za-z0-9_]*\.dir/[a-z]*\.cu\.o\):.*|\1|p')
+  local objects work timed=() failed=0 umbrella name
+  objects=$(ninja -C "$dir" -t targets all | sed -n 's|^\(tests/umbrella/CMakeFiles/carve_umbrella_[a-z]*\.dir/[a-z]*\.cu\.o\):.*|\1|p')
   work=$(mktemp -d)
   for o in $objects; do
     local name
@@ -168,19 +168,20 @@ umbrella_compile_time() {
   # One compile per process; bash's `time` counts the CPU time of nvcc's passes too.
   # shellcheck disable=SC2016 # expanded by the inner shell
   printf '%s\n' "${timed[@]}" | xargs -P "$jobs" -I{} bash -c 'cd "$1" && TIMEFORMAT="%R %U %S" && { time bash "$2/$3" >"$2/$3.log" 2>&1; } 2>"$2/$3.time" || echo failed >>"$2/$3.time"' _ "$dir" "$work" {}
-  local failed=0 umbrella name
-  printf '%-28s %-8s %8s %8s\n' ".cu with one empty kernel" arch "wall" "CPU"
+  local archs
+  archs=$(grep -o 'arch=compute_[0-9]*' "$work/${timed[0]}" | wc -l)
+  [ "$archs" -gt 0 ] || archs=1
+  printf '%-24s %6s %8s %8s  (%s architectures in one nvcc call)\n' ".cu, one empty kernel" "wall" "CPU" "CPU/arch" "$archs"
   for umbrella in carve slot mr queue; do
-    for name in $(printf '%s\n' "${timed[@]}" | grep "^carve_umbrella_${umbrella}_sm_" | sort); do
-      local arch=sm_${name#carve_umbrella_"${umbrella}"_sm_}
-      if grep -q failed "$work/$name.time"; then
-        printf '%-28s %-8s FAILED to compile:\n' "<carve/$umbrella.hpp>" "$arch"
-        cat "$work/$name.log"
-        failed=1
-      else
-        awk -v u="<carve/$umbrella.hpp>" -v a="$arch" 'NR == 1 {printf "%-28s %-8s %6.1f s %6.1f s\n", u, a, $1, $2 + $3}' "$work/$name.time"
-      fi
-    done
+    name=carve_umbrella_$umbrella
+    [ -f "$work/$name.time" ] || continue
+    if grep -q failed "$work/$name.time"; then
+      printf '%-24s FAILED to compile:\n' "<carve/$umbrella.hpp>"
+      cat "$work/$name.log"
+      failed=1
+    else
+      awk -v u="<carve/$umbrella.hpp>" -v n="$archs" 'NR == 1 {printf "%-24s %4.1f s %6.1f s %6.1f s\n", u, $1, $2 + $3, ($2 + $3) / n}' "$work/$name.time"
+    fi
   done
   rm -rf "$work"
   return $failed
