@@ -291,8 +291,6 @@ static_assert(!DefaultsAnAlignmentWithoutStreams<Pool> && !DefaultsAnAlignmentWi
 
 TEST_CASE("the CCCL 3.0 spellings are the stream-first calls under another name") {
   Pool pool(SimulatedCard(1 << 20), SimulatedStreams(2));
-  const SimulatedStream s0{0};
-  const SimulatedStream s1{1};
   void* p = pool.allocate_async(4 * KiB, 256, s0);
   pool.streams().enqueue(s0);
   pool.deallocate_async(p, 4 * KiB, 256, s0);
