@@ -348,7 +348,8 @@ TEST_CASE("HostMemoryMapper: three devices' memory in one reservation, rights pe
 
 TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {
   HostMemoryMapper m = two_devices(HostMemoryMapper::every_device);
-  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) == Errc::invalid_argument);
+  CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 0, granule / 2); }) ==
+        Errc::invalid_argument);
   CHECK(carve::test::thrown_code([&] { carve::VmmCard<HostMemoryMapper>(m, 7, 4 * granule); }) == Errc::out_of_range);
   carve::VmmCard<HostMemoryMapper> card(m, 1, 4 * granule);
   CHECK(card.granularity() == granule);

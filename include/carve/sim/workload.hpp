@@ -8,7 +8,7 @@
 /// (HintMode in dispatcher.hpp), not the workload's.
 ///
 /// Two kinds of generated workload: independent workgroups, each with its own size and run time
-/// drawn from WorkloadSpec::sizes and ::durations (distribution.hpp), and kernel-structured ones
+/// drawn from WorkloadSpec::sizes and WorkloadSpec::durations (distribution.hpp), and kernel-structured ones
 /// (KernelMix, kernel_mix.hpp): launches of kernel types whose workgroups share a size and
 /// scatter around the kernel's mean run time, issued from streams.
 #pragma once
