@@ -176,7 +176,9 @@ TEST_CASE("timeouts are checked settings") {
   const std::vector<std::pair<std::string, std::optional<std::chrono::milliseconds>>> cases{
       {"200ms", 200ms}, {"5s", 5000ms}, {"2min", 120000ms}, {"0", 0ms}, {"1440min", 24h},
       {"200", {}},      {"5h", {}},     {"-1s", {}},        {"ms", {}}, {"1441min", {}}};
-  for (const auto& [value, expected] : cases) {
+  for (const auto& entry : cases) { // not a structured binding: clang 14 cannot capture one in a lambda
+    const std::string& value = entry.first;
+    const auto& expected = entry.second;
     CAPTURE(value);
     const std::vector<std::string_view> args{"--handshake-timeout", value};
     if (expected) {
