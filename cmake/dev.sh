@@ -14,6 +14,7 @@
 #                             Doxygen (warnings are errors), and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
+#   bash cmake/dev.sh gpu-benchmarks   after `test`: every GPU benchmark compiled in its g++ build
 #   bash cmake/dev.sh gpu     on a machine with a GPU: every gpu-labelled test and GPU benchmark,
 #                             reported in build/gpu/gpu-report.md and .csv (without one: builds)
 #   bash cmake/dev.sh docs    the API reference (Doxygen) in build/docs/html; fails on any
@@ -126,23 +127,35 @@ stage() {
   stage_times+=("$(printf '%5d s  %s' $((SECONDS - start)) "$title")")
 }
 
-# -O2 with assertions on: the warnings g++ gives only when it optimises, and the checks too. Every
-# GPU benchmark is compiled (not run) here, so that none breaks unseen.
-release_stage() {
-  build release -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O2 -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON \
-    -DCARVE_BUILD_GPU_BENCHMARKS=ON
-  run_tests release
+# -Og with assertions on: g++'s flow analyses (the uninitialised-value warnings) at about the
+# cost of an unoptimised build; -O2 would add a third to the stage for a few more warnings about
+# bounds, which the sanitizer stages check at run time.
+gxx_stage() {
+  build gxx -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON
+  run_tests gxx
+}
+
+# Benchmarks are not tests: the test command builds only bench_gpu_slot_alloc (every CUDA build
+# does), and CI then compiles the other GPU benchmarks (not run: no GPU there) into the test
+# command's g++ build, for sm_80 and sm_90, so that none breaks unseen.
+gpu_benchmarks() {
+  find_nvcc
+  if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ]; then
+    echo "no nvcc: no GPU benchmarks to compile"
+    return
+  fi
+  build gxx -DCARVE_BUILD_GPU_BENCHMARKS=ON
 }
 
 # What including carve costs a .cu. First examples/compose_block_scratch.cu (includes
-# <carve/carve.hpp>, uses carve's allocators in a kernel) as the release build compiled it: nvcc,
+# <carve/carve.hpp>, uses carve's allocators in a kernel) as the g++ stage built it: nvcc,
 # both architectures in one invocation, from Ninja's log. Then each umbrella header with one empty
-# kernel, once per architecture (tests/umbrella): their compile commands are taken from the release
+# kernel, once per architecture (tests/umbrella): their compile commands are taken from the g++ stage
 # build and run here, $jobs at a time, timed (wall, and the CPU time nvcc and its passes used, which
 # other work on the machine inflates less); a command that fails fails the stage. The aim: at most
 # 5 s per architecture for the device-side umbrellas (slot, mr, queue).
 umbrella_compile_time() {
-  local dir="$root/build/release"
+  local dir="$root/build/gxx"
   local object=examples/CMakeFiles/compose_block_scratch.dir/compose_block_scratch.cu.o
   if ! grep -q "$object" "$dir/.ninja_log" 2>/dev/null; then
     echo "no nvcc build: nothing to report"
@@ -151,7 +164,9 @@ umbrella_compile_time() {
   awk -v o="$object" '$4 == o {ms = $2 - $1} END {printf "examples/compose_block_scratch.cu (includes <carve/carve.hpp>, carve allocators in a kernel): %.1f s for sm_80 and sm_90\n", ms / 1000}' "$dir/.ninja_log"
 
   local objects work timed=() failed=0 umbrella name
-  objects=$(ninja -C "$dir" -t targets all | sed -n 's|^\(tests/umbrella/CMakeFiles/carve_umbrella_[a-z]*\.dir/[a-z]*\.cu\.o\):.*|\1|p')
+  # The four umbrellas only: everything.cu (CARVE_CUDA_FULL_UMBRELLAS) was built with the rest.
+  objects=$(ninja -C "$dir" -t targets all | sed -n 's|^\(tests/umbrella/CMakeFiles/carve_umbrella_[a-z]*\.dir/[a-z]*\.cu\.o\):.*|\1|p' |
+    grep -E 'carve_umbrella_(carve|slot|mr|queue)\.dir' || true)
   work=$(mktemp -d)
   for o in $objects; do
     local name
@@ -161,7 +176,7 @@ umbrella_compile_time() {
     ninja -C "$dir" -t commands "$o" | tail -n 1 >"$work/$name"
   done
   if [ ${#timed[@]} -eq 0 ]; then
-    echo "no tests/umbrella objects in the release build: nothing more to report"
+    echo "no tests/umbrella objects in the g++ build: nothing more to report"
     rm -rf "$work"
     return
   fi
@@ -203,8 +218,10 @@ tsan_stage() {
   cmake -S "$root" -B "$root/build/tsan" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER=clang++ \
     -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -gline-tables-only" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+  # The executables that hold them (several test files may share one; tests/CMakeLists.txt).
   local targets
-  targets=$(ctest --test-dir "$root/build/tsan" -N -L concurrent | sed -n 's/^ *Test *#[0-9]*: //p')
+  targets=$(ctest --test-dir "$root/build/tsan" -N -V -L concurrent | sed -n 's|^.*Test command: \([^ ]*\).*|\1|p' |
+    xargs -n 1 basename | sort -u)
   # shellcheck disable=SC2086 # one target per word
   cmake --build "$root/build/tsan" -j "$jobs" --target $targets
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
@@ -214,7 +231,7 @@ tsan_stage() {
 tests() {
   find_nvcc
   local start=$SECONDS
-  stage "g++, warnings as errors (device code with nvcc for sm_80 and sm_90 if present)" release_stage
+  stage "g++ -Og, warnings as errors (device code with nvcc for sm_80 and sm_90 if present)" gxx_stage
   stage "nvcc: what a .cu that includes carve's umbrella headers takes to compile" umbrella_compile_time
   stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
   stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
@@ -411,6 +428,7 @@ demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
+gpu-benchmarks) install_missing && gpu_benchmarks ;;
 gpu)
   # A GPU machine may have no network: build with what it has when the packages cannot be installed.
   install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev python3 ||
@@ -418,7 +436,7 @@ gpu)
   gpu
   ;;
 *)
-  echo "usage: bash cmake/dev.sh demo|test|bench|docs|gpu [benchmark flags]" >&2
+  echo "usage: bash cmake/dev.sh demo|test|bench|docs|gpu|gpu-benchmarks [benchmark flags]" >&2
   exit 2
   ;;
 esac

@@ -2,6 +2,8 @@
 // page behind an allocation holds exactly what a shadow copy says the host wrote.
 #pragma once
 
+#include "support/sanitizers.hpp"
+
 #include <carve/mirror.hpp>
 
 #include <cstddef>
@@ -11,20 +13,6 @@
 #include <vector>
 
 namespace carve::test {
-
-// Whether this build runs under AddressSanitizer, whose shadow memory and own mappings change what
-// some tests measure.
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool under_asan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool under_asan = true;
-#else
-inline constexpr bool under_asan = false;
-#endif
-#else
-inline constexpr bool under_asan = false;
-#endif
 
 using HostBackend = HostMirrorBackend<>;
 

@@ -17,6 +17,9 @@
 #include <fstream>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_mirror_faults {
+
 using carve::PagedMirror;
 using carve::WriteTracking;
 using namespace carve::test;
@@ -137,3 +140,5 @@ TEST_CASE("mprotect tracking survives a dirty pattern that exhausts the process'
   p[1 * 4 * KiB] = 9;
   CHECK(mirror.dirty_pages() == 1);
 }
+
+} // namespace test_mirror_faults

@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_paged_mirror {
+
 using carve::Errc;
 using carve::MirrorOptions;
 using carve::PagedMirror;
@@ -784,3 +787,5 @@ TEST_CASE("ViewPlacement: the reader's pages first, then peers by load bandwidth
     CHECK(placement.place({1, page, 0, 0}, devices).error() == Errc::out_of_range);
   }
 }
+
+} // namespace test_paged_mirror

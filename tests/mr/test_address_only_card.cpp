@@ -24,6 +24,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_address_only_card {
+
 using carve::AddressOnlyCard;
 using carve::BestFitRanges;
 using carve::Errc;
@@ -437,3 +440,5 @@ TEST_CASE("threads share one address-only card") {
   CHECK(card.used_bytes() == 0);
   CHECK(card.allocation_count() == 0);
 }
+
+} // namespace test_address_only_card

@@ -17,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_caching_pool {
+
 using carve::CachingPool;
 using carve::Errc;
 using carve::PoolOptions;
@@ -604,3 +607,5 @@ TEST_CASE("threads allocate, write, check, free and trim one pool; the figures b
   CHECK(pool.upstream().used_bytes() == 0);
   CHECK(pool.upstream().allocation_count() == 0);
 }
+
+} // namespace test_caching_pool

@@ -16,6 +16,9 @@
 #include <utility>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_combinators {
+
 using carve::Errc;
 using carve::ResourceRef;
 using carve::test::BudgetResource;
@@ -410,3 +413,5 @@ TEST_CASE("LimitResource counts each allocation's aligned footprint, not the byt
   limited.deallocate(y, 1, 512);
   CHECK(limited.used_bytes() == 0);
 }
+
+} // namespace test_combinators

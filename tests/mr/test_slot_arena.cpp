@@ -16,6 +16,9 @@
 #include <type_traits>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_slot_arena {
+
 using carve::Errc;
 using carve::SlotArena;
 using carve::SlotRange;
@@ -325,3 +328,5 @@ TEST_CASE("a slot arena over slots that report bad construction refuses them") {
   CHECK_THROWS_ERRC(Errc::invalid_argument, SlotArena<Sharded>(heap.bytes, sizeof heap.bytes, slot,
                                                                Sharded(static_cast<carve::bits::word*>(nullptr))));
 }
+
+} // namespace test_slot_arena

@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_stream_ordered_pool {
+
 using carve::Errc;
 using carve::SimulatedCard;
 using carve::SimulatedStream;
@@ -301,3 +304,5 @@ TEST_CASE("the CCCL 3.0 spellings are the stream-first calls under another name"
   CHECK(other != p); // not on another stream before the free's event has completed
   pool.deallocate(s1, other, 4 * KiB, 256);
 }
+
+} // namespace test_stream_ordered_pool

@@ -25,6 +25,9 @@
 #include <utility>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_trace_resource {
+
 using carve::CachingPool;
 using carve::Errc;
 using carve::SimulatedCard;
@@ -369,3 +372,5 @@ TEST_CASE("stream numbers: a pointer-like handle's value, or the type's own trac
   CHECK(carve::detail::traced_stream_number(OnlyStream{}) == 0);
   CHECK(carve::detail::traced_stream_number(std::uint32_t{9}) == 9);
 }
+
+} // namespace test_trace_resource

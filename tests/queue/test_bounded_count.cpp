@@ -12,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_bounded_count {
+
 using Count = carve::BoundedCount<cuda::thread_scope_system>;
 
 TEST_CASE("grants exactly the bound, then refuses without counting the refusal") {
@@ -115,3 +118,5 @@ TEST_CASE("under threads, the number held never passes the bound") {
   CHECK(c.acquired() == producers * per_producer);
   CHECK(c.released() == producers * per_producer);
 }
+
+} // namespace test_bounded_count

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_drain_policies {
+
 using carve::Errc;
 using carve::test::Request;
 using carve::test::RequestSize;
@@ -321,3 +324,5 @@ TEST_CASE("a user policy plugs in through the concept") {
   CHECK(std::string(carve::drain_name<LargestFirst>()) == "largest first");
   CHECK(std::string(carve::drain_name<carve::RoundRobin>()) == "round-robin");
 }
+
+} // namespace test_drain_policies

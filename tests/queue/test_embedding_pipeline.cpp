@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_embedding_pipeline {
+
 using namespace embedding;
 
 namespace {
@@ -283,3 +286,5 @@ TEST_CASE("the example's and the benchmark's flags: values, forms, and errors th
   CHECK(error({"--max-vectors", "50"}) == "--median 100 is above --max-vectors 50");
   CHECK(error({"--max-vectors", "50", "--median", "20"}) == "accepted");
 }
+
+} // namespace test_embedding_pipeline

@@ -13,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_poll_backoff {
+
 namespace {
 
 static_assert(carve::PollBackoff{}.next_ns() == carve::PollBackoff::default_first_ns);
@@ -119,3 +122,5 @@ TEST_CASE("a consumer polling with PollBackoff gets every request once, in order
   CHECK(in_order);
   CHECK(std::count(times_seen.begin(), times_seen.end(), 1) == requests);
 }
+
+} // namespace test_poll_backoff

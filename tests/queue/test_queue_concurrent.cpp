@@ -17,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_queue_concurrent {
+
 using carve::Errc;
 using carve::test::Request;
 using carve::test::RequestSize;
@@ -670,3 +673,5 @@ TEST_CASE("consumers that put requests back: every request popped for good exact
   }
   CHECK(requeued == put_back);
 }
+
+} // namespace test_queue_concurrent

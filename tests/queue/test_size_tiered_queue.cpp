@@ -13,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_size_tiered_queue {
+
 using carve::Errc;
 using carve::MpmcRing;
 using carve::test::Counted;
@@ -420,3 +423,5 @@ TEST_CASE("the room for requests put back is bounded, and a refusal leaves the r
   }
   CHECK(big.try_push_front(Request::make(1, 64)).error() == Errc::full);
 }
+
+} // namespace test_size_tiered_queue

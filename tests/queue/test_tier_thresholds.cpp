@@ -9,6 +9,9 @@
 #include <random>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_tier_thresholds {
+
 using carve::Errc;
 using carve::TierThresholds;
 
@@ -134,3 +137,5 @@ TEST_CASE("thresholds work in constant evaluation") {
   static_assert(t.status() && t.tier_of(128) == 0 && t.tier_of(129) == 1 && t.tier_of(100000) == 2);
   CHECK(t.tier_count() == 3);
 }
+
+} // namespace test_tier_thresholds

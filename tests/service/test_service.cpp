@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_service {
+
 using namespace std::chrono_literals;
 using carve::Errc;
 using carve::service::AllocationClient;
@@ -789,3 +792,5 @@ TEST_CASE("bad settings stop carve-served with a clear message") {
   refuses({"--topology", "nvidia-smi:/nonexistent"}, "topology file /nonexistent cannot be read");
   refuses(dgx1({"--frobnicate", "1"}), "unknown setting 'frobnicate'");
 }
+
+} // namespace test_service

@@ -24,6 +24,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_service_daemon {
+
 using namespace std::chrono_literals;
 using carve::Errc;
 using carve::service::AllocationClient;
@@ -449,3 +452,5 @@ TEST_CASE("wait_reclaimed returns once a killed client's regions are back") {
   CHECK(observer.stats());
   CHECK(server.stop() == 0);
 }
+
+} // namespace test_service_daemon

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_service_parts {
+
 using namespace carve::service;
 using carve::Errc;
 
@@ -434,3 +437,5 @@ TEST_CASE("a topology and simulated cards from the settings") {
     CHECK(std::string(e.what()).find("/dgx1_v100.txt: line 1:") != std::string::npos);
   }
 }
+
+} // namespace test_service_parts

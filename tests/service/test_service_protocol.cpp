@@ -15,6 +15,9 @@
 #include <type_traits>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_service_protocol {
+
 using namespace carve::service;
 using carve::Errc;
 using carve::test::sample_replies;
@@ -293,3 +296,5 @@ TEST_CASE("the fuzz corpus is the encoding of the samples") {
     CHECK(stored == bytes);
   }
 }
+
+} // namespace test_service_protocol

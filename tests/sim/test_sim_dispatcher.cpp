@@ -10,6 +10,9 @@
 #include <stdexcept>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_sim_dispatcher {
+
 using namespace carve;
 using namespace carve::sim;
 
@@ -251,3 +254,5 @@ TEST_CASE("first fit and last fit are mirror images: the same makespan on every 
     CHECK(first.wear_low_half == doctest::Approx(1 - last.wear_low_half));
   }
 }
+
+} // namespace test_sim_dispatcher

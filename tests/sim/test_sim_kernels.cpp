@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_sim_kernels {
+
 using namespace carve;
 using namespace carve::sim;
 
@@ -168,3 +171,5 @@ TEST_CASE("kernel types parse from text and print back") {
   CHECK(carve::test::thrown_message([] { builtin_mix("decode", "--kernels"); }) ==
         "--kernels: unknown kernel mix 'decode' (built in: inference, long-tail, training)");
 }
+
+} // namespace test_sim_kernels

@@ -6,6 +6,9 @@
 
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_sim_stats {
+
 using namespace carve::sim;
 
 TEST_CASE("Student t critical values match the tables") {
@@ -53,3 +56,5 @@ TEST_CASE("best_shares refuses candidates of unequal runs with carve's exception
   CHECK(carve::test::thrown_code(call) == carve::Errc::out_of_range);
   CHECK(carve::test::thrown_message(call).find("candidate 2") != std::string::npos);
 }
+
+} // namespace test_sim_stats

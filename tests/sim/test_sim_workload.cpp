@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_sim_workload {
+
 using namespace carve::sim;
 
 namespace {
@@ -218,3 +221,5 @@ TEST_CASE("bad traces name the line") {
         "/nonexistent/trace.csv: cannot open the trace");
   CHECK(carve::test::thrown_message([] { read("0,64,10\n", 64); }).empty());
 }
+
+} // namespace test_sim_workload

@@ -12,6 +12,9 @@
 #include <random>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_batch_placement {
+
 using carve::BatchPlacement;
 using carve::CuCandidate;
 using carve::CuPlacement;
@@ -505,3 +508,5 @@ TEST_CASE("release_batch with no units refuses every release, with none does not
                            static_cast<carve::BatchRelease*>(nullptr));
   CHECK(one[0] == SlotBitmap<16>::all_taken());
 }
+
+} // namespace test_batch_placement

@@ -4,6 +4,9 @@
 
 #include <doctest/doctest.h>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_constexpr {
+
 namespace {
 
 using carve::Errc;
@@ -68,3 +71,5 @@ static_assert(carve::to_string(Errc::no_space)[0] == 'n');
 } // namespace
 
 TEST_CASE("constant evaluation checks compiled") { CHECK(allocator_round_trip()); }
+
+} // namespace test_constexpr

@@ -12,6 +12,9 @@
 #include <limits>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_run_time_predictor {
+
 using carve::RunTimeEstimate;
 using carve::RunTimePredictor;
 using carve::RunTimePredictorSettings;
@@ -112,3 +115,5 @@ TEST_CASE("settings outside their domain throw instead of learning nonsense") {
   CHECK(edge.status());
   CHECK(RunTimePredictor<4>().status());
 }
+
+} // namespace test_run_time_predictor

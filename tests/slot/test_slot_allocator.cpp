@@ -5,6 +5,9 @@
 #include <random>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_slot_allocator {
+
 using carve::Errc;
 using carve::SlotAllocator;
 using carve::SlotBitmap;
@@ -224,3 +227,5 @@ TEST_CASE("random allocate/free processes match the reference step by step") {
   replay_sizes<carve::BestFit>();
   replay_sizes<carve::BoundaryNearestFit>();
 }
+
+} // namespace test_slot_allocator

@@ -2,6 +2,7 @@
 // HostWarp and HostBlock run the same reduction trees the device runs, with the device's shuffle
 // semantics (what moves between lanes and what a lane past the warp keeps).
 #include "reference.hpp"
+#include "support/sanitizers.hpp"
 
 #include <doctest/doctest.h>
 
@@ -203,7 +204,7 @@ TEST_CASE("warp and block searches: every bitmap of up to 12 slots, every m, eve
   std::vector<RunSegment> scratch(33);
   const auto blocks = {1u, 3u}; // lanes 1..31, or 3..31, of the block's reduction are empty
   int bad = 0;
-  for (std::uint32_t n = 1; n <= 12; ++n) {
+  for (std::uint32_t n = 1; n <= exhaustive_slots; ++n) {
     for (std::uint64_t mask = 0; mask < (1ull << n); ++mask) {
       const Slots s = slots_of(mask, n);
       const std::uint64_t word = mask;

@@ -27,6 +27,9 @@
 #include <utility>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_tier_discovery {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -338,3 +341,5 @@ TEST_CASE("a plan backed by real memory: DRAM on node 0 and a disk file") {
   }
 }
 #endif
+
+} // namespace test_tier_discovery

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_tier_planner {
+
 using carve::SpillTier;
 using carve::TierGpu;
 using carve::TierPlanner;
@@ -281,3 +284,5 @@ TEST_CASE("sizes as people write them") {
   CHECK_THROWS_WITH_AS(carve::parse_bytes("5 parsecs"), doctest::Contains("unknown unit"), carve::Exception);
   CHECK_THROWS_WITH_AS(carve::parse_bytes("99999999999TiB"), "size '99999999999TiB': too large", carve::Exception);
 }
+
+} // namespace test_tier_planner

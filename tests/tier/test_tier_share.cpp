@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_tier_share {
+
 namespace fs = std::filesystem;
 using carve::MemoryNode;
 using carve::SharePart;
@@ -208,3 +211,5 @@ TEST_CASE("a DRAM share on this machine's node lands there, and a GpuSpill holds
   CHECK(spill.regions().back().numa_node == -1);
   CHECK_THROWS_AS(carve::GpuSpill(plan, 2, where), carve::Exception);
 }
+
+} // namespace test_tier_share

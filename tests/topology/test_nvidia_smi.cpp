@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_nvidia_smi {
+
 using carve::LinkType;
 using carve::NodeKind;
 using carve::Topology;
@@ -265,3 +268,5 @@ TEST_CASE("malformed matrices give a parse error with the line") {
     CHECK_THROWS_ERRC(carve::Errc::invalid_argument, (void)Topology::from_nvidia_smi(dgx1, {}, carve::PathOptions{0}));
   }
 }
+
+} // namespace test_nvidia_smi

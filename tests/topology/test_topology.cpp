@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_topology {
+
 using carve::LinkType;
 using carve::NodeId;
 using carve::Topology;
@@ -488,3 +491,5 @@ TEST_CASE("GPU links -> Topology: NVLink-bridged pairs mixed with PCIe peers and
   t.pair(1, 2).nvlinks = -1;
   CHECK_THROWS_ERRC(carve::Errc::invalid_argument, (void)topology_from_gpu_links(t));
 }
+
+} // namespace test_topology

@@ -20,6 +20,9 @@
 #include <utility>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_csv_traces {
+
 using carve::trace::AllocationTrace;
 using carve::trace::read_carve_csv;
 using carve::trace::read_rmm_log;
@@ -407,3 +410,5 @@ TEST_CASE("round trip: what a TraceResource records reads back as the requests m
   }
   CHECK(live_bytes == 0);
 }
+
+} // namespace test_csv_traces

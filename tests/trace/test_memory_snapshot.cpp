@@ -15,6 +15,9 @@
 #include <optional>
 #include <string>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_memory_snapshot {
+
 using carve::test::PickleWriter;
 using carve::trace::AllocationTrace;
 using carve::trace::read_memory_snapshot;
@@ -300,3 +303,5 @@ TEST_CASE("a file above the size limit is refused before it is read") {
     CHECK(endless.error().message == "/dev/zero: more than 1048576 bytes, above the limit for a trace file");
   }
 }
+
+} // namespace test_memory_snapshot

@@ -21,6 +21,9 @@
 #include <string_view>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_pickle_reader {
+
 using carve::Errc;
 using carve::trace::PickleDocument;
 using carve::trace::read_pickle;
@@ -618,3 +621,5 @@ TEST_CASE("a real PyTorch memory snapshot") {
   CHECK(d.integer(*d.find(events[0], "size")) == 8192000);
   CHECK(d.text(*d.find(d.items(*d.find(events[0], "frames"))[0], "name")) == "torch::unwind::unwind()");
 }
+
+} // namespace test_pickle_reader

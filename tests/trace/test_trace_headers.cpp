@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_trace_headers {
+
 namespace {
 
 // The comments of `header`, their slashes taken off and lines joined: with nothing between them
@@ -64,3 +67,5 @@ TEST_CASE("every path a trace header's comments name is in the repository") {
   CHECK(headers >= 8);
   CHECK(paths > 0); // the headers name one another, so the pattern finds something
 }
+
+} // namespace test_trace_headers

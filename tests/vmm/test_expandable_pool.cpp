@@ -25,6 +25,9 @@
 #include <utility>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_expandable_pool {
+
 using carve::Errc;
 using carve::ExpandablePool;
 using carve::ExpandablePoolOptions;
@@ -531,3 +534,5 @@ TEST_CASE("memory handed out is never touched by the pool: a replay of gigabytes
     pool.deallocate(p, std::size_t{1} << 30, 512);
   }
 }
+
+} // namespace test_expandable_pool

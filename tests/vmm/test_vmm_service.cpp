@@ -15,6 +15,9 @@
 #include <thread>
 #include <vector>
 
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_vmm_service {
+
 using namespace std::chrono_literals;
 using namespace carve::service;
 
@@ -117,3 +120,5 @@ TEST_CASE("carve-served --backend host-vmm: another process lends, this one maps
   }
   CHECK(server.stop() == 0);
 }
+
+} // namespace test_vmm_service
