@@ -218,12 +218,8 @@ tsan_stage() {
   cmake -S "$root" -B "$root/build/tsan" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER=clang++ \
     -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -gline-tables-only" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-  # The executables that hold them (several test files may share one; tests/CMakeLists.txt).
-  local targets
-  targets=$(ctest --test-dir "$root/build/tsan" -N -V -L concurrent | sed -n 's|^.*Test command: \([^ ]*\).*|\1|p' |
-    xargs -n 1 basename | sort -u)
-  # shellcheck disable=SC2086 # one target per word
-  cmake --build "$root/build/tsan" -j "$jobs" --target $targets
+  # carve_thread_tests: the executables that hold them (tests/CMakeLists.txt).
+  cmake --build "$root/build/tsan" -j "$jobs" --target carve_thread_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
     --output-on-failure
 }
