@@ -89,7 +89,7 @@ fuzz_run() { # fuzz_run <target> <seed files...>
   corpus=$(mktemp -d)
   log=$(mktemp)
   cp "$@" "$corpus"/
-  if ! "$root/build/fuzz/tests/fuzz/$target" -max_total_time="${CARVE_FUZZ_SECONDS:-12}" -max_len=4096 -timeout=10 \
+  if ! "$root/build/asan/tests/fuzz/$target" -max_total_time="${CARVE_FUZZ_SECONDS:-12}" -max_len=4096 -timeout=10 \
     -print_final_stats=1 "$corpus" >"$log" 2>&1; then
     cat "$log"
     return 1
@@ -99,10 +99,8 @@ fuzz_run() { # fuzz_run <target> <seed files...>
   rm -rf "$corpus" "$log"
 }
 
+# The fuzzers are built in the ASan stage (at -O1 whatever its flags: tests/fuzz/CMakeLists.txt).
 fuzz_check() {
-  build fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
-    -DCARVE_BUILD_TESTS=OFF -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON \
-    -DCMAKE_CXX_FLAGS="-O1 -g"
   # The three run side by side, one process each.
   local topology protocol pickle status=0
   fuzz_run fuzz_topology "$root"/tests/data/topology/*.txt &
@@ -135,9 +133,9 @@ gxx_stage() {
   run_tests gxx
 }
 
-# Benchmarks are not tests: the test command builds only bench_gpu_slot_alloc (every CUDA build
-# does), and CI then compiles the other GPU benchmarks (not run: no GPU there) into the test
-# command's g++ build, for sm_80 and sm_90, so that none breaks unseen.
+# Benchmarks are not tests: the test command leaves the GPU ones out, and CI then compiles them
+# (not run: no GPU there) into the test command's g++ build, for sm_80 and sm_90, so that none
+# breaks unseen.
 gpu_benchmarks() {
   find_nvcc
   if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ]; then
@@ -207,7 +205,7 @@ umbrella_compile_time() {
 asan_stage() {
   local sanitize="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O0 -gline-tables-only"
   build asan -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_COMPILER=clang++ -DCARVE_WERROR=ON -DCARVE_ENABLE_CUDA=OFF \
-    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS="$sanitize" \
+    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_EXAMPLES=OFF -DCARVE_BUILD_FUZZERS=ON -DCMAKE_CXX_FLAGS="$sanitize" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
   # The packaging tests (a consumer project built two ways) say nothing new under sanitizers.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 run_tests asan -LE packaging

@@ -2,7 +2,9 @@
 // (8x V100, hybrid cube-mesh NVLink) read from `nvidia-smi topo -m` output. Each card is
 // simulated with 64 MiB of host memory standing in for its 16 GB, so this runs anywhere; with
 // GPUs, pass carve::CudaDeviceResource(i) upstreams instead.
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
+#include <carve/mr.hpp>
+#include <carve/topology.hpp>
 
 #include <cstdio>
 #include <string>

@@ -1,7 +1,9 @@
 // GPU0's caching pool over memory that GPU0 borrows from its best-linked peers when it is full:
 // CachingPool over borrower.card(0), over a Topology read from `nvidia-smi topo -m` text. Each
 // card is 64 MiB of host memory here (SimulatedCard); with GPUs, CudaDeviceResource(i) instead.
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
+#include <carve/mr.hpp>
+#include <carve/topology.hpp>
 
 #include <cstdio>
 #include <vector>

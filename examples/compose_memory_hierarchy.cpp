@@ -9,7 +9,10 @@
 #if __has_include(<cuda_runtime_api.h>)
 #define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE // CCCL's memory-resource properties
 #endif
-#include <carve/carve.hpp>
+#include <carve/borrow.hpp>
+#include <carve/mr.hpp>
+#include <carve/tier.hpp>
+#include <carve/topology.hpp>
 
 #include <cstdio>
 #include <filesystem>

@@ -1,6 +1,7 @@
 // A standard container on a carve stack: small blocks from a slot arena, everything larger from a
 // caching pool whose traffic is counted, all behind one std::pmr::memory_resource.
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
+#include <carve/slot.hpp>
 
 #include <cstddef>
 #include <cstdio>

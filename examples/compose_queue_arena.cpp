@@ -1,7 +1,9 @@
 // A scheduler's loop: jobs wait in a SizeTieredQueue (small ones are not held up behind large
 // ones), each job gets its scratch from a slot arena when it starts, and a job that does not fit
 // yet goes back to the head of its tier until running jobs finish and free their slots.
-#include <carve/carve.hpp>
+#include <carve/mr.hpp>
+#include <carve/queue.hpp>
+#include <carve/slot.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -1,7 +1,7 @@
 // Writing your own fit policy: any type with a `find(bitmap, m)` that returns the start to use.
 // This one keeps small requests at the low end and large ones at the high end, so the two
 // kinds do not fragment each other's space.
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdio>
 

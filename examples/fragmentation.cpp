@@ -1,7 +1,7 @@
 // The same random stream of workgroups under each fit policy, with the bitmap printed after
 // every step (1 = free, slot 0 first). Shows where each policy puts work and where the holes go.
-#include <carve/carve.hpp>
 #include <carve/fmt.hpp>
+#include <carve/slot.hpp>
 
 #include <fmt/core.h>
 

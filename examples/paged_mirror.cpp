@@ -2,7 +2,8 @@
 // pages it touched, fetch() brings back what device code wrote, and requests for compute and
 // memory are served in priority order. Each card is simulated with 32 MiB of host memory so this
 // runs anywhere; on GPUs, use carve::CudaMirrorBackend instead of the host backend.
-#include <carve/carve.hpp>
+#include <carve/mirror.hpp>
+#include <carve/mr.hpp>
 
 #include <cstdio>
 #include <cstring>

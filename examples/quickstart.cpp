@@ -1,5 +1,5 @@
 // The README's example: a compute unit's 64 KiB of shared memory as 128 slots of 512 bytes.
-#include <carve/carve.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdio>
 

@@ -3,7 +3,7 @@
 // mapped into this process, ready to use.
 //
 //   service_client [--socket PATH] [--card N] [--size SIZE] [--count K]
-#include <carve/carve.hpp>
+#include <carve/service.hpp>
 
 #include <cstdio>
 #include <cstring>

@@ -10,7 +10,7 @@
 //   tier_plan [--gpus 8x80GiB] [--tier dram:1TiB:200]... [--task 300GiB[:sub,sub,...]]...
 //             [--disk-dir DIR] [--disk-cap SIZE] [--memory-cap SIZE] [--example]
 //             [--hand-back] [--json]
-#include <carve/carve.hpp>
+#include <carve/tier.hpp>
 
 #include <algorithm>
 #include <cstdio>

@@ -28,7 +28,7 @@
 #include "pipeline.hpp"
 #include "workload.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/queue.hpp>
 
 #include <algorithm>
 #include <cstdio>

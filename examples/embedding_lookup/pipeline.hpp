@@ -22,7 +22,7 @@
 #include "dataset.hpp"
 #include "vector_reader.hpp"
 
-#include <carve/carve.hpp>
+#include <carve/queue.hpp>
 
 #include <algorithm>
 #include <atomic>

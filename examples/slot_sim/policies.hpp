@@ -3,7 +3,8 @@
 // a line to `all_policies`.
 #pragma once
 
-#include <carve/carve.hpp>
+#include <carve/sim.hpp>
+#include <carve/slot.hpp>
 
 #include <cstdint>
 #include <string>

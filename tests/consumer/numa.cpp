@@ -1,4 +1,4 @@
-#include <carve/carve.hpp>
+#include <carve/tier.hpp> // NumaNodeResource
 
 #include <cstdio>
 #include <cstring>
