@@ -14,7 +14,8 @@
 #                             Doxygen (warnings are errors), and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
-#   bash cmake/dev.sh gpu-benchmarks   after `test`: every GPU benchmark compiled in its g++ build
+#   bash cmake/dev.sh bench-smoke   after `test` (CI runs it): every benchmark built in its g++
+#                             build (GPU ones compiled for sm_80 and sm_90) and run once, briefly
 #   bash cmake/dev.sh gpu     on a machine with a GPU: every gpu-labelled test and GPU benchmark,
 #                             reported in build/gpu/gpu-report.md and .csv (without one: builds)
 #   bash cmake/dev.sh docs    the API reference (Doxygen) in build/docs/html; fails on any
@@ -129,20 +130,19 @@ stage() {
 # cost of an unoptimised build; -O2 would add a third to the stage for a few more warnings about
 # bounds, which the sanitizer stages check at run time.
 gxx_stage() {
-  build gxx -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON
+  build gxx -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON \
+    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_GPU_BENCHMARKS=OFF
   run_tests gxx
 }
 
-# Benchmarks are not tests: the test command leaves the GPU ones out, and CI then compiles them
-# (not run: no GPU there) into the test command's g++ build, for sm_80 and sm_90, so that none
-# breaks unseen.
-gpu_benchmarks() {
+# Benchmarks are not tests, so the test command leaves them out; CI then builds every one into the
+# test command's g++ build (the GPU ones for sm_80 and sm_90, compiled only: no GPU there) and
+# runs each host benchmark once, briefly, which also checks that its implementations agree
+# before it times them (label `benchmark`). Real numbers come from `bench`.
+bench_smoke() {
   find_nvcc
-  if ! command -v nvcc >/dev/null && [ -z "${CUDACXX:-}" ]; then
-    echo "no nvcc: no GPU benchmarks to compile"
-    return
-  fi
-  build gxx -DCARVE_BUILD_GPU_BENCHMARKS=ON
+  build gxx -DCARVE_BUILD_BENCHMARKS=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON
+  run_tests gxx -L benchmark
 }
 
 # What including carve costs a .cu. First examples/compose_block_scratch.cu (includes
@@ -422,7 +422,7 @@ demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
-gpu-benchmarks) install_missing && gpu_benchmarks ;;
+bench-smoke) install_missing && bench_smoke ;;
 gpu)
   # A GPU machine may have no network: build with what it has when the packages cannot be installed.
   install_missing cmake ninja-build g++ doctest-dev libfmt-dev libbenchmark-dev python3 ||
@@ -430,7 +430,7 @@ gpu)
   gpu
   ;;
 *)
-  echo "usage: bash cmake/dev.sh demo|test|bench|docs|gpu|gpu-benchmarks [benchmark flags]" >&2
+  echo "usage: bash cmake/dev.sh demo|test|bench|bench-smoke|docs|gpu [benchmark flags]" >&2
   exit 2
   ;;
 esac
