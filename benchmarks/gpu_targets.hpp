@@ -5,7 +5,8 @@
 //   <name>: <number> <unit> (target <op> <value> <unit>, source: <where it comes from>) met|MISSED
 //
 // A target whose checks failed (an overlap, a request popped twice, bytes that differ) is
-// MISSED whatever its number: a fast wrong answer does not count.
+// MISSED whatever its number: a fast wrong answer does not count. A target that was not measured
+// (a time budget ran out) is MISSED with "skipped" for its number.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -93,6 +94,15 @@ inline bool target(const std::string& name, double value, const char* unit, Aim 
   std::printf("%s: %.4g %s (target %s %.4g %s, source: %s) %s\n", name.c_str(), value, unit,
               aim == Aim::at_most ? "<=" : ">=", goal, unit, source, met ? "met" : "MISSED");
   return met;
+}
+
+// Prints the line of a target that was not measured (`why`: a time budget ran out, say), MISSED
+// with "skipped" for its number, so that the report still lists it.
+inline void not_measured(const std::string& name, const char* unit, Aim aim, double goal, const char* source,
+                         const char* why) {
+  std::printf("(the next line was not measured: %s)\n", why);
+  std::printf("%s: skipped %s (target %s %.4g %s, source: %s) MISSED\n", name.c_str(), unit,
+              aim == Aim::at_most ? "<=" : ">=", goal, unit, source);
 }
 
 // Prints a number that has no target (context for the ones that do).

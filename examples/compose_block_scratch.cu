@@ -10,6 +10,7 @@
 using Local = carve::SlotArena<carve::ConcurrentSlotAllocator<64, carve::BoundaryNearestFit, cuda::thread_scope_block>>;
 using Global = carve::SlotArena<carve::ConcurrentSlotAllocatorRef<4096>>; // a handle: every block shares it
 using Scratch = carve::FallbackResource<Local, Global>;
+constexpr unsigned long long no_scratch = ~0ull; // an item's result when it got no scratch
 
 __global__ void sums(const unsigned* counts, unsigned long long* out, Global global) {
   __shared__ alignas(128) std::byte local_memory[64 * 128];
@@ -22,8 +23,14 @@ __global__ void sums(const unsigned* counts, unsigned long long* out, Global glo
   const unsigned item = blockIdx.x * blockDim.x + threadIdx.x;
   const std::size_t bytes = counts[item] * sizeof(unsigned);
   auto p = scratch.try_allocate(bytes, alignof(unsigned));
-  while (!p) { // both arenas full: other threads are about to free theirs
+  // Both arenas full: other threads are about to free theirs. Bounded, so that a stack that can
+  // never serve (an arena given bad input) ends the kernel with an answer instead of a hang.
+  for (int tries = 0; !p && p.error() == carve::Errc::no_space && tries < 1'000'000; ++tries) {
     p = scratch.try_allocate(bytes, alignof(unsigned));
+  }
+  if (!p) {
+    out[item] = no_scratch;
+    return;
   }
   auto* values = static_cast<unsigned*>(*p);
   out[item] = 0;
@@ -63,6 +70,10 @@ int main() {
   }
   for (unsigned long long i = 0; i < items; ++i) {
     const unsigned long long n = counts[i];
+    if (out[i] == no_scratch) {
+      std::printf("compose_block_scratch: item %llu got no scratch\n", i);
+      return 1;
+    }
     if (out[i] != n * i + n * (n - 1) / 2) {
       std::printf("compose_block_scratch: item %llu summed to %llu\n", i, out[i]);
       return 1;

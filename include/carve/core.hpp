@@ -7,6 +7,7 @@
 #include <carve/core/asymmetric_fence.hpp>
 #include <carve/core/bits.hpp>
 #include <carve/core/checked_math.hpp>
+#include <carve/core/compressed_pair.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/cpu_pause.hpp>
 #include <carve/core/errc.hpp>

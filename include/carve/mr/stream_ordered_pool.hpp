@@ -144,7 +144,7 @@ private:
   using event_type = typename Streams::event_type;
   struct Cached {
     void* address = nullptr;
-    std::size_t alignment = 0;
+    std::size_t alignment = 0;           ///< what the upstream was asked for (Live::upstream_alignment)
     std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere
     std::optional<event_type> event;     ///< recorded at the free; nullopt when none is needed
   };
@@ -152,6 +152,9 @@ private:
     std::size_t size = 0;      ///< the block's whole size
     std::size_t bytes = 0;     ///< as asked for
     std::size_t alignment = 0; ///< as asked for
+    /// What the upstream was asked for when it made the block, and must be told when it takes the
+    /// block back: a cached block serves later requests at other alignments.
+    std::size_t upstream_alignment = 0;
   };
 
   /// Whether any stream may take the block now.
@@ -210,7 +213,7 @@ private:
       if (pick != cached_.end()) {
         void* p = pick->second.address;
         const std::size_t whole = pick->first;
-        live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment});
+        live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment, pick->second.alignment});
         drop_event(pick->second);
         cached_.erase(pick);
         stats_.bytes_cached -= whole;
@@ -234,7 +237,7 @@ private:
         upstream_.deallocate(*fresh, size, alignment);
         throw;
       }
-      live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment});
+      live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment, alignment});
       ++stats_.upstream_allocations;
       stats_.bytes_in_use += size;
       return *fresh;
@@ -256,7 +259,7 @@ private:
         return cuda::std::unexpected(Errc::invalid_size);
       }
       const std::size_t size = found->size;
-      const auto cached = cached_.emplace(size, Cached{p, alignment, stream, std::nullopt});
+      const auto cached = cached_.emplace(size, Cached{p, found->upstream_alignment, stream, std::nullopt});
       if (stream) { // recorded once the block is filed, so that the event cannot be lost
         try {
           if (auto e = streams_.record(*stream)) {

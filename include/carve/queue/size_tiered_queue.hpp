@@ -45,6 +45,7 @@
 /// host (push_gate.hpp says why).
 #pragma once
 
+#include <carve/core/compressed_pair.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/error.hpp>
 #include <carve/queue/blocking_calls.hpp>
@@ -110,7 +111,7 @@ public:
   /// status() tells.
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds, cuda::std::size_t capacity, Drain drain = Drain{},
                                     SizeFn size = SizeFn{}, QueueOptions options = {})
-      : thresholds_(thresholds), size_(size), options_(options), drain_(drain), held_(capacity) {
+      : sizing_(size, thresholds), options_(options), drain_(drain), held_(capacity) {
     build({}, capacity);
     refuse_on_host();
   }
@@ -123,7 +124,7 @@ public:
   CARVE_HOST_DEVICE SizeTieredQueue(const TierThresholds& thresholds,
                                     cuda::std::span<const cuda::std::size_t> capacities, Drain drain = Drain{},
                                     SizeFn size = SizeFn{}, QueueOptions options = {})
-      : thresholds_(thresholds), size_(size), options_(options), drain_(drain) {
+      : sizing_(size, thresholds), options_(options), drain_(drain) {
     build(capacities, 0);
     refuse_on_host();
   }
@@ -147,7 +148,7 @@ public:
 
   /// The tier `request` goes to, by its size.
   CARVE_HOST_DEVICE std::uint32_t tier_of(const T& request) const noexcept {
-    return thresholds_.tier_of(static_cast<std::uint64_t>(size_(request)));
+    return sizing_.second().tier_of(static_cast<std::uint64_t>(sizing_.first()(request)));
   }
 
   /// Never blocks. Errors: full (the request's tier, or the shared bound), closed, or status().
@@ -233,7 +234,7 @@ public:
   /// Thresholds + 1.
   CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return tiers_; }
   /// The thresholds the queue was built with.
-  CARVE_HOST_DEVICE const TierThresholds& thresholds() const noexcept { return thresholds_; }
+  CARVE_HOST_DEVICE const TierThresholds& thresholds() const noexcept { return sizing_.second(); }
   /// The queue's drain policy (prepared).
   CARVE_HOST_DEVICE const Drain& drain() const noexcept { return drain_; }
   /// The bound of `tier` (the whole queue's, for a shared-capacity policy); 0 for a tier that
@@ -298,12 +299,12 @@ private:
   };
 
   CARVE_HOST_DEVICE void build(cuda::std::span<const cuda::std::size_t> capacities, cuda::std::size_t single) {
-    tiers_ = thresholds_.tier_count();
+    tiers_ = sizing_.second().tier_count();
     const auto refuse = [this](Errc code, const char* why) {
       status_ = static_cast<std::uint32_t>(code);
       refusal_ = why;
     };
-    if (const auto t = thresholds_.status(); !t) {
+    if (const auto t = sizing_.second().status(); !t) {
       return refuse(t.error(), "the tier thresholds are invalid");
     }
     if (const char* why = lanes_.set_capacities(tiers_, capacities, single); why != nullptr) {
@@ -444,7 +445,7 @@ private:
       }
       std::uint64_t stamp = 0;
       if (take_from(tier, held, stamp)) {
-        drain_.served(view, tier, static_cast<std::uint64_t>(size_(held.value)));
+        drain_.served(view, tier, static_cast<std::uint64_t>(sizing_.first()(held.value)));
         waits_.record(seat, tier, stamp, [&view] { return view.now(); });
         return true;
       }
@@ -474,8 +475,9 @@ private:
 
   // Read on every call: kept apart from everything the calls write, so that producers and
   // consumers on different cores do not take the line from each other.
-  TierThresholds thresholds_;
-  [[no_unique_address]] SizeFn size_;
+  // The size function takes no bytes when it has no state (a base of the pair: see
+  // compressed_pair.hpp for why not [[no_unique_address]]).
+  detail::CompressedPair<SizeFn, TierThresholds> sizing_;
   QueueOptions options_;
   std::uint32_t tiers_ = 0;
   std::uint32_t status_ = 0;                   // an Errc, or 0
@@ -484,8 +486,9 @@ private:
 
   alignas(interference_size) Drain drain_; // written by consumers
   Gate gate_;
-  // Requests held, for shared capacity; other queues carry an empty stand-in.
-  [[no_unique_address]] cuda::std::conditional_t<shared_capacity, BoundedCount<Lanes::scope>, detail::NoBound> held_{0};
+  // Requests held, for shared capacity; other queues carry an empty stand-in (a byte, beside the
+  // padding before the next line-aligned member).
+  cuda::std::conditional_t<shared_capacity, BoundedCount<Lanes::scope>, detail::NoBound> held_{0};
   alignas(interference_size) cuda::atomic<std::uint64_t, Lanes::scope> rejected_[max_tiers]{};
   // Per tier, the lane and the lane of requests put back (try_push_front).
   Lanes_ lanes_;

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <carve/core/bits.hpp>
+#include <carve/core/compressed_pair.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/slot/allocator/slot_source.hpp>
@@ -90,15 +91,15 @@ public:
   /// Over words someone else provides (BorrowedSlotWords), e.g. dynamic shared memory. Words
   /// that report an error (none, or bad ones given in device code) leave status() reporting it.
   CARVE_HOST_DEVICE constexpr explicit ConcurrentSlotAllocator(Words words, policy_type fit = {}) noexcept
-      : words_(words), fit_(fit) {}
+      : state_(fit, words) {}
 
   /// Success for words it owns; over borrowed words, their status(): invalid_argument when there
   /// are none (default-constructed, or bad ones given in device code; on the host those throw).
   /// An allocator whose status() fails refuses every call with it, free_count() is 0 and reset()
   /// does nothing.
   [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
-    if constexpr (requires { words_.status(); }) {
-      return words_.status();
+    if constexpr (requires { state_.second().status(); }) {
+      return state_.second().status();
     } else {
       return {};
     }
@@ -119,7 +120,7 @@ public:
         m, [&](const LazySnapshot<N, Scope>& seen) { return find(seen, m); },
         [&](SlotRange range) {
           if constexpr (TracksPlacements<policy_type>) {
-            fit_.placed(range);
+            fit().placed(range);
           }
         });
   }
@@ -133,17 +134,19 @@ public:
     return allocate_with(
         m,
         [&](const LazySnapshot<N, Scope>& seen) -> cuda::std::optional<std::uint32_t> {
-          if constexpr (requires { fit_.find_in(seen, N, m, hint); }) {
-            return fit_.find_in(seen, N, m, hint);
+          // Through the member, not fit(): nvcc finds a call through the lambda's implicit `this`
+          // unsatisfied here, and would copy the bitmap for the slow branch below.
+          if constexpr (requires { state_.first().find_in(seen, N, m, hint); }) {
+            return fit().find_in(seen, N, m, hint);
           } else {
-            return fit_.find(seen.bitmap(), m, hint);
+            return fit().find(seen.bitmap(), m, hint);
           }
         },
         [&](SlotRange range) {
           if constexpr (TracksHintedPlacements<policy_type>) {
-            fit_.placed(range, hint);
+            fit().placed(range, hint);
           } else if constexpr (TracksPlacements<policy_type>) {
-            fit_.placed(range);
+            fit().placed(range);
           }
         });
   }
@@ -167,7 +170,7 @@ public:
       // Before the bits go back: the next owner stamps after its claim, so after this. (A racing
       // double free may clear a new owner's stamps: that costs placement quality, not ownership.)
       if (all_taken) {
-        fit_.released(r);
+        fit().released(r);
       }
     }
     // Release word by word, each with a compare-exchange that refuses if any of its bits is free
@@ -205,7 +208,7 @@ public:
     }
     words.atomic(last).store(bits::low_mask(N - last * bits::word_bits), cuda::std::memory_order_relaxed);
     if constexpr (SharesPlacements<policy_type>) {
-      fit_.forget_all();
+      fit().forget_all();
     }
   }
 
@@ -231,7 +234,7 @@ public:
   /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
   /// The policy object.
-  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
+  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit(); }
 
 private:
   /// allocate's loop (described above): `search(seen)` proposes a start, `record(range)` runs once
@@ -278,16 +281,19 @@ private:
     }
   }
 
-  CARVE_HOST_DEVICE AtomicWords<N, Scope> live() const noexcept { return AtomicWords<N, Scope>(words_.data()); }
+  CARVE_HOST_DEVICE AtomicWords<N, Scope> live() const noexcept {
+    return AtomicWords<N, Scope>(state_.second().data());
+  }
 
   CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const LazySnapshot<N, Scope>& seen,
                                                             std::uint32_t m) const noexcept {
     // A sized policy (a remembering one's shared form) cannot be a WordSearchingFitPolicy, which
-    // asks for every size, yet may still search words: its find_in is used whenever it has one.
-    if constexpr (WordSearchingFitPolicy<policy_type> || requires { fit_.find_in(seen, N, m); }) {
-      return fit_.find_in(seen, N, m);
+    // asks for every size, yet may still search words: its find_in is used whenever it has one
+    // (asked through the member, as in allocate(m, hint)).
+    if constexpr (WordSearchingFitPolicy<policy_type> || requires { state_.first().find_in(seen, N, m); }) {
+      return fit().find_in(seen, N, m);
     } else {
-      return fit_.find(seen.bitmap(), m);
+      return fit().find(seen.bitmap(), m);
     }
   }
 
@@ -319,8 +325,12 @@ private:
     return false;
   }
 
-  mutable Words words_{}; ///< only ever touched through atomic_ref, which needs a non-const word
-  [[no_unique_address]] policy_type fit_{};
+  CARVE_HOST_DEVICE constexpr policy_type& fit() noexcept { return state_.first(); }
+  CARVE_HOST_DEVICE constexpr const policy_type& fit() const noexcept { return state_.first(); }
+
+  // The policy (no bytes when it has no state) and the words. Mutable because the words are only
+  // ever touched through atomic_ref, which needs a non-const word, in const calls too.
+  mutable detail::CompressedPair<policy_type, Words> state_{};
 };
 
 /// A ConcurrentSlotAllocator over words it does not own.

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <carve/core/bits.hpp>
+#include <carve/core/compressed_pair.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/core/error.hpp>
@@ -70,20 +71,20 @@ public:
   /// the shard this handle's allocate(m) tries first (its SM, block or thread group; taken modulo
   /// Shards). Bad input: see the file's comment.
   CARVE_HOST_DEVICE explicit ShardedSlotAllocator(bits::word* words, std::uint32_t home = 0, policy_type fit = {})
-      : words_(words), home_(home), fit_(fit) {
+      : state_(fit, words), home_(home) {
     if (words == nullptr || reinterpret_cast<cuda::std::uintptr_t>(words) % alignof(bits::word) != 0) {
       NV_IF_TARGET(NV_IS_HOST,
                    (throw Exception(Errc::invalid_argument,
                                     words == nullptr ? "carve::ShardedSlotAllocator: null words"
                                                      : "carve::ShardedSlotAllocator: words not 8-byte aligned");));
-      words_ = nullptr;
+      shard_words() = nullptr;
     }
   }
 
   /// invalid_argument for a handle built in device code from bad input (on the host such a handle
   /// is never built: the constructor throws); success otherwise.
   [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc> status() const noexcept {
-    if (words_ == nullptr) {
+    if (shard_words() == nullptr) {
       return cuda::std::unexpected(Errc::invalid_argument);
     }
     return {};
@@ -91,7 +92,7 @@ public:
 
   /// This handle with another home shard (and the same status()).
   CARVE_HOST_DEVICE constexpr ShardedSlotAllocator with_home(std::uint32_t home) const noexcept {
-    return ShardedSlotAllocator(Checked{}, words_, home, fit_);
+    return ShardedSlotAllocator(Checked{}, shard_words(), home, fit());
   }
   /// The shard this handle tries first.
   CARVE_HOST_DEVICE constexpr std::uint32_t home() const noexcept { return home_; }
@@ -153,13 +154,13 @@ public:
   /// and on a device the program stops with a message (report_misuse), as a shard over no words
   /// cannot be handed out.
   CARVE_HOST_DEVICE shard_type shard(std::uint32_t s) const {
-    if (s >= Shards || words_ == nullptr) {
+    if (s >= Shards || shard_words() == nullptr) {
       NV_IF_ELSE_TARGET(NV_IS_HOST,
                         (throw Exception(s >= Shards ? Errc::out_of_range : Errc::invalid_argument,
                                          "carve::ShardedSlotAllocator::shard(" + std::to_string(s) + "): " +
                                              (s >= Shards ? "there are " + std::to_string(Shards) + " shards"
                                                           : std::string("the handle has no words")));),
-                        (report_misuse("carve::ShardedSlotAllocator::shard", words_, s,
+                        (report_misuse("carve::ShardedSlotAllocator::shard", shard_words(), s,
                                        s >= Shards ? Errc::out_of_range : Errc::invalid_argument);))
     }
     return shard_at(s);
@@ -169,7 +170,7 @@ public:
   /// reports an error.
   CARVE_HOST_DEVICE std::uint32_t free_count() const noexcept {
     std::uint32_t n = 0;
-    for (std::uint32_t s = 0; s < Shards && words_ != nullptr; ++s) {
+    for (std::uint32_t s = 0; s < Shards && shard_words() != nullptr; ++s) {
       n += shard_at(s).free_count();
     }
     return n;
@@ -178,7 +179,7 @@ public:
   /// All slots free (nothing when status() reports an error). Not safe against concurrent calls;
   /// on a device, threads may reset disjoint shards in parallel through shard(s).reset().
   CARVE_HOST_DEVICE void reset() const noexcept {
-    for (std::uint32_t s = 0; s < Shards && words_ != nullptr; ++s) {
+    for (std::uint32_t s = 0; s < Shards && shard_words() != nullptr; ++s) {
       shard_at(s).reset();
     }
   }
@@ -187,15 +188,19 @@ private:
   struct Checked {}; ///< the arguments were checked already (with_home)
   CARVE_HOST_DEVICE constexpr ShardedSlotAllocator(Checked, bits::word* words, std::uint32_t home,
                                                    policy_type fit) noexcept
-      : words_(words), home_(home), fit_(fit) {}
+      : state_(fit, words), home_(home) {}
 
   CARVE_HOST_DEVICE shard_type shard_at(std::uint32_t s) const noexcept {
-    return shard_type(BorrowedSlotWords<ShardSlots>(words_ + std::size_t{s} * words_per_shard), fit_);
+    return shard_type(BorrowedSlotWords<ShardSlots>(shard_words() + std::size_t{s} * words_per_shard), fit());
   }
 
-  bits::word* words_;
+  CARVE_HOST_DEVICE constexpr bits::word*& shard_words() noexcept { return state_.second(); }
+  CARVE_HOST_DEVICE constexpr bits::word* shard_words() const noexcept { return state_.second(); }
+  CARVE_HOST_DEVICE constexpr const policy_type& fit() const noexcept { return state_.first(); }
+
+  // The policy every shard is handed (no bytes when it has no state) and the shards' words.
+  detail::CompressedPair<policy_type, bits::word*> state_;
   std::uint32_t home_;
-  [[no_unique_address]] policy_type fit_;
 };
 
 static_assert(SlotSource<ShardedSlotAllocator<128, 4>>);

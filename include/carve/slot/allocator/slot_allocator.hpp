@@ -17,6 +17,7 @@
 /// placement to a policy that remembers them (hinted_fit_policy.hpp). A carve::SlotSource.
 #pragma once
 
+#include <carve/core/compressed_pair.hpp>
 #include <carve/core/config.hpp>
 #include <carve/core/errc.hpp>
 #include <carve/slot/allocator/slot_source.hpp>
@@ -42,7 +43,7 @@ public:
   /// All slots free, default policy object.
   constexpr SlotAllocator() noexcept = default;
   /// All slots free, with policy object `fit`.
-  CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : fit_(fit) {}
+  CARVE_HOST_DEVICE constexpr explicit SlotAllocator(policy_type fit) noexcept : state_(fit, SlotBitmap<N>{}) {}
 
   /// m contiguous slots placed by the policy.
   /// Errors: invalid_size for m == 0; no_space when no run of m free slots exists (m > N
@@ -52,10 +53,10 @@ public:
     if (const auto ok = check_slot_request(m, N); !ok) {
       return cuda::std::unexpected(ok.error());
     }
-    const auto taken = take(fit_.find(bitmap_, m), m);
+    const auto taken = take(fit().find(slots(), m), m);
     if constexpr (TracksPlacements<policy_type>) {
       if (taken) {
-        fit_.placed(*taken);
+        fit().placed(*taken);
       }
     }
     return taken;
@@ -70,12 +71,12 @@ public:
     if (const auto ok = check_slot_request(m, N); !ok) {
       return cuda::std::unexpected(ok.error());
     }
-    const auto taken = take(fit_.find(bitmap_, m, hint), m);
+    const auto taken = take(fit().find(slots(), m, hint), m);
     if (taken) {
       if constexpr (TracksHintedPlacements<policy_type>) {
-        fit_.placed(*taken, hint);
+        fit().placed(*taken, hint);
       } else if constexpr (TracksPlacements<policy_type>) {
-        fit_.placed(*taken);
+        fit().placed(*taken);
       }
     }
     return taken;
@@ -92,26 +93,28 @@ public:
     if (r.end() > N) {
       return cuda::std::unexpected(Errc::out_of_range);
     }
-    if (bitmap_.free_count(r) != 0) {
+    if (slots().free_count(r) != 0) {
       return cuda::std::unexpected(Errc::not_allocated);
     }
-    bitmap_.release(r);
+    slots().release(r);
     return {};
   }
 
   /// Frees every slot (e.g. when a persistent kernel starts a new round).
-  CARVE_HOST_DEVICE constexpr void reset() noexcept { bitmap_.reset(); }
+  CARVE_HOST_DEVICE constexpr void reset() noexcept { slots().reset(); }
 
   /// The slots' state.
-  CARVE_HOST_DEVICE constexpr const SlotBitmap<N>& bitmap() const noexcept { return bitmap_; }
+  CARVE_HOST_DEVICE constexpr const SlotBitmap<N>& bitmap() const noexcept { return state_.second(); }
   /// The policy object.
-  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit_; }
+  CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return state_.first(); }
   /// Slots in all: N.
   CARVE_HOST_DEVICE static constexpr std::uint32_t size() noexcept { return N; }
   /// Free slots.
-  CARVE_HOST_DEVICE constexpr std::uint32_t free_count() const noexcept { return bitmap_.free_count(); }
+  CARVE_HOST_DEVICE constexpr std::uint32_t free_count() const noexcept { return state_.second().free_count(); }
   /// The largest request that can succeed now.
-  CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept { return bitmap_.largest_free_run(); }
+  CARVE_HOST_DEVICE constexpr std::uint32_t largest_free_run() const noexcept {
+    return state_.second().largest_free_run();
+  }
 
 private:
   /// Occupies the run the policy chose, after checking it.
@@ -123,15 +126,18 @@ private:
     const SlotRange range{*start, m};
     // A policy written outside carve could return a run that is not free; taking it would hand
     // the same slot out twice, so the choice is checked before it is applied.
-    if (range.end() > N || bitmap_.free_count(range) != m) {
+    if (range.end() > N || slots().free_count(range) != m) {
       return cuda::std::unexpected(Errc::invalid_placement);
     }
-    bitmap_.occupy(range);
+    slots().occupy(range);
     return range;
   }
 
-  SlotBitmap<N> bitmap_{};
-  [[no_unique_address]] policy_type fit_{};
+  // The policy and the slots' state, the policy taking no bytes when it has no state.
+  CARVE_HOST_DEVICE constexpr policy_type& fit() noexcept { return state_.first(); }
+  CARVE_HOST_DEVICE constexpr SlotBitmap<N>& slots() noexcept { return state_.second(); }
+
+  detail::CompressedPair<policy_type, SlotBitmap<N>> state_{};
 };
 
 static_assert(SlotSource<SlotAllocator<128>>);
