@@ -10,7 +10,9 @@
 #                             compile time of a .cu that includes each umbrella header),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                             the tests labelled `concurrent` under ThreadSanitizer, the
-#                             libFuzzer targets for a short run each, the API reference with
+#                             libFuzzer targets for a short run each, `pip install .` into a
+#                             fresh virtual environment with the host tests run against the
+#                             installed carve_gpu, the API reference with
 #                             Doxygen (warnings are errors), and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
@@ -26,7 +28,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev clang-format doctest-dev libfmt-dev libbenchmark-dev libnuma-dev
-  libconcurrentqueue-dev libboost-dev liburing-dev doxygen python3)
+  libconcurrentqueue-dev libboost-dev liburing-dev doxygen python3 python3-dev python3-venv python3-torch libtorch-dev pybind11-dev)
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -58,7 +60,27 @@ build() { # build <dir> <cmake args...>
   cmake --build "$root/build/$dir" -j "$jobs"
 }
 
-run_tests() { # run_tests <dir> [ctest args...]
+run_# `pip install .` as a PyTorch user runs it: into a fresh virtual environment of the Python that has
+# PyTorch (Debian's python3-torch here, seen through --system-site-packages), without build
+# isolation, so libcarve_torch_oom is built against that PyTorch's c10. Then the host tests of
+# test_carve_torch.py against the installed package and libraries, from outside the checkout.
+package_stage() {
+  local python=python3 venv="$root/build/venv"
+  if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then
+    python=/usr/bin/python3
+  fi
+  rm -rf "$venv"
+  "$python" -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install --no-build-isolation --no-deps --no-index --quiet "$root"
+  rm -rf "$root/python/carve_gpu.egg-info"
+  local installed
+  installed=$("$venv/bin/python" -c "import carve_gpu, os; print(os.path.dirname(carve_gpu.__file__))")
+  ls "$installed"/*.so
+  (cd "$venv" && CARVE_GPU_INSTALLED=1 "$venv/bin/python" "$root/tests/torch/test_carve_torch.py" \
+    "$installed/libcarve_torch.so" "$root")
+}
+
+tests() { # run_tests <dir> [ctest args...]
   local dir=$1
   shift
   ctest --test-dir "$root/build/$dir" -j "$jobs" --output-on-failure "$@"
@@ -230,6 +252,7 @@ tests() {
   stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
   stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
   stage "clang++ libFuzzer (ASan + UBSan)" fuzz_check
+  stage "pip install . into a fresh virtual environment, host tests against the installed package" package_stage
   stage "Doxygen API reference (warnings are errors)" docs
   stage "clang-format" format_check
   say "stage times"
@@ -383,6 +406,14 @@ gpu() {
     echo "test,,gpu_training_step,,,,,$step" >>"$csv"
   else
     printf '\nskipped: python3 cannot import torch, transformers and timm here\n' >>"$report"
+  fi
+  # carve's refusals under PyTorch (torch.OutOfMemoryError, nothing released under a running
+  # kernel), wherever PyTorch imports; the script appends its section to the report.
+  if python3 -c "import torch" >/dev/null 2>&1; then
+    local oom=passed
+    python3 "$root/tests/torch/gpu_out_of_memory.py" --library "$dir/src/torch/libcarve_torch.so" \
+      --report "$report" >/dev/null 2>&1 || oom=FAILED
+    echo "test,,gpu_out_of_memory,,,,,$oom" >>"$csv"
   fi
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)

@@ -10,6 +10,16 @@ import threading
 from . import library as _library
 
 
+def _out_of_memory(cupy, lib, size, device):
+    """CuPy's own cupy.cuda.memory.OutOfMemoryError for a request carve refused (what CuPy's pool
+    raises, so code that catches it keeps working), carrying carve's reason as its message."""
+    stats = lib.stats(device)
+    limit = stats.get("max_reserved_bytes") or 0
+    error = cupy.cuda.memory.OutOfMemoryError(size, stats.get("reserved_bytes", 0), limit)
+    error.args = (lib.last_refusal() or f"carve: out of memory allocating {size} bytes on device {device}",)
+    return error
+
+
 def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):
     """Makes carve's `pool` CuPy's allocator (cupy.cuda.set_allocator) for every device. Blocks are
     allocated and freed on the stream current at the allocation (CuPy names none to free())."""
@@ -26,8 +36,7 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
         stream = cupy.cuda.get_current_stream().ptr
         ptr = lib.malloc(size, device, stream)
         if not ptr:
-            raise MemoryError(f"carve ({pool}): out of memory allocating {size} bytes on device {device}; "
-                              f"stats: {lib.stats(device)}")
+            raise _out_of_memory(cupy, lib, size, device)
         with lock:
             blocks[ptr] = (size, stream)
         return ptr

@@ -13,6 +13,7 @@ import threading
 POOLS = ("expandable", "stream-ordered", "caching")
 BACKENDS = ("cuda", "host")
 LIBRARY_NAME = "libcarve_torch.so"
+OOM_LIBRARY_NAME = "libcarve_torch_oom.so"  # carve_torch_malloc_or_raise, for PyTorch (carve_torch.h)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 _lock = threading.Lock()
@@ -41,6 +42,13 @@ def find_library(path=None):
         return built[-1]
     raise FileNotFoundError("carve_gpu: no " + LIBRARY_NAME + " (build the CMake target carve_torch, or set "
                             "CARVE_TORCH_LIBRARY); looked at " + ", ".join(looked))
+
+
+def find_oom_library(library_path):
+    """libcarve_torch_oom.so beside `library_path` (the libcarve_torch.so in use), or None when it was
+    not built (no PyTorch c10 where carve was built)."""
+    beside = os.path.join(os.path.dirname(library_path), OOM_LIBRARY_NAME)
+    return beside if os.path.isfile(beside) else None
 
 
 def _size_setting(name, value):
@@ -95,6 +103,8 @@ class CarveLibrary:
         lib.carve_torch_reset_peak.argtypes = [ctypes.c_int]
         lib.carve_torch_config_error.restype = ctypes.c_char_p
         lib.carve_torch_config_error.argtypes = []
+        lib.carve_torch_last_refusal.restype = ctypes.c_char_p
+        lib.carve_torch_last_refusal.argtypes = []
         for hook in ("carve_torch_host_stream_enqueue", "carve_torch_host_stream_complete"):
             getattr(lib, hook).restype = None
             getattr(lib, hook).argtypes = [ctypes.c_void_p]
@@ -106,6 +116,12 @@ class CarveLibrary:
 
     def free(self, ptr, size, device=0, stream=0):
         self.lib.carve_torch_free(ptr, size, device, stream)
+
+    def last_refusal(self):
+        """Why this thread's last malloc returned None ("CUDA out of memory. Tried to allocate ..."),
+        or None when none has."""
+        message = self.lib.carve_torch_last_refusal()
+        return message.decode() if message else None
 
     def empty_cache(self):
         self.lib.carve_torch_empty_cache()

@@ -26,10 +26,19 @@ def _import_torch():
 
 def pluggable_allocator(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):
     """A torch.cuda.memory.CUDAPluggableAllocator over libcarve_torch.so configured with these
-    options (see carve_gpu.library.load), not installed."""
+    options (see carve_gpu.library.load), not installed. Its malloc is libcarve_torch_oom.so's,
+    whose refusals PyTorch raises as torch.OutOfMemoryError; PyTorch does not check the pointer a
+    pluggable malloc returns, so without that library (carve built where PyTorch's c10 was not
+    found) a refusal would reach a kernel as a null pointer: RuntimeError then."""
     lib = _library.load(library, pool=pool, max_reserved=max_reserved, idle_threshold=idle_threshold)
+    oom = _library.find_oom_library(lib.path)
+    if oom is None:
+        raise RuntimeError(f"carve_gpu.torch: no {_library.OOM_LIBRARY_NAME} beside {lib.path}: build carve where "
+                           "PyTorch is installed (its CMake finds c10 through python3, or set CARVE_TORCH_PREFIX to "
+                           "torch's package directory), so that a request carve refuses raises "
+                           "torch.OutOfMemoryError instead of handing PyTorch a null pointer")
     torch = _import_torch()
-    return torch.cuda.memory.CUDAPluggableAllocator(lib.path, "carve_torch_malloc", "carve_torch_free"), lib
+    return torch.cuda.memory.CUDAPluggableAllocator(oom, "carve_torch_malloc_or_raise", "carve_torch_free"), lib
 
 
 def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -132,6 +134,49 @@ std::string hex(const void* p) {
         "): " + why);
 }
 
+// `bytes` as PyTorch's out-of-memory messages write sizes ("3.00 GiB", "20.00 MiB", "512 bytes"),
+// so that a refusal reads like one from PyTorch's own allocator.
+std::string torch_size(std::size_t bytes) {
+  static constexpr const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) {
+    return std::to_string(bytes) + " bytes";
+  }
+  double value = static_cast<double>(bytes) / 1024.0;
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(units)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  return text;
+}
+
+// The calling thread's last refusal (carve_torch_last_refusal).
+thread_local std::string last_refusal;
+
+// Why carve_torch_malloc gave null: PyTorch's first sentence ("CUDA out of memory. Tried to
+// allocate 3.00 GiB."), which the tools that shrink a batch on out-of-memory look for, then what
+// carve holds and did, and what to try.
+std::string refusal(int device, std::size_t bytes, std::size_t released, const carve::torch::Books& b,
+                    const Config& c) {
+  std::string text = "CUDA out of memory. Tried to allocate " + torch_size(bytes) + ". GPU " + std::to_string(device) +
+                     ": carve's " + pool_name(c.stack.pool) + " pool holds " + torch_size(b.reserved.now()) +
+                     " reserved, " + torch_size(b.live.now()) + " of it in " +
+                     std::to_string(b.mallocs.load(std::memory_order_relaxed) -
+                                    b.frees.load(std::memory_order_relaxed)) +
+                     " live blocks";
+  const bool capped = c.stack.max_reserved != std::numeric_limits<std::size_t>::max();
+  if (capped) {
+    text += ", under its cap of " + torch_size(c.stack.max_reserved) + " (max_reserved)";
+  }
+  text += "; before refusing it gave back " + torch_size(released) +
+          " of cached memory (empty_cache) and tried again. Free tensors that are no longer needed or lower "
+          "the batch size";
+  text += capped ? ", or raise max_reserved." : ".";
+  return text;
+}
+
 void append(std::string& json, const char* key, std::uint64_t value) {
   json += ",\"";
   json += key;
@@ -152,11 +197,24 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
   if (s == nullptr) {
     if (device >= 0 && device < max_devices) {
       registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
+      const std::lock_guard lock(registry().build);
+      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) +
+                     ". GPU " + std::to_string(device) + ": " + registry().errors[slot(device)];
+    } else {
+      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) +
+                     ". libcarve_torch: no device " + std::to_string(device);
     }
     return nullptr;
   }
-  return s->allocate(stream, static_cast<std::size_t>(size));
+  std::size_t released = 0;
+  void* p = s->allocate(stream, static_cast<std::size_t>(size), &released);
+  if (p == nullptr) {
+    last_refusal = refusal(device, static_cast<std::size_t>(size), released, s->books(), checked_config());
+  }
+  return p;
 }
+
+const char* carve_torch_last_refusal(void) { return last_refusal.empty() ? nullptr : last_refusal.c_str(); }
 
 void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) {
   if (ptr == nullptr) {

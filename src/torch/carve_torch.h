@@ -45,9 +45,24 @@ extern "C" {
 #endif
 
 /* A block of `size` bytes on `device` for work queued on `stream`, aligned to 512 bytes; NULL
- * when the device (or CARVE_TORCH_MAX_RESERVED) cannot hold it, which PyTorch reports as its
- * OutOfMemoryError. NULL for a size of 0 or below, which is not counted as a failure. */
+ * when the device (or CARVE_TORCH_MAX_RESERVED) cannot hold it even after the pool gave back what
+ * it caches (carve_torch_last_refusal says why). NULL for a size of 0 or below, which is not
+ * counted as a failure. CuPy's hook calls this; PyTorch's calls carve_torch_malloc_or_raise. */
 CARVE_TORCH_API void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* Why the calling thread's last carve_torch_malloc of a positive size returned NULL, or NULL when
+ * none has: PyTorch's own first sentence ("CUDA out of memory. Tried to allocate 3.00 GiB."), then
+ * what the pool holds (reserved, live, the cap) and that it gave back its cache and tried again
+ * before refusing. The text stays valid until the thread's next refused call. */
+CARVE_TORCH_API const char* carve_torch_last_refusal(void);
+
+/* carve_torch_malloc for PyTorch, from libcarve_torch_oom.so (built where PyTorch's c10 library
+ * is found): the same block, but a refusal throws c10::OutOfMemoryError with
+ * carve_torch_last_refusal()'s text, which PyTorch raises in Python as torch.OutOfMemoryError
+ * (torch.cuda.OutOfMemoryError). PyTorch's CUDAPluggableAllocator does not check the pointer its
+ * malloc returns, so a NULL from carve_torch_malloc would reach a kernel; carve_gpu.torch installs
+ * this one. A size of 0 or below returns NULL and throws nothing. */
+CARVE_TORCH_API void* carve_torch_malloc_or_raise(ssize_t size, int device, cudaStream_t stream);
 
 /* Frees `ptr` (from carve_torch_malloc with this `size` and `device`) for work queued on `stream`
  * after the work that used it: reused on `stream` at once, on another stream only once `stream`

@@ -58,9 +58,23 @@ public:
   DeviceStack(const DeviceStack&) = delete;
   DeviceStack& operator=(const DeviceStack&) = delete;
 
-  // A block of `bytes` (> 0) for work on `stream`, or null when the device is full.
-  void* allocate(cudaStream_t stream, std::size_t bytes) noexcept {
+  // A block of `bytes` (> 0) for work on `stream`, or null when the device is full. Before it
+  // refuses, the stack gives back what it caches (empty_cache: only memory no stream's work may
+  // still touch) and tries once more, as PyTorch's own allocator does; `released`, when given,
+  // gets the bytes that gave back (0 when the first try served).
+  void* allocate(cudaStream_t stream, std::size_t bytes, std::size_t* released = nullptr) noexcept {
     void* p = take(stream, bytes);
+    std::size_t gave_back = 0;
+    if (p == nullptr) {
+      const std::size_t before = books_.reserved.now();
+      empty_cache();
+      const std::size_t after = books_.reserved.now();
+      gave_back = before > after ? before - after : 0;
+      p = take(stream, bytes);
+    }
+    if (released != nullptr) {
+      *released = gave_back;
+    }
     if (p == nullptr) {
       count(books_.failures);
       return nullptr;

@@ -51,6 +51,22 @@ def read_snapshot(path):
         return NoGlobals(f).load()
 
 
+def use_carve_gpu():
+    """carve_gpu from the checkout, unless CARVE_GPU_INSTALLED is set: then the one `pip install .`
+    put in this interpreter's environment (the test command's package stage), which must be
+    found with no path given."""
+    if os.environ.get("CARVE_GPU_INSTALLED"):
+        import carve_gpu
+        check(not os.path.abspath(carve_gpu.__file__).startswith(os.path.join(ROOT, "python")),
+              f"CARVE_GPU_INSTALLED, but carve_gpu comes from the checkout: {carve_gpu.__file__}")
+        found = carve_gpu.find_library()
+        check(os.path.dirname(found) == os.path.dirname(carve_gpu.__file__),
+              f"the installed carve_gpu found {found}, not the library installed beside it")
+        return
+    if os.path.join(ROOT, "python") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
@@ -91,7 +107,7 @@ def rounded(n):
 
 
 def load(pool, **options):
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    use_carve_gpu()
     from carve_gpu import library
     return library.load(LIBRARY, pool=pool, backend="host", **options)
 
@@ -240,6 +256,9 @@ def worker_streams(pool):
     check(again == p, f"stream A did not get its own free block back: {again} against {p}")
     lib.free(again, 6 * MiB, 0, a)
     check(lib.malloc(6 * MiB, 0, b) is None, "B was given memory A's work may still use")
+    why = lib.last_refusal() or ""
+    check(why.startswith("CUDA out of memory. Tried to allocate 6.00 MiB. GPU 0: carve's ") and "gave back" in why,
+          f"the refusal's reason: {why!r}")
     stats = lib.stats(0)
     check(stats["failures"] == 1 and stats["reserved_bytes"] <= 8 * MiB, f"after the refusal: {stats}")
     lib.host_stream_complete(a)
@@ -275,7 +294,7 @@ def worker_idle(pool):
 def worker_no_driver(pool):
     """The CUDA backend where there may be no GPU: without one, malloc returns NULL and the stats
     say why; with one, the block is real."""
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    use_carve_gpu()
     from carve_gpu import library
     lib = library.load(LIBRARY, pool=pool, backend="cuda")
     p = lib.malloc(4096, 0, 0)
@@ -329,7 +348,7 @@ def check_messages():
                            text=True, env=bad, timeout=60)
     check("CARVE_TORCH_POOL=fastest" in probe.stdout, f"carve_torch_config_error: {probe.stdout!r}")
 
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    use_carve_gpu()
     import carve_gpu
     import carve_gpu.cupy
     import carve_gpu.torch

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""carve's refusals under PyTorch on a GPU, for each pool (expandable, stream-ordered, caching),
+each in a process of its own under carve_gpu.torch.use(pool, max_reserved="2G"):
+
+- out of memory is torch.OutOfMemoryError: a 256 MiB tensor, then 3 GiB asked for; the error's
+  message begins "CUDA out of memory. Tried to allocate 3.00 GiB.", says carve gave back its cache
+  and tried again, and passes Lightning's and accelerate's checks; the 256 MiB tensor is intact;
+  a reduction whose temporary does not fit raises the same; a zero-element tensor is no error;
+- a batch-size search that halves on that error (as those tools do) ends with a batch served, and
+  later work runs;
+- no memory goes back while a kernel may use it: a kernel queued behind a long sleep reads a
+  tensor that is then deleted, with empty_cache() (PyTorch's and carve's) called at once; the
+  kernel's result is right and nothing faults.
+
+    gpu_out_of_memory.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
+
+Exit status 0 when every check passed. Appends its section to --report.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+POOLS = ("expandable", "stream-ordered", "caching")
+MiB, GiB = 1 << 20, 1 << 30
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def lightning_is_oom(e):  # pytorch_lightning.utilities.memory.is_cuda_out_of_memory
+    return isinstance(e, RuntimeError) and len(e.args) == 1 and "CUDA" in e.args[0] and "out of memory" in e.args[0]
+
+
+def accelerate_should_reduce(e):  # accelerate.utils.memory.should_reduce_batch_size
+    return isinstance(e, RuntimeError) and len(e.args) == 1 and " out of memory." in e.args[0]
+
+
+def run_child(pool, library):
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import torch
+    import carve_gpu.torch as carve
+
+    carve.use(pool, library=library, max_reserved="2G")
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), torch.cuda.OutOfMemoryError) if t)
+    checks = {}
+
+    kept = torch.full((256 * MiB,), 7, dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(3 * GiB, dtype=torch.uint8, device="cuda")
+        checks["3 GiB under a 2 GiB cap raises torch.OutOfMemoryError"] = "nothing was raised"
+    except oom_types as e:
+        message = e.args[0]
+        ok = (message.startswith("CUDA out of memory. Tried to allocate 3.00 GiB.") and "gave back" in message
+              and lightning_is_oom(e) and accelerate_should_reduce(e))
+        checks["3 GiB under a 2 GiB cap raises torch.OutOfMemoryError"] = True if ok else message
+    torch.cuda.synchronize()
+    checks["the 256 MiB tensor is intact after the refusal"] = bool((kept == 7).all().item())
+
+    try:
+        big = torch.full((1536 * MiB,), 1, dtype=torch.uint8, device="cuda")
+        big.to(torch.int16)  # a 3 GiB temporary under what is left of the cap
+        checks["a temporary that does not fit raises torch.OutOfMemoryError"] = "nothing was raised"
+    except oom_types:
+        checks["a temporary that does not fit raises torch.OutOfMemoryError"] = True
+    big = None
+    checks["a zero-element tensor is no error"] = torch.empty(0, device="cuda").numel() == 0
+
+    batch, refusals = 4 * GiB, 0
+    while True:
+        try:
+            x = torch.ones(batch, dtype=torch.uint8, device="cuda")
+            served = int(x[::MiB].sum().item())
+            x = None
+            break
+        except RuntimeError as e:
+            if not accelerate_should_reduce(e) or batch <= MiB:
+                raise
+            refusals += 1
+            batch //= 2
+    checks["a batch-size search that halves on out of memory ends served"] = (
+        True if refusals > 0 and served == batch // MiB else f"served {batch} bytes after {refusals} refusals")
+
+    # A kernel queued behind ~1 s of sleep reads `x`; x is deleted and every cache emptied before
+    # the kernel runs. Memory given back under it would fault or change its sum.
+    n = 64 * MiB
+    x = torch.ones(n, dtype=torch.float32, device="cuda")
+    torch.cuda._sleep(2_000_000_000)
+    total = x.sum()
+    x = None
+    torch.cuda.empty_cache()
+    carve.empty_cache()
+    overwrite = torch.full((n,), 3.0, device="cuda")  # may take any memory carve gave back
+    checks["a kernel still reading a freed tensor sees its bytes through empty_cache"] = float(total.item()) == n
+    overwrite = None
+    return {name: (value if value is True else str(value)) for name, value in checks.items()}
+
+
+def orchestrate(args):
+    lines = ["## Out of memory under PyTorch through carve (tests/torch/gpu_out_of_memory.py)", ""]
+    failed = 0
+    for pool in POOLS:
+        argv = [sys.executable, os.path.abspath(__file__), "--child", pool]
+        if args.library:
+            argv += ["--library", args.library]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        result = None
+        if out.returncode == 0 and out.stdout.strip():
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+        if result is None:
+            failed += 1
+            lines.append(f"- {pool}: FAILED, the process ended with {out.returncode}: "
+                         f"{(out.stderr or out.stdout)[-1500:]!r}")
+            continue
+        for name, value in result.items():
+            failed += value is not True
+            lines.append(f"- {pool}: {name}: {'passed' if value is True else 'FAILED: ' + value}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.report:
+        with open(args.report, "a") as f:
+            f.write("\n" + text)
+    return 1 if failed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--library", default=os.environ.get("CARVE_TORCH_LIBRARY"))
+    parser.add_argument("--report")
+    parser.add_argument("--child", choices=POOLS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(args.child, args.library)))
+        return 0
+    return orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""A refusal of carve's, as a PyTorch user meets it: carve_torch_errors (torch_errors_module.cpp)
+allocates through libcarve_torch_oom inside PyTorch's own error translation, on the host backend
+under CARVE_TORCH_MAX_RESERVED=64M (set by ctest, with the pool).
+
+- the refusal is torch.cuda.OutOfMemoryError (and torch.OutOfMemoryError where this PyTorch has
+  it), a RuntimeError with one argument that begins "CUDA out of memory. Tried to allocate 3.00 GiB."
+  and says what carve holds; the checks by which Lightning and accelerate decide to shrink a batch
+  accept it;
+- the blocks that existed are intact, later requests are served, and a batch-size search that
+  halves on such errors (as both tools do) ends under the cap;
+- a zero-byte request is no error.
+
+    test_torch_oom.py <directory of carve_torch_errors>
+"""
+
+import ctypes
+import sys
+
+sys.path.insert(0, sys.argv[1])
+sys.dont_write_bytecode = True
+
+import torch  # noqa: E402  (after the path: the module links PyTorch's libraries)
+import carve_torch_errors as carve  # noqa: E402
+
+MiB = 1 << 20
+STREAM = 7
+
+
+def lightning_is_oom(e):  # pytorch_lightning.utilities.memory.is_cuda_out_of_memory
+    return isinstance(e, RuntimeError) and len(e.args) == 1 and "CUDA" in e.args[0] and "out of memory" in e.args[0]
+
+
+def accelerate_should_reduce(e):  # accelerate.utils.memory.should_reduce_batch_size, old and new statements
+    statements = ["CUDA out of memory.", " out of memory."]
+    return isinstance(e, RuntimeError) and len(e.args) == 1 and any(s in e.args[0] for s in statements)
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+def main():
+    kept = carve.malloc(16 * MiB, 0, STREAM)
+    ctypes.memset(kept, 0x5A, 16 * MiB)
+    try:
+        carve.malloc(3 << 30, 0, STREAM)
+        raise AssertionError("3 GiB under a 64 MiB cap was served")
+    except torch.cuda.OutOfMemoryError as e:
+        refusal = e
+    message = refusal.args[0]
+    print("refusal:", type(refusal).__module__ + "." + type(refusal).__name__, "-", message)
+    check(message.startswith("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0: carve's "), message)
+    check("16.00 MiB of it in 1 live blocks" in message and "cap of 64.00 MiB" in message, message)
+    check("gave back" in message, message)
+    if hasattr(torch, "OutOfMemoryError"):
+        check(isinstance(refusal, torch.OutOfMemoryError), "not a torch.OutOfMemoryError")
+    check(lightning_is_oom(refusal), "Lightning's check refuses it")
+    check(accelerate_should_reduce(refusal), "accelerate's check refuses it")
+
+    check(ctypes.string_at(kept, 1) == b"\x5a" and ctypes.string_at(kept + 16 * MiB - 1, 1) == b"\x5a",
+          "a block that existed before the refusal changed")
+    later = carve.malloc(32 * MiB, 0, STREAM)
+    check(later != 0, "a request that fits was not served after a refusal")
+    carve.free(later, 32 * MiB, 0, STREAM)
+    carve.free(kept, 16 * MiB, 0, STREAM)
+
+    batch, refusals = 1 << 30, 0
+    while True:
+        try:
+            block = carve.malloc(batch, 0, STREAM)
+            ctypes.memset(block, 1, batch)
+            carve.free(block, batch, 0, STREAM)
+            break
+        except RuntimeError as e:
+            check(accelerate_should_reduce(e) and lightning_is_oom(e), f"not an out-of-memory error: {e!r}")
+            refusals += 1
+            batch //= 2
+            check(batch >= MiB, "the search ran out of batch sizes")
+    check(32 * MiB <= batch <= 64 * MiB and refusals >= 4, f"served {batch} bytes after {refusals} refusals")
+    print(f"batch-size search: served {batch // MiB} MiB after {refusals} refusals")
+
+    check(carve.malloc(0, 0, STREAM) == 0, "a zero-byte request")
+    print("every check passed")
+
+
+if __name__ == "__main__":
+    main()
