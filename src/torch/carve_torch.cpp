@@ -160,12 +160,12 @@ thread_local std::string last_refusal;
 // carve holds and did, and what to try.
 std::string refusal(int device, std::size_t bytes, std::size_t released, const carve::torch::Books& b,
                     const Config& c) {
-  std::string text = "CUDA out of memory. Tried to allocate " + torch_size(bytes) + ". GPU " + std::to_string(device) +
-                     ": carve's " + pool_name(c.stack.pool) + " pool holds " + torch_size(b.reserved.now()) +
-                     " reserved, " + torch_size(b.live.now()) + " of it in " +
-                     std::to_string(b.mallocs.load(std::memory_order_relaxed) -
-                                    b.frees.load(std::memory_order_relaxed)) +
-                     " live blocks";
+  std::string text =
+      "CUDA out of memory. Tried to allocate " + torch_size(bytes) + ". GPU " + std::to_string(device) + ": carve's " +
+      pool_name(c.stack.pool) + " pool holds " + torch_size(b.reserved.now()) + " reserved, " +
+      torch_size(b.live.now()) + " of it in " +
+      std::to_string(b.mallocs.load(std::memory_order_relaxed) - b.frees.load(std::memory_order_relaxed)) +
+      " live blocks";
   const bool capped = c.stack.max_reserved != std::numeric_limits<std::size_t>::max();
   if (capped) {
     text += ", under its cap of " + torch_size(c.stack.max_reserved) + " (max_reserved)";
@@ -198,8 +198,8 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
     if (device >= 0 && device < max_devices) {
       registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
       const std::lock_guard lock(registry().build);
-      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) +
-                     ". GPU " + std::to_string(device) + ": " + registry().errors[slot(device)];
+      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) + ". GPU " +
+                     std::to_string(device) + ": " + registry().errors[slot(device)];
     } else {
       last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) +
                      ". libcarve_torch: no device " + std::to_string(device);

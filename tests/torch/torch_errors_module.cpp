@@ -51,8 +51,8 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "carve_torch_errors", nullptr, -1, methods, nullptr, nullptr, nullptr,
-                      nullptr};
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "carve_torch_errors", nullptr, -1, methods, nullptr, nullptr, nullptr, nullptr};
 
 } // namespace
 
