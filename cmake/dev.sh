@@ -60,27 +60,7 @@ build() { # build <dir> <cmake args...>
   cmake --build "$root/build/$dir" -j "$jobs"
 }
 
-run_# `pip install .` as a PyTorch user runs it: into a fresh virtual environment of the Python that has
-# PyTorch (Debian's python3-torch here, seen through --system-site-packages), without build
-# isolation, so libcarve_torch_oom is built against that PyTorch's c10. Then the host tests of
-# test_carve_torch.py against the installed package and libraries, from outside the checkout.
-package_stage() {
-  local python=python3 venv="$root/build/venv"
-  if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then
-    python=/usr/bin/python3
-  fi
-  rm -rf "$venv"
-  "$python" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install --no-build-isolation --no-deps --no-index --quiet "$root"
-  rm -rf "$root/python/carve_gpu.egg-info"
-  local installed
-  installed=$("$venv/bin/python" -c "import carve_gpu, os; print(os.path.dirname(carve_gpu.__file__))")
-  ls "$installed"/*.so
-  (cd "$venv" && CARVE_GPU_INSTALLED=1 "$venv/bin/python" "$root/tests/torch/test_carve_torch.py" \
-    "$installed/libcarve_torch.so" "$root")
-}
-
-tests() { # run_tests <dir> [ctest args...]
+run_tests() { # run_tests <dir> [ctest args...]
   local dir=$1
   shift
   ctest --test-dir "$root/build/$dir" -j "$jobs" --output-on-failure "$@"
@@ -242,6 +222,26 @@ tsan_stage() {
   cmake --build "$root/build/tsan" -j "$jobs" --target carve_thread_tests
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$root/build/tsan" -L concurrent -j "$jobs" \
     --output-on-failure
+}
+
+# `pip install .` as a PyTorch user runs it: into a fresh virtual environment of the Python that has
+# PyTorch (Debian's python3-torch here, seen through --system-site-packages), without build
+# isolation, so libcarve_torch_oom is built against that PyTorch's c10. Then the host tests of
+# test_carve_torch.py against the installed package and libraries, from outside the checkout.
+package_stage() {
+  local python=python3 venv="$root/build/venv"
+  if /usr/bin/python3 -c "import torch" >/dev/null 2>&1; then
+    python=/usr/bin/python3
+  fi
+  rm -rf "$venv"
+  "$python" -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install --no-build-isolation --no-deps --no-index --quiet "$root"
+  rm -rf "$root/python/carve_gpu.egg-info"
+  local installed
+  installed=$("$venv/bin/python" -c "import carve_gpu, os; print(os.path.dirname(carve_gpu.__file__))")
+  ls "$installed"/*.so
+  (cd "$venv" && CARVE_GPU_INSTALLED=1 "$venv/bin/python" "$root/tests/torch/test_carve_torch.py" \
+    "$installed/libcarve_torch.so" "$root")
 }
 
 tests() {
