@@ -25,6 +25,9 @@ public:
     little_endian(static_cast<std::uint64_t>(v), 8);
     return *this;
   }
+  /// 2^64 - 1, as LONG1 of 9 bytes (as Python pickles it): what PyTorch writes for the line of a
+  /// C++ frame it has no line for.
+  PickleWriter& unknown_line() { return raw(std::string_view("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00", 11)); }
   PickleWriter& none() { return raw("N"); }
   PickleWriter& boolean(bool b) { return raw(b ? "\x88" : "\x89"); }
   /// An empty list and a MARK: its items follow, then list_end.

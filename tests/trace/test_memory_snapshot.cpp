@@ -282,6 +282,32 @@ TEST_CASE("sums and ends of sizes that overflow 64 bits are refused, never wrapp
   // TraceBuilder's own check of that is tested with carve's CSV, whose addresses reach 2^64 - 1.)
 }
 
+TEST_CASE("an event's C++ and Python frames are read past, 2^64 - 1 as a line among them") {
+  // As PyTorch records with C++ stacks: each frame a dict of filename, line and name, where a
+  // C++ frame with no line has line 2**64 - 1, beyond 64-bit signed.
+  const auto frames = [](PickleWriter& w) {
+    w.str("frames").list();
+    w.dict()
+        .item("filename", "??")
+        .str("line")
+        .unknown_line()
+        .item("name", "c10::cuda::CUDACachingAllocator")
+        .dict_end();
+    w.dict().item("filename", "train.py").item("line", 42).item("name", "step").dict_end();
+    w.list_end();
+  };
+  const std::string bytes = snapshot([](PickleWriter&) {},
+                                     [&](PickleWriter& w) {
+                                       for (const char* action : {"alloc", "free_completed"}) {
+                                         w.dict().item("action", action).item("addr", 0x1000).item("size", 512);
+                                         w.item("stream", 0);
+                                         frames(w);
+                                         w.dict_end();
+                                       }
+                                     });
+  CHECK(snapshot_error(bytes).empty());
+}
+
 TEST_CASE("a file above the size limit is refused before it is read") {
   CHECK(carve::trace::max_trace_file_bytes == std::uint64_t{4} << 30);
   const std::string path = data + "small_snapshot.pickle";

@@ -61,6 +61,8 @@ std::string show(const PickleDocument& d, Id v, std::vector<Id>& path) {
     return d.boolean(v) ? "True" : "False";
   case Kind::integer:
     return std::to_string(d.integer(v));
+  case Kind::big_integer: // its value is not kept
+    return d.big_negative(v) ? "<below -2**63>" : "<above 2**63-1>";
   case Kind::floating: {
     char text[64];
     const auto end = std::to_chars(text, text + sizeof text, d.floating(v)).ptr;
@@ -280,6 +282,13 @@ TEST_CASE("the less common opcodes: LONG4, LONG1 at its limits, LIST, DICT, SETI
   CHECK(show("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\xff."sv) == "-9223372036854775808");
   CHECK(show("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\x00."sv) == "9223372036854775807");
   CHECK(show("\x8a\x01\xff."sv) == "-1");
+  // Beyond 64-bit signed: pickle.loads reads 2**63, 2**64 - 1 (PyTorch's line of a C++ frame with
+  // no line), -2**63 - 1 and 2**72; carve keeps their sign
+  CHECK(show("\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00."sv) == "<above 2**63-1>");
+  CHECK(show("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."sv) == "<above 2**63-1>");
+  CHECK(show("\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\xff."sv) == "<below -2**63>");
+  CHECK(show("\x8b\x0a\x00\x00\x00"
+             "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01."sv) == "<above 2**63-1>");
   // By hand; pickle.loads reads [1, 2], {1: 2, 3: 4}, {1: 2}, (1, 3) (POP_MARK), (1,) (POP of a MARK)
   CHECK(show("(K\x01K\x02l."sv) == "[1, 2]");
   CHECK(show("(K\x01K\x02K\x03K\x04"
@@ -517,10 +526,8 @@ TEST_CASE("malformed pickles: each error with its message") {
       {"j\x00\x00\x01\x00."sv, "byte 0: LONG_BINGET of memo index 65536, where nothing was stored"},
       {"Np-1\n."sv, "byte 1: PUT of a negative memo index"},
       {"Np1x\n."sv, "byte 1: PUT text \"1x\" is not a decimal integer"},
-      // Integers beyond 64-bit signed, and malformed number text.
-      {"\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00."sv, "byte 0: LONG1 integer beyond 64-bit signed"},
-      {"\x8a\x09\xff\xff\xff\xff\xff\xff\xff\x7f\xff."sv, "byte 0: LONG1 integer beyond 64-bit signed"},
-      {"\x8b\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01."sv, "byte 0: LONG4 integer beyond 64-bit signed"},
+      // Text integers beyond 64-bit signed (protocol 0, which PyTorch does not write), and
+      // malformed number text.
       {"\x8b\xff\xff\xff\xff."sv, "byte 0: LONG4 with a negative length"},
       {"T\x00\x00\x00\x80."sv, "byte 0: BINSTRING with a negative length"},
       {"I9223372036854775808\n."sv, "byte 0: INT integer 9223372036854775808 beyond 64-bit signed"},

@@ -32,7 +32,9 @@ public:
   /// A value's index in the arena, 0 .. size() - 1.
   using Id = std::uint32_t;
   /// What a value is. A bool is not an integer here; sets and frozensets are lists, bytearrays bytes.
-  enum class Kind : std::uint8_t { none, boolean, integer, floating, string, bytes, list, tuple, dict };
+  /// big_integer: an int beyond 64-bit signed, whose value is not kept, only its sign (PyTorch writes
+  /// 2^64 - 1 as the line of a C++ frame it has no line for; carve reads no such field).
+  enum class Kind : std::uint8_t { none, boolean, integer, floating, string, bytes, list, tuple, dict, big_integer };
 
   /// The value the pickle stopped with.
   Id root() const noexcept { return root_; }
@@ -49,6 +51,8 @@ public:
   std::int64_t integer(Id v) const noexcept {
     return is(v, Kind::integer) ? static_cast<std::int64_t>(values_[v].bits) : 0;
   }
+  /// Whether a big_integer is below -2^63 (else it is above 2^63 - 1); false for any other kind.
+  bool big_negative(Id v) const noexcept { return is(v, Kind::big_integer) && values_[v].bits != 0; }
   /// A float's value; 0.0 for any other kind.
   double floating(Id v) const noexcept { return is(v, Kind::floating) ? std::bit_cast<double>(values_[v].bits) : 0.0; }
   /// A str's text (UTF-8) or a bytes' bytes; empty for any other kind.

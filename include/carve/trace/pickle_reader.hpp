@@ -15,7 +15,9 @@
 /// first kind and refuses the second, so no file can name code for a reader to run. It reads what
 /// `pickle.loads` reads for None, bool, int, float, str, bytes, bytearray, list, tuple, dict, set
 /// and frozenset in protocols 0 to 5, with these differences, each deliberate:
-/// - integers are 64-bit signed: a larger one is refused;
+/// - integers beyond 64-bit signed in binary (LONG1, LONG4: what protocols 2 to 5 write, PyTorch's
+///   2^64 - 1 for a C++ frame's unknown line among them) read as Kind::big_integer, their value
+///   not kept; in protocol 0's text (INT, LONG) they are refused;
 /// - sets and frozensets read as lists and bytearrays as bytes, their contents in pickle order;
 /// - a dict keeps its SETITEMs in order, so a key set twice (no pickler writes one) is there twice
 ///   and find() returns the later; dict keys and set items are not checked for hashability;
@@ -35,7 +37,7 @@
 /// GLOBAL (0x63) refused: a pickle of plain data names no code`, or an unknown one; truncated input;
 /// stack underflow (reaching below the last MARK counts); a MARK missing or left open; APPEND(S)
 /// onto other than a list, SETITEM(S) onto other than a dict, ADDITEMS onto other than a set; an
-/// odd item count for DICT or SETITEMS; a memo index read but never stored; an integer beyond
+/// odd item count for DICT or SETITEMS; a memo index read but never stored; a text integer beyond
 /// 64-bit signed; malformed text (a number, a quoted string, UTF-8).
 ///
 /// Cost: one pass, nothing recursive, so neither nesting depth nor cycles can exhaust the C++
@@ -258,14 +260,14 @@ private:
     return push_appended(kind, start);
   }
 
-  /// LONG1 and LONG4: little-endian two's complement of any length, the bytes beyond the eighth
-  /// all sign.
+  /// LONG1 and LONG4: little-endian two's complement of any length. Within 64-bit signed (the
+  /// bytes beyond the eighth all sign) an integer; beyond, a big_integer, its sign kept.
   bool long_bytes(std::string_view s) {
     const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
     const bool negative = !s.empty() && byte(s.size() - 1) >= 0x80;
     for (std::size_t k = 8; k < s.size(); ++k) {
       if (byte(k) != (negative ? 0xff : 0x00) || (byte(7) >= 0x80) != negative) {
-        return fail(name() + " integer beyond 64-bit signed");
+        return push(Value{negative ? 1U : 0U, 0, 0, Kind::big_integer, Form::plain});
       }
     }
     std::uint64_t v = negative ? ~std::uint64_t{0} : 0;
