@@ -168,7 +168,8 @@ CARVE_HOST_DEVICE void expect_refused(R& r, const ResourceShape& shape, cuda::st
 /// rounding, are refused one way or the other; none changes the resource.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE void check_invalid_requests(R& r, const ResourceShape& shape, ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) void check_invalid_requests(R& r, const ResourceShape& shape,
+                                                                        ContractResult& result) {
   using contract_detail::expect_refused;
   const char* unchanged = "a refused request changes nothing";
   expect_refused(r, shape, 0, 8, Errc::invalid_size, "0 bytes: invalid_size", unchanged, result);
@@ -186,7 +187,8 @@ CARVE_HOST_DEVICE void check_invalid_requests(R& r, const ResourceShape& shape, 
 /// give, is no_space (so that a FallbackResource passes it on), and changes nothing.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE void check_unservable_requests(R& r, const ResourceShape& shape, ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) void check_unservable_requests(R& r, const ResourceShape& shape,
+                                                                           ContractResult& result) {
   using contract_detail::expect_refused;
   const char* unchanged = "a request it could never serve changes nothing";
   if (shape.never_fits != 0) {
@@ -204,8 +206,8 @@ CARVE_HOST_DEVICE void check_unservable_requests(R& r, const ResourceShape& shap
 /// here) filled with its own pattern. Returns how many blocks it holds.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE cuda::std::size_t allocate_batch(R& r, const ResourceShape& shape,
-                                                   cuda::std::span<ContractBlock> blocks, ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) cuda::std::size_t
+allocate_batch(R& r, const ResourceShape& shape, cuda::std::span<ContractBlock> blocks, ContractResult& result) {
   const cuda::std::size_t n = contract_detail::smaller(contract_detail::smaller(shape.batch, blocks.size()), max_batch);
   cuda::std::size_t held = 0;
   for (cuda::std::size_t i = 0; i < n; ++i) {
@@ -233,8 +235,8 @@ CARVE_HOST_DEVICE cuda::std::size_t allocate_batch(R& r, const ResourceShape& sh
 
 /// No two live blocks share a byte: their address ranges are disjoint, and (where the bytes can
 /// be written here) each still holds the pattern written into it after all the others were.
-CARVE_HOST_DEVICE inline void check_no_overlap(const ResourceShape& shape, cuda::std::span<const ContractBlock> blocks,
-                                               ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) inline void
+check_no_overlap(const ResourceShape& shape, cuda::std::span<const ContractBlock> blocks, ContractResult& result) {
   using contract_detail::address;
   bool disjoint = true;
   for (cuda::std::size_t i = 0; i < blocks.size(); ++i) {
@@ -262,7 +264,7 @@ CARVE_HOST_DEVICE inline void check_no_overlap(const ResourceShape& shape, cuda:
 /// and frees that join them.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE void free_batch(R& r, cuda::std::span<const ContractBlock> blocks) {
+CARVE_HOST_DEVICE __attribute__((noinline)) void free_batch(R& r, cuda::std::span<const ContractBlock> blocks) {
   for (cuda::std::size_t i = 1; i < blocks.size(); i += 2) {
     r.deallocate(blocks[i].p, blocks[i].bytes, blocks[i].alignment);
   }
@@ -278,8 +280,8 @@ CARVE_HOST_DEVICE void free_batch(R& r, cuda::std::span<const ContractBlock> blo
 /// back"); while the batch is held, free_bytes is down by at least the bytes handed out.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE void check_batches(R& r, const ResourceShape& shape, cuda::std::span<ContractBlock> blocks,
-                                     ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) void
+check_batches(R& r, const ResourceShape& shape, cuda::std::span<ContractBlock> blocks, ContractResult& result) {
   const cuda::std::size_t start = contract_detail::free_now(r);
   for (int round = 0; round < 2; ++round) {
     const cuda::std::size_t held = allocate_batch(r, shape, blocks, result);
@@ -306,7 +308,8 @@ CARVE_HOST_DEVICE void check_batches(R& r, const ResourceShape& shape, cuda::std
 /// live block, and an address the resource never gave: not_allocated each time.
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE void check_refused_frees(R& r, const ResourceShape& shape, ContractResult& result) {
+CARVE_HOST_DEVICE __attribute__((noinline)) void check_refused_frees(R& r, const ResourceShape& shape,
+                                                                     ContractResult& result) {
   if constexpr (ChecksDeallocation<R>) {
     const ContractBlock b = contract_detail::request(shape, 0);
     const cuda::std::expected<void*, Errc> p = r.try_allocate(b.bytes, b.alignment);
@@ -339,7 +342,8 @@ CARVE_HOST_DEVICE void check_refused_frees(R& r, const ResourceShape& shape, Con
 /// batch (at least shape.batch blocks).
 CARVE_EXEC_CHECK_DISABLE
 template <MemoryResource R>
-CARVE_HOST_DEVICE ContractResult run_contract(R& r, const ResourceShape& shape, cuda::std::span<ContractBlock> blocks) {
+CARVE_HOST_DEVICE __attribute__((noinline)) ContractResult run_contract(R& r, const ResourceShape& shape,
+                                                                        cuda::std::span<ContractBlock> blocks) {
   ContractResult result;
   result.expect(shape.batch <= blocks.size() && shape.batch <= max_batch && shape.largest_request > 0 &&
                     shape.max_alignment != 0 && (shape.max_alignment & (shape.max_alignment - 1)) == 0,
