@@ -514,6 +514,9 @@ TEST_CASE("malformed pickles: each error with its message") {
        "byte 4: APPENDS onto a set, not a list"},
       {"]K\x01K\x02s."sv, "byte 5: SETITEM onto a list, not a dict"},
       {"K\x05(K\x01K\x02u."sv, "byte 7: SETITEMS onto an int, not a dict"},
+      {"\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00(K\x01"
+       "e."sv,
+       "byte 14: APPENDS onto an int, not a list"},
       {"](K\x01\x90."sv, "byte 4: ADDITEMS onto a list, not a set"},
       {"(\x91(K\x01\x90."sv, "byte 5: ADDITEMS onto a frozenset, not a set"},
       {"(K\x01"

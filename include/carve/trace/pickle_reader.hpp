@@ -59,6 +59,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -383,7 +384,8 @@ private:
     if (target.kind != (dict ? Kind::dict : Kind::list) || target.form != form) {
       // By Kind, in its order.
       static constexpr std::string_view types[] = {"None",  "a bool", "an int",  "a float", "a str",
-                                                   "bytes", "a list", "a tuple", "a dict"};
+                                                   "bytes", "a list", "a tuple", "a dict",  "an int"};
+      static_assert(std::size(types) == static_cast<std::size_t>(Kind::big_integer) + 1, "a name for every Kind");
       const std::string_view type = target.form == Form::set         ? "a set"
                                     : target.form == Form::frozenset ? "a frozenset"
                                                                      : types[static_cast<int>(target.kind)];
