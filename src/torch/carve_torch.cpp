@@ -155,15 +155,18 @@ std::string torch_size(std::size_t bytes) {
 // The calling thread's last refusal (carve_torch_last_refusal).
 thread_local std::string last_refusal;
 
-// Why carve_torch_malloc gave null: PyTorch's first sentence ("CUDA out of memory. Tried to
-// allocate 3.00 GiB."), which the tools that shrink a batch on out-of-memory look for, then what
-// carve holds and did, and what to try.
+// Every refusal's first sentence, PyTorch's own ("CUDA out of memory. Tried to allocate 3.00
+// GiB."), which the tools that shrink a batch on out-of-memory look for, and the device.
+std::string refusal_start(std::size_t bytes, int device) {
+  return "CUDA out of memory. Tried to allocate " + torch_size(bytes) + ". GPU " + std::to_string(device) + ": ";
+}
+
+// Why a pool refused: what carve holds and did, and what to try.
 std::string refusal(int device, std::size_t bytes, std::size_t released, const carve::torch::Books& b,
                     const Config& c) {
   std::string text =
-      "CUDA out of memory. Tried to allocate " + torch_size(bytes) + ". GPU " + std::to_string(device) + ": carve's " +
-      pool_name(c.stack.pool) + " pool holds " + torch_size(b.reserved.now()) + " reserved, " +
-      torch_size(b.live.now()) + " of it in " +
+      refusal_start(bytes, device) + "carve's " + pool_name(c.stack.pool) + " pool holds " +
+      torch_size(b.reserved.now()) + " reserved, " + torch_size(b.live.now()) + " of it in " +
       std::to_string(b.mallocs.load(std::memory_order_relaxed) - b.frees.load(std::memory_order_relaxed)) +
       " live blocks";
   const bool capped = c.stack.max_reserved != std::numeric_limits<std::size_t>::max();
@@ -195,14 +198,13 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
   }
   DeviceStack* s = stack(device);
   if (s == nullptr) {
+    last_refusal = refusal_start(static_cast<std::size_t>(size), device);
     if (device >= 0 && device < max_devices) {
       registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
       const std::lock_guard lock(registry().build);
-      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) + ". GPU " +
-                     std::to_string(device) + ": " + registry().errors[slot(device)];
+      last_refusal += registry().errors[slot(device)];
     } else {
-      last_refusal = "CUDA out of memory. Tried to allocate " + torch_size(static_cast<std::size_t>(size)) +
-                     ". libcarve_torch: no device " + std::to_string(device);
+      last_refusal += "libcarve_torch: no device " + std::to_string(device);
     }
     return nullptr;
   }

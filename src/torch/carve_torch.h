@@ -61,7 +61,8 @@ CARVE_TORCH_API const char* carve_torch_last_refusal(void);
  * carve_torch_last_refusal()'s text, which PyTorch raises in Python as torch.OutOfMemoryError
  * (torch.cuda.OutOfMemoryError). PyTorch's CUDAPluggableAllocator does not check the pointer its
  * malloc returns, so a NULL from carve_torch_malloc would reach a kernel; carve_gpu.torch installs
- * this one. A size of 0 or below returns NULL and throws nothing. */
+ * this one. A size of 0 or below returns NULL and throws nothing. (Checked on the host backend
+ * through PyTorch's own error translation with a CPU-only PyTorch; not yet under CUDA.) */
 CARVE_TORCH_API void* carve_torch_malloc_or_raise(ssize_t size, int device, cudaStream_t stream);
 
 /* Frees `ptr` (from carve_torch_malloc with this `size` and `device`) for work queued on `stream`

@@ -89,13 +89,21 @@ def compare(entries, ptx):
     return problems
 
 
+def headers(include):
+    return sorted(p for p in include.rglob("*") if p.suffix in (".hpp", ".cuh"))
+
+
+def code_of(header):
+    """The header's text without its comments."""
+    return re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", header.read_text()), flags=re.S)
+
+
 def device_capable_classes(include):
     """Classes and structs outside detail namespaces and outside other classes whose bodies
     declare __host__ __device__ (CARVE_HOST_DEVICE) or __device__ members: name -> header."""
     found = {}
-    for header in sorted(p for p in include.rglob("*") if p.suffix in (".hpp", ".cuh")):
-        text = header.read_text()
-        text = re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", text), flags=re.S)
+    for header in headers(include):
+        text = code_of(header)
 
         def body_end(open_brace):
             depth, i = 1, open_brace + 1
@@ -142,20 +150,20 @@ def main():
     for ptx in args.ptx:
         problems += compare(entries, ptx)
     listed = listed_names(entries)
-    for name, header in sorted(device_capable_classes(args.include).items()):
+    capable = device_capable_classes(args.include)
+    for name, header in sorted(capable.items()):
         if name not in listed and name not in exempt:
             problems.append(
                 f"{header}: {name} has device code but no entry in tests/layout/device_types.hpp: add the forms "
                 "kernels use (or, if it can never cross a launch, its name and why to not_listed)"
             )
-    for header in sorted(p for p in args.include.rglob("*") if p.suffix in (".hpp", ".cuh")):
-        code = re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", header.read_text()), flags=re.S)
-        if "no_unique_address" in code:
+    for header in headers(args.include):
+        if "no_unique_address" in code_of(header):
             problems.append(
                 f"{header.relative_to(args.include)}: [[no_unique_address]] gives a member no bytes on the host and "
                 "bytes in nvcc's kernel parameters: hold an empty part with carve::detail::CompressedPair"
             )
-    for name in sorted(set(exempt) - set(device_capable_classes(args.include))):
+    for name in sorted(set(exempt) - set(capable)):
         problems.append(f"not_listed names {name}, which is no device-capable class in {args.include}")
 
     print(f"{len(entries)} types, {len(args.ptx)} architectures ({', '.join(p.name for p in args.ptx)}):")

@@ -23,17 +23,12 @@ import os
 import subprocess
 import sys
 
+sys.dont_write_bytecode = True  # oom_checks, beside this file, leaves no __pycache__ there
+from oom_checks import accelerate_should_reduce, lightning_is_oom  # noqa: E402
+
 POOLS = ("expandable", "stream-ordered", "caching")
 MiB, GiB = 1 << 20, 1 << 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def lightning_is_oom(e):  # pytorch_lightning.utilities.memory.is_cuda_out_of_memory
-    return isinstance(e, RuntimeError) and len(e.args) == 1 and "CUDA" in e.args[0] and "out of memory" in e.args[0]
-
-
-def accelerate_should_reduce(e):  # accelerate.utils.memory.should_reduce_batch_size
-    return isinstance(e, RuntimeError) and len(e.args) == 1 and " out of memory." in e.args[0]
 
 
 def run_child(pool, library):

@@ -23,17 +23,10 @@ sys.dont_write_bytecode = True
 import torch  # noqa: E402  (after the path: the module links PyTorch's libraries)
 import carve_torch_errors as carve  # noqa: E402
 
+from oom_checks import accelerate_should_reduce, lightning_is_oom  # noqa: E402  (beside this file)
+
 MiB = 1 << 20
 STREAM = 7
-
-
-def lightning_is_oom(e):  # pytorch_lightning.utilities.memory.is_cuda_out_of_memory
-    return isinstance(e, RuntimeError) and len(e.args) == 1 and "CUDA" in e.args[0] and "out of memory" in e.args[0]
-
-
-def accelerate_should_reduce(e):  # accelerate.utils.memory.should_reduce_batch_size, old and new statements
-    statements = ["CUDA out of memory.", " out of memory."]
-    return isinstance(e, RuntimeError) and len(e.args) == 1 and any(s in e.args[0] for s in statements)
 
 
 def check(condition, message):
