@@ -12,8 +12,8 @@
 #include <carve_torch.h>
 #include <host_streams.hpp>
 
-#include <carve/mr/caching_pool.hpp>
 #include <carve/mr/simulated_card.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
@@ -100,14 +100,9 @@ void direct(benchmark::State& state, const std::string& pool) {
   } else {
     carve::PoolOptions o;
     o.granularity = alignment;
-    carve::CachingPool<carve::SimulatedCard> p(carve::SimulatedCard(std::size_t{1} << 40), o);
-    run(
-        state,
-        [&](std::size_t bytes) {
-          const auto q = p.try_allocate(bytes, alignment);
-          return q ? *q : nullptr;
-        },
-        [&](void* q, std::size_t bytes) { (void)p.try_deallocate(q, bytes, alignment); });
+    carve::StreamCachingPool<carve::SimulatedCard, carve::torch::HostStreams> p(
+        carve::SimulatedCard(std::size_t{1} << 40), o);
+    direct_stream_pool(state, p);
   }
 }
 

@@ -1,6 +1,7 @@
 // The allocators carve_replay runs side by side: carve's pools, PyTorch's allocator modelled in its
-// two modes, and every request a device call. Each is built over an AddressOnlyCard or a
-// HostMemoryMapper that never touches the memory it hands out, with the device calls timed apart.
+// two modes, and every request a device call. Each is built over an AddressOnlyCard or an
+// address-only HostMemoryMapper (addresses and tables, no memory and no system calls), so what is
+// timed is the allocator, with the device calls timed apart.
 #pragma once
 
 #include "pytorch_caching_model.hpp"
@@ -9,13 +10,15 @@
 #include "timed_parts.hpp"
 
 #include <carve/mr/address_only_card.hpp>
-#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
 #include <carve/tier/byte_size.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
 
+#include <array>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -36,7 +39,8 @@ struct Device {
 
   TimedCard card(std::uint64_t capacity) const { return TimedCard(AddressOnlyCard(capacity), clock); }
   TimedMapper<HostMemoryMapper> mapper() const {
-    return TimedMapper<HostMemoryMapper>(HostMemoryMapper({.granularity = device_granule}), clock);
+    return TimedMapper<HostMemoryMapper>(HostMemoryMapper({.granularity = device_granule, .address_only = true}),
+                                         clock);
   }
 };
 
@@ -184,19 +188,36 @@ inline Contender expandable_contender(std::string name, std::string description,
           }};
 }
 
+// carve's caching pools built as libcarve_torch builds them (src/torch/device_stack.hpp:
+// CachingStack, StreamOrderedStack): blocks of 512 bytes, over the card, on the replay's streams;
+// so the caching-pool and stream-ordered-pool rows are what carve_gpu.torch runs.
+using Caching = StreamCachingPool<TimedCard, SimulatedStreams>;
+using StreamOrdered = StreamOrderedPool<TimedCard, SimulatedStreams>;
+template <class Options>
+Options torch_options(Options o) {
+  o.granularity = block_alignment;
+  return o;
+}
+inline Contender caching_contender(std::string name, std::string description, PoolOptions options) {
+  return card_contender<Caching>(std::move(name), std::move(description),
+                                 [options](const TimedCard& card, std::uint32_t n) {
+                                   return std::make_unique<Caching>(card, torch_options(options), SimulatedStreams(n));
+                                 });
+}
+
 // Every allocator carve_replay knows, the default set first.
 inline std::vector<Contender> all_contenders() {
-  using Caching = CachingPool<TimedCard>;
-  using StreamOrdered = StreamOrderedPool<TimedCard, SimulatedStreams>;
   using TorchCaching = PytorchCachingModel<TimedCard>;
   std::vector<Contender> all;
-  all.push_back(
-      card_contender<Caching>("caching-pool", "carve::CachingPool, default options, over cudaMalloc",
-                              [](const TimedCard& card, std::uint32_t) { return std::make_unique<Caching>(card); }));
-  all.push_back(card_contender<StreamOrdered>("stream-ordered-pool", "carve::StreamOrderedPool over cudaMalloc",
-                                              [](const TimedCard& card, std::uint32_t n) {
-                                                return std::make_unique<StreamOrdered>(card, SimulatedStreams(n));
-                                              }));
+  all.push_back(caching_contender("caching-pool",
+                                  "carve::StreamCachingPool (a CachingPool per stream), as carve_gpu.torch's "
+                                  "caching, over cudaMalloc",
+                                  PoolOptions{}));
+  all.push_back(card_contender<StreamOrdered>(
+      "stream-ordered-pool", "carve::StreamOrderedPool, as carve_gpu.torch's stream-ordered, over cudaMalloc",
+      [](const TimedCard& card, std::uint32_t n) {
+        return std::make_unique<StreamOrdered>(card, torch_options(StreamPoolOptions{}), SimulatedStreams(n));
+      }));
   all.push_back(expandable_contender("expandable-pool", "carve::ExpandablePool, default options, over the VMM driver",
                                      ExpandablePoolOptions{}));
   all.push_back(card_contender<TorchCaching>(
@@ -217,19 +238,29 @@ inline std::vector<Contender> all_contenders() {
   all.push_back(expandable_contender("expandable-pool-exact",
                                      "carve::ExpandablePool mapping only the granules each request touches",
                                      ExpandablePoolOptions{.growth_divisor = 0}));
-  all.push_back(card_contender<Caching>(
-      "caching-pool-idle-256m", "carve::CachingPool returning idle segments above 256 MiB",
-      [](const TimedCard& card, std::uint32_t) {
-        return std::make_unique<Caching>(card, PoolOptions{.idle_threshold = std::size_t{256} << 20});
-      }));
+  all.push_back(caching_contender("caching-pool-idle-256m",
+                                  "carve::StreamCachingPool returning each stream's idle segments above 256 MiB",
+                                  PoolOptions{.idle_threshold = std::size_t{256} << 20}));
   return all;
+}
+
+// The headroom settings (ExpandablePoolOptions::headroom_permille) at which carve_replay shows
+// expandable-pool's reserve against its device calls: tight to none.
+inline constexpr std::array<std::size_t, 7> headroom_settings = {
+    1, 2, 5, 10, 20, 50, std::numeric_limits<std::size_t>::max()};
+
+// expandable-pool with `permille` headroom and the other options at their defaults.
+inline Contender expandable_with_headroom(std::size_t permille) {
+  return expandable_contender("expandable-pool:headroom=" + std::to_string(permille), "carve::ExpandablePool",
+                              ExpandablePoolOptions{.headroom_permille = permille});
 }
 
 // How many of all_contenders() run when none is named.
 inline constexpr std::size_t default_contenders = 6;
 
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
-// (ExpandablePoolOptions::growth_divisor), min-chunk and release (release_threshold, bytes);
+// (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes) and
+// headroom (headroom_permille; `none` for no line);
 // caching-pool takes segment and idle (PoolOptions::segment_size, idle_threshold). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
 inline Contender configured(const std::string& spec) {
@@ -244,7 +275,9 @@ inline Contender configured(const std::string& spec) {
       throw std::invalid_argument("'" + item + "' in '" + spec + "': expected key=value");
     }
     try {
-      settings.emplace_back(item.substr(0, eq), parse_bytes(item.substr(eq + 1)));
+      const std::string value = item.substr(eq + 1);
+      settings.emplace_back(item.substr(0, eq),
+                            value == "none" ? std::numeric_limits<std::uint64_t>::max() : parse_bytes(value));
     } catch (const Exception& e) {
       throw std::invalid_argument("'" + spec + "': " + e.what());
     }
@@ -262,6 +295,8 @@ inline Contender configured(const std::string& spec) {
         o.min_chunk_bytes = value;
       } else if (key == "release") {
         o.release_threshold = value;
+      } else if (key == "headroom") {
+        o.headroom_permille = value;
       } else {
         throw unknown(key);
       }
@@ -279,10 +314,7 @@ inline Contender configured(const std::string& spec) {
         throw unknown(key);
       }
     }
-    using Caching = CachingPool<TimedCard>;
-    return card_contender<Caching>(
-        spec, "carve::CachingPool, " + spec.substr(colon + 1),
-        [o](const TimedCard& card, std::uint32_t) { return std::make_unique<Caching>(card, o); });
+    return caching_contender(spec, "carve::StreamCachingPool, " + spec.substr(colon + 1), o);
   }
   throw std::invalid_argument("'" + spec + "': only expandable-pool and caching-pool take settings");
 }

@@ -11,7 +11,10 @@
 //   carve_replay --allocators list                  every allocator it knows
 //
 // Exit status: 0 when the replay ran (whatever it found), 2 for bad input: a bad flag, or a trace
-// that cannot be read, with one message naming the file, the event and what is wrong.
+// that cannot be read, with one message naming the file, the event and what is wrong; 3 for a
+// trace that reads but holds no allocation or free to replay (a PyTorch snapshot dumped without
+// recording its history, or with it cleared: only the blocks live at the end), said in one message
+// with what the trace does hold.
 #include "contenders.hpp"
 #include "replay.hpp"
 #include "report.hpp"
@@ -47,6 +50,12 @@ struct Options {
 };
 
 struct BadInput {
+  std::string message;
+};
+
+// A trace that reads, with nothing to replay: exit status 3, not 2, since nothing in it is wrong,
+// and not 0, since no figure was computed for a script to read.
+struct NothingToReplay {
   std::string message;
 };
 
@@ -182,6 +191,18 @@ int run(const Options& o) {
   if (!t) {
     throw BadInput{t.error().describe()};
   }
+  if (t->requests.empty()) {
+    std::string held;
+    if (t->recorded) {
+      held = " in " + fmt::format("{:.3f}", static_cast<double>(t->recorded->start_bytes) / (1 << 20)) +
+             " MiB of PyTorch's segments";
+    }
+    throw NothingToReplay{t->source + ": nothing to replay: no allocation or free was recorded, only " +
+                          std::to_string(t->start_blocks) + (t->start_blocks == 1 ? " block" : " blocks") + " live (" +
+                          std::to_string(t->start_live_bytes()) + " bytes)" + held +
+                          " (for a PyTorch snapshot, call torch.cuda.memory._record_memory_history() before the "
+                          "work and dump it after)"};
+  }
   if (o.scale != 1.0) {
     scale(*t, o.scale);
   }
@@ -294,6 +315,15 @@ int run(const Options& o) {
     rep.rows.push_back(std::move(r));
   }
 
+  // How expandable-pool's reserve and device calls move with its headroom, on this trace.
+  if (rep.find("expandable-pool") != nullptr && !o.capacity) {
+    for (const std::size_t permille : carve::replay::headroom_settings) {
+      const auto subject = carve::replay::expandable_with_headroom(permille).make(card, streams.count);
+      const auto run = carve::replay::replay(*t, streams, *subject);
+      rep.headroom.push_back({permille, run.peak_reserved, run.device_calls, run.completed});
+    }
+  }
+
   if (!o.svg.empty()) {
     try {
       carve::replay::write_plot(rep, o.svg);
@@ -317,5 +347,8 @@ int main(int argc, char** argv) {
   } catch (const BadInput& bad) {
     std::fprintf(stderr, "carve_replay: %s\n", bad.message.c_str());
     return 2;
+  } catch (const NothingToReplay& none) {
+    std::fprintf(stderr, "carve_replay: %s\n", none.message.c_str());
+    return 3;
   }
 }

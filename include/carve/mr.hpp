@@ -1,7 +1,8 @@
 /// @file carve/mr.hpp
 /// Memory resources: the MemoryResource concept, the resources (SimulatedCard, AddressOnlyCard,
-/// CudaDeviceResource, CachingPool, StreamOrderedPool, SlotArena) and the combinators that stack
-/// them (FallbackResource, Segregator, StatsResource, LimitResource, TraceResource, ref, as_pmr).
+/// CudaDeviceResource, CachingPool, StreamCachingPool, StreamOrderedPool, SlotArena) and the
+/// combinators that stack them (FallbackResource, Segregator, StatsResource, LimitResource,
+/// TraceResource, ref, as_pmr).
 ///
 /// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
 /// nothing without `<cuda_runtime_api.h>`).
@@ -32,13 +33,17 @@
 #include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/caching_pool.hpp>
+#include <carve/mr/caching_pool_options.hpp>
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/mr/cuda_stream_events.hpp>
-#include <carve/mr/pool_stats.hpp>
+#include <carve/mr/private_pools.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/mr/simulated_card.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
+#include <carve/mr/stream_caching_pool_options.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
+#include <carve/mr/stream_ordered_pool_options.hpp>
 #include <carve/mr/trace_resource.hpp>
 #endif

@@ -5,12 +5,15 @@
 //   maps). It orders frees on streams itself.
 // - stream-ordered: StreamOrderedPool over cudaMalloc (CountingUpstream): a block freed on a
 //   stream is reused there at once and on another stream once an event recorded at the free has
-//   completed.
-// - caching: a CachingPool per stream over cudaMalloc, PyTorch's own rule (a block serves only
-//   the stream it was allocated on; memory moves between streams only through the device, once
-//   the stream that held it has finished its work). A block freed on another stream than its own
-//   goes back to its pool once an event recorded on the freeing stream has completed.
+//   completed; the idle threshold is its StreamPoolOptions::idle_threshold.
+// - caching: StreamCachingPool over cudaMalloc (CountingUpstream), PyTorch's own rule: a
+//   CachingPool per stream (a block serves only the stream it was allocated on; memory moves
+//   between streams only through the device, once the stream that held it has finished its work),
+//   a block freed on another stream than its own back once an event recorded on the freeing stream
+//   has completed.
 //
+// The rules are the library pools' own: a stack adds the device scope and the counting, nothing
+// else, so carve_replay's rows (examples/carve_replay/contenders.hpp) measure the pools built here.
 // Every kind hands out blocks aligned to 512 bytes (PyTorch's own), is thread-safe, and counts
 // into its Books. Stacks are built once per device and live as long as the process.
 #pragma once
@@ -19,18 +22,14 @@
 #include "books.hpp"
 
 #include <carve/core/errc.hpp>
-#include <carve/core/misuse.hpp>
-#include <carve/mr/caching_pool.hpp>
+#include <carve/mr/caching_pool_options.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
-#include <carve/vmm/detail/stream_frees.hpp>
+#include <carve/mr/stream_ordered_pool_options.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 
-#include <atomic>
 #include <cstddef>
 #include <limits>
-#include <mutex>
-#include <new>
-#include <optional>
 
 namespace carve::torch {
 
@@ -158,8 +157,8 @@ template <class Backend>
 class StreamOrderedStack final : public DeviceStack {
 public:
   StreamOrderedStack(int device, const StackOptions& o)
-      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)), idle_threshold_(o.idle_threshold),
-        pool_(Upstream(&memory_, &books_), typename Backend::Streams(), StreamPoolOptions{block_alignment}) {}
+      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)),
+        pool_(Upstream(&memory_, &books_), options(o), typename Backend::Streams()) {}
   void empty_cache() noexcept override {
     Backend::synchronize(device_);
     const typename Backend::DeviceScope scope(device_);
@@ -168,21 +167,21 @@ public:
 
 private:
   using Upstream = CountingUpstream<typename Backend::Upstream>;
+  static StreamPoolOptions options(const StackOptions& o) {
+    StreamPoolOptions out;
+    out.granularity = block_alignment;
+    out.idle_threshold = o.idle_threshold;
+    return out;
+  }
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
     return take_on_stream<Backend>(device_, pool_, stream, bytes);
   }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     const typename Backend::DeviceScope scope(device_);
-    Freed why = pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
-    if (why && idle_threshold_ != std::numeric_limits<std::size_t>::max() &&
-        pool_.stats().bytes_cached > idle_threshold_) {
-      (void)pool_.trim(); // what the streams' work has passed goes back to the device
-    }
-    return why;
+    return pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
   }
   int device_;
   typename Backend::Upstream memory_;
-  std::size_t idle_threshold_;
   StreamOrderedPool<Upstream, typename Backend::Streams> pool_;
 };
 
@@ -190,167 +189,32 @@ template <class Backend>
 class CachingStack final : public DeviceStack {
 public:
   CachingStack(int device, const StackOptions& o)
-      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)), idle_threshold_(o.idle_threshold) {}
-  ~CachingStack() override {
-    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr;) {
-      StreamPool* next = s->next;
-      delete s;
-      s = next;
-    }
-  }
+      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)),
+        pool_(Upstream(&memory_, &books_), options(o), typename Backend::Streams()) {}
   void empty_cache() noexcept override {
     Backend::synchronize(device_);
     const typename Backend::DeviceScope scope(device_);
-    collect_deferred();
-    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (settled(s->stream)) {
-        (void)s->pool.trim();
-      }
-    }
+    (void)pool_.trim();
   }
 
 private:
   using Upstream = CountingUpstream<typename Backend::Upstream>;
-  using Streams = typename Backend::Streams;
-  using stream_type = typename Streams::stream_type;
-  struct StreamPool {
-    stream_type stream;
-    CachingPool<Upstream> pool;
-    StreamPool* next = nullptr;
-  };
-  struct Deferred { // a block freed on another stream than its pool's
-    void* p = nullptr;
-    std::size_t bytes = 0;
-    StreamPool* owner = nullptr;
-  };
-
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    if (deferred_count_.load(std::memory_order_acquire) != 0) {
-      collect_deferred();
-    }
-    StreamPool* own = pool_for(Backend::stream(stream), true);
-    if (own == nullptr) {
-      return nullptr;
-    }
-    auto p = own->pool.try_allocate(bytes, block_alignment);
-    if (!p && p.error() == Errc::no_space && release_other_streams(own)) {
-      p = own->pool.try_allocate(bytes, block_alignment);
-    }
-    return p ? *p : nullptr;
+  static PoolOptions options(const StackOptions& o) {
+    PoolOptions out;
+    out.granularity = block_alignment;
+    out.idle_threshold = o.idle_threshold;
+    return out;
   }
-
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
+    return take_on_stream<Backend>(device_, pool_, stream, bytes);
+  }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     const typename Backend::DeviceScope scope(device_);
-    StreamPool* own = pool_for(Backend::stream(stream), false);
-    if (own != nullptr) {
-      const auto r = own->pool.try_deallocate(p, bytes, block_alignment);
-      if (r || r.error() != Errc::not_allocated) {
-        return r;
-      }
-    }
-    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (s != own && s->pool.owns(p)) {
-        return defer(Backend::stream(stream), Deferred{p, bytes, s});
-      }
-    }
-    return cuda::std::unexpected(Errc::not_allocated);
+    return pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
   }
-
-  // The pool of `stream`; made on first use when `make` (null when that fails for want of memory).
-  StreamPool* pool_for(stream_type stream, bool make) noexcept {
-    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (s->stream == stream) {
-        return s;
-      }
-    }
-    if (!make) {
-      return nullptr;
-    }
-    const std::lock_guard lock(grow_);
-    StreamPool* first = head_.load(std::memory_order_acquire);
-    for (StreamPool* s = first; s != nullptr; s = s->next) {
-      if (s->stream == stream) {
-        return s; // made by another thread meanwhile
-      }
-    }
-    PoolOptions options;
-    options.granularity = block_alignment;
-    options.idle_threshold = idle_threshold_;
-    auto* made =
-        new (std::nothrow) StreamPool{stream, CachingPool<Upstream>(Upstream(&memory_, &books_), options), first};
-    if (made != nullptr) {
-      head_.store(made, std::memory_order_release);
-    }
-    return made;
-  }
-
-  // Waits (where the streams can) for the work queued on `stream` so far; whether it has run.
-  bool settled(stream_type stream) noexcept {
-    const std::lock_guard lock(events_);
-    try {
-      auto e = streams_.record(stream);
-      if (!e) {
-        return false;
-      }
-      if constexpr (StreamEventsThatWait<Streams>) {
-        streams_.wait(*e);
-      }
-      const bool done = streams_.completed(*e);
-      streams_.release(*e);
-      return done;
-    } catch (const std::bad_alloc&) {
-      return false;
-    }
-  }
-
-  // The device said no to `own`'s pool: the other streams' pools give back their free segments,
-  // each once its stream's work has run. Whether any did.
-  bool release_other_streams(StreamPool* own) noexcept {
-    collect_deferred();
-    std::size_t released = 0;
-    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (s != own && settled(s->stream)) {
-        released += s->pool.trim();
-      }
-    }
-    return released != 0;
-  }
-
-  Freed defer(stream_type freed_on, Deferred d) noexcept {
-    const std::lock_guard lock(events_);
-    try {
-      deferred_.add(streams_, d, freed_on);
-    } catch (const std::bad_alloc&) {
-      return cuda::std::unexpected(Errc::no_space);
-    }
-    deferred_count_.fetch_add(1, std::memory_order_release);
-    return {};
-  }
-
-  // Blocks freed on another stream whose free that stream's work has passed go back to their pools.
-  void collect_deferred() noexcept {
-    const std::lock_guard lock(events_);
-    try {
-      deferred_.collect(streams_, [&](Deferred d) {
-        deferred_count_.fetch_sub(1, std::memory_order_relaxed);
-        if (const auto r = d.owner->pool.try_deallocate(d.p, d.bytes, block_alignment); !r) {
-          report_misuse("carve_torch_free", d.p, d.bytes, r.error()); // freed on another stream
-        }
-      });
-    } catch (const std::bad_alloc&) { // the rest stay deferred
-    }
-  }
-
   int device_;
   typename Backend::Upstream memory_;
-  std::size_t idle_threshold_;
-  std::atomic<StreamPool*> head_{nullptr}; // the streams' pools, newest first; never unlinked
-  std::mutex grow_;                        // one thread at a time makes a pool
-  std::mutex events_;                      // streams_ and deferred_
-  Streams streams_;
-  detail::CrossStreamFrees<Streams, Deferred> deferred_;
-  std::atomic<std::size_t> deferred_count_{0};
+  StreamCachingPool<Upstream, typename Backend::Streams> pool_;
 };
 
 } // namespace carve::torch

@@ -16,6 +16,7 @@ static_assert(carve::cuda_mr_available);
 static_assert(carve::SynchronousResourceWith<Pool, cuda::mr::host_accessible>);
 static_assert(!carve::SynchronousResourceWith<Pool, cuda::mr::device_accessible>);
 static_assert(carve::SynchronousResourceWith<SimulatedCard, cuda::mr::host_accessible>);
+static_assert(carve::SynchronousResourceWith<carve::StreamCachingPool<SimulatedCard>, cuda::mr::host_accessible>);
 #if !defined(CARVE_HAS_CUDA_SYNCHRONOUS_RESOURCE)
 static_assert(CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0); // the last CCCL without it
 static_assert(cuda::mr::resource<SimulatedCard>);
@@ -25,8 +26,10 @@ static_assert(!cuda::mr::resource_with<Pool, cuda::mr::device_accessible>);
 using HostRef = cuda::mr::resource_ref<cuda::mr::host_accessible>;
 // The stream-ordered pool over CUDA streams is CCCL's stream-ordered resource.
 static_assert(cuda::mr::async_resource<carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams>>);
+static_assert(cuda::mr::async_resource<carve::StreamCachingPool<carve::CudaDeviceResource, carve::CudaStreams>>);
 #else
 static_assert(cuda::mr::resource<carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams>>);
+static_assert(cuda::mr::resource<carve::StreamCachingPool<carve::CudaDeviceResource, carve::CudaStreams>>);
 static_assert(cuda::mr::synchronous_resource<Pool>);
 static_assert(cuda::mr::synchronous_resource_with<Pool, cuda::mr::host_accessible>);
 static_assert(!cuda::mr::synchronous_resource_with<Pool, cuda::mr::device_accessible>);

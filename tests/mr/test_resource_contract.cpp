@@ -327,7 +327,7 @@ const std::vector<ContractRun>& contract_runs() {
        }},
       {"StreamOrderedPool<SimulatedCard, SimulatedStreams>", "mr/stream_ordered_pool.hpp",
        [] {
-         carve::StreamOrderedPool<carve::SimulatedCard, carve::SimulatedStreams> pool(carve::SimulatedCard(4 * MiB),
+         carve::StreamOrderedPool<carve::SimulatedCard, carve::SimulatedStreams> pool(carve::SimulatedCard(4 * MiB), {},
                                                                                       carve::SimulatedStreams(2));
          // Any alignment the card gives; no capacity of its own, so the card's bounds it.
          return check(pool, {.largest_request = 100 * KiB,
@@ -344,7 +344,7 @@ const std::vector<ContractRun>& contract_runs() {
          std::optional<ContractResult> result;
          {
            carve::StreamOrderedPool<carve::ResourceRef<carve::test::BudgetResource>, carve::SimulatedStreams> pool(
-               carve::ref(budget), carve::SimulatedStreams(2));
+               carve::ref(budget), {}, carve::SimulatedStreams(2));
            result = check(pool, {.largest_request = 100 * KiB,
                                  .batch = 24,
                                  .max_alignment = 4 * KiB,
@@ -353,6 +353,14 @@ const std::vector<ContractRun>& contract_runs() {
            CHECK(pool.trim() > 0);
          }
          CHECK(budget.live_blocks() == 0);
+         return result;
+       }},
+      {"StreamCachingPool<SimulatedCard, SimulatedStreams>", "mr/stream_caching_pool.hpp",
+       [] {
+         carve::StreamCachingPool<carve::SimulatedCard, carve::SimulatedStreams> pool(
+             carve::SimulatedCard(4 * MiB), pool_options, carve::SimulatedStreams(2));
+         const ContractResult result = check(pool, shape_of(pool, 100 * KiB, 24, 512, true));
+         CHECK(pool.consistent());
          return result;
        }},
       {"TraceResource<CachingPool<SimulatedCard>>", "mr/trace_resource.hpp",
@@ -483,6 +491,7 @@ const std::vector<ContractRun>& contract_runs() {
 const std::vector<std::pair<std::string, std::string>> run_elsewhere = {
     {"mr/memory_resource.hpp", "the concept's archetypes, never called"},
     {"mr/cuda_device_resource.hpp", "cudaMalloc: test_resource_contract.cu runs it where a GPU is"},
+    {"mr/detail/shared_upstream.hpp", "the upstream handle of StreamCachingPool's streams' pools: run through it"},
 };
 
 // A slot arena with one flaw of the kind the contract is there to find.
@@ -637,6 +646,15 @@ TEST_CASE("thread-safe resources keep the contract with threads allocating at on
     hammer(pool, 20 * KiB, 256);
     CHECK(pool.stats().bytes_in_use == 0);
     CHECK(pool.upstream().used_bytes() == 0);
+  }
+  SUBCASE("a StreamCachingPool") {
+    carve::StreamCachingPool<carve::SimulatedCard, carve::SimulatedStreams> pool(
+        carve::SimulatedCard(4 * MiB), pool_options, carve::SimulatedStreams(2));
+    hammer(pool, 20 * KiB, 256);
+    CHECK(pool.stats().bytes_in_use == 0);
+    CHECK(pool.trim() > 0);
+    CHECK(pool.upstream().used_bytes() == 0);
+    CHECK(pool.consistent());
   }
 }
 

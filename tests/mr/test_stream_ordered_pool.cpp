@@ -36,7 +36,7 @@ constexpr SimulatedStream s2{2};
 } // namespace
 
 TEST_CASE("a freed block: at once on its own stream, on another only after the free's event") {
-  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(3));
+  Pool pool(SimulatedCard(1 << 20), {}, SimulatedStreams(3));
   void* p = *pool.try_allocate(s0, 4 * KiB, 256);
   pool.streams().enqueue(s0); // a kernel on s0 uses p
   REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 256));
@@ -73,7 +73,7 @@ TEST_CASE("a freed block: at once on its own stream, on another only after the f
 }
 
 TEST_CASE("sizes: a cached block serves requests between half its size and its size") {
-  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(1), {.granularity = 512});
+  Pool pool(SimulatedCard(1 << 20), {.granularity = 512}, SimulatedStreams(1));
   void* big = *pool.try_allocate(s0, 8 * KiB, 256);
   REQUIRE(pool.try_deallocate(s0, big, 8 * KiB, 256));
   void* small = *pool.try_allocate(s0, 1 * KiB, 256);
@@ -86,7 +86,7 @@ TEST_CASE("sizes: a cached block serves requests between half its size and its s
 }
 
 TEST_CASE("bad input is refused and changes nothing") {
-  Pool pool(SimulatedCard(64 * KiB), SimulatedStreams(2));
+  Pool pool(SimulatedCard(64 * KiB), {}, SimulatedStreams(2));
   CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 128 * KiB, 256).error() == Errc::no_space);
@@ -108,12 +108,12 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
   CHECK_FALSE(pool.owns(p));
   CHECK(pool.stats().upstream_failures == 2);
-  CHECK_THROWS_AS(Pool(SimulatedCard(KiB), SimulatedStreams(1), {.granularity = 3}), carve::Exception);
+  CHECK_THROWS_AS(Pool(SimulatedCard(KiB), {.granularity = 3}, SimulatedStreams(1)), carve::Exception);
   CHECK(pool.trim() == 0);
 }
 
 TEST_CASE("a full card: cached blocks whose work is done go back, and the request is retried") {
-  Pool pool(SimulatedCard(64 * KiB), SimulatedStreams(2));
+  Pool pool(SimulatedCard(64 * KiB), {}, SimulatedStreams(2));
   void* a = *pool.try_allocate(s0, 16 * KiB, 256);
   void* b = *pool.try_allocate(s0, 16 * KiB, 256);
   void* c = *pool.try_allocate(s1, 16 * KiB, 256);
@@ -134,12 +134,32 @@ TEST_CASE("a full card: cached blocks whose work is done go back, and the reques
   pool.deallocate(s0, e, 20 * KiB, 256);
 }
 
+TEST_CASE("idle threshold: a free that leaves more cached gives back blocks whose work has run, largest first") {
+  Pool pool(SimulatedCard(1 << 20), {.idle_threshold = 16 * KiB}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 16 * KiB, 256);
+  void* b = *pool.try_allocate(s0, 8 * KiB, 256);
+  void* c = *pool.try_allocate(s1, 32 * KiB, 256);
+  pool.deallocate(s0, a, 16 * KiB, 256); // at the threshold: kept
+  CHECK(pool.stats().bytes_cached == 16 * KiB);
+  pool.streams().enqueue(s1);
+  pool.deallocate(s1, c, 32 * KiB, 256); // c's stream still works on it: a goes, c stays
+  CHECK(pool.stats().bytes_cached == 32 * KiB);
+  CHECK(pool.stats().idle_releases == 1);
+  CHECK(pool.upstream().used_bytes() == 40 * KiB);
+  pool.streams().complete(s1);
+  pool.deallocate(s0, b, 8 * KiB, 256); // now c, the largest, goes, and 8 KiB is under the threshold
+  CHECK(pool.stats().bytes_cached == 8 * KiB);
+  CHECK(pool.stats().idle_releases == 2);
+  CHECK(pool.upstream().used_bytes() == 8 * KiB);
+  CHECK(pool.options().idle_threshold == 16 * KiB);
+}
+
 TEST_CASE("random streams against a model: never handed to another stream before its event") {
   for (unsigned seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);
     std::mt19937 rng(seed);
     constexpr std::uint32_t streams = 4;
-    Pool pool(SimulatedCard(4 << 20), SimulatedStreams(streams), {.granularity = 256});
+    Pool pool(SimulatedCard(4 << 20), {.granularity = 256}, SimulatedStreams(streams));
     struct Held {
       std::size_t bytes;
       std::uint32_t stream;
@@ -198,7 +218,7 @@ TEST_CASE("random streams against a model: never handed to another stream before
 
 TEST_CASE("threads, each with its stream, never share a block") {
   constexpr unsigned threads = 4;
-  Pool pool(SimulatedCard(8 << 20), SimulatedStreams(threads), {.granularity = 256});
+  Pool pool(SimulatedCard(8 << 20), {.granularity = 256}, SimulatedStreams(threads));
   std::atomic<int> overlaps{0};
   std::vector<std::thread> workers;
   for (unsigned t = 0; t < threads; ++t) {
@@ -278,9 +298,10 @@ concept DefaultsAnAlignment = requires(R& r, S s, void* p, std::size_t n) {
 || requires(R& r, S s, void* p, std::size_t n) { r.deallocate(s, p, n); }
 || requires(R& r, S s, std::size_t n) { r.allocate(s, n); };
 using Expandable = carve::ExpandablePool<carve::HostMemoryMapper, SimulatedStreams>;
-static_assert(SameStreamSpellings<Pool> && SameStreamSpellings<Expandable>);
+using Caching = carve::StreamCachingPool<SimulatedCard, SimulatedStreams>;
+static_assert(SameStreamSpellings<Pool> && SameStreamSpellings<Expandable> && SameStreamSpellings<Caching>);
 static_assert(SameStreamSpellings<carve::TraceResource<Pool>> && SameStreamSpellings<carve::TraceResource<Expandable>>);
-static_assert(!DefaultsAnAlignment<Pool> && !DefaultsAnAlignment<Expandable> &&
+static_assert(!DefaultsAnAlignment<Pool> && !DefaultsAnAlignment<Expandable> && !DefaultsAnAlignment<Caching> &&
               !DefaultsAnAlignment<carve::TraceResource<Pool>>);
 template <class R>
 concept DefaultsAnAlignmentWithoutStreams = requires(R& r, std::size_t n) {
@@ -289,11 +310,12 @@ concept DefaultsAnAlignmentWithoutStreams = requires(R& r, std::size_t n) {
 || requires(R& r, void* p, std::size_t n) { r.deallocate(p, n); }
 || requires(R& r, void* p, std::size_t n) { r.try_deallocate(p, n); };
 static_assert(!DefaultsAnAlignmentWithoutStreams<carve::CachingPool<SimulatedCard>>); // no default there alone
-static_assert(!DefaultsAnAlignmentWithoutStreams<Pool> && !DefaultsAnAlignmentWithoutStreams<Expandable>);
+static_assert(!DefaultsAnAlignmentWithoutStreams<Pool> && !DefaultsAnAlignmentWithoutStreams<Expandable> &&
+              !DefaultsAnAlignmentWithoutStreams<Caching>);
 } // namespace one_shape
 
 TEST_CASE("the CCCL 3.0 spellings are the stream-first calls under another name") {
-  Pool pool(SimulatedCard(1 << 20), SimulatedStreams(2));
+  Pool pool(SimulatedCard(1 << 20), {}, SimulatedStreams(2));
   void* p = pool.allocate_async(4 * KiB, 256, s0);
   pool.streams().enqueue(s0);
   pool.deallocate_async(p, 4 * KiB, 256, s0);

@@ -315,8 +315,9 @@ TEST_CASE("four threads through one traced pool: every line whole, seq 0..n-1, t
 TEST_CASE("a stream-ordered pool, traced: its calls carry the stream's number, synchronous ones none") {
   std::ostringstream text;
   auto log = std::make_shared<TraceLog>(text);
-  TraceResource<StreamPool> pool(std::piecewise_construct,
-                                 std::forward_as_tuple(SimulatedCard(1 << 20), SimulatedStreams(3)), log);
+  TraceResource<StreamPool> pool(
+      std::piecewise_construct,
+      std::forward_as_tuple(SimulatedCard(1 << 20), carve::StreamPoolOptions{}, SimulatedStreams(3)), log);
   const SimulatedStream s1{1};
   const SimulatedStream s2{2};
   void* a = *pool.try_allocate(s1, 4 * KiB, 256);
@@ -354,10 +355,12 @@ TEST_CASE("stream numbers: a pointer-like handle's value, or the type's own trac
   int anchor = 0;
   const pointer_streams::Handle h{&anchor};
   TraceResource<carve::StreamOrderedPool<SimulatedCard, pointer_streams::Streams>> by_pointer(
-      std::piecewise_construct, std::forward_as_tuple(SimulatedCard(1 << 20), pointer_streams::Streams{}), log);
+      std::piecewise_construct,
+      std::forward_as_tuple(SimulatedCard(1 << 20), carve::StreamPoolOptions{}, pointer_streams::Streams{}), log);
   by_pointer.deallocate(h, by_pointer.allocate(h, KiB, 256), KiB, 256);
   TraceResource<carve::StreamOrderedPool<SimulatedCard, named_streams::Streams>> by_name(
-      std::piecewise_construct, std::forward_as_tuple(SimulatedCard(1 << 20), named_streams::Streams{}), log);
+      std::piecewise_construct,
+      std::forward_as_tuple(SimulatedCard(1 << 20), carve::StreamPoolOptions{}, named_streams::Streams{}), log);
   by_name.deallocate(named_streams::Lane{7}, by_name.allocate(named_streams::Lane{7}, KiB, 256), KiB, 256);
   log->flush();
   const auto r = rows(text.str());

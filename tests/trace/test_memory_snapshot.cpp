@@ -150,13 +150,13 @@ TEST_CASE("expandable segments: maps and unmaps are the recorded reserve") {
   CHECK(t->recorded->steps.back().second == small->recorded->peak_bytes - (std::uint64_t{2} << 20));
 }
 
-TEST_CASE("a snapshot without events for the device asked for is refused") {
+TEST_CASE("a snapshot with neither events nor segments for the device asked for is refused") {
   const auto bytes = carve::trace::read_whole_file(data + "small_snapshot.pickle");
   REQUIRE(bytes);
   const auto t = carve::trace::read_memory_snapshot(*bytes, "small.pickle", 1);
   REQUIRE_FALSE(t);
-  CHECK(t.error().message == "small.pickle: start state: device 1 has no recorded events (record them with "
-                             "torch.cuda.memory._record_memory_history())");
+  CHECK(t.error().message == "small.pickle: start state: device 1 has no recorded events and no segments: nothing "
+                             "to read (record events with torch.cuda.memory._record_memory_history())");
   CHECK_FALSE(carve::trace::read_memory_snapshot(*bytes, "small.pickle", 2));
 }
 

@@ -251,6 +251,32 @@ TEST_CASE("protocol 0's text arguments: floats, escaped str, Python 2 strings") 
   CHECK(show("L-5\n."sv) == "-5");
 }
 
+TEST_CASE("text integers beyond 64-bit signed read as big_integer, as binary ones do") {
+  // pickle.dumps([2**64 - 1, -2**63 - 1, 2**63, 2**31, 7, -2**63], 0): LONG text for each int
+  // beyond 32 bits, INT for the rest
+  const std::string_view p0 =
+      "(lp0\nL18446744073709551615L\naL-9223372036854775809L\naL9223372036854775808L\naL2147483648L\n"
+      "aI7\naL-9223372036854775808L\na."sv;
+  const std::string want = "[<above 2**63-1>, <below -2**63>, <above 2**63-1>, 2147483648, 7, -9223372036854775808]";
+  CHECK(show(p0) == want);
+  // The same list, pickle.dumps(..., 1): LONG text in a binary protocol
+  CHECK(show("]q\x00(L18446744073709551615L\nL-9223372036854775809L\nL9223372036854775808L\nL2147483648L\nK\x07"
+             "L-9223372036854775808L\ne."sv) == want);
+  // By hand; pickle.loads reads 2**63, -2**63 - 1 (INT beyond 64 bits, as CPython's unpicklers
+  // read it) and 10**40 (LONG without Python 2's 'L')
+  CHECK(show("I9223372036854775808\n."sv) == "<above 2**63-1>");
+  CHECK(show("I-9223372036854775809\n."sv) == "<below -2**63>");
+  CHECK(show("L10000000000000000000000000000000000000000\n."sv) == "<above 2**63-1>");
+  // pickle.dumps({'line': 2**64 - 1}, 1): what a C++ frame's unknown line is in protocol 1
+  const PickleDocument d = read("}q\x00X\x04\x00\x00\x00lineq\x01L18446744073709551615L\ns."sv);
+  REQUIRE(d.find(d.root(), "line"));
+  CHECK(d.kind(*d.find(d.root(), "line")) == Kind::big_integer);
+  CHECK(d.integer(*d.find(d.root(), "line")) == 0);
+  // A container operation onto one is refused with its type named, as for a binary one.
+  CHECK(error("L18446744073709551615L\n(K\x01"
+              "e."sv) == "t.pickle: byte 26: APPENDS onto an int, not a list");
+}
+
 TEST_CASE("bytes, bytearrays, sets and frozensets") {
   // pickle.dumps([b'', b'ab', bytearray(b'cd')], 5): SHORT_BINBYTES, BYTEARRAY8
   CHECK(show("\x80\x05\x95\x19\x00\x00\x00\x00\x00\x00\x00]\x94(C\x00\x94"
@@ -529,12 +555,13 @@ TEST_CASE("malformed pickles: each error with its message") {
       {"j\x00\x00\x01\x00."sv, "byte 0: LONG_BINGET of memo index 65536, where nothing was stored"},
       {"Np-1\n."sv, "byte 1: PUT of a negative memo index"},
       {"Np1x\n."sv, "byte 1: PUT text \"1x\" is not a decimal integer"},
-      // Text integers beyond 64-bit signed (protocol 0, which PyTorch does not write), and
-      // malformed number text.
+      // Negative lengths, a memo index beyond 64-bit signed, and malformed number text.
       {"\x8b\xff\xff\xff\xff."sv, "byte 0: LONG4 with a negative length"},
       {"T\x00\x00\x00\x80."sv, "byte 0: BINSTRING with a negative length"},
-      {"I9223372036854775808\n."sv, "byte 0: INT integer 9223372036854775808 beyond 64-bit signed"},
-      {"L-9223372036854775809L\n."sv, "byte 0: LONG integer -9223372036854775809 beyond 64-bit signed"},
+      {"Np99999999999999999999\n."sv, "byte 1: PUT integer 99999999999999999999 beyond 64-bit signed"},
+      {"g-9223372036854775809\n."sv, "byte 0: GET integer -9223372036854775809 beyond 64-bit signed"},
+      {"L0123L\n."sv, "byte 0: LONG text \"0123\" has a leading zero, which Python's unpicklers read differently"},
+      {"L18446744073709551615x\n."sv, "byte 0: LONG text \"18446744073709551615x\" is not a decimal integer"},
       {"I010\n."sv, "byte 0: INT text \"010\" has a leading zero, which Python's unpicklers read differently"},
       {"I-0\n."sv, "byte 0: INT text \"-0\" has a leading zero, which Python's unpicklers read differently"},
       {"I1.5\n."sv, "byte 0: INT text \"1.5\" is not a decimal integer"},

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -246,7 +247,8 @@ TEST_CASE("placement and mappings follow a reference model, and no block's bytes
 }
 
 TEST_CASE("growth by chunks: few driver calls, and the unused end bounded by the growth divisor") {
-  Pool pool(mapper(), small({.growth_divisor = 8}));
+  constexpr std::size_t no_line = std::numeric_limits<std::size_t>::max(); // growth alone decides
+  Pool pool(mapper(), small({.growth_divisor = 8, .headroom_permille = no_line}));
   std::vector<void*> blocks;
   for (int i = 0; i < 1000; ++i) { // 8 MiB of 8 KiB blocks: 128 granules
     blocks.push_back(*pool.try_allocate(8 * KiB, 512));
@@ -426,6 +428,116 @@ TEST_CASE("streams: memory freed on a stream stays mapped until the stream's wor
   }
   CHECK(*held == 0); // every event recorded was given back, the last ones at destruction
   CHECK(*held_capped == 0);
+}
+
+TEST_CASE("headroom: a growth chunk stops at the line, and the pool stays within it") {
+  // 5%: 128 granules of 8 KiB blocks map in chunks of at most 5% of the peak, never past it.
+  Pool pool(mapper(), small({.growth_divisor = 2, .headroom_permille = 50}));
+  std::vector<void*> blocks;
+  for (int i = 0; i < 1000; ++i) {
+    blocks.push_back(*pool.try_allocate(8 * KiB, 512));
+    const auto s = pool.stats();
+    const std::size_t line = s.peak_in_use + s.peak_in_use / 1000 * 50;
+    const std::size_t touched = (s.bytes_in_use + granule - 1) / granule * granule;
+    REQUIRE(s.bytes_reserved <= std::max(line, touched)); // a chunk may map only what its block touches
+  }
+  const auto s = pool.stats();
+  CHECK(s.chunks > 20);  // growth by halves alone would make about 7; the line makes more, smaller ones
+  CHECK(s.chunks < 125); // one per granule
+  for (void* p : blocks) {
+    pool.deallocate(p, 8 * KiB, 512);
+  }
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("headroom: before mapping past the line the pool unmaps idle chunks, highest first") {
+  // Exact chunks; blocks [0,2) k [3,5) k [6,10) in granules, k kept live.
+  const auto layout = [](Pool& pool) {
+    std::vector<void*> b;
+    for (const std::size_t n : {2u, 1u, 2u, 1u, 4u}) {
+      b.push_back(*pool.try_allocate(n * granule, 512));
+    }
+    REQUIRE(chunks_of(pool).size() == 5);
+    pool.deallocate(b[0], 2 * granule, 512);
+    pool.deallocate(b[2], 2 * granule, 512); // two idle chunks of two granules: [0,2) and [3,5)
+    return b;
+  };
+  const auto base = [](Pool& pool) { return chunks_of(pool).front().first; };
+  { // No line: the 5-granule block maps at [10,15) and the idle chunks stay.
+    Pool pool(mapper(), small({.growth_divisor = 0, .headroom_permille = std::numeric_limits<std::size_t>::max()}));
+    layout(pool);
+    void* big = *pool.try_allocate(5 * granule, 512);
+    CHECK(pool.stats().bytes_reserved == 15 * granule);
+    CHECK(pool.stats().unmaps == 0);
+    pool.deallocate(big, 5 * granule, 512);
+  }
+  { // A line 20% over the peak of 11 granules (13.2): [3,5) goes, [0,2) is enough to keep.
+    Pool pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 200}));
+    layout(pool);
+    const std::uintptr_t start = base(pool);
+    void* big = *pool.try_allocate(5 * granule, 512);
+    CHECK(reinterpret_cast<std::uintptr_t>(big) == start + 10 * granule);
+    const auto s = pool.stats();
+    CHECK(s.bytes_reserved == 13 * granule);
+    CHECK(s.peak_reserved == 13 * granule);
+    CHECK(s.unmaps == 1);
+    const auto now = chunks_of(pool);
+    CHECK(std::find(now.begin(), now.end(), std::pair{start, 2 * granule}) != now.end());
+    CHECK(std::find(now.begin(), now.end(), std::pair{start + 3 * granule, 2 * granule}) == now.end());
+    CHECK(pool.consistent());
+  }
+  { // No headroom: both idle chunks go, and the pool never held more than its live peak.
+    Pool pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 0}));
+    layout(pool);
+    void* big = *pool.try_allocate(5 * granule, 512);
+    CHECK(pool.stats().bytes_reserved == 11 * granule);
+    CHECK(pool.stats().peak_reserved == 11 * granule);
+    CHECK(pool.stats().unmaps == 2);
+    pool.deallocate(big, 5 * granule, 512);
+    CHECK(pool.consistent());
+  }
+}
+
+TEST_CASE("held mappings: nothing is unmapped, by the line, the threshold, trim or the retry") {
+  Pool pool(
+      mapper(),
+      small({.max_reserved_bytes = 4 * granule, .growth_divisor = 0, .release_threshold = 0, .headroom_permille = 0}));
+  void* a = *pool.try_allocate(2 * granule, 512);
+  void* keep = *pool.try_allocate(granule, 512);
+  pool.hold_mappings(true); // a stream capture begins
+  pool.deallocate(a, 2 * granule, 512);
+  CHECK(pool.stats().bytes_reserved == 3 * granule); // threshold 0, yet still mapped
+  CHECK(pool.trim() == 0);
+  CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space); // past the cap: would need an unmap
+  CHECK(pool.stats().unmaps == 0);
+  pool.hold_mappings(false);                      // the capture ended
+  void* b = *pool.try_allocate(3 * granule, 512); // the retry unmaps a's idle chunk
+  CHECK(pool.stats().unmaps == 1);
+  CHECK(pool.stats().bytes_reserved == 4 * granule);
+  pool.deallocate(b, 3 * granule, 512);
+  pool.deallocate(keep, granule, 512);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("headroom: memory freed on a stream whose work has not run is never unmapped for it") {
+  using StreamPool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
+  StreamPool pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 0}), carve::SimulatedStreams(1));
+  const carve::SimulatedStream s0{0};
+  void* a = *pool.try_allocate(s0, 2 * granule, 512);
+  void* keep = *pool.try_allocate(s0, granule, 512);
+  pool.streams().enqueue(s0); // a kernel still reading `a`
+  pool.deallocate(s0, a, 2 * granule, 512);
+  void* big = *pool.try_allocate(s0, 3 * granule, 512); // past the line: but `a`'s chunk is busy
+  CHECK(pool.stats().unmaps == 0);
+  CHECK(pool.stats().bytes_reserved == 6 * granule);
+  pool.streams().complete(s0);
+  pool.deallocate(s0, big, 3 * granule, 512);
+  void* bigger = *pool.try_allocate(s0, 4 * granule, 512); // the line is 5 granules: idle memory goes
+  CHECK(pool.stats().unmaps > 0);
+  CHECK(pool.stats().bytes_reserved <= 5 * granule);
+  pool.deallocate(s0, bigger, 4 * granule, 512);
+  pool.deallocate(s0, keep, granule, 512);
+  CHECK(pool.consistent());
 }
 
 TEST_CASE("the release threshold unmaps the least recently idle chunks first") {

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 namespace {
@@ -297,6 +298,44 @@ TEST_CASE("HostMemoryMapper: memory this CPU has no right to cannot be touched")
   REQUIRE(va);
   CHECK(faults(*va, false) == faulted_where_expected);
   REQUIRE(m.free_reservation(*va, granule));
+}
+
+TEST_CASE("HostMemoryMapper: address_only keeps the protocol's rules in its tables and maps no memory") {
+  HostMemoryMapper m({.granularity = granule, .device_count = 2, .address_only = true});
+  const auto descriptors = [] { // a memfd per allocation would show here
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      ++n;
+    }
+    return n;
+  };
+  const std::size_t before = descriptors();
+  const auto h = m.create(0, 4 * granule);
+  REQUIRE(h);
+  CHECK(descriptors() == before);
+  CHECK(code_of(m.export_fd(*h)) == Errc::unsupported);
+  CHECK(code_of(m.import_fd(0)) == Errc::unsupported);
+  const auto va = m.reserve(8 * granule, 0);
+  REQUIRE(va);
+  auto* p = static_cast<std::byte*>(*va);
+  REQUIRE(m.map(p, 2 * granule, *h));
+  REQUIRE(m.map(p + 2 * granule, 2 * granule, *h));
+  // The rules are the twin's: over a mapping, a range that cuts one, a misaligned address.
+  CHECK(code_of(m.map(p + granule, granule, *h)) == Errc::invalid_argument);
+  CHECK(code_of(m.unmap(p, granule)) == Errc::not_allocated);
+  CHECK(code_of(m.map(p + 4 * granule + 512, granule, *h)) == Errc::invalid_argument);
+  CHECK(code_of(m.free_reservation(p, 8 * granule)) == Errc::invalid_argument);
+  REQUIRE(m.set_access(p, 4 * granule, 1, Access::read_write)); // two whole mappings at once
+  CHECK(*m.access(p + 3 * granule, 1) == Access::read_write);
+  CHECK(*m.access(p, 0) == Access::none);
+  REQUIRE(m.set_access(p, 2 * granule, 0, Access::read_write));
+  // A right recorded, no memory behind it: the CPU's touch still faults.
+  const int status = in_child([&] { return touch_expecting_fault(p + 100, true); });
+  CHECK((WIFEXITED(status) ? WEXITSTATUS(status) : -1) == faulted_where_expected);
+  REQUIRE(m.release(*h));
+  REQUIRE(m.unmap(p, 4 * granule));
+  REQUIRE(m.free_reservation(p, 8 * granule));
+  CHECK(descriptors() == before);
 }
 
 TEST_CASE("HostMemoryMapper: every_device gives the CPU the widest right any device holds") {

@@ -177,14 +177,18 @@ public:
   /// How long a taken range is.
   std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
 
-  /// Calls `visit(start, bytes)` for every free range, smallest first (the lowest among equals).
+  /// Calls `visit(start, bytes)` for every free range of at least `at_least` bytes, smallest first
+  /// (the lowest among equals); the classes below it and the empty ones are skipped, not walked.
   /// `visit` must not change the ranges.
   template <class Visit>
-  void for_each_free(Visit&& visit) const {
+  void for_each_free(Visit&& visit, std::size_t at_least = 1) const {
     const FreeOrder<const Node> at{nodes_.data()};
-    for (std::uint32_t c = 0; c < class_count; ++c) {
+    const std::uint32_t own = class_of(std::max<std::size_t>(at_least, 1));
+    for (std::uint32_t c = roots_[own] != none ? own : next_class(own); c != none; c = next_class(c)) {
       for (std::uint32_t n = ConstTree::first(roots_[c], at); n != none; n = ConstTree::next(n, at)) {
-        visit(nodes_[n].start, nodes_[n].bytes);
+        if (nodes_[n].bytes >= at_least) {
+          visit(nodes_[n].start, nodes_[n].bytes);
+        }
       }
     }
   }

@@ -46,11 +46,11 @@
 #include <carve/core/error.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
+#include <carve/mr/caching_pool_options.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/block_lookup.hpp>
 #include <carve/mr/memory_resource.hpp>
-#include <carve/mr/pool_stats.hpp>
 #include <carve/mr/simulated_card.hpp>
 
 #include <cuda/std/expected>
@@ -165,6 +165,22 @@ public:
     in_use_ -= size;
     if (ranges_.free_bytes() > options_.idle_threshold) {
       release_free_segments(options_.idle_threshold);
+    }
+    return success;
+  }
+
+  /// What try_deallocate(p, bytes, alignment) would say now, without freeing anything: success,
+  /// not_allocated or invalid_size as there. For a caller that frees later (StreamCachingPool
+  /// holds a free made on another stream until that stream's work has passed it).
+  [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
+                                                                 std::size_t alignment) const noexcept {
+    const std::lock_guard lock(mutex_);
+    const BestFitRanges::Handle* found = live_.find(to_addr(p));
+    if (found == nullptr) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    if (!valid_request(bytes, alignment) || rounded(bytes, alignment) != ranges_.size(*found)) {
+      return cuda::std::unexpected(Errc::invalid_size);
     }
     return success;
   }

@@ -21,7 +21,10 @@
 /// block serves requests between half its size and its size, so small requests do not pin large
 /// blocks. The synchronous spellings (try_allocate / deallocate without a stream) are for callers
 /// that have synchronised: a synchronous free is reusable by any stream at once, and a
-/// synchronous allocation takes only blocks whose events have completed.
+/// synchronous allocation takes only blocks whose events have completed. Cached blocks go back to
+/// the upstream on trim(), when the upstream refuses a request, and beyond
+/// StreamPoolOptions::idle_threshold; in each case only blocks whose events have completed.
+/// Options and stats: carve/mr/stream_ordered_pool_options.hpp.
 ///
 /// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
 /// no_space when the upstream refuses, even after every
@@ -37,7 +40,9 @@
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/memory_resource.hpp>
+#include <carve/mr/simulated_card.hpp>
 #include <carve/mr/stream_events.hpp>
+#include <carve/mr/stream_ordered_pool_options.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -51,25 +56,8 @@
 
 namespace carve {
 
-/// How StreamOrderedPool rounds and caches.
-struct StreamPoolOptions {
-  std::size_t granularity = 512; ///< block sizes are multiples of it (a power of two)
-};
-
-/// What a StreamOrderedPool has done so far.
-struct StreamPoolStats {
-  std::size_t bytes_in_use = 0;         ///< in blocks handed out
-  std::size_t bytes_cached = 0;         ///< in blocks waiting for reuse
-  std::size_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
-  std::size_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
-  std::size_t upstream_allocations = 0; ///< blocks taken from the upstream
-  std::size_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
-  std::size_t upstream_failures = 0; ///< the upstream said no (then the cached blocks whose events had completed went
-                                     ///< back, and the request was retried)
-};
-
 /// A stream-ordered caching pool over `Upstream`, with streams and events from `Streams`.
-template <MemoryResource Upstream, StreamEvents Streams>
+template <MemoryResource Upstream, StreamEvents Streams = SynchronousStreams>
 class StreamOrderedPool
     : public StreamOrderedSpellings<StreamOrderedPool<Upstream, Streams>, typename Streams::stream_type> {
 public:
@@ -78,8 +66,10 @@ public:
   /// The stream type allocations name.
   using stream_type = typename Streams::stream_type;
 
-  /// Throws carve::Exception (invalid_argument) for a granularity that is not a power of two.
-  explicit StreamOrderedPool(Upstream upstream, Streams streams = Streams(), StreamPoolOptions options = {})
+  /// The arguments in the order of every carve pool: what it takes memory from, its options, its
+  /// streams. Throws carve::Exception (invalid_argument) for a granularity that is not a power of
+  /// two.
+  explicit StreamOrderedPool(Upstream upstream, StreamPoolOptions options = {}, Streams streams = Streams())
       : upstream_(std::move(upstream)), streams_(std::move(streams)), options_(options) {
     if (options.granularity == 0 || (options.granularity & (options.granularity - 1)) != 0) {
       throw Exception(Errc::invalid_argument, "carve::StreamOrderedPool: granularity must be a power of two");
@@ -115,7 +105,7 @@ public:
   /// Gives every cached block whose event has completed back to the upstream; returns the bytes.
   std::size_t trim() noexcept {
     const std::lock_guard lock(mutex_);
-    return release_ready();
+    return release_ready(0);
   }
 
   /// Whether `p` lies in a block this pool holds from its upstream (handed out or cached).
@@ -137,6 +127,8 @@ public:
   Streams& streams() noexcept { return streams_; }
   /// The upstream.
   const Upstream& upstream() const noexcept { return upstream_; }
+  /// The options the pool was built with.
+  const StreamPoolOptions& options() const noexcept { return options_; }
   /// Pools are equal only to themselves.
   friend bool operator==(const StreamOrderedPool& a, const StreamOrderedPool& b) noexcept { return &a == &b; }
 
@@ -223,7 +215,7 @@ private:
       auto fresh = upstream_.try_allocate(size, alignment);
       if (!fresh && fresh.error() != Errc::invalid_size) {
         ++stats_.upstream_failures;
-        if (release_ready() != 0) { // the card may hold the request once the cache is returned
+        if (release_ready(0) != 0) { // the card may hold the request once the cache is returned
           fresh = upstream_.try_allocate(size, alignment);
         }
       }
@@ -271,18 +263,22 @@ private:
       live_.erase(address);
       stats_.bytes_in_use -= size;
       stats_.bytes_cached += size;
+      if (stats_.bytes_cached > options_.idle_threshold) {
+        stats_.idle_releases += released_blocks(options_.idle_threshold);
+      }
       return {};
     } catch (const std::exception&) {
       return cuda::std::unexpected(Errc::no_space);
     }
   }
 
-  // Every cached block whose event has completed goes back to the upstream; returns the bytes.
-  std::size_t release_ready() noexcept {
+  // Cached blocks whose events have completed go back to the upstream, largest first, while more
+  // than `keep` bytes are cached; returns the bytes.
+  std::size_t release_ready(std::size_t keep) noexcept {
     std::size_t freed = 0;
-    for (auto it = cached_.begin(); it != cached_.end();) {
+    for (auto it = cached_.end(); it != cached_.begin() && stats_.bytes_cached > keep;) {
+      --it;
       if (!ready(it->second)) {
-        ++it;
         continue;
       }
       freed += it->first;
@@ -293,6 +289,12 @@ private:
       it = cached_.erase(it);
     }
     return freed;
+  }
+  // release_ready(keep), counting the blocks given back.
+  std::size_t released_blocks(std::size_t keep) noexcept {
+    const std::size_t before = cached_.size();
+    release_ready(keep);
+    return before - cached_.size();
   }
 
   void release_all() noexcept {
@@ -313,5 +315,11 @@ private:
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;
 };
+
+static_assert(MemoryResource<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&
+              OwnsMemory<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&
+              Trimmable<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&
+              ReportsStats<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&
+              ChecksDeallocation<StreamOrderedPool<SimulatedCard, SimulatedStreams>>);
 
 } // namespace carve

@@ -4,7 +4,7 @@
 ///
 /// @code
 /// std::string bytes = read_whole_file("snapshot.pickle");
-/// auto trace = carve::trace::read_memory_snapshot(bytes, "snapshot.pickle");   // device: the first with events
+/// auto trace = carve::trace::read_memory_snapshot(bytes, "snapshot.pickle");   // device: see below
 /// if (!trace) { std::cerr << trace.error().message << '\n'; }   // "snapshot.pickle: event 12: ..."
 /// @endcode
 ///
@@ -13,24 +13,43 @@
 /// list of events per device, each a dict with `action`, `addr`, `size`, `stream` and, in newer
 /// versions, `time_us`. The pickle is decoded by read_pickle, which refuses globals and calls.
 ///
+/// Every layout PyTorch 2.x writes, by Python's pickle (`_dump_snapshot`, protocol 4 or 5) or by
+/// its C++ pickler (protocol 2), is read: the fields above are in all of them, and what versions
+/// added is read past (carve/trace/snapshot_fields.hpp): `frames` of Python and C++ stacks (a line
+/// of 2^64 - 1 among them), `time_us`, `compile_context` and `user_metadata` on events; `frames`,
+/// `segment_pool_id`, `is_expandable` and the allocated, active and requested sizes on segments;
+/// `allocator_settings` and `external_annotations` at the root. Blocks without `address` (the
+/// oldest layout) follow each other from their segment's start. Actions other than those below
+/// (`oom`, whose `device_free` takes the place of `addr`; `snapshot`; `user_defined` annotations;
+/// any a later version adds) are not requests and are passed over unread.
+///
 /// The request stream is `alloc` and `free_completed` (the memory is free for reuse then; `free`,
 /// written by early versions, counts as the same); `free_requested` gives a free its time, when the
 /// caller let go of it. Recording usually starts while the program runs, and the event buffer may
 /// have dropped its oldest entries, so blocks freed in the trace may have been allocated before it:
 /// the blocks live before the first event are rebuilt from the end state, as PyTorch's memory
 /// viewer does, by walking the events backwards from the blocks live in the final `segments`
-/// (state `active_allocated`, or `active_pending_free`: freed, its streams' work not yet done): an
-/// `alloc` takes its block out, a `free_completed` puts it back. The allocator's own segment events
-/// (`segment_alloc`/`segment_free`, and `segment_map`/`segment_unmap` of expandable segments) are
-/// the RecordedReserve: what PyTorch really reserved on this request stream, starting from the
-/// final segments' total less what the events added. Walking back also gives the segments that
-/// existed before the first event (`start_segments`; not for expandable segments, whose state is
-/// pages), from which a model of PyTorch's allocator can start as the recording did.
+/// (state `active_allocated`, or `active_pending_free`: freed, its streams' work not yet done;
+/// `inactive` blocks are free): an `alloc` takes its block out, a `free_completed` puts it back.
+/// The allocator's own segment events (`segment_alloc`/`segment_free`, and
+/// `segment_map`/`segment_unmap` of expandable segments) are the RecordedReserve: what PyTorch
+/// really reserved on this request stream, starting from the final segments' total less what the
+/// events added. Walking back also gives the segments that existed before the first event
+/// (`start_segments`; not for expandable segments, whose state is pages), from which a model of
+/// PyTorch's allocator can start as the recording did.
+///
+/// The device: the one asked for; else the first whose list holds an event of the request stream
+/// or a segment event; else the lowest that holds a segment. A device with no events (recording
+/// off, its history cleared, `device_traces` empty or absent) still has its end state, and that is
+/// its trace: the live blocks as start blocks, no requests, the final segments as start segments
+/// and their total as the recorded reserve, unchanged. Nothing is replayed from it; carve_replay
+/// says so (examples/carve_replay/main.cpp).
 ///
 /// Errors (Errc::invalid_argument, or bad_message from the pickle reader), each naming the source,
 /// the event index and what is wrong: a root that is not such a dict, a field of the wrong type or
-/// missing, a negative size or address, a device with no events, an alloc whose block is neither
-/// live at the end nor freed later, a block freed twice, a segment event of more than 2^62 bytes, a
+/// missing, a negative size or address, one of 2^63 or more (an int the pickle holds only as a
+/// big_integer), a device with neither events nor segments, an alloc whose block is neither live
+/// at the end nor freed later, a block freed twice, a segment event of more than 2^62 bytes, a
 /// recorded reserve that would start below zero, a sum of sizes that does not fit in 64 bits (the
 /// final segments' total, the segment events' totals, a block's end where blocks follow each other
 /// without addresses), and everything a TraceBuilder refuses (a size of 0 or above 2^62, a free of
@@ -44,8 +63,8 @@
 #include <carve/core/checked_math.hpp>
 #include <carve/trace/allocation_trace.hpp>
 #include <carve/trace/pickle_reader.hpp>
+#include <carve/trace/snapshot_fields.hpp>
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -58,121 +77,6 @@
 namespace carve::trace {
 
 namespace detail {
-
-/// The str keys the snapshot reader looks up, in every dict it reads: the root, an event, a
-/// segment, a segment's block. snapshot_key_names holds them as text, in this order.
-// clang-format off
-enum class SnapshotKey : std::uint8_t {
-  segments, device_traces,                                          // the root
-  action, addr, size, stream, time_us,                              // an event (size, stream: others too)
-  device, address, total_size, blocks, segment_type, is_expandable, // a segment
-  state, requested_size,                                            // a segment's block
-};
-inline constexpr std::array<std::string_view, 15> snapshot_key_names = {
-  "segments", "device_traces",
-  "action", "addr", "size", "stream", "time_us",
-  "device", "address", "total_size", "blocks", "segment_type", "is_expandable",
-  "state", "requested_size",
-};
-// clang-format on
-static_assert(static_cast<std::size_t>(SnapshotKey::requested_size) + 1 == snapshot_key_names.size());
-
-/// Reads typed fields out of the snapshot's dicts, each failure a message with its place.
-///
-/// A dict's entries are walked once, the first time any of its keys is asked for, and every
-/// SnapshotKey found on the way kept (the later of a key set twice, as PickleDocument::find
-/// answers). So a dict costs its size once however many of its keys are read and however many
-/// references to it the pickle holds: a hostile snapshot whose events all refer to one dict of a
-/// million keys reads in time linear in its size, not a million times a million.
-class SnapshotFields {
-public:
-  using Id = PickleDocument::Id;
-  using Key = SnapshotKey;
-
-  SnapshotFields(const PickleDocument& doc, const TraceBuilder& builder) : doc_(doc), builder_(builder) {}
-
-  /// The value of `dict`'s key `key`; nullopt when it has none or is not a dict.
-  std::optional<Id> find(Id dict, Key key) {
-    if (doc_.kind(dict) != PickleDocument::Kind::dict) {
-      return std::nullopt;
-    }
-    if (walked_.empty()) {
-      walked_.assign(doc_.size(), not_walked);
-    }
-    std::uint32_t& at = walked_[dict];
-    if (at == not_walked) { // fewer dicts than values, and those fewer than 2^32 - 1
-      at = static_cast<std::uint32_t>(found_.size());
-      found_.emplace_back().fill(absent);
-      for (const auto& [k, v] : doc_.entries(dict)) {
-        const auto name = doc_.kind(k) == PickleDocument::Kind::string ? doc_.text(k) : std::string_view();
-        for (std::size_t i = 0; i < snapshot_key_names.size() && !name.empty(); ++i) {
-          if (name == snapshot_key_names[i]) { // a length compared first: O(1) for another key
-            found_[at][i] = v;
-            break;
-          }
-        }
-      }
-    }
-    const Id v = found_[at][static_cast<std::size_t>(key)];
-    return v == absent ? std::nullopt : std::optional<Id>(v);
-  }
-
-  [[nodiscard]] Result<Id> field(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
-    if (doc_.kind(dict) != PickleDocument::Kind::dict) {
-      return builder_.failure(std::string(where) + " is not a dict", event);
-    }
-    const auto id = find(dict, key);
-    if (!id) {
-      return builder_.failure(std::string(where) + " has no '" + name(key) + "'", event);
-    }
-    return *id;
-  }
-
-  [[nodiscard]] Result<std::uint64_t> count(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
-    auto id = field(dict, key, event, where);
-    if (!id) {
-      return cuda::std::unexpected(id.error());
-    }
-    if (doc_.kind(*id) != PickleDocument::Kind::integer || doc_.integer(*id) < 0) {
-      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a whole number", event);
-    }
-    return static_cast<std::uint64_t>(doc_.integer(*id));
-  }
-
-  [[nodiscard]] Result<std::string_view> text(Id dict, Key key, std::optional<std::uint64_t> event, const char* where) {
-    auto id = field(dict, key, event, where);
-    if (!id) {
-      return cuda::std::unexpected(id.error());
-    }
-    if (doc_.kind(*id) != PickleDocument::Kind::string) {
-      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a string", event);
-    }
-    return doc_.text(*id);
-  }
-
-  [[nodiscard]] Result<std::span<const Id>> list(Id dict, Key key, std::optional<std::uint64_t> event,
-                                                 const char* where) {
-    auto id = field(dict, key, event, where);
-    if (!id) {
-      return cuda::std::unexpected(id.error());
-    }
-    if (doc_.kind(*id) != PickleDocument::Kind::list && doc_.kind(*id) != PickleDocument::Kind::tuple) {
-      return builder_.failure(std::string(where) + "'s '" + name(key) + "' is not a list", event);
-    }
-    return doc_.items(*id);
-  }
-
-private:
-  static constexpr std::uint32_t not_walked = UINT32_MAX;
-  static constexpr Id absent = UINT32_MAX; // no value's Id: the arena holds fewer than 2^32 - 1
-
-  static std::string name(Key key) { return std::string(snapshot_key_names[static_cast<std::size_t>(key)]); }
-
-  const PickleDocument& doc_;
-  const TraceBuilder& builder_;
-  std::vector<std::uint32_t> walked_;                            ///< by Id: index in found_, or not_walked
-  std::vector<std::array<Id, snapshot_key_names.size()>> found_; ///< by SnapshotKey: the value, or absent
-};
 
 /// One device trace entry, decoded.
 struct SnapshotEvent {
@@ -207,13 +111,39 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
   if (a == "segment_unmap") {
     return K::unmap;
   }
-  return K::other; // snapshot, oom, and whatever later versions add: not requests
+  return K::other; // snapshot, oom, user_defined, and whatever later versions add: not requests
+}
+
+/// The device read when none is asked for: the first whose events include one carve reads (a
+/// request or a segment event), else the lowest that holds a segment; nullopt when there is
+/// neither. Events and segments that are not what they should be are passed over here: the
+/// device chosen is read in full, and refused with a message, later.
+inline std::optional<std::uint64_t> snapshot_device(const PickleDocument& doc, SnapshotFields& fields,
+                                                    std::span<const PickleDocument::Id> traces,
+                                                    std::span<const PickleDocument::Id> segments) {
+  for (std::size_t d = 0; d < traces.size(); ++d) {
+    for (const auto entry : doc.items(traces[d])) { // no items for other than a list or tuple
+      const auto action = fields.find(entry, SnapshotKey::action);
+      if (action && snapshot_action(doc.text(*action)) != SnapshotEvent::Kind::other) {
+        return d;
+      }
+    }
+  }
+  std::optional<std::uint64_t> lowest;
+  for (const auto segment : segments) {
+    const auto on = fields.find(segment, SnapshotKey::device);
+    if (on && doc.kind(*on) == PickleDocument::Kind::integer && doc.integer(*on) >= 0) {
+      const auto d = static_cast<std::uint64_t>(doc.integer(*on));
+      lowest = lowest && *lowest < d ? *lowest : d;
+    }
+  }
+  return lowest;
 }
 
 } // namespace detail
 
-/// The trace of `device` (nullopt: the first device with events) in the snapshot `bytes`; `source`
-/// starts every message. See the file's description.
+/// The trace of `device` (nullopt: chosen as the file's description says) in the snapshot `bytes`;
+/// `source` starts every message. See the file's description.
 [[nodiscard]] inline Result<AllocationTrace> read_memory_snapshot(std::string_view bytes, std::string source,
                                                                   std::optional<std::uint64_t> device = std::nullopt) {
   auto doc = read_pickle(bytes, source);
@@ -223,36 +153,38 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
   TraceBuilder builder(source);
   detail::SnapshotFields fields(*doc, builder);
   using detail::SnapshotEvent;
+  using Id = PickleDocument::Id;
   using Key = detail::SnapshotKey;
   const auto root = doc->root();
 
-  // The events of the chosen device, decoded and type-checked once.
-  auto traces = fields.list(root, Key::device_traces, std::nullopt, "the snapshot");
-  if (!traces) {
-    return cuda::std::unexpected(traces.error());
+  // The device, and its events decoded and type-checked once. Without `device_traces` (a snapshot
+  // taken without its history) no device has events.
+  auto segments = fields.list(root, Key::segments, std::nullopt, "the snapshot");
+  if (!segments) {
+    return cuda::std::unexpected(segments.error());
+  }
+  std::span<const Id> traces;
+  if (fields.find(root, Key::device_traces)) {
+    auto listed = fields.list(root, Key::device_traces, std::nullopt, "the snapshot");
+    if (!listed) {
+      return cuda::std::unexpected(listed.error());
+    }
+    traces = *listed;
   }
   if (!device) {
-    for (std::size_t d = 0; d < traces->size() && !device; ++d) {
-      const auto k = doc->kind((*traces)[d]);
-      if ((k == PickleDocument::Kind::list || k == PickleDocument::Kind::tuple) && !doc->items((*traces)[d]).empty()) {
-        device = d;
-      }
+    device = detail::snapshot_device(*doc, fields, traces, *segments);
+  }
+  const std::string nothing = " (record events with torch.cuda.memory._record_memory_history())";
+  if (!device) {
+    return builder.failure("no device has recorded events or segments: nothing to read" + nothing, std::nullopt);
+  }
+  std::span<const Id> entries; // none where the list of devices ends before this one
+  if (*device < traces.size()) {
+    const auto k = doc->kind(traces[*device]);
+    if (k != PickleDocument::Kind::list && k != PickleDocument::Kind::tuple) {
+      return builder.failure("the trace of device " + std::to_string(*device) + " is not a list", std::nullopt);
     }
-  }
-  if (!device || *device >= traces->size() ||
-      (doc->kind((*traces)[*device]) != PickleDocument::Kind::list &&
-       doc->kind((*traces)[*device]) != PickleDocument::Kind::tuple)) {
-    return builder.failure(device ? "no trace for device " + std::to_string(*device)
-                                  : std::string("no device has recorded events (record them with "
-                                                "torch.cuda.memory._record_memory_history())"),
-                           std::nullopt);
-  }
-  const auto entries = doc->items((*traces)[*device]);
-  if (entries.empty()) {
-    return builder.failure("device " + std::to_string(*device) +
-                               " has no recorded events (record them with "
-                               "torch.cuda.memory._record_memory_history())",
-                           std::nullopt);
+    entries = doc->items(traces[*device]);
   }
   std::vector<SnapshotEvent> events(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -283,21 +215,19 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
       return builder.failure("a segment of " + std::to_string(e.bytes) + " bytes, beyond 2^62", at);
     }
     if (const auto t = fields.find(entries[i], Key::time_us)) {
-      if (doc->kind(*t) != PickleDocument::Kind::integer || doc->integer(*t) < 0) {
-        return builder.failure("the event's 'time_us' is not a whole number", at);
+      auto us = fields.whole(*t, Key::time_us, at, "the event");
+      if (!us) {
+        return cuda::std::unexpected(us.error());
       }
-      e.time_us = doc->integer(*t);
+      e.time_us = static_cast<std::int64_t>(*us);
     }
   }
 
   // The end state: live blocks, and the bytes the allocator's segments held.
-  auto segments = fields.list(root, Key::segments, std::nullopt, "the snapshot");
-  if (!segments) {
-    return cuda::std::unexpected(segments.error());
-  }
   std::map<std::uint64_t, std::pair<std::uint64_t, std::uint64_t>> live; // address -> (bytes, stream)
   std::map<std::uint64_t, TraceSegment> held;                            // the segments, by address
-  bool expandable = false; // expandable segments' state is pages, not segments: no start segments
+  bool expandable = false;  // expandable segments' state is pages, not segments: no start segments
+  bool any_segment = false; // of this device
   std::uint64_t final_reserved = 0;
   for (const auto segment : *segments) {
     auto on = fields.count(segment, Key::device, std::nullopt, "a segment");
@@ -312,6 +242,7 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
     if (*on != *device) {
       continue;
     }
+    any_segment = true;
     const auto reserved = checked_add(final_reserved, *total);
     if (!reserved) {
       return builder.failure("the final segments hold more than 2^64 - 1 bytes", std::nullopt);
@@ -360,6 +291,12 @@ inline SnapshotEvent::Kind snapshot_action(std::string_view a) noexcept {
       }
       live[address] = {requested, *stream};
     }
+  }
+
+  if (entries.empty() && !any_segment) {
+    return builder.failure("device " + std::to_string(*device) +
+                               " has no recorded events and no segments: " + "nothing to read" + nothing,
+                           std::nullopt);
   }
 
   // Walk back to the start: blocks allocated in the trace were not live before it, blocks freed in

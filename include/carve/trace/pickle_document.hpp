@@ -32,8 +32,8 @@ public:
   /// A value's index in the arena, 0 .. size() - 1.
   using Id = std::uint32_t;
   /// What a value is. A bool is not an integer here; sets and frozensets are lists, bytearrays bytes.
-  /// big_integer: an int beyond 64-bit signed, whose value is not kept, only its sign (PyTorch writes
-  /// 2^64 - 1 as the line of a C++ frame it has no line for; carve reads no such field).
+  /// big_integer: an int beyond 64-bit signed, binary or text, whose value is not kept, only its sign
+  /// (PyTorch writes 2^64 - 1 as the line of a C++ frame it has no line for; carve reads no such field).
   enum class Kind : std::uint8_t { none, boolean, integer, floating, string, bytes, list, tuple, dict, big_integer };
 
   /// The value the pickle stopped with.

@@ -15,9 +15,9 @@
 /// first kind and refuses the second, so no file can name code for a reader to run. It reads what
 /// `pickle.loads` reads for None, bool, int, float, str, bytes, bytearray, list, tuple, dict, set
 /// and frozenset in protocols 0 to 5, with these differences, each deliberate:
-/// - integers beyond 64-bit signed in binary (LONG1, LONG4: what protocols 2 to 5 write, PyTorch's
-///   2^64 - 1 for a C++ frame's unknown line among them) read as Kind::big_integer, their value
-///   not kept; in protocol 0's text (INT, LONG) they are refused;
+/// - integers beyond 64-bit signed, binary (LONG1, LONG4: what protocols 2 to 5 write, PyTorch's
+///   2^64 - 1 for a C++ frame's unknown line among them) or text (INT, LONG: protocols 0 and 1),
+///   read as Kind::big_integer, their value not kept;
 /// - sets and frozensets read as lists and bytearrays as bytes, their contents in pickle order;
 /// - a dict keeps its SETITEMs in order, so a key set twice (no pickler writes one) is there twice
 ///   and find() returns the later; dict keys and set items are not checked for hashability;
@@ -37,8 +37,8 @@
 /// GLOBAL (0x63) refused: a pickle of plain data names no code`, or an unknown one; truncated input;
 /// stack underflow (reaching below the last MARK counts); a MARK missing or left open; APPEND(S)
 /// onto other than a list, SETITEM(S) onto other than a dict, ADDITEMS onto other than a set; an
-/// odd item count for DICT or SETITEMS; a memo index read but never stored; a text integer beyond
-/// 64-bit signed; malformed text (a number, a quoted string, UTF-8).
+/// odd item count for DICT or SETITEMS; a memo index read but never stored or beyond 64-bit
+/// signed; malformed text (a number, a quoted string, UTF-8).
 ///
 /// Cost: one pass, nothing recursive, so neither nesting depth nor cycles can exhaust the C++
 /// stack. Memory is O(input size), at most about 45 bytes per input byte (a pickle of one-byte
@@ -280,12 +280,13 @@ private:
 
   /// A text reader's answer (pickle_text.hpp), its error put after the opcode's name.
   bool named(bool ok) { return ok || fail(name() + " " + error_); }
-  /// INT and LONG text: an int, or INT's bool.
+  /// INT and LONG text: an int, INT's bool, or a big_integer (`v` its sign, as long_bytes keeps it).
   bool int_text(std::string_view s) {
     std::int64_t v = 0;
-    bool boolean = false;
-    return named(pickle_int_text(op_, s, v, boolean, error_)) &&
-           (boolean ? push(Value{static_cast<std::uint64_t>(v), 0, 0, Kind::boolean, Form::plain}) : push_int(v));
+    auto form = PickleIntText::integer;
+    static constexpr Kind kinds[] = {Kind::integer, Kind::boolean, Kind::big_integer}; // by PickleIntText
+    return named(pickle_int_text(op_, s, v, form, error_)) &&
+           push(Value{static_cast<std::uint64_t>(v), 0, 0, kinds[static_cast<int>(form)], Form::plain});
   }
   bool memo_index(std::string_view s, std::uint64_t& out) { return named(pickle_memo_index(s, out, error_)); }
   bool float_text(std::string_view s) {

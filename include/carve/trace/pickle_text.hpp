@@ -14,7 +14,10 @@
 /// - protocol 0's numbers are read as Python writes them (INT, LONG, PUT, GET: '-' and digits;
 ///   FLOAT: repr's forms), not as everything int() and float() take ('+', spaces, underscores, a
 ///   float that underflows); INT and LONG with a leading zero ("010", "-0") are refused, since
-///   CPython's C unpickler reads them as octal or a bool and its Python one as decimal.
+///   CPython's C unpickler reads them as octal or a bool and its Python one as decimal;
+/// - INT and LONG beyond 64-bit signed (protocols 0 and 1 write any int above 2^31 - 1 as LONG
+///   text) are read as their sign alone, as LONG1 and LONG4 are: a snapshot's fields carve needs
+///   fit in 64 bits, and one it reads past (a C++ frame's line of 2^64 - 1) must not refuse it.
 ///
 /// A function that finds its text malformed returns false and sets `error` to what is wrong, in
 /// words that follow the opcode's name: the machine reports "<name> <error>", which keeps the
@@ -87,8 +90,10 @@ inline std::string_view pickle_opcode_name(unsigned char op) noexcept {
 
 // Numbers.
 
-/// An optional '-' and decimal digits, within 64-bit signed.
-inline bool pickle_decimal(std::string_view s, std::int64_t& out, std::string& error) {
+/// An optional '-' and decimal digits, within 64-bit signed. Beyond it: refused, or, where `big` is
+/// given, true with `*big` set and `out` 1 for a negative number, 0 for a positive one (the digits
+/// checked all the same).
+inline bool pickle_decimal(std::string_view s, std::int64_t& out, std::string& error, bool* big = nullptr) {
   const bool negative = s.starts_with('-');
   const std::string_view digits = s.substr(negative ? 1 : 0);
   if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos) {
@@ -99,7 +104,12 @@ inline bool pickle_decimal(std::string_view s, std::int64_t& out, std::string& e
   for (const char c : digits) {
     const auto d = static_cast<std::uint64_t>(c - '0');
     if (magnitude > (limit - d) / 10) {
-      return pickle_text_error(error, "integer " + pickle_clip(s) + " beyond 64-bit signed");
+      if (big == nullptr) {
+        return pickle_text_error(error, "integer " + pickle_clip(s) + " beyond 64-bit signed");
+      }
+      *big = true;
+      out = negative ? 1 : 0;
+      return true;
     }
     magnitude = magnitude * 10 + d;
   }
@@ -107,13 +117,18 @@ inline bool pickle_decimal(std::string_view s, std::int64_t& out, std::string& e
   return true;
 }
 
+/// What INT or LONG text holds: an int within 64-bit signed, INT's bool, or an int beyond (its
+/// sign alone kept, as PickleDocument's big_integer).
+enum class PickleIntText : std::uint8_t { integer, boolean, big };
+
 /// INT and LONG text (`op` 'I' or 'L'): an optional '-' and decimal digits, LONG's perhaps
 /// followed by Python 2's 'L'; or INT's "00" and "01", False and True as protocols 0 and 1 write
-/// them, which set `boolean` (a bool, not an int, is what Python reads).
-inline bool pickle_int_text(unsigned char op, std::string_view s, std::int64_t& value, bool& boolean,
+/// them (a bool, not an int, is what Python reads). `value`: the int; the bool as 0 or 1; for a
+/// big one, 1 if negative, else 0.
+inline bool pickle_int_text(unsigned char op, std::string_view s, std::int64_t& value, PickleIntText& form,
                             std::string& error) {
-  boolean = op == 'I' && (s == "00" || s == "01");
-  if (boolean) {
+  if (op == 'I' && (s == "00" || s == "01")) {
+    form = PickleIntText::boolean;
     value = s == "01" ? 1 : 0;
     return true;
   }
@@ -125,7 +140,13 @@ inline bool pickle_int_text(unsigned char op, std::string_view s, std::int64_t& 
     return pickle_text_error(error, "text \"" + pickle_clip(s) +
                                         "\" has a leading zero, which Python's unpicklers read differently");
   }
-  return pickle_decimal(s, value, error);
+  bool big = false;
+  form = PickleIntText::integer;
+  if (!pickle_decimal(s, value, error, &big)) {
+    return false;
+  }
+  form = big ? PickleIntText::big : PickleIntText::integer;
+  return true;
 }
 
 /// PUT and GET text: a decimal memo index.

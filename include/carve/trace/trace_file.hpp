@@ -99,7 +99,8 @@ inline constexpr std::uint64_t max_trace_file_bytes = std::uint64_t{4} << 30;
 }
 
 /// The trace in the file at `path` (for a snapshot, of `device`: nullopt for the first device with
-/// events), a file of at most `max_bytes`. Messages start with the path.
+/// requests, as read_memory_snapshot chooses), a file of at most `max_bytes`. Messages start with
+/// the path.
 [[nodiscard]] inline Result<AllocationTrace> read_trace_file(const std::string& path,
                                                              std::optional<std::uint64_t> device = std::nullopt,
                                                              std::uint64_t max_bytes = max_trace_file_bytes) {

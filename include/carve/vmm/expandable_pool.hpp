@@ -18,9 +18,12 @@
 /// first, lowest address among equals; the untouched end is the largest range and is used last.
 /// Physical memory is separate: a block's granules are mapped when it lands on them, in chunks
 /// (ExpandablePoolOptions::growth_divisor says how large), and a chunk is unmapped only when no
-/// block touches it and the pool decides to let it go: when the device refuses memory (then the
-/// request is retried), on trim(), or beyond ExpandablePoolOptions::release_threshold. What is
-/// mapped is the live blocks, the holes between them and the unused end of the last chunk.
+/// block touches it and the pool lets it go: when the device refuses memory (then the request is
+/// retried), on trim(), beyond release_threshold, or to stay under the headroom line: the running
+/// peak of live bytes plus headroom_permille of it. A chunk stops at that line, and a request that
+/// must map past it first unmaps idle chunks, highest addresses first (best fit reaches them
+/// last). What is mapped is the live blocks, the holes between them, idle chunks the streams'
+/// work has not passed and the headroom.
 ///
 /// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
 /// at once (stream order makes it safe); freed on another stream T, it waits for an event recorded
@@ -50,8 +53,7 @@
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/stream_events.hpp>
-#include <carve/vmm/detail/idle_chunks.hpp>
-#include <carve/vmm/detail/stream_frees.hpp>
+#include <carve/vmm/detail/expandable_pool_state.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
@@ -90,17 +92,7 @@ public:
       throw Exception(g.error().code, "carve::ExpandablePool: " + g.error().message);
     }
     s_->granule = *g;
-    const std::size_t b = options.granularity;
-    if (b == 0 || (b & (b - 1)) != 0 || b > *g) {
-      throw Exception(Errc::invalid_argument, "carve::ExpandablePool: granularity " + std::to_string(b) +
-                                                  " is not a power of two at most the device's " + std::to_string(*g));
-    }
-    s_->options.address_space_bytes = resolved_address_space(options, *g);
-    if (s_->options.address_space_bytes < *g) {
-      throw Exception(Errc::invalid_argument, "carve::ExpandablePool: an address space of " +
-                                                  std::to_string(options.address_space_bytes) +
-                                                  " bytes is below the granularity " + std::to_string(*g));
-    }
+    s_->options = resolved(options, *g);
   }
 
   /// Takes over the other's reservations and blocks; the other may only be destroyed or assigned to.
@@ -149,6 +141,14 @@ public:
     return release_idle(true);
   }
 
+  /// While `held`, the pool unmaps nothing: not for the headroom line, the release threshold,
+  /// trim() or the retry under pressure (which then refuses). For a CUDA stream capture: the
+  /// unmapping and the events that tell when it is safe must not land in the graph. Mapping goes on.
+  void hold_mappings(bool held) noexcept {
+    const std::lock_guard lock(s_->mutex);
+    s_->held = held;
+  }
+
   /// The figures now, taken under the lock.
   ExpandablePoolStats stats() const {
     const std::lock_guard lock(s_->mutex);
@@ -158,16 +158,10 @@ public:
     out.pending_frees = s_->pending.size();
     out.address_spaces = s_->spaces.size();
     for (const auto& space : s_->spaces) {
-      const MappingCounts& c = space->memory.counts();
       out.chunks += space->memory.chunk_count();
       out.address_space_bytes += space->memory.bytes();
       out.free_ranges += space->free.count();
-      out.creates += c.creates;
-      out.maps += c.maps;
-      out.unmaps += c.unmaps;
-      out.accesses += c.accesses;
-      out.releases += c.releases;
-      out.mapper_failures += c.failures;
+      out.add_calls(space->memory.counts());
     }
     return out;
   }
@@ -245,36 +239,10 @@ public:
   friend bool operator==(const ExpandablePool& a, const ExpandablePool& b) noexcept { return a.s_ == b.s_; }
 
 private:
-  struct Space {
-    std::optional<stream_type> stream; ///< nullopt: the synchronous reservation
-    OnDemandReservation<Mapper> memory;
-    BestFitRanges free;
-    detail::StreamFence<Streams> fence; ///< which frees the stream's work has passed
-  };
-  struct Live {
-    std::size_t size = 0;             ///< rounded to the granularity
-    BestFitRanges::Handle handle = 0; ///< its range in the reservation
-    std::uint32_t space = 0;          ///< index into State::spaces
-  };
-  struct Freed { // a block freed on another stream than its reservation's
-    BestFitRanges::Handle handle = 0;
-    std::uint32_t space = 0;
-  };
-  struct State {
-    State(Mapper m, Streams s, ExpandablePoolOptions o) : mapper(std::move(m)), streams(std::move(s)), options(o) {}
-    Mapper mapper;
-    Streams streams;
-    ExpandablePoolOptions options;
-    std::size_t granule = 0;
-    mutable std::mutex mutex;
-    std::vector<std::unique_ptr<Space>> spaces;
-    detail::AddressTable<Live> live;
-    detail::CrossStreamFrees<Streams, Freed> pending;
-    detail::IdleChunks idle; ///< kept only with a finite release_threshold
-    std::uint64_t frees = 0; ///< successful frees so far: the clock that chunks and fences are timed by
-    std::size_t reserved = 0;
-    ExpandablePoolStats stats; ///< the counters kept here; the rest is filled in by stats()
-  };
+  using State = detail::ExpandablePoolState<Mapper, Streams>;
+  using Space = typename State::Space;
+  using Live = typename State::Live;
+  using Freed = typename State::Freed;
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
                                                       std::size_t alignment) noexcept {
@@ -299,14 +267,15 @@ private:
         if (!taken) {
           break; // the address space is full: unmapping changes nothing
         }
-        Result<std::size_t> added = cuda::std::unexpected(Error{Errc::no_space, {}});
+        std::optional<Result<std::size_t>> added; // empty: the tables could not grow, nothing was mapped
         try {
-          added = space.memory.back(taken->start, size, [this] { return chunk_rule(); });
-        } catch (const std::bad_alloc&) { // nothing was mapped
+          make_headroom(space.memory.unbacked_bytes(taken->start, size), size);
+          added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
+        } catch (const std::bad_alloc&) {
         }
-        if (added) {
+        if (added && *added) {
           s_->live.insert(taken->start, Live{size, taken->handle, index});
-          note_allocation(index, taken->start, size, *added);
+          note_allocation(index, taken->start, size, **added);
           return reinterpret_cast<void*>(taken->start);
         }
         space.free.give(taken->handle);
@@ -381,11 +350,53 @@ private:
     return static_cast<std::uint32_t>(s_->spaces.size() - 1);
   }
 
-  ChunkRule chunk_rule() const noexcept {
+  // How much a chunk for a block of `size` maps: growth_divisor's share of what is held, but not
+  // past the headroom line; never past the cap.
+  ChunkRule chunk_rule(std::size_t size) const noexcept {
     const ExpandablePoolOptions& o = s_->options;
     const std::size_t grown = o.growth_divisor == 0 ? 0 : s_->reserved / o.growth_divisor;
+    const std::size_t line = headroom_line(size);
+    const std::size_t room = line > s_->reserved ? line - s_->reserved : 0;
     const std::size_t limit = o.max_reserved_bytes > s_->reserved ? o.max_reserved_bytes - s_->reserved : 0;
-    return ChunkRule{std::max(o.min_chunk_bytes, grown), limit};
+    return ChunkRule{std::min(std::max(o.min_chunk_bytes, grown), room), limit};
+  }
+
+  // The most the pool maps before it unmaps idle chunks to map more, for a block of `size`.
+  std::size_t headroom_line(std::size_t size) const noexcept {
+    return detail::headroom_line(std::max(s_->stats.peak_in_use, s_->stats.bytes_in_use + size),
+                                 s_->options.headroom_permille);
+  }
+
+  // Before `need` more bytes are mapped for a block of `size`: while that would pass the headroom
+  // line, unmaps idle chunks (wholly in a free range, their stream's work run; never waits), those
+  // at the highest addresses first, since best fit reaches them last.
+  void make_headroom(std::size_t need, std::size_t size) noexcept {
+    const std::size_t line = headroom_line(size);
+    const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
+    if (need == 0 || fits() || s_->held) {
+      return;
+    }
+    std::vector<detail::IdleChunks::Chunk> idle;
+    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
+      if (Space& space = *s_->spaces[i]; settled(space, s_->frees, false)) {
+        detail::find_idle_chunks(space.free, space.memory, i, idle);
+      }
+    }
+    std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.start > b.start; });
+    for (auto chunk = idle.begin(); chunk != idle.end() && !fits(); ++chunk) {
+      unmap_within(chunk->space, chunk->start, chunk->bytes);
+    }
+  }
+
+  // Unmaps the chunks of reservation `space` that lie wholly in [start, start + bytes), a range
+  // no block touches; returns the bytes unmapped.
+  std::size_t unmap_within(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
+    const std::size_t freed = s_->spaces[space]->memory.release_within(start, bytes);
+    s_->reserved -= freed;
+    if (freed != 0) {
+      s_->idle.unmapped(space, start, bytes);
+    }
+    return freed;
   }
 
   void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t added) {
@@ -412,13 +423,13 @@ private:
         s_->idle.fell_idle(space, start, bytes, s_->frees);
       }
     });
-    while (s_->idle.bytes() > s_->options.release_threshold) {
+    while (!s_->held && s_->idle.bytes() > s_->options.release_threshold) {
       const auto oldest = s_->idle.oldest();
       if (!oldest || !settled(*s_->spaces[oldest->space], oldest->since, false)) {
         break;
       }
-      s_->idle.drop_oldest();
-      s_->reserved -= s_->spaces[oldest->space]->memory.release_within(oldest->start, oldest->bytes);
+      s_->idle.drop_oldest(); // even when the mapper refuses to unmap it: the loop must end
+      unmap_within(oldest->space, oldest->start, oldest->bytes);
     }
   }
 
@@ -436,19 +447,11 @@ private:
   // the bytes unmapped.
   std::size_t release_idle(bool wait) noexcept {
     std::size_t released = 0;
-    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
-      Space& space = *s_->spaces[i];
-      if (!settled(space, s_->frees, wait)) {
-        continue;
+    for (std::uint32_t i = 0; !s_->held && i < s_->spaces.size(); ++i) {
+      if (Space& space = *s_->spaces[i]; settled(space, s_->frees, wait)) {
+        space.free.for_each_free([&](std::uintptr_t a, std::size_t n) { released += unmap_within(i, a, n); },
+                                 s_->granule);
       }
-      space.free.for_each_free([&](std::uintptr_t start, std::size_t bytes) {
-        const std::size_t freed = space.memory.release_within(start, bytes);
-        released += freed;
-        s_->reserved -= freed;
-        if (freed != 0) {
-          s_->idle.unmapped(i, start, bytes);
-        }
-      });
     }
     return released;
   }

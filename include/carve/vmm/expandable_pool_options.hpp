@@ -2,10 +2,13 @@
 /// How an ExpandablePool grows and shrinks, and what it reports about itself.
 #pragma once
 
+#include <carve/core/error.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 namespace carve {
 
@@ -35,6 +38,15 @@ struct ExpandablePoolOptions {
   /// unmapped, least recently used first, as blocks are freed. The default keeps them all (the next
   /// training step needs them again) and unmaps only when the device refuses memory or on trim().
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  /// Mapped memory the pool allows itself above the most bytes its live blocks have ever held
+  /// (the running peak, this request included), in thousandths of that peak: before it maps more
+  /// than that, it unmaps idle chunks (highest addresses first, where best fit reaches last; only
+  /// those whose stream's work has run: it never waits), and a growth chunk stops at the line.
+  /// Lower keeps the card smaller and costs driver calls when memory moves between sizes; carve_replay
+  /// prints both at a few settings for a recorded snapshot. The default, 5 (0.5%), holds reserve
+  /// within 1.01x the peak live bytes with about twice PyTorch's segment calls on a training step.
+  /// max(): never unmap for it (grow by growth_divisor alone).
+  std::size_t headroom_permille = 5;
 };
 
 /// address_space_bytes as a pool over a device of granularity `granule` uses it (0 resolved as its
@@ -45,6 +57,25 @@ constexpr std::size_t resolved_address_space(const ExpandablePoolOptions& o, std
   }
   const std::size_t cap = o.max_reserved_bytes;
   return cap <= (std::size_t{1} << 40) ? std::max(2 * cap, granule) : std::size_t{256} << 30;
+}
+
+/// `o` checked for a device of granularity `granule`, with address_space_bytes resolved. Throws
+/// carve::Exception (invalid_argument) for a granularity that is not a power of two at most the
+/// device's, or an address space below one granule.
+inline ExpandablePoolOptions resolved(ExpandablePoolOptions o, std::size_t granule) {
+  const std::size_t b = o.granularity;
+  if (b == 0 || (b & (b - 1)) != 0 || b > granule) {
+    throw Exception(Errc::invalid_argument, "carve::ExpandablePool: granularity " + std::to_string(b) +
+                                                " is not a power of two at most the device's " +
+                                                std::to_string(granule));
+  }
+  const std::size_t requested = o.address_space_bytes;
+  o.address_space_bytes = resolved_address_space(o, granule);
+  if (o.address_space_bytes < granule) {
+    throw Exception(Errc::invalid_argument, "carve::ExpandablePool: an address space of " + std::to_string(requested) +
+                                                " bytes is below the granularity " + std::to_string(granule));
+  }
+  return o;
 }
 
 /// An ExpandablePool's figures at one moment (ExpandablePool::stats()).
@@ -71,6 +102,16 @@ struct ExpandablePoolStats {
   /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and
   /// the handle release that go with each are not counted).
   std::uint64_t device_calls() const noexcept { return creates + maps + unmaps; }
+  /// Adds one reservation's calls (its MappingCounts).
+  template <class Counts>
+  void add_calls(const Counts& c) noexcept {
+    creates += c.creates;
+    maps += c.maps;
+    unmaps += c.unmaps;
+    accesses += c.accesses;
+    releases += c.releases;
+    mapper_failures += c.failures;
+  }
 };
 
 } // namespace carve

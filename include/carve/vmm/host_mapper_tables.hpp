@@ -31,6 +31,11 @@ struct HostMapperOptions {
   std::size_t granularity = std::size_t{2} << 20; ///< a multiple of the OS page; 2 MiB like today's GPUs
   int device_count = 1;                           ///< simulated devices 0 .. device_count-1
   int cpu_device = 0;                             ///< the device this CPU plays, or HostMemoryMapper::every_device
+  /// Addresses only: an allocation is an entry in the tables, not a memfd, and map, unmap and
+  /// set_access keep the tables and their rules without entering the kernel, so a replay that
+  /// times an allocator times it and not the host's mmap. Every address faults when touched;
+  /// export_fd and import_fd say unsupported.
+  bool address_only = false;
 };
 
 /// The tables of one HostMemoryMapper and its copies (shared by them; see host_memory_mapper.hpp).
@@ -39,7 +44,7 @@ struct HostMapperOptions {
 struct HostMapperTables {
   /// A physical allocation: a sealed memfd.
   struct Physical {
-    int fd = -1;          ///< the memfd, owned here
+    int fd = -1;          ///< the memfd, owned here (-1: address_only)
     std::size_t size = 0; ///< its bytes
     int device = -1;      ///< the device it was created on; -1: imported
   };
@@ -72,7 +77,9 @@ struct HostMapperTables {
       ::munmap(reinterpret_cast<void*>(base), r.size);
     }
     for (const auto& [h, p] : physical) {
-      ::close(p.fd);
+      if (p.fd >= 0) {
+        ::close(p.fd);
+      }
     }
   }
 

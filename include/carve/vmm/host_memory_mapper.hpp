@@ -27,6 +27,9 @@
 ///   physical memory a mapping holds, so one reservation may hold several devices' memory.
 /// - release closes the memfd; a mapping keeps its pages, as a CUDA mapping keeps released memory.
 ///
+/// With HostMapperOptions::address_only the same rules are kept in the tables alone: no memfd, no
+/// mmap, no mprotect (every address faults), for replays that time the allocator above it.
+///
 /// Copies are handles to the same mapper (its tables are shared); thread-safe. The destructor of
 /// the last copy unmaps every reservation it still holds and closes every descriptor. Linux only
 /// (memfd_create).
@@ -102,6 +105,9 @@ public:
     if (auto ok = check_size("create", bytes); !ok) {
       return cuda::std::unexpected(ok.error());
     }
+    if (state_->options.address_only) {
+      return adopt(-1, bytes, device);
+    }
     const int fd = ::memfd_create("carve-vmm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
       return system_failure("memfd_create");
@@ -124,6 +130,9 @@ public:
     if (it == state_->physical.end()) {
       return fail(Errc::not_allocated, "export_fd: no physical allocation " + std::to_string(h));
     }
+    if (it->second.fd < 0) {
+      return fail(Errc::unsupported, "export_fd: an address-only mapper has no memory to share");
+    }
     const int fd = ::fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
       return system_failure("fcntl(F_DUPFD_CLOEXEC)");
@@ -135,6 +144,9 @@ public:
   /// Errors: invalid_argument for a descriptor that is not a file of whole pages; no_space when the
   /// system refuses the duplicate.
   [[nodiscard]] Result<physical_handle> import_fd(int fd) {
+    if (state_->options.address_only) {
+      return fail(Errc::unsupported, "import_fd: an address-only mapper has no memory to share");
+    }
     struct stat st {};
     if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
         static_cast<std::size_t>(st.st_size) % os_page_size() != 0) {
@@ -156,7 +168,9 @@ public:
     if (it == state_->physical.end()) {
       return fail(Errc::not_allocated, "release: no physical allocation " + std::to_string(h));
     }
-    ::close(it->second.fd);
+    if (it->second.fd >= 0) {
+      ::close(it->second.fd);
+    }
     state_->physical.erase(it);
     return {};
   }
@@ -252,7 +266,8 @@ public:
     if (overlaps_next || overlaps_previous) {
       return fail(Errc::invalid_argument, "map: " + text(va) + " +" + std::to_string(bytes) + " is mapped already");
     }
-    if (::mmap(va, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, p->second.fd, 0) == MAP_FAILED) {
+    if (!state_->options.address_only &&
+        ::mmap(va, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, p->second.fd, 0) == MAP_FAILED) {
       const int e = errno;
       restore_reservation(va, bytes);
       errno = e;
@@ -281,7 +296,9 @@ public:
       return cuda::std::unexpected(covered.error());
     }
     auto& [reservation, first, last] = *covered;
-    restore_reservation(va, bytes);
+    if (!state_->options.address_only) {
+      restore_reservation(va, bytes);
+    }
     reservation->second.mappings.erase(first, last);
     return {};
   }
@@ -304,7 +321,7 @@ public:
     for (auto it = first; it != last; ++it) {
       it->second.rights[static_cast<std::size_t>(device)] = access;
       const int prot = protection(it->second);
-      if (::mprotect(reinterpret_cast<void*>(it->first), it->second.size, prot) != 0) {
+      if (!state_->options.address_only && ::mprotect(reinterpret_cast<void*>(it->first), it->second.size, prot) != 0) {
         return system_failure("mprotect"); // cannot happen on our own mapping
       }
     }
@@ -348,7 +365,7 @@ public:
     state_->cpu_device = device;
     for (const auto& [base, r] : state_->reservations) {
       for (const auto& [start, m] : r.mappings) {
-        if (::mprotect(reinterpret_cast<void*>(start), m.size, protection(m)) != 0) {
+        if (!state_->options.address_only && ::mprotect(reinterpret_cast<void*>(start), m.size, protection(m)) != 0) {
           return system_failure("mprotect"); // cannot happen on our own mapping
         }
       }
@@ -420,7 +437,9 @@ private:
       state_->physical.emplace(h, HostMapperTables::Physical{fd, bytes, device});
       return h;
     } catch (const std::bad_alloc&) {
-      ::close(fd);
+      if (fd >= 0) {
+        ::close(fd);
+      }
       return fail(Errc::no_space, "out of memory for the mapper's tables");
     }
   }

@@ -216,6 +216,29 @@ public:
     return covered((addr - base_) >> shift_, (addr - base_ + bytes - 1) >> shift_);
   }
 
+  /// The bytes of the granules [addr, addr + bytes) touches that are not mapped: the least that
+  /// back() over the same range maps (0 for a range outside the reservation).
+  std::size_t unbacked_bytes(std::uintptr_t addr, std::size_t bytes) const noexcept {
+    if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
+      return 0;
+    }
+    const std::size_t first = (addr - base_) >> shift_;
+    const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
+    if (last < owner_.size() && owner_[first] != 0 && owner_[first] == owner_[last]) {
+      return 0; // the common case: a block inside one chunk
+    }
+    std::size_t missing = 0;
+    for (std::size_t g = first; g <= last;) {
+      if (mapped(g)) {
+        g = end_of(g);
+      } else {
+        ++missing;
+        ++g;
+      }
+    }
+    return missing * granule_;
+  }
+
   /// The first address of the reservation.
   std::uintptr_t base() const noexcept { return base_; }
   /// Its size (a multiple of the granule).
@@ -245,7 +268,7 @@ public:
         }
       }
       for (std::size_t i = g; i < g + n; ++i) {
-        if (owner_[i] != g + 1) {
+        if (owner_[i] != g + n) {
           return false;
         }
       }
@@ -271,10 +294,7 @@ private:
   void* at(std::size_t granule) const noexcept { return reinterpret_cast<void*>(base_ + granule * granule_); }
   bool mapped(std::size_t g) const noexcept { return g < owner_.size() && owner_[g] != 0; }
   // One past the last granule of the chunk that holds mapped granule `g`.
-  std::size_t end_of(std::size_t g) const noexcept {
-    const std::size_t start = owner_[g] - 1;
-    return start + chunks_.find(start)->second;
-  }
+  std::size_t end_of(std::size_t g) const noexcept { return owner_[g]; }
   // How many runs of unmapped granules [first, last] holds: the most chunks back() makes there.
   std::size_t unmapped_runs(std::size_t first, std::size_t last) const noexcept {
     std::size_t runs = 0;
@@ -336,7 +356,7 @@ private:
     ++counts_.releases;
     (void)mapper_.release(*h); // the mapping keeps the memory; unmapping it frees it
     std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(g), owner_.begin() + static_cast<std::ptrdiff_t>(g + n),
-              static_cast<std::uint32_t>(g + 1));
+              static_cast<std::uint32_t>(g + n));
     mapped_ += size;
     return {};
   }
@@ -362,8 +382,10 @@ private:
   std::uintptr_t base_ = 0;
   std::size_t bytes_ = 0;
   std::size_t granule_ = 0;
-  unsigned shift_ = 0;                        ///< log2(granule_)
-  std::vector<std::uint32_t> owner_;          ///< per granule: its chunk's first granule + 1, or 0 (grown on demand)
+  unsigned shift_ = 0; ///< log2(granule_)
+  /// per granule: one past its chunk's last granule (so a walk skips a chunk in one step; two
+  /// granules share a chunk when they share the value), or 0 where unmapped (grown on demand)
+  std::vector<std::uint32_t> owner_;
   std::map<std::size_t, std::size_t> chunks_; ///< first granule -> granules
   std::size_t mapped_ = 0;
   MappingCounts counts_;

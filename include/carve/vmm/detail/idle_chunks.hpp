@@ -1,15 +1,21 @@
-// carve/vmm/detail/idle_chunks.hpp — the chunks of an ExpandablePool that no block touches, least
-// recently idle first: what the pool unmaps once more than its release threshold lies idle.
+// carve/vmm/detail/idle_chunks.hpp — the chunks of an ExpandablePool that no block touches: listed
+// least recently idle first (what the pool unmaps once more than its release threshold lies
+// idle), or found in its free ranges (what it unmaps to stay under its headroom line).
 #pragma once
+
+#include <carve/core/checked_math.hpp>
+#include <carve/mr/best_fit_ranges.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <new>
 #include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace carve::detail {
 
@@ -88,5 +94,35 @@ private:
   std::set<std::tuple<std::uint64_t, std::uint32_t, std::uintptr_t>> by_age_; // (since, space, start)
   std::size_t bytes_ = 0;
 };
+
+// The most an ExpandablePool maps before it unmaps idle memory to map more: `peak` (the running
+// peak of live bytes) plus `permille` thousandths of it; max() for a permille of max() or on
+// overflow (no line).
+constexpr std::size_t headroom_line(std::size_t peak, std::size_t permille) noexcept {
+  constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+  const auto extra = permille == unbounded ? cuda::std::nullopt : checked_mul(peak / 1000, permille);
+  const auto line = extra ? checked_add(peak, *extra) : cuda::std::nullopt;
+  return line ? *line : unbounded;
+}
+
+// Appends to `out` every chunk of `memory` (an OnDemandReservation) that lies wholly in one of
+// `free`'s ranges: the chunks of reservation `space` no block touches. Only ranges of a granule
+// or more can hold one, so only those are walked. When `out` cannot grow, what was found stays.
+template <class Memory>
+void find_idle_chunks(const BestFitRanges& free, const Memory& memory, std::uint32_t space,
+                      std::vector<IdleChunks::Chunk>& out) noexcept {
+  try {
+    free.for_each_free(
+        [&](std::uintptr_t start, std::size_t bytes) {
+          memory.for_each_chunk_in(start, bytes, [&](std::uintptr_t c, std::size_t n) {
+            if (c >= start && c + n <= start + bytes) {
+              out.push_back(IdleChunks::Chunk{space, c, n, 0});
+            }
+          });
+        },
+        memory.granule());
+  } catch (const std::bad_alloc&) {
+  }
+}
 
 } // namespace carve::detail

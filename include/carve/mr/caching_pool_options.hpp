@@ -1,5 +1,11 @@
-/// @file carve/mr/pool_stats.hpp
-/// A caching pool's settings and what it reports about itself.
+/// @file carve/mr/caching_pool_options.hpp
+/// How a CachingPool sizes, shares and keeps its blocks, and what it reports about itself.
+///
+/// Every pool keeps its options and its stats in a header of their own beside it, named for the
+/// pool: this one for CachingPool (and StreamCachingPool, which runs one CachingPool per stream
+/// with these options), stream_ordered_pool_options.hpp, stream_caching_pool_options.hpp, and
+/// carve/vmm/expandable_pool_options.hpp. So a program that only configures a pool, or only reads
+/// its figures, includes the small header, not the pool.
 #pragma once
 
 #include <cstddef>

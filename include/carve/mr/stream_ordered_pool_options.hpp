@@ -1,0 +1,34 @@
+/// @file carve/mr/stream_ordered_pool_options.hpp
+/// How a StreamOrderedPool rounds and keeps its blocks, and what it reports about itself (each
+/// pool's options and stats sit in a header of their own beside it: see caching_pool_options.hpp).
+#pragma once
+
+#include <cstddef>
+#include <limits>
+
+namespace carve {
+
+/// How StreamOrderedPool rounds and caches.
+struct StreamPoolOptions {
+  std::size_t granularity = 512; ///< block sizes are multiples of it (a power of two)
+  /// Cached bytes kept for reuse. When a free leaves more than this cached, cached blocks whose
+  /// events have completed go back to the upstream, largest first, until the cache is at or below
+  /// it or no such block is left (blocks a stream's queued work may still use stay cached, so the
+  /// cache may stay above it). The default keeps them all until trim() or the upstream refuses.
+  std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
+};
+
+/// What a StreamOrderedPool has done so far (StreamOrderedPool::stats()).
+struct StreamPoolStats {
+  std::size_t bytes_in_use = 0;         ///< in blocks handed out
+  std::size_t bytes_cached = 0;         ///< in blocks waiting for reuse
+  std::size_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
+  std::size_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
+  std::size_t upstream_allocations = 0; ///< blocks taken from the upstream
+  std::size_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
+  std::size_t upstream_failures = 0; ///< the upstream said no (then the cached blocks whose events had completed went
+                                     ///< back, and the request was retried)
+  std::size_t idle_releases = 0;     ///< cached blocks given back because the cache was over idle_threshold
+};
+
+} // namespace carve

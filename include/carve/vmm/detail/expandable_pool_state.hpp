@@ -1,0 +1,63 @@
+// carve/vmm/detail/expandable_pool_state.hpp — what an ExpandablePool remembers: one reservation
+// per stream with its free ranges and fence, the live blocks, the frees waiting on other streams'
+// work, the idle chunks and the counters. The pool's rules are in carve/vmm/expandable_pool.hpp.
+#pragma once
+
+#include <carve/mr/best_fit_ranges.hpp>
+#include <carve/mr/detail/address_table.hpp>
+#include <carve/vmm/detail/idle_chunks.hpp>
+#include <carve/vmm/detail/stream_frees.hpp>
+#include <carve/vmm/expandable_pool_options.hpp>
+#include <carve/vmm/on_demand_reservation.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace carve::detail {
+
+// An ExpandablePool's tables (behind one pointer, so the pool moves as a pointer does).
+template <class Mapper, class Streams>
+struct ExpandablePoolState {
+  using stream_type = typename Streams::stream_type;
+
+  // A reservation: a stream's, or (nullopt) the synchronous spellings'.
+  struct Space {
+    std::optional<stream_type> stream;
+    OnDemandReservation<Mapper> memory;
+    BestFitRanges free;
+    StreamFence<Streams> fence; // which frees the stream's work has passed
+  };
+  struct Live {
+    std::size_t size = 0;             // rounded to the granularity
+    BestFitRanges::Handle handle = 0; // its range in the reservation
+    std::uint32_t space = 0;          // index into spaces
+  };
+  struct Freed { // a block freed on another stream than its reservation's
+    BestFitRanges::Handle handle = 0;
+    std::uint32_t space = 0;
+  };
+
+  ExpandablePoolState(Mapper m, Streams s, ExpandablePoolOptions o)
+      : mapper(std::move(m)), streams(std::move(s)), options(o) {}
+
+  Mapper mapper;
+  Streams streams;
+  ExpandablePoolOptions options;
+  std::size_t granule = 0;
+  mutable std::mutex mutex;
+  std::vector<std::unique_ptr<Space>> spaces;
+  AddressTable<Live> live;
+  CrossStreamFrees<Streams, Freed> pending;
+  IdleChunks idle;         // kept only with a finite release_threshold
+  std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
+  std::size_t reserved = 0;
+  bool held = false;         // hold_mappings(): nothing is unmapped
+  ExpandablePoolStats stats; // the counters kept here; the rest is filled in by stats()
+};
+
+} // namespace carve::detail

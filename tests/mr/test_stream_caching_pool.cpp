@@ -1,0 +1,386 @@
+// StreamCachingPool on simulated streams: PyTorch's caching rule (a block serves only the stream
+// it was allocated on), frees on another stream held until that stream's work has passed them,
+// the retry that trims the other streams' settled pools, the idle threshold, misuse, a model over
+// random operations, and threads.
+#include <carve/mr/simulated_card.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
+#include <carve/mr/stream_events.hpp>
+#include <support/errors.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+// In a namespace of its own: the area's test files compile as one translation unit.
+namespace test_stream_caching_pool {
+
+using carve::Errc;
+using carve::PoolOptions;
+using carve::SimulatedCard;
+using carve::SimulatedStream;
+using carve::SimulatedStreams;
+using Pool = carve::StreamCachingPool<SimulatedCard, SimulatedStreams>;
+
+static_assert(carve::MemoryResource<Pool> && carve::OwnsMemory<Pool> && carve::Trimmable<Pool> &&
+              carve::ReportsStats<Pool> && carve::ChecksDeallocation<Pool> && carve::UpstreamResource<Pool>);
+static_assert(carve::MemoryResource<carve::StreamCachingPool<SimulatedCard>>); // SynchronousStreams by default
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+constexpr SimulatedStream s0{0};
+constexpr SimulatedStream s1{1};
+constexpr SimulatedStream s2{2};
+} // namespace
+
+TEST_CASE("a block serves only the stream it was allocated on, which may reuse it at once") {
+  Pool pool(SimulatedCard(16 * MiB), {}, SimulatedStreams(2));
+  void* p = *pool.try_allocate(s0, 4 * KiB, 512);
+  pool.streams().enqueue(s0); // a kernel on s0 still uses p
+  REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 512));
+  void* again = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(again == p); // s0's next kernel runs after the last
+  REQUIRE(pool.try_deallocate(s0, again, 4 * KiB, 512));
+  pool.streams().complete(s0);
+  void* other = *pool.try_allocate(s1, 4 * KiB, 512);
+  CHECK(other != p); // s1 has a pool of its own, even with s0's work done
+  CHECK(pool.owns(p));
+  CHECK(pool.owns(other));
+  const carve::StreamCachingPoolStats s = pool.stats();
+  CHECK(s.pools == 3); // s0, s1 and the synchronous calls'
+  CHECK(s.segments == 2);
+  CHECK(s.cache_hits == 1);
+  CHECK(s.bytes_in_use == 4 * KiB);
+  CHECK(s.bytes_reserved == 4 * MiB);
+  CHECK(s.peak_reserved == 4 * MiB);
+  CHECK(s.peak_in_use == 8 * KiB);                // the streams' peaks summed: an upper bound with two streams
+  CHECK(pool.upstream().used_bytes() == 4 * MiB); // one upstream under both: the pools share it
+  REQUIRE(pool.try_deallocate(s1, other, 4 * KiB, 512));
+  CHECK(pool.trim() == 4 * MiB);
+  CHECK(pool.upstream().used_bytes() == 0);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("a block freed on another stream goes home once that stream has passed the free") {
+  Pool pool(SimulatedCard(16 * MiB), {}, SimulatedStreams(3));
+  void* x = *pool.try_allocate(s0, 4 * KiB, 512);
+  pool.streams().enqueue(s1); // s1's kernel reads x
+  REQUIRE(pool.try_deallocate(s1, x, 4 * KiB, 512));
+  CHECK(pool.stats().pending_frees == 1);
+  CHECK(pool.stats().cross_stream_frees == 1);
+  CHECK(pool.stats().bytes_in_use == 4 * KiB); // still x's pool's, until s1 passes the free
+  void* y = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(y != x);
+  pool.streams().enqueue(s1); // work queued after the free does not hold it back
+  pool.streams().complete(s1, 1);
+  void* z = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(z == x);
+  CHECK(pool.stats().pending_frees == 0);
+  // A block freed on a stream that never allocated, and freed synchronously: no pool is made.
+  pool.streams().enqueue(s2);
+  REQUIRE(pool.try_deallocate(s2, y, 4 * KiB, 512));
+  REQUIRE(pool.try_deallocate(z, 4 * KiB, 512)); // synchronous: home at once
+  CHECK(pool.stats().pools == 2);
+  CHECK(pool.stats().bytes_in_use == 4 * KiB); // y, waiting on s2
+  CHECK(pool.trim() == 0);                     // y's segment is not free until s2 has run
+  pool.streams().complete(s2);
+  CHECK(pool.trim() == 2 * MiB);
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("the upstream says no: the other streams' settled pools give back their segments, and it retries") {
+  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB
+  REQUIRE(pool.try_deallocate(s0, a, 3 * MiB, 512));
+  void* b = *pool.try_allocate(s1, 6 * MiB, 512); // 4 MiB free on the card: s0's cache goes back
+  const carve::StreamCachingPoolStats after = pool.stats();
+  CHECK(after.pressure_retries == 1);
+  CHECK(after.bytes_given_back == 4 * MiB);
+  CHECK(after.bytes_reserved == 6 * MiB);
+  CHECK(after.peak_reserved == 6 * MiB);
+
+  // Freed while s1's work is queued: s0 may not have its memory until that work has run.
+  pool.streams().enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, b, 6 * MiB, 512));
+  CHECK(pool.try_allocate(s0, 6 * MiB, 512).error() == Errc::no_space);
+  CHECK(pool.upstream().used_bytes() == 6 * MiB);
+  pool.streams().complete(s1);
+  void* c = *pool.try_allocate(s0, 6 * MiB, 512);
+  CHECK(pool.stats().pressure_retries == 3);
+  REQUIRE(pool.try_deallocate(s0, c, 6 * MiB, 512));
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("under pressure, a block freed on another stream comes home once that stream has run") {
+  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
+  void* x = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB
+  pool.streams().enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, x, 3 * MiB, 512));
+  CHECK(pool.try_allocate(s0, 6 * MiB, 512).error() == Errc::no_space); // x is s1's work's still
+  pool.streams().complete(s1);
+  void* y = *pool.try_allocate(s0, 6 * MiB, 512); // x home, its segment back, then 6 MiB fits
+  CHECK(pool.stats().pending_frees == 0);
+  CHECK(pool.upstream().used_bytes() == 6 * MiB);
+  REQUIRE(pool.try_deallocate(s0, y, 6 * MiB, 512));
+}
+
+TEST_CASE("idle threshold: each stream's pool keeps at most that much in whole free segments") {
+  SUBCASE("0: a segment goes back as soon as it is wholly free") {
+    Pool pool(SimulatedCard(16 * MiB), {.idle_threshold = 0}, SimulatedStreams(2));
+    void* p = *pool.try_allocate(s0, 1 * MiB, 512);
+    void* q = *pool.try_allocate(s1, 1 * MiB, 512);
+    REQUIRE(pool.try_deallocate(s0, p, 1 * MiB, 512));
+    CHECK(pool.upstream().used_bytes() == 2 * MiB);
+    REQUIRE(pool.try_deallocate(s1, q, 1 * MiB, 512));
+    CHECK(pool.upstream().used_bytes() == 0);
+    CHECK(pool.stats().upstream_frees == 2);
+  }
+  SUBCASE("2 MiB: each stream keeps one segment") {
+    Pool pool(SimulatedCard(16 * MiB), {.idle_threshold = 2 * MiB}, SimulatedStreams(2));
+    std::vector<void*> blocks;
+    for (const SimulatedStream s : {s0, s0, s1, s1}) {
+      blocks.push_back(*pool.try_allocate(s, 2 * MiB, 512)); // a segment each
+    }
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      REQUIRE(pool.try_deallocate(i < 2 ? s0 : s1, blocks[i], 2 * MiB, 512));
+    }
+    CHECK(pool.stats().segments == 2);
+    CHECK(pool.stats().bytes_cached == 4 * MiB);
+    CHECK(pool.upstream().used_bytes() == 4 * MiB);
+  }
+}
+
+TEST_CASE("trim gives back what every settled stream caches, never a stream's with work queued") {
+  Pool pool(SimulatedCard(16 * MiB), {}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 1 * MiB, 512);
+  void* b = *pool.try_allocate(s1, 1 * MiB, 512);
+  void* c = *pool.try_allocate(1 * MiB, 512); // the synchronous calls' pool
+  pool.streams().enqueue(s1);
+  REQUIRE(pool.try_deallocate(s0, a, 1 * MiB, 512));
+  REQUIRE(pool.try_deallocate(s1, b, 1 * MiB, 512));
+  REQUIRE(pool.try_deallocate(c, 1 * MiB, 512));
+  CHECK(pool.trim() == 4 * MiB); // s0's segment and the synchronous one
+  CHECK(pool.upstream().used_bytes() == 2 * MiB);
+  pool.streams().complete(s1);
+  CHECK(pool.trim() == 2 * MiB);
+  CHECK(pool.upstream().used_bytes() == 0);
+
+  // SynchronousStreams: every event is complete, so trim gives everything back.
+  carve::StreamCachingPool<SimulatedCard> plain(SimulatedCard(16 * MiB));
+  void* p = plain.allocate(carve::SynchronousStream{}, 3 * KiB, 512);
+  void* q = plain.allocate(3 * KiB, 512);
+  plain.deallocate(carve::SynchronousStream{}, p, 3 * KiB, 512);
+  plain.deallocate(q, 3 * KiB, 512);
+  CHECK(plain.trim() == 4 * MiB);
+  CHECK(plain.upstream().used_bytes() == 0);
+}
+
+TEST_CASE("misuse is refused and changes nothing") {
+  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
+  CHECK(pool.try_allocate(s0, 0, 512).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
+  CHECK(pool.try_allocate(s0, 64, 1024).error() == Errc::no_space); // above the granularity
+  CHECK(pool.try_allocate(s0, 9 * MiB, 512).error() == Errc::no_space);
+  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 512).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.try_allocate(0, 512).error() == Errc::invalid_size);
+  CHECK_THROWS_ERRC(Errc::no_space, (void)pool.allocate(s1, 9 * MiB, 512));
+  void* p = *pool.try_allocate(s0, 1 * KiB, 512);
+  int local = 0;
+  for (const auto& free_on :
+       {std::optional<SimulatedStream>(s0), std::optional<SimulatedStream>(s1), std::optional<SimulatedStream>()}) {
+    const auto free = [&](void* q, std::size_t bytes) {
+      return free_on ? pool.try_deallocate(*free_on, q, bytes, 512) : pool.try_deallocate(q, bytes, 512);
+    };
+    CHECK(free(&local, 1 * KiB).error() == Errc::not_allocated);
+    CHECK(free(static_cast<char*>(p) + 512, 512).error() == Errc::not_allocated); // inside p
+    CHECK(free(p, 2 * KiB).error() == Errc::invalid_size);
+  }
+  CHECK(pool.stats().live_blocks == 1);
+  CHECK(pool.stats().pending_frees == 0);
+  // Freed on s1 (waiting for s1's work), then again: on any stream, or synchronously.
+  pool.streams().enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, p, 1 * KiB, 512));
+  CHECK(pool.try_deallocate(s1, p, 1 * KiB, 512).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::not_allocated);
+  CHECK(pool.try_deallocate(p, 1 * KiB, 512).error() == Errc::not_allocated);
+  pool.streams().complete(s1);
+  CHECK(pool.trim() == 2 * MiB);
+  CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::not_allocated); // home, and gone
+  CHECK(pool.stats().deallocations == 1);
+  CHECK_THROWS_AS(Pool(SimulatedCard(KiB), {.granularity = 3}, SimulatedStreams(1)), carve::Exception);
+  CHECK_THROWS_AS(Pool(SimulatedCard(KiB), {.segment_size = 1000}, SimulatedStreams(1)), carve::Exception);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("random streams against a model: a block never reaches another stream while one may use it") {
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    constexpr std::uint32_t streams = 4;
+    // A card large enough that no stream's pool is refused: memory moves between streams only
+    // through trim(), which waits for the streams' work.
+    Pool pool(SimulatedCard(256 * MiB), {.granularity = 512, .segment_size = 256 * KiB}, SimulatedStreams(streams));
+    struct Held {
+      std::size_t bytes;
+      std::uint32_t stream; // allocated on
+    };
+    std::map<void*, Held> held;
+    std::map<void*, std::uint32_t> cached_for; // freed blocks: the stream whose pool has them
+    struct Waiting {
+      void* p;
+      std::uint32_t stream; // freed on
+      std::uint64_t position;
+    };
+    std::vector<Waiting> waiting; // frees on another stream, not yet passed
+    std::vector<std::uint64_t> queued(streams, 0);
+    std::vector<std::uint64_t> done(streams, 0);
+    for (int step = 0; step < 2000; ++step) {
+      const auto s = static_cast<std::uint32_t>(rng() % streams);
+      const auto dice = static_cast<unsigned>(rng() % 20);
+      if (dice < 8) {
+        const std::size_t bytes = 64 + rng() % (64 * KiB);
+        const auto p = pool.try_allocate(SimulatedStream{s}, bytes, 512);
+        REQUIRE(p);
+        REQUIRE(held.count(*p) == 0); // never owned twice
+        for (const Waiting& w : waiting) {
+          CHECK(w.p != *p); // never before the freeing stream has passed the free
+        }
+        if (const auto c = cached_for.find(*p); c != cached_for.end()) {
+          CHECK(c->second == s); // a cached block serves only its stream
+          cached_for.erase(c);
+        }
+        held[*p] = {bytes, s};
+        std::memset(*p, static_cast<int>(s), bytes);
+      } else if (dice < 16 && !held.empty()) {
+        auto it = held.begin();
+        std::advance(it, static_cast<long>(rng() % held.size()));
+        const std::uint32_t on = rng() % 3 == 0 ? s : it->second.stream;
+        pool.streams().enqueue(SimulatedStream{on});
+        ++queued[on];
+        REQUIRE(pool.try_deallocate(SimulatedStream{on}, it->first, it->second.bytes, 512));
+        if (on != it->second.stream) {
+          waiting.push_back({it->first, on, queued[on]});
+        }
+        cached_for[it->first] = it->second.stream;
+        held.erase(it);
+      } else if (dice < 19) {
+        const std::uint64_t n = rng() % 3;
+        pool.streams().complete(SimulatedStream{s}, n);
+        done[s] = std::min(queued[s], done[s] + n);
+        std::erase_if(waiting, [&](const Waiting& w) { return done[w.stream] >= w.position; });
+      } else {
+        pool.trim(); // memory of settled streams' free segments may go anywhere now
+        cached_for.clear();
+      }
+    }
+    CHECK(pool.consistent());
+    for (const auto& [p, h] : held) {
+      REQUIRE(pool.try_deallocate(p, h.bytes, 512));
+    }
+    for (std::uint32_t s = 0; s < streams; ++s) {
+      pool.streams().complete(SimulatedStream{s});
+    }
+    pool.trim();
+    const carve::StreamCachingPoolStats s = pool.stats();
+    CHECK(s.bytes_in_use == 0);
+    CHECK(s.bytes_reserved == 0);
+    CHECK(s.pending_frees == 0);
+    CHECK(pool.upstream().used_bytes() == 0);
+    CHECK(pool.consistent());
+  }
+}
+
+TEST_CASE("threads, each on its stream, handing a quarter of their blocks to the next to free") {
+  constexpr unsigned threads = 4;
+  Pool pool(SimulatedCard(64 * MiB), {.granularity = 512, .segment_size = 256 * KiB}, SimulatedStreams(threads));
+  std::atomic<int> overwritten{0};
+  struct Handoff {
+    std::mutex mutex;
+    std::vector<std::pair<unsigned char*, std::size_t>> blocks;
+  };
+  std::vector<Handoff> handoffs(threads);
+  std::vector<std::thread> workers;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      const SimulatedStream mine{t};
+      const auto tag = [](const unsigned char* p) {
+        return static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 9);
+      };
+      const auto release = [&](unsigned char* p, std::size_t bytes) {
+        for (std::size_t k = 0; k < bytes; ++k) {
+          if (p[k] != tag(p)) {
+            ++overwritten;
+            break;
+          }
+        }
+        pool.streams().enqueue(mine);
+        CHECK(pool.try_deallocate(mine, p, bytes, 512));
+      };
+      std::vector<std::pair<unsigned char*, std::size_t>> held;
+      for (int i = 0; i < 1500; ++i) {
+        if (held.size() < 8 && rng() % 2 == 0) {
+          const std::size_t bytes = 64 + rng() % (32 * KiB);
+          const auto p = pool.try_allocate(mine, bytes, 512);
+          REQUIRE(p);
+          auto* b = static_cast<unsigned char*>(*p);
+          std::memset(b, tag(b), bytes);
+          if (rng() % 4 == 0) { // the next thread frees it, on its own stream
+            Handoff& next = handoffs[(t + 1) % threads];
+            const std::lock_guard lock(next.mutex);
+            next.blocks.emplace_back(b, bytes);
+          } else {
+            held.emplace_back(b, bytes);
+          }
+        } else if (!held.empty()) {
+          release(held.back().first, held.back().second);
+          held.pop_back();
+        }
+        std::vector<std::pair<unsigned char*, std::size_t>> given;
+        {
+          const std::lock_guard lock(handoffs[t].mutex);
+          given.swap(handoffs[t].blocks);
+        }
+        for (const auto& [p, bytes] : given) {
+          release(p, bytes);
+        }
+        if (rng() % 8 == 0) {
+          pool.streams().complete(mine);
+        }
+        if (i % 500 == 499) {
+          pool.trim();
+        }
+      }
+      for (const auto& [p, bytes] : held) {
+        release(p, bytes);
+      }
+      pool.streams().complete(mine);
+    });
+  }
+  for (std::thread& w : workers) {
+    w.join();
+  }
+  for (Handoff& h : handoffs) { // handed to a thread that had finished
+    for (const auto& [p, bytes] : h.blocks) {
+      REQUIRE(pool.try_deallocate(p, bytes, 512));
+    }
+  }
+  CHECK(overwritten == 0);
+  CHECK(pool.stats().cross_stream_frees > 0);
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.streams().complete(SimulatedStream{t});
+  }
+  pool.trim();
+  CHECK(pool.stats().bytes_in_use == 0);
+  CHECK(pool.upstream().used_bytes() == 0);
+  CHECK(pool.consistent());
+}
+
+} // namespace test_stream_caching_pool
