@@ -414,6 +414,12 @@ gpu() {
     python3 "$root/tests/torch/gpu_out_of_memory.py" --library "$dir/src/torch/libcarve_torch.so" \
       --report "$report" >/dev/null 2>&1 || oom=FAILED
     echo "test,,gpu_out_of_memory,,,,,$oom" >>"$csv"
+    # CUDA graphs: a captured training step and torch.compile(mode="reduce-overhead") under
+    # each pool, against PyTorch's allocator.
+    local graphs=passed
+    python3 "$root/tests/torch/gpu_graphs.py" --library "$dir/src/torch/libcarve_torch.so" \
+      --report "$report" >/dev/null 2>&1 || graphs=FAILED
+    echo "test,,gpu_graphs,,,,,$graphs" >>"$csv"
   fi
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)

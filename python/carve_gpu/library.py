@@ -108,7 +108,20 @@ class CarveLibrary:
         for hook in ("carve_torch_host_stream_enqueue", "carve_torch_host_stream_complete"):
             getattr(lib, hook).restype = None
             getattr(lib, hook).argtypes = [ctypes.c_void_p]
+        lib.carve_torch_host_stream_capturing.restype = None
+        lib.carve_torch_host_stream_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.carve_torch_guard_captures.restype = None
+        lib.carve_torch_guard_captures.argtypes = [ctypes.c_int]
         self.lib = lib
+
+    def address(self, name):
+        """The address of the library's function `name` (an int), for PyTorch's hook setters."""
+        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+
+    def guard_captures(self, on=True):
+        """Every request asks the driver whether its stream captures a CUDA graph, and refuses one
+        that does: for a PyTorch that cannot forward the graph pool hooks."""
+        self.lib.carve_torch_guard_captures(1 if on else 0)
 
     def malloc(self, size, device=0, stream=0):
         """A block's address (int), or None when the device is full."""
@@ -144,6 +157,10 @@ class CarveLibrary:
     def host_stream_complete(self, stream):
         """Host backend test hook: all work queued on `stream` has run."""
         self.lib.carve_torch_host_stream_complete(stream)
+
+    def host_stream_capturing(self, stream, capturing=True):
+        """Host backend test hook: `stream` captures a CUDA graph (or no longer does)."""
+        self.lib.carve_torch_host_stream_capturing(stream, 1 if capturing else 0)
 
 
 def load(library=None, pool="expandable", backend=None, max_reserved=None, idle_threshold=None):

@@ -38,7 +38,40 @@ def pluggable_allocator(pool="expandable", *, library=None, max_reserved=None, i
                            "torch's package directory), so that a request carve refuses raises "
                            "torch.OutOfMemoryError instead of handing PyTorch a null pointer")
     torch = _import_torch()
-    return torch.cuda.memory.CUDAPluggableAllocator(oom, "carve_torch_malloc_or_raise", "carve_torch_free"), lib
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(oom, "carve_torch_malloc_or_raise", "carve_torch_free")
+    install_hooks(allocator._allocator, lib)
+    return allocator, lib
+
+
+# The hooks of PyTorch's pluggable allocator carve fills, newest interface first: (setter, carve's
+# function). PyTorch 2.2 and later open a graph's pool with a filter of the capturing streams;
+# 2.1 names the capturing stream.
+_POOL_HOOKS = (
+    (("set_begin_allocate_to_pool", "carve_torch_begin_allocate_to_pool"),
+     ("set_end_allocate_to_pool_fn", "carve_torch_end_allocate_to_pool"),
+     ("set_release_pool", "carve_torch_release_pool")),
+    (("set_begin_allocate_stream_to_pool", "carve_torch_begin_allocate_stream_to_pool"),
+     ("set_end_allocate_stream_to_pool_fn", "carve_torch_end_allocate_stream_to_pool"),
+     ("set_release_pool", "carve_torch_release_pool")),
+)
+
+
+def install_hooks(hooks, lib):
+    """Fills `hooks` (a torch._C._cuda_CUDAAllocator of a CUDAPluggableAllocator: its setters take
+    a function's address) with carve's: torch.cuda.empty_cache() reaches carve's cache, and a CUDA
+    graph captured under carve gets a private pool of carve's memory. Returns "pools" or "streams"
+    (which form of the graph hooks), or None where this PyTorch has neither: then carve refuses any
+    allocation from a capturing stream with a message saying so (carve_torch_guard_captures), since
+    it could not keep the graph's memory from the next allocation."""
+    if hasattr(hooks, "set_reset_fn"):
+        hooks.set_reset_fn(lib.address("carve_torch_empty_cache"))
+    for form, setters in zip(("pools", "streams"), _POOL_HOOKS):
+        if all(hasattr(hooks, setter) for setter, _ in setters):
+            for setter, function in setters:
+                getattr(hooks, setter)(lib.address(function))
+            return form
+    lib.guard_captures(True)
+    return None
 
 
 def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):
@@ -63,7 +96,27 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     except RuntimeError as e:
         raise RuntimeError("carve_gpu.torch.use(): PyTorch refused to install carve's allocator: " + str(e)) from e
     _installed.update(allocator=allocator, library=lib)
+    _graphs_without_trees(torch)
     return allocator
+
+
+def _graphs_without_trees(torch):
+    """torch.compile(mode="reduce-overhead") records CUDA graphs as trees that checkpoint the
+    allocator's state (getCheckpointState, setCheckpointPoolState, checkPoolLiveAllocations), which
+    PyTorch's pluggable allocator cannot forward: every such graph would fail at its first
+    recording. Inductor's other path captures each graph with torch.cuda.graph, which carve serves
+    through its pool hooks; use() selects it and says so once."""
+    try:
+        import torch._inductor.config as inductor_config
+    except ImportError:  # no inductor: no reduce-overhead to serve
+        return
+    if getattr(inductor_config.triton, "cudagraph_trees", False):
+        inductor_config.triton.cudagraph_trees = False
+        import warnings
+        warnings.warn("carve_gpu.torch.use(): torch.compile(mode=\"reduce-overhead\") will capture CUDA graphs "
+                      "without cudagraph trees (torch._inductor.config.triton.cudagraph_trees = False): trees "
+                      "checkpoint the allocator's state, which PyTorch's pluggable allocator cannot forward",
+                      stacklevel=3)
 
 
 def mem_pool(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):

@@ -44,6 +44,18 @@ struct HostBackend {
   static Upstream upstream(int) { return SimulatedCard(std::size_t{1} << 50); }
   // Only the test completes host work: nothing to wait for.
   static void synchronize(int) noexcept {}
+  // Whether a graph capture is under way on `s`: as the test hook set it.
+  static bool capturing(cudaStream_t s) noexcept {
+    try {
+      return HostStreamTable::instance().capturing(reinterpret_cast<std::uintptr_t>(s));
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  // Nothing on the host forbids a call during a capture.
+  struct RelaxedCapture {
+    explicit RelaxedCapture(bool) noexcept {}
+  };
   // Nothing is current on the host.
   struct DeviceScope {
     explicit DeviceScope(int) noexcept {}
@@ -68,6 +80,39 @@ struct CudaBackend {
       cudaGetLastError();
     }
   }
+  // Whether a graph capture is under way on `s` (a capturing stream's work is recorded, not run).
+  static bool capturing(cudaStream_t s) noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return status == cudaStreamCaptureStatusActive;
+  }
+  // While a capture is under way (`active`), lets this thread make the calls a capture in the
+  // global or thread-local mode forbids (cudaMalloc, cuMemMap, cudaFree), as PyTorch's own
+  // allocator does around its cudaMalloc: they are not stream work, and carve records no event on
+  // a capturing stream meanwhile.
+  class RelaxedCapture {
+  public:
+    explicit RelaxedCapture(bool active) noexcept : active_(active) {
+      if (active_ && cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+        cudaGetLastError();
+        active_ = false;
+      }
+    }
+    ~RelaxedCapture() {
+      if (active_) {
+        cudaThreadExchangeStreamCaptureMode(&mode_);
+      }
+    }
+    RelaxedCapture(const RelaxedCapture&) = delete;
+    RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+  private:
+    cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+    bool active_;
+  };
   // Makes `device` current for the events and memory calls of one request, when it is not already
   // (PyTorch frees from threads whose current device may be another).
   class DeviceScope {

@@ -14,8 +14,11 @@
 #include <cstdlib>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace {
@@ -81,6 +84,12 @@ struct Registry {
   std::array<std::atomic<std::uint64_t>, max_devices> refused{}; // mallocs that found no stack
 };
 
+// carve_torch_guard_captures, for stacks built later.
+std::atomic<bool>& guard_captures_on() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 Registry& registry() {
   static Registry* r = new Registry; // never destroyed (see the top of this file)
   return *r;
@@ -113,6 +122,7 @@ DeviceStack* stack(int device) {
       made = make_stack<carve::torch::CudaBackend>(device, c.stack);
 #endif
     }
+    made->guard_captures(guard_captures_on().load(std::memory_order_relaxed));
     r.stacks[slot(device)].store(made.get(), std::memory_order_release);
     return made.release();
   } catch (const std::exception& e) {
@@ -121,6 +131,22 @@ DeviceStack* stack(int device) {
     std::fprintf(stderr, "%s\n", r.errors[slot(device)].c_str());
     return nullptr;
   }
+}
+
+// The stack of `device` if it was built (hooks that only end or release something build none).
+DeviceStack* existing_stack(int device) {
+  return device >= 0 && device < max_devices ? registry().stacks[slot(device)].load(std::memory_order_acquire)
+                                             : nullptr;
+}
+
+// PyTorch 2.1's captures, by device and stream: the pool each one allocates to.
+struct StreamPools {
+  std::mutex mutex;
+  std::map<std::pair<int, cudaStream_t>, carve_torch_pool_id> of;
+};
+StreamPools& stream_pools() {
+  static StreamPools* p = new StreamPools; // never destroyed (see the top of this file)
+  return *p;
 }
 
 std::string hex(const void* p) {
@@ -180,6 +206,15 @@ std::string refusal(int device, std::size_t bytes, std::size_t released, const c
   return text;
 }
 
+// A request from a stream that captures a CUDA graph with no private pool open for it.
+std::string capture_refusal(int device, std::size_t bytes) {
+  return "libcarve_torch: a CUDA graph capture on GPU " + std::to_string(device) + " asked for " + torch_size(bytes) +
+         ", but no private pool is open for its stream, so carve cannot keep the graph's memory from the next "
+         "allocation. PyTorch opens one through the allocator's pool hooks (set_begin_allocate_to_pool, PyTorch "
+         "2.1 and later), which carve_gpu.torch.use() installs; with an older PyTorch, or a capture begun outside "
+         "torch.cuda.graph, capture under PyTorch's own allocator.";
+}
+
 void append(std::string& json, const char* key, std::uint64_t value) {
   json += ",\"";
   json += key;
@@ -209,9 +244,11 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
     return nullptr;
   }
   std::size_t released = 0;
-  void* p = s->allocate(stream, static_cast<std::size_t>(size), &released);
+  bool uncaptured = false;
+  void* p = s->allocate(stream, static_cast<std::size_t>(size), &released, &uncaptured);
   if (p == nullptr) {
-    last_refusal = refusal(device, static_cast<std::size_t>(size), released, s->books(), checked_config());
+    last_refusal = uncaptured ? capture_refusal(device, static_cast<std::size_t>(size))
+                              : refusal(device, static_cast<std::size_t>(size), released, s->books(), checked_config());
   }
   return p;
 }
@@ -302,6 +339,15 @@ const char* carve_torch_stats_json(int device) {
   return json.c_str();
 }
 
+void carve_torch_guard_captures(int on) {
+  guard_captures_on().store(on != 0, std::memory_order_relaxed);
+  for (auto& slot : registry().stacks) {
+    if (DeviceStack* s = slot.load(std::memory_order_acquire)) {
+      s->guard_captures(on != 0);
+    }
+  }
+}
+
 void carve_torch_reset_peak(int device) {
   if (device >= 0 && device < max_devices) {
     if (DeviceStack* s = registry().stacks[slot(device)].load(std::memory_order_acquire)) {
@@ -324,6 +370,59 @@ void carve_torch_host_stream_enqueue(cudaStream_t stream) {
 void carve_torch_host_stream_complete(cudaStream_t stream) {
   if (config().backend == BackendKind::host) {
     carve::torch::HostStreamTable::instance().complete(reinterpret_cast<std::uintptr_t>(stream));
+  }
+}
+
+void carve_torch_host_stream_capturing(cudaStream_t stream, int capturing) {
+  if (config().backend == BackendKind::host) {
+    carve::torch::HostStreamTable::instance().set_capturing(reinterpret_cast<std::uintptr_t>(stream), capturing != 0);
+  }
+}
+
+// The graph hooks: PyTorch calls them from C++, where an exception is its own to report (it
+// becomes a RuntimeError in the Python call that began the capture).
+void carve_torch_begin_allocate_to_pool(int device, carve_torch_pool_id pool,
+                                        std::function<bool(cudaStream_t)> filter) {
+  DeviceStack* s = stack(device);
+  if (s == nullptr) {
+    throw std::runtime_error("libcarve_torch: cannot capture a CUDA graph on GPU " + std::to_string(device) +
+                             ": it has no carve pool");
+  }
+  s->begin_capture(carve::PrivatePoolId{pool.first, pool.second}, std::move(filter));
+}
+
+void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool) {
+  if (DeviceStack* s = existing_stack(device)) {
+    s->end_capture(carve::PrivatePoolId{pool.first, pool.second});
+  }
+}
+
+void carve_torch_release_pool(int device, carve_torch_pool_id pool) {
+  if (DeviceStack* s = existing_stack(device)) {
+    s->release_pool(carve::PrivatePoolId{pool.first, pool.second});
+  }
+}
+
+// PyTorch 2.1 names the capturing stream itself, and ends a capture by its stream.
+void carve_torch_begin_allocate_stream_to_pool(int device, cudaStream_t stream, carve_torch_pool_id pool) {
+  {
+    const std::lock_guard lock(stream_pools().mutex);
+    stream_pools().of[{device, stream}] = pool;
+  }
+  carve_torch_begin_allocate_to_pool(device, pool, [stream](cudaStream_t s) { return s == stream; });
+}
+
+void carve_torch_end_allocate_stream_to_pool(int device, cudaStream_t stream) {
+  std::optional<carve_torch_pool_id> pool;
+  {
+    const std::lock_guard lock(stream_pools().mutex);
+    if (const auto it = stream_pools().of.find({device, stream}); it != stream_pools().of.end()) {
+      pool = it->second;
+      stream_pools().of.erase(it);
+    }
+  }
+  if (pool) {
+    carve_torch_end_allocate_to_pool(device, *pool);
   }
 }
 

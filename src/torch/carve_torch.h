@@ -84,6 +84,13 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);
 
+/* With `on`, every request first asks the driver whether its stream is capturing a CUDA graph, and
+ * refuses one that is (carve_torch_last_refusal says why): for a PyTorch whose allocator cannot
+ * forward the graph hooks below, where a capture would otherwise be served memory that the next
+ * allocation could take from under the graph. carve_gpu.torch turns it on when it cannot install
+ * the hooks. Off by default (a driver call per request). */
+CARVE_TORCH_API void carve_torch_guard_captures(int on);
+
 /* Starts both peaks (reserved and live) again from the bytes held now. */
 CARVE_TORCH_API void carve_torch_reset_peak(int device);
 
@@ -97,8 +104,34 @@ CARVE_TORCH_API const char* carve_torch_config_error(void);
  * work is reused on another stream only after complete(). They do nothing on the CUDA backend. */
 CARVE_TORCH_API void carve_torch_host_stream_enqueue(cudaStream_t stream);
 CARVE_TORCH_API void carve_torch_host_stream_complete(cudaStream_t stream);
+/* Marks `stream` as capturing a CUDA graph, or not (what cudaStreamIsCapturing says on a GPU). */
+CARVE_TORCH_API void carve_torch_host_stream_capturing(cudaStream_t stream, int capturing);
 
 #ifdef __cplusplus
+}
+
+#include <functional>
+#include <utility>
+
+/* CUDA graphs: the allocate-to-pool hooks of PyTorch's CUDAPluggableAllocator, C++ functions of
+ * the types its setters take (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
+ * set_release_pool from PyTorch 2.2; PyTorch 2.1's stream forms). carve_gpu.torch installs them.
+ * While PyTorch captures a graph, the blocks the capturing streams (those `filter` accepts)
+ * allocate belong to the graph's private pool `pool` until release_pool: freed, they serve only
+ * that pool; nothing goes back to the device and no event lands on a capturing stream meanwhile;
+ * other frees wait for the end of the capture. A stream that captures while no pool is open for
+ * it is refused: carve_torch_malloc returns NULL and carve_torch_last_refusal says why
+ * (carve_torch_malloc_or_raise raises it as a RuntimeError). Names with C linkage, so that
+ * ctypes finds them; the pool is PyTorch's MempoolId_t. */
+typedef std::pair<unsigned long long, unsigned long long> carve_torch_pool_id;
+extern "C" {
+CARVE_TORCH_API void carve_torch_begin_allocate_to_pool(int device, carve_torch_pool_id pool,
+                                                        std::function<bool(cudaStream_t)> filter);
+CARVE_TORCH_API void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool);
+CARVE_TORCH_API void carve_torch_release_pool(int device, carve_torch_pool_id pool);
+CARVE_TORCH_API void carve_torch_begin_allocate_stream_to_pool(int device, cudaStream_t stream,
+                                                               carve_torch_pool_id pool);
+CARVE_TORCH_API void carve_torch_end_allocate_stream_to_pool(int device, cudaStream_t stream);
 }
 #endif
 

@@ -22,14 +22,23 @@
 #include "books.hpp"
 
 #include <carve/core/errc.hpp>
+#include <carve/core/misuse.hpp>
 #include <carve/mr/caching_pool_options.hpp>
+#include <carve/mr/private_pools.hpp>
 #include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
 #include <carve/mr/stream_ordered_pool_options.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <vector>
 
 namespace carve::torch {
 
@@ -46,11 +55,25 @@ struct StackOptions {
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
 };
 
-// One device's pool behind the C functions (see the top of this file).
+// One device's pool behind the C functions (see the top of this file), and the private pools of
+// the CUDA graphs captured over it.
+//
+// A graph replays with the addresses it was captured with, so while PyTorch captures one it
+// opens a private pool (begin_capture, with a filter that says which streams capture into it) and
+// the blocks those streams allocate belong to that pool (carve::PrivatePools) until the graph is
+// destroyed (release_pool): freed, they serve only that pool's later requests. While any capture
+// is under way nothing goes back to the device and no event is recorded on a stream the capture
+// could take in: the pools are held (no unmapping, no taking memory from other streams), the
+// cache is not emptied, and every other free waits for the end of the capture. A stream that
+// captures with no private pool open (a PyTorch that cannot forward its pool hooks, or a capture
+// started outside PyTorch) is refused with a message saying so, never served memory that the
+// next allocation could take from under the graph.
 class DeviceStack {
 public:
   // What a free did: nothing (and why) or its work.
   using Freed = cuda::std::expected<void, Errc>;
+  // Which streams capture into a private pool (PyTorch's filter: the capture's own streams).
+  using CaptureFilter = std::function<bool(cudaStream_t)>;
 
   explicit DeviceStack(const StackOptions& options) { books_.cap = options.max_reserved; }
   virtual ~DeviceStack() = default;
@@ -60,19 +83,26 @@ public:
   // A block of `bytes` (> 0) for work on `stream`, or null when the device is full. Before it
   // refuses, the stack gives back what it caches (empty_cache: only memory no stream's work may
   // still touch) and tries once more, as PyTorch's own allocator does; `released`, when given,
-  // gets the bytes that gave back (0 when the first try served).
-  void* allocate(cudaStream_t stream, std::size_t bytes, std::size_t* released = nullptr) noexcept {
-    void* p = take(stream, bytes);
+  // gets the bytes that gave back (0 when the first try served). During a capture it gives back
+  // nothing, and a capturing stream is served from its graph's private pool; `capture_refused`,
+  // when given, says that a stream captured with no private pool open.
+  void* allocate(cudaStream_t stream, std::size_t bytes, std::size_t* released = nullptr,
+                 bool* capture_refused = nullptr) noexcept {
     std::size_t gave_back = 0;
-    if (p == nullptr) {
-      const std::size_t before = books_.reserved.now();
-      empty_cache();
-      const std::size_t after = books_.reserved.now();
-      gave_back = before > after ? before - after : 0;
-      p = take(stream, bytes);
+    bool unrouted = false;
+    void* p = nullptr;
+    if (capturing()) {
+      p = take_during_capture(stream, bytes, unrouted);
+    } else if (guard_captures_.load(std::memory_order_relaxed) && stream_capturing(stream)) {
+      unrouted = true; // no hooks: PyTorch opened no pool for this capture
+    } else {
+      p = take_or_retry(stream, bytes, gave_back);
     }
     if (released != nullptr) {
       *released = gave_back;
+    }
+    if (capture_refused != nullptr) {
+      *capture_refused = unrouted;
     }
     if (p == nullptr) {
       count(books_.failures);
@@ -83,17 +113,88 @@ public:
     return p;
   }
   // Frees `p` for work queued on `stream` after the work that used it. not_allocated when the
-  // stack never handed `p` out (or it is free), invalid_size when `bytes` is not its size.
+  // stack never handed `p` out (or it is free), invalid_size when `bytes` is not its size. During
+  // a capture a block of no private pool waits for its end (checked then).
   Freed deallocate(cudaStream_t stream, void* p, std::size_t bytes) noexcept {
-    Freed why = give(stream, p, bytes);
+    Freed why =
+        graphs_used_.load(std::memory_order_acquire) ? free_with_graphs(stream, p, bytes) : give(stream, p, bytes);
     if (why) {
       books_.live.sub(rounded(bytes));
       count(books_.frees);
     }
     return why;
   }
-  // Gives the device every byte no block uses and no stream's work may still touch.
-  virtual void empty_cache() noexcept = 0;
+  // Gives the device every byte no block uses and no stream's work may still touch; nothing
+  // while a capture is under way.
+  void empty_cache() noexcept {
+    if (!capturing()) {
+      release_cache();
+    }
+  }
+
+  // Whether every request asks the driver if its stream captures a graph (when PyTorch cannot
+  // forward its pool hooks, a capture would otherwise be served as any other request).
+  void guard_captures(bool on) noexcept { guard_captures_.store(on, std::memory_order_relaxed); }
+
+  // A capture begins allocating to private pool `id` from the streams `filter` accepts.
+  void begin_capture(PrivatePoolId id, CaptureFilter filter) {
+    const std::lock_guard lock(graphs_);
+    underway_.push_back(Capture{id, std::move(filter)});
+    try {
+      privates_.open(id);
+    } catch (...) {
+      underway_.pop_back();
+      throw;
+    }
+    graphs_used_.store(true, std::memory_order_release);
+    if (captures_.load(std::memory_order_relaxed) == 0) {
+      hold(true);
+    }
+    captures_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  // The capture into `id` ended: its streams allocate as usual again. When it was the last one,
+  // the frees that waited go through, and the pools released meanwhile go back to the device.
+  void end_capture(PrivatePoolId id) noexcept {
+    std::vector<PrivateBlock> waited;
+    std::vector<PrivateBlock> released;
+    {
+      const std::lock_guard lock(graphs_);
+      const auto it = std::find_if(underway_.begin(), underway_.end(), [&](const Capture& c) { return c.id == id; });
+      if (it == underway_.end()) {
+        return;
+      }
+      underway_.erase(it);
+      if (captures_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        hold(false);
+        waited.swap(waited_);
+        released.swap(released_);
+      }
+    }
+    for (const PrivateBlock& b : waited) {
+      if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
+        report_misuse("carve_torch_free", b.p, b.bytes, r.error()); // checked now that it could be
+      }
+    }
+    give_back(released);
+  }
+  // One user less of private pool `id` (a graph destroyed): when it has none, its free blocks go
+  // back to the stack once the device has run every replay (its blocks in use follow as freed).
+  void release_pool(PrivatePoolId id) noexcept {
+    std::vector<PrivateBlock> blocks;
+    try {
+      blocks = privates_.release(id);
+    } catch (const std::bad_alloc&) {
+      return; // the pool keeps its blocks
+    }
+    {
+      const std::lock_guard lock(graphs_);
+      if (capturing()) { // no device synchronisation during a capture: at its end
+        released_.insert(released_.end(), blocks.begin(), blocks.end());
+        return;
+      }
+    }
+    give_back(blocks);
+  }
 
   const Books& books() const noexcept { return books_; }
   void reset_peak() noexcept {
@@ -107,32 +208,173 @@ protected:
                ? bytes
                : (bytes + block_alignment - 1) & ~(block_alignment - 1);
   }
+  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) != 0; }
+
   virtual void* take(cudaStream_t stream, std::size_t bytes) noexcept = 0;
   virtual Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept = 0;
+  virtual void release_cache() noexcept = 0;
+  // While `held` (a capture is under way) the pool gives nothing back to the device and records
+  // no event on another stream than the one it serves.
+  virtual void hold(bool held) noexcept = 0;
+  // Waits until the device has run all work queued so far.
+  virtual void synchronize() noexcept = 0;
+  // Whether a capture is under way on `stream`.
+  virtual bool stream_capturing(cudaStream_t stream) noexcept = 0;
 
   Books books_; // before the pools, which count into it
-};
-
-// A block from a pool with CCCL's stream-ordered spellings, on `device`; null when it says no.
-template <class Backend, class Pool>
-void* take_on_stream(int device, Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
-  const typename Backend::DeviceScope scope(device);
-  const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
-  return p ? *p : nullptr;
-}
-
-template <class Backend>
-class ExpandableStack final : public DeviceStack {
-public:
-  ExpandableStack(int device, const StackOptions& o)
-      : DeviceStack(o), device_(device),
-        pool_(CountingMapper<typename Backend::Mapper>(Backend::mapper(device), &books_), options(device, o)) {}
-  void empty_cache() noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    (void)pool_.trim();
-  }
 
 private:
+  using PrivateBlock = PrivatePools<cudaStream_t>::Block;
+  struct Capture {
+    PrivatePoolId id;
+    CaptureFilter filter;
+  };
+
+  void* take_or_retry(cudaStream_t stream, std::size_t bytes, std::size_t& gave_back) noexcept {
+    void* p = take(stream, bytes);
+    if (p == nullptr) {
+      const std::size_t before = books_.reserved.now();
+      release_cache();
+      const std::size_t after = books_.reserved.now();
+      gave_back = before > after ? before - after : 0;
+      p = take(stream, bytes);
+    }
+    return p;
+  }
+
+  // During a capture: a stream that captures into a private pool gets a block that pool holds
+  // free, or a new one the pool adopts; a stream that captures into none is refused (`unrouted`);
+  // any other stream is served as usual, without giving anything back.
+  void* take_during_capture(cudaStream_t stream, std::size_t bytes, bool& unrouted) noexcept {
+    const std::optional<PrivatePoolId> id = pool_of(stream);
+    if (!id) {
+      unrouted = stream_capturing(stream);
+      return unrouted ? nullptr : take(stream, bytes);
+    }
+    try {
+      if (void* p = privates_.reuse(*id, stream, bytes)) {
+        return p;
+      }
+      void* p = take(stream, bytes);
+      if (p != nullptr && !privates_.adopt(*id, p, bytes, stream)) {
+        (void)give(stream, p, bytes); // its pool was released meanwhile
+        return nullptr;
+      }
+      return p;
+    } catch (const std::bad_alloc&) { // adopt() changes nothing when it throws: see give above
+      return nullptr;
+    }
+  }
+
+  // The private pool `stream` captures into, if any (PyTorch's filters ask the driver).
+  std::optional<PrivatePoolId> pool_of(cudaStream_t stream) noexcept {
+    const std::lock_guard lock(graphs_);
+    for (const Capture& c : underway_) {
+      try {
+        if (c.filter && c.filter(stream)) {
+          return c.id;
+        }
+      } catch (...) { // a filter that fails routes nothing
+      }
+    }
+    return std::nullopt;
+  }
+
+  Freed free_with_graphs(cudaStream_t stream, void* p, std::size_t bytes) noexcept {
+    try {
+      const auto [freed, block] = privates_.free(p, stream);
+      switch (freed) {
+      case PrivatePools<cudaStream_t>::Freed::kept:
+        return {};
+      case PrivatePools<cudaStream_t>::Freed::give_back:
+        return capturing() ? wait_for_capture(block) : give(block.stream, block.p, block.bytes);
+      case PrivatePools<cudaStream_t>::Freed::not_private:
+        break;
+      }
+      return capturing() ? wait_for_capture(PrivateBlock{p, bytes, stream}) : give(stream, p, bytes);
+    } catch (const std::bad_alloc&) {
+      return cuda::std::unexpected(Errc::no_space);
+    }
+  }
+
+  // A free during a capture: made at its end (a give now could record an event into the graph).
+  Freed wait_for_capture(const PrivateBlock& b) {
+    const std::lock_guard lock(graphs_);
+    if (!capturing()) { // it ended meanwhile
+      return give(b.stream, b.p, b.bytes);
+    }
+    waited_.push_back(b);
+    return {};
+  }
+
+  // Blocks of released private pools back to the stack, once the device has run every replay
+  // that may use them.
+  void give_back(const std::vector<PrivateBlock>& blocks) noexcept {
+    if (blocks.empty()) {
+      return;
+    }
+    synchronize();
+    for (const PrivateBlock& b : blocks) {
+      if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
+        report_misuse("carve_torch_release_pool", b.p, b.bytes, r.error());
+      }
+    }
+  }
+
+  std::atomic<int> captures_{0};         // captures under way
+  std::atomic<bool> graphs_used_{false}; // a private pool was ever opened: frees ask privates_
+  std::atomic<bool> guard_captures_{false};
+  std::mutex graphs_;                  // underway_, waited_, released_
+  std::vector<Capture> underway_;      // the captures under way, oldest first
+  std::vector<PrivateBlock> waited_;   // frees made during a capture
+  std::vector<PrivateBlock> released_; // private pools' blocks released during a capture
+  PrivatePools<cudaStream_t> privates_;
+};
+
+// The parts of a stack that depend only on its backend and device.
+template <class Backend>
+class BackendStack : public DeviceStack {
+public:
+  BackendStack(int device, const StackOptions& o) : DeviceStack(o), device_(device) {}
+
+protected:
+  void synchronize() noexcept override { Backend::synchronize(device_); }
+  bool stream_capturing(cudaStream_t stream) noexcept override {
+    const typename Backend::DeviceScope scope(device_);
+    return Backend::capturing(stream);
+  }
+  // A block from `pool` (CCCL's stream-ordered spellings); null when it says no. During a capture
+  // the driver calls it may make are allowed on this thread.
+  template <class Pool>
+  void* take_from(Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
+    const typename Backend::DeviceScope scope(device_);
+    const typename Backend::RelaxedCapture relaxed(capturing());
+    const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
+    return p ? *p : nullptr;
+  }
+  template <class Pool>
+  Freed give_to(Pool& pool, cudaStream_t stream, void* p, std::size_t bytes) noexcept {
+    const typename Backend::DeviceScope scope(device_);
+    return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+  }
+
+  int device_;
+};
+
+template <class Backend>
+class ExpandableStack final : public BackendStack<Backend> {
+public:
+  ExpandableStack(int device, const StackOptions& o)
+      : BackendStack<Backend>(device, o),
+        pool_(CountingMapper<typename Backend::Mapper>(Backend::mapper(device), &this->books_), options(device, o)) {}
+
+private:
+  using Freed = DeviceStack::Freed;
+  void release_cache() noexcept override {
+    const typename Backend::DeviceScope scope(this->device_);
+    (void)pool_.trim();
+  }
+  void hold(bool held) noexcept override { pool_.hold(held); }
   using Pool = ExpandablePool<CountingMapper<typename Backend::Mapper>, typename Backend::Streams>;
   static ExpandablePoolOptions options(int device, const StackOptions& o) {
     ExpandablePoolOptions out;
@@ -142,30 +384,30 @@ private:
     out.release_threshold = o.idle_threshold;
     return out;
   }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    return take_on_stream<Backend>(device_, pool_, stream, bytes);
-  }
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    return pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+    return this->give_to(pool_, stream, p, bytes);
   }
-  int device_;
   Pool pool_;
 };
 
 template <class Backend>
-class StreamOrderedStack final : public DeviceStack {
+class StreamOrderedStack final : public BackendStack<Backend> {
 public:
   StreamOrderedStack(int device, const StackOptions& o)
-      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)),
-        pool_(Upstream(&memory_, &books_), options(o), typename Backend::Streams()) {}
-  void empty_cache() noexcept override {
-    Backend::synchronize(device_);
-    const typename Backend::DeviceScope scope(device_);
-    (void)pool_.trim();
-  }
+      : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
+        pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
 
 private:
+  using Freed = DeviceStack::Freed;
+  void release_cache() noexcept override {
+    Backend::synchronize(this->device_);
+    const typename Backend::DeviceScope scope(this->device_);
+    (void)pool_.trim();
+  }
+  // Its frees record events only on the freeing stream, and during a capture the stack makes
+  // none; what it gives back under pressure has completed events: nothing to hold.
+  void hold(bool) noexcept override {}
   using Upstream = CountingUpstream<typename Backend::Upstream>;
   static StreamPoolOptions options(const StackOptions& o) {
     StreamPoolOptions out;
@@ -173,31 +415,29 @@ private:
     out.idle_threshold = o.idle_threshold;
     return out;
   }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    return take_on_stream<Backend>(device_, pool_, stream, bytes);
-  }
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    return pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+    return this->give_to(pool_, stream, p, bytes);
   }
-  int device_;
   typename Backend::Upstream memory_;
   StreamOrderedPool<Upstream, typename Backend::Streams> pool_;
 };
 
 template <class Backend>
-class CachingStack final : public DeviceStack {
+class CachingStack final : public BackendStack<Backend> {
 public:
   CachingStack(int device, const StackOptions& o)
-      : DeviceStack(o), device_(device), memory_(Backend::upstream(device)),
-        pool_(Upstream(&memory_, &books_), options(o), typename Backend::Streams()) {}
-  void empty_cache() noexcept override {
-    Backend::synchronize(device_);
-    const typename Backend::DeviceScope scope(device_);
-    (void)pool_.trim();
-  }
+      : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
+        pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
 
 private:
+  using Freed = DeviceStack::Freed;
+  void release_cache() noexcept override {
+    Backend::synchronize(this->device_);
+    const typename Backend::DeviceScope scope(this->device_);
+    (void)pool_.trim();
+  }
+  void hold(bool held) noexcept override { pool_.hold(held); }
   using Upstream = CountingUpstream<typename Backend::Upstream>;
   static PoolOptions options(const StackOptions& o) {
     PoolOptions out;
@@ -205,14 +445,10 @@ private:
     out.idle_threshold = o.idle_threshold;
     return out;
   }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override {
-    return take_on_stream<Backend>(device_, pool_, stream, bytes);
-  }
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    return pool_.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+    return this->give_to(pool_, stream, p, bytes);
   }
-  int device_;
   typename Backend::Upstream memory_;
   StreamCachingPool<Upstream, typename Backend::Streams> pool_;
 };

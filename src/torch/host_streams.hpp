@@ -54,11 +54,22 @@ public:
     const auto it = work_.find(stream);
     return it == work_.end() || it->second.done >= position;
   }
+  // Whether a CUDA graph capture is under way on `stream` (what cudaStreamIsCapturing says on a GPU).
+  void set_capturing(std::uintptr_t stream, bool capturing) {
+    const std::lock_guard lock(mutex_);
+    work_[stream].capturing = capturing;
+  }
+  bool capturing(std::uintptr_t stream) {
+    const std::lock_guard lock(mutex_);
+    const auto it = work_.find(stream);
+    return it != work_.end() && it->second.capturing;
+  }
 
 private:
   struct Work {
     std::uint64_t queued = 0;
     std::uint64_t done = 0;
+    bool capturing = false;
   };
   std::mutex mutex_;
   std::unordered_map<std::uintptr_t, Work> work_;

@@ -118,6 +118,21 @@ TEST_CASE("the upstream says no: the other streams' settled pools give back thei
   CHECK(pool.consistent());
 }
 
+TEST_CASE("held (a stream capture): a refused request takes nothing from the other streams") {
+  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB
+  REQUIRE(pool.try_deallocate(s0, a, 3 * MiB, 512));
+  pool.hold(true);
+  CHECK(pool.try_allocate(s1, 6 * MiB, 512).error() == Errc::no_space);
+  CHECK(pool.stats().pressure_retries == 0);
+  CHECK(pool.upstream().used_bytes() == 4 * MiB); // s0's cache stays
+  pool.hold(false);
+  void* b = *pool.try_allocate(s1, 6 * MiB, 512);
+  CHECK(pool.stats().pressure_retries == 1);
+  REQUIRE(pool.try_deallocate(s1, b, 6 * MiB, 512));
+  CHECK(pool.consistent());
+}
+
 TEST_CASE("under pressure, a block freed on another stream comes home once that stream has run") {
   Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
   void* x = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB

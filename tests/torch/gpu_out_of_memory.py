@@ -17,13 +17,11 @@ each in a process of its own under carve_gpu.torch.use(pool, max_reserved="2G"):
 Exit status 0 when every check passed. Appends its section to --report.
 """
 
-import argparse
-import json
 import os
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # oom_checks, beside this file, leaves no __pycache__ there
+import gpu_children  # noqa: E402
 from oom_checks import accelerate_should_reduce, lightning_is_oom  # noqa: E402
 
 POOLS = ("expandable", "stream-ordered", "caching")
@@ -94,41 +92,16 @@ def run_child(pool, library):
 def orchestrate(args):
     lines = ["## Out of memory under PyTorch through carve (tests/torch/gpu_out_of_memory.py)", ""]
     failed = 0
-    for pool in POOLS:
-        argv = [sys.executable, os.path.abspath(__file__), "--child", pool]
-        if args.library:
-            argv += ["--library", args.library]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        result = None
-        if out.returncode == 0 and out.stdout.strip():
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-        if result is None:
+    for pool, result in gpu_children.run_children(__file__, POOLS, args.library, 300).items():
+        if "error" in result:
             failed += 1
-            lines.append(f"- {pool}: FAILED, the process ended with {out.returncode}: "
-                         f"{(out.stderr or out.stdout)[-1500:]!r}")
+            lines.append(f"- {pool}: FAILED, {result['error']}")
             continue
         for name, value in result.items():
             failed += value is not True
             lines.append(f"- {pool}: {name}: {'passed' if value is True else 'FAILED: ' + value}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.report:
-        with open(args.report, "a") as f:
-            f.write("\n" + text)
-    return 1 if failed else 0
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--library", default=os.environ.get("CARVE_TORCH_LIBRARY"))
-    parser.add_argument("--report")
-    parser.add_argument("--child", choices=POOLS, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_child(args.child, args.library)))
-        return 0
-    return orchestrate(args)
+    return gpu_children.report(lines, args.report, failed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(gpu_children.main(__doc__, POOLS, run_child, orchestrate))

@@ -3,6 +3,7 @@
 // a free on one stream reused on another only after that stream's work has run, out of memory
 // under a cap, empty_cache, the counts balancing — first by hand, then from four threads on four
 // streams; and the C functions themselves (CARVE_TORCH_BACKEND=host is set by ctest).
+#include "host_stacks.hpp"
 #include <carve_torch.h>
 #include <device_stack.hpp>
 
@@ -21,49 +22,13 @@
 #include <vector>
 
 using carve::torch::DeviceStack;
-using carve::torch::HostBackend;
 using carve::torch::PoolKind;
-using carve::torch::StackOptions;
 
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-cudaStream_t stream(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
-
-// Streams are process-wide on the host backend: each test takes handles no other test used.
-std::uintptr_t fresh_streams(std::uintptr_t count) {
-  static std::atomic<std::uintptr_t> next{0x1000};
-  return next.fetch_add(count);
-}
-
-std::unique_ptr<DeviceStack> make(PoolKind kind, std::size_t cap = std::numeric_limits<std::size_t>::max()) {
-  StackOptions o;
-  o.pool = kind;
-  o.max_reserved = cap;
-  switch (kind) {
-  case PoolKind::caching:
-    return std::make_unique<carve::torch::CachingStack<HostBackend>>(0, o);
-  case PoolKind::stream_ordered:
-    return std::make_unique<carve::torch::StreamOrderedStack<HostBackend>>(0, o);
-  case PoolKind::expandable:
-    break;
-  }
-  return std::make_unique<carve::torch::ExpandableStack<HostBackend>>(0, o);
-}
-
-// The stacks built here count on this program's table of host streams (the library has its own,
-// behind its test hooks).
-void enqueue(cudaStream_t s) { carve::torch::HostStreamTable::instance().enqueue(reinterpret_cast<std::uintptr_t>(s)); }
-void complete(cudaStream_t s) {
-  carve::torch::HostStreamTable::instance().complete(reinterpret_cast<std::uintptr_t>(s));
-}
-
-const char* name(PoolKind kind) {
-  return kind == PoolKind::caching ? "caching" : kind == PoolKind::stream_ordered ? "stream-ordered" : "expandable";
-}
-
-constexpr PoolKind kinds[] = {PoolKind::expandable, PoolKind::stream_ordered, PoolKind::caching};
+using namespace host_stacks;
 
 // Live blocks by address: a new one must overlap none (no byte handed out twice).
 class LiveBlocks {

@@ -291,6 +291,55 @@ def worker_idle(pool):
     print(f"{pool}: idle threshold 0: memory back to the device at the free")
 
 
+class Setters:
+    """The hook setters of one PyTorch version's pluggable allocator: each records the address it
+    is given, as PyTorch's own do before they call it."""
+
+    def __init__(self, names):
+        self.given = {}
+        for name in names:
+            setattr(self, name, lambda address, name=name: self.given.__setitem__(name, address))
+
+
+def worker_hooks(pool):
+    """carve_gpu.torch.install_hooks against the setters of each PyTorch version: the graph pool
+    hooks of 2.2 and later, 2.1's stream forms, or none (then every capturing stream is refused,
+    with the reason, and other streams are served)."""
+    lib = load(pool)
+    use_carve_gpu()
+    import carve_gpu.torch as carve_torch
+    newest = Setters(["set_reset_fn", "set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn",
+                      "set_release_pool", "set_begin_allocate_stream_to_pool"])
+    check(carve_torch.install_hooks(newest, lib) == "pools", "PyTorch 2.2's pool hooks not chosen")
+    expected = {"set_reset_fn": "carve_torch_empty_cache",
+                "set_begin_allocate_to_pool": "carve_torch_begin_allocate_to_pool",
+                "set_end_allocate_to_pool_fn": "carve_torch_end_allocate_to_pool",
+                "set_release_pool": "carve_torch_release_pool"}
+    check(newest.given == {k: lib.address(v) for k, v in expected.items()}, f"hooks given: {newest.given}")
+    check(all(newest.given.values()), "a hook without an address")
+    older = Setters(["set_begin_allocate_stream_to_pool", "set_end_allocate_stream_to_pool_fn", "set_release_pool"])
+    check(carve_torch.install_hooks(older, lib) == "streams", "PyTorch 2.1's stream hooks not chosen")
+    check(older.given["set_begin_allocate_stream_to_pool"] == lib.address("carve_torch_begin_allocate_stream_to_pool"),
+          f"2.1 hooks: {older.given}")
+    stream, capture = 0xD0, 0xD1
+    p = lib.malloc(MiB, 0, capture)  # not yet capturing, nor guarded: served
+    check(p, "a block before any capture")
+    lib.free(p, MiB, 0, capture)
+    check(carve_torch.install_hooks(Setters([]), lib) is None, "hooks claimed where PyTorch has none")
+    lib.host_stream_capturing(capture, True)
+    check(lib.malloc(MiB, 0, capture) is None, "a capture served with no private pool open")
+    why = lib.last_refusal() or ""
+    check("no private pool is open" in why and not why.startswith("CUDA out of memory"), f"the refusal: {why!r}")
+    q = lib.malloc(MiB, 0, stream)
+    check(q, "a stream that does not capture was refused")
+    lib.free(q, MiB, 0, stream)
+    lib.host_stream_capturing(capture, False)
+    r = lib.malloc(MiB, 0, capture)
+    check(r, "the capture ended, yet its stream is refused")
+    lib.free(r, MiB, 0, capture)
+    print(f"{pool}: graph hooks chosen for PyTorch 2.2+ and 2.1; without them a capturing stream is refused")
+
+
 def worker_no_driver(pool):
     """The CUDA backend where there may be no GPU: without one, malloc returns NULL and the stats
     say why; with one, the block is real."""
@@ -406,7 +455,7 @@ def check_scripts():
 def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
-                   "no-driver": worker_no_driver}
+                   "hooks": worker_hooks, "no-driver": worker_no_driver}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
@@ -416,7 +465,7 @@ def main():
         env.pop(name, None)
     failed = []
     for pool in POOLS:
-        for kind in ("replay", "threads", "streams", "idle", "no-driver"):
+        for kind in ("replay", "threads", "streams", "idle", "hooks", "no-driver"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

@@ -504,13 +504,13 @@ TEST_CASE("held mappings: nothing is unmapped, by the line, the threshold, trim 
       small({.max_reserved_bytes = 4 * granule, .growth_divisor = 0, .release_threshold = 0, .headroom_permille = 0}));
   void* a = *pool.try_allocate(2 * granule, 512);
   void* keep = *pool.try_allocate(granule, 512);
-  pool.hold_mappings(true); // a stream capture begins
+  pool.hold(true); // a stream capture begins
   pool.deallocate(a, 2 * granule, 512);
   CHECK(pool.stats().bytes_reserved == 3 * granule); // threshold 0, yet still mapped
   CHECK(pool.trim() == 0);
   CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space); // past the cap: would need an unmap
   CHECK(pool.stats().unmaps == 0);
-  pool.hold_mappings(false);                      // the capture ended
+  pool.hold(false);                               // the capture ended
   void* b = *pool.try_allocate(3 * granule, 512); // the retry unmaps a's idle chunk
   CHECK(pool.stats().unmaps == 1);
   CHECK(pool.stats().bytes_reserved == 4 * granule);

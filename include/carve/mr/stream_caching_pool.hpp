@@ -160,6 +160,11 @@ public:
     return released;
   }
 
+  /// While `held`, a refused request does not take memory from the other streams' pools (which
+  /// records events on their streams) but is refused: for a CUDA stream capture, into which such
+  /// an event would fall. The pool's own segments still go back to the upstream as usual.
+  void hold(bool held) noexcept { held_.store(held, std::memory_order_relaxed); }
+
   /// The streams' pools' figures, summed (see StreamCachingPoolStats).
   StreamCachingPoolStats stats() const {
     StreamCachingPoolStats out;
@@ -271,7 +276,8 @@ private:
       return cuda::std::unexpected(Errc::no_space);
     }
     auto p = own->pool.try_allocate(bytes, alignment);
-    if (!p && p.error() == Errc::no_space && alignment <= options_.granularity && release_others(own)) {
+    if (!p && p.error() == Errc::no_space && alignment <= options_.granularity &&
+        !held_.load(std::memory_order_relaxed) && release_others(own)) {
       p = own->pool.try_allocate(bytes, alignment);
     }
     return p;
@@ -451,6 +457,7 @@ private:
   std::atomic<std::size_t> pending_{0}; ///< deferred_.size(), read without the lock
   std::atomic<std::uint64_t> cross_stream_frees_{0};
   std::atomic<std::uint64_t> pressure_retries_{0};
+  std::atomic<bool> held_{false};
   std::atomic<std::uint64_t> bytes_given_back_{0};
 };
 

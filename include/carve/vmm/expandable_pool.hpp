@@ -144,7 +144,7 @@ public:
   /// While `held`, the pool unmaps nothing: not for the headroom line, the release threshold,
   /// trim() or the retry under pressure (which then refuses). For a CUDA stream capture: the
   /// unmapping and the events that tell when it is safe must not land in the graph. Mapping goes on.
-  void hold_mappings(bool held) noexcept {
+  void hold(bool held) noexcept {
     const std::lock_guard lock(s_->mutex);
     s_->held = held;
   }

@@ -56,7 +56,7 @@ struct ExpandablePoolState {
   IdleChunks idle;         // kept only with a finite release_threshold
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
-  bool held = false;         // hold_mappings(): nothing is unmapped
+  bool held = false;         // hold(): nothing is unmapped
   ExpandablePoolStats stats; // the counters kept here; the rest is filled in by stats()
 };
 

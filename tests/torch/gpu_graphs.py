@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""CUDA graphs under carve on a GPU, for each pool (expandable, stream-ordered, caching) beside
+PyTorch's own allocator, each in a process of its own:
+
+- torch.cuda.graph captures a whole training step of a small MLP (forward, backward, SGD step, as
+  PyTorch's documentation captures one) after three warm-up steps on a side stream; the graph is
+  replayed on 20 batches copied into its static input. The losses must equal those of the same
+  steps under PyTorch's allocator (to 1e-5, relative).
+- torch.compile(mode="reduce-overhead") trains a small model for 10 steps; carve_gpu.torch.use()
+  turns cudagraph trees off (they checkpoint allocator state a pluggable allocator cannot forward),
+  so Inductor captures plain graphs: the same losses as under PyTorch's allocator.
+- after the graph is deleted (its private pool released) every block comes home: carve's live
+  bytes return to what they were before the capture, and empty_cache leaves nothing unexplained.
+
+    gpu_graphs.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
+
+Exit status 0 when every check passed. Appends its section to --report.
+"""
+
+import os
+import sys
+
+sys.dont_write_bytecode = True  # gpu_children, beside this file, leaves no __pycache__ there
+import gpu_children  # noqa: E402
+
+POOLS = ("expandable", "stream-ordered", "caching")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = 20
+
+
+def mlp(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                               torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+
+
+def batches(torch, n):
+    g = torch.Generator(device="cpu").manual_seed(1)
+    return [(torch.randn(64, 512, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(n)]
+
+
+def captured_losses(torch):
+    """A whole training step captured once, replayed on every batch."""
+    model = mlp(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    data = batches(torch, STEPS + 3)
+    static_x = torch.zeros(64, 512, device="cuda")
+    static_y = torch.zeros(64, dtype=torch.long, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph, as PyTorch's recipe does
+        for x, y in data[:3]:
+            static_x.copy_(x)
+            static_y.copy_(y)
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = loss_fn(model(static_x), static_y)
+        static_loss.backward()
+        opt.step()
+    losses = []
+    for x, y in data[3:]:
+        static_x.copy_(x)
+        static_y.copy_(y)
+        graph.replay()
+        losses.append(float(static_loss.item()))
+    del graph, static_loss
+    return losses
+
+
+def compiled_losses(torch):
+    """torch.compile(mode="reduce-overhead"): Inductor captures the step's graphs itself."""
+    model = mlp(torch)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    step = torch.compile(lambda x, y: loss_fn(model(x), y), mode="reduce-overhead")
+    losses = []
+    for x, y in batches(torch, 10):
+        opt.zero_grad(set_to_none=True)
+        loss = step(x.cuda(), y.cuda())
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+def run_child(pool, library):
+    import torch
+    if pool != "pytorch":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import carve_gpu.torch as carve
+        carve.use(pool, library=library)
+    out = {}
+    before = carve.memory_stats()["live_bytes"] if pool != "pytorch" else None
+    try:
+        out["captured"] = captured_losses(torch)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        out["captured"] = f"{type(e).__name__}: {e}"
+    if pool != "pytorch":
+        torch.cuda.synchronize()
+        import gc
+        gc.collect()
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps a workspace per stream
+            torch._C._cuda_clearCublasWorkspaces()
+        out["live_after_graph"] = carve.memory_stats()["live_bytes"] - before
+    try:
+        out["compiled"] = compiled_losses(torch)
+    except Exception as e:  # noqa: BLE001
+        out["compiled"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def same(a, b):
+    return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+            and all(abs(x - y) <= 1e-5 * max(1.0, abs(y)) for x, y in zip(a, b)))
+
+
+def orchestrate(args):
+    lines = ["## CUDA graphs under carve (tests/torch/gpu_graphs.py)", ""]
+    results = gpu_children.run_children(__file__, ("pytorch",) + POOLS, args.library, 600)
+    failed = 0
+    reference = results["pytorch"]
+    for what in ("captured", "compiled"):
+        ok = isinstance(reference.get(what), list)
+        failed += not ok
+        lines.append(f"- PyTorch's allocator, {what}: {'ran' if ok else 'FAILED: ' + str(reference)[:600]}")
+    for pool in POOLS:
+        r = results[pool]
+        for what, name in (("captured", "torch.cuda.graph of a training step"),
+                           ("compiled", "torch.compile(mode=\"reduce-overhead\")")):
+            ok = same(r.get(what), reference.get(what))
+            failed += not ok
+            lines.append(f"- {pool}: {name}: same losses as PyTorch's allocator: "
+                         f"{'passed' if ok else 'FAILED: ' + str(r.get(what, r))[:600]}")
+        ok = r.get("live_after_graph") == 0
+        failed += not ok
+        lines.append(f"- {pool}: the graph deleted, its blocks came home: "
+                     f"{'passed' if ok else 'FAILED: ' + str(r.get('live_after_graph', r))[:300]}")
+    return gpu_children.report(lines, args.report, failed)
+
+
+if __name__ == "__main__":
+    sys.exit(gpu_children.main(__doc__, ("pytorch",) + POOLS, run_child, orchestrate))

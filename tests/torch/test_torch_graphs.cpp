@@ -1,0 +1,181 @@
+// libcarve_torch and CUDA graphs, on its host backend: while a capture is under way the blocks its
+// streams allocate belong to the graph's private pool (reused only by that pool, given back when
+// it is released), nothing goes back to the device, frees of other blocks wait for the end of the
+// capture, and a stream that captures with no pool open is refused with a message saying why;
+// for each stack, then through the C hooks PyTorch calls (CARVE_TORCH_BACKEND=host, set by ctest).
+#include "host_stacks.hpp"
+#include <carve_torch.h>
+#include <device_stack.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+using carve::PrivatePoolId;
+using carve::torch::DeviceStack;
+using carve::torch::PoolKind;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+using namespace host_stacks;
+
+// What torch.cuda.graph does around a capture on `graph`: open the pool (before the driver's
+// capture begins), capture, end.
+void begin(DeviceStack& s, PrivatePoolId id, cudaStream_t graph) {
+  s.begin_capture(id, [graph](cudaStream_t x) { return x == graph; });
+  set_capturing(graph, true);
+}
+void end(DeviceStack& s, PrivatePoolId id, cudaStream_t graph) {
+  set_capturing(graph, false);
+  s.end_capture(id);
+}
+
+} // namespace
+
+TEST_CASE("each stack: a graph's blocks are its own until it is released") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    const auto base = fresh_streams(2);
+    const cudaStream_t graph = stream(base);
+    const cudaStream_t eager = stream(base + 1);
+    auto s = make(kind);
+    const PrivatePoolId id{1, 0};
+    begin(*s, id, graph);
+    void* weights = s->allocate(graph, 4 * MiB); // lives past the capture (a static output)
+    void* temp = s->allocate(graph, 2 * MiB);
+    REQUIRE(weights != nullptr);
+    REQUIRE(temp != nullptr);
+    std::memset(temp, 1, 2 * MiB);
+    REQUIRE(s->deallocate(graph, temp, 2 * MiB)); // a temporary dies inside the capture
+    void* other = s->allocate(eager, 2 * MiB);    // another stream, during the capture
+    CHECK(other != temp);
+    void* again = s->allocate(graph, 2 * MiB); // the graph's own later request: its block
+    CHECK(again == temp);
+    REQUIRE(s->deallocate(graph, again, 2 * MiB));
+    end(*s, id, graph);
+
+    // The capture is over; the graph may replay: its freed block still serves no one else.
+    void* after = s->allocate(graph, 2 * MiB);
+    CHECK(after != temp);
+    void* elsewhere = s->allocate(eager, 2 * MiB);
+    CHECK(elsewhere != temp);
+    const auto before_release = s->books().reserved.now();
+    s->release_pool(id);                                // the graph is destroyed: its free block goes back
+    CHECK(s->books().reserved.now() == before_release); // back to the stack's cache, not the device
+    REQUIRE(s->deallocate(graph, weights, 4 * MiB));    // its last block, freed later, follows
+    for (void* p : {other, after, elsewhere}) {
+      REQUIRE(s->deallocate(p == other || p == elsewhere ? eager : graph, p, 2 * MiB));
+    }
+    s->empty_cache();
+    CHECK(s->books().live.now() == 0);
+    CHECK(s->books().reserved.now() == 0); // every block came home
+  }
+}
+
+TEST_CASE("each stack: during a capture nothing goes back to the device and other frees wait") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    const auto base = fresh_streams(2);
+    const cudaStream_t graph = stream(base);
+    const cudaStream_t eager = stream(base + 1);
+    auto s = make(kind);
+    void* before = s->allocate(eager, 3 * MiB); // from before the capture
+    void* cached = s->allocate(eager, 8 * MiB);
+    REQUIRE(s->deallocate(eager, cached, 8 * MiB));
+    const auto reserved = s->books().reserved.now();
+    const PrivatePoolId id{2, 0};
+    begin(*s, id, graph);
+    s->empty_cache(); // during a capture: nothing
+    CHECK(s->books().reserved.now() == reserved);
+    REQUIRE(s->deallocate(eager, before, 3 * MiB)); // waits for the end of the capture
+    void* during = s->allocate(eager, 3 * MiB);
+    CHECK(during != before);
+    end(*s, id, graph);
+    void* reuse = s->allocate(eager, 3 * MiB);                // the free went through: its stream reuses it
+    CHECK((reuse == before || kind == PoolKind::expandable)); // (best fit may choose another hole)
+    for (void* p : {during, reuse}) {
+      REQUIRE(s->deallocate(eager, p, 3 * MiB));
+    }
+    s->release_pool(id);
+    s->empty_cache();
+    CHECK(s->books().reserved.now() == 0);
+  }
+}
+
+TEST_CASE("each stack: a stream that captures with no pool open is refused, never served") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    const auto base = fresh_streams(2);
+    const cudaStream_t graph = stream(base);
+    const cudaStream_t stray = stream(base + 1);
+    auto s = make(kind);
+    const PrivatePoolId id{3, 0};
+    begin(*s, id, graph);
+    set_capturing(stray, true); // a second capture PyTorch opened no pool for
+    bool refused = false;
+    CHECK(s->allocate(stray, MiB, nullptr, &refused) == nullptr);
+    CHECK(refused);
+    end(*s, id, graph);
+    // With no capture under way, only the guard (no hooks installed) asks the driver.
+    void* served = s->allocate(stray, MiB);
+    CHECK(served != nullptr);
+    s->guard_captures(true);
+    refused = false;
+    CHECK(s->allocate(stray, MiB, nullptr, &refused) == nullptr);
+    CHECK(refused);
+    set_capturing(stray, false);
+    void* plain = s->allocate(stray, MiB);
+    CHECK(plain != nullptr);
+    for (void* p : {served, plain}) {
+      REQUIRE(s->deallocate(stray, p, MiB));
+    }
+    s->release_pool(id);
+  }
+}
+
+TEST_CASE("the C hooks PyTorch calls: pools by MempoolId_t, PyTorch 2.1's stream forms, the refusal's text") {
+  const auto base = fresh_streams(3);
+  const cudaStream_t graph = stream(base);
+  const cudaStream_t old_graph = stream(base + 1);
+  const cudaStream_t stray = stream(base + 2);
+  const carve_torch_pool_id pool{7, 0};
+  carve_torch_begin_allocate_to_pool(0, pool, [graph](cudaStream_t x) { return x == graph; });
+  carve_torch_host_stream_capturing(graph, 1);
+  void* temp = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph);
+  REQUIRE(temp != nullptr);
+  carve_torch_free(temp, static_cast<ssize_t>(MiB), 0, graph);
+  CHECK(carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph) == temp); // the graph's own block
+  carve_torch_host_stream_capturing(stray, 1);
+  CHECK(carve_torch_malloc(static_cast<ssize_t>(MiB), 0, stray) == nullptr);
+  const std::string why = carve_torch_last_refusal();
+  CHECK(why.find("a CUDA graph capture on GPU 0 asked for 1.00 MiB") != std::string::npos);
+  CHECK(why.find("no private pool is open") != std::string::npos);
+  CHECK(why.rfind("CUDA out of memory", 0) != 0); // not an out-of-memory error
+  carve_torch_host_stream_capturing(stray, 0);
+  carve_torch_host_stream_capturing(graph, 0);
+  carve_torch_end_allocate_to_pool(0, pool);
+  carve_torch_free(temp, static_cast<ssize_t>(MiB), 0, graph);
+  carve_torch_release_pool(0, pool);
+
+  // PyTorch 2.1: the pool named with its stream, and ended by it.
+  const carve_torch_pool_id older{8, 0};
+  carve_torch_begin_allocate_stream_to_pool(0, old_graph, older);
+  carve_torch_host_stream_capturing(old_graph, 1);
+  void* p = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, old_graph);
+  REQUIRE(p != nullptr);
+  carve_torch_free(p, static_cast<ssize_t>(MiB), 0, old_graph);
+  carve_torch_host_stream_capturing(old_graph, 0);
+  carve_torch_end_allocate_stream_to_pool(0, old_graph);
+  void* q = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, old_graph);
+  CHECK(q != p); // still the graph's
+  carve_torch_free(q, static_cast<ssize_t>(MiB), 0, old_graph);
+  carve_torch_release_pool(0, older);
+  carve_torch_empty_cache();
+}
