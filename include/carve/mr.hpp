@@ -1,8 +1,8 @@
 /// @file carve/mr.hpp
 /// Memory resources: the MemoryResource concept, the resources (SimulatedCard, AddressOnlyCard,
-/// CudaDeviceResource, CachingPool, StreamCachingPool, StreamOrderedPool, SlotArena) and the
-/// combinators that stack them (FallbackResource, Segregator, StatsResource, LimitResource,
-/// TraceResource, ref, as_pmr).
+/// CudaDeviceResource, CachingPool, StreamCachingPool, StreamOrderedPool, SlotArena), PrivatePools
+/// (a CUDA graph's blocks beside a pool) and the combinators that stack them (FallbackResource,
+/// Segregator, StatsResource, LimitResource, TraceResource, ref, as_pmr).
 ///
 /// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
 /// nothing without `<cuda_runtime_api.h>`).

@@ -9,13 +9,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <string_view>
+#include <string>
 
 extern "C" void* carve_torch_malloc_or_raise(ssize_t size, int device, cudaStream_t stream) {
   void* p = carve_torch_malloc(size, device, stream);
   if (p == nullptr && size > 0) {
     const char* why = carve_torch_last_refusal();
-    const std::string_view text = why != nullptr ? why : "CUDA out of memory (libcarve_torch gave no reason)";
+    const std::string text = why != nullptr ? why : "CUDA out of memory (libcarve_torch gave no reason)";
     // Out of memory is PyTorch's OutOfMemoryError; anything else (a capture carve cannot serve) a RuntimeError.
     TORCH_CHECK_WITH(OutOfMemoryError, text.rfind("CUDA out of memory", 0) != 0, text);
     TORCH_CHECK(false, text);
