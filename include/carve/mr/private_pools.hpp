@@ -52,7 +52,7 @@ class PrivatePools {
 public:
   /// A block as its owner's pool made it.
   struct Block {
-    void* p = nullptr;
+    void* p = nullptr;     ///< its address
     std::size_t bytes = 0; ///< as the owner's pool made it (give it back with this size)
     Stream stream{};       ///< where it was last freed (where it was made, while in use)
   };
