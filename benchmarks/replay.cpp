@@ -1,8 +1,8 @@
 // What each allocate+free costs on the host when a real model's allocations are replayed: carve's
 // pools beside the model of PyTorch's caching allocator (both modes), in one run, over the same
-// address-only card or address-only mapper (the VMM driver's host twin without memory), with the device calls' time taken out so that
-// bookkeeping is compared with bookkeeping. The target: every carve pool at most 1.0x
-// pytorch-model.
+// address-only card or address-only HostMemoryMapper (the VMM driver's host twin without memory),
+// with the device calls' time taken out so that bookkeeping is compared with bookkeeping. The
+// target: every carve pool at most 1.0x pytorch-model.
 //
 //   bench_replay                          the shared real snapshot (../shared/traces), else the
 //                                         test's own small snapshot
