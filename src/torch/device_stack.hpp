@@ -155,27 +155,24 @@ public:
   // The capture into `id` ended: its streams allocate as usual again. When it was the last one,
   // the frees that waited go through, and the pools released meanwhile go back to the device.
   void end_capture(PrivatePoolId id) noexcept {
-    std::vector<PrivateBlock> waited;
-    std::vector<PrivateBlock> released;
-    {
-      const std::lock_guard lock(graphs_);
-      const auto it = std::find_if(underway_.begin(), underway_.end(), [&](const Capture& c) { return c.id == id; });
-      if (it == underway_.end()) {
-        return;
-      }
-      underway_.erase(it);
-      if (captures_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        hold(false);
-        waited.swap(waited_);
-        released.swap(released_);
-      }
+    const std::lock_guard lock(graphs_); // no capture begins while these go back
+    const auto it = std::find_if(underway_.begin(), underway_.end(), [&](const Capture& c) { return c.id == id; });
+    if (it == underway_.end()) {
+      return;
     }
-    for (const PrivateBlock& b : waited) {
+    underway_.erase(it);
+    if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+      return;
+    }
+    hold(false);
+    for (const PrivateBlock& b : waited_) {
       if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
         report_misuse("carve_torch_free", b.p, b.bytes, r.error()); // checked now that it could be
       }
     }
-    give_back(released);
+    waited_.clear();
+    give_back(released_);
+    released_.clear();
   }
   // One user less of private pool `id` (a graph destroyed): when it has none, its free blocks go
   // back to the stack once the device has run every replay (its blocks in use follow as freed).
@@ -186,14 +183,15 @@ public:
     } catch (const std::bad_alloc&) {
       return; // the pool keeps its blocks
     }
-    {
-      const std::lock_guard lock(graphs_);
-      if (capturing()) { // no device synchronisation during a capture: at its end
-        released_.insert(released_.end(), blocks.begin(), blocks.end());
-        return;
-      }
+    const std::lock_guard lock(graphs_); // no capture begins while the device synchronises
+    if (!capturing()) {
+      give_back(blocks);
+      return;
     }
-    give_back(blocks);
+    try { // no device synchronisation during a capture: at its end
+      released_.insert(released_.end(), blocks.begin(), blocks.end());
+    } catch (const std::bad_alloc&) { // out of host memory: they stay the stack's, unused, to the end
+    }
   }
 
   const Books& books() const noexcept { return books_; }
