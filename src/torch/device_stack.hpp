@@ -389,66 +389,48 @@ private:
   Pool pool_;
 };
 
-template <class Backend>
-class StreamOrderedStack final : public BackendStack<Backend> {
+// A pool over the device's cudaMalloc (CountingUpstream counts into the Books): StreamOrderedPool
+// (stream-ordered) or StreamCachingPool (caching), both taking the granularity and idle threshold.
+template <class Backend, template <class, class> class PoolOver, class Options>
+class CudaMallocStack final : public BackendStack<Backend> {
 public:
-  StreamOrderedStack(int device, const StackOptions& o)
+  CudaMallocStack(int device, const StackOptions& o)
       : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
         pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
 
 private:
   using Freed = DeviceStack::Freed;
+  using Upstream = CountingUpstream<typename Backend::Upstream>;
+  static Options options(const StackOptions& o) {
+    Options out;
+    out.granularity = block_alignment;
+    out.idle_threshold = o.idle_threshold;
+    return out;
+  }
   void release_cache() noexcept override {
     Backend::synchronize(this->device_);
     const typename Backend::DeviceScope scope(this->device_);
     (void)pool_.trim();
   }
-  // Its frees record events only on the freeing stream, and during a capture the stack makes
-  // none; what it gives back under pressure has completed events: nothing to hold.
-  void hold(bool) noexcept override {}
-  using Upstream = CountingUpstream<typename Backend::Upstream>;
-  static StreamPoolOptions options(const StackOptions& o) {
-    StreamPoolOptions out;
-    out.granularity = block_alignment;
-    out.idle_threshold = o.idle_threshold;
-    return out;
+  // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream
+  // (and during a capture the stack makes none), and what it gives back under pressure has
+  // completed events.
+  void hold(bool held) noexcept override {
+    if constexpr (requires { pool_.hold(held); }) {
+      pool_.hold(held);
+    }
   }
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     return this->give_to(pool_, stream, p, bytes);
   }
   typename Backend::Upstream memory_;
-  StreamOrderedPool<Upstream, typename Backend::Streams> pool_;
+  PoolOver<Upstream, typename Backend::Streams> pool_;
 };
 
 template <class Backend>
-class CachingStack final : public BackendStack<Backend> {
-public:
-  CachingStack(int device, const StackOptions& o)
-      : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
-        pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
-
-private:
-  using Freed = DeviceStack::Freed;
-  void release_cache() noexcept override {
-    Backend::synchronize(this->device_);
-    const typename Backend::DeviceScope scope(this->device_);
-    (void)pool_.trim();
-  }
-  void hold(bool held) noexcept override { pool_.hold(held); }
-  using Upstream = CountingUpstream<typename Backend::Upstream>;
-  static PoolOptions options(const StackOptions& o) {
-    PoolOptions out;
-    out.granularity = block_alignment;
-    out.idle_threshold = o.idle_threshold;
-    return out;
-  }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
-  Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    return this->give_to(pool_, stream, p, bytes);
-  }
-  typename Backend::Upstream memory_;
-  StreamCachingPool<Upstream, typename Backend::Streams> pool_;
-};
+using StreamOrderedStack = CudaMallocStack<Backend, StreamOrderedPool, StreamPoolOptions>;
+template <class Backend>
+using CachingStack = CudaMallocStack<Backend, StreamCachingPool, PoolOptions>;
 
 } // namespace carve::torch
