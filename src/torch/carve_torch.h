@@ -122,7 +122,8 @@ CARVE_TORCH_API void carve_torch_host_stream_capturing(cudaStream_t stream, int 
  * other frees wait for the end of the capture. A stream that captures while no pool is open for
  * it is refused: carve_torch_malloc returns NULL and carve_torch_last_refusal says why
  * (carve_torch_malloc_or_raise raises it as a RuntimeError). Names with C linkage, so that
- * ctypes finds them; the pool is PyTorch's MempoolId_t. */
+ * ctypes finds them; the pool is PyTorch's MempoolId_t. (Checked on the host backend, with the
+ * signatures taken from PyTorch's source; not yet under CUDA with a real PyTorch capture.) */
 typedef std::pair<unsigned long long, unsigned long long> carve_torch_pool_id;
 extern "C" {
 CARVE_TORCH_API void carve_torch_begin_allocate_to_pool(int device, carve_torch_pool_id pool,
