@@ -26,28 +26,39 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 
 using namespace host_stacks;
 
-// What torch.cuda.graph does around a capture on `graph`: open the pool (before the driver's
-// capture begins), capture, end.
-void begin(DeviceStack& s, PrivatePoolId id, cudaStream_t graph) {
-  s.begin_capture(id, [graph](cudaStream_t x) { return x == graph; });
-  set_capturing(graph, true);
-}
-void end(DeviceStack& s, PrivatePoolId id, cudaStream_t graph) {
-  set_capturing(graph, false);
-  s.end_capture(id);
-}
+// One stack of a kind and two streams no other test used: `graph`, which a graph captures on, and
+// `other`.
+struct Capture {
+  explicit Capture(PoolKind kind) : s(make(kind)) {}
+
+  // What torch.cuda.graph does around a capture on `graph`: open the pool (before the driver's
+  // capture begins), capture, end.
+  void begin(PrivatePoolId id) {
+    s->begin_capture(id, [g = graph](cudaStream_t x) { return x == g; });
+    set_capturing(graph, true);
+  }
+  void end(PrivatePoolId id) {
+    set_capturing(graph, false);
+    s->end_capture(id);
+  }
+
+  std::uintptr_t base = fresh_streams(2);
+  cudaStream_t graph = stream(base);
+  cudaStream_t other = stream(base + 1);
+  std::unique_ptr<DeviceStack> s;
+};
 
 } // namespace
 
 TEST_CASE("each stack: a graph's blocks are its own until it is released") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
-    const auto base = fresh_streams(2);
-    const cudaStream_t graph = stream(base);
-    const cudaStream_t eager = stream(base + 1);
-    auto s = make(kind);
+    Capture c(kind);
+    const cudaStream_t graph = c.graph;
+    const cudaStream_t eager = c.other;
+    auto& s = c.s;
     const PrivatePoolId id{1, 0};
-    begin(*s, id, graph);
+    c.begin(id);
     void* weights = s->allocate(graph, 4 * MiB); // lives past the capture (a static output)
     void* temp = s->allocate(graph, 2 * MiB);
     REQUIRE(weights != nullptr);
@@ -59,7 +70,7 @@ TEST_CASE("each stack: a graph's blocks are its own until it is released") {
     void* again = s->allocate(graph, 2 * MiB); // the graph's own later request: its block
     CHECK(again == temp);
     REQUIRE(s->deallocate(graph, again, 2 * MiB));
-    end(*s, id, graph);
+    c.end(id);
 
     // The capture is over; the graph may replay: its freed block still serves no one else.
     void* after = s->allocate(graph, 2 * MiB);
@@ -82,22 +93,21 @@ TEST_CASE("each stack: a graph's blocks are its own until it is released") {
 TEST_CASE("each stack: during a capture nothing goes back to the device and other frees wait") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
-    const auto base = fresh_streams(2);
-    const cudaStream_t graph = stream(base);
-    const cudaStream_t eager = stream(base + 1);
-    auto s = make(kind);
+    Capture c(kind);
+    const cudaStream_t eager = c.other;
+    auto& s = c.s;
     void* before = s->allocate(eager, 3 * MiB); // from before the capture
     void* cached = s->allocate(eager, 8 * MiB);
     REQUIRE(s->deallocate(eager, cached, 8 * MiB));
     const auto reserved = s->books().reserved.now();
     const PrivatePoolId id{2, 0};
-    begin(*s, id, graph);
+    c.begin(id);
     s->empty_cache(); // during a capture: nothing
     CHECK(s->books().reserved.now() == reserved);
     REQUIRE(s->deallocate(eager, before, 3 * MiB)); // waits for the end of the capture
     void* during = s->allocate(eager, 3 * MiB);
     CHECK(during != before);
-    end(*s, id, graph);
+    c.end(id);
     void* reuse = s->allocate(eager, 3 * MiB);                // the free went through: its stream reuses it
     CHECK((reuse == before || kind == PoolKind::expandable)); // (best fit may choose another hole)
     for (void* p : {during, reuse}) {
@@ -112,17 +122,16 @@ TEST_CASE("each stack: during a capture nothing goes back to the device and othe
 TEST_CASE("each stack: a stream that captures with no pool open is refused, never served") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
-    const auto base = fresh_streams(2);
-    const cudaStream_t graph = stream(base);
-    const cudaStream_t stray = stream(base + 1);
-    auto s = make(kind);
+    Capture c(kind);
+    const cudaStream_t stray = c.other;
+    auto& s = c.s;
     const PrivatePoolId id{3, 0};
-    begin(*s, id, graph);
+    c.begin(id);
     set_capturing(stray, true); // a second capture PyTorch opened no pool for
     bool refused = false;
     CHECK(s->allocate(stray, MiB, nullptr, &refused) == nullptr);
     CHECK(refused);
-    end(*s, id, graph);
+    c.end(id);
     // With no capture under way, only the guard (no hooks installed) asks the driver.
     void* served = s->allocate(stray, MiB);
     CHECK(served != nullptr);

@@ -60,6 +60,7 @@
 #include <carve/mr/caching_pool.hpp>
 #include <carve/mr/caching_pool_options.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/detail/cross_stream_frees.hpp>
 #include <carve/mr/detail/shared_upstream.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
@@ -76,7 +77,6 @@
 #include <new>
 #include <optional>
 #include <utility>
-#include <vector>
 
 namespace carve {
 
@@ -109,14 +109,7 @@ public:
   ~StreamCachingPool() {
     {
       const std::lock_guard lock(events_);
-      for (Deferred& d : deferred_) {
-        if (d.event) {
-          if constexpr (StreamEventsThatWait<Streams>) {
-            streams_.wait(*d.event);
-          }
-          streams_.release(*d.event);
-        }
-      }
+      deferred_.close(streams_);
     }
     for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr;) {
       StreamPool* next = s->next;
@@ -247,8 +240,6 @@ public:
   friend constexpr void get_property(const StreamCachingPool&, Property) noexcept {}
 
 private:
-  using event_type = typename Streams::event_type;
-
   using Pool = CachingPool<typename detail::SharedUpstream<Upstream>::Handle>;
   // One stream's pool; on a list that only grows, newest first, freed with this pool.
   struct StreamPool {
@@ -256,14 +247,13 @@ private:
     Pool pool;
     StreamPool* next = nullptr;
   };
-  // A block freed on another stream than its pool's, waiting for an event recorded at the free.
+  // A block freed on another stream than its pool's: what goes back to `owner` once the freeing
+  // stream has passed the free.
   struct Deferred {
     void* p = nullptr;
     std::size_t bytes = 0;
     std::size_t alignment = 0;
     StreamPool* owner = nullptr;
-    stream_type freed_on;
-    std::optional<event_type> event; ///< nullopt: recording failed, tried again at the next collect
   };
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(const std::optional<stream_type>& stream, std::size_t bytes,
@@ -382,21 +372,14 @@ private:
   // Whether `p` waits on another stream.
   bool waiting(const void* p) noexcept {
     const std::lock_guard lock(events_);
-    return std::any_of(deferred_.begin(), deferred_.end(), [&](const Deferred& d) { return d.p == p; });
+    return deferred_.any_of([&](const Deferred& d) { return d.p == p; });
   }
 
   cuda::std::expected<void, Errc> defer(const stream_type& freed_on, StreamPool* owner, void* p, std::size_t bytes,
                                         std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(events_);
-      if (deferred_.size() == deferred_.capacity()) {
-        deferred_.reserve(std::max<std::size_t>(8, 2 * deferred_.capacity()));
-      }
-      Deferred d{p, bytes, alignment, owner, freed_on, std::nullopt};
-      if (auto e = streams_.record(freed_on)) {
-        d.event = *e;
-      }
-      deferred_.push_back(std::move(d)); // room was made: cannot throw, so the event is not lost
+      deferred_.add(streams_, Deferred{p, bytes, alignment, owner}, freed_on);
       pending_.fetch_add(1, std::memory_order_release);
       cross_stream_frees_.fetch_add(1, std::memory_order_relaxed);
       return {};
@@ -406,44 +389,28 @@ private:
   }
 
   // The waiting frees whose streams have passed them (waited for first when `wait`, where the
-  // Streams can) go back to their pools. Returns how many went to `into`'s.
+  // Streams can) go back to their pools; one whose pool's bookkeeping cannot grow now stays for
+  // later, and one freed twice meanwhile is reported. Returns how many went to `into`'s pool.
   std::size_t collect(bool wait, const StreamPool* into) noexcept {
     const std::lock_guard lock(events_);
     std::size_t home = 0;
-    for (std::size_t i = 0; i < deferred_.size();) {
-      Deferred& d = deferred_[i];
-      try {
-        if (!d.event) {
-          if (auto e = streams_.record(d.freed_on)) {
-            d.event = *e;
-          }
-        }
-        if constexpr (StreamEventsThatWait<Streams>) {
-          if (wait && d.event) {
-            streams_.wait(*d.event);
-          }
-        }
-        if (!d.event || !streams_.completed(*d.event)) {
-          ++i;
-          continue;
-        }
-      } catch (const std::exception&) {
-        ++i;
-        continue;
-      }
-      if (const auto r = freed(*d.owner, d.p, d.bytes, d.alignment); !r) {
-        if (r.error() == Errc::no_space) { // its pool's bookkeeping could not grow: later
-          ++i;
-          continue;
-        }
-        report_misuse(resource_name, d.p, d.bytes, r.error()); // checked at the free: freed twice meanwhile
-      }
-      streams_.release(*d.event);
-      home += d.owner == into ? 1u : 0u;
-      deferred_[i] = std::move(deferred_.back());
-      deferred_.pop_back();
-      pending_.fetch_sub(1, std::memory_order_relaxed);
+    try {
+      deferred_.collect(
+          streams_,
+          [&](const Deferred& d) {
+            if (const auto r = freed(*d.owner, d.p, d.bytes, d.alignment); !r) {
+              if (r.error() == Errc::no_space) {
+                return false;
+              }
+              report_misuse(resource_name, d.p, d.bytes, r.error()); // checked at the free
+            }
+            home += d.owner == into ? 1u : 0u;
+            return true;
+          },
+          wait);
+    } catch (const std::exception&) { // an event could not be recorded: those frees wait for a later call
     }
+    pending_.store(deferred_.size(), std::memory_order_release);
     return home;
   }
 
@@ -453,7 +420,7 @@ private:
   std::mutex grow_;                        ///< one thread at a time makes a pool
   std::mutex events_;                      ///< streams_ and deferred_
   Streams streams_;
-  std::vector<Deferred> deferred_;
+  detail::CrossStreamFrees<Streams, Deferred> deferred_;
   std::atomic<std::size_t> pending_{0}; ///< deferred_.size(), read without the lock
   std::atomic<std::uint64_t> cross_stream_frees_{0};
   std::atomic<std::uint64_t> pressure_retries_{0};

@@ -458,7 +458,10 @@ private:
 
   // Frees whose streams' work has completed become free memory (may throw: CrossStreamFrees::collect).
   void collect_pending() {
-    s_->pending.collect(s_->streams, [&](Freed f) { note_free(f.space, s_->spaces[f.space]->free.give(f.handle)); });
+    s_->pending.collect(s_->streams, [&](const Freed& f) {
+      note_free(f.space, s_->spaces[f.space]->free.give(f.handle));
+      return true;
+    });
   }
 
   // Gives back its events, first waiting (where it can) for work that may still use freed memory.
