@@ -3,8 +3,10 @@
 // (and per slot allocator under a SlotArena), each naming the header that declares it; a test
 // reads carve's headers and fails when one declares a try_allocate that no entry runs and no
 // line of run_elsewhere accounts for, so a new resource cannot go untested by accident. The
-// device-capable ones run the same contract in kernels too (test_resource_contract.cu).
+// device-capable ones run the same contract in kernels too (test_resource_contract.cu), and the
+// thread-safe ones with threads at once (test_contract_threads.cpp).
 #include "mr/budget_resource.hpp"
+#include "mr/contract_fixtures.hpp"
 #include "mr/resource_contract.hpp"
 #include "support/topology_data.hpp"
 
@@ -41,27 +43,9 @@
 // In a namespace of its own: the area's test files may compile as one translation unit.
 namespace test_resource_contract {
 
-using carve::test::ContractBlock;
-using carve::test::ContractResult;
-using carve::test::ResourceShape;
+using namespace carve::test; // the contract, and the arenas and pools it is run on
 
 namespace {
-
-constexpr std::size_t KiB = std::size_t{1} << 10;
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
-// Arenas: 256 slots of 64 bytes over a buffer aligned to 256, so every slot start is aligned to
-// 64 and no more; a batch of 16 requests of at most 8 slots fits with room to spare.
-constexpr std::uint32_t arena_slots = 256;
-constexpr std::size_t slot_bytes = 64;
-struct alignas(256) ArenaBytes {
-  std::byte bytes[arena_slots * slot_bytes];
-};
-constexpr ResourceShape arena_shape{
-    .largest_request = 500, .batch = 16, .max_alignment = slot_bytes, .never_fits = arena_slots * slot_bytes + 1};
-
-const carve::PoolOptions pool_options{.granularity = 512, .segment_size = 256 * KiB};
-using Pool = carve::CachingPool<carve::SimulatedCard>;
 
 // The shape of a resource that serves `largest`-byte requests at up to `alignment`, and can never
 // hold more than its capacity.
@@ -613,49 +597,6 @@ TEST_CASE("every header that declares a try_allocate has its resource in the con
     CHECK_MESSAGE(listed.count(header) == 1, (header + " declares a resource the contract does not run"));
   }
   CHECK(declaring >= 20); // the search found carve's resources at all
-}
-
-TEST_CASE("thread-safe resources keep the contract with threads allocating at once") {
-  constexpr unsigned threads = 4;
-  const auto hammer = [](auto& resource, std::size_t largest, std::size_t alignment) {
-    std::array<ContractResult, threads> results{};
-    std::vector<std::thread> running;
-    for (unsigned t = 0; t < threads; ++t) {
-      running.emplace_back(
-          [&, t] { results[t] = carve::test::run_shared_contract(resource, t, 200, largest, alignment); });
-    }
-    for (std::thread& t : running) {
-      t.join();
-    }
-    for (const ContractResult& r : results) {
-      CHECK_MESSAGE(r.passed(), std::string(r.what()));
-    }
-  };
-  SUBCASE("a SlotArena over a ConcurrentSlotAllocator") {
-    const auto heap = std::make_unique<ArenaBytes>();
-    carve::SlotArena<carve::ConcurrentSlotAllocator<arena_slots, carve::BoundaryNearestFit, cuda::thread_scope_system>>
-        arena(heap->bytes, sizeof heap->bytes, slot_bytes);
-    hammer(arena, 500, 64);
-    CHECK(arena.free_bytes() == arena.capacity());
-  }
-  SUBCASE("a counted, limited CachingPool") {
-    carve::StatsResource<carve::LimitResource<Pool>> pool(
-        std::piecewise_construct,
-        std::forward_as_tuple(std::piecewise_construct,
-                              std::forward_as_tuple(carve::SimulatedCard(4 * MiB), pool_options), 1 * MiB));
-    hammer(pool, 20 * KiB, 256);
-    CHECK(pool.stats().bytes_in_use == 0);
-    CHECK(pool.upstream().used_bytes() == 0);
-  }
-  SUBCASE("a StreamCachingPool") {
-    carve::StreamCachingPool<carve::SimulatedCard, carve::SimulatedStreams> pool(
-        carve::SimulatedCard(4 * MiB), pool_options, carve::SimulatedStreams(2));
-    hammer(pool, 20 * KiB, 256);
-    CHECK(pool.stats().bytes_in_use == 0);
-    CHECK(pool.trim() > 0);
-    CHECK(pool.upstream().used_bytes() == 0);
-    CHECK(pool.consistent());
-  }
 }
 
 } // namespace test_resource_contract
