@@ -10,7 +10,8 @@ completes), for each of the three pools:
 - a free on one stream and the same memory wanted on another, before and after the freeing
   stream's work has run, under a cap (out of memory before, served after); empty_cache;
 - the clear messages: bad settings, a free of a pointer the library never gave, carve_gpu's errors;
-- the GPU check script and the carve_gpu package compile.
+- the GPU check scripts and the carve_gpu package compile, and the training-step script judges
+  made-up runs' goals as it should.
 
     test_carve_torch.py <path of libcarve_torch.so> <repository root>
 
@@ -452,6 +453,36 @@ def check_scripts():
     print(f"compiled: {len(scripts)} Python files")
 
 
+def check_training_step_goals():
+    """gpu_training_step.py's verdicts, on made-up runs: a GPU session is too short to find a slip."""
+    sys.path.insert(0, os.path.join(ROOT, "tests/torch"))
+    try:
+        import gpu_training_step as step
+    finally:
+        sys.path.pop(0)
+    GiB = 1 << 30
+
+    def run(reserved, allocated, ms, loss=2.5, predicted=None):
+        r = {"batch": 8, "peak_reserved": reserved, "peak_allocated": allocated, "step_ms": ms, "loss": loss}
+        if predicted is not None:
+            r["predicted"] = predicted
+        return r
+
+    good = {"pytorch": run(15 * GiB, 10 * GiB, 100.0), "expandable_segments": run(11 * GiB, 10 * GiB, 100.5),
+            "carve": run(10 * GiB + 50 * (1 << 20), 10 * GiB, 101.0, predicted=10 * GiB + 50 * (1 << 20))}
+    bad = {"pytorch": run(15 * GiB, 10 * GiB, 100.0), "expandable_segments": run(10 * GiB, 10 * GiB, 100.0),
+           "carve": run(10.2 * GiB, 10 * GiB, 103.0, loss=2.6, predicted=10 * GiB)}
+    table, goals, failed = step.judge([("varlen", good), ("gpt2", bad), ("resnet50", {"pytorch": good["pytorch"]})])
+    text = "\n".join(goals)
+    check(len(table) == 2 + 3 + 3 + 3, f"one row per run: {table}")
+    check(sum("varlen" in g and g.endswith(": met") for g in goals) == 4, f"every varlen goal met:\n{text}")
+    check(sum("gpt2" in g and g.endswith(": MISSED") for g in goals) == 4, f"every gpt2 goal missed:\n{text}")
+    check(any("resnet50: MISSED, not every allocator" in g for g in goals), f"a model whose runs failed:\n{text}")
+    check(len(failed) == 1 and "gpt2: loss under carve" in failed[0], f"only gpt2's carve loss disagrees: {failed}")
+    check("1.0049x its peak allocated (target <= 1.01x): met" in text, text)
+    print("gpu_training_step.py: goals judged met and MISSED as they should be")
+
+
 def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
@@ -472,6 +503,7 @@ def main():
                 failed.append(f"{kind} on {pool} (exit {result.returncode}):\n{result.stderr}")
     check_messages()
     check_scripts()
+    check_training_step_goals()
     if failed:
         sys.exit("FAILED:\n" + "\n".join(failed))
     print("passed")
