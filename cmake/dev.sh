@@ -296,10 +296,42 @@ target_fields() { # target_fields <program> < output
 
 # Everything that needs a GPU, on a machine with one: builds for the local GPU's architecture,
 # runs every test labelled `gpu` (under compute-sanitizer's memcheck and racecheck too, when the
-# tool is there) and every GPU benchmark (bench_gpu_*), and writes build/gpu/gpu-report.md and
-# build/gpu/gpu-report.csv: the devices, driver and toolkit, each test's result and each
-# benchmark target's number beside its target and source, met or missed. Without a GPU it builds
-# all of it for sm_80 and sm_90, says so and exits 0.
+# tool is there), every GPU benchmark (bench_gpu_*) and the PyTorch checks of tests/torch, and
+# writes gpu-report.md and gpu-report.csv: the devices, driver and toolkit, each test's result and
+# each benchmark target's number beside its target and source, met or missed. Without a GPU it
+# builds all of it for sm_80 and sm_90, says so and exits 0.
+#
+# A GPU is often lent for minutes, so the report is written as it goes, and:
+#   CARVE_GPU_REPORT_DIR    where the report, the CSV and each PyTorch check's full output go
+#                           (default build/gpu): somewhere kept if the run is cut short
+#   CARVE_GPU_PARTS         which parts run, in this order (default: tests bench torch sanitizers)
+#   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
+#   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
+gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it
+  [[ " ${CARVE_GPU_PARTS:-tests bench torch sanitizers} " == *" $1 "* ]]
+}
+
+# torch_check <name> <script> [args...]: one of tests/torch's GPU scripts, which appends its own
+# section to the report; its whole output is kept beside the report, and its last lines go into the
+# report when it fails before writing its section.
+torch_check() {
+  local name=$1 script=$2 result=passed code=0 before
+  shift 2
+  before=$(wc -c <"$report")
+  timeout "${CARVE_GPU_SCRIPT_SECONDS:-600}" python3 "$root/tests/torch/$script" "$@" >"$report_dir/$name.log" 2>&1 ||
+    code=$?
+  if [ "$code" -ne 0 ]; then
+    result=FAILED
+    [ "$code" -eq 124 ] && result="FAILED (timed out)"
+    printf '\n%s: %s (exit %s; its whole output is %s.log beside this report)\n' "$name" "$result" "$code" \
+      "$name" >>"$report"
+    if [ "$(wc -c <"$report")" -le $((before + 200)) ]; then # it ended before writing its section
+      printf '\n```\n%s\n```\n' "$(tail -n 30 "$report_dir/$name.log")" >>"$report"
+    fi
+  fi
+  echo "test,,$name,,,,,$result" >>"$csv"
+}
+
 gpu() {
   find_nvcc
   local nvcc=${CUDACXX:-$(command -v nvcc || true)}
@@ -315,11 +347,13 @@ gpu() {
       sed 's/;/; /g')
     driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
   fi
-  build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
-    "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}"
   local dir="$root/build/gpu" toolkit
   toolkit=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
-  local report="$dir/gpu-report.md" csv="$dir/gpu-report.csv"
+  # Seen by the parts below (bash's locals reach the functions a function calls).
+  local report_dir=${CARVE_GPU_REPORT_DIR:-$dir} report csv
+  report_dir=$(mkdir -p "$report_dir" && cd "$report_dir" && pwd)
+  report="$report_dir/gpu-report.md"
+  csv="$report_dir/gpu-report.csv"
   {
     echo "# carve on a GPU"
     echo
@@ -328,6 +362,13 @@ gpu() {
     echo
   } >"$report"
   echo "kind,program,name,value,unit,target,source,result" >"$csv"
+  # The build's output goes beside the report; its end goes into the report if it fails.
+  if ! build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}" >"$report_dir/build.log" 2>&1; then
+    printf 'The build failed; the end of build.log:\n\n```\n%s\n```\n' "$(tail -n 40 "$report_dir/build.log")" >>"$report"
+    cat "$report"
+    return 1
+  fi
   if [ -z "$arch" ]; then
     {
       echo "No GPU here: every GPU test and benchmark was built for sm_80 and sm_90; nothing ran."
@@ -337,14 +378,25 @@ gpu() {
     cat "$report"
     return 0
   fi
-  # Each gpu test once, its output kept in the report; then the benchmarks; then, while the tests
-  # are known to pass, compute-sanitizer over each (slower by far: last, so that a lease that ends
-  # early still has the results). CARVE_GPU_SANITIZERS names the tools (default memcheck and
-  # racecheck; empty for none), CARVE_GPU_SANITIZER_SECONDS bounds each run (default 300).
+  # The parts, in order: each gpu test once, its output kept in the report; the benchmarks; the
+  # PyTorch checks; then, while the tests are known to pass, compute-sanitizer over each test
+  # (slower by far: last, so that a lease that ends early still has the results).
   local t tests=() exes=()
-  echo "## Tests" >>"$report"
   while read -r t; do
     tests+=("$t")
+    exes+=("$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')")
+  done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  gpu_part tests && gpu_tests
+  gpu_part bench && gpu_benchmarks
+  gpu_part torch && gpu_torch
+  gpu_part sanitizers && gpu_sanitizers
+  cat "$report"
+}
+
+gpu_tests() {
+  echo "## Tests" >>"$report"
+  local t
+  for t in "${tests[@]}"; do
     local log code=0 result=passed
     log=$(mktemp)
     ctest --test-dir "$dir" -R "^${t}\$" -V --timeout 300 >"$log" 2>&1 || code=$?
@@ -353,7 +405,6 @@ gpu() {
     elif [ "$code" -ne 0 ] || ! grep -q "Passed" "$log"; then
       result="FAILED"
     fi
-    exes+=("$(ctest --test-dir "$dir" -N -V -R "^${t}\$" | sed -n 's/.*Test command: \([^ ]*\).*/\1/p')")
     {
       echo "- $t: $result"
       echo
@@ -364,26 +415,33 @@ gpu() {
     } >>"$report"
     echo "test,,$t,,,,,$result" >>"$csv"
     rm -f "$log"
-  done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  done
   echo >>"$report"
+}
+
+gpu_benchmarks() {
   echo "## Benchmarks" >>"$report"
-  local b name out code targets="$dir/gpu-targets.tsv"
+  local b name output code targets="$report_dir/gpu-targets.tsv"
   : >"$targets"
   for b in "$dir"/benchmarks/bench_gpu_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
-    out=$(mktemp)
+    output=$(mktemp)
     code=0
-    "$b" >"$out" 2>&1 || code=$?
+    "$b" >"$output" 2>&1 || code=$?
     {
       echo "### $name"
       echo '```'
-      cat "$out"
+      cat "$output"
       echo '```'
     } >>"$report"
-    target_fields "$name" <"$out" >>"$targets"
-    [ "$code" -eq 0 ] || echo "bench,$name,exit status,$code,,,,FAILED" >>"$csv"
-    rm -f "$out"
+    target_fields "$name" <"$output" >>"$targets"
+    case "$code" in
+    0) ;;
+    77) echo "bench,$name,exit status,77,,,,skipped (no CUDA device)" >>"$csv" ;;
+    *) echo "bench,$name,exit status,$code,,,,FAILED" >>"$csv" ;;
+    esac
+    rm -f "$output"
   done
   # The CSV quotes its text fields; the report gets the same rows as a table.
   awk -F '\t' 'function q(s) { gsub(/"/, "\"\"", s); return "\"" s "\"" }
@@ -396,52 +454,52 @@ gpu() {
     echo "| --- | --- | ---: | --- | --- | --- |"
     awk -F '\t' '{ gsub(/\|/, "\\|"); print "| " $1 " | " $2 " | " $3 " " $4 " | " $5 " " $4 " | " $6 " | " $7 " |" }' "$targets"
   } >>"$report"
-  # libcarve_torch under a real training step (PyTorch's two allocators and carve's), where
-  # PyTorch, transformers and timm are installed; the script appends its table to the report.
+}
+
+# libcarve_torch under PyTorch, wherever PyTorch imports: carve's refusals (torch.OutOfMemoryError,
+# nothing released under a running kernel) first, as the quickest; CUDA graphs (a captured
+# training step and torch.compile(mode="reduce-overhead") under each pool, against PyTorch's
+# allocator); a real training step under PyTorch's two allocators and carve's, where transformers
+# and timm are installed too. Each script appends its section to the report.
+gpu_torch() {
   printf '\n## PyTorch through libcarve_torch\n' >>"$report"
-  if python3 -c "import torch, transformers, timm" >/dev/null 2>&1; then
-    local step=passed
-    python3 "$root/tests/torch/gpu_training_step.py" --library "$dir/src/torch/libcarve_torch.so" \
-      --replay "$dir/examples/carve_replay" --report "$report" >/dev/null 2>&1 || step=FAILED
-    echo "test,,gpu_training_step,,,,,$step" >>"$csv"
+  if ! python3 -c "import torch" >/dev/null 2>&1; then
+    printf '\nskipped: python3 cannot import torch here\n' >>"$report"
+    return
+  fi
+  local library="$dir/src/torch/libcarve_torch.so"
+  torch_check gpu_out_of_memory gpu_out_of_memory.py --library "$library" --report "$report"
+  torch_check gpu_graphs gpu_graphs.py --library "$library" --report "$report"
+  if python3 -c "import transformers, timm" >/dev/null 2>&1; then
+    torch_check gpu_training_step gpu_training_step.py --library "$library" --replay "$dir/examples/carve_replay" \
+      --report "$report"
   else
-    printf '\nskipped: python3 cannot import torch, transformers and timm here\n' >>"$report"
+    printf '\nskipped gpu_training_step: python3 cannot import transformers and timm here\n' >>"$report"
   fi
-  # carve's refusals under PyTorch (torch.OutOfMemoryError, nothing released under a running
-  # kernel), wherever PyTorch imports; the script appends its section to the report.
-  if python3 -c "import torch" >/dev/null 2>&1; then
-    local oom=passed
-    python3 "$root/tests/torch/gpu_out_of_memory.py" --library "$dir/src/torch/libcarve_torch.so" \
-      --report "$report" >/dev/null 2>&1 || oom=FAILED
-    echo "test,,gpu_out_of_memory,,,,,$oom" >>"$csv"
-    # CUDA graphs: a captured training step and torch.compile(mode="reduce-overhead") under
-    # each pool, against PyTorch's allocator.
-    local graphs=passed
-    python3 "$root/tests/torch/gpu_graphs.py" --library "$dir/src/torch/libcarve_torch.so" \
-      --report "$report" >/dev/null 2>&1 || graphs=FAILED
-    echo "test,,gpu_graphs,,,,,$graphs" >>"$csv"
-  fi
+}
+
+# compute-sanitizer over each gpu test: CARVE_GPU_SANITIZERS names the tools (default memcheck and
+# racecheck; empty for none), CARVE_GPU_SANITIZER_SECONDS bounds each run (default 300).
+gpu_sanitizers() {
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)
-  if [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ]; then
-    printf '\n## compute-sanitizer\n\n' >>"$report"
-    for tool in ${CARVE_GPU_SANITIZERS-memcheck racecheck}; do
-      for i in "${!tests[@]}"; do
-        [ -x "${exes[$i]}" ] || continue
-        local code=0 result=clean
-        timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" --error-exitcode 1 "${exes[$i]}" \
-          >/dev/null 2>&1 || code=$?
-        case "$code" in
-        0 | 77) ;;
-        124) result="timed out" ;;
-        *) result=FAILED ;;
-        esac
-        echo "- ${tests[$i]}, $tool: $result" >>"$report"
-        echo "sanitizer,$tool,${tests[$i]},,,,,$result" >>"$csv"
-      done
+  [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ] || return 0
+  printf '\n## compute-sanitizer\n\n' >>"$report"
+  for tool in ${CARVE_GPU_SANITIZERS-memcheck racecheck}; do
+    for i in "${!tests[@]}"; do
+      [ -x "${exes[$i]}" ] || continue
+      local code=0 result=clean
+      timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" --error-exitcode 1 "${exes[$i]}" \
+        >/dev/null 2>&1 || code=$?
+      case "$code" in
+      0 | 77) ;;
+      124) result="timed out" ;;
+      *) result=FAILED ;;
+      esac
+      echo "- ${tests[$i]}, $tool: $result" >>"$report"
+      echo "sanitizer,$tool,${tests[$i]},,,,,$result" >>"$csv"
     done
-  fi
-  cat "$report"
+  done
 }
 
 bench() {
