@@ -294,12 +294,12 @@ target_fields() { # target_fields <program> < output
   sed -nE "s/^([^:]+): ([^ ]+) ([^ ]+) \(target (<=|>=) ([^ ]+) [^,]*, source: (.*)\) (met|MISSED)\$/$1\t\1\t\2\t\3\t\4 \5\t\6\t\7/p"
 }
 
-# Everything that needs a GPU, on a machine with one: builds for the local GPU's architecture,
-# runs every test labelled `gpu` (under compute-sanitizer's memcheck and racecheck too, when the
-# tool is there), every GPU benchmark (bench_gpu_*) and the PyTorch checks of tests/torch, and
-# writes gpu-report.md and gpu-report.csv: the devices, driver and toolkit, each test's result and
-# each benchmark target's number beside its target and source, met or missed. Without a GPU it
-# builds all of it for sm_80 and sm_90, says so and exits 0.
+# Everything that needs a GPU, on a machine with one: builds what it runs (target carve_gpu_checks)
+# for the local GPU's architecture, runs every test labelled `gpu` (under compute-sanitizer's
+# memcheck and racecheck too, when the tool is there), every GPU benchmark (bench_gpu_*) and the
+# PyTorch checks of tests/torch, and writes gpu-report.md and gpu-report.csv: the devices, driver
+# and toolkit, each test's result and each benchmark target's number beside its target and source,
+# met or missed. Without a GPU it builds everything for sm_80 and sm_90, says so and exits 0.
 #
 # A GPU is often lent for minutes, so the report is written as it goes, and:
 #   CARVE_GPU_REPORT_DIR    where the report, the CSV and each PyTorch check's full output go
@@ -362,9 +362,13 @@ gpu() {
     echo
   } >"$report"
   echo "kind,program,name,value,unit,target,source,result" >"$csv"
-  # The build's output goes beside the report; its end goes into the report if it fails.
-  if ! build gpu -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
-    "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}" >"$report_dir/build.log" 2>&1; then
+  # The build's output goes beside the report; its end goes into the report if it fails. With a
+  # GPU, only what the run uses (target carve_gpu_checks); without, all of it.
+  local only=()
+  [ -n "$arch" ] && only=(--target carve_gpu_checks)
+  if ! { cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCARVE_ENABLE_CUDA=ON \
+    -DCARVE_BUILD_GPU_BENCHMARKS=ON "-DCMAKE_CUDA_ARCHITECTURES=${arch:-80;90}" &&
+    cmake --build "$dir" -j "$jobs" "${only[@]}"; } >"$report_dir/build.log" 2>&1; then
     printf 'The build failed; the end of build.log:\n\n```\n%s\n```\n' "$(tail -n 40 "$report_dir/build.log")" >>"$report"
     cat "$report"
     return 1
