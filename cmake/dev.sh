@@ -304,11 +304,14 @@ target_fields() { # target_fields <program> < output
 # A GPU is often lent for minutes, so the report is written as it goes, and:
 #   CARVE_GPU_REPORT_DIR    where the report, the CSV and each PyTorch check's full output go
 #                           (default build/gpu): somewhere kept if the run is cut short
-#   CARVE_GPU_PARTS         which parts run, in this order (default: tests bench torch sanitizers)
+#   CARVE_GPU_PARTS         which parts run, in this order (default: tests bench torch sanitizers;
+#                           torch is the PyTorch checks oom, graphs and training, also named alone)
 #   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
 #   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
-gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it
-  [[ " ${CARVE_GPU_PARTS:-tests bench torch sanitizers} " == *" $1 "* ]]
+gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs and training)
+  local parts=" ${CARVE_GPU_PARTS:-tests bench torch sanitizers} "
+  parts=${parts/ torch / torch oom graphs training }
+  [[ $parts == *" $1 "* ]]
 }
 
 # torch_check <name> <script> [args...]: one of tests/torch's GPU scripts, which appends its own
@@ -392,7 +395,7 @@ gpu() {
   done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
   gpu_part tests && gpu_tests
   gpu_part bench && gpu_benchmarks
-  gpu_part torch && gpu_torch
+  gpu_part oom || gpu_part graphs || gpu_part training && gpu_torch
   gpu_part sanitizers && gpu_sanitizers
   cat "$report"
 }
@@ -472,8 +475,9 @@ gpu_torch() {
     return
   fi
   local library="$dir/src/torch/libcarve_torch.so"
-  torch_check gpu_out_of_memory gpu_out_of_memory.py --library "$library" --report "$report"
-  torch_check gpu_graphs gpu_graphs.py --library "$library" --report "$report"
+  gpu_part oom && torch_check gpu_out_of_memory gpu_out_of_memory.py --library "$library" --report "$report"
+  gpu_part graphs && torch_check gpu_graphs gpu_graphs.py --library "$library" --report "$report"
+  gpu_part training || return 0
   if python3 -c "import transformers, timm" >/dev/null 2>&1; then
     torch_check gpu_training_step gpu_training_step.py --library "$library" --replay "$dir/examples/carve_replay" \
       --report "$report"
