@@ -53,4 +53,4 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
 
 def memory_stats(device=0, *, library=None):
     """carve's figures for `device` as a dict (see carve_gpu.torch.memory_stats)."""
-    return _library.load(library).stats(device)
+    return _library.loaded(library).stats(device)

@@ -163,6 +163,16 @@ class CarveLibrary:
         self.lib.carve_torch_host_stream_capturing(stream, 1 if capturing else 0)
 
 
+def loaded(library=None):
+    """The library as this process loaded it, whatever its settings; loaded with the default
+    settings first if it is not loaded yet. For figures and empty_cache, which every setting has."""
+    path = os.path.realpath(find_library(library))
+    with _lock:
+        if path in _loaded:
+            return _loaded[path][0]
+    return load(library)
+
+
 def load(library=None, pool="expandable", backend=None, max_reserved=None, idle_threshold=None):
     """libcarve_torch.so, configured: sets the CARVE_TORCH_* variables for these options and loads
     the library (once per process; loading it again with other settings raises RuntimeError, since

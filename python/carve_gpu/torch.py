@@ -130,7 +130,7 @@ def mem_pool(pool="expandable", *, library=None, max_reserved=None, idle_thresho
 
 
 def _library_in_use(library=None):
-    return _installed.get("library") or _library.load(library)
+    return _installed.get("library") or _library.loaded(library)
 
 
 def memory_stats(device=0, *, library=None):

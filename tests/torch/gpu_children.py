@@ -13,18 +13,34 @@ import subprocess
 import sys
 
 
+def run_child_process(argv, timeout, env=None):
+    """Runs one child; (its last JSON line as a dict, None) or (None, why not). A child that hangs
+    or ends badly is an error of that child, never the end of the whole script (whose report would
+    then be lost); a JSON line printed before a crash at exit still counts."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s"
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line), None
+            except json.JSONDecodeError:
+                break
+    return None, f"the process ended with {out.returncode}: {(out.stderr or out.stdout)[-1500:]!r}"
+
+
 def run_children(script, names, library, timeout):
-    """Runs `script --child NAME [--library L]` for each name; {name: its JSON, or {"error": why}}."""
+    """Runs `script --child NAME [--library L]` for each name; {name: its JSON, or {"error": why}}.
+    Prints a line as each ends, so that a run cut short still shows how far it got."""
     results = {}
     for name in names:
         argv = [sys.executable, os.path.abspath(script), "--child", name]
         if library:
             argv += ["--library", library]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        if out.returncode == 0 and out.stdout.strip():
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-        else:
-            results[name] = {"error": f"the process ended with {out.returncode}: {(out.stderr or out.stdout)[-1500:]!r}"}
+        result, error = run_child_process(argv, timeout)
+        results[name] = result if result is not None else {"error": error}
+        print(f"{os.path.basename(script)} {name}: {json.dumps(results[name])[:2000]}", flush=True)
     return results
 
 

@@ -50,12 +50,17 @@ def run_child(pool, library):
     torch.cuda.synchronize()
     checks["the 256 MiB tensor is intact after the refusal"] = bool((kept == 7).all().item())
 
+    temporary = "a temporary that does not fit raises torch.OutOfMemoryError"
     try:
-        big = torch.full((1536 * MiB,), 1, dtype=torch.uint8, device="cuda")
-        big.to(torch.int16)  # a 3 GiB temporary under what is left of the cap
-        checks["a temporary that does not fit raises torch.OutOfMemoryError"] = "nothing was raised"
-    except oom_types:
-        checks["a temporary that does not fit raises torch.OutOfMemoryError"] = True
+        big = torch.full((1536 * MiB,), 1, dtype=torch.uint8, device="cuda")  # fits beside `kept`
+    except oom_types as e:
+        big, checks[temporary] = None, f"the 1.5 GiB operand itself was refused: {e.args[0][:300]}"
+    if big is not None:
+        try:
+            big.to(torch.int16)  # a 3 GiB temporary under what is left of the cap
+            checks[temporary] = "nothing was raised"
+        except oom_types:
+            checks[temporary] = True
     big = None
     checks["a zero-element tensor is no error"] = torch.empty(0, device="cuda").numel() == 0
 
@@ -75,7 +80,8 @@ def run_child(pool, library):
         True if refusals > 0 and served == batch // MiB else f"served {batch} bytes after {refusals} refusals")
 
     # A kernel queued behind ~1 s of sleep reads `x`; x is deleted and every cache emptied before
-    # the kernel runs. Memory given back under it would fault or change its sum.
+    # the kernel runs. Memory given back under it would fault or change its sum; memory handed to
+    # another stream (whose work is not ordered behind the sleep) would change it too.
     n = 64 * MiB
     x = torch.ones(n, dtype=torch.float32, device="cuda")
     torch.cuda._sleep(2_000_000_000)
@@ -83,7 +89,8 @@ def run_child(pool, library):
     x = None
     torch.cuda.empty_cache()
     carve.empty_cache()
-    overwrite = torch.full((n,), 3.0, device="cuda")  # may take any memory carve gave back
+    with torch.cuda.stream(torch.cuda.Stream()):
+        overwrite = torch.full((n,), 3.0, device="cuda")  # may take any memory carve gave back
     checks["a kernel still reading a freed tensor sees its bytes through empty_cache"] = float(total.item()) == n
     overwrite = None
     return {name: (value if value is True else str(value)) for name, value in checks.items()}

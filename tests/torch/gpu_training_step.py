@@ -36,6 +36,9 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # gpu_children, beside this file, leaves no __pycache__ there
+import gpu_children  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("pytorch", "expandable_segments", "carve")
 MODELS = ("gpt2", "resnet50", "varlen")
@@ -81,8 +84,14 @@ def run_child(args):
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    # With warn_only, the fused attention kernels' backward stays non-deterministic: the math one.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if args.snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+        # Python frames only: carve_replay reads no frames, and C++ ones take minutes to symbolise.
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     model, forward = make_model(args.model, args.batch, torch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
@@ -124,13 +133,11 @@ def run_late_install(args):
     print(json.dumps({"refused": False, "message": "use() succeeded after CUDA was initialised"}))
 
 
-def child(argv, env=None, timeout=900):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, capture_output=True, text=True,
-                         env=env, timeout=timeout)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return None, (out.stderr or out.stdout)[-2000:]
-    return json.loads(lines[-1]), None
+def child(argv, env=None, timeout=300):
+    """One run in a process of its own: (its JSON, None) or (None, why not); printed as it ends."""
+    result, error = gpu_children.run_child_process([sys.executable, os.path.abspath(__file__)] + argv, timeout, env)
+    print(f"gpu_training_step {' '.join(argv[1:6])}: {json.dumps(result) if result else error[-500:]}", flush=True)
+    return result, error
 
 
 def predicted_by_replay(replay, snapshot):

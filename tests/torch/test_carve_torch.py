@@ -437,6 +437,8 @@ def check_messages():
     check(lib.stats(0)["pool"] == "caching" and lib.stats(0)["backend"] == "host", f"{lib.stats(0)}")
     check(library.load(LIBRARY, pool="caching", backend="host") is lib, "the same settings load the same library")
     raises(RuntimeError, "read once", library.load, LIBRARY, pool="expandable", backend="host")
+    # Figures need no settings: they come from the library as loaded (caching here), never an error.
+    check(library.loaded(LIBRARY) is lib, "loaded() is the library as loaded, whatever its settings")
     try:
         import torch  # noqa: F401  (only to learn whether PyTorch is here)
     except ImportError:
@@ -451,6 +453,27 @@ def check_scripts():
         for i, script in enumerate(scripts):
             py_compile.compile(script, cfile=os.path.join(out, f"{i}.pyc"), doraise=True)
     print(f"compiled: {len(scripts)} Python files")
+
+
+def check_gpu_children():
+    """How the GPU scripts read a child: its last JSON line even if it then crashed; a hang or a
+    crash is that child's error, not the end of the script."""
+    sys.path.insert(0, os.path.join(ROOT, "tests/torch"))
+    try:
+        import gpu_children
+    finally:
+        sys.path.pop(0)
+    py = sys.executable
+    result, error = gpu_children.run_child_process([py, "-c", 'print("x"); print(\'{"a": 1}\')'], 30)
+    check(result == {"a": 1} and error is None, f"a child's JSON: {result} {error}")
+    crash = 'import os; print(\'{"a": 2}\', flush=True); os._exit(3)'
+    result, error = gpu_children.run_child_process([py, "-c", crash], 30)
+    check(result == {"a": 2}, f"the JSON of a child that crashed at exit: {result} {error}")
+    result, error = gpu_children.run_child_process([py, "-c", "import time; time.sleep(30)"], 1)
+    check(result is None and "timed out after 1 s" in error, f"a child that hangs: {error}")
+    result, error = gpu_children.run_child_process([py, "-c", "raise SystemExit('broken')"], 30)
+    check(result is None and "ended with 1" in error and "broken" in error, f"a child that fails: {error}")
+    print("gpu_children: a child's JSON is read, a hang and a crash are that child's errors")
 
 
 def check_training_step_goals():
@@ -475,6 +498,7 @@ def check_training_step_goals():
     table, goals, failed = step.judge([("varlen", good), ("gpt2", bad), ("resnet50", {"pytorch": good["pytorch"]})])
     text = "\n".join(goals)
     check(len(table) == 2 + 3 + 3 + 3, f"one row per run: {table}")
+    check(all(len(row.split("|")) - 2 == 8 for row in table), f"8 cells in every row: {table}")
     check(sum("varlen" in g and g.endswith(": met") for g in goals) == 4, f"every varlen goal met:\n{text}")
     check(sum("gpt2" in g and g.endswith(": MISSED") for g in goals) == 4, f"every gpt2 goal missed:\n{text}")
     check(any("resnet50: MISSED, not every allocator" in g for g in goals), f"a model whose runs failed:\n{text}")
@@ -503,6 +527,7 @@ def main():
                 failed.append(f"{kind} on {pool} (exit {result.returncode}):\n{result.stderr}")
     check_messages()
     check_scripts()
+    check_gpu_children()
     check_training_step_goals()
     if failed:
         sys.exit("FAILED:\n" + "\n".join(failed))
