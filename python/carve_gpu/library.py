@@ -95,6 +95,8 @@ class CarveLibrary:
         lib.carve_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
         lib.carve_torch_free.restype = None
         lib.carve_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        lib.carve_torch_record_stream.restype = None
+        lib.carve_torch_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.carve_torch_empty_cache.restype = None
         lib.carve_torch_empty_cache.argtypes = []
         lib.carve_torch_stats_json.restype = ctypes.c_char_p
@@ -129,6 +131,10 @@ class CarveLibrary:
 
     def free(self, ptr, size, device=0, stream=0):
         self.lib.carve_torch_free(ptr, size, device, stream)
+
+    def record_stream(self, ptr, stream):
+        """`ptr` is used by work on `stream` too: its free waits for that work (Tensor.record_stream)."""
+        self.lib.carve_torch_record_stream(ptr, stream)
 
     def last_refusal(self):
         """Why this thread's last malloc returned None ("CUDA out of memory. Tried to allocate ..."),

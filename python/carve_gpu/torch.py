@@ -58,13 +58,16 @@ _POOL_HOOKS = (
 
 def install_hooks(hooks, lib):
     """Fills `hooks` (a torch._C._cuda_CUDAAllocator of a CUDAPluggableAllocator: its setters take
-    a function's address) with carve's: torch.cuda.empty_cache() reaches carve's cache, and a CUDA
-    graph captured under carve gets a private pool of carve's memory. Returns "pools" or "streams"
+    a function's address) with carve's: torch.cuda.empty_cache() reaches carve's cache,
+    Tensor.record_stream makes a block's free wait for that stream's work, and a CUDA graph
+    captured under carve gets a private pool of carve's memory. Returns "pools" or "streams"
     (which form of the graph hooks), or None where this PyTorch has neither: then carve refuses any
     allocation from a capturing stream with a message saying so (carve_torch_guard_captures), since
     it could not keep the graph's memory from the next allocation."""
     if hasattr(hooks, "set_reset_fn"):
         hooks.set_reset_fn(lib.address("carve_torch_empty_cache"))
+    if hasattr(hooks, "set_record_stream_fn"):
+        hooks.set_record_stream_fn(lib.address("carve_torch_record_stream"))
     for form, setters in zip(("pools", "streams"), _POOL_HOOKS):
         if all(hasattr(hooks, setter) for setter, _ in setters):
             for setter, function in setters:

@@ -44,6 +44,7 @@ struct HostBackend {
   static Upstream upstream(int) { return SimulatedCard(std::size_t{1} << 50); }
   // Only the test completes host work: nothing to wait for.
   static void synchronize(int) noexcept {}
+  static void synchronize(cudaStream_t) noexcept {}
   // Whether a graph capture is under way on `s`: as the test hook set it.
   static bool capturing(cudaStream_t s) noexcept {
     try {
@@ -77,6 +78,12 @@ struct CudaBackend {
   static void synchronize(int device) noexcept {
     const DeviceScope scope(device);
     if (cudaDeviceSynchronize() != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
+  // The work queued on `s` so far has run (any device's stream).
+  static void synchronize(cudaStream_t s) noexcept {
+    if (cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
     }
   }

@@ -277,6 +277,20 @@ void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
   }
 }
 
+void carve_torch_record_stream(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) {
+    return;
+  }
+  try {
+    carve::torch::StreamUses::instance().record(ptr, stream);
+  } catch (const std::bad_alloc&) { // out of host memory: its free will not wait; say so
+    std::fprintf(stderr,
+                 "carve_torch_record_stream(%p): out of host memory; the block's free will not wait for "
+                 "that stream\n",
+                 ptr);
+  }
+}
+
 void carve_torch_empty_cache(void) {
   (void)checked_config();
   Registry& r = registry();

@@ -71,6 +71,14 @@ CARVE_TORCH_API void* carve_torch_malloc_or_raise(ssize_t size, int device, cuda
  * ends the process with a message naming the pointer, as free() does. */
 CARVE_TORCH_API void carve_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
+/* Tensor.record_stream: `ptr`, a live block, is used by work on `stream` too (not the stream it was
+ * allocated for). Its free then waits until the work queued on `stream` by the time of the free has
+ * run (an event recorded at the free) before the block serves another request or goes back to the
+ * device. PyTorch's set_record_stream_fn takes this; carve_gpu.torch installs it. Without it,
+ * record_stream does nothing under a pluggable allocator, and such a block could be handed out
+ * again while a kernel on `stream` still reads it. (Checked on the host backend.) */
+CARVE_TORCH_API void carve_torch_record_stream(void* ptr, cudaStream_t stream);
+
 /* Gives every device the memory its pool holds and no block uses (after the work queued so far
  * has run, as torch.cuda.empty_cache() does). */
 CARVE_TORCH_API void carve_torch_empty_cache(void);

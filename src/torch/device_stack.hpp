@@ -12,14 +12,16 @@
 //   a block freed on another stream than its own back once an event recorded on the freeing stream
 //   has completed.
 //
-// The rules are the library pools' own: a stack adds the device scope and the counting, nothing
-// else, so carve_replay's rows (examples/carve_replay/contenders.hpp) measure the pools built here.
+// The rules are the library pools' own: a stack adds the device scope, the counting, and the frees
+// held for other streams' work (Tensor.record_stream: stream_uses.hpp), so carve_replay's rows
+// (examples/carve_replay/contenders.hpp) measure the pools built here.
 // Every kind hands out blocks aligned to 512 bytes (PyTorch's own), is thread-safe, and counts
 // into its Books. Stacks are built once per device and live as long as the process.
 #pragma once
 
 #include "backends.hpp"
 #include "books.hpp"
+#include "stream_uses.hpp"
 
 #include <carve/core/errc.hpp>
 #include <carve/core/misuse.hpp>
@@ -347,16 +349,43 @@ protected:
   void* take_from(Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
     const typename Backend::DeviceScope scope(device_);
     const typename Backend::RelaxedCapture relaxed(capturing());
+    collect_used(pool);
     const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
     return p ? *p : nullptr;
   }
+  // `p` back to `pool` for work on `stream` (its own), or held while it is used on other streams
+  // (record_stream: stream_uses.hpp).
   template <class Pool>
   Freed give_to(Pool& pool, cudaStream_t stream, void* p, std::size_t bytes) noexcept {
     const typename Backend::DeviceScope scope(device_);
+    collect_used(pool);
+    if (used_.holds(p)) {
+      return cuda::std::unexpected(Errc::not_allocated); // its free waits already
+    }
+    try {
+      if (!capturing() && used_.hold(stream, p, bytes)) {
+        return {};
+      }
+    } catch (const std::bad_alloc&) { // its other streams are not waited for: as PyTorch without record_stream
+    }
     return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+  }
+  // The frees held for other streams whose streams have run past them go back to `pool`. Not
+  // during a capture: it asks events about work on streams the capture may take in.
+  template <class Pool>
+  void collect_used(Pool& pool) noexcept {
+    if (capturing()) {
+      return;
+    }
+    used_.collect([&](cudaStream_t own, void* p, std::size_t bytes) {
+      if (const Freed r = pool.try_deallocate(Backend::stream(own), p, bytes, block_alignment); !r) {
+        report_misuse("carve_torch_free", p, bytes, r.error()); // checked now that it is made
+      }
+    });
   }
 
   int device_;
+  UsedFrees<Backend> used_;
 };
 
 template <class Backend>
@@ -370,6 +399,7 @@ private:
   using Freed = DeviceStack::Freed;
   void release_cache() noexcept override {
     const typename Backend::DeviceScope scope(this->device_);
+    this->collect_used(pool_);
     (void)pool_.trim();
   }
   void hold(bool held) noexcept override { pool_.hold(held); }
@@ -410,6 +440,7 @@ private:
   void release_cache() noexcept override {
     Backend::synchronize(this->device_);
     const typename Backend::DeviceScope scope(this->device_);
+    this->collect_used(pool_);
     (void)pool_.trim();
   }
   // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream

@@ -10,7 +10,8 @@ each in a process of its own under carve_gpu.torch.use(pool, max_reserved="2G"):
   later work runs;
 - no memory goes back while a kernel may use it: a kernel queued behind a long sleep reads a
   tensor that is then deleted, with empty_cache() (PyTorch's and carve's) called at once; the
-  kernel's result is right and nothing faults.
+  kernel's result is right and nothing faults. The same through Tensor.record_stream: a tensor
+  read on a side stream, freed on its own, is not handed to the next tensor of its size.
 
     gpu_out_of_memory.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
@@ -92,6 +93,22 @@ def run_child(pool, library):
     with torch.cuda.stream(torch.cuda.Stream()):
         overwrite = torch.full((n,), 3.0, device="cuda")  # may take any memory carve gave back
     checks["a kernel still reading a freed tensor sees its bytes through empty_cache"] = float(total.item()) == n
+    overwrite = None
+
+    # Tensor.record_stream: x is read on a side stream behind a long sleep and freed on its own
+    # stream at once; the next tensor of its size on that stream must not take x's memory meanwhile.
+    side = torch.cuda.Stream()
+    x = torch.ones(n, dtype=torch.float32, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(2_000_000_000)
+        total = x.sum()
+    x.record_stream(side)
+    x = None
+    overwrite = torch.full((n,), 3.0, device="cuda")  # x's own stream, x's size
+    side.synchronize()
+    checks["a tensor read on a side stream (record_stream) is not handed out again under it"] = (
+        True if float(total.item()) == n else f"the side stream's sum is {float(total.item())}, not {n}")
     overwrite = None
     return {name: (value if value is True else str(value)) for name, value in checks.items()}
 

@@ -305,6 +305,41 @@ TEST_CASE("each stack: four threads on four streams, blocks never overlapping, c
   }
 }
 
+TEST_CASE("each stack: four threads whose blocks are also used on the next thread's stream (record_stream)") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const std::uintptr_t first = fresh_streams(4);
+    const auto next = [first](cudaStream_t s) {
+      return stream(first + (reinterpret_cast<std::uintptr_t>(s) - first + 1) % 4);
+    };
+    const int failures = hammer(
+        [&](cudaStream_t s, std::size_t bytes) {
+          void* p = stack->allocate(s, bytes);
+          if (p != nullptr) {
+            carve::torch::StreamUses::instance().record(p, next(s)); // the next thread's kernels read it too
+            enqueue(next(s));
+          }
+          return p;
+        },
+        [&](cudaStream_t s, void* p, std::size_t bytes) { CHECK(stack->deallocate(s, p, bytes)); },
+        [](cudaStream_t s) {
+          enqueue(s);
+          complete(s);
+        },
+        first);
+    CHECK(failures == 0);
+    for (std::uintptr_t k = 0; k < 4; ++k) {
+      complete(stream(first + k));
+    }
+    const carve::torch::Books& books = stack->books();
+    CHECK(books.live.now() == 0);
+    CHECK(books.mallocs.load() == books.frees.load());
+    stack->empty_cache(); // the frees held for the other streams go back, then everything
+    CHECK(books.reserved.now() == 0);
+  }
+}
+
 TEST_CASE("the C functions: host backend, expandable by default, threads, stats as JSON") {
   const char* backend = std::getenv("CARVE_TORCH_BACKEND");
   REQUIRE_MESSAGE((backend != nullptr && std::string(backend) == "host"), "run with CARVE_TORCH_BACKEND=host");

@@ -9,6 +9,8 @@ completes), for each of the three pools:
 - four threads on four streams, a quarter of the blocks freed by another thread on its own stream;
 - a free on one stream and the same memory wanted on another, before and after the freeing
   stream's work has run, under a cap (out of memory before, served after); empty_cache;
+- record_stream: a block also used on a side stream is held at its free until that stream's work
+  has run;
 - the clear messages: bad settings, a free of a pointer the library never gave, carve_gpu's errors;
 - the GPU check scripts and the carve_gpu package compile, and the training-step script judges
   made-up runs' goals as it should.
@@ -277,6 +279,38 @@ def worker_streams(pool):
     print(f"{pool}: cross-stream reuse under an 8 MiB cap: refused while A worked, served after")
 
 
+def worker_record_stream(pool):
+    """Tensor.record_stream: a block used on a side stream too is not handed out again, on its own
+    stream or any, until the side stream's work queued by its free has run; a use recorded on its
+    own stream changes nothing."""
+    lib = load(pool)
+    own, side = 0xE0, 0xE1
+    p = lib.malloc(4 * MiB, 0, own)
+    check(p, "4 MiB")
+    lib.record_stream(p, side)
+    lib.host_stream_enqueue(side)  # a kernel on the side stream reads p
+    lib.free(p, 4 * MiB, 0, own)
+    held = [lib.malloc(4 * MiB, 0, s) for s in (own, side)]
+    check(all(held) and p not in held, f"p was handed out while the side stream may read it: {held} against {p}")
+    lib.empty_cache()  # nothing it could give back yet: p still waits
+    lib.host_stream_complete(side)
+    again = lib.malloc(4 * MiB, 0, own)
+    check(again, "4 MiB once the side stream's work had run")
+    if pool != "expandable":  # (best fit may choose another hole)
+        check(again == p, f"p did not come back once the side stream's work had run: {again} against {p}")
+    for q, s in ((again, own), (held[0], own), (held[1], side)):
+        lib.free(q, 4 * MiB, 0, s)
+    mine = lib.malloc(MiB, 0, own)
+    lib.record_stream(mine, own)  # its own stream: nothing to wait for
+    lib.free(mine, MiB, 0, own)
+    check(lib.malloc(MiB, 0, own) == mine, "a use on the block's own stream held its free")
+    lib.free(mine, MiB, 0, own)
+    lib.empty_cache()
+    stats = lib.stats(0)
+    check(stats["reserved_bytes"] == 0 and stats["live_blocks"] == 0, f"end: {stats}")
+    print(f"{pool}: record_stream: a block freed while a side stream works is held until that work has run")
+
+
 def worker_idle(pool):
     """CARVE_TORCH_IDLE_THRESHOLD=0: a free whose stream has no work left gives the memory back at
     once, without empty_cache; one whose stream still works keeps it until then."""
@@ -309,10 +343,10 @@ def worker_hooks(pool):
     lib = load(pool)
     use_carve_gpu()
     import carve_gpu.torch as carve_torch
-    newest = Setters(["set_reset_fn", "set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn",
-                      "set_release_pool", "set_begin_allocate_stream_to_pool"])
+    newest = Setters(["set_reset_fn", "set_record_stream_fn", "set_begin_allocate_to_pool",
+                      "set_end_allocate_to_pool_fn", "set_release_pool", "set_begin_allocate_stream_to_pool"])
     check(carve_torch.install_hooks(newest, lib) == "pools", "PyTorch 2.2's pool hooks not chosen")
-    expected = {"set_reset_fn": "carve_torch_empty_cache",
+    expected = {"set_reset_fn": "carve_torch_empty_cache", "set_record_stream_fn": "carve_torch_record_stream",
                 "set_begin_allocate_to_pool": "carve_torch_begin_allocate_to_pool",
                 "set_end_allocate_to_pool_fn": "carve_torch_end_allocate_to_pool",
                 "set_release_pool": "carve_torch_release_pool"}
@@ -510,7 +544,7 @@ def check_training_step_goals():
 def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
-                   "hooks": worker_hooks, "no-driver": worker_no_driver}
+                   "record": worker_record_stream, "hooks": worker_hooks, "no-driver": worker_no_driver}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
@@ -520,7 +554,7 @@ def main():
         env.pop(name, None)
     failed = []
     for pool in POOLS:
-        for kind in ("replay", "threads", "streams", "idle", "hooks", "no-driver"):
+        for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "no-driver"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:
