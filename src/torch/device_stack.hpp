@@ -173,6 +173,12 @@ public:
       }
     }
     waited_.clear();
+    for (const PrivateBlock& b : used_in_capture_) { // no capture now: through the graph pools again
+      if (const Freed r = free_with_graphs(b.stream, b.p, b.bytes); !r) {
+        report_misuse("carve_torch_free", b.p, b.bytes, r.error());
+      }
+    }
+    used_in_capture_.clear();
     give_back(released_);
     released_.clear();
   }
@@ -282,9 +288,19 @@ private:
 
   Freed free_with_graphs(cudaStream_t stream, void* p, std::size_t bytes) noexcept {
     try {
+      if (capturing() && StreamUses::instance().used_elsewhere(p, stream)) {
+        // A block another stream of the capture reads (record_stream): not reused in the capture
+        // (its graph's pool could hand it to the next request), freed at the capture's end.
+        const std::lock_guard lock(graphs_);
+        if (capturing()) {
+          used_in_capture_.push_back(PrivateBlock{p, bytes, stream});
+          return {};
+        }
+      }
       const auto [freed, block] = privates_.free(p, stream);
       switch (freed) {
       case PrivatePools<cudaStream_t>::Freed::kept:
+        StreamUses::instance().forget(p);
         return {};
       case PrivatePools<cudaStream_t>::Freed::give_back:
         return capturing() ? wait_for_capture(block) : give(block.stream, block.p, block.bytes);
@@ -324,10 +340,11 @@ private:
   std::atomic<int> captures_{0};         // captures under way
   std::atomic<bool> graphs_used_{false}; // a private pool was ever opened: frees ask privates_
   std::atomic<bool> guard_captures_{false};
-  std::mutex graphs_;                  // underway_, waited_, released_
-  std::vector<Capture> underway_;      // the captures under way, oldest first
-  std::vector<PrivateBlock> waited_;   // frees made during a capture
-  std::vector<PrivateBlock> released_; // private pools' blocks released during a capture
+  std::mutex graphs_;                         // underway_, waited_, released_
+  std::vector<Capture> underway_;             // the captures under way, oldest first
+  std::vector<PrivateBlock> waited_;          // frees made during a capture
+  std::vector<PrivateBlock> used_in_capture_; // frees during a capture of blocks other streams read
+  std::vector<PrivateBlock> released_;        // private pools' blocks released during a capture
   PrivatePools<cudaStream_t> privates_;
 };
 
@@ -362,26 +379,30 @@ protected:
     if (used_.holds(p)) {
       return cuda::std::unexpected(Errc::not_allocated); // its free waits already
     }
-    try {
-      if (!capturing() && used_.hold(stream, p, bytes)) {
-        return {};
-      }
-    } catch (const std::bad_alloc&) { // its other streams are not waited for: as PyTorch without record_stream
+    if (!capturing() && used_.hold(stream, p, bytes)) {
+      return {};
     }
     return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
   }
   // The frees held for other streams whose streams have run past them go back to `pool`. Not
   // during a capture: it asks events about work on streams the capture may take in.
   template <class Pool>
-  void collect_used(Pool& pool) noexcept {
+  void collect_used(Pool& pool, bool wait = false) noexcept {
     if (capturing()) {
       return;
     }
-    used_.collect([&](cudaStream_t own, void* p, std::size_t bytes) {
-      if (const Freed r = pool.try_deallocate(Backend::stream(own), p, bytes, block_alignment); !r) {
-        report_misuse("carve_torch_free", p, bytes, r.error()); // checked now that it is made
-      }
-    });
+    used_.collect(
+        [&](cudaStream_t own, void* p, std::size_t bytes) {
+          const Freed r = pool.try_deallocate(Backend::stream(own), p, bytes, block_alignment);
+          if (!r && r.error() == Errc::no_space) {
+            return false; // the pool's tables could not grow: later
+          }
+          if (!r) {
+            report_misuse("carve_torch_free", p, bytes, r.error()); // checked now that it is made
+          }
+          return true;
+        },
+        wait);
   }
 
   int device_;
@@ -399,7 +420,7 @@ private:
   using Freed = DeviceStack::Freed;
   void release_cache() noexcept override {
     const typename Backend::DeviceScope scope(this->device_);
-    this->collect_used(pool_);
+    this->collect_used(pool_, true); // as PyTorch's empty_cache: the other streams' work waited for
     (void)pool_.trim();
   }
   void hold(bool held) noexcept override { pool_.hold(held); }

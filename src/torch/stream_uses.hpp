@@ -13,6 +13,8 @@
 
 #include "backends.hpp"
 
+#include <carve/mr/stream_events.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -58,6 +60,18 @@ public:
     std::erase(out, own);
     return out;
   }
+  // Whether `p` is used on a stream other than `own` (its uses kept).
+  bool used_elsewhere(void* p, cudaStream_t own) {
+    if (!any()) {
+      return false;
+    }
+    const std::lock_guard lock(mutex_);
+    const auto it = uses_.find(p);
+    return it != uses_.end() &&
+           std::any_of(it->second.begin(), it->second.end(), [own](cudaStream_t s) { return s != own; });
+  }
+  // `p`'s uses dropped: it stays with a graph's private pool, whose replays order its uses.
+  void forget(void* p) noexcept { (void)take(p, nullptr); }
   // Whether any block has a use recorded (read without the lock, so a free asks only then).
   bool any() const noexcept { return any_.load(std::memory_order_acquire); }
 
@@ -73,9 +87,9 @@ template <class Backend>
 class UsedFrees {
 public:
   // A free of `p` (`bytes`, allocated for `own`): whether it must wait, because `p` is used on
-  // other streams; then an event is recorded on each, and the free is held. Throws
-  // std::bad_alloc (nothing held; the uses are lost, so the caller frees at once).
-  bool hold(cudaStream_t own, void* p, std::size_t bytes) {
+  // other streams; then an event is recorded on each, and the free is held. Out of host memory,
+  // those streams are synchronised instead, and the free may be made at once.
+  bool hold(cudaStream_t own, void* p, std::size_t bytes) noexcept {
     if (!StreamUses::instance().any()) {
       return false;
     }
@@ -83,18 +97,25 @@ public:
     if (streams.empty()) {
       return false;
     }
-    Held h{p, bytes, own, {}};
-    h.events.reserve(streams.size());
-    const std::lock_guard lock(mutex_);
-    if (held_.size() == held_.capacity()) {
-      held_.reserve(std::max<std::size_t>(8, 2 * held_.capacity()));
+    try {
+      Held h{p, bytes, own, {}};
+      h.events.reserve(streams.size());
+      const std::lock_guard lock(mutex_);
+      if (held_.size() == held_.capacity()) {
+        held_.reserve(std::max<std::size_t>(8, 2 * held_.capacity()));
+      }
+      for (const cudaStream_t s : streams) { // room was made for all: no event is lost
+        h.events.push_back(Event{s, record(s)});
+      }
+      held_.push_back(std::move(h));
+      count_.fetch_add(1, std::memory_order_release);
+      return true;
+    } catch (const std::bad_alloc&) {
+      for (const cudaStream_t s : streams) {
+        Backend::synchronize(s);
+      }
+      return false;
     }
-    for (const cudaStream_t s : streams) { // room was made for all: no event is lost
-      h.events.push_back(Event{s, record(s)});
-    }
-    held_.push_back(std::move(h));
-    count_.fetch_add(1, std::memory_order_release);
-    return true;
   }
   // Whether a free of `p` is held (a second free of it is a double free).
   bool holds(const void* p) {
@@ -109,15 +130,17 @@ public:
     }
     return false;
   }
-  // The held frees whose every stream has run past them: give(own, p, bytes) for each.
+  // The held frees whose every stream has run past them (waited for first when `wait`, where the
+  // Streams can): give(own, p, bytes) for each, which answers whether the free was made (false:
+  // it stays held, to be made later).
   template <class Give>
-  void collect(Give&& give) noexcept {
+  void collect(Give&& give, bool wait = false) noexcept {
     if (count_.load(std::memory_order_acquire) == 0) {
       return;
     }
     const std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < held_.size();) {
-      if (!passed(held_[i])) {
+      if (!passed(held_[i], wait) || !give(held_[i].own, held_[i].p, held_[i].bytes)) {
         ++i;
         continue;
       }
@@ -126,7 +149,6 @@ public:
           streams_.release(*e.event);
         }
       }
-      give(held_[i].own, held_[i].p, held_[i].bytes);
       held_[i] = std::move(held_.back());
       held_.pop_back();
       count_.fetch_sub(1, std::memory_order_release);
@@ -167,13 +189,18 @@ private:
   // Whether every stream `h` waits on has run its work up to the free. An event that could not be
   // recorded at the free is recorded now (it then covers more work, never less); one that cannot
   // be recorded at all (a stream of another device) is waited for by synchronising its stream.
-  bool passed(Held& h) noexcept {
+  bool passed(Held& h, bool wait) noexcept {
     for (Event& e : h.events) {
       if (!e.event) {
         e.event = record(e.stream);
         if (!e.event) {
           Backend::synchronize(e.stream);
           continue;
+        }
+      }
+      if constexpr (StreamEventsThatWait<Streams>) {
+        if (wait) {
+          streams_.wait(*e.event);
         }
       }
       try {

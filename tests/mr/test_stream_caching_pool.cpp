@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <thread>
 #include <vector>
@@ -38,6 +39,48 @@ constexpr SimulatedStream s0{0};
 constexpr SimulatedStream s1{1};
 constexpr SimulatedStream s2{2};
 } // namespace
+
+namespace {
+// Streams whose first recording on stream 1 fails and whose later ones there throw, as CUDA's do
+// when an event cannot be made and host memory then runs out building the error.
+struct FlakyStreams {
+  using stream_type = int;
+  using event_type = int;
+  int recorded_on_1 = 0;
+  carve::Result<int> record(int s) {
+    if (s == 1 && recorded_on_1++ > 0) {
+      throw std::bad_alloc();
+    }
+    if (s == 1) {
+      return carve::fail(Errc::unsupported, "no event");
+    }
+    return s;
+  }
+  bool completed(int) const { return true; }
+  void release(int) noexcept {}
+};
+} // namespace
+
+TEST_CASE("frees waiting on other streams: one whose stream throws stays, the rest still come home") {
+  FlakyStreams streams;
+  carve::detail::CrossStreamFrees<FlakyStreams, int> waiting;
+  waiting.add(streams, 10, 1); // its event failed: recorded again at the next collect
+  waiting.add(streams, 20, 2);
+  waiting.add(streams, 30, 2);
+  std::vector<int> home;
+  const auto freed = [&](int block) {
+    if (block == 30) {
+      return false; // its pool cannot take it yet: stays
+    }
+    home.push_back(block);
+    return true;
+  };
+  CHECK_THROWS_AS(waiting.collect(streams, freed), std::bad_alloc); // thrown at the end
+  CHECK(home == std::vector<int>{20});
+  CHECK(waiting.size() == 2);
+  CHECK(waiting.any_of([](int b) { return b == 10; }));
+  CHECK(waiting.any_of([](int b) { return b == 30; }));
+}
 
 TEST_CASE("a block serves only the stream it was allocated on, which may reuse it at once") {
   Pool pool(SimulatedCard(16 * MiB), {}, SimulatedStreams(2));

@@ -119,6 +119,32 @@ TEST_CASE("each stack: during a capture nothing goes back to the device and othe
   }
 }
 
+TEST_CASE("each stack: a graph's block another stream reads (record_stream) is not reused within the capture") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    Capture c(kind);
+    const cudaStream_t side = stream(fresh_streams(1));
+    const PrivatePoolId id{4, 0};
+    c.begin(id);
+    void* read_elsewhere = c.s->allocate(c.graph, 2 * MiB);
+    REQUIRE(read_elsewhere != nullptr);
+    carve::torch::StreamUses::instance().record(read_elsewhere, side); // a side stream's node reads it
+    REQUIRE(c.s->deallocate(c.graph, read_elsewhere, 2 * MiB));
+    void* next = c.s->allocate(c.graph, 2 * MiB); // the graph's own later request
+    CHECK(next != read_elsewhere);
+    REQUIRE(c.s->deallocate(c.graph, next, 2 * MiB));
+    c.end(id);
+    void* after = c.s->allocate(c.graph, 2 * MiB); // still the graph's: its pool keeps both
+    CHECK(after != read_elsewhere);
+    CHECK(after != next);
+    REQUIRE(c.s->deallocate(c.graph, after, 2 * MiB));
+    c.s->release_pool(id);
+    c.s->empty_cache();
+    CHECK(c.s->books().live.now() == 0);
+    CHECK(c.s->books().reserved.now() == 0); // every block came home
+  }
+}
+
 TEST_CASE("each stack: a stream that captures with no pool open is refused, never served") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <new>
 #include <optional>
 #include <type_traits>
@@ -37,26 +38,25 @@ public:
 
   // Offers each block whose freeing stream has passed its free to `freed(block)`, which answers
   // whether it is done with the block (false: it stays, to be offered again later); with `wait`,
-  // first waits for each event where the Streams can. Returns how many it was done with. Throws
-  // what the Streams throw (std::bad_alloc where a recording that failed cannot be made now);
-  // the blocks handed over before stay handed over.
+  // first waits for each event where the Streams can. Returns how many it was done with. A block
+  // whose Streams throw (std::bad_alloc where a recording that failed cannot be made now) stays,
+  // the others are still offered, and the first exception is thrown at the end.
   template <class Freed>
   requires std::is_invocable_r_v<bool, Freed&, const Block&> std::size_t collect(Streams& streams, Freed&& freed,
                                                                                  bool wait = false) {
     std::size_t taken = 0;
+    std::exception_ptr failed;
     for (std::size_t i = 0; i < waiting_.size();) {
       Waiting& w = waiting_[i];
-      if (!w.event) {
-        if (auto e = streams.record(w.stream)) {
-          w.event = *e;
+      bool passed = false;
+      try {
+        passed = has_passed(streams, w, wait);
+      } catch (...) {
+        if (!failed) {
+          failed = std::current_exception();
         }
       }
-      if constexpr (StreamEventsThatWait<Streams>) {
-        if (wait && w.event) {
-          streams.wait(*w.event);
-        }
-      }
-      if (!w.event || !streams.completed(*w.event) || !freed(std::as_const(w.block))) {
+      if (!passed || !freed(std::as_const(w.block))) {
         ++i;
         continue;
       }
@@ -64,6 +64,9 @@ public:
       waiting_[i] = std::move(waiting_.back());
       waiting_.pop_back();
       ++taken;
+    }
+    if (failed) {
+      std::rethrow_exception(failed);
     }
     return taken;
   }
@@ -95,6 +98,21 @@ private:
     stream_type stream;
     std::optional<typename Streams::event_type> event; // nullopt: recording failed, tried again later
   };
+
+  // Whether `w`'s freeing stream has run past its free (recording its event now if that failed).
+  static bool has_passed(Streams& streams, Waiting& w, bool wait) {
+    if (!w.event) {
+      if (auto e = streams.record(w.stream)) {
+        w.event = *e;
+      }
+    }
+    if constexpr (StreamEventsThatWait<Streams>) {
+      if (wait && w.event) {
+        streams.wait(*w.event);
+      }
+    }
+    return w.event && streams.completed(*w.event);
+  }
   std::vector<Waiting> waiting_;
 };
 
