@@ -63,7 +63,9 @@ def install_hooks(hooks, lib):
     captured under carve gets a private pool of carve's memory. Returns "pools" or "streams"
     (which form of the graph hooks), or None where this PyTorch has neither: then carve refuses any
     allocation from a capturing stream with a message saying so (carve_torch_guard_captures), since
-    it could not keep the graph's memory from the next allocation."""
+    it could not keep the graph's memory from the next allocation. (The hooks' behaviour is checked
+    on libcarve_torch's host backend; their signatures are taken from PyTorch's source, not yet run
+    under a real PyTorch on a GPU.)"""
     if hasattr(hooks, "set_reset_fn"):
         hooks.set_reset_fn(lib.address("carve_torch_empty_cache"))
     if hasattr(hooks, "set_record_stream_fn"):

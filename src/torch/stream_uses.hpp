@@ -38,12 +38,9 @@ public:
   void record(void* p, cudaStream_t stream) {
     const std::lock_guard lock(mutex_);
     std::vector<cudaStream_t>& streams = uses_[p];
-    for (const cudaStream_t s : streams) {
-      if (s == stream) {
-        return;
-      }
+    if (std::find(streams.begin(), streams.end(), stream) == streams.end()) {
+      streams.push_back(stream);
     }
-    streams.push_back(stream);
     any_.store(true, std::memory_order_release);
   }
   // The streams `p` is used on besides `own`, forgotten: its free takes them.
