@@ -188,7 +188,7 @@ inline Contender expandable_contender(std::string name, std::string description,
           }};
 }
 
-// carve's caching pools built as libcarve_torch builds them (src/torch/device_stack.hpp:
+// carve's caching pools built as libcarve_torch builds them (src/torch/pool_stacks.hpp:
 // CachingStack, StreamOrderedStack): blocks of 512 bytes, over the card, on the replay's streams;
 // so the caching-pool and stream-ordered-pool rows are what carve_gpu.torch runs.
 using Caching = StreamCachingPool<TimedCard, SimulatedStreams>;

@@ -1,7 +1,7 @@
 // src/torch/backends.hpp — where libcarve_torch's memory and streams come from: the CUDA device
 // (CudaMemoryMapper, cudaMalloc, CUDA streams and events) or, with CARVE_TORCH_BACKEND=host, the
 // host twins (HostMemoryMapper, host memory, streams whose work the test hooks complete). The
-// stacks in device_stack.hpp are templates over one of these.
+// stacks in pool_stacks.hpp are templates over one of these.
 #pragma once
 
 #include "host_streams.hpp"

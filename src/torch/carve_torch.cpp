@@ -5,7 +5,7 @@
 #include "carve_torch.h"
 
 #include "config.hpp"
-#include "device_stack.hpp"
+#include "pool_stacks.hpp"
 
 #include <array>
 #include <atomic>

@@ -2,7 +2,7 @@
 // (carve_torch.h lists them), parsed once; a bad value becomes a message, not a guess.
 #pragma once
 
-#include "device_stack.hpp"
+#include "pool_stacks.hpp"
 
 #include <carve/core/checked_math.hpp>
 

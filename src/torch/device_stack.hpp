@@ -1,22 +1,8 @@
-// src/torch/device_stack.hpp — one device's carve pool behind libcarve_torch's C functions, in
-// the three kinds CARVE_TORCH_POOL names:
-//
-// - expandable: ExpandablePool over the device's virtual memory (CountingMapper counts what it
-//   maps). It orders frees on streams itself.
-// - stream-ordered: StreamOrderedPool over cudaMalloc (CountingUpstream): a block freed on a
-//   stream is reused there at once and on another stream once an event recorded at the free has
-//   completed; the idle threshold is its StreamPoolOptions::idle_threshold.
-// - caching: StreamCachingPool over cudaMalloc (CountingUpstream), PyTorch's own rule: a
-//   CachingPool per stream (a block serves only the stream it was allocated on; memory moves
-//   between streams only through the device, once the stream that held it has finished its work),
-//   a block freed on another stream than its own back once an event recorded on the freeing stream
-//   has completed.
-//
-// The rules are the library pools' own: a stack adds the device scope, the counting, and the frees
-// held for other streams' work (Tensor.record_stream: stream_uses.hpp), so carve_replay's rows
-// (examples/carve_replay/contenders.hpp) measure the pools built here.
-// Every kind hands out blocks aligned to 512 bytes (PyTorch's own), is thread-safe, and counts
-// into its Books. Stacks are built once per device and live as long as the process.
+// src/torch/device_stack.hpp — what every one of libcarve_torch's stacks does whatever its pool
+// (pool_stacks.hpp builds the three kinds over it): the counting into its Books, the retry after
+// giving back the cache before an allocation is refused, and the CUDA graphs' private pools with
+// what must wait while a capture is under way.
+
 #pragma once
 
 #include "backends.hpp"
@@ -25,12 +11,7 @@
 
 #include <carve/core/errc.hpp>
 #include <carve/core/misuse.hpp>
-#include <carve/mr/caching_pool_options.hpp>
 #include <carve/mr/private_pools.hpp>
-#include <carve/mr/stream_caching_pool.hpp>
-#include <carve/mr/stream_ordered_pool.hpp>
-#include <carve/mr/stream_ordered_pool_options.hpp>
-#include <carve/vmm/expandable_pool.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -57,7 +38,7 @@ struct StackOptions {
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
 };
 
-// One device's pool behind the C functions (see the top of this file), and the private pools of
+// One device's pool behind the C functions (its kind: pool_stacks.hpp), and the private pools of
 // the CUDA graphs captured over it.
 //
 // A graph replays with the addresses it was captured with, so while PyTorch captures one it
@@ -129,6 +110,7 @@ public:
   // Gives the device every byte no block uses and no stream's work may still touch; nothing
   // while a capture is under way.
   void empty_cache() noexcept {
+    const std::lock_guard gate(capture_gate_);
     if (!capturing()) {
       release_cache();
     }
@@ -149,6 +131,7 @@ public:
       throw;
     }
     graphs_used_.store(true, std::memory_order_release);
+    const std::lock_guard gate(capture_gate_); // what checked for no capture has made its calls
     if (captures_.load(std::memory_order_relaxed) == 0) {
       hold(true);
     }
@@ -218,6 +201,7 @@ protected:
 
   virtual void* take(cudaStream_t stream, std::size_t bytes) noexcept = 0;
   virtual Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept = 0;
+  // Called with capture_gate_ held and no capture under way.
   virtual void release_cache() noexcept = 0;
   // While `held` (a capture is under way) the pool gives nothing back to the device and records
   // no event on another stream than the one it serves.
@@ -228,6 +212,12 @@ protected:
   virtual bool stream_capturing(cudaStream_t stream) noexcept = 0;
 
   Books books_; // before the pools, which count into it
+  // PyTorch opens a graph's pool (begin_capture) before the driver's capture begins, and a call
+  // the stack makes to the driver outside its pools' locks (an event on another stream, a
+  // synchronisation) must not fall into that capture. Such a call is made with this gate held,
+  // after finding no capture under way; begin_capture takes the gate too, so the capture begins
+  // after it. Only those rarer paths take it, never a plain allocation or free.
+  std::mutex capture_gate_;
 
 private:
   using PrivateBlock = PrivatePools<cudaStream_t>::Block;
@@ -237,15 +227,20 @@ private:
   };
 
   void* take_or_retry(cudaStream_t stream, std::size_t bytes, std::size_t& gave_back) noexcept {
-    void* p = take(stream, bytes);
-    if (p == nullptr) {
+    if (void* p = take(stream, bytes)) {
+      return p;
+    }
+    {
+      const std::lock_guard gate(capture_gate_);
+      if (capturing()) {
+        return nullptr; // a capture began meanwhile: nothing goes back during one
+      }
       const std::size_t before = books_.reserved.now();
       release_cache();
       const std::size_t after = books_.reserved.now();
       gave_back = before > after ? before - after : 0;
-      p = take(stream, bytes);
     }
-    return p;
+    return take(stream, bytes);
   }
 
   // During a capture: a stream that captures into a private pool gets a block that pool holds
@@ -347,142 +342,5 @@ private:
   std::vector<PrivateBlock> released_;        // private pools' blocks released during a capture
   PrivatePools<cudaStream_t> privates_;
 };
-
-// The parts of a stack that depend only on its backend and device.
-template <class Backend>
-class BackendStack : public DeviceStack {
-public:
-  BackendStack(int device, const StackOptions& o) : DeviceStack(o), device_(device) {}
-
-protected:
-  void synchronize() noexcept override { Backend::synchronize(device_); }
-  bool stream_capturing(cudaStream_t stream) noexcept override {
-    const typename Backend::DeviceScope scope(device_);
-    return Backend::capturing(stream);
-  }
-  // A block from `pool` (CCCL's stream-ordered spellings); null when it says no. During a capture
-  // the driver calls it may make are allowed on this thread.
-  template <class Pool>
-  void* take_from(Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
-    const typename Backend::DeviceScope scope(device_);
-    const typename Backend::RelaxedCapture relaxed(capturing());
-    collect_used(pool);
-    const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
-    return p ? *p : nullptr;
-  }
-  // `p` back to `pool` for work on `stream` (its own), or held while it is used on other streams
-  // (record_stream: stream_uses.hpp).
-  template <class Pool>
-  Freed give_to(Pool& pool, cudaStream_t stream, void* p, std::size_t bytes) noexcept {
-    const typename Backend::DeviceScope scope(device_);
-    collect_used(pool);
-    if (used_.holds(p)) {
-      return cuda::std::unexpected(Errc::not_allocated); // its free waits already
-    }
-    if (!capturing() && used_.hold(stream, p, bytes)) {
-      return {};
-    }
-    return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
-  }
-  // The frees held for other streams whose streams have run past them go back to `pool`. Not
-  // during a capture: it asks events about work on streams the capture may take in.
-  template <class Pool>
-  void collect_used(Pool& pool, bool wait = false) noexcept {
-    if (capturing()) {
-      return;
-    }
-    used_.collect(
-        [&](cudaStream_t own, void* p, std::size_t bytes) {
-          const Freed r = pool.try_deallocate(Backend::stream(own), p, bytes, block_alignment);
-          if (!r && r.error() == Errc::no_space) {
-            return false; // the pool's tables could not grow: later
-          }
-          if (!r) {
-            report_misuse("carve_torch_free", p, bytes, r.error()); // checked now that it is made
-          }
-          return true;
-        },
-        wait);
-  }
-
-  int device_;
-  UsedFrees<Backend> used_;
-};
-
-template <class Backend>
-class ExpandableStack final : public BackendStack<Backend> {
-public:
-  ExpandableStack(int device, const StackOptions& o)
-      : BackendStack<Backend>(device, o),
-        pool_(CountingMapper<typename Backend::Mapper>(Backend::mapper(device), &this->books_), options(device, o)) {}
-
-private:
-  using Freed = DeviceStack::Freed;
-  void release_cache() noexcept override {
-    const typename Backend::DeviceScope scope(this->device_);
-    this->collect_used(pool_, true); // as PyTorch's empty_cache: the other streams' work waited for
-    (void)pool_.trim();
-  }
-  void hold(bool held) noexcept override { pool_.hold(held); }
-  using Pool = ExpandablePool<CountingMapper<typename Backend::Mapper>, typename Backend::Streams>;
-  static ExpandablePoolOptions options(int device, const StackOptions& o) {
-    ExpandablePoolOptions out;
-    out.device = device;
-    out.granularity = block_alignment;
-    out.max_reserved_bytes = o.max_reserved;
-    out.release_threshold = o.idle_threshold;
-    return out;
-  }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
-  Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    return this->give_to(pool_, stream, p, bytes);
-  }
-  Pool pool_;
-};
-
-// A pool over the device's cudaMalloc (CountingUpstream counts into the Books): StreamOrderedPool
-// (stream-ordered) or StreamCachingPool (caching), both taking the granularity and idle threshold.
-template <class Backend, template <class, class> class PoolOver, class Options>
-class CudaMallocStack final : public BackendStack<Backend> {
-public:
-  CudaMallocStack(int device, const StackOptions& o)
-      : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
-        pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
-
-private:
-  using Freed = DeviceStack::Freed;
-  using Upstream = CountingUpstream<typename Backend::Upstream>;
-  static Options options(const StackOptions& o) {
-    Options out;
-    out.granularity = block_alignment;
-    out.idle_threshold = o.idle_threshold;
-    return out;
-  }
-  void release_cache() noexcept override {
-    Backend::synchronize(this->device_);
-    const typename Backend::DeviceScope scope(this->device_);
-    this->collect_used(pool_);
-    (void)pool_.trim();
-  }
-  // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream
-  // (and during a capture the stack makes none), and what it gives back under pressure has
-  // completed events.
-  void hold(bool held) noexcept override {
-    if constexpr (requires { pool_.hold(held); }) {
-      pool_.hold(held);
-    }
-  }
-  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
-  Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
-    return this->give_to(pool_, stream, p, bytes);
-  }
-  typename Backend::Upstream memory_;
-  PoolOver<Upstream, typename Backend::Streams> pool_;
-};
-
-template <class Backend>
-using StreamOrderedStack = CudaMallocStack<Backend, StreamOrderedPool, StreamPoolOptions>;
-template <class Backend>
-using CachingStack = CudaMallocStack<Backend, StreamCachingPool, PoolOptions>;
 
 } // namespace carve::torch

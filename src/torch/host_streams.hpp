@@ -11,8 +11,10 @@
 #include <carve/mr/stream_events.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 namespace carve::torch {
 
@@ -65,6 +67,23 @@ public:
     return it != work_.end() && it->second.capturing;
   }
 
+  // For tests: `hook` is called with the stream each time an event is recorded on one (outside
+  // the table's lock), so a test can act while a stack records its events; empty: none.
+  void on_record(std::function<void(std::uintptr_t)> hook) {
+    const std::lock_guard lock(mutex_);
+    on_record_ = std::move(hook);
+  }
+  void recording(std::uintptr_t stream) {
+    std::function<void(std::uintptr_t)> hook;
+    {
+      const std::lock_guard lock(mutex_);
+      hook = on_record_;
+    }
+    if (hook) {
+      hook(stream);
+    }
+  }
+
 private:
   struct Work {
     std::uint64_t queued = 0;
@@ -73,6 +92,7 @@ private:
   };
   std::mutex mutex_;
   std::unordered_map<std::uintptr_t, Work> work_;
+  std::function<void(std::uintptr_t)> on_record_;
 };
 
 // StreamEvents over HostStreamTable: an event is the stream and the work queued on it when it was
@@ -84,7 +104,10 @@ public:
     std::uintptr_t stream = 0;
     std::uint64_t position = 0;
   };
-  Result<event_type> record(HostStream s) { return event_type{s.handle, HostStreamTable::instance().queued(s.handle)}; }
+  Result<event_type> record(HostStream s) {
+    HostStreamTable::instance().recording(s.handle);
+    return event_type{s.handle, HostStreamTable::instance().queued(s.handle)};
+  }
   bool completed(event_type e) const { return HostStreamTable::instance().done(e.stream, e.position); }
   void release(event_type) noexcept {}
 };

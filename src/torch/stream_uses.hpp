@@ -114,6 +114,8 @@ public:
       return false;
     }
   }
+  // Whether any free is held (read without the lock).
+  bool any() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
   // Whether a free of `p` is held (a second free of it is a double free).
   bool holds(const void* p) {
     if (count_.load(std::memory_order_acquire) == 0) {

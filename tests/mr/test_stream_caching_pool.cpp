@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -173,6 +174,59 @@ TEST_CASE("held (a stream capture): a refused request takes nothing from the oth
   void* b = *pool.try_allocate(s1, 6 * MiB, 512);
   CHECK(pool.stats().pressure_retries == 1);
   REQUIRE(pool.try_deallocate(s1, b, 6 * MiB, 512));
+  CHECK(pool.consistent());
+}
+
+namespace {
+// Streams whose recordings on stream 0 let the test act while one is under way: each says it has
+// begun, then waits up to 200 ms for `held` (the pool's hold(true) returning).
+struct PausingStreams {
+  struct Signals {
+    std::atomic<bool> recording{false};
+    std::atomic<bool> held{false};
+    bool held_while_recording = false;
+  };
+  using stream_type = int;
+  using event_type = int;
+  Signals* signals = nullptr;
+  carve::Result<int> record(int s) {
+    if (s == 0) {
+      signals->recording = true;
+      for (int i = 0; i < 100 && !signals->held; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      signals->held_while_recording = signals->held;
+    }
+    return s;
+  }
+  bool completed(int) const { return true; }
+  void release(int) noexcept {}
+};
+} // namespace
+
+TEST_CASE("hold(true) returns only once a release from the other streams under way has ended") {
+  PausingStreams::Signals signals;
+  carve::StreamCachingPool<SimulatedCard, PausingStreams> pool(SimulatedCard(8 * MiB), {}, PausingStreams{&signals});
+  void* a = *pool.try_allocate(0, 3 * MiB, 512); // a segment of 4 MiB, cached on stream 0
+  REQUIRE(pool.try_deallocate(0, a, 3 * MiB, 512));
+  void* b = nullptr;
+  std::thread pressed([&] { // refused at first: stream 0's settled cache goes back, then served
+    const auto r = pool.try_allocate(1, 6 * MiB, 512);
+    b = r ? *r : nullptr;
+  });
+  while (!signals.recording) {
+    std::this_thread::yield();
+  }
+  std::thread capture([&] {
+    pool.hold(true);
+    signals.held = true;
+  });
+  pressed.join();
+  capture.join();
+  CHECK_FALSE(signals.held_while_recording);
+  REQUIRE(b != nullptr); // the release was under way before the hold: it finished
+  pool.hold(false);
+  REQUIRE(pool.try_deallocate(1, b, 6 * MiB, 512));
   CHECK(pool.consistent());
 }
 

@@ -3,7 +3,7 @@
 // in a test count on it; the library has its own, behind its test hooks).
 #pragma once
 
-#include <device_stack.hpp>
+#include <pool_stacks.hpp>
 
 #include <atomic>
 #include <cstddef>

@@ -2,17 +2,20 @@
 // caching) driven as PyTorch drives the C functions — blocks written whole and never overlapping,
 // a free on one stream reused on another only after that stream's work has run, out of memory
 // under a cap, empty_cache, the counts balancing — first by hand, then from four threads on four
-// streams; and the C functions themselves (CARVE_TORCH_BACKEND=host is set by ctest).
+// streams; a capture beginning while a free records its events; and the C functions themselves
+// (CARVE_TORCH_BACKEND=host is set by ctest).
 #include "host_stacks.hpp"
 #include <carve_torch.h>
-#include <device_stack.hpp>
+#include <pool_stacks.hpp>
 
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -338,6 +341,78 @@ TEST_CASE("each stack: four threads whose blocks are also used on the next threa
     stack->empty_cache(); // the frees held for the other streams go back, then everything
     CHECK(books.reserved.now() == 0);
   }
+}
+
+// PyTorch opens a graph's pool before the driver's capture begins. What a stack records on that
+// stream from another thread meanwhile must be done first: an event recorded after the capture
+// began would become part of the graph, and asking about it later would fail the capture.
+// begin_while_recording runs `act` on one thread and, once it records an event on `graph`, begins
+// a capture there from another (as torch.cuda.graph does); it answers whether the capture began
+// while that recording was under way.
+bool begin_while_recording(DeviceStack& stack, cudaStream_t graph, carve::PrivatePoolId id,
+                           const std::function<void()>& act) {
+  std::atomic<bool> recording{false};
+  std::atomic<bool> begun{false};
+  bool begun_while_recording = false;
+  streams().on_record([&](std::uintptr_t s) {
+    if (stream(s) != graph || recording.exchange(true)) {
+      return;
+    }
+    for (int i = 0; i < 100 && !begun; ++i) { // up to 200 ms for a capture to begin meanwhile
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    begun_while_recording = begun;
+  });
+  std::thread actor(act);
+  while (!recording) {
+    std::this_thread::yield();
+  }
+  std::thread capture([&] {
+    stack.begin_capture(id, [graph](cudaStream_t x) { return x == graph; });
+    set_capturing(graph, true); // the driver's capture begins
+    begun = true;
+  });
+  actor.join();
+  capture.join();
+  streams().on_record(nullptr);
+  set_capturing(graph, false);
+  stack.end_capture(id);
+  return begun_while_recording;
+}
+
+TEST_CASE("each stack: a capture that begins while a free records its events on that stream waits for them") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const std::uintptr_t first = fresh_streams(2);
+    const cudaStream_t own = stream(first);
+    const cudaStream_t graph = stream(first + 1);
+    void* p = stack->allocate(own, MiB);
+    REQUIRE(p != nullptr);
+    carve::torch::StreamUses::instance().record(p, graph); // the graph's stream reads it too
+    bool freed = false;
+    const carve::PrivatePoolId id{9, 0};
+    CHECK_FALSE(
+        begin_while_recording(*stack, graph, id, [&] { freed = static_cast<bool>(stack->deallocate(own, p, MiB)); }));
+    CHECK(freed);
+    complete(graph);
+    stack->release_pool(id);
+    stack->empty_cache(); // the held free goes back, then everything
+    CHECK(stack->books().live.now() == 0);
+    CHECK(stack->books().reserved.now() == 0);
+  }
+}
+
+TEST_CASE("caching stack: a capture that begins while empty_cache asks the streams waits for it") {
+  auto stack = make(PoolKind::caching);
+  const cudaStream_t graph = stream(fresh_streams(1));
+  void* p = stack->allocate(graph, MiB); // the graph's stream caches a segment
+  REQUIRE(p != nullptr);
+  REQUIRE(stack->deallocate(graph, p, MiB));
+  const carve::PrivatePoolId id{10, 0};
+  CHECK_FALSE(begin_while_recording(*stack, graph, id, [&] { stack->empty_cache(); }));
+  CHECK(stack->books().reserved.now() == 0); // empty_cache had begun: it gave the segment back
+  stack->release_pool(id);
 }
 
 TEST_CASE("the C functions: host backend, expandable by default, threads, stats as JSON") {

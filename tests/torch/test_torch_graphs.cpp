@@ -5,7 +5,7 @@
 // for each stack, then through the C hooks PyTorch calls (CARVE_TORCH_BACKEND=host, set by ctest).
 #include "host_stacks.hpp"
 #include <carve_torch.h>
-#include <device_stack.hpp>
+#include <pool_stacks.hpp>
 
 #include <doctest/doctest.h>
 

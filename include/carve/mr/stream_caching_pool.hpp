@@ -156,7 +156,12 @@ public:
   /// While `held`, a refused request does not take memory from the other streams' pools (which
   /// records events on their streams) but is refused: for a CUDA stream capture, into which such
   /// an event would fall. The pool's own segments still go back to the upstream as usual.
-  void hold(bool held) noexcept { held_.store(held, std::memory_order_relaxed); }
+  /// hold(true) returns once a release from the other streams under way has ended, so a capture
+  /// begun after it sees none of that release's calls.
+  void hold(bool held) noexcept {
+    const std::lock_guard lock(pressure_);
+    held_.store(held, std::memory_order_relaxed);
+  }
 
   /// The streams' pools' figures, summed (see StreamCachingPoolStats).
   StreamCachingPoolStats stats() const {
@@ -357,6 +362,10 @@ private:
   // pools give back their whole free segments once their streams' work has run. Whether anything
   // changed that could let the request through.
   bool release_others(const StreamPool* own) noexcept {
+    const std::lock_guard lock(pressure_);
+    if (held_.load(std::memory_order_relaxed)) {
+      return false; // held since the request looked
+    }
     pressure_retries_.fetch_add(1, std::memory_order_relaxed);
     const std::size_t home = collect(true, own);
     std::size_t released = 0;
@@ -424,7 +433,8 @@ private:
   std::atomic<std::size_t> pending_{0}; ///< deferred_.size(), read without the lock
   std::atomic<std::uint64_t> cross_stream_frees_{0};
   std::atomic<std::uint64_t> pressure_retries_{0};
-  std::atomic<bool> held_{false};
+  std::mutex pressure_;           ///< one release from the other streams at a time, and hold()
+  std::atomic<bool> held_{false}; ///< written under pressure_
   std::atomic<std::uint64_t> bytes_given_back_{0};
 };
 

@@ -1,0 +1,188 @@
+// src/torch/pool_stacks.hpp — one device's carve pool behind libcarve_torch's C functions, in
+// the three kinds CARVE_TORCH_POOL names:
+//
+// - expandable: ExpandablePool over the device's virtual memory (CountingMapper counts what it
+//   maps). It orders frees on streams itself.
+// - stream-ordered: StreamOrderedPool over cudaMalloc (CountingUpstream): a block freed on a
+//   stream is reused there at once and on another stream once an event recorded at the free has
+//   completed; the idle threshold is its StreamPoolOptions::idle_threshold.
+// - caching: StreamCachingPool over cudaMalloc (CountingUpstream), PyTorch's own rule: a
+//   CachingPool per stream (a block serves only the stream it was allocated on; memory moves
+//   between streams only through the device, once the stream that held it has finished its work),
+//   a block freed on another stream than its own back once an event recorded on the freeing stream
+//   has completed.
+//
+// The rules are the library pools' own: a stack adds the device scope, the counting, and the frees
+// held for other streams' work (Tensor.record_stream: stream_uses.hpp), so carve_replay's rows
+// (examples/carve_replay/contenders.hpp) measure the pools built here.
+// Every kind hands out blocks aligned to 512 bytes (PyTorch's own), is thread-safe, and counts
+// into its Books. Stacks are built once per device and live as long as the process.
+#pragma once
+
+#include "backends.hpp"
+#include "device_stack.hpp"
+#include "stream_uses.hpp"
+
+#include <carve/core/errc.hpp>
+#include <carve/core/misuse.hpp>
+#include <carve/mr/caching_pool_options.hpp>
+#include <carve/mr/stream_caching_pool.hpp>
+#include <carve/mr/stream_ordered_pool.hpp>
+#include <carve/mr/stream_ordered_pool_options.hpp>
+#include <carve/vmm/expandable_pool.hpp>
+
+#include <cstddef>
+#include <mutex>
+
+namespace carve::torch {
+
+// The parts of a stack that depend only on its backend and device.
+template <class Backend>
+class BackendStack : public DeviceStack {
+public:
+  BackendStack(int device, const StackOptions& o) : DeviceStack(o), device_(device) {}
+
+protected:
+  void synchronize() noexcept override { Backend::synchronize(device_); }
+  bool stream_capturing(cudaStream_t stream) noexcept override {
+    const typename Backend::DeviceScope scope(device_);
+    return Backend::capturing(stream);
+  }
+  // A block from `pool` (CCCL's stream-ordered spellings); null when it says no. During a capture
+  // the driver calls it may make are allowed on this thread.
+  template <class Pool>
+  void* take_from(Pool& pool, cudaStream_t stream, std::size_t bytes) noexcept {
+    const typename Backend::DeviceScope scope(device_);
+    const typename Backend::RelaxedCapture relaxed(capturing());
+    collect_used(pool);
+    const auto p = pool.try_allocate(Backend::stream(stream), bytes, block_alignment);
+    return p ? *p : nullptr;
+  }
+  // `p` back to `pool` for work on `stream` (its own), or held while it is used on other streams
+  // (record_stream: stream_uses.hpp).
+  template <class Pool>
+  Freed give_to(Pool& pool, cudaStream_t stream, void* p, std::size_t bytes) noexcept {
+    const typename Backend::DeviceScope scope(device_);
+    collect_used(pool);
+    if (used_.holds(p)) {
+      return cuda::std::unexpected(Errc::not_allocated); // its free waits already
+    }
+    if (StreamUses::instance().any()) {
+      const std::lock_guard gate(capture_gate_); // its events must not fall into a capture
+      if (!capturing() && used_.hold(stream, p, bytes)) {
+        return {};
+      }
+    }
+    return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
+  }
+  // The frees held for other streams whose streams have run past them go back to `pool`. Under
+  // the capture gate and not during a capture: it asks events about work on streams a capture may
+  // take in.
+  template <class Pool>
+  void collect_used(Pool& pool) noexcept {
+    if (used_.any()) {
+      const std::lock_guard gate(capture_gate_);
+      collect_used_gated(pool, false);
+    }
+  }
+  // The same with the gate held (release_cache), first waiting for the streams when `wait`.
+  template <class Pool>
+  void collect_used_gated(Pool& pool, bool wait) noexcept {
+    if (capturing()) {
+      return;
+    }
+    used_.collect(
+        [&](cudaStream_t own, void* p, std::size_t bytes) {
+          const Freed r = pool.try_deallocate(Backend::stream(own), p, bytes, block_alignment);
+          if (!r && r.error() == Errc::no_space) {
+            return false; // the pool's tables could not grow: later
+          }
+          if (!r) {
+            report_misuse("carve_torch_free", p, bytes, r.error()); // checked now that it is made
+          }
+          return true;
+        },
+        wait);
+  }
+
+  int device_;
+  UsedFrees<Backend> used_;
+};
+
+template <class Backend>
+class ExpandableStack final : public BackendStack<Backend> {
+public:
+  ExpandableStack(int device, const StackOptions& o)
+      : BackendStack<Backend>(device, o),
+        pool_(CountingMapper<typename Backend::Mapper>(Backend::mapper(device), &this->books_), options(device, o)) {}
+
+private:
+  using Freed = DeviceStack::Freed;
+  void release_cache() noexcept override {
+    const typename Backend::DeviceScope scope(this->device_);
+    this->collect_used_gated(pool_, true); // as PyTorch's empty_cache: the other streams' work waited for
+    (void)pool_.trim();
+  }
+  void hold(bool held) noexcept override { pool_.hold(held); }
+  using Pool = ExpandablePool<CountingMapper<typename Backend::Mapper>, typename Backend::Streams>;
+  static ExpandablePoolOptions options(int device, const StackOptions& o) {
+    ExpandablePoolOptions out;
+    out.device = device;
+    out.granularity = block_alignment;
+    out.max_reserved_bytes = o.max_reserved;
+    out.release_threshold = o.idle_threshold;
+    return out;
+  }
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
+  Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
+    return this->give_to(pool_, stream, p, bytes);
+  }
+  Pool pool_;
+};
+
+// A pool over the device's cudaMalloc (CountingUpstream counts into the Books): StreamOrderedPool
+// (stream-ordered) or StreamCachingPool (caching), both taking the granularity and idle threshold.
+template <class Backend, template <class, class> class PoolOver, class Options>
+class CudaMallocStack final : public BackendStack<Backend> {
+public:
+  CudaMallocStack(int device, const StackOptions& o)
+      : BackendStack<Backend>(device, o), memory_(Backend::upstream(device)),
+        pool_(Upstream(&memory_, &this->books_), options(o), typename Backend::Streams()) {}
+
+private:
+  using Freed = DeviceStack::Freed;
+  using Upstream = CountingUpstream<typename Backend::Upstream>;
+  static Options options(const StackOptions& o) {
+    Options out;
+    out.granularity = block_alignment;
+    out.idle_threshold = o.idle_threshold;
+    return out;
+  }
+  void release_cache() noexcept override {
+    Backend::synchronize(this->device_);
+    const typename Backend::DeviceScope scope(this->device_);
+    this->collect_used_gated(pool_, false);
+    (void)pool_.trim();
+  }
+  // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream
+  // (and during a capture the stack makes none), and what it gives back under pressure has
+  // completed events.
+  void hold(bool held) noexcept override {
+    if constexpr (requires { pool_.hold(held); }) {
+      pool_.hold(held);
+    }
+  }
+  void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
+  Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
+    return this->give_to(pool_, stream, p, bytes);
+  }
+  typename Backend::Upstream memory_;
+  PoolOver<Upstream, typename Backend::Streams> pool_;
+};
+
+template <class Backend>
+using StreamOrderedStack = CudaMallocStack<Backend, StreamOrderedPool, StreamPoolOptions>;
+template <class Backend>
+using CachingStack = CudaMallocStack<Backend, StreamCachingPool, PoolOptions>;
+
+} // namespace carve::torch
