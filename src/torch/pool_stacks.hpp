@@ -67,10 +67,16 @@ protected:
     if (used_.holds(p)) {
       return cuda::std::unexpected(Errc::not_allocated); // its free waits already
     }
-    if (StreamUses::instance().any()) {
-      const std::lock_guard gate(capture_gate_); // its events must not fall into a capture
-      if (!capturing() && used_.hold(stream, p, bytes)) {
-        return {};
+    if (StreamUses& uses = StreamUses::instance(); uses.any()) {
+      if (!uses.used_elsewhere(p, stream)) {
+        uses.forget(p); // only its own stream was named, if any
+      } else if (const Freed r = pool.check_deallocate(p, bytes, block_alignment); !r) {
+        return r; // refused now, as a free made at once would be; its uses kept
+      } else {
+        const std::lock_guard gate(capture_gate_); // its events must not fall into a capture
+        if (!capturing() && used_.hold(stream, p, bytes)) {
+          return {};
+        }
       }
     }
     return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);

@@ -83,9 +83,10 @@ private:
 template <class Backend>
 class UsedFrees {
 public:
-  // A free of `p` (`bytes`, allocated for `own`): whether it must wait, because `p` is used on
-  // other streams; then an event is recorded on each, and the free is held. Out of host memory,
-  // those streams are synchronised instead, and the free may be made at once.
+  // A free of `p` (`bytes`, allocated for `own`), which its pool would accept (the caller asked
+  // it): whether it must wait, because `p` is used on other streams; then an event is recorded on
+  // each, and the free is held. Out of host memory, those streams are synchronised instead, and
+  // the free may be made at once.
   bool hold(cudaStream_t own, void* p, std::size_t bytes) noexcept {
     if (!StreamUses::instance().any()) {
       return false;

@@ -314,11 +314,16 @@ TEST_CASE("misuse is refused and changes nothing") {
     CHECK(free(static_cast<char*>(p) + 512, 512).error() == Errc::not_allocated); // inside p
     CHECK(free(p, 2 * KiB).error() == Errc::invalid_size);
   }
+  // check_deallocate answers as a free on any stream would, and frees nothing.
+  CHECK(pool.check_deallocate(&local, 1 * KiB, 512).error() == Errc::not_allocated);
+  CHECK(pool.check_deallocate(p, 2 * KiB, 512).error() == Errc::invalid_size);
+  CHECK(pool.check_deallocate(p, 1 * KiB, 512));
   CHECK(pool.stats().live_blocks == 1);
   CHECK(pool.stats().pending_frees == 0);
   // Freed on s1 (waiting for s1's work), then again: on any stream, or synchronously.
   pool.streams().enqueue(s1);
   REQUIRE(pool.try_deallocate(s1, p, 1 * KiB, 512));
+  CHECK(pool.check_deallocate(p, 1 * KiB, 512).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(s1, p, 1 * KiB, 512).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(p, 1 * KiB, 512).error() == Errc::not_allocated);

@@ -96,6 +96,12 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.try_deallocate(s0, &local, 1 * KiB, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(s0, p, 2 * KiB, 256).error() == Errc::invalid_size);
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 512).error() == Errc::invalid_size);
+  // check_deallocate answers as the free would, and frees nothing.
+  CHECK(pool.check_deallocate(&local, 1 * KiB, 256).error() == Errc::not_allocated);
+  CHECK(pool.check_deallocate(p, 2 * KiB, 256).error() == Errc::invalid_size);
+  CHECK(pool.check_deallocate(p, 1 * KiB, 512).error() == Errc::invalid_size);
+  CHECK(pool.check_deallocate(p, 1 * KiB, 256));
+  CHECK(pool.check_deallocate(p, 1 * KiB, 256)); // p is still live
   CHECK(pool.owns(p));
   CHECK(pool.owns(static_cast<char*>(p) + KiB - 1)); // inside the block
   CHECK_FALSE(pool.owns(static_cast<char*>(p) + KiB));
@@ -103,6 +109,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   REQUIRE(pool.try_deallocate(s0, p, 1 * KiB, 256));
   CHECK(pool.owns(p));                                                            // cached: still the pool's memory
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
+  CHECK(pool.check_deallocate(p, 1 * KiB, 256).error() == Errc::not_allocated);
   CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
   CHECK_THROWS_ERRC(carve::Errc::no_space, pool.allocate(s0, 128 * KiB, 256));
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused

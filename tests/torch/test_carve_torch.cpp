@@ -285,6 +285,51 @@ TEST_CASE("each stack: before refusing it gives back its cache and tries once mo
   }
 }
 
+TEST_CASE("each stack: a block another stream uses (record_stream) is held at its free, checked first") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const std::uintptr_t first = fresh_streams(2);
+    const cudaStream_t own = stream(first);
+    const cudaStream_t side = stream(first + 1);
+    void* p = stack->allocate(own, 2 * MiB);
+    REQUIRE(p != nullptr);
+    carve::torch::StreamUses::instance().record(p, side);
+    enqueue(side); // a kernel on the side stream reads p
+
+    // Misuse is refused at its call and changes nothing.
+    const DeviceStack::Freed wrong_size = stack->deallocate(own, p, 4 * MiB);
+    REQUIRE_FALSE(wrong_size);
+    CHECK(wrong_size.error() == carve::Errc::invalid_size);
+    int never_given = 0;
+    carve::torch::StreamUses::instance().record(&never_given, side);
+    const DeviceStack::Freed stranger = stack->deallocate(own, &never_given, 512);
+    REQUIRE_FALSE(stranger);
+    CHECK(stranger.error() == carve::Errc::not_allocated);
+    carve::torch::StreamUses::instance().forget(&never_given);
+    CHECK(stack->books().live.now() == 2 * MiB);
+
+    // Freed: held while the side stream works, so no stream gets p; freed again: a double free.
+    REQUIRE(stack->deallocate(own, p, 2 * MiB));
+    void* on_own = stack->allocate(own, 2 * MiB);
+    void* on_side = stack->allocate(side, 2 * MiB);
+    CHECK(on_own != p);
+    CHECK(on_side != p);
+    const DeviceStack::Freed twice = stack->deallocate(own, p, 2 * MiB);
+    REQUIRE_FALSE(twice);
+    CHECK(twice.error() == carve::Errc::not_allocated);
+    complete(side);
+    void* later = stack->allocate(own, 2 * MiB);         // the free is made: p serves again
+    CHECK((later == p || kind == PoolKind::expandable)); // (best fit may choose another hole)
+    REQUIRE(stack->deallocate(own, on_own, 2 * MiB));
+    REQUIRE(stack->deallocate(side, on_side, 2 * MiB));
+    REQUIRE(stack->deallocate(own, later, 2 * MiB));
+    stack->empty_cache();
+    CHECK(stack->books().live.now() == 0);
+    CHECK(stack->books().reserved.now() == 0);
+  }
+}
+
 TEST_CASE("each stack: four threads on four streams, blocks never overlapping, counts balanced") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));

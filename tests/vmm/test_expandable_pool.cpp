@@ -277,12 +277,17 @@ TEST_CASE("bad requests and bad frees get an error and change nothing") {
   CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(p, 6000, 256).error() == Errc::invalid_size);
+  // check_deallocate answers as the free would, and frees nothing.
+  CHECK(pool.check_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
+  CHECK(pool.check_deallocate(p, 6000, 256).error() == Errc::invalid_size);
+  CHECK(pool.check_deallocate(p, 5000, 256));
   const auto after = pool.stats();
   CHECK(after.bytes_in_use == before.bytes_in_use);
   CHECK(after.bytes_reserved == before.bytes_reserved);
   CHECK(after.allocations == before.allocations);
   CHECK(pool.consistent());
   CHECK(pool.try_deallocate(p, 5000, 256));
+  CHECK(pool.check_deallocate(p, 5000, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(p, 5000, 256).error() == Errc::not_allocated);
   CHECK(carve::test::thrown_code([] { Pool(mapper(), {.granularity = 3}); }) == Errc::invalid_argument);
   CHECK(carve::test::thrown_code([] { Pool(mapper(), {.granularity = 2 * granule}); }) == Errc::invalid_argument);

@@ -153,6 +153,22 @@ public:
     return released;
   }
 
+  /// What try_deallocate(stream, p, bytes, alignment) would say now, without freeing anything,
+  /// from any stream: success, not_allocated (a block freed on another stream already among them)
+  /// or invalid_size. For a caller that holds a free to make it later.
+  [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
+                                                                 std::size_t alignment) noexcept {
+    if (pending_.load(std::memory_order_acquire) != 0 && waiting(p)) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      if (const auto r = s->pool.check_deallocate(p, bytes, alignment); r || r.error() != Errc::not_allocated) {
+        return r;
+      }
+    }
+    return cuda::std::unexpected(Errc::not_allocated);
+  }
+
   /// While `held`, a refused request does not take memory from the other streams' pools (which
   /// records events on their streams) but is refused: for a CUDA stream capture, into which such
   /// an event would fall. The pool's own segments still go back to the upstream as usual.

@@ -91,6 +91,13 @@ public:
                                                                std::size_t alignment) noexcept {
     return give(p, bytes, alignment, stream);
   }
+  /// What try_deallocate(stream, p, bytes, alignment) would say now, without freeing anything:
+  /// success, not_allocated or invalid_size. For a caller that holds a free to make it later.
+  [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
+                                                                 std::size_t alignment) const noexcept {
+    const std::lock_guard lock(mutex_);
+    return live_block(p, bytes, alignment).transform([](const Live*) {});
+  }
 
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -238,20 +245,29 @@ private:
     }
   }
 
+  // The live block at `p`, if `bytes` and `alignment` are its own. Under the lock.
+  cuda::std::expected<const Live*, Errc> live_block(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    const Live* found = live_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (found == nullptr) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    if (found->bytes != bytes || found->alignment != alignment) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    return found;
+  }
+
   [[nodiscard]] cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
                                                      std::optional<stream_type> stream) noexcept {
     try {
       const std::lock_guard lock(mutex_);
+      const auto found = live_block(p, bytes, alignment);
+      if (!found) {
+        return cuda::std::unexpected(found.error());
+      }
       const auto address = reinterpret_cast<std::uintptr_t>(p);
-      const Live* found = live_.find(address);
-      if (found == nullptr) {
-        return cuda::std::unexpected(Errc::not_allocated);
-      }
-      if (found->bytes != bytes || found->alignment != alignment) {
-        return cuda::std::unexpected(Errc::invalid_size);
-      }
-      const std::size_t size = found->size;
-      const auto cached = cached_.emplace(size, Cached{p, found->upstream_alignment, stream, std::nullopt});
+      const std::size_t size = (*found)->size;
+      const auto cached = cached_.emplace(size, Cached{p, (*found)->upstream_alignment, stream, std::nullopt});
       if (stream) { // recorded once the block is filed, so that the event cannot be lost
         try {
           if (auto e = streams_.record(*stream)) {

@@ -119,6 +119,13 @@ public:
                                                                std::size_t alignment) noexcept {
     return give(stream, p, bytes, alignment);
   }
+  /// What try_deallocate(stream, p, bytes, alignment) would say now, without freeing anything:
+  /// success, not_allocated or invalid_size. For a caller that holds a free to make it later.
+  [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
+                                                                 std::size_t alignment) const noexcept {
+    const std::lock_guard lock(s_->mutex);
+    return live_block(p, bytes, alignment).transform([](const Live*) {});
+  }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     return take(std::nullopt, bytes, alignment);
@@ -292,15 +299,12 @@ private:
   [[nodiscard]] cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
                                                      std::size_t alignment) noexcept {
     const std::lock_guard lock(s_->mutex);
+    const auto found = live_block(p, bytes, alignment);
+    if (!found) {
+      return cuda::std::unexpected(found.error());
+    }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    const Live* found = s_->live.find(addr);
-    if (found == nullptr) {
-      return cuda::std::unexpected(Errc::not_allocated);
-    }
-    if (!valid_request(bytes, alignment) || rounded(bytes) != found->size) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
-    const Live block = *found;
+    const Live block = **found;
     Space& space = *s_->spaces[block.space];
     std::optional<BestFitRanges::Span> freed;
     try {
@@ -320,6 +324,18 @@ private:
       note_free(block.space, *freed);
     }
     return done;
+  }
+
+  // The live block at `p`, if `bytes` and `alignment` are its own. Under the lock.
+  cuda::std::expected<const Live*, Errc> live_block(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
+    const Live* found = s_->live.find(reinterpret_cast<std::uintptr_t>(p));
+    if (found == nullptr) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
+    if (!valid_request(bytes, alignment) || rounded(bytes) != found->size) {
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    return found;
   }
 
   // `bytes` rounded up to the granularity (a power of two); 0 when that overflows.
