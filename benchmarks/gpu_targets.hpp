@@ -22,8 +22,10 @@ namespace carve::bench {
 // Exits with 77 after saying so when the CUDA runtime sees no device.
 inline int require_devices(const char* program) {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("%s: no CUDA device here; nothing measured\n", program);
+  // Without a GPU, or with a driver too old for this toolkit, the count fails: the reason is printed.
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    std::printf("%s: no CUDA device here (%s); nothing measured\n", program,
+                e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     std::exit(77);
   }
   return devices;

@@ -233,8 +233,11 @@ __global__ void stack_alone(Global global, ContractBlock* scratch, Tally* tally)
 __global__ void scratch_alone(Global global, ContractBlock* scratch, Tally* tally) {
   __shared__ SharedStacks s;
   set_up(s, global);
-  // Its block arena's slots start at 128 bytes, the global arena's at 64: the stack serves 64.
-  contract(scratch_in_shared, s.scratch, arena_shape(s.scratch.capacity(), 1000, 24), scratch, tally);
+  // Its block arena's slots start at 128 bytes, the global arena's at 64: the stack serves 64 for
+  // sure, and 128 while the block arena has room, so a coarser alignment is not always refused.
+  ResourceShape shape = arena_shape(s.scratch.capacity(), 1000, 24);
+  shape.refuses_coarser_alignment = false;
+  contract(scratch_in_shared, s.scratch, shape, scratch, tally);
 }
 
 // Every thread of every block shares its block's stacks, and through them the global arena.

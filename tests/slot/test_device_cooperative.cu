@@ -37,8 +37,9 @@ constexpr std::uint32_t storm_slots = 512;
 using BlockSlots = carve::ConcurrentSlotAllocator<storm_slots, carve::BoundaryNearestFit, cuda::thread_scope_block>;
 
 // Every thread of the block allocates, stamps its slots, checks and clears the stamps, frees.
-// Half the warps go through warp_allocate. Counts slots found stamped by someone else.
-__global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_free) {
+// Half the warps go through warp_allocate. Counts slots found stamped by someone else (counts[0])
+// and the allocations granted (counts[1]); final_free: the fewest free slots any block ended with.
+__global__ void storm(int rounds, unsigned* counts, std::uint32_t* final_free) {
   __shared__ BlockSlots slots;
   __shared__ int owner[storm_slots];
   for (unsigned s = threadIdx.x; s < storm_slots; s += blockDim.x) {
@@ -50,6 +51,7 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
   __syncthreads();
   const int me = static_cast<int>(threadIdx.x) + 1;
   unsigned bad = 0;
+  unsigned granted = 0;
   for (int i = 0; i < rounds; ++i) {
     const std::uint32_t m = 1 + (threadIdx.x * 7 + static_cast<unsigned>(i)) % 4;
     const bool aggregated = (threadIdx.x / 32) % 2 == 0;
@@ -57,12 +59,14 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
     if (!r) {
       continue;
     }
+    ++granted;
     bad += hold_and_free(slots, *r, owner, me);
   }
-  atomicAdd(violations, bad);
+  atomicAdd(&counts[0], bad);
+  atomicAdd(&counts[1], granted);
   __syncthreads();
   if (threadIdx.x == 0) {
-    *final_free = slots.free_count();
+    atomicMin(final_free, slots.free_count()); // the least of the blocks: every one must be whole
   }
 }
 
@@ -71,17 +75,20 @@ __global__ void storm(int rounds, unsigned* violations, std::uint32_t* final_fre
 constexpr std::uint32_t grid_slots = 4096;
 __device__ carve::ConcurrentSlotAllocator<grid_slots, carve::FirstFit, cuda::thread_scope_device> grid_allocator;
 
-__global__ void grid_storm(int rounds, int* owner, unsigned* violations) {
+__global__ void grid_storm(int rounds, int* owner, unsigned* counts) {
   const int me = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) + 1;
   unsigned bad = 0;
+  unsigned granted = 0;
   for (int i = 0; i < rounds; ++i) {
     const auto r = grid_allocator.allocate(1 + static_cast<std::uint32_t>(me + i) % 3);
     if (!r) {
       continue;
     }
+    ++granted;
     bad += hold_and_free(grid_allocator, *r, owner, me);
   }
-  atomicAdd(violations, bad);
+  atomicAdd(&counts[0], bad);
+  atomicAdd(&counts[1], granted);
 }
 
 // One warp per bitmap: warp_find with three policies; one block per bitmap: block_find.
@@ -113,17 +120,21 @@ __global__ void cooperative_find(const carve::SlotBitmap<N>* bitmaps, const std:
 int check_storm() {
   unsigned* violations = nullptr;
   std::uint32_t* final_free = nullptr;
-  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
   check(cudaMalloc(&final_free, sizeof(std::uint32_t)), "cudaMalloc");
-  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  check(cudaMemset(final_free, 0xff, sizeof(std::uint32_t)), "cudaMemset");
+  check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   storm<<<4, 512>>>(200, violations, final_free);
   check(cudaGetLastError(), "storm launch");
-  const auto bad = to_host(violations, 1)[0];
+  const auto counts = to_host(violations, 2);
+  const unsigned bad = counts[0];
+  const unsigned granted = counts[1];
   const auto free = to_host(final_free, 1)[0];
   cudaFree(violations);
   cudaFree(final_free);
-  if (bad != 0 || free != storm_slots) {
-    std::fprintf(stderr, "storm: %u ownership violations, %u of %u slots free at the end\n", bad, free, storm_slots);
+  if (bad != 0 || free != storm_slots || granted == 0) {
+    std::fprintf(stderr, "storm: %u ownership violations, %u of %u slots free at the end, %u allocations granted\n",
+                 bad, free, storm_slots, granted);
     return 1;
   }
   return 0;
@@ -133,16 +144,18 @@ int check_grid_storm() {
   int* owner = nullptr;
   unsigned* violations = nullptr;
   check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
-  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
   check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
-  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   grid_storm<<<64, 256>>>(50, owner, violations);
   check(cudaGetLastError(), "grid_storm launch");
-  const auto bad = to_host(violations, 1)[0];
+  const auto counts = to_host(violations, 2);
+  const unsigned bad = counts[0];
+  const unsigned granted = counts[1];
   cudaFree(owner);
   cudaFree(violations);
-  if (bad != 0) {
-    std::fprintf(stderr, "grid storm: %u ownership violations\n", bad);
+  if (bad != 0 || granted == 0) {
+    std::fprintf(stderr, "grid storm: %u ownership violations, %u allocations granted\n", bad, granted);
     return 1;
   }
   return 0;

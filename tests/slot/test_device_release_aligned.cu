@@ -68,8 +68,10 @@ __global__ void replay_in_shared_memory(const Op* ops, std::uint32_t count, carv
 
 // Every thread allocates with a hint (warps of even index through warp_allocate, which passes the
 // hint to the leader's allocate), stamps its slots, checks that the record on them is its own,
-// clears the stamps and frees. Counts slots owned twice, foreign records and refused frees.
-__global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* final_free) {
+// clears the stamps and frees. Counts slots owned twice, foreign records and refused frees
+// (counts[0]) and the allocations granted (counts[1]); final_free: the fewest free slots any block
+// ended with.
+__global__ void hinted_storm(int rounds, unsigned* counts, std::uint32_t* final_free) {
   __shared__ BlockAllocator slots;
   __shared__ int owner[128];
   for (unsigned s = threadIdx.x; s < 128; s += blockDim.x) {
@@ -82,6 +84,7 @@ __global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* fi
   const int me = static_cast<int>(threadIdx.x) + 1;
   const bool aggregated = (threadIdx.x / 32) % 2 == 0;
   unsigned bad = 0;
+  unsigned granted = 0;
   for (int i = 0; i < rounds; ++i) {
     const std::uint32_t m = 1 + (threadIdx.x + static_cast<unsigned>(i)) % 3;
     const carve::ExpectedRelease hint{static_cast<std::uint32_t>(i) * 8 + threadIdx.x / 32};
@@ -89,6 +92,7 @@ __global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* fi
     if (!r) {
       continue;
     }
+    ++granted;
     for (std::uint32_t s = r->first; s < r->end(); ++s) {
       bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
       bad += slots.policy().known(s) && slots.policy().tick(s) == hint.tick ? 0u : 1u;
@@ -98,10 +102,11 @@ __global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* fi
     }
     bad += slots.deallocate(*r) ? 0u : 1u;
   }
-  atomicAdd(violations, bad);
+  atomicAdd(&counts[0], bad);
+  atomicAdd(&counts[1], granted);
   __syncthreads();
   if (threadIdx.x == 0) {
-    *final_free = slots.free_count();
+    atomicMin(final_free, slots.free_count()); // the least of the blocks: every one must be whole
   }
 }
 
@@ -111,15 +116,17 @@ __global__ void hinted_storm(int rounds, unsigned* violations, std::uint32_t* fi
 constexpr std::uint32_t grid_slots = 4096;
 __device__ carve::ConcurrentSlotAllocator<grid_slots, carve::ReleaseAlignedFit, cuda::thread_scope_device> grid_timed;
 
-__global__ void grid_hinted_storm(int rounds, int* owner, unsigned* violations) {
+__global__ void grid_hinted_storm(int rounds, int* owner, unsigned* counts) {
   const int me = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) + 1;
   unsigned bad = 0;
+  unsigned granted = 0;
   for (int i = 0; i < rounds; ++i) {
     const carve::ExpectedRelease hint{static_cast<std::uint32_t>(i * 16 + me % 16)};
     const auto r = grid_timed.allocate(1 + static_cast<std::uint32_t>(me + i) % 4, hint);
     if (!r) {
       continue;
     }
+    ++granted;
     for (std::uint32_t s = r->first; s < r->end(); ++s) {
       bad += atomicExch(&owner[s], me) != 0 ? 1u : 0u;
       bad += grid_timed.policy().known(s) && grid_timed.policy().tick(s) == hint.tick ? 0u : 1u;
@@ -129,7 +136,8 @@ __global__ void grid_hinted_storm(int rounds, int* owner, unsigned* violations) 
     }
     bad += grid_timed.deallocate(*r) ? 0u : 1u;
   }
-  atomicAdd(violations, bad);
+  atomicAdd(&counts[0], bad);
+  atomicAdd(&counts[1], granted);
 }
 
 // One predictor per thread, each with its own settings, fed the same stream; every estimate out.
@@ -145,17 +153,21 @@ __global__ void learn(const carve::RunTimePredictorSettings* settings, const std
 int check_hinted_storm() {
   unsigned* violations = nullptr;
   std::uint32_t* final_free = nullptr;
-  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
   check(cudaMalloc(&final_free, sizeof(std::uint32_t)), "cudaMalloc");
-  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  check(cudaMemset(final_free, 0xff, sizeof(std::uint32_t)), "cudaMemset");
+  check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   hinted_storm<<<4, 256>>>(100, violations, final_free);
   check(cudaGetLastError(), "hinted_storm launch");
-  const auto bad = to_host(violations, 1)[0];
+  const auto counts = to_host(violations, 2);
+  const unsigned bad = counts[0];
+  const unsigned granted = counts[1];
   const auto free = to_host(final_free, 1)[0];
   cudaFree(violations);
   cudaFree(final_free);
-  if (bad != 0 || free != 128) {
-    std::fprintf(stderr, "hinted storm: %u violations, %u of 128 slots free at the end\n", bad, free);
+  if (bad != 0 || free != 128 || granted == 0) {
+    std::fprintf(stderr, "hinted storm: %u violations, %u of 128 slots free at the end, %u allocations granted\n", bad,
+                 free, granted);
     return 1;
   }
   return 0;
@@ -165,16 +177,18 @@ int check_grid_hinted_storm() {
   int* owner = nullptr;
   unsigned* violations = nullptr;
   check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
-  check(cudaMalloc(&violations, sizeof(unsigned)), "cudaMalloc");
+  check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
   check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
-  check(cudaMemset(violations, 0, sizeof(unsigned)), "cudaMemset");
+  check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   grid_hinted_storm<<<32, 256>>>(20, owner, violations);
   check(cudaGetLastError(), "grid_hinted_storm launch");
-  const auto bad = to_host(violations, 1)[0];
+  const auto counts = to_host(violations, 2);
+  const unsigned bad = counts[0];
+  const unsigned granted = counts[1];
   cudaFree(owner);
   cudaFree(violations);
-  if (bad != 0) {
-    std::fprintf(stderr, "grid hinted storm: %u violations\n", bad);
+  if (bad != 0 || granted == 0) {
+    std::fprintf(stderr, "grid hinted storm: %u violations, %u allocations granted\n", bad, granted);
     return 1;
   }
   return 0;

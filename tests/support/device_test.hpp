@@ -45,8 +45,11 @@ inline void expect(bool ok, const char* what) {
 // Exits with 77 after saying so when there is no usable GPU.
 inline void skip_without_device() {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::puts("SKIP: no CUDA device; the device code was compiled but not run");
+  // A machine without a GPU answers cudaErrorNoDevice or, without a driver, another error; one
+  // with a driver too old for this toolkit answers the same way, so the reason is printed.
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device (%s); the device code was compiled but not run\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     std::exit(77);
   }
 }
