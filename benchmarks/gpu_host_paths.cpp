@@ -232,7 +232,12 @@ void view_reads() {
                             carve::StripePlacement{.stripe_pages = 8});
   const std::size_t total = mirror.capacity();
   Checks checks;
-  auto* data = static_cast<std::uint64_t*>(*mirror.try_allocate(total, 1));
+  const auto allocation = mirror.try_allocate(total, 1);
+  if (!checks.expect(allocation.has_value(), "the view's whole capacity as one allocation")) {
+    std::printf("  %s\n", mirror.allocation_failure_message(total).c_str());
+    return;
+  }
+  auto* data = static_cast<std::uint64_t*>(*allocation);
   std::iota(data, data + total / sizeof(std::uint64_t), std::uint64_t{7});
   checks.expect(mirror.sync().has_value(), "the array synced to its owners");
   const auto view = mirror.device_pointer(data, 0);
@@ -241,7 +246,11 @@ void view_reads() {
     return;
   }
   const auto* dview = static_cast<const std::byte*>(*view);
-  const auto parts = *mirror.segments(data, total);
+  const auto segments = mirror.segments(data, total);
+  if (!checks.expect(segments.has_value(), "the allocation's device segments")) {
+    return;
+  }
+  const auto& parts = *segments;
   const carve::ViewPlacement scores(carve::discover_topology());
   void* scratch = nullptr;
   cuda_check(cudaSetDevice(gpus.cuda_ordinal(0)), "cudaSetDevice");
@@ -412,6 +421,8 @@ void service_ipc(int devices) {
 } // namespace
 
 int main() {
+  // Each line reaches the report's file as it is printed, whatever happens later.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const int devices = carve::bench::require_devices("gpu_host_paths");
   try {
     mirror_sync();
@@ -421,5 +432,5 @@ int main() {
     std::printf("FAILED: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return carve::bench::failed_checks() == 0 ? 0 : 1;
 }

@@ -57,6 +57,7 @@ namespace {
 
 using carve::bench::Aim;
 using carve::bench::cuda_check;
+using carve::bench::device_ns;
 
 constexpr std::uint32_t max_m = 64;
 constexpr std::uint32_t shard_slots = 6400; // 100 whole words
@@ -98,12 +99,6 @@ extern "C" void at_hard_limit(int) {
 }
 
 void now_measuring(const std::string& what) { std::snprintf(measuring, sizeof measuring, "%s", what.c_str()); }
-
-__device__ std::uint64_t device_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void read_device_clock(std::uint64_t* out) { *out = device_ns(); }
 

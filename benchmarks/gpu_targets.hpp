@@ -113,16 +113,33 @@ inline void figure(const std::string& name, double value, const char* unit) {
 }
 
 // Counts failed checks and says which.
+// The checks that failed in this process, every part's together: a program that ran them exits
+// non-zero, so a part that stopped before printing its targets still reads FAILED in a report.
+inline int& failed_checks() {
+  static int failed = 0;
+  return failed;
+}
+
 struct Checks {
   int failed = 0;
   bool expect(bool ok, const std::string& what) {
     if (!ok) {
       std::printf("FAILED: %s\n", what.c_str());
       ++failed;
+      ++failed_checks();
     }
     return ok;
   }
   bool ok() const { return failed == 0; }
 };
+
+#ifdef __CUDACC__
+// The card's clock in nanoseconds (%globaltimer): for deadlines inside kernels.
+__device__ inline std::uint64_t device_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
 
 } // namespace carve::bench

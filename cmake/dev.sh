@@ -437,7 +437,8 @@ gpu_benchmarks() {
     name=$(basename "$b")
     output=$(mktemp)
     code=0
-    "$b" >"$output" 2>&1 || code=$?
+    # Each ends within a minute or two by its own limits; the timeout is the backstop (124: FAILED).
+    timeout "${CARVE_GPU_BENCH_SECONDS:-300}" "$b" >"$output" 2>&1 || code=$?
     {
       echo "### $name"
       echo '```'

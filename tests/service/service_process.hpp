@@ -187,6 +187,9 @@ private:
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    ::kill(pid_, SIGKILL); // the destructor of an object whose constructor throws never runs
+    wait_exit(pid_);
+    pid_ = -1;
     throw std::runtime_error("carve-served did not start within 20 s:\n" + read_text(log_));
   }
 
