@@ -42,8 +42,9 @@ struct HostBackend {
   }
   // Host memory without a limit of its own (Books::cap is the cap).
   static Upstream upstream(int) { return SimulatedCard(std::size_t{1} << 50); }
-  // Only the test completes host work: nothing to wait for.
-  static void synchronize(int) noexcept {}
+  // Only the test completes host work: nothing to wait for (the device's synchronisations are
+  // counted, for the tests).
+  static void synchronize(int) noexcept { HostStreamTable::instance().synchronized(); }
   static void synchronize(cudaStream_t) noexcept {}
   // Whether a graph capture is under way on `s`: as the test hook set it.
   static bool capturing(cudaStream_t s) noexcept {

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <shared_mutex>
 #include <vector>
 
 namespace carve::torch {
@@ -71,6 +72,7 @@ public:
   // when given, says that a stream captured with no private pool open.
   void* allocate(cudaStream_t stream, std::size_t bytes, std::size_t* released = nullptr,
                  bool* capture_refused = nullptr) noexcept {
+    const std::shared_lock gate(capture_gate_);
     std::size_t gave_back = 0;
     bool unrouted = false;
     void* p = nullptr;
@@ -99,6 +101,7 @@ public:
   // stack never handed `p` out (or it is free), invalid_size when `bytes` is not its size. During
   // a capture a block of no private pool waits for its end (checked then).
   Freed deallocate(cudaStream_t stream, void* p, std::size_t bytes) noexcept {
+    const std::shared_lock gate(capture_gate_);
     Freed why =
         graphs_used_.load(std::memory_order_acquire) ? free_with_graphs(stream, p, bytes) : give(stream, p, bytes);
     if (why) {
@@ -110,7 +113,7 @@ public:
   // Gives the device every byte no block uses and no stream's work may still touch; nothing
   // while a capture is under way.
   void empty_cache() noexcept {
-    const std::lock_guard gate(capture_gate_);
+    const std::shared_lock gate(capture_gate_);
     if (!capturing()) {
       release_cache();
     }
@@ -122,6 +125,7 @@ public:
 
   // A capture begins allocating to private pool `id` from the streams `filter` accepts.
   void begin_capture(PrivatePoolId id, CaptureFilter filter) {
+    const std::lock_guard gate(capture_gate_); // the operations under way end first; then graphs_
     const std::lock_guard lock(graphs_);
     underway_.push_back(Capture{id, std::move(filter)});
     try {
@@ -131,7 +135,6 @@ public:
       throw;
     }
     graphs_used_.store(true, std::memory_order_release);
-    const std::lock_guard gate(capture_gate_); // what checked for no capture has made its calls
     if (captures_.load(std::memory_order_relaxed) == 0) {
       hold(true);
     }
@@ -201,7 +204,7 @@ protected:
 
   virtual void* take(cudaStream_t stream, std::size_t bytes) noexcept = 0;
   virtual Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept = 0;
-  // Called with capture_gate_ held and no capture under way.
+  // Called with no capture under way, and none can begin (capture_gate_ held).
   virtual void release_cache() noexcept = 0;
   // While `held` (a capture is under way) the pool gives nothing back to the device and records
   // no event on another stream than the one it serves.
@@ -212,12 +215,14 @@ protected:
   virtual bool stream_capturing(cudaStream_t stream) noexcept = 0;
 
   Books books_; // before the pools, which count into it
-  // PyTorch opens a graph's pool (begin_capture) before the driver's capture begins, and a call
-  // the stack makes to the driver outside its pools' locks (an event on another stream, a
-  // synchronisation) must not fall into that capture. Such a call is made with this gate held,
-  // after finding no capture under way; begin_capture takes the gate too, so the capture begins
-  // after it. Only those rarer paths take it, never a plain allocation or free.
-  std::mutex capture_gate_;
+  // PyTorch opens a graph's pool (begin_capture) before the driver's capture begins, and what a
+  // stack does after finding no capture under way (an event recorded at a free, a
+  // synchronisation, memory given back) must not fall into one that begins meanwhile. Every
+  // allocation, free and empty_cache holds this gate shared from that check to its end;
+  // begin_capture holds it alone, so a capture begins between whole operations, never inside one.
+  // Taken before graphs_. end_capture and release_pool need not take it: they hold graphs_, which
+  // begin_capture needs too.
+  std::shared_mutex capture_gate_;
 
 private:
   using PrivateBlock = PrivatePools<cudaStream_t>::Block;
@@ -230,16 +235,10 @@ private:
     if (void* p = take(stream, bytes)) {
       return p;
     }
-    {
-      const std::lock_guard gate(capture_gate_);
-      if (capturing()) {
-        return nullptr; // a capture began meanwhile: nothing goes back during one
-      }
-      const std::size_t before = books_.reserved.now();
-      release_cache();
-      const std::size_t after = books_.reserved.now();
-      gave_back = before > after ? before - after : 0;
-    }
+    const std::size_t before = books_.reserved.now();
+    release_cache(); // no capture can have begun: the caller holds the gate
+    const std::size_t after = books_.reserved.now();
+    gave_back = before > after ? before - after : 0;
     return take(stream, bytes);
   }
 
@@ -298,7 +297,8 @@ private:
         StreamUses::instance().forget(p);
         return {};
       case PrivatePools<cudaStream_t>::Freed::give_back:
-        return capturing() ? wait_for_capture(block) : give(block.stream, block.p, block.bytes);
+        // The last block of a destroyed graph's pool: a replay on any stream may still use it.
+        return capturing() ? wait_for_capture(block, released_) : give_after_synchronize(block);
       case PrivatePools<cudaStream_t>::Freed::not_private:
         break;
       }
@@ -308,14 +308,22 @@ private:
     }
   }
 
-  // A free during a capture: made at its end (a give now could record an event into the graph).
-  Freed wait_for_capture(const PrivateBlock& b) {
+  // A free during a capture: made at its end (a give now could record an event into the graph),
+  // from `waited_`, or from `released_` for a released pool's block (the device synchronised first).
+  Freed wait_for_capture(const PrivateBlock& b) { return wait_for_capture(b, waited_); }
+  Freed wait_for_capture(const PrivateBlock& b, std::vector<PrivateBlock>& list) {
     const std::lock_guard lock(graphs_);
     if (!capturing()) { // it ended meanwhile
-      return give(b.stream, b.p, b.bytes);
+      return &list == &released_ ? give_after_synchronize(b) : give(b.stream, b.p, b.bytes);
     }
-    waited_.push_back(b);
+    list.push_back(b);
     return {};
+  }
+  // A block a destroyed graph's replays may have used, back to the stack once the device has run
+  // them: the replays ran on streams the block's own does not order.
+  Freed give_after_synchronize(const PrivateBlock& b) noexcept {
+    synchronize();
+    return give(b.stream, b.p, b.bytes);
   }
 
   // Blocks of released private pools back to the stack, once the device has run every replay

@@ -10,6 +10,7 @@
 #include <carve/core/error.hpp>
 #include <carve/mr/stream_events.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -67,6 +68,10 @@ public:
     return it != work_.end() && it->second.capturing;
   }
 
+  // A whole-device synchronisation (what cudaDeviceSynchronize would be), counted for tests.
+  void synchronized() noexcept { synchronizations_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t synchronizations() const noexcept { return synchronizations_.load(std::memory_order_relaxed); }
+
   // For tests: `hook` is called with the stream each time an event is recorded on one (outside
   // the table's lock), so a test can act while a stack records its events; empty: none.
   void on_record(std::function<void(std::uintptr_t)> hook) {
@@ -93,6 +98,7 @@ private:
   std::mutex mutex_;
   std::unordered_map<std::uintptr_t, Work> work_;
   std::function<void(std::uintptr_t)> on_record_;
+  std::atomic<std::uint64_t> synchronizations_{0};
 };
 
 // StreamEvents over HostStreamTable: an event is the stream and the work queued on it when it was

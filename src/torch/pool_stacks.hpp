@@ -72,29 +72,18 @@ protected:
         uses.forget(p); // only its own stream was named, if any
       } else if (const Freed r = pool.check_deallocate(p, bytes, block_alignment); !r) {
         return r; // refused now, as a free made at once would be; its uses kept
-      } else {
-        const std::lock_guard gate(capture_gate_); // its events must not fall into a capture
-        if (!capturing() && used_.hold(stream, p, bytes)) {
-          return {};
-        }
+      } else if (!capturing() && used_.hold(stream, p, bytes)) { // (no capture begins: see capture_gate_)
+        return {};
       }
     }
     return pool.try_deallocate(Backend::stream(stream), p, bytes, block_alignment);
   }
-  // The frees held for other streams whose streams have run past them go back to `pool`. Under
-  // the capture gate and not during a capture: it asks events about work on streams a capture may
-  // take in.
+  // The frees held for other streams whose streams have run past them go back to `pool`, first
+  // waiting for the streams when `wait`. Not during a capture: it asks events about work on
+  // streams a capture may take in.
   template <class Pool>
-  void collect_used(Pool& pool) noexcept {
-    if (used_.any()) {
-      const std::lock_guard gate(capture_gate_);
-      collect_used_gated(pool, false);
-    }
-  }
-  // The same with the gate held (release_cache), first waiting for the streams when `wait`.
-  template <class Pool>
-  void collect_used_gated(Pool& pool, bool wait) noexcept {
-    if (capturing()) {
+  void collect_used(Pool& pool, bool wait = false) noexcept {
+    if (!used_.any() || capturing()) {
       return;
     }
     used_.collect(
@@ -126,7 +115,7 @@ private:
   using Freed = DeviceStack::Freed;
   void release_cache() noexcept override {
     const typename Backend::DeviceScope scope(this->device_);
-    this->collect_used_gated(pool_, true); // as PyTorch's empty_cache: the other streams' work waited for
+    this->collect_used(pool_, true); // as PyTorch's empty_cache: the other streams' work waited for
     (void)pool_.trim();
   }
   void hold(bool held) noexcept override { pool_.hold(held); }
@@ -167,7 +156,7 @@ private:
   void release_cache() noexcept override {
     Backend::synchronize(this->device_);
     const typename Backend::DeviceScope scope(this->device_);
-    this->collect_used_gated(pool_, false);
+    this->collect_used(pool_);
     (void)pool_.trim();
   }
   // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream

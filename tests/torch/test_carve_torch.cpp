@@ -448,6 +448,21 @@ TEST_CASE("each stack: a capture that begins while a free records its events on 
   }
 }
 
+TEST_CASE("stream-ordered stack: a capture that begins while a free records its event on that stream waits for it") {
+  auto stack = make(PoolKind::stream_ordered);
+  const cudaStream_t graph = stream(fresh_streams(1));
+  void* p = stack->allocate(graph, MiB); // freed on its own stream: the pool records an event there
+  REQUIRE(p != nullptr);
+  bool freed = false;
+  const carve::PrivatePoolId id{11, 0};
+  CHECK_FALSE(
+      begin_while_recording(*stack, graph, id, [&] { freed = static_cast<bool>(stack->deallocate(graph, p, MiB)); }));
+  CHECK(freed);
+  stack->release_pool(id);
+  stack->empty_cache();
+  CHECK(stack->books().reserved.now() == 0);
+}
+
 TEST_CASE("caching stack: a capture that begins while empty_cache asks the streams waits for it") {
   auto stack = make(PoolKind::caching);
   const cudaStream_t graph = stream(fresh_streams(1));

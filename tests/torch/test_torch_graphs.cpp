@@ -145,6 +145,28 @@ TEST_CASE("each stack: a graph's block another stream reads (record_stream) is n
   }
 }
 
+// PyTorch replays a graph on the current stream, not the one it captured on: a block of the
+// graph's pool freed after the graph is destroyed may still be read by a replay that stream does
+// not order, so it goes back only once the device has run everything queued.
+TEST_CASE("each stack: a graph's block freed after the graph is destroyed goes back after a device synchronisation") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    Capture c(kind);
+    const PrivatePoolId id{5, 0};
+    c.begin(id);
+    void* out = c.s->allocate(c.graph, 2 * MiB); // the graph's static output, kept past it
+    REQUIRE(out != nullptr);
+    c.end(id);
+    c.s->release_pool(id); // the graph is destroyed while `out` lives
+    const auto before = streams().synchronizations();
+    REQUIRE(c.s->deallocate(c.graph, out, 2 * MiB));
+    CHECK(streams().synchronizations() == before + 1);
+    c.s->empty_cache();
+    CHECK(c.s->books().live.now() == 0);
+    CHECK(c.s->books().reserved.now() == 0);
+  }
+}
+
 TEST_CASE("each stack: a stream that captures with no pool open is refused, never served") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
