@@ -110,7 +110,7 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK(pool.owns(p));                                                            // cached: still the pool's memory
   CHECK(pool.try_deallocate(s0, p, 1 * KiB, 256).error() == Errc::not_allocated); // twice
   CHECK(pool.check_deallocate(p, 1 * KiB, 256).error() == Errc::not_allocated);
-  CHECK(pool.upstream().used_bytes() == 1 * KiB);                                 // p is cached
+  CHECK(pool.upstream().used_bytes() == 1 * KiB); // p is cached
   CHECK_THROWS_ERRC(carve::Errc::no_space, pool.allocate(s0, 128 * KiB, 256));
   CHECK(pool.upstream().used_bytes() == 0); // the cache went back before the request was refused
   CHECK_FALSE(pool.owns(p));
