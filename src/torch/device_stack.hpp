@@ -298,7 +298,7 @@ private:
         return {};
       case PrivatePools<cudaStream_t>::Freed::give_back:
         // The last block of a destroyed graph's pool: a replay on any stream may still use it.
-        return capturing() ? wait_for_capture(block, released_) : give_after_synchronize(block);
+        return capturing() ? wait_for_capture(block, true) : give_after_synchronize(block);
       case PrivatePools<cudaStream_t>::Freed::not_private:
         break;
       }
@@ -309,14 +309,13 @@ private:
   }
 
   // A free during a capture: made at its end (a give now could record an event into the graph),
-  // from `waited_`, or from `released_` for a released pool's block (the device synchronised first).
-  Freed wait_for_capture(const PrivateBlock& b) { return wait_for_capture(b, waited_); }
-  Freed wait_for_capture(const PrivateBlock& b, std::vector<PrivateBlock>& list) {
+  // after the device has synchronised for a block of a released pool (`of_released_pool`).
+  Freed wait_for_capture(const PrivateBlock& b, bool of_released_pool = false) {
     const std::lock_guard lock(graphs_);
     if (!capturing()) { // it ended meanwhile
-      return &list == &released_ ? give_after_synchronize(b) : give(b.stream, b.p, b.bytes);
+      return of_released_pool ? give_after_synchronize(b) : give(b.stream, b.p, b.bytes);
     }
-    list.push_back(b);
+    (of_released_pool ? released_ : waited_).push_back(b);
     return {};
   }
   // A block a destroyed graph's replays may have used, back to the stack once the device has run

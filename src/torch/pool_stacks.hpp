@@ -32,7 +32,6 @@
 #include <carve/vmm/expandable_pool.hpp>
 
 #include <cstddef>
-#include <mutex>
 
 namespace carve::torch {
 

@@ -66,6 +66,19 @@ bool filled_with(const void* p, std::size_t bytes, unsigned char tag) {
   return bytes == 0 || (b[0] == tag && std::memcmp(b, b + 1, bytes - 1) == 0);
 }
 
+// A block of `bytes` allocated on `own` and named as used on `other` too (Tensor.record_stream).
+struct UsedOnTwoStreams {
+  UsedOnTwoStreams(DeviceStack& s, std::size_t bytes) : p(s.allocate(own, bytes)) {
+    if (p != nullptr) {
+      carve::torch::StreamUses::instance().record(p, other);
+    }
+  }
+  std::uintptr_t first = fresh_streams(2);
+  cudaStream_t own = stream(first);
+  cudaStream_t other = stream(first + 1);
+  void* p;
+};
+
 } // namespace
 
 TEST_CASE("each stack: a free on one stream is reused on another only after that stream's work has run") {
@@ -289,12 +302,11 @@ TEST_CASE("each stack: a block another stream uses (record_stream) is held at it
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
     auto stack = make(kind);
-    const std::uintptr_t first = fresh_streams(2);
-    const cudaStream_t own = stream(first);
-    const cudaStream_t side = stream(first + 1);
-    void* p = stack->allocate(own, 2 * MiB);
+    const UsedOnTwoStreams used(*stack, 2 * MiB);
+    const cudaStream_t own = used.own;
+    const cudaStream_t side = used.other;
+    void* p = used.p;
     REQUIRE(p != nullptr);
-    carve::torch::StreamUses::instance().record(p, side);
     enqueue(side); // a kernel on the side stream reads p
 
     // Misuse is refused at its call and changes nothing.
@@ -429,12 +441,11 @@ TEST_CASE("each stack: a capture that begins while a free records its events on 
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
     auto stack = make(kind);
-    const std::uintptr_t first = fresh_streams(2);
-    const cudaStream_t own = stream(first);
-    const cudaStream_t graph = stream(first + 1);
-    void* p = stack->allocate(own, MiB);
+    const UsedOnTwoStreams used(*stack, MiB); // the other stream is the one a graph captures on
+    const cudaStream_t own = used.own;
+    const cudaStream_t graph = used.other;
+    void* p = used.p;
     REQUIRE(p != nullptr);
-    carve::torch::StreamUses::instance().record(p, graph); // the graph's stream reads it too
     bool freed = false;
     const carve::PrivatePoolId id{9, 0};
     CHECK_FALSE(
