@@ -114,6 +114,12 @@ class CarveLibrary:
         lib.carve_torch_host_stream_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.carve_torch_guard_captures.restype = None
         lib.carve_torch_guard_captures.argtypes = [ctypes.c_int]
+        lib.carve_torch_captures_begun.restype = ctypes.c_ulonglong
+        lib.carve_torch_captures_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_ulonglong),
+                                                   ctypes.POINTER(ctypes.c_ulonglong)]
+        lib.carve_torch_abandon_capture.restype = ctypes.c_int
+        lib.carve_torch_abandon_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong,
+                                                    ctypes.c_void_p]
         self.lib = lib
 
     def address(self, name):
@@ -124,6 +130,19 @@ class CarveLibrary:
         """Every request asks the driver whether its stream captures a CUDA graph, and refuses one
         that does: for a PyTorch that cannot forward the graph pool hooks."""
         self.lib.carve_torch_guard_captures(1 if on else 0)
+
+    def captures_begun(self):
+        """(count, device, pool): how many CUDA graph captures this thread has begun through carve's
+        pool hooks, and the last one's device and pool id (a pair of ints)."""
+        device, first, second = ctypes.c_int(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+        count = self.lib.carve_torch_captures_begun(ctypes.byref(device), ctypes.byref(first), ctypes.byref(second))
+        return count, device.value, (first.value, second.value)
+
+    def abandon_capture(self, device, pool, stream=None):
+        """Ends a failed capture into `pool` on `device` and releases its pool, unless it ended or
+        `stream` (its own; None when the driver's capture never began) still captures. True when
+        it did."""
+        return self.lib.carve_torch_abandon_capture(device, pool[0], pool[1], stream) == 1
 
     def malloc(self, size, device=0, stream=0):
         """A block's address (int), or None when the device is full."""

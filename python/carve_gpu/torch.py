@@ -11,6 +11,8 @@ or, for one region of code while PyTorch's own allocator serves the rest:
         buffers = torch.empty(n, device="cuda")
 """
 
+import functools
+
 from . import library as _library
 
 _installed = {}  # "allocator": the CUDAPluggableAllocator use() installed; "library": its CarveLibrary
@@ -102,7 +104,52 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
         raise RuntimeError("carve_gpu.torch.use(): PyTorch refused to install carve's allocator: " + str(e)) from e
     _installed.update(allocator=allocator, library=lib)
     _graphs_without_trees(torch)
+    end_failed_captures(torch.cuda.CUDAGraph, lib, lambda: torch.cuda.current_stream().cuda_stream)
     return allocator
+
+
+def end_failed_captures(graph_class, lib, current_stream):
+    """Wraps graph_class's capture_begin and capture_end (torch.cuda.CUDAGraph's, which
+    torch.cuda.graph and make_graphed_callables call) so that a capture that fails is ended in
+    carve. PyTorch tells its allocator that a capture ended only once the driver ended it well,
+    and releases a graph's pool only for a capture that ended; when either method raises first (a
+    synchronising call inside the capture invalidated it, say), carve would count the capture under
+    way until the process ends, with every other free waiting. After such an error carve ends the
+    capture and releases its pool, unless the capture's stream still captures (capture_end called
+    on another stream: the capture may yet end well). The error itself is raised unchanged.
+    current_stream() gives the handle of the stream a capture begins on. Wraps a class once."""
+    if getattr(graph_class, "_carve_ends_failed_captures", False):
+        return
+    begin, end = graph_class.capture_begin, graph_class.capture_end
+
+    @functools.wraps(begin)
+    def capture_begin(self, *args, **kwargs):
+        stream = current_stream()
+        before = lib.captures_begun()[0]
+        try:
+            begin(self, *args, **kwargs)
+        except BaseException:
+            count, device, pool = lib.captures_begun()
+            if count != before:  # carve opened the graph's pool; the driver's capture never began
+                lib.abandon_capture(device, pool, None)
+            raise
+        count, device, pool = lib.captures_begun()
+        self._carve_capture = (device, pool, stream) if count != before else None
+
+    @functools.wraps(end)
+    def capture_end(self):
+        try:
+            end(self)
+        except BaseException:
+            capture = getattr(self, "_carve_capture", None)
+            if capture is not None and lib.abandon_capture(*capture):
+                self._carve_capture = None
+            raise
+        self._carve_capture = None
+
+    graph_class.capture_begin = capture_begin
+    graph_class.capture_end = capture_end
+    graph_class._carve_ends_failed_captures = True
 
 
 def _graphs_without_trees(torch):

@@ -139,6 +139,15 @@ DeviceStack* existing_stack(int device) {
                                              : nullptr;
 }
 
+// The last capture the calling thread began, and how many it has begun
+// (carve_torch_captures_begun).
+struct BegunCaptures {
+  unsigned long long count = 0;
+  int device = 0;
+  carve_torch_pool_id pool{0, 0};
+};
+thread_local BegunCaptures begun_captures;
+
 // PyTorch 2.1's captures, by device and stream: the pool each one allocates to.
 struct StreamPools {
   std::mutex mutex;
@@ -403,6 +412,7 @@ void carve_torch_begin_allocate_to_pool(int device, carve_torch_pool_id pool,
                              ": it has no carve pool");
   }
   s->begin_capture(carve::PrivatePoolId{pool.first, pool.second}, std::move(filter));
+  begun_captures = BegunCaptures{begun_captures.count + 1, device, pool};
 }
 
 void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool) {
@@ -438,6 +448,38 @@ void carve_torch_end_allocate_stream_to_pool(int device, cudaStream_t stream) {
   if (pool) {
     carve_torch_end_allocate_to_pool(device, *pool);
   }
+}
+
+unsigned long long carve_torch_captures_begun(int* device, unsigned long long* pool_first,
+                                              unsigned long long* pool_second) {
+  const BegunCaptures& b = begun_captures;
+  if (device != nullptr) {
+    *device = b.device;
+  }
+  if (pool_first != nullptr) {
+    *pool_first = b.pool.first;
+  }
+  if (pool_second != nullptr) {
+    *pool_second = b.pool.second;
+  }
+  return b.count;
+}
+
+int carve_torch_abandon_capture(int device, unsigned long long pool_first, unsigned long long pool_second,
+                                cudaStream_t stream) {
+  DeviceStack* s = existing_stack(device);
+  // The null stream is never asked: it cannot capture, and asking the driver about it while
+  // another stream captures is itself an error.
+  if (s == nullptr || (stream != nullptr && s->stream_captures(stream))) {
+    return 0;
+  }
+  if (!s->abandon_capture(carve::PrivatePoolId{pool_first, pool_second})) {
+    return 0;
+  }
+  const carve_torch_pool_id pool{pool_first, pool_second};
+  const std::lock_guard lock(stream_pools().mutex); // a PyTorch 2.1 capture's stream no longer names it
+  std::erase_if(stream_pools().of, [&](const auto& e) { return e.first.first == device && e.second == pool; });
+  return 1;
 }
 
 } // extern "C"

@@ -144,4 +144,32 @@ CARVE_TORCH_API void carve_torch_end_allocate_stream_to_pool(int device, cudaStr
 }
 #endif
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Captures that fail. PyTorch tells the allocator that a capture ended only once the driver ended
+ * it well, and releases a graph's pool only for a capture that ended: when CUDAGraph.capture_begin
+ * or capture_end raises first (the driver invalidated the capture, say), carve would count the
+ * capture under way for good (every other free waiting, nothing going back to the device) and
+ * never release its pool. carve_gpu.torch.use() wraps both methods to end such a capture with
+ * these two functions. (Checked on the host backend; not yet under CUDA with a real capture.)
+ *
+ * carve_torch_captures_begun: how many captures the calling thread has begun through
+ * carve_torch_begin_allocate_to_pool (or its stream form), and, when any, the last one's device and
+ * pool (any pointer may be NULL). */
+CARVE_TORCH_API unsigned long long carve_torch_captures_begun(int* device, unsigned long long* pool_first,
+                                                              unsigned long long* pool_second);
+/* Ends the capture into pool {pool_first, pool_second} on `device` and releases its pool, as
+ * PyTorch's end and release would have: its free blocks go back, those still in use follow as they
+ * are freed. 1 when it did; 0, doing nothing, when that capture had ended (its graph's owner
+ * releases it) or when `stream`, the capture's own (NULL when the driver's capture never began),
+ * still captures, since the capture may yet end well. */
+CARVE_TORCH_API int carve_torch_abandon_capture(int device, unsigned long long pool_first,
+                                                unsigned long long pool_second, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
 #endif /* CARVE_TORCH_H */

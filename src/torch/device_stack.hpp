@@ -119,6 +119,9 @@ public:
     }
   }
 
+  // Whether a graph capture is under way on `stream` (the driver's answer).
+  bool stream_captures(cudaStream_t stream) noexcept { return stream_capturing(stream); }
+
   // Whether every request asks the driver if its stream captures a graph (when PyTorch cannot
   // forward its pool hooks, a capture would otherwise be served as any other request).
   void guard_captures(bool on) noexcept { guard_captures_.store(on, std::memory_order_relaxed); }
@@ -142,15 +145,16 @@ public:
   }
   // The capture into `id` ended: its streams allocate as usual again. When it was the last one,
   // the frees that waited go through, and the pools released meanwhile go back to the device.
-  void end_capture(PrivatePoolId id) noexcept {
+  // False when no capture into `id` was under way (nothing changes).
+  bool end_capture(PrivatePoolId id) noexcept {
     const std::lock_guard lock(graphs_); // no capture begins while these go back
     const auto it = std::find_if(underway_.begin(), underway_.end(), [&](const Capture& c) { return c.id == id; });
     if (it == underway_.end()) {
-      return;
+      return false;
     }
     underway_.erase(it);
     if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) {
-      return;
+      return true;
     }
     hold(false);
     for (const PrivateBlock& b : waited_) {
@@ -167,6 +171,21 @@ public:
     used_in_capture_.clear();
     give_back(released_);
     released_.clear();
+    return true;
+  }
+  // A capture that failed before its end was announced. PyTorch tells the allocator that a
+  // capture ended only once the driver ended it well, and releases a graph's pool only for a
+  // capture that ended: when capture_begin or capture_end raises first, the capture would stay
+  // under way for good (every other free waiting, nothing going back to the device) and its pool
+  // would never be released. This ends it and releases its pool, as those calls would have: its
+  // free blocks go back, those still in use follow as they are freed. False when no capture into
+  // `id` is under way (it ended: its graph's owner releases it).
+  bool abandon_capture(PrivatePoolId id) noexcept {
+    if (!end_capture(id)) {
+      return false;
+    }
+    release_pool(id);
+    return true;
   }
   // One user less of private pool `id` (a graph destroyed): when it has none, its free blocks go
   // back to the stack once the device has run every replay (its blocks in use follow as freed).

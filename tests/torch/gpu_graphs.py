@@ -13,6 +13,10 @@ PyTorch's own allocator, each in a process of its own:
 - after the graph is deleted (its private pool released) every block comes home: carve's live
   bytes return to what they were before the capture, but for what PyTorch's own allocator also
   still counts there (the cuBLAS workspaces some PyTorch builds keep).
+- first of all, under carve, a capture the driver invalidates (a device synchronisation inside it):
+  PyTorch raises at its end before telling the allocator that the capture ended, and carve must end
+  it anyway: a 64 MiB tensor freed after it goes back to the device at empty_cache (it would wait
+  for the end of the capture for good otherwise), and the captures above still run.
 
     gpu_graphs.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
@@ -92,6 +96,29 @@ def compiled_losses(torch):
     return losses
 
 
+def failed_capture(torch, carve):
+    """A capture invalidated by a device synchronisation inside it: what PyTorch raised, and the
+    bytes empty_cache gave back for a 64 MiB tensor freed after it."""
+    big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    x = torch.ones(1 << 20, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    error = None
+    try:
+        with torch.cuda.graph(graph):
+            y = x * 2
+            torch.cuda.synchronize()  # not permitted while a stream captures: the driver invalidates it
+    except RuntimeError as e:
+        error = f"{type(e).__name__}: {str(e)[:200]}"
+    torch.cuda.set_stream(torch.cuda.default_stream())  # torch.cuda.graph left its stream current
+    del graph
+    y = None  # noqa: F841 - the failed capture's tensor, dropped
+    torch.cuda.synchronize()
+    reserved = carve.memory_stats()["reserved_bytes"]
+    del big
+    carve.empty_cache()
+    return {"error": error, "gave_back": reserved - carve.memory_stats()["reserved_bytes"]}
+
+
 def cudagraph_skips(torch):
     """How often Inductor ran a graph's kernels eagerly instead of capturing them (it says so only
     in its log): equal losses prove nothing about capture unless this is 0."""
@@ -110,6 +137,11 @@ def run_child(pool, library):
     def live():  # the bytes handed out, as the allocator in use counts them
         return torch.cuda.memory_allocated() if pool == "pytorch" else carve.memory_stats()["live_bytes"]
     torch.zeros(1, device="cuda")  # CUDA initialised, under whichever allocator
+    if pool != "pytorch":
+        try:
+            out["failed_capture"] = failed_capture(torch, carve)
+        except Exception as e:  # noqa: BLE001
+            out["failed_capture"] = f"{type(e).__name__}: {e}"
     before = live()
     try:
         out["captured"] = captured_losses(torch)
@@ -146,6 +178,12 @@ def orchestrate(args):
     kept = reference.get("live_after_graph")  # what PyTorch's own allocator still counts (its workspaces)
     for pool in POOLS:
         r = results[pool]
+        f = r.get("failed_capture")
+        ok = isinstance(f, dict) and f["error"] is not None and f["gave_back"] >= 64 * MiB
+        failed += not ok
+        lines.append(f"- {pool}: a capture the driver invalidated raised ({f.get('error') if isinstance(f, dict) else f}) "
+                     f"and carve ended it: a tensor freed after it went back at empty_cache "
+                     f"({f.get('gave_back') if isinstance(f, dict) else '?'} bytes): {'passed' if ok else 'FAILED'}")
         for what, name in (("captured", "torch.cuda.graph of a training step"),
                            ("compiled", "torch.compile(mode=\"reduce-overhead\")")):
             ok = same(r.get(what), reference.get(what))

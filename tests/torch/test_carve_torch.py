@@ -375,6 +375,139 @@ def worker_hooks(pool):
     print(f"{pool}: graph hooks chosen for PyTorch 2.2+ and 2.1; without them a capturing stream is refused")
 
 
+class PoolId(ctypes.Structure):
+    """PyTorch's MempoolId_t (a std::pair of two unsigned long long), passed by value."""
+    _fields_ = [("first", ctypes.c_ulonglong), ("second", ctypes.c_ulonglong)]
+
+
+def fake_graph_class(lib):
+    """A stand-in for torch.cuda.CUDAGraph on the host backend that calls carve's pool hooks in
+    PyTorch's order (its 2.1 stream forms, which ctypes can call): capture_begin opens the pool
+    before the driver's capture begins; capture_end ends the driver's capture (which a failure ends
+    too) and only then, when it went well, the pool. fail_begin and fail_end make the driver's call
+    fail as an invalidated capture does; end_elsewhere is capture_end called on another stream."""
+    hooks = lib.lib
+    hooks.carve_torch_begin_allocate_stream_to_pool.argtypes = [ctypes.c_int, ctypes.c_void_p, PoolId]
+    hooks.carve_torch_begin_allocate_stream_to_pool.restype = None
+    hooks.carve_torch_end_allocate_stream_to_pool.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    hooks.carve_torch_end_allocate_stream_to_pool.restype = None
+    hooks.carve_torch_release_pool.argtypes = [ctypes.c_int, PoolId]
+    hooks.carve_torch_release_pool.restype = None
+
+    class Graph:
+        stream = 0xE0  # the current stream
+        pools = iter(range(100, 1 << 20))
+
+        def __init__(self, fail_begin=False, fail_end=False, end_elsewhere=False):
+            self.fail_begin, self.fail_end, self.end_elsewhere = fail_begin, fail_end, end_elsewhere
+            self.ended = False
+
+        def capture_begin(self, pool=None):
+            self.pool = PoolId(next(Graph.pools), 0)
+            self.capture_stream = Graph.stream
+            hooks.carve_torch_begin_allocate_stream_to_pool(0, self.capture_stream, self.pool)
+            if self.fail_begin:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+            lib.host_stream_capturing(self.capture_stream, True)
+
+        def capture_end(self):
+            if self.end_elsewhere:
+                raise RuntimeError("Capture must end on the same stream it began on.")
+            lib.host_stream_capturing(self.capture_stream, False)
+            if self.fail_end:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+            hooks.carve_torch_end_allocate_stream_to_pool(0, self.capture_stream)
+            self.ended = True
+
+        def reset(self):  # the graph destroyed: PyTorch releases the pool of a capture that ended
+            if self.ended:
+                hooks.carve_torch_release_pool(0, self.pool)
+
+    return Graph
+
+
+def worker_failed_capture(pool):
+    """carve_gpu.torch.end_failed_captures around a graph class that calls carve's hooks as
+    PyTorch's CUDAGraph does: a capture whose capture_end or capture_begin raised is ended and its
+    pool released (frees that waited go through, its memory comes home), the error reaches the
+    caller unchanged, and a capture that ended, or whose stream still captures, is left alone."""
+    lib = load(pool)
+    use_carve_gpu()
+    import carve_gpu.torch as carve_torch
+    Graph = fake_graph_class(lib)
+    carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)
+    carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)  # once only
+    eager = 0xE1
+
+    def reserved():
+        lib.empty_cache()
+        return lib.stats(0)["reserved_bytes"]
+
+    # capture_end fails: the driver invalidated the capture.
+    before = lib.malloc(3 * MiB, 0, eager)
+    g = Graph(fail_end=True)
+    g.capture_begin()
+    out = lib.malloc(4 * MiB, 0, Graph.stream)  # made by the failed capture, kept by the program
+    temp = lib.malloc(2 * MiB, 0, Graph.stream)
+    check(out and temp and before, "blocks during the capture")
+    lib.free(temp, 2 * MiB, 0, Graph.stream)
+    lib.free(before, 3 * MiB, 0, eager)  # waits for the end of the capture
+    try:
+        g.capture_end()
+        raise AssertionError("capture_end did not raise")
+    except RuntimeError as e:
+        check("previous error during capture" in str(e), f"the error was changed: {e}")
+    check(reserved() <= 4 * MiB + 2 * MiB, f"the failed capture still holds memory: {lib.stats(0)}")
+    lib.free(out, 4 * MiB, 0, Graph.stream)
+    check(reserved() == 0, f"the failed capture's pool did not come home: {lib.stats(0)}")
+
+    # capture_begin fails after carve opened the pool: the driver's capture never began.
+    try:
+        Graph(fail_begin=True).capture_begin()
+        raise AssertionError("capture_begin did not raise")
+    except RuntimeError as e:
+        check("not permitted" in str(e), f"the error was changed: {e}")
+    p = lib.malloc(MiB, 0, eager)
+    lib.free(p, MiB, 0, eager)  # no capture under way: goes through at once
+    check(reserved() == 0, f"a capture whose begin failed still counts: {lib.stats(0)}")
+
+    # capture_end on the wrong stream: the capture goes on, then ends well; a capture that ended
+    # keeps its pool for its graph.
+    g = Graph(end_elsewhere=True)
+    g.capture_begin()
+    kept = lib.malloc(2 * MiB, 0, Graph.stream)
+    lib.free(kept, 2 * MiB, 0, Graph.stream)
+    try:
+        g.capture_end()
+        raise AssertionError("capture_end did not raise")
+    except RuntimeError:
+        pass
+    again = lib.malloc(2 * MiB, 0, Graph.stream)
+    check(again == kept, "a capture still under way lost its pool")
+    lib.free(again, 2 * MiB, 0, Graph.stream)
+    g.end_elsewhere = False
+    g.capture_end()
+    other = lib.malloc(2 * MiB, 0, eager)
+    check(other != kept, "an ended graph's block served another stream")
+    lib.free(other, 2 * MiB, 0, eager)
+    check(reserved() == 2 * MiB, f"the graph's pool: {lib.stats(0)}")
+    g.reset()
+    check(reserved() == 0, f"the graph's pool did not come home when released: {lib.stats(0)}")
+    try:  # the methods use() wraps, where this python3 has PyTorch (CUDA or not)
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        real = torch.cuda.CUDAGraph
+        plain = (real.capture_begin, real.capture_end)
+        carve_torch.end_failed_captures(real, lib, lambda: 0)
+        check(getattr(real, "_carve_ends_failed_captures", False) and (real.capture_begin, real.capture_end) != plain
+              and real.capture_begin.__wrapped__ is plain[0] and real.capture_end.__wrapped__ is plain[1],
+              f"torch {torch.__version__}: CUDAGraph's capture methods not wrapped")
+    print(f"{pool}: failed captures ended and their pools released; the rest left to their graphs"
+          + (f"; torch {torch.__version__}'s CUDAGraph wrapped" if torch is not None else ""))
+
+
 def worker_no_driver(pool):
     """The CUDA backend where there may be no GPU: without one, malloc returns NULL and the stats
     say why; with one, the block is real."""
@@ -544,7 +677,8 @@ def check_training_step_goals():
 def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
-                   "record": worker_record_stream, "hooks": worker_hooks, "no-driver": worker_no_driver}
+                   "record": worker_record_stream, "hooks": worker_hooks, "failed-capture": worker_failed_capture,
+                   "no-driver": worker_no_driver}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
@@ -554,7 +688,7 @@ def main():
         env.pop(name, None)
     failed = []
     for pool in POOLS:
-        for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "no-driver"):
+        for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

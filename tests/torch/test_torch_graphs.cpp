@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 using carve::PrivatePoolId;
@@ -195,6 +196,99 @@ TEST_CASE("each stack: a stream that captures with no pool open is refused, neve
     }
     s->release_pool(id);
   }
+}
+
+// PyTorch announces a capture's end only after the driver ended it well, and releases the pool only
+// of a capture that ended: a capture that fails (capture_end raises) is abandoned instead.
+TEST_CASE("each stack: a capture that failed before its end is abandoned: frees go through, its pool comes home") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    Capture c(kind);
+    auto& s = c.s;
+    void* eager = s->allocate(c.other, 3 * MiB); // from before the capture
+    REQUIRE(eager != nullptr);
+    const PrivatePoolId id{9, 0};
+    c.begin(id);
+    void* out = s->allocate(c.graph, 4 * MiB); // a tensor the failed capture made and the program keeps
+    void* temp = s->allocate(c.graph, 2 * MiB);
+    REQUIRE(out != nullptr);
+    REQUIRE(temp != nullptr);
+    REQUIRE(s->deallocate(c.graph, temp, 2 * MiB));
+    REQUIRE(s->deallocate(c.other, eager, 3 * MiB)); // waits for the end of the capture
+    set_capturing(c.graph, false);                   // the driver's capture failed; no end_capture came
+    s->empty_cache();                                // still under way for carve: nothing goes back
+    const auto held = s->books().reserved.now();
+    CHECK(held >= 9 * MiB);
+
+    CHECK(s->abandon_capture(id));
+    CHECK_FALSE(s->abandon_capture(id)); // once
+    s->empty_cache(); // the waited free went through and the pool was released: all but `out` goes back
+    CHECK(s->books().reserved.now() < held);
+    CHECK(s->books().reserved.now() <= 4 * MiB + 2 * MiB);
+    REQUIRE(s->deallocate(c.graph, out, 4 * MiB)); // the pool's last block follows when freed
+    s->empty_cache();
+    CHECK(s->books().live.now() == 0);
+    CHECK(s->books().reserved.now() == 0);
+  }
+}
+
+TEST_CASE("each stack: a capture that ended is not abandoned: its graph keeps its pool") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    Capture c(kind);
+    const PrivatePoolId id{10, 0};
+    c.begin(id);
+    void* temp = c.s->allocate(c.graph, 2 * MiB);
+    REQUIRE(temp != nullptr);
+    REQUIRE(c.s->deallocate(c.graph, temp, 2 * MiB));
+    c.end(id);
+    CHECK_FALSE(c.s->abandon_capture(id)); // ended: the graph may replay
+    void* other = c.s->allocate(c.other, 2 * MiB);
+    CHECK(other != temp); // the graph's block still serves no one else
+    REQUIRE(c.s->deallocate(c.other, other, 2 * MiB));
+    c.s->release_pool(id);
+    c.s->empty_cache();
+    CHECK(c.s->books().reserved.now() == 0);
+  }
+}
+
+TEST_CASE("the C functions for failed captures: what this thread began, and an abandon only once the capture is over") {
+  const auto base = fresh_streams(2);
+  const cudaStream_t graph = stream(base);
+  const cudaStream_t old_graph = stream(base + 1);
+  const unsigned long long before = carve_torch_captures_begun(nullptr, nullptr, nullptr);
+  const carve_torch_pool_id pool{11, 0};
+  carve_torch_begin_allocate_to_pool(0, pool, [graph](cudaStream_t x) { return x == graph; });
+  int device = -1;
+  unsigned long long first = 0;
+  unsigned long long second = 1;
+  CHECK(carve_torch_captures_begun(&device, &first, &second) == before + 1);
+  CHECK(device == 0);
+  CHECK(first == 11);
+  CHECK(second == 0);
+  std::thread([] { CHECK(carve_torch_captures_begun(nullptr, nullptr, nullptr) == 0); }).join(); // this thread's own
+
+  carve_torch_host_stream_capturing(graph, 1);
+  void* out = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph);
+  REQUIRE(out != nullptr);
+  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 0); // it still captures: it may yet end well
+  carve_torch_host_stream_capturing(graph, 0);
+  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 1);
+  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 0);
+  CHECK(carve_torch_abandon_capture(0, 12, 0, nullptr) == 0); // never begun
+  CHECK(carve_torch_abandon_capture(-1, 11, 0, nullptr) == 0);
+  CHECK(carve_torch_abandon_capture(64, 11, 0, nullptr) == 0);
+  carve_torch_free(out, static_cast<ssize_t>(MiB), 0, graph); // comes home: its pool was released
+
+  // PyTorch 2.1's stream form, whose driver capture never began (capture_begin raised).
+  carve_torch_begin_allocate_stream_to_pool(0, old_graph, carve_torch_pool_id{13, 0});
+  CHECK(carve_torch_captures_begun(nullptr, &first, nullptr) == before + 2);
+  CHECK(first == 13);
+  CHECK(carve_torch_abandon_capture(0, 13, 0, nullptr) == 1);
+  carve_torch_end_allocate_stream_to_pool(0, old_graph); // a late end finds nothing to end
+  carve_torch_empty_cache();
+  const std::string stats = carve_torch_stats_json(0);
+  CHECK(stats.find("\"live_bytes\":0,") != std::string::npos);
 }
 
 TEST_CASE("the C hooks PyTorch calls: pools by MempoolId_t, PyTorch 2.1's stream forms, the refusal's text") {
