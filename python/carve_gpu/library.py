@@ -117,9 +117,15 @@ class CarveLibrary:
         lib.carve_torch_captures_begun.restype = ctypes.c_ulonglong
         lib.carve_torch_captures_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_ulonglong),
                                                    ctypes.POINTER(ctypes.c_ulonglong)]
-        lib.carve_torch_abandon_capture.restype = ctypes.c_int
-        lib.carve_torch_abandon_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong,
-                                                    ctypes.c_void_p]
+        lib.carve_torch_stream_in_capture.restype = ctypes.c_int
+        lib.carve_torch_stream_in_capture.argtypes = [ctypes.c_void_p]
+        lib.carve_torch_end_failed_capture.restype = ctypes.c_int
+        lib.carve_torch_end_failed_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong,
+                                                       ctypes.c_void_p]
+        lib.carve_torch_pools_released.restype = ctypes.c_ulonglong
+        lib.carve_torch_pools_released.argtypes = []
+        lib.carve_torch_release_failed_capture.restype = None
+        lib.carve_torch_release_failed_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
         self.lib = lib
 
     def address(self, name):
@@ -138,11 +144,24 @@ class CarveLibrary:
         count = self.lib.carve_torch_captures_begun(ctypes.byref(device), ctypes.byref(first), ctypes.byref(second))
         return count, device.value, (first.value, second.value)
 
-    def abandon_capture(self, device, pool, stream=None):
-        """Ends a failed capture into `pool` on `device` and releases its pool, unless it ended or
-        `stream` (its own; None when the driver's capture never began) still captures. True when
-        it did."""
-        return self.lib.carve_torch_abandon_capture(device, pool[0], pool[1], stream) == 1
+    def stream_in_capture(self, stream):
+        """Whether `stream` (a handle; None is the null stream) is in a CUDA graph capture the
+        driver has not ended: under way, or invalidated by an error."""
+        return self.lib.carve_torch_stream_in_capture(stream) == 1
+
+    def end_failed_capture(self, device, pool, stream=None):
+        """Ends the capture into `pool` on `device` (begun on `stream`) as PyTorch's end would have.
+        True when it was under way; False when it had ended."""
+        return self.lib.carve_torch_end_failed_capture(device, pool[0], pool[1], stream) == 1
+
+    def pools_released(self):
+        """How many times this thread released a graph's pool (PyTorch's release hook, or
+        release_failed_capture)."""
+        return self.lib.carve_torch_pools_released()
+
+    def release_failed_capture(self, device, pool):
+        """One user less of a failed capture's `pool` on `device`, as PyTorch's release would be."""
+        self.lib.carve_torch_release_failed_capture(device, pool[0], pool[1])
 
     def malloc(self, size, device=0, stream=0):
         """A block's address (int), or None when the device is full."""
@@ -184,8 +203,9 @@ class CarveLibrary:
         self.lib.carve_torch_host_stream_complete(stream)
 
     def host_stream_capturing(self, stream, capturing=True):
-        """Host backend test hook: `stream` captures a CUDA graph (or no longer does)."""
-        self.lib.carve_torch_host_stream_capturing(stream, 1 if capturing else 0)
+        """Host backend test hook: `stream` captures a CUDA graph (True), no longer does (False), or
+        is in a capture an error invalidated and nobody ended yet ("invalidated")."""
+        self.lib.carve_torch_host_stream_capturing(stream, 2 if capturing == "invalidated" else 1 if capturing else 0)
 
 
 def loaded(library=None):

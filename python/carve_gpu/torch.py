@@ -111,27 +111,46 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
 def end_failed_captures(graph_class, lib, current_stream):
     """Wraps graph_class's capture_begin and capture_end (torch.cuda.CUDAGraph's, which
     torch.cuda.graph and make_graphed_callables call) so that a capture that fails is ended in
-    carve. PyTorch tells its allocator that a capture ended only once the driver ended it well,
-    and releases a graph's pool only for a capture that ended; when either method raises first (a
-    synchronising call inside the capture invalidated it, say), carve would count the capture under
-    way until the process ends, with every other free waiting. After such an error carve ends the
-    capture and releases its pool, unless the capture's stream still captures (capture_end called
-    on another stream: the capture may yet end well). The error itself is raised unchanged.
+    carve and its pool released once. PyTorch up to 2.11 tells its allocator that a capture ended
+    only once the driver ended it well, and releases a graph's pool only for a capture that ended:
+    when either method raised first (a synchronising call inside the capture invalidated it, say),
+    carve would count the capture under way until the process ends, every other free waiting.
+    Later versions end the capture before raising and release the pool at the graph's reset.
+
+    After an error, and once the capture's stream is in no capture (capture_end called on another
+    stream leaves a capture that may yet end well): when PyTorch did not end the capture, carve ends
+    it, resets the graph as PyTorch's clean-up, and releases the pool if that reset did not; when
+    PyTorch ended it, its graph's pool is PyTorch's to release. The error is raised unchanged.
     current_stream() gives the handle of the stream a capture begins on. Wraps a class once."""
     if getattr(graph_class, "_carve_ends_failed_captures", False):
         return
     begin, end = graph_class.capture_begin, graph_class.capture_end
 
+    def finish(self, device, pool, stream):
+        self._carve_capture = None
+        if not lib.end_failed_capture(device, pool, stream):
+            return
+        released = lib.pools_released()
+        try:
+            self.reset()  # PyTorch's own clean-up; newer versions release the failed capture's pool here
+        except Exception:  # noqa: BLE001 - the original error is what the caller must see
+            pass
+        if lib.pools_released() == released:
+            lib.release_failed_capture(device, pool)
+
     @functools.wraps(begin)
     def capture_begin(self, *args, **kwargs):
+        self._carve_capture = None
         stream = current_stream()
+        nested = lib.stream_in_capture(stream)  # then the driver refuses to begin this one
         before = lib.captures_begun()[0]
         try:
             begin(self, *args, **kwargs)
         except BaseException:
             count, device, pool = lib.captures_begun()
-            if count != before:  # carve opened the graph's pool; the driver's capture never began
-                lib.abandon_capture(device, pool, None)
+            # carve opened the graph's pool; unless the driver's capture began and still runs
+            if count != before and (nested or not lib.stream_in_capture(stream)):
+                finish(self, device, pool, stream)
             raise
         count, device, pool = lib.captures_begun()
         self._carve_capture = (device, pool, stream) if count != before else None
@@ -142,8 +161,8 @@ def end_failed_captures(graph_class, lib, current_stream):
             end(self)
         except BaseException:
             capture = getattr(self, "_carve_capture", None)
-            if capture is not None and lib.abandon_capture(*capture):
-                self._carve_capture = None
+            if capture is not None and not lib.stream_in_capture(capture[2]):
+                finish(self, *capture)
             raise
         self._carve_capture = None
 

@@ -54,6 +54,14 @@ struct HostBackend {
       return false;
     }
   }
+  // Whether `s` is in a capture not yet ended: under way, or invalidated by an error.
+  static bool in_capture(cudaStream_t s) noexcept {
+    try {
+      return HostStreamTable::instance().capture(reinterpret_cast<std::uintptr_t>(s)) != HostStreamTable::Capture::none;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
   // Nothing on the host forbids a call during a capture.
   struct RelaxedCapture {
     explicit RelaxedCapture(bool) noexcept {}
@@ -96,6 +104,20 @@ struct CudaBackend {
       return false;
     }
     return status == cudaStreamCaptureStatusActive;
+  }
+  // Whether `s` is in a capture not yet ended: under way, or invalidated by an error (the driver's
+  // capture ends only at cudaStreamEndCapture). Never asked of the null stream, which cannot
+  // capture and whose question is itself an error while another stream captures.
+  static bool in_capture(cudaStream_t s) noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (s == nullptr) {
+      return false;
+    }
+    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
   }
   // While a capture is under way (`active`), lets this thread make the calls a capture in the
   // global or thread-local mode forbids (cudaMalloc, cuMemMap, cudaFree), as PyTorch's own

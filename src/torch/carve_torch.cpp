@@ -147,6 +147,8 @@ struct BegunCaptures {
   carve_torch_pool_id pool{0, 0};
 };
 thread_local BegunCaptures begun_captures;
+// How many pools the calling thread released (carve_torch_pools_released).
+thread_local unsigned long long pools_released = 0;
 
 // PyTorch 2.1's captures, by device and stream: the pool each one allocates to.
 struct StreamPools {
@@ -398,7 +400,11 @@ void carve_torch_host_stream_complete(cudaStream_t stream) {
 
 void carve_torch_host_stream_capturing(cudaStream_t stream, int capturing) {
   if (config().backend == BackendKind::host) {
-    carve::torch::HostStreamTable::instance().set_capturing(reinterpret_cast<std::uintptr_t>(stream), capturing != 0);
+    using Capture = carve::torch::HostStreamTable::Capture;
+    carve::torch::HostStreamTable::instance().set_capture(reinterpret_cast<std::uintptr_t>(stream),
+                                                          capturing == 2   ? Capture::invalidated
+                                                          : capturing != 0 ? Capture::active
+                                                                           : Capture::none);
   }
 }
 
@@ -422,6 +428,7 @@ void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool) {
 }
 
 void carve_torch_release_pool(int device, carve_torch_pool_id pool) {
+  ++pools_released;
   if (DeviceStack* s = existing_stack(device)) {
     s->release_pool(carve::PrivatePoolId{pool.first, pool.second});
   }
@@ -465,21 +472,35 @@ unsigned long long carve_torch_captures_begun(int* device, unsigned long long* p
   return b.count;
 }
 
-int carve_torch_abandon_capture(int device, unsigned long long pool_first, unsigned long long pool_second,
-                                cudaStream_t stream) {
+int carve_torch_stream_in_capture(cudaStream_t stream) {
+  if (config().backend == BackendKind::host) {
+    return carve::torch::HostBackend::in_capture(stream) ? 1 : 0;
+  }
+#ifdef CARVE_TORCH_HAS_CUDA
+  return carve::torch::CudaBackend::in_capture(stream) ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+int carve_torch_end_failed_capture(int device, unsigned long long pool_first, unsigned long long pool_second,
+                                   cudaStream_t stream) {
   DeviceStack* s = existing_stack(device);
-  // The null stream is never asked: it cannot capture, and asking the driver about it while
-  // another stream captures is itself an error.
-  if (s == nullptr || (stream != nullptr && s->stream_captures(stream))) {
+  if (s == nullptr || !s->end_capture(carve::PrivatePoolId{pool_first, pool_second})) {
     return 0;
   }
-  if (!s->abandon_capture(carve::PrivatePoolId{pool_first, pool_second})) {
-    return 0;
+  const std::lock_guard lock(stream_pools().mutex); // a PyTorch 2.1 capture: its stream names it no more
+  if (const auto it = stream_pools().of.find({device, stream});
+      it != stream_pools().of.end() && it->second == carve_torch_pool_id{pool_first, pool_second}) {
+    stream_pools().of.erase(it);
   }
-  const carve_torch_pool_id pool{pool_first, pool_second};
-  const std::lock_guard lock(stream_pools().mutex); // a PyTorch 2.1 capture's stream no longer names it
-  std::erase_if(stream_pools().of, [&](const auto& e) { return e.first.first == device && e.second == pool; });
   return 1;
+}
+
+unsigned long long carve_torch_pools_released(void) { return pools_released; }
+
+void carve_torch_release_failed_capture(int device, unsigned long long pool_first, unsigned long long pool_second) {
+  carve_torch_release_pool(device, carve_torch_pool_id{pool_first, pool_second});
 }
 
 } // extern "C"

@@ -112,7 +112,8 @@ CARVE_TORCH_API const char* carve_torch_config_error(void);
  * work is reused on another stream only after complete(). They do nothing on the CUDA backend. */
 CARVE_TORCH_API void carve_torch_host_stream_enqueue(cudaStream_t stream);
 CARVE_TORCH_API void carve_torch_host_stream_complete(cudaStream_t stream);
-/* Marks `stream` as capturing a CUDA graph, or not (what cudaStreamIsCapturing says on a GPU). */
+/* Marks `stream` as capturing a CUDA graph (1), not (0), or in a capture an error invalidated and
+ * nobody ended yet (2): what cudaStreamIsCapturing says on a GPU. */
 CARVE_TORCH_API void carve_torch_host_stream_capturing(cudaStream_t stream, int capturing);
 
 #ifdef __cplusplus
@@ -148,25 +149,34 @@ CARVE_TORCH_API void carve_torch_end_allocate_stream_to_pool(int device, cudaStr
 extern "C" {
 #endif
 
-/* Captures that fail. PyTorch tells the allocator that a capture ended only once the driver ended
- * it well, and releases a graph's pool only for a capture that ended: when CUDAGraph.capture_begin
- * or capture_end raises first (the driver invalidated the capture, say), carve would count the
- * capture under way for good (every other free waiting, nothing going back to the device) and
- * never release its pool. carve_gpu.torch.use() wraps both methods to end such a capture with
- * these two functions. (Checked on the host backend; not yet under CUDA with a real capture.)
+/* Captures that fail. PyTorch up to 2.11 tells the allocator that a capture ended only once the
+ * driver ended it well, and releases a graph's pool only for a capture that ended: when
+ * CUDAGraph.capture_begin or capture_end raises first (the driver invalidated the capture, say),
+ * carve would count the capture under way for good (every other free waiting, nothing going back
+ * to the device) and never release its pool. Later versions end the capture before they raise,
+ * and then release the pool when the graph is reset. carve_gpu.torch.use() wraps both methods and,
+ * after such an error, once the capture's stream is in no capture: ends the capture if PyTorch has
+ * not (carve_torch_end_failed_capture); if it did so, resets the graph, and releases the pool
+ * only when that reset released none (carve_torch_pools_released), so that no version's pool is
+ * released twice. (Checked on the host backend against each order; not yet under CUDA.)
  *
  * carve_torch_captures_begun: how many captures the calling thread has begun through
  * carve_torch_begin_allocate_to_pool (or its stream form), and, when any, the last one's device and
  * pool (any pointer may be NULL). */
 CARVE_TORCH_API unsigned long long carve_torch_captures_begun(int* device, unsigned long long* pool_first,
                                                               unsigned long long* pool_second);
-/* Ends the capture into pool {pool_first, pool_second} on `device` and releases its pool, as
- * PyTorch's end and release would have: its free blocks go back, those still in use follow as they
- * are freed. 1 when it did; 0, doing nothing, when that capture had ended (its graph's owner
- * releases it) or when `stream`, the capture's own (NULL when the driver's capture never began),
- * still captures, since the capture may yet end well. */
-CARVE_TORCH_API int carve_torch_abandon_capture(int device, unsigned long long pool_first,
-                                                unsigned long long pool_second, cudaStream_t stream);
+/* 1 when `stream` is in a capture the driver has not ended: under way, or invalidated by an error
+ * (0 for NULL, which cannot capture). */
+CARVE_TORCH_API int carve_torch_stream_in_capture(cudaStream_t stream);
+/* Ends the capture into pool {pool_first, pool_second} on `device`, begun on `stream`, as
+ * carve_torch_end_allocate_to_pool would: 1 when it was under way, 0 when it had ended. */
+CARVE_TORCH_API int carve_torch_end_failed_capture(int device, unsigned long long pool_first,
+                                                   unsigned long long pool_second, cudaStream_t stream);
+/* How many times the calling thread released a pool (carve_torch_release_pool). */
+CARVE_TORCH_API unsigned long long carve_torch_pools_released(void);
+/* carve_torch_release_pool with the pool's id as two integers, for a failed capture's pool. */
+CARVE_TORCH_API void carve_torch_release_failed_capture(int device, unsigned long long pool_first,
+                                                        unsigned long long pool_second);
 
 #ifdef __cplusplus
 }

@@ -119,9 +119,6 @@ public:
     }
   }
 
-  // Whether a graph capture is under way on `stream` (the driver's answer).
-  bool stream_captures(cudaStream_t stream) noexcept { return stream_capturing(stream); }
-
   // Whether every request asks the driver if its stream captures a graph (when PyTorch cannot
   // forward its pool hooks, a capture would otherwise be served as any other request).
   void guard_captures(bool on) noexcept { guard_captures_.store(on, std::memory_order_relaxed); }
@@ -171,20 +168,6 @@ public:
     used_in_capture_.clear();
     give_back(released_);
     released_.clear();
-    return true;
-  }
-  // A capture that failed before its end was announced. PyTorch tells the allocator that a
-  // capture ended only once the driver ended it well, and releases a graph's pool only for a
-  // capture that ended: when capture_begin or capture_end raises first, the capture would stay
-  // under way for good (every other free waiting, nothing going back to the device) and its pool
-  // would never be released. This ends it and releases its pool, as those calls would have: its
-  // free blocks go back, those still in use follow as they are freed. False when no capture into
-  // `id` is under way (it ended: its graph's owner releases it).
-  bool abandon_capture(PrivatePoolId id) noexcept {
-    if (!end_capture(id)) {
-      return false;
-    }
-    release_pool(id);
     return true;
   }
   // One user less of private pool `id` (a graph destroyed): when it has none, its free blocks go

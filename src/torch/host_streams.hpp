@@ -57,15 +57,21 @@ public:
     const auto it = work_.find(stream);
     return it == work_.end() || it->second.done >= position;
   }
-  // Whether a CUDA graph capture is under way on `stream` (what cudaStreamIsCapturing says on a GPU).
-  void set_capturing(std::uintptr_t stream, bool capturing) {
+  // What cudaStreamIsCapturing says of `stream` on a GPU: no capture, one under way, or one an
+  // error invalidated that has not been ended yet.
+  enum class Capture { none, active, invalidated };
+  void set_capture(std::uintptr_t stream, Capture state) {
     const std::lock_guard lock(mutex_);
-    work_[stream].capturing = capturing;
+    work_[stream].capture = state;
   }
-  bool capturing(std::uintptr_t stream) {
+  Capture capture(std::uintptr_t stream) {
     const std::lock_guard lock(mutex_);
     const auto it = work_.find(stream);
-    return it != work_.end() && it->second.capturing;
+    return it == work_.end() ? Capture::none : it->second.capture;
+  }
+  bool capturing(std::uintptr_t stream) { return capture(stream) == Capture::active; }
+  void set_capturing(std::uintptr_t stream, bool capturing) {
+    set_capture(stream, capturing ? Capture::active : Capture::none);
   }
 
   // A whole-device synchronisation (what cudaDeviceSynchronize would be), counted for tests.
@@ -93,7 +99,7 @@ private:
   struct Work {
     std::uint64_t queued = 0;
     std::uint64_t done = 0;
-    bool capturing = false;
+    Capture capture = Capture::none;
   };
   std::mutex mutex_;
   std::unordered_map<std::uintptr_t, Work> work_;

@@ -380,12 +380,16 @@ class PoolId(ctypes.Structure):
     _fields_ = [("first", ctypes.c_ulonglong), ("second", ctypes.c_ulonglong)]
 
 
-def fake_graph_class(lib):
-    """A stand-in for torch.cuda.CUDAGraph on the host backend that calls carve's pool hooks in
-    PyTorch's order (its 2.1 stream forms, which ctypes can call): capture_begin opens the pool
-    before the driver's capture begins; capture_end ends the driver's capture (which a failure ends
-    too) and only then, when it went well, the pool. fail_begin and fail_end make the driver's call
-    fail as an invalidated capture does; end_elsewhere is capture_end called on another stream."""
+def fake_graph_class(lib, order):
+    """A stand-in for torch.cuda.CUDAGraph on the host backend that calls carve's pool hooks as
+    PyTorch's does (through its 2.1 stream forms, which ctypes can call), in one of three orders:
+    "2.11" raises a failed cudaStreamEndCapture before it ends the capture in the allocator, and
+    reset() releases only the pool of a capture that ended well; "2.12" ends the capture first, then
+    raises (PyTorch PR 180395); "2.13" also releases the pool at reset() whenever capture_begin
+    opened it (PR 190348). capture_begin opens the pool before the driver's capture begins; an
+    error inside the capture leaves the stream invalidated (host state 2) until cudaStreamEndCapture
+    ends it. fail_begin makes the driver refuse to begin; end_elsewhere is capture_end called on
+    another stream (it raises before anything ends)."""
     hooks = lib.lib
     hooks.carve_torch_begin_allocate_stream_to_pool.argtypes = [ctypes.c_int, ctypes.c_void_p, PoolId]
     hooks.carve_torch_begin_allocate_stream_to_pool.restype = None
@@ -395,104 +399,147 @@ def fake_graph_class(lib):
     hooks.carve_torch_release_pool.restype = None
 
     class Graph:
-        stream = 0xE0  # the current stream
+        stream = None  # the current stream, set by the test
         pools = iter(range(100, 1 << 20))
 
-        def __init__(self, fail_begin=False, fail_end=False, end_elsewhere=False):
-            self.fail_begin, self.fail_end, self.end_elsewhere = fail_begin, fail_end, end_elsewhere
-            self.ended = False
+        def __init__(self, fail_begin=False, end_elsewhere=False):
+            self.fail_begin, self.end_elsewhere = fail_begin, end_elsewhere
+            self.ended = self.acquired = self.failed = False
 
         def capture_begin(self, pool=None):
-            self.pool = PoolId(next(Graph.pools), 0)
+            self.pool = PoolId(*(pool or (next(Graph.pools), 0)))
             self.capture_stream = Graph.stream
             hooks.carve_torch_begin_allocate_stream_to_pool(0, self.capture_stream, self.pool)
+            self.acquired = order == "2.13"
             if self.fail_begin:
                 raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
             lib.host_stream_capturing(self.capture_stream, True)
 
+        def invalidate(self):  # a synchronising call inside the capture
+            self.failed = True
+            lib.host_stream_capturing(self.capture_stream, "invalidated")
+
         def capture_end(self):
             if self.end_elsewhere:
                 raise RuntimeError("Capture must end on the same stream it began on.")
-            lib.host_stream_capturing(self.capture_stream, False)
-            if self.fail_end:
+            failed = getattr(self, "failed", False)
+            lib.host_stream_capturing(self.capture_stream, False)  # cudaStreamEndCapture ends it either way
+            if failed and order == "2.11":
                 raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
             hooks.carve_torch_end_allocate_stream_to_pool(0, self.capture_stream)
+            if failed:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
             self.ended = True
 
-        def reset(self):  # the graph destroyed: PyTorch releases the pool of a capture that ended
-            if self.ended:
+        def pool_id(self):
+            return (self.pool.first, self.pool.second)
+
+        def reset(self):  # also what the destructor runs
+            if self.ended or self.acquired:
                 hooks.carve_torch_release_pool(0, self.pool)
+            self.ended = self.acquired = False
 
     return Graph
-
-
 def worker_failed_capture(pool):
-    """carve_gpu.torch.end_failed_captures around a graph class that calls carve's hooks as
-    PyTorch's CUDAGraph does: a capture whose capture_end or capture_begin raised is ended and its
-    pool released (frees that waited go through, its memory comes home), the error reaches the
-    caller unchanged, and a capture that ended, or whose stream still captures, is left alone."""
+    """carve_gpu.torch.end_failed_captures around a stand-in CUDAGraph, for each order PyTorch calls
+    the hooks in (fake_graph_class). In each, a capture whose capture_end or capture_begin raised
+    lets the frees that waited through and its memory come home; its pool is released once, never
+    twice (a second capture into a pool another graph still uses leaves that graph's block its
+    own); an end on the wrong stream leaves a capture alone until it ends; the errors reach the
+    caller unchanged. With PyTorch's 2.12 order (which ends the capture but never releases the pool
+    of one that failed) the failed capture's pool is left to PyTorch, as under its own allocator."""
     lib = load(pool)
     use_carve_gpu()
     import carve_gpu.torch as carve_torch
-    Graph = fake_graph_class(lib)
-    carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)
-    carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)  # once only
     eager = 0xE1
 
     def reserved():
         lib.empty_cache()
         return lib.stats(0)["reserved_bytes"]
 
-    # capture_end fails: the driver invalidated the capture.
-    before = lib.malloc(3 * MiB, 0, eager)
-    g = Graph(fail_end=True)
-    g.capture_begin()
-    out = lib.malloc(4 * MiB, 0, Graph.stream)  # made by the failed capture, kept by the program
-    temp = lib.malloc(2 * MiB, 0, Graph.stream)
-    check(out and temp and before, "blocks during the capture")
-    lib.free(temp, 2 * MiB, 0, Graph.stream)
-    lib.free(before, 3 * MiB, 0, eager)  # waits for the end of the capture
-    try:
-        g.capture_end()
-        raise AssertionError("capture_end did not raise")
-    except RuntimeError as e:
-        check("previous error during capture" in str(e), f"the error was changed: {e}")
-    check(reserved() <= 4 * MiB + 2 * MiB, f"the failed capture still holds memory: {lib.stats(0)}")
-    lib.free(out, 4 * MiB, 0, Graph.stream)
-    check(reserved() == 0, f"the failed capture's pool did not come home: {lib.stats(0)}")
+    def expect_error(call, needle):
+        try:
+            call()
+        except RuntimeError as e:
+            check(needle in str(e), f"the error was changed: {e}")
+            return
+        raise AssertionError(f"{call} did not raise")
 
-    # capture_begin fails after carve opened the pool: the driver's capture never began.
-    try:
-        Graph(fail_begin=True).capture_begin()
-        raise AssertionError("capture_begin did not raise")
-    except RuntimeError as e:
-        check("not permitted" in str(e), f"the error was changed: {e}")
-    p = lib.malloc(MiB, 0, eager)
-    lib.free(p, MiB, 0, eager)  # no capture under way: goes through at once
-    check(reserved() == 0, f"a capture whose begin failed still counts: {lib.stats(0)}")
+    for n, order in enumerate(("2.11", "2.12", "2.13")):
+        Graph = fake_graph_class(lib, order)
+        Graph.stream = s = 0xE00 + 16 * n
+        carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)
+        carve_torch.end_failed_captures(Graph, lib, lambda: Graph.stream)  # once only
+        check(reserved() == 0, f"{order}: not a clean start: {lib.stats(0)}")
 
-    # capture_end on the wrong stream: the capture goes on, then ends well; a capture that ended
-    # keeps its pool for its graph.
-    g = Graph(end_elsewhere=True)
-    g.capture_begin()
-    kept = lib.malloc(2 * MiB, 0, Graph.stream)
-    lib.free(kept, 2 * MiB, 0, Graph.stream)
-    try:
-        g.capture_end()
-        raise AssertionError("capture_end did not raise")
-    except RuntimeError:
-        pass
-    again = lib.malloc(2 * MiB, 0, Graph.stream)
-    check(again == kept, "a capture still under way lost its pool")
-    lib.free(again, 2 * MiB, 0, Graph.stream)
-    g.end_elsewhere = False
-    g.capture_end()
-    other = lib.malloc(2 * MiB, 0, eager)
-    check(other != kept, "an ended graph's block served another stream")
-    lib.free(other, 2 * MiB, 0, eager)
-    check(reserved() == 2 * MiB, f"the graph's pool: {lib.stats(0)}")
-    g.reset()
-    check(reserved() == 0, f"the graph's pool did not come home when released: {lib.stats(0)}")
+        # A graph that keeps a freed block in its pool, which the failing captures below share.
+        keeper = Graph()
+        keeper.capture_begin()
+        kept = lib.malloc(MiB, 0, s)
+        lib.free(kept, MiB, 0, s)
+        keeper.capture_end()
+        shared = keeper.pool_id()
+        check(reserved() > 0, f"{order}: the graph's pool holds nothing")
+
+        once = 0 if order == "2.12" else 1  # releases of a failed capture's pool: carve's or PyTorch's
+
+        # An error inside the capture, then capture_end raises.
+        before = lib.malloc(3 * MiB, 0, eager)
+        g = Graph()
+        g.capture_begin(pool=shared)
+        out = lib.malloc(4 * MiB, 0, s)  # made by the failed capture, kept by the program
+        lib.free(before, 3 * MiB, 0, eager)  # waits for the end of the capture
+        g.invalidate()
+        waiting = reserved()
+        released = lib.pools_released()
+        expect_error(g.capture_end, "previous error during capture")
+        g.reset()  # the graph destroyed
+        check(lib.pools_released() - released == once, f"{order}: a failed end's pool released "
+              f"{lib.pools_released() - released} times")
+        check(reserved() < waiting, f"{order}: the free that waited for the failed capture did not go through")
+        lib.free(out, 4 * MiB, 0, s)
+
+        # capture_begin raises after carve opened the pool: the driver's capture never began.
+        g = Graph(fail_begin=True)
+        released = lib.pools_released()
+        expect_error(lambda: g.capture_begin(pool=shared), "not permitted")
+        g.reset()
+        check(lib.pools_released() - released == 1, f"{order}: a failed begin's pool released "
+              f"{lib.pools_released() - released} times")
+        p = lib.malloc(MiB, 0, eager)
+        held = reserved()
+        lib.free(p, MiB, 0, eager)  # no capture under way: goes through at once
+        check(reserved() < held, f"{order}: a free waited for a capture whose begin failed")
+
+        # capture_end on the wrong stream of an invalidated capture: left alone until it ends.
+        g = Graph(end_elsewhere=True)
+        g.capture_begin()
+        temp = lib.malloc(2 * MiB, 0, s)
+        lib.free(temp, 2 * MiB, 0, s)
+        g.invalidate()
+        released = lib.pools_released()
+        expect_error(g.capture_end, "same stream")
+        check(lib.pools_released() == released and lib.stream_in_capture(s), f"{order}: an open capture was touched")
+        waiting = lib.malloc(3 * MiB, 0, eager)
+        held = reserved()
+        lib.free(waiting, 3 * MiB, 0, eager)
+        check(reserved() == held, f"{order}: a free went through during a capture still open")
+        g.end_elsewhere = False
+        expect_error(g.capture_end, "previous error during capture")
+        g.reset()
+        check(lib.pools_released() - released == once, f"{order}: the failed end's pool released "
+              f"{lib.pools_released() - released} times")
+        check(reserved() < held, f"{order}: the free that waited did not go through")
+        if order == "2.12":  # PyTorch ended it and never releases its pool: as under its own allocator
+            lib.release_failed_capture(0, g.pool_id())
+
+        keeper.reset()
+        if order == "2.12":  # and the first failed capture's use of the shared pool
+            check(reserved() > 0, f"{order}: the shared pool was released by someone: {lib.stats(0)}")
+            lib.release_failed_capture(0, shared)
+        check(reserved() == 0, f"{order}: the graphs' memory did not come home: {lib.stats(0)}")
+        check(not lib.stream_in_capture(s), f"{order}: the stream still captures")
+
     try:  # the methods use() wraps, where this python3 has PyTorch (CUDA or not)
         import torch
     except ImportError:
@@ -502,9 +549,10 @@ def worker_failed_capture(pool):
         plain = (real.capture_begin, real.capture_end)
         carve_torch.end_failed_captures(real, lib, lambda: 0)
         check(getattr(real, "_carve_ends_failed_captures", False) and (real.capture_begin, real.capture_end) != plain
-              and real.capture_begin.__wrapped__ is plain[0] and real.capture_end.__wrapped__ is plain[1],
-              f"torch {torch.__version__}: CUDAGraph's capture methods not wrapped")
-    print(f"{pool}: failed captures ended and their pools released; the rest left to their graphs"
+              and real.capture_begin.__wrapped__ is plain[0] and real.capture_end.__wrapped__ is plain[1]
+              and callable(getattr(real, "reset", None)),
+              f"torch {torch.__version__}: CUDAGraph's capture methods not wrapped, or no reset()")
+    print(f"{pool}: failed captures ended and their pools released once, in PyTorch's 2.11, 2.12 and 2.13 orders"
           + (f"; torch {torch.__version__}'s CUDAGraph wrapped" if torch is not None else ""))
 
 

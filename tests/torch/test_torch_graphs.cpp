@@ -198,9 +198,10 @@ TEST_CASE("each stack: a stream that captures with no pool open is refused, neve
   }
 }
 
-// PyTorch announces a capture's end only after the driver ended it well, and releases the pool only
-// of a capture that ended: a capture that fails (capture_end raises) is abandoned instead.
-TEST_CASE("each stack: a capture that failed before its end is abandoned: frees go through, its pool comes home") {
+// A capture that failed (PyTorch raised before it announced the end): carve ends it and releases
+// its pool itself (carve_gpu.torch's wrapper decides when), and everything comes home.
+TEST_CASE(
+    "each stack: a failed capture ended and released late: the frees that waited go through, its pool comes home") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));
     Capture c(kind);
@@ -220,8 +221,9 @@ TEST_CASE("each stack: a capture that failed before its end is abandoned: frees 
     const auto held = s->books().reserved.now();
     CHECK(held >= 9 * MiB);
 
-    CHECK(s->abandon_capture(id));
-    CHECK_FALSE(s->abandon_capture(id)); // once
+    CHECK(s->end_capture(id));
+    CHECK_FALSE(s->end_capture(id)); // once
+    s->release_pool(id);
     s->empty_cache(); // the waited free went through and the pool was released: all but `out` goes back
     CHECK(s->books().reserved.now() < held);
     CHECK(s->books().reserved.now() <= 4 * MiB + 2 * MiB);
@@ -232,27 +234,7 @@ TEST_CASE("each stack: a capture that failed before its end is abandoned: frees 
   }
 }
 
-TEST_CASE("each stack: a capture that ended is not abandoned: its graph keeps its pool") {
-  for (const PoolKind kind : kinds) {
-    CAPTURE(name(kind));
-    Capture c(kind);
-    const PrivatePoolId id{10, 0};
-    c.begin(id);
-    void* temp = c.s->allocate(c.graph, 2 * MiB);
-    REQUIRE(temp != nullptr);
-    REQUIRE(c.s->deallocate(c.graph, temp, 2 * MiB));
-    c.end(id);
-    CHECK_FALSE(c.s->abandon_capture(id)); // ended: the graph may replay
-    void* other = c.s->allocate(c.other, 2 * MiB);
-    CHECK(other != temp); // the graph's block still serves no one else
-    REQUIRE(c.s->deallocate(c.other, other, 2 * MiB));
-    c.s->release_pool(id);
-    c.s->empty_cache();
-    CHECK(c.s->books().reserved.now() == 0);
-  }
-}
-
-TEST_CASE("the C functions for failed captures: what this thread began, and an abandon only once the capture is over") {
+TEST_CASE("the C functions for failed captures: what this thread began, captures not yet ended, ends and releases") {
   const auto base = fresh_streams(2);
   const cudaStream_t graph = stream(base);
   const cudaStream_t old_graph = stream(base + 1);
@@ -268,23 +250,36 @@ TEST_CASE("the C functions for failed captures: what this thread began, and an a
   CHECK(second == 0);
   std::thread([] { CHECK(carve_torch_captures_begun(nullptr, nullptr, nullptr) == 0); }).join(); // this thread's own
 
+  // The driver's states of a stream: in a capture while it runs and after an error invalidated
+  // it, until cudaStreamEndCapture.
+  CHECK(carve_torch_stream_in_capture(graph) == 0);
   carve_torch_host_stream_capturing(graph, 1);
+  CHECK(carve_torch_stream_in_capture(graph) == 1);
   void* out = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph);
   REQUIRE(out != nullptr);
-  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 0); // it still captures: it may yet end well
+  carve_torch_host_stream_capturing(graph, 2);
+  CHECK(carve_torch_stream_in_capture(graph) == 1);
+  CHECK(carve_torch_stream_in_capture(nullptr) == 0);
   carve_torch_host_stream_capturing(graph, 0);
-  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 1);
-  CHECK(carve_torch_abandon_capture(0, 11, 0, graph) == 0);
-  CHECK(carve_torch_abandon_capture(0, 12, 0, nullptr) == 0); // never begun
-  CHECK(carve_torch_abandon_capture(-1, 11, 0, nullptr) == 0);
-  CHECK(carve_torch_abandon_capture(64, 11, 0, nullptr) == 0);
+
+  CHECK(carve_torch_end_failed_capture(0, 11, 0, graph) == 1);
+  CHECK(carve_torch_end_failed_capture(0, 11, 0, graph) == 0);   // ended
+  CHECK(carve_torch_end_failed_capture(0, 12, 0, nullptr) == 0); // never begun
+  CHECK(carve_torch_end_failed_capture(-1, 11, 0, nullptr) == 0);
+  CHECK(carve_torch_end_failed_capture(64, 11, 0, nullptr) == 0);
+  const unsigned long long released = carve_torch_pools_released();
+  carve_torch_release_failed_capture(0, 11, 0);
+  CHECK(carve_torch_pools_released() == released + 1);
+  std::thread([] { CHECK(carve_torch_pools_released() == 0); }).join();
   carve_torch_free(out, static_cast<ssize_t>(MiB), 0, graph); // comes home: its pool was released
 
-  // PyTorch 2.1's stream form, whose driver capture never began (capture_begin raised).
+  // PyTorch 2.1's stream form, whose driver capture never began (capture_begin raised): its
+  // stream names it no more once ended.
   carve_torch_begin_allocate_stream_to_pool(0, old_graph, carve_torch_pool_id{13, 0});
   CHECK(carve_torch_captures_begun(nullptr, &first, nullptr) == before + 2);
   CHECK(first == 13);
-  CHECK(carve_torch_abandon_capture(0, 13, 0, nullptr) == 1);
+  CHECK(carve_torch_end_failed_capture(0, 13, 0, old_graph) == 1);
+  carve_torch_release_failed_capture(0, 13, 0);
   carve_torch_end_allocate_stream_to_pool(0, old_graph); // a late end finds nothing to end
   carve_torch_empty_cache();
   const std::string stats = carve_torch_stats_json(0);
