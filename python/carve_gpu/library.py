@@ -114,18 +114,19 @@ class CarveLibrary:
         lib.carve_torch_host_stream_capturing.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.carve_torch_guard_captures.restype = None
         lib.carve_torch_guard_captures.argtypes = [ctypes.c_int]
-        lib.carve_torch_captures_begun.restype = ctypes.c_ulonglong
-        lib.carve_torch_captures_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_ulonglong),
-                                                   ctypes.POINTER(ctypes.c_ulonglong)]
+        ull, ullp = ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_ulonglong)
+        lib.carve_torch_captures_begun.restype = ull
+        lib.carve_torch_captures_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ullp, ullp, ullp]
         lib.carve_torch_stream_in_capture.restype = ctypes.c_int
         lib.carve_torch_stream_in_capture.argtypes = [ctypes.c_void_p]
         lib.carve_torch_end_failed_capture.restype = ctypes.c_int
-        lib.carve_torch_end_failed_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong,
-                                                       ctypes.c_void_p]
-        lib.carve_torch_pools_released.restype = ctypes.c_ulonglong
-        lib.carve_torch_pools_released.argtypes = []
+        lib.carve_torch_end_failed_capture.argtypes = [ctypes.c_int, ull]
+        lib.carve_torch_watch_release.restype = None
+        lib.carve_torch_watch_release.argtypes = [ctypes.c_int, ull, ull]
+        lib.carve_torch_watched_release.restype = ctypes.c_int
+        lib.carve_torch_watched_release.argtypes = []
         lib.carve_torch_release_failed_capture.restype = None
-        lib.carve_torch_release_failed_capture.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+        lib.carve_torch_release_failed_capture.argtypes = [ctypes.c_int, ull, ull]
         self.lib = lib
 
     def address(self, name):
@@ -138,26 +139,32 @@ class CarveLibrary:
         self.lib.carve_torch_guard_captures(1 if on else 0)
 
     def captures_begun(self):
-        """(count, device, pool): how many CUDA graph captures this thread has begun through carve's
-        pool hooks, and the last one's device and pool id (a pair of ints)."""
-        device, first, second = ctypes.c_int(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
-        count = self.lib.carve_torch_captures_begun(ctypes.byref(device), ctypes.byref(first), ctypes.byref(second))
-        return count, device.value, (first.value, second.value)
+        """(count, device, pool, number): how many CUDA graph captures this thread has begun
+        through carve's pool hooks, and the last one's device, pool id (a pair of ints) and number
+        in its device's pool."""
+        device, first, second, number = ctypes.c_int(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0), \
+            ctypes.c_ulonglong(0)
+        count = self.lib.carve_torch_captures_begun(ctypes.byref(device), ctypes.byref(first), ctypes.byref(second),
+                                                    ctypes.byref(number))
+        return count, device.value, (first.value, second.value), number.value
 
     def stream_in_capture(self, stream):
         """Whether `stream` (a handle; None is the null stream) is in a CUDA graph capture the
         driver has not ended: under way, or invalidated by an error."""
         return self.lib.carve_torch_stream_in_capture(stream) == 1
 
-    def end_failed_capture(self, device, pool, stream=None):
-        """Ends the capture into `pool` on `device` (begun on `stream`) as PyTorch's end would have.
-        True when it was under way; False when it had ended."""
-        return self.lib.carve_torch_end_failed_capture(device, pool[0], pool[1], stream) == 1
+    def end_failed_capture(self, device, number):
+        """Ends the capture numbered `number` on `device` as PyTorch's end would have. True when it
+        was under way; False when it had ended."""
+        return self.lib.carve_torch_end_failed_capture(device, number) == 1
 
-    def pools_released(self):
-        """How many times this thread released a graph's pool (PyTorch's release hook, or
-        release_failed_capture)."""
-        return self.lib.carve_torch_pools_released()
+    def watch_release(self, device, pool):
+        """Watches this thread for a release of `pool` on `device`; watched_release() says whether
+        one came."""
+        self.lib.carve_torch_watch_release(device, pool[0], pool[1])
+
+    def watched_release(self):
+        return self.lib.carve_torch_watched_release() == 1
 
     def release_failed_capture(self, device, pool):
         """One user less of a failed capture's `pool` on `device`, as PyTorch's release would be."""

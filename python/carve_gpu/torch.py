@@ -104,56 +104,66 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
         raise RuntimeError("carve_gpu.torch.use(): PyTorch refused to install carve's allocator: " + str(e)) from e
     _installed.update(allocator=allocator, library=lib)
     _graphs_without_trees(torch)
-    end_failed_captures(torch.cuda.CUDAGraph, lib, lambda: torch.cuda.current_stream().cuda_stream)
+    # PyTorch 2.1 (the stream form of the pool hooks) resets a graph without clearing its flags.
+    end_failed_captures(torch.cuda.CUDAGraph, lib, lambda: torch.cuda.current_stream().cuda_stream,
+                        reset_releases=hasattr(allocator._allocator, "set_begin_allocate_to_pool"))
     return allocator
 
 
-def end_failed_captures(graph_class, lib, current_stream):
+def end_failed_captures(graph_class, lib, current_stream, reset_releases=True):
     """Wraps graph_class's capture_begin and capture_end (torch.cuda.CUDAGraph's, which
     torch.cuda.graph and make_graphed_callables call) so that a capture that fails is ended in
     carve and its pool released once. PyTorch up to 2.11 tells its allocator that a capture ended
     only once the driver ended it well, and releases a graph's pool only for a capture that ended:
     when either method raised first (a synchronising call inside the capture invalidated it, say),
     carve would count the capture under way until the process ends, every other free waiting.
-    Later versions end the capture before raising and release the pool at the graph's reset.
+    From PyTorch's PR 180395 on the capture is ended before the error is raised, and from PR 190348
+    on the graph's reset releases the pool.
 
-    After an error, and once the capture's stream is in no capture (capture_end called on another
-    stream leaves a capture that may yet end well): when PyTorch did not end the capture, carve ends
-    it, resets the graph as PyTorch's clean-up, and releases the pool if that reset did not; when
-    PyTorch ended it, its graph's pool is PyTorch's to release. The error is raised unchanged.
-    current_stream() gives the handle of the stream a capture begins on. Wraps a class once."""
+    After an error, once the capture's stream is in no capture (capture_end called on another
+    stream leaves a capture that may yet end well), and when PyTorch did not end the capture: carve
+    ends it (that one capture, whatever others share its pool), resets the graph (PyTorch's own
+    clean-up) and releases the pool unless that reset did. reset_releases=False (PyTorch 2.1, whose
+    reset neither releases a failed capture's pool nor clears its flags) skips the reset. Nothing
+    is reset on a graph whose own earlier capture is still open or whose capture ended well before
+    (a keep_graph graph captured again): its pool is left to PyTorch. When PyTorch ended the
+    capture, its pool is PyTorch's to release. The error is raised unchanged. current_stream()
+    gives the handle of the stream a capture begins on. Wraps a class once."""
     if getattr(graph_class, "_carve_ends_failed_captures", False):
         return
-    begin, end = graph_class.capture_begin, graph_class.capture_end
+    begin, end, reset = graph_class.capture_begin, graph_class.capture_end, getattr(graph_class, "reset", None)
 
-    def finish(self, device, pool, stream):
-        self._carve_capture = None
-        if not lib.end_failed_capture(device, pool, stream):
+    def finish(self, device, pool, number, may_reset=True):
+        if not lib.end_failed_capture(device, number):
             return
-        released = lib.pools_released()
-        try:
-            self.reset()  # PyTorch's own clean-up; newer versions release the failed capture's pool here
-        except Exception:  # noqa: BLE001 - the original error is what the caller must see
-            pass
-        if lib.pools_released() == released:
+        if not may_reset:
+            return
+        lib.watch_release(device, pool)
+        if reset_releases and reset is not None:
+            try:
+                reset(self)  # PyTorch's own clean-up; from PR 190348 on it releases the pool
+            except Exception:  # noqa: BLE001 - the original error is what the caller must see
+                pass
+        if not lib.watched_release():
             lib.release_failed_capture(device, pool)
 
     @functools.wraps(begin)
     def capture_begin(self, *args, **kwargs):
-        self._carve_capture = None
+        earlier = getattr(self, "_carve_capture", None)  # this graph's own capture, if still open
         stream = current_stream()
         nested = lib.stream_in_capture(stream)  # then the driver refuses to begin this one
         before = lib.captures_begun()[0]
         try:
             begin(self, *args, **kwargs)
         except BaseException:
-            count, device, pool = lib.captures_begun()
-            # carve opened the graph's pool; unless the driver's capture began and still runs
+            count, device, pool, number = lib.captures_begun()
             if count != before and (nested or not lib.stream_in_capture(stream)):
-                finish(self, device, pool, stream)
+                # carve opened the graph's pool, but the driver's capture never began
+                finish(self, device, pool, number,
+                       may_reset=earlier is None and not getattr(self, "_carve_captured", False))
             raise
-        count, device, pool = lib.captures_begun()
-        self._carve_capture = (device, pool, stream) if count != before else None
+        count, device, pool, number = lib.captures_begun()
+        self._carve_capture = (device, pool, number, stream) if count != before else None
 
     @functools.wraps(end)
     def capture_end(self):
@@ -161,10 +171,12 @@ def end_failed_captures(graph_class, lib, current_stream):
             end(self)
         except BaseException:
             capture = getattr(self, "_carve_capture", None)
-            if capture is not None and not lib.stream_in_capture(capture[2]):
-                finish(self, *capture)
+            if capture is not None and not lib.stream_in_capture(capture[3]):
+                self._carve_capture = None
+                finish(self, *capture[:3], may_reset=not getattr(self, "_carve_captured", False))
             raise
         self._carve_capture = None
+        self._carve_captured = True
 
     graph_class.capture_begin = capture_begin
     graph_class.capture_end = capture_end

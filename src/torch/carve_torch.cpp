@@ -7,6 +7,7 @@
 #include "config.hpp"
 #include "pool_stacks.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -145,15 +147,29 @@ struct BegunCaptures {
   unsigned long long count = 0;
   int device = 0;
   carve_torch_pool_id pool{0, 0};
+  std::uint64_t number = 0; // the device stack's number for it
 };
 thread_local BegunCaptures begun_captures;
-// How many pools the calling thread released (carve_torch_pools_released).
-thread_local unsigned long long pools_released = 0;
 
-// PyTorch 2.1's captures, by device and stream: the pool each one allocates to.
+// The pool the calling thread watches for a release (carve_torch_watch_release).
+struct WatchedRelease {
+  bool watching = false;
+  bool released = false;
+  int device = 0;
+  carve_torch_pool_id pool{0, 0};
+};
+thread_local WatchedRelease watched_release;
+
+// PyTorch 2.1's captures, by device and stream (several on one stream when a capture begun on a
+// capturing stream was refused): the pool each allocates to and its number in its device's stack.
 struct StreamPools {
+  struct Entry {
+    int device;
+    cudaStream_t stream;
+    std::uint64_t number;
+  };
   std::mutex mutex;
-  std::map<std::pair<int, cudaStream_t>, carve_torch_pool_id> of;
+  std::vector<Entry> of;
 };
 StreamPools& stream_pools() {
   static StreamPools* p = new StreamPools; // never destroyed (see the top of this file)
@@ -417,8 +433,8 @@ void carve_torch_begin_allocate_to_pool(int device, carve_torch_pool_id pool,
     throw std::runtime_error("libcarve_torch: cannot capture a CUDA graph on GPU " + std::to_string(device) +
                              ": it has no carve pool");
   }
-  s->begin_capture(carve::PrivatePoolId{pool.first, pool.second}, std::move(filter));
-  begun_captures = BegunCaptures{begun_captures.count + 1, device, pool};
+  const std::uint64_t number = s->begin_capture(carve::PrivatePoolId{pool.first, pool.second}, std::move(filter));
+  begun_captures = BegunCaptures{begun_captures.count + 1, device, pool, number};
 }
 
 void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool) {
@@ -428,37 +444,41 @@ void carve_torch_end_allocate_to_pool(int device, carve_torch_pool_id pool) {
 }
 
 void carve_torch_release_pool(int device, carve_torch_pool_id pool) {
-  ++pools_released;
+  if (WatchedRelease& w = watched_release; w.watching && w.device == device && w.pool == pool) {
+    w.released = true;
+  }
   if (DeviceStack* s = existing_stack(device)) {
     s->release_pool(carve::PrivatePoolId{pool.first, pool.second});
   }
 }
 
-// PyTorch 2.1 names the capturing stream itself, and ends a capture by its stream.
+// PyTorch 2.1 names the capturing stream itself, and ends a capture by its stream (the oldest
+// under way on it, as its own allocator does).
 void carve_torch_begin_allocate_stream_to_pool(int device, cudaStream_t stream, carve_torch_pool_id pool) {
-  {
-    const std::lock_guard lock(stream_pools().mutex);
-    stream_pools().of[{device, stream}] = pool;
-  }
   carve_torch_begin_allocate_to_pool(device, pool, [stream](cudaStream_t s) { return s == stream; });
+  const std::lock_guard lock(stream_pools().mutex);
+  stream_pools().of.push_back({device, stream, begun_captures.number});
 }
 
 void carve_torch_end_allocate_stream_to_pool(int device, cudaStream_t stream) {
-  std::optional<carve_torch_pool_id> pool;
+  std::optional<std::uint64_t> number;
   {
     const std::lock_guard lock(stream_pools().mutex);
-    if (const auto it = stream_pools().of.find({device, stream}); it != stream_pools().of.end()) {
-      pool = it->second;
-      stream_pools().of.erase(it);
+    auto& of = stream_pools().of;
+    if (const auto it =
+            std::find_if(of.begin(), of.end(), [&](const auto& e) { return e.device == device && e.stream == stream; });
+        it != of.end()) {
+      number = it->number;
+      of.erase(it);
     }
   }
-  if (pool) {
-    carve_torch_end_allocate_to_pool(device, *pool);
+  if (DeviceStack* s = existing_stack(device); s != nullptr && number) {
+    s->end_begun_capture(*number);
   }
 }
 
 unsigned long long carve_torch_captures_begun(int* device, unsigned long long* pool_first,
-                                              unsigned long long* pool_second) {
+                                              unsigned long long* pool_second, unsigned long long* number) {
   const BegunCaptures& b = begun_captures;
   if (device != nullptr) {
     *device = b.device;
@@ -468,6 +488,9 @@ unsigned long long carve_torch_captures_begun(int* device, unsigned long long* p
   }
   if (pool_second != nullptr) {
     *pool_second = b.pool.second;
+  }
+  if (number != nullptr) {
+    *number = b.number;
   }
   return b.count;
 }
@@ -483,21 +506,25 @@ int carve_torch_stream_in_capture(cudaStream_t stream) {
 #endif
 }
 
-int carve_torch_end_failed_capture(int device, unsigned long long pool_first, unsigned long long pool_second,
-                                   cudaStream_t stream) {
+int carve_torch_end_failed_capture(int device, unsigned long long number) {
   DeviceStack* s = existing_stack(device);
-  if (s == nullptr || !s->end_capture(carve::PrivatePoolId{pool_first, pool_second})) {
+  if (s == nullptr || !s->end_begun_capture(number)) {
     return 0;
   }
   const std::lock_guard lock(stream_pools().mutex); // a PyTorch 2.1 capture: its stream names it no more
-  if (const auto it = stream_pools().of.find({device, stream});
-      it != stream_pools().of.end() && it->second == carve_torch_pool_id{pool_first, pool_second}) {
-    stream_pools().of.erase(it);
-  }
+  std::erase_if(stream_pools().of, [&](const auto& e) { return e.device == device && e.number == number; });
   return 1;
 }
 
-unsigned long long carve_torch_pools_released(void) { return pools_released; }
+void carve_torch_watch_release(int device, unsigned long long pool_first, unsigned long long pool_second) {
+  watched_release = WatchedRelease{true, false, device, carve_torch_pool_id{pool_first, pool_second}};
+}
+
+int carve_torch_watched_release(void) {
+  const bool released = watched_release.released;
+  watched_release = WatchedRelease{};
+  return released ? 1 : 0;
+}
 
 void carve_torch_release_failed_capture(int device, unsigned long long pool_first, unsigned long long pool_second) {
   carve_torch_release_pool(device, carve_torch_pool_id{pool_first, pool_second});

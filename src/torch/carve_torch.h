@@ -153,27 +153,33 @@ extern "C" {
  * driver ended it well, and releases a graph's pool only for a capture that ended: when
  * CUDAGraph.capture_begin or capture_end raises first (the driver invalidated the capture, say),
  * carve would count the capture under way for good (every other free waiting, nothing going back
- * to the device) and never release its pool. Later versions end the capture before they raise,
- * and then release the pool when the graph is reset. carve_gpu.torch.use() wraps both methods and,
- * after such an error, once the capture's stream is in no capture: ends the capture if PyTorch has
- * not (carve_torch_end_failed_capture); if it did so, resets the graph, and releases the pool
- * only when that reset released none (carve_torch_pools_released), so that no version's pool is
- * released twice. (Checked on the host backend against each order; not yet under CUDA.)
+ * to the device) and never release its pool. From PyTorch's PR 180395 on, the capture is ended
+ * before the error is raised, and from PR 190348 on the graph's reset releases the pool.
+ * carve_gpu.torch.use() wraps both methods and, after such an error, once the capture's stream is
+ * in no capture: when PyTorch did not end the capture, carve ends it (carve_torch_end_failed_capture),
+ * resets the graph while watching for the release of its pool (carve_torch_watch_release), and
+ * releases the pool only when that reset did not, so that no version's pool is released twice.
+ * (Checked on the host backend against each order; not yet under CUDA.)
  *
  * carve_torch_captures_begun: how many captures the calling thread has begun through
- * carve_torch_begin_allocate_to_pool (or its stream form), and, when any, the last one's device and
- * pool (any pointer may be NULL). */
+ * carve_torch_begin_allocate_to_pool (or its stream form), and, when any, the last one's device,
+ * pool and number in its device's pool (any pointer may be NULL). */
 CARVE_TORCH_API unsigned long long carve_torch_captures_begun(int* device, unsigned long long* pool_first,
-                                                              unsigned long long* pool_second);
+                                                              unsigned long long* pool_second,
+                                                              unsigned long long* number);
 /* 1 when `stream` is in a capture the driver has not ended: under way, or invalidated by an error
  * (0 for NULL, which cannot capture). */
 CARVE_TORCH_API int carve_torch_stream_in_capture(cudaStream_t stream);
-/* Ends the capture into pool {pool_first, pool_second} on `device`, begun on `stream`, as
- * carve_torch_end_allocate_to_pool would: 1 when it was under way, 0 when it had ended. */
-CARVE_TORCH_API int carve_torch_end_failed_capture(int device, unsigned long long pool_first,
-                                                   unsigned long long pool_second, cudaStream_t stream);
-/* How many times the calling thread released a pool (carve_torch_release_pool). */
-CARVE_TORCH_API unsigned long long carve_torch_pools_released(void);
+/* Ends the capture numbered `number` on `device` (carve_torch_captures_begun) as
+ * carve_torch_end_allocate_to_pool would, whatever other captures share its pool: 1 when it was
+ * under way, 0 when it had ended. */
+CARVE_TORCH_API int carve_torch_end_failed_capture(int device, unsigned long long number);
+/* Watches, on the calling thread, for a release of pool {pool_first, pool_second} on `device`
+ * (carve_torch_release_pool); carve_torch_watched_release says whether one came since, and stops
+ * watching. */
+CARVE_TORCH_API void carve_torch_watch_release(int device, unsigned long long pool_first,
+                                               unsigned long long pool_second);
+CARVE_TORCH_API int carve_torch_watched_release(void);
 /* carve_torch_release_pool with the pool's id as two integers, for a failed capture's pool. */
 CARVE_TORCH_API void carve_torch_release_failed_capture(int device, unsigned long long pool_first,
                                                         unsigned long long pool_second);

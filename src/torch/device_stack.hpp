@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -123,11 +124,13 @@ public:
   // forward its pool hooks, a capture would otherwise be served as any other request).
   void guard_captures(bool on) noexcept { guard_captures_.store(on, std::memory_order_relaxed); }
 
-  // A capture begins allocating to private pool `id` from the streams `filter` accepts.
-  void begin_capture(PrivatePoolId id, CaptureFilter filter) {
+  // A capture begins allocating to private pool `id` from the streams `filter` accepts. Returns
+  // the capture's number, by which end_begun_capture ends exactly this one.
+  std::uint64_t begin_capture(PrivatePoolId id, CaptureFilter filter) {
     const std::lock_guard gate(capture_gate_); // the operations under way end first; then graphs_
     const std::lock_guard lock(graphs_);
-    underway_.push_back(Capture{id, std::move(filter)});
+    const std::uint64_t number = ++captures_begun_;
+    underway_.push_back(Capture{id, std::move(filter), number});
     try {
       privates_.open(id);
     } catch (...) {
@@ -139,36 +142,19 @@ public:
       hold(true);
     }
     captures_.fetch_add(1, std::memory_order_acq_rel);
+    return number;
   }
-  // The capture into `id` ended: its streams allocate as usual again. When it was the last one,
-  // the frees that waited go through, and the pools released meanwhile go back to the device.
-  // False when no capture into `id` was under way (nothing changes).
+  // The capture into `id` ended (the oldest under way, as PyTorch's own allocator ends one): its
+  // streams allocate as usual again. When it was the last one, the frees that waited go through,
+  // and the pools released meanwhile go back to the device. False when no capture into `id` was
+  // under way (nothing changes).
   bool end_capture(PrivatePoolId id) noexcept {
-    const std::lock_guard lock(graphs_); // no capture begins while these go back
-    const auto it = std::find_if(underway_.begin(), underway_.end(), [&](const Capture& c) { return c.id == id; });
-    if (it == underway_.end()) {
-      return false;
-    }
-    underway_.erase(it);
-    if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) {
-      return true;
-    }
-    hold(false);
-    for (const PrivateBlock& b : waited_) {
-      if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
-        report_misuse("carve_torch_free", b.p, b.bytes, r.error()); // checked now that it could be
-      }
-    }
-    waited_.clear();
-    for (const PrivateBlock& b : used_in_capture_) { // no capture now: through the graph pools again
-      if (const Freed r = free_with_graphs(b.stream, b.p, b.bytes); !r) {
-        report_misuse("carve_torch_free", b.p, b.bytes, r.error());
-      }
-    }
-    used_in_capture_.clear();
-    give_back(released_);
-    released_.clear();
-    return true;
+    return end_where([&](const Capture& c) { return c.id == id; });
+  }
+  // end_capture for the capture begin_capture numbered `number` (a failed one: PyTorch never
+  // ended it), whatever other captures share its pool. False when it is not under way.
+  bool end_begun_capture(std::uint64_t number) noexcept {
+    return end_where([&](const Capture& c) { return c.number == number; });
   }
   // One user less of private pool `id` (a graph destroyed): when it has none, its free blocks go
   // back to the stack once the device has run every replay (its blocks in use follow as freed).
@@ -194,6 +180,37 @@ public:
   void reset_peak() noexcept {
     books_.live.reset_peak();
     books_.reserved.reset_peak();
+  }
+
+private:
+  // Ends the first capture under way that `which` picks (see end_capture).
+  template <class Which>
+  bool end_where(Which which) noexcept {
+    const std::lock_guard lock(graphs_); // no capture begins while these go back
+    const auto it = std::find_if(underway_.begin(), underway_.end(), which);
+    if (it == underway_.end()) {
+      return false;
+    }
+    underway_.erase(it);
+    if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+      return true;
+    }
+    hold(false);
+    for (const PrivateBlock& b : waited_) {
+      if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
+        report_misuse("carve_torch_free", b.p, b.bytes, r.error()); // checked now that it could be
+      }
+    }
+    waited_.clear();
+    for (const PrivateBlock& b : used_in_capture_) { // no capture now: through the graph pools again
+      if (const Freed r = free_with_graphs(b.stream, b.p, b.bytes); !r) {
+        report_misuse("carve_torch_free", b.p, b.bytes, r.error());
+      }
+    }
+    used_in_capture_.clear();
+    give_back(released_);
+    released_.clear();
+    return true;
   }
 
 protected:
@@ -231,6 +248,7 @@ private:
   struct Capture {
     PrivatePoolId id;
     CaptureFilter filter;
+    std::uint64_t number; // begin_capture's count
   };
 
   void* take_or_retry(cudaStream_t stream, std::size_t bytes, std::size_t& gave_back) noexcept {
@@ -342,6 +360,7 @@ private:
   }
 
   std::atomic<int> captures_{0};         // captures under way
+  std::uint64_t captures_begun_ = 0;     // begin_capture calls (under graphs_)
   std::atomic<bool> graphs_used_{false}; // a private pool was ever opened: frees ask privates_
   std::atomic<bool> guard_captures_{false};
   std::mutex graphs_;                         // underway_, waited_, released_

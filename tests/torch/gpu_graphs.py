@@ -16,8 +16,9 @@ PyTorch's own allocator, each in a process of its own:
 - first of all, under carve, a capture the driver invalidates (a device synchronisation inside it):
   PyTorch raises at its end, before (up to 2.11) or after telling the allocator that the capture
   ended; either way the capture must end in carve: 68 MiB of tensors freed after it go back to the
-  device at empty_cache (they would wait for the end of the capture for good otherwise), the
-  report says who ended it, and the captures above still run.
+  device at empty_cache (they would wait for the end of the capture for good otherwise), and when
+  carve ended it, the 4 MiB the failed capture made too (its pool released); the report says who
+  ended it, and the captures above still run.
 
     gpu_graphs.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
@@ -100,7 +101,8 @@ def compiled_losses(torch):
 def failed_capture(torch, carve):
     """A capture invalidated by a device synchronisation inside it: what PyTorch raised, whether
     carve or PyTorch ended the capture in the allocator (PyTorch does itself from its PR 180395 on),
-    and the bytes empty_cache gave back for the 64 MiB and 4 MiB tensors freed after it."""
+    and the bytes empty_cache gave back for the 64 MiB and 4 MiB tensors freed after it and the
+    4 MiB one the failed capture made (its pool released)."""
     lib = carve._installed["library"]
     ended = []
     end_failed_capture = lib.end_failed_capture
@@ -192,13 +194,16 @@ def orchestrate(args):
     for pool in POOLS:
         r = results[pool]
         f = r.get("failed_capture")
+        # 68 MiB: the tensors freed after the failure; 72: and the failed capture's own (y), which
+        # comes home only once its pool is released (by carve when carve ended the capture)
+        need = 72 * MiB if isinstance(f, dict) and f["ended_by"] == "carve" else 68 * MiB
         ok = (isinstance(f, dict) and f["error"] is not None and "capture" in f["error"]
-              and f["gave_back"] >= 68 * MiB and f["ended_by"] != "nobody")
+              and f["gave_back"] >= need and f["ended_by"] != "nobody")
         failed += not ok
         if isinstance(f, dict):
             lines.append(f"- {pool}: a capture the driver invalidated raised ({f['error']}); {f['ended_by']} ended it "
                          f"in the allocator (torch {f['torch']}); the tensors freed after it went back at empty_cache "
-                         f"({f['gave_back']} bytes of 68 MiB): {'passed' if ok else 'FAILED'}")
+                         f"({f['gave_back']} bytes, {need >> 20} MiB needed): {'passed' if ok else 'FAILED'}")
         else:
             lines.append(f"- {pool}: a capture the driver invalidated: FAILED: {str(f)[:600]}")
         for what, name in (("captured", "torch.cuda.graph of a training step"),

@@ -238,52 +238,72 @@ TEST_CASE("the C functions for failed captures: what this thread began, captures
   const auto base = fresh_streams(2);
   const cudaStream_t graph = stream(base);
   const cudaStream_t old_graph = stream(base + 1);
-  const unsigned long long before = carve_torch_captures_begun(nullptr, nullptr, nullptr);
+  const unsigned long long before = carve_torch_captures_begun(nullptr, nullptr, nullptr, nullptr);
   const carve_torch_pool_id pool{11, 0};
+  // Two captures into one pool (a shared pool): a failed one is ended by its number, not the pool's.
   carve_torch_begin_allocate_to_pool(0, pool, [graph](cudaStream_t x) { return x == graph; });
+  unsigned long long outer = 0;
+  CHECK(carve_torch_captures_begun(nullptr, nullptr, nullptr, &outer) == before + 1);
+  carve_torch_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return false; });
   int device = -1;
   unsigned long long first = 0;
   unsigned long long second = 1;
-  CHECK(carve_torch_captures_begun(&device, &first, &second) == before + 1);
+  unsigned long long inner = 0;
+  CHECK(carve_torch_captures_begun(&device, &first, &second, &inner) == before + 2);
   CHECK(device == 0);
   CHECK(first == 11);
   CHECK(second == 0);
-  std::thread([] { CHECK(carve_torch_captures_begun(nullptr, nullptr, nullptr) == 0); }).join(); // this thread's own
+  CHECK(inner != outer);
+  std::thread([] { CHECK(carve_torch_captures_begun(nullptr, nullptr, nullptr, nullptr) == 0); }).join();
+  CHECK(carve_torch_end_failed_capture(0, inner) == 1);
+  CHECK(carve_torch_end_failed_capture(0, inner) == 0); // ended
+  carve_torch_release_failed_capture(0, 11, 0);
 
   // The driver's states of a stream: in a capture while it runs and after an error invalidated
   // it, until cudaStreamEndCapture.
   CHECK(carve_torch_stream_in_capture(graph) == 0);
   carve_torch_host_stream_capturing(graph, 1);
   CHECK(carve_torch_stream_in_capture(graph) == 1);
-  void* out = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph);
+  void* out = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, graph); // the outer capture still serves it
   REQUIRE(out != nullptr);
   carve_torch_host_stream_capturing(graph, 2);
   CHECK(carve_torch_stream_in_capture(graph) == 1);
   CHECK(carve_torch_stream_in_capture(nullptr) == 0);
   carve_torch_host_stream_capturing(graph, 0);
 
-  CHECK(carve_torch_end_failed_capture(0, 11, 0, graph) == 1);
-  CHECK(carve_torch_end_failed_capture(0, 11, 0, graph) == 0);   // ended
-  CHECK(carve_torch_end_failed_capture(0, 12, 0, nullptr) == 0); // never begun
-  CHECK(carve_torch_end_failed_capture(-1, 11, 0, nullptr) == 0);
-  CHECK(carve_torch_end_failed_capture(64, 11, 0, nullptr) == 0);
-  const unsigned long long released = carve_torch_pools_released();
-  carve_torch_release_failed_capture(0, 11, 0);
-  CHECK(carve_torch_pools_released() == released + 1);
-  std::thread([] { CHECK(carve_torch_pools_released() == 0); }).join();
+  CHECK(carve_torch_end_failed_capture(0, outer) == 1);
+  CHECK(carve_torch_end_failed_capture(-1, outer) == 0);
+  CHECK(carve_torch_end_failed_capture(64, outer) == 0);
+  carve_torch_watch_release(0, 11, 0);
+  carve_torch_release_failed_capture(0, 12, 0); // another pool: not the one watched
+  CHECK(carve_torch_watched_release() == 0);
+  carve_torch_watch_release(0, 11, 0);
+  carve_torch_release_pool(0, pool);                                     // what a reset of PyTorch's calls
+  std::thread([] { CHECK(carve_torch_watched_release() == 0); }).join(); // this thread's own
+  CHECK(carve_torch_watched_release() == 1);
+  CHECK(carve_torch_watched_release() == 0);                  // the watch ended
   carve_torch_free(out, static_cast<ssize_t>(MiB), 0, graph); // comes home: its pool was released
 
-  // PyTorch 2.1's stream form, whose driver capture never began (capture_begin raised): its
-  // stream names it no more once ended.
+  // PyTorch 2.1's stream form: a capture begun on a stream that captures already (refused by the
+  // driver) is ended by its number; the outer one is still ended by its stream.
   carve_torch_begin_allocate_stream_to_pool(0, old_graph, carve_torch_pool_id{13, 0});
-  CHECK(carve_torch_captures_begun(nullptr, &first, nullptr) == before + 2);
-  CHECK(first == 13);
-  CHECK(carve_torch_end_failed_capture(0, 13, 0, old_graph) == 1);
-  carve_torch_release_failed_capture(0, 13, 0);
-  carve_torch_end_allocate_stream_to_pool(0, old_graph); // a late end finds nothing to end
+  carve_torch_host_stream_capturing(old_graph, 1);
+  carve_torch_begin_allocate_stream_to_pool(0, old_graph, carve_torch_pool_id{14, 0});
+  CHECK(carve_torch_captures_begun(nullptr, &first, nullptr, &inner) == before + 4);
+  CHECK(first == 14);
+  CHECK(carve_torch_end_failed_capture(0, inner) == 1);
+  carve_torch_release_failed_capture(0, 14, 0);
+  void* p = carve_torch_malloc(static_cast<ssize_t>(MiB), 0, old_graph); // the outer capture's pool
+  REQUIRE(p != nullptr);
+  carve_torch_free(p, static_cast<ssize_t>(MiB), 0, old_graph);
+  carve_torch_host_stream_capturing(old_graph, 0);
+  carve_torch_end_allocate_stream_to_pool(0, old_graph); // ends the outer capture
+  carve_torch_end_allocate_stream_to_pool(0, old_graph); // nothing more to end
+  carve_torch_release_pool(0, carve_torch_pool_id{13, 0});
   carve_torch_empty_cache();
   const std::string stats = carve_torch_stats_json(0);
   CHECK(stats.find("\"live_bytes\":0,") != std::string::npos);
+  CHECK(stats.find("\"reserved_bytes\":0,") != std::string::npos); // every capture ended, every pool home
 }
 
 TEST_CASE("the C hooks PyTorch calls: pools by MempoolId_t, PyTorch 2.1's stream forms, the refusal's text") {
