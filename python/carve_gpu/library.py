@@ -142,10 +142,9 @@ class CarveLibrary:
         """(count, device, pool, number): how many CUDA graph captures this thread has begun
         through carve's pool hooks, and the last one's device, pool id (a pair of ints) and number
         in its device's pool."""
-        device, first, second, number = ctypes.c_int(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0), \
-            ctypes.c_ulonglong(0)
-        count = self.lib.carve_torch_captures_begun(ctypes.byref(device), ctypes.byref(first), ctypes.byref(second),
-                                                    ctypes.byref(number))
+        device = ctypes.c_int(0)
+        first, second, number = (ctypes.c_ulonglong(0) for _ in range(3))
+        count = self.lib.carve_torch_captures_begun(*(ctypes.byref(v) for v in (device, first, second, number)))
         return count, device.value, (first.value, second.value), number.value
 
     def stream_in_capture(self, stream):

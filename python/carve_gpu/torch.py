@@ -134,10 +134,8 @@ def end_failed_captures(graph_class, lib, current_stream, reset_releases=True):
     begin, end, reset = graph_class.capture_begin, graph_class.capture_end, getattr(graph_class, "reset", None)
 
     def finish(self, device, pool, number, may_reset=True):
-        if not lib.end_failed_capture(device, number):
-            return
-        if not may_reset:
-            return
+        if not lib.end_failed_capture(device, number) or not may_reset:
+            return  # PyTorch ended it, or its graph's pool is left to PyTorch
         lib.watch_release(device, pool)
         if reset_releases and reset is not None:
             try:

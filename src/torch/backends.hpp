@@ -97,27 +97,21 @@ struct CudaBackend {
     }
   }
   // Whether a graph capture is under way on `s` (a capturing stream's work is recorded, not run).
-  static bool capturing(cudaStream_t s) noexcept {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return status == cudaStreamCaptureStatusActive;
-  }
+  static bool capturing(cudaStream_t s) noexcept { return capture_status(s) == cudaStreamCaptureStatusActive; }
   // Whether `s` is in a capture not yet ended: under way, or invalidated by an error (the driver's
   // capture ends only at cudaStreamEndCapture). Never asked of the null stream, which cannot
   // capture and whose question is itself an error while another stream captures.
   static bool in_capture(cudaStream_t s) noexcept {
+    return s != nullptr && capture_status(s) != cudaStreamCaptureStatusNone;
+  }
+  // What the driver says of `s`'s capture (none when it cannot say).
+  static cudaStreamCaptureStatus capture_status(cudaStream_t s) noexcept {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (s == nullptr) {
-      return false;
-    }
     if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return cudaStreamCaptureStatusNone;
     }
-    return status != cudaStreamCaptureStatusNone;
+    return status;
   }
   // While a capture is under way (`active`), lets this thread make the calls a capture in the
   // global or thread-local mode forbids (cudaMalloc, cuMemMap, cudaFree), as PyTorch's own

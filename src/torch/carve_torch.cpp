@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <iterator>
 #include <limits>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -161,7 +160,7 @@ struct WatchedRelease {
 thread_local WatchedRelease watched_release;
 
 // PyTorch 2.1's captures, by device and stream (several on one stream when a capture begun on a
-// capturing stream was refused): the pool each allocates to and its number in its device's stack.
+// capturing stream was refused), each with its number in its device's stack, oldest first.
 struct StreamPools {
   struct Entry {
     int device;

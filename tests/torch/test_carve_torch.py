@@ -404,7 +404,6 @@ def fake_graph_class(lib, order):
     class Graph:
         stream = None  # the current stream, set by the test
         pools = iter(range(100, 1 << 20))
-        releases = 0  # the pool releases PyTorch made
 
         def __init__(self, fail_begin=False, fail_after_begin=False, end_elsewhere=False):
             self.fail_begin, self.fail_after_begin, self.end_elsewhere = fail_begin, fail_after_begin, end_elsewhere
@@ -442,7 +441,6 @@ def fake_graph_class(lib, order):
         def reset(self):  # also what the destructor runs
             if self.ended or self.acquired:
                 hooks.carve_torch_release_pool(0, self.pool)
-                Graph.releases += 1
             self.ended = self.acquired = False
 
     return Graph
