@@ -307,12 +307,13 @@ target_fields() { # target_fields <program> < output
 #   CARVE_GPU_REPORT_DIR    where the report, the CSV and each PyTorch check's full output go
 #                           (default build/gpu): somewhere kept if the run is cut short
 #   CARVE_GPU_PARTS         which parts run, in this order (default: tests bench torch sanitizers;
-#                           torch is the PyTorch checks oom, graphs and training, also named alone)
+#                           torch is the PyTorch checks oom, graphs, devices and training, also
+#                           named alone)
 #   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
 #   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
-gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs and training)
+gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs, devices and training)
   local parts=" ${CARVE_GPU_PARTS:-tests bench torch sanitizers} "
-  parts=${parts/ torch / torch oom graphs training }
+  parts=${parts/ torch / torch oom graphs devices training }
   [[ $parts == *" $1 "* ]]
 }
 
@@ -397,7 +398,7 @@ gpu() {
   done < <(ctest --test-dir "$dir" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
   gpu_part tests && gpu_tests
   gpu_part bench && gpu_benchmarks
-  gpu_part oom || gpu_part graphs || gpu_part training && gpu_torch
+  gpu_part oom || gpu_part graphs || gpu_part devices || gpu_part training && gpu_torch
   gpu_part sanitizers && gpu_sanitizers
   cat "$report"
 }
@@ -471,7 +472,7 @@ gpu_benchmarks() {
 # libcarve_torch under PyTorch, wherever PyTorch imports: carve's refusals (torch.OutOfMemoryError,
 # nothing released under a running kernel) first, as the quickest; CUDA graphs (a captured
 # training step and torch.compile(mode="reduce-overhead") under each pool, against PyTorch's
-# allocator); a real training step under PyTorch's two allocators and carve's, where transformers
+# allocator); tensors copied between two GPUs (skipped with one); a real training step under PyTorch's two allocators and carve's, where transformers
 # and timm are installed too. Each script appends its section to the report.
 gpu_torch() {
   printf '\n## PyTorch through libcarve_torch\n' >>"$report"
@@ -482,6 +483,7 @@ gpu_torch() {
   local library="$dir/src/torch/libcarve_torch.so"
   gpu_part oom && torch_check gpu_out_of_memory gpu_out_of_memory.py --library "$library" --report "$report"
   gpu_part graphs && torch_check gpu_graphs gpu_graphs.py --library "$library" --report "$report"
+  gpu_part devices && torch_check gpu_devices gpu_devices.py --library "$library" --report "$report"
   gpu_part training || return 0
   if python3 -c "import transformers, timm" >/dev/null 2>&1; then
     torch_check gpu_training_step gpu_training_step.py --library "$library" --replay "$dir/examples/carve_replay" \

@@ -101,6 +101,8 @@ class CarveLibrary:
         lib.carve_torch_empty_cache.argtypes = []
         lib.carve_torch_stats_json.restype = ctypes.c_char_p
         lib.carve_torch_stats_json.argtypes = [ctypes.c_int]
+        lib.carve_torch_peer_access.restype = ctypes.c_int
+        lib.carve_torch_peer_access.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.carve_torch_reset_peak.restype = None
         lib.carve_torch_reset_peak.argtypes = [ctypes.c_int]
         lib.carve_torch_config_error.restype = ctypes.c_char_p
@@ -191,6 +193,12 @@ class CarveLibrary:
 
     def stats(self, device=0):
         return parse_stats(self.lib.carve_torch_stats_json(device))
+
+    def peer_access(self, ptr, device, peer):
+        """What device `peer` may do with `device`'s memory at `ptr`: "read_write", "read", "none",
+        or None where carve cannot say (cudaMalloc memory: the caching and stream-ordered pools)."""
+        right = self.lib.carve_torch_peer_access(ptr, device, peer)
+        return {2: "read_write", 1: "read", 0: "none"}.get(right)
 
     def reset_peak(self, device=0):
         self.lib.carve_torch_reset_peak(device)

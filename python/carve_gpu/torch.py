@@ -228,3 +228,11 @@ def reset_peak_memory_stats(device=0, *, library=None):
 def empty_cache(*, library=None):
     """Gives every device the memory carve holds and no tensor uses."""
     _library_in_use(library).empty_cache()
+
+
+def peer_access(tensor, peer, *, library=None):
+    """What GPU `peer` may do with the memory of `tensor` (a CUDA tensor carve allocated):
+    "read_write", "read", "none", or None where carve cannot say (the caching and stream-ordered
+    pools hand out cudaMalloc memory, which the peer access PyTorch enables opens). The expandable
+    pool opens each GPU's memory to every other GPU the process allocates on."""
+    return _library_in_use(library).peer_access(tensor.data_ptr(), tensor.device.index, peer)

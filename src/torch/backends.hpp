@@ -27,6 +27,9 @@ using cudaStream_t = struct CUstream_st*;
 
 namespace carve::torch {
 
+// Devices 0 to 63: what the C functions serve.
+inline constexpr int max_devices = 64;
+
 // The host twin: memory is host memory, so a test can write every byte it is given.
 struct HostBackend {
   static constexpr const char* name = "host";
@@ -36,10 +39,12 @@ struct HostBackend {
 
   static HostStream stream(cudaStream_t s) noexcept { return HostStream{reinterpret_cast<std::uintptr_t>(s)}; }
   // The CPU plays every device, with the granularity of today's GPUs.
-  static Mapper mapper(int device) {
+  static Mapper mapper(int) {
     return HostMemoryMapper(
-        HostMapperOptions{.granularity = std::size_t{2} << 20, .device_count = device + 1, .cpu_device = -1});
+        HostMapperOptions{.granularity = std::size_t{2} << 20, .device_count = max_devices, .cpu_device = -1});
   }
+  // Every device the CPU plays reaches every other's memory.
+  static bool can_access_peer(int, int) noexcept { return true; }
   // Host memory without a limit of its own (Books::cap is the cap).
   static Upstream upstream(int) { return SimulatedCard(std::size_t{1} << 50); }
   // Only the test completes host work: nothing to wait for (the device's synchronisations are
@@ -82,6 +87,16 @@ struct CudaBackend {
 
   static cuda::stream_ref stream(cudaStream_t s) noexcept { return cuda::stream_ref(s); }
   static Mapper mapper(int) { return CudaMemoryMapper{}; }
+  // Whether `device`'s kernels and copy engines can reach `peer`'s memory directly (NVLink or PCIe
+  // peer to peer).
+  static bool can_access_peer(int device, int peer) noexcept {
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return can != 0;
+  }
   static Upstream upstream(int device) { return CudaDeviceResource(device); }
   // What PyTorch does before it empties its cache: the work on blocks freed so far has run.
   static void synchronize(int device) noexcept {

@@ -29,7 +29,7 @@ using carve::torch::BackendKind;
 using carve::torch::Config;
 using carve::torch::DeviceStack;
 
-constexpr int max_devices = 64;
+using carve::torch::max_devices;
 
 std::size_t slot(int device) { return static_cast<std::size_t>(device); }
 
@@ -85,6 +85,34 @@ struct Registry {
   std::array<std::atomic<std::uint64_t>, max_devices> refused{}; // mallocs that found no stack
 };
 
+// Opens the expandable memory of `device` (its stack `made`, just built) and of every device built
+// before it to each other, where the pair reaches each other directly, as PyTorch's expandable
+// segments are opened once it enables peer access. PyTorch's pluggable allocator does not say when
+// it does (it enables peer access for cudaMalloc memory itself), and a copy between two GPUs, or
+// a kernel on one that reads the other's tensor, faults on memory not opened to its device. A
+// process that uses one device opens nothing. A refusal is reported on stderr; the stack serves on.
+template <class Backend>
+void open_to_peers(const Registry& r, int device, DeviceStack& made) {
+  const auto report = [](int owner, int peer, const std::string& why) {
+    if (!why.empty()) {
+      std::fprintf(stderr, "libcarve_torch: device %d cannot open its memory to device %d: %s\n", owner, peer,
+                   why.c_str());
+    }
+  };
+  for (int other = 0; other < max_devices; ++other) {
+    DeviceStack* built = r.stacks[slot(other)].load(std::memory_order_acquire);
+    if (built == nullptr || other == device) {
+      continue;
+    }
+    if (Backend::can_access_peer(device, other)) {
+      report(other, device, built->grant_access(device));
+    }
+    if (Backend::can_access_peer(other, device)) {
+      report(device, other, made.grant_access(other));
+    }
+  }
+}
+
 // carve_torch_guard_captures, for stacks built later.
 std::atomic<bool>& guard_captures_on() {
   static std::atomic<bool> on{false};
@@ -118,9 +146,11 @@ DeviceStack* stack(int device) {
     std::unique_ptr<DeviceStack> made;
     if (c.backend == BackendKind::host) {
       made = make_stack<carve::torch::HostBackend>(device, c.stack);
+      open_to_peers<carve::torch::HostBackend>(r, device, *made);
     } else {
 #ifdef CARVE_TORCH_HAS_CUDA
       made = make_stack<carve::torch::CudaBackend>(device, c.stack);
+      open_to_peers<carve::torch::CudaBackend>(r, device, *made);
 #endif
     }
     made->guard_captures(guard_captures_on().load(std::memory_order_relaxed));
@@ -325,6 +355,11 @@ void carve_torch_empty_cache(void) {
       s->empty_cache();
     }
   }
+}
+
+int carve_torch_peer_access(const void* ptr, int device, int peer) {
+  const DeviceStack* s = existing_stack(device);
+  return s != nullptr && peer >= 0 && peer < max_devices ? s->access(ptr, peer) : -1;
 }
 
 const char* carve_torch_stats_json(int device) {

@@ -92,6 +92,16 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);
 
+/* What device `peer` may do with `device`'s memory at `ptr`: 2 read and write, 1 read, 0 nothing;
+ * -1 where carve cannot say (no expandable mapping of `device` there: the caching and
+ * stream-ordered pools hand out cudaMalloc memory, which the peer access PyTorch enables opens).
+ * The expandable pool opens each device's memory to every other device this process allocates on
+ * that can reach it directly (cudaDeviceCanAccessPeer), from the first allocation on the second
+ * device, for memory mapped before and after: a copy between two GPUs, or a kernel on one that
+ * reads the other's tensor, then finds it open. (Checked on the host backend; not yet on two
+ * GPUs.) */
+CARVE_TORCH_API int carve_torch_peer_access(const void* ptr, int device, int peer);
+
 /* With `on`, every request first asks the driver whether its stream is capturing a CUDA graph, and
  * refuses one that is (carve_torch_last_refusal says why): for a PyTorch whose allocator cannot
  * forward the graph hooks below, where a capture would otherwise be served memory that the next

@@ -23,6 +23,7 @@
 #include <new>
 #include <optional>
 #include <shared_mutex>
+#include <string>
 #include <vector>
 
 namespace carve::torch {
@@ -119,6 +120,14 @@ public:
       release_cache();
     }
   }
+
+  // Lets device `peer`'s kernels and copies read and write this device's blocks: empty when done
+  // (or nothing needed doing: cudaMalloc memory is opened by the peer access PyTorch enables),
+  // else why not. The expandable pool maps for its own device only until told.
+  virtual std::string grant_access(int /*peer*/) { return {}; }
+  // The right `peer` has on this device's memory at `p`: 0 none, 1 read, 2 read and write; -1 where
+  // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
+  virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
 
   // Whether every request asks the driver if its stream captures a graph (when PyTorch cannot
   // forward its pool hooks, a capture would otherwise be served as any other request).

@@ -32,6 +32,7 @@
 #include <carve/vmm/expandable_pool.hpp>
 
 #include <cstddef>
+#include <string>
 
 namespace carve::torch {
 
@@ -107,8 +108,19 @@ template <class Backend>
 class ExpandableStack final : public BackendStack<Backend> {
 public:
   ExpandableStack(int device, const StackOptions& o)
-      : BackendStack<Backend>(device, o),
-        pool_(CountingMapper<typename Backend::Mapper>(Backend::mapper(device), &this->books_), options(device, o)) {}
+      : BackendStack<Backend>(device, o), mapper_(Backend::mapper(device)),
+        pool_(CountingMapper<typename Backend::Mapper>(mapper_, &this->books_), options(device, o)) {}
+
+  std::string grant_access(int peer) override {
+    const typename Backend::DeviceScope scope(this->device_);
+    const auto granted = pool_.grant_access(peer);
+    return granted ? std::string() : granted.error().message;
+  }
+  int access(const void* p, int peer) const noexcept override {
+    const typename Backend::DeviceScope scope(this->device_);
+    const auto right = mapper_.access(const_cast<void*>(p), peer);
+    return right ? static_cast<int>(*right) : -1;
+  }
 
 private:
   using Freed = DeviceStack::Freed;
@@ -131,6 +143,7 @@ private:
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     return this->give_to(pool_, stream, p, bytes);
   }
+  typename Backend::Mapper mapper_; // the pool's, copied: to ask what a device may do at an address
   Pool pool_;
 };
 

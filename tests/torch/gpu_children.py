@@ -44,6 +44,21 @@ def run_children(script, names, library, timeout):
     return results
 
 
+def check_lines(results):
+    """One report line per check of each child whose JSON maps a check's name to True (passed) or
+    to why it failed; (the lines, how many failed). A child that gave no JSON is one failure."""
+    lines, failed = [], 0
+    for name, result in results.items():
+        if "error" in result:
+            failed += 1
+            lines.append(f"- {name}: FAILED, {result['error']}")
+            continue
+        for check, value in result.items():
+            failed += value is not True
+            lines.append(f"- {name}: {check}: {'passed' if value is True else 'FAILED: ' + value}")
+    return lines, failed
+
+
 def report(lines, path, failed):
     """Prints the section and appends it to `path` (when given); the exit status for `failed`."""
     text = "\n".join(lines) + "\n"

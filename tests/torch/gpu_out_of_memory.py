@@ -115,16 +115,8 @@ def run_child(pool, library):
 
 def orchestrate(args):
     lines = ["## Out of memory under PyTorch through carve (tests/torch/gpu_out_of_memory.py)", ""]
-    failed = 0
-    for pool, result in gpu_children.run_children(__file__, POOLS, args.library, 300).items():
-        if "error" in result:
-            failed += 1
-            lines.append(f"- {pool}: FAILED, {result['error']}")
-            continue
-        for name, value in result.items():
-            failed += value is not True
-            lines.append(f"- {pool}: {name}: {'passed' if value is True else 'FAILED: ' + value}")
-    return gpu_children.report(lines, args.report, failed)
+    checks, failed = gpu_children.check_lines(gpu_children.run_children(__file__, POOLS, args.library, 300))
+    return gpu_children.report(lines + checks, args.report, failed)
 
 
 if __name__ == "__main__":

@@ -514,3 +514,27 @@ TEST_CASE("the C functions: host backend, expandable by default, threads, stats 
   CHECK(std::string(carve_torch_stats_json(-1)).find("\"error\":\"libcarve_torch: no device -1\"") !=
         std::string::npos);
 }
+
+TEST_CASE("the C functions: each device's expandable memory opens to every other device the process allocates on") {
+  REQUIRE(carve_torch_config_error() == nullptr);
+  const ssize_t bytes = ssize_t{3} << 20;
+  void* on2 = carve_torch_malloc(bytes, 2, nullptr);
+  REQUIRE(on2 != nullptr);
+  CHECK(carve_torch_peer_access(on2, 2, 2) == 2);
+  CHECK(carve_torch_peer_access(on2, 2, 3) == 0);    // device 3 has allocated nothing yet
+  void* on3 = carve_torch_malloc(bytes, 3, nullptr); // its first allocation opens both ways
+  REQUIRE(on3 != nullptr);
+  CHECK(carve_torch_peer_access(on2, 2, 3) == 2);
+  CHECK(carve_torch_peer_access(on3, 3, 2) == 2);
+  void* later = carve_torch_malloc(ssize_t{64} << 20, 2, nullptr); // mapped after: open too
+  REQUIRE(later != nullptr);
+  CHECK(carve_torch_peer_access(later, 2, 3) == 2);
+  CHECK(carve_torch_peer_access(later, 2, 4) == 0);    // a device that never allocated
+  CHECK(carve_torch_peer_access(on2, 5, 3) == -1);     // no pool on device 5
+  CHECK(carve_torch_peer_access(nullptr, 2, 3) == -1); // nothing mapped there
+  CHECK(carve_torch_peer_access(on2, 2, 64) == -1);    // no such device
+  carve_torch_free(on2, bytes, 2, nullptr);
+  carve_torch_free(later, ssize_t{64} << 20, 2, nullptr);
+  carve_torch_free(on3, bytes, 3, nullptr);
+  CHECK(std::string(carve_torch_stats_json(2)).find("\"live_blocks\":0,") != std::string::npos);
+}

@@ -326,6 +326,28 @@ def worker_idle(pool):
     print(f"{pool}: idle threshold 0: memory back to the device at the free")
 
 
+def worker_devices(pool):
+    """Two devices in one process: the expandable pool opens each device's memory to the other from
+    the second device's first allocation on; the other pools hand out cudaMalloc memory, which the
+    peer access PyTorch enables opens, and say nothing of it."""
+    lib = load(pool)
+    first = lib.malloc(3 * MiB, 0, 0)
+    check(first, "a block on device 0")
+    alone = lib.peer_access(first, 0, 1)
+    second = lib.malloc(3 * MiB, 1, 0)
+    check(second, "a block on device 1")
+    rights = (lib.peer_access(first, 0, 1), lib.peer_access(second, 1, 0))
+    if pool == "expandable":
+        check(alone == "none", f"device 0's memory open to device 1 before it allocated: {alone}")
+        check(rights == ("read_write", "read_write"), f"not open both ways: {rights}")
+    else:
+        check(alone is None and rights == (None, None), f"cudaMalloc memory, yet carve answered {alone}, {rights}")
+    lib.free(first, 3 * MiB, 0, 0)
+    lib.free(second, 3 * MiB, 1, 0)
+    check(lib.stats(1)["live_blocks"] == 0, f"device 1: {lib.stats(1)}")
+    print(f"{pool}: two devices: peer rights {rights}")
+
+
 class Setters:
     """The hook setters of one PyTorch version's pluggable allocator: each records the address it
     is given, as PyTorch's own do before they call it."""
@@ -717,7 +739,10 @@ def check_gpu_children():
     check(result is None and "timed out after 1 s" in error, f"a child that hangs: {error}")
     result, error = gpu_children.run_child_process([py, "-c", "raise SystemExit('broken')"], 30)
     check(result is None and "ended with 1" in error and "broken" in error, f"a child that fails: {error}")
-    print("gpu_children: a child's JSON is read, a hang and a crash are that child's errors")
+    lines, failed = gpu_children.check_lines({"a": {"x": True, "y": "bad"}, "b": {"error": "crashed"}})
+    check(failed == 2 and lines == ["- a: x: passed", "- a: y: FAILED: bad", "- b: FAILED, crashed"],
+          f"the checks' lines: {lines}, {failed} failed")
+    print("gpu_children: a child's JSON is read, a hang and a crash are that child's errors, each check a line")
 
 
 def check_training_step_goals():
@@ -755,7 +780,7 @@ def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
                    "record": worker_record_stream, "hooks": worker_hooks, "failed-capture": worker_failed_capture,
-                   "no-driver": worker_no_driver}
+                   "no-driver": worker_no_driver, "devices": worker_devices}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
@@ -765,7 +790,8 @@ def main():
         env.pop(name, None)
     failed = []
     for pool in POOLS:
-        for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver"):
+        for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver",
+                     "devices"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

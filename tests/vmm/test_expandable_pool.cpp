@@ -153,6 +153,14 @@ struct RefusingMapper : HostMemoryMapper {
     }
     return HostMemoryMapper::map(va, bytes, h);
   }
+  // Grants to a device other than 0 (closing one is never refused).
+  std::shared_ptr<int> peer_grants_left = std::make_shared<int>(1 << 30);
+  carve::Result<void> set_access(void* va, std::size_t bytes, int device, carve::Access access) {
+    if (device != 0 && access != carve::Access::none && (*peer_grants_left)-- <= 0) {
+      return carve::fail(Errc::device_error, "cuMemSetAccess: CUDA_ERROR_INVALID_DEVICE (simulated)");
+    }
+    return HostMemoryMapper::set_access(va, bytes, device, access);
+  }
 };
 static_assert(carve::PhysicalMemoryMapper<RefusingMapper>);
 
@@ -321,6 +329,63 @@ TEST_CASE("the cap: idle chunks are unmapped to make room, and a request past it
   CHECK(pool.stats().bytes_reserved == 7 * granule);
   pool.deallocate(b, 3 * granule, 512);
   pool.deallocate(e, 4 * granule, 512);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("grant_access: a peer reads and writes every chunk, mapped before or after, in every reservation") {
+  using carve::Access;
+  RefusingMapper m({.granularity = granule, .device_count = 3});
+  ExpandablePool<RefusingMapper> pool(m, small({.growth_divisor = 0}));
+  const auto right = [&](void* p, int device) { return *m.access(p, device); };
+  void* a = *pool.try_allocate(granule, 512);
+  CHECK(right(a, 1) == Access::none);
+  const auto before = pool.stats().accesses;
+  REQUIRE(pool.grant_access(1));
+  CHECK(pool.stats().accesses == before + 1); // one grant for the one chunk
+  CHECK(right(a, 1) == Access::read_write);
+  CHECK(right(a, 2) == Access::none);
+  void* b = *pool.try_allocate(3 * granule, 512); // a chunk mapped after the grant
+  CHECK(right(b, 1) == Access::read_write);
+  CHECK(right(b, 0) == Access::read_write);
+  void* c = *pool.try_allocate(carve::SynchronousStreams::stream_type{}, granule, 512); // a stream's own reservation
+  CHECK(pool.stats().address_spaces == 2);
+  CHECK(right(c, 1) == Access::read_write);
+
+  // The pool's own device, a device already granted: nothing to do.
+  const auto granted = pool.stats().accesses;
+  REQUIRE(pool.grant_access(0));
+  REQUIRE(pool.grant_access(1));
+  CHECK(pool.stats().accesses == granted);
+  CHECK(pool.grant_access(64).error().code == Errc::invalid_argument);
+  CHECK(pool.grant_access(-1).error().code == Errc::invalid_argument);
+
+  // Refused on the second of three chunks: the first is closed again, and later chunks are not opened.
+  *m.peer_grants_left = 1;
+  const auto refused = pool.grant_access(2);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("CUDA_ERROR_INVALID_DEVICE") != std::string::npos);
+  CHECK(right(a, 2) == Access::none);
+  CHECK(right(b, 2) == Access::none);
+  CHECK(right(c, 2) == Access::none);
+  *m.peer_grants_left = 1 << 30;
+  void* d = *pool.try_allocate(granule, 512);
+  CHECK(right(d, 2) == Access::none);
+  CHECK(right(d, 1) == Access::read_write);
+
+  // A chunk whose grant to a peer is refused is not mapped: the request is refused, nothing kept.
+  const std::size_t mappings = m.mapping_count();
+  *m.peer_grants_left = 0;
+  CHECK(pool.try_allocate(2 * granule, 512).error() == Errc::no_space);
+  CHECK(pool.last_failure().find("cuMemSetAccess") != std::string::npos);
+  CHECK(m.mapping_count() == mappings);
+  CHECK(m.physical_count() == 0);
+  *m.peer_grants_left = 1 << 30;
+
+  for (void* p : {a, d}) {
+    pool.deallocate(p, granule, 512);
+  }
+  pool.deallocate(b, 3 * granule, 512);
+  pool.deallocate(carve::SynchronousStreams::stream_type{}, c, granule, 512);
   CHECK(pool.consistent());
 }
 

@@ -148,6 +148,29 @@ public:
     return release_idle(true);
   }
 
+  /// Lets `device` read and write the pool's memory directly: every chunk mapped now, and every
+  /// chunk any reservation maps later, is granted to it as to the pool's own device. For a peer
+  /// GPU's kernels and copies, which fault on memory not granted to their device (cudaMalloc
+  /// memory is opened by cudaDeviceEnablePeerAccess instead). Granting the pool's own device or
+  /// one already granted does nothing. Errors (nothing changes): invalid_argument for a device
+  /// outside [0, 64), the mapper's refusal.
+  [[nodiscard]] Result<void> grant_access(int device) {
+    if (device < 0 || device >= 64) {
+      return fail(Errc::invalid_argument, "grant_access: device " + std::to_string(device) + " is outside [0, 64)");
+    }
+    const std::lock_guard lock(s_->mutex);
+    for (std::size_t i = 0; i < s_->spaces.size(); ++i) {
+      if (auto ok = s_->spaces[i]->memory.grant(device); !ok) {
+        while (i-- > 0) {
+          s_->spaces[i]->memory.revoke(device);
+        }
+        return ok;
+      }
+    }
+    s_->peers |= device == s_->options.device ? 0 : std::uint64_t{1} << device; // for reservations made later
+    return {};
+  }
+
   /// While `held`, the pool unmaps nothing: not for the headroom line, the release threshold,
   /// trim() or the retry under pressure (which then refuses). For a CUDA stream capture: the
   /// unmapping and the events that tell when it is safe must not land in the graph. Mapping goes on.
@@ -159,18 +182,7 @@ public:
   /// The figures now, taken under the lock.
   ExpandablePoolStats stats() const {
     const std::lock_guard lock(s_->mutex);
-    ExpandablePoolStats out = s_->stats;
-    out.bytes_reserved = s_->reserved;
-    out.live_blocks = s_->live.size();
-    out.pending_frees = s_->pending.size();
-    out.address_spaces = s_->spaces.size();
-    for (const auto& space : s_->spaces) {
-      out.chunks += space->memory.chunk_count();
-      out.address_space_bytes += space->memory.bytes();
-      out.free_ranges += space->free.count();
-      out.add_calls(space->memory.counts());
-    }
-    return out;
+    return s_->figures();
   }
 
   /// Calls `visit(start, bytes)` for every chunk of physical memory mapped now, by reservation
@@ -222,24 +234,7 @@ public:
   /// and the counts add up. For tests.
   bool consistent() const {
     const std::lock_guard lock(s_->mutex);
-    std::size_t in_use = 0;
-    std::size_t taken = s_->pending.size();
-    bool ok = true;
-    s_->live.for_each([&](std::uintptr_t addr, const Live& block) {
-      const Space& space = *s_->spaces[block.space];
-      ok = ok && space.free.start(block.handle) == addr && space.free.size(block.handle) == block.size &&
-           space.memory.backed(addr, block.size);
-      in_use += block.size;
-      ++taken;
-    });
-    std::size_t reserved = 0;
-    std::size_t taken_ranges = 0;
-    for (const auto& space : s_->spaces) {
-      ok = ok && space->free.consistent() && space->memory.consistent();
-      reserved += space->memory.mapped_bytes();
-      taken_ranges += space->free.taken();
-    }
-    return ok && taken == taken_ranges && in_use == s_->stats.bytes_in_use && reserved == s_->reserved;
+    return s_->consistent();
   }
 
   /// Equal only to itself.
@@ -359,6 +354,11 @@ private:
     auto memory = OnDemandReservation<Mapper>::reserve(s_->mapper, s_->options.device, s_->options.address_space_bytes);
     if (!memory) {
       return no_space_index;
+    }
+    for (int peer = 0; peer < 64; ++peer) {
+      if ((s_->peers >> peer & 1u) != 0) {
+        (void)memory->grant(peer); // no chunk yet: nothing to refuse
+      }
     }
     const std::uintptr_t base = memory->base();
     const std::size_t size = memory->bytes();

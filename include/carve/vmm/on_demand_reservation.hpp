@@ -12,7 +12,9 @@
 /// back(addr, bytes) makes every granule that [addr, addr + bytes) touches mapped and accessible
 /// to the device. Each run of granules not yet mapped becomes one chunk: one physical allocation
 /// (mapper.create), one mapping (map) and one access grant (set_access), after which the handle is
-/// released, so the memory lives exactly as long as its mapping. A chunk may be made longer than
+/// released, so the memory lives exactly as long as its mapping. Devices granted with grant()
+/// (peers that read and write this memory directly) get an access grant on every chunk as well. A
+/// chunk may be made longer than
 /// its run, over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs
 /// driver calls of tens of microseconds on a GPU, so a reservation that grows by many small
 /// requests should grow by fewer, larger chunks. ChunkRule::limit_bytes bounds what one call may
@@ -54,7 +56,7 @@ struct MappingCounts {
   std::uint64_t creates = 0;  ///< physical allocations made
   std::uint64_t maps = 0;     ///< mappings made
   std::uint64_t unmaps = 0;   ///< mappings removed
-  std::uint64_t accesses = 0; ///< access grants (one per map)
+  std::uint64_t accesses = 0; ///< access grants (one per map and device granted)
   std::uint64_t releases = 0; ///< handles released (one per create)
   std::uint64_t failures = 0; ///< calls the mapper refused
 };
@@ -91,7 +93,7 @@ public:
       : mapper_(std::move(other.mapper_)), device_(other.device_), base_(std::exchange(other.base_, 0)),
         bytes_(std::exchange(other.bytes_, 0)), granule_(other.granule_), shift_(other.shift_),
         owner_(std::move(other.owner_)), chunks_(std::move(other.chunks_)), mapped_(std::exchange(other.mapped_, 0)),
-        counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
+        peers_(other.peers_), counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
   OnDemandReservation& operator=(OnDemandReservation&&) = delete;
   OnDemandReservation(const OnDemandReservation&) = delete;
   OnDemandReservation& operator=(const OnDemandReservation&) = delete;
@@ -181,6 +183,40 @@ public:
     }
     return released;
   }
+
+  /// Lets `peer` read and write every chunk: those mapped now (one set_access each) and every chunk
+  /// mapped later. Granting the reservation's own device, or a peer already granted, does nothing.
+  /// Errors: invalid_argument for a device outside [0, 64); the mapper's, after the chunks granted
+  /// so far are closed to `peer` again (nothing changes).
+  [[nodiscard]] Result<void> grant(int peer) {
+    if (peer < 0 || peer >= max_peers) {
+      return fail(Errc::invalid_argument, "grant: device " + std::to_string(peer) + " is outside [0, 64)");
+    }
+    if (peer == device_ || granted(peer)) {
+      return {};
+    }
+    for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+      ++counts_.accesses;
+      if (auto ok = mapper_.set_access(at(it->first), it->second * granule_, peer, Access::read_write); !ok) {
+        close_to(peer, chunks_.begin(), it);
+        return refused(ok.error());
+      }
+    }
+    peers_ |= std::uint64_t{1} << peer;
+    return {};
+  }
+
+  /// Closes every chunk to `peer` again and stops granting it: what grant() opened. A chunk the
+  /// mapper refuses to close stays open (counted in MappingCounts::failures).
+  void revoke(int peer) noexcept {
+    if (granted(peer)) {
+      close_to(peer, chunks_.begin(), chunks_.end());
+      peers_ &= ~(std::uint64_t{1} << peer);
+    }
+  }
+
+  /// Whether grant() has let `peer` in.
+  bool granted(int peer) const noexcept { return peer >= 0 && peer < max_peers && (peers_ >> peer & 1u) != 0; }
 
   /// Calls `visit(start, bytes)` for every chunk, by address.
   template <class Visit>
@@ -345,13 +381,20 @@ private:
       return refused(ok.error());
     }
     ++counts_.accesses;
-    if (auto ok = mapper_.set_access(at(g), size, device_, Access::read_write); !ok) {
+    Result<void> opened = mapper_.set_access(at(g), size, device_, Access::read_write);
+    for (int peer = 0; opened && peer < max_peers; ++peer) {
+      if (granted(peer)) {
+        ++counts_.accesses;
+        opened = mapper_.set_access(at(g), size, peer, Access::read_write);
+      }
+    }
+    if (!opened) { // unmapping takes every right with it
       chunks_.erase(g);
       ++counts_.unmaps;
       (void)mapper_.unmap(at(g), size);
       ++counts_.releases;
       (void)mapper_.release(*h);
-      return refused(ok.error());
+      return refused(opened.error());
     }
     ++counts_.releases;
     (void)mapper_.release(*h); // the mapping keeps the memory; unmapping it frees it
@@ -359,6 +402,19 @@ private:
               static_cast<std::uint32_t>(g + n));
     mapped_ += size;
     return {};
+  }
+
+  static constexpr int max_peers = 64; // the bits of peers_
+
+  // Sets `peer`'s right on the chunks [first, last) back to none.
+  void close_to(int peer, std::map<std::size_t, std::size_t>::const_iterator first,
+                std::map<std::size_t, std::size_t>::const_iterator last) noexcept {
+    for (; first != last; ++first) {
+      ++counts_.accesses;
+      if (!mapper_.set_access(at(first->first), first->second * granule_, peer, Access::none)) {
+        ++counts_.failures;
+      }
+    }
   }
 
   void undo(const std::vector<std::size_t>& made) noexcept {
@@ -388,6 +444,7 @@ private:
   std::vector<std::uint32_t> owner_;
   std::map<std::size_t, std::size_t> chunks_; ///< first granule -> granules
   std::size_t mapped_ = 0;
+  std::uint64_t peers_ = 0; ///< bit d: device d is granted every chunk (grant)
   MappingCounts counts_;
   std::string last_failure_;
 };

@@ -1,6 +1,7 @@
 // carve/vmm/detail/expandable_pool_state.hpp — what an ExpandablePool remembers: one reservation
 // per stream with its free ranges and fence, the live blocks, the frees waiting on other streams'
-// work, the idle chunks and the counters. The pool's rules are in carve/vmm/expandable_pool.hpp.
+// work, the idle chunks, the devices granted and the counters, with the figures and invariants
+// stats() and consistent() report. The pool's rules are in carve/vmm/expandable_pool.hpp.
 #pragma once
 
 #include <carve/mr/best_fit_ranges.hpp>
@@ -58,7 +59,46 @@ struct ExpandablePoolState {
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
   bool held = false;         // hold(): nothing is unmapped
+  std::uint64_t peers = 0;   // bit d: device d is granted every chunk (grant_access)
   ExpandablePoolStats stats; // the counters kept here; the rest is filled in by stats()
+
+  // ExpandablePool::stats, under the lock.
+  ExpandablePoolStats figures() const {
+    ExpandablePoolStats out = stats;
+    out.bytes_reserved = reserved;
+    out.live_blocks = live.size();
+    out.pending_frees = pending.size();
+    out.address_spaces = spaces.size();
+    for (const auto& space : spaces) {
+      out.chunks += space->memory.chunk_count();
+      out.address_space_bytes += space->memory.bytes();
+      out.free_ranges += space->free.count();
+      out.add_calls(space->memory.counts());
+    }
+    return out;
+  }
+
+  // ExpandablePool::consistent, under the lock.
+  bool consistent() const {
+    std::size_t in_use = 0;
+    std::size_t taken = pending.size();
+    bool ok = true;
+    live.for_each([&](std::uintptr_t addr, const Live& block) {
+      const Space& space = *spaces[block.space];
+      ok = ok && space.free.start(block.handle) == addr && space.free.size(block.handle) == block.size &&
+           space.memory.backed(addr, block.size);
+      in_use += block.size;
+      ++taken;
+    });
+    std::size_t mapped = 0;
+    std::size_t taken_ranges = 0;
+    for (const auto& space : spaces) {
+      ok = ok && space->free.consistent() && space->memory.consistent();
+      mapped += space->memory.mapped_bytes();
+      taken_ranges += space->free.taken();
+    }
+    return ok && taken == taken_ranges && in_use == stats.bytes_in_use && mapped == reserved;
+  }
 };
 
 } // namespace carve::detail
