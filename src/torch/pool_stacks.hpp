@@ -32,6 +32,7 @@
 #include <carve/vmm/expandable_pool.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <string>
 
 namespace carve::torch {
@@ -111,15 +112,26 @@ public:
       : BackendStack<Backend>(device, o), mapper_(Backend::mapper(device)),
         pool_(CountingMapper<typename Backend::Mapper>(mapper_, &this->books_), options(device, o)) {}
 
+  // From the thread building another device's stack, perhaps while this one captures a graph:
+  // cuMemSetAccess is no stream work, and a global-mode capture would refuse it otherwise.
   std::string grant_access(int peer) override {
     const typename Backend::DeviceScope scope(this->device_);
+    const typename Backend::RelaxedCapture relaxed(true);
     const auto granted = pool_.grant_access(peer);
     return granted ? std::string() : granted.error().message;
   }
+  // Only where this pool has mapped: the driver would answer for any mapping at `p`.
   int access(const void* p, int peer) const noexcept override {
-    const typename Backend::DeviceScope scope(this->device_);
-    const auto right = mapper_.access(const_cast<void*>(p), peer);
-    return right ? static_cast<int>(*right) : -1;
+    if (!pool_.owns(p)) {
+      return -1;
+    }
+    try {
+      const typename Backend::DeviceScope scope(this->device_);
+      const auto right = mapper_.access(const_cast<void*>(p), peer);
+      return right ? static_cast<int>(*right) : -1;
+    } catch (const std::exception&) { // the reason's text could not be built
+      return -1;
+    }
   }
 
 private:

@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
 """Tensors moved between two GPUs of one process under carve, for each pool (expandable,
-stream-ordered, caching), each in a process of its own; skipped on a machine with one GPU:
+stream-ordered, caching), each in a process of its own; skipped unless the machine has two GPUs
+that reach each other directly (peer access: otherwise no copy touches the other GPU's memory):
 
-- a tensor made on cuda:0 is copied to cuda:1 whole (`.to`), into a tensor already there
-  (`copy_`, non-blocking) and through a strided view (a copy kernel that reads the other GPU's
-  memory where peer access is on); every copy's sum must equal the source's, and nothing faults;
-- the same from cuda:1 to cuda:0, after cuda:0 has mapped more memory (a chunk mapped after the
-  two devices first met must be open too);
-- under the expandable pool, where the two GPUs reach each other directly, carve reports each
-  device's memory open to the other (carve_torch_peer_access): it maps memory for its own device
-  only until it sees a second device allocate.
+- tensors made on cuda:0 before cuda:1 allocated anything (memory mapped before the two met), a
+  first tensor on cuda:1, then more on cuda:0 (mapped after);
+- each way, a copy whole (`.to`), into a tensor already there (`copy_`, non-blocking) and of a
+  strided view (a copy kernel on one GPU that reads or writes the other's memory), and a strided
+  copy from cuda:1 into the cuda:0 tensor mapped before the two met; every sum must be right and
+  nothing may fault;
+- under the expandable pool, carve reports each of those tensors' memory open to the other GPU
+  (carve_torch_peer_access): it maps memory for its own device only until a second device
+  allocates.
 
     gpu_devices.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
-Exit status 0 when every check passed (or the machine has one GPU). Appends its section to --report.
+Exit status 0 when every check passed (or it was skipped). Appends its section to --report.
 """
 
 import os
@@ -50,15 +52,23 @@ def run_child(pool, library):
 
     carve.use(pool, library=library)
     checks = {}
-    first = torch.arange(N, dtype=torch.float32, device="cuda:0")
-    checks["cuda:0 to cuda:1: .to, copy_ and a strided view, the same sums"] = copies_agree(torch, first, "cuda:1")
-    grown = torch.ones(8 * N, dtype=torch.float32, device="cuda:0")  # memory mapped after the devices met
-    back = torch.arange(N, dtype=torch.float32, device="cuda:1") * 2
-    checks["cuda:1 to cuda:0, after cuda:0 mapped more: the same sums"] = copies_agree(torch, back, "cuda:0")
-    if pool == "expandable" and torch.cuda.can_device_access_peer(1, 0) and torch.cuda.can_device_access_peer(0, 1):
-        rights = (carve.peer_access(first, 1), carve.peer_access(grown, 1), carve.peer_access(back, 0))
+    early = torch.arange(N, dtype=torch.float32, device="cuda:0")  # before cuda:1 allocated anything
+    landing = torch.zeros(N // 2, dtype=torch.float32, device="cuda:0")
+    other = torch.arange(N, dtype=torch.float32, device="cuda:1") * 2  # cuda:1's first allocations
+    grown = torch.ones(8 * N, dtype=torch.float32, device="cuda:0")  # mapped after the two met
+    checks["cuda:0 to cuda:1: .to, copy_ and a strided view, the same sums"] = copies_agree(torch, early, "cuda:1")
+    checks["cuda:1 to cuda:0: .to, copy_ and a strided view, the same sums"] = copies_agree(torch, other, "cuda:0")
+    landing.copy_(other[::2])
+    torch.cuda.synchronize("cuda:0")
+    torch.cuda.synchronize("cuda:1")
+    want, got = float(other[::2].double().sum().item()), float(landing.double().sum().item())
+    checks["a strided copy from cuda:1 into cuda:0 memory mapped before they met"] = (
+        True if got == want else f"sum {got}, not {want}")
+    checks["cuda:0 memory mapped after they met is intact"] = float(grown.double().sum().item()) == 8 * N
+    if pool == "expandable":
+        rights = tuple(carve.peer_access(t, peer) for t, peer in ((early, 1), (landing, 1), (grown, 1), (other, 0)))
         checks["carve opened each device's expandable memory to the other"] = (
-            True if rights == ("read_write",) * 3 else f"rights {rights}")
+            True if rights == ("read_write",) * 4 else f"rights {rights}")
     return {name: (value if value is True else str(value)) for name, value in checks.items()}
 
 
@@ -68,6 +78,10 @@ def orchestrate(args):
 
     if torch.cuda.device_count() < 2:
         lines.append(f"skipped: two GPUs are needed, this machine has {torch.cuda.device_count()}")
+        return gpu_children.report(lines, args.report, 0)
+    if not (torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)):
+        lines.append("skipped: cuda:0 and cuda:1 cannot reach each other directly (no peer access), so no copy "
+                     "between them touches the other's memory")
         return gpu_children.report(lines, args.report, 0)
     checks, failed = gpu_children.check_lines(gpu_children.run_children(__file__, POOLS, args.library, 300))
     return gpu_children.report(lines + checks, args.report, failed)

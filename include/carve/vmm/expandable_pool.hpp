@@ -148,12 +148,12 @@ public:
     return release_idle(true);
   }
 
-  /// Lets `device` read and write the pool's memory directly: every chunk mapped now, and every
-  /// chunk any reservation maps later, is granted to it as to the pool's own device. For a peer
-  /// GPU's kernels and copies, which fault on memory not granted to their device (cudaMalloc
-  /// memory is opened by cudaDeviceEnablePeerAccess instead). Granting the pool's own device or
-  /// one already granted does nothing. Errors (nothing changes): invalid_argument for a device
-  /// outside [0, 64), the mapper's refusal.
+  /// Lets `device` (a peer GPU, whose kernels and copies fault on memory not granted to it;
+  /// cudaDeviceEnablePeerAccess opens cudaMalloc memory only) read and write every chunk mapped
+  /// now or later, as the pool's own device does. Granting the own device or one already granted
+  /// does nothing; a later chunk the driver refuses to open to `device` stays, closed to it
+  /// (ExpandablePoolStats::peer_refusals). Errors: invalid_argument for a device outside [0, 64);
+  /// the mapper's, after the chunks opened so far are closed again (where the mapper lets them).
   [[nodiscard]] Result<void> grant_access(int device) {
     if (device < 0 || device >= 64) {
       return fail(Errc::invalid_argument, "grant_access: device " + std::to_string(device) + " is outside [0, 64)");

@@ -95,7 +95,8 @@ struct ExpandablePoolStats {
   std::uint64_t creates = 0;           ///< physical allocations made (cuMemCreate)
   std::uint64_t maps = 0;              ///< mappings made (cuMemMap)
   std::uint64_t unmaps = 0;            ///< mappings removed (cuMemUnmap)
-  std::uint64_t accesses = 0;          ///< access grants (cuMemSetAccess, one per map and device granted)
+  std::uint64_t accesses = 0;          ///< cuMemSetAccess calls: one per map and device granted, and grant_access's
+  std::uint64_t peer_refusals = 0;     ///< chunks the driver refused to open to a granted device (kept, closed to it)
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
 
@@ -109,6 +110,7 @@ struct ExpandablePoolStats {
     maps += c.maps;
     unmaps += c.unmaps;
     accesses += c.accesses;
+    peer_refusals += c.peer_refusals;
     releases += c.releases;
     mapper_failures += c.failures;
   }

@@ -13,7 +13,8 @@
 /// to the device. Each run of granules not yet mapped becomes one chunk: one physical allocation
 /// (mapper.create), one mapping (map) and one access grant (set_access), after which the handle is
 /// released, so the memory lives exactly as long as its mapping. Devices granted with grant()
-/// (peers that read and write this memory directly) get an access grant on every chunk as well. A
+/// (peers that read and write this memory directly) get an access grant on every chunk as well; a
+/// chunk the mapper refuses to open to a peer is kept for its own device, closed to that peer. A
 /// chunk may be made longer than
 /// its run, over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs
 /// driver calls of tens of microseconds on a GPU, so a reservation that grows by many small
@@ -56,7 +57,9 @@ struct MappingCounts {
   std::uint64_t creates = 0;  ///< physical allocations made
   std::uint64_t maps = 0;     ///< mappings made
   std::uint64_t unmaps = 0;   ///< mappings removed
-  std::uint64_t accesses = 0; ///< access grants (one per map and device granted)
+  std::uint64_t accesses = 0; ///< access calls: one per map and peer granted, one per chunk grant() opens or closes
+  std::uint64_t peer_refusals =
+      0;                      ///< a new chunk's grants to a peer the mapper refused (the chunk stays, closed to it)
   std::uint64_t releases = 0; ///< handles released (one per create)
   std::uint64_t failures = 0; ///< calls the mapper refused
 };
@@ -187,7 +190,7 @@ public:
   /// Lets `peer` read and write every chunk: those mapped now (one set_access each) and every chunk
   /// mapped later. Granting the reservation's own device, or a peer already granted, does nothing.
   /// Errors: invalid_argument for a device outside [0, 64); the mapper's, after the chunks granted
-  /// so far are closed to `peer` again (nothing changes).
+  /// so far are closed to `peer` again (where the mapper lets them: see revoke).
   [[nodiscard]] Result<void> grant(int peer) {
     if (peer < 0 || peer >= max_peers) {
       return fail(Errc::invalid_argument, "grant: device " + std::to_string(peer) + " is outside [0, 64)");
@@ -199,7 +202,7 @@ public:
       ++counts_.accesses;
       if (auto ok = mapper_.set_access(at(it->first), it->second * granule_, peer, Access::read_write); !ok) {
         close_to(peer, chunks_.begin(), it);
-        return refused(ok.error());
+        return cuda::std::unexpected(ok.error()); // the caller's to report: not a refusal of memory
       }
     }
     peers_ |= std::uint64_t{1} << peer;
@@ -381,20 +384,21 @@ private:
       return refused(ok.error());
     }
     ++counts_.accesses;
-    Result<void> opened = mapper_.set_access(at(g), size, device_, Access::read_write);
-    for (int peer = 0; opened && peer < max_peers; ++peer) {
-      if (granted(peer)) {
-        ++counts_.accesses;
-        opened = mapper_.set_access(at(g), size, peer, Access::read_write);
-      }
-    }
-    if (!opened) { // unmapping takes every right with it
+    if (auto ok = mapper_.set_access(at(g), size, device_, Access::read_write); !ok) {
       chunks_.erase(g);
       ++counts_.unmaps;
       (void)mapper_.unmap(at(g), size);
       ++counts_.releases;
       (void)mapper_.release(*h);
-      return refused(opened.error());
+      return refused(ok.error());
+    }
+    for (int peer = 0; peer < max_peers; ++peer) {
+      if (granted(peer)) {
+        ++counts_.accesses;
+        if (!mapper_.set_access(at(g), size, peer, Access::read_write)) {
+          ++counts_.peer_refusals; // the chunk serves its own device; that peer finds it closed
+        }
+      }
     }
     ++counts_.releases;
     (void)mapper_.release(*h); // the mapping keeps the memory; unmapping it frees it
