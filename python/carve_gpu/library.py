@@ -101,6 +101,8 @@ class CarveLibrary:
         lib.carve_torch_empty_cache.argtypes = []
         lib.carve_torch_stats_json.restype = ctypes.c_char_p
         lib.carve_torch_stats_json.argtypes = [ctypes.c_int]
+        lib.carve_torch_base_allocation.restype = ctypes.c_void_p
+        lib.carve_torch_base_allocation.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
         lib.carve_torch_peer_access.restype = ctypes.c_int
         lib.carve_torch_peer_access.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.carve_torch_reset_peak.restype = None
@@ -193,6 +195,13 @@ class CarveLibrary:
 
     def stats(self, device=0):
         return parse_stats(self.lib.carve_torch_stats_json(device))
+
+    def base_allocation(self, ptr):
+        """(start, size) of the cudaMalloc segment holding `ptr` (the caching pools), or (ptr, None)
+        where there is none (expandable memory)."""
+        size = ctypes.c_size_t(0)
+        base = self.lib.carve_torch_base_allocation(ptr, ctypes.byref(size))
+        return (base, size.value) if base != ptr or size.value else (ptr, None)
 
     def peer_access(self, ptr, device, peer):
         """What device `peer` may do with `device`'s memory at `ptr`: "read_write", "read", "none",

@@ -61,7 +61,9 @@ _POOL_HOOKS = (
 def install_hooks(hooks, lib):
     """Fills `hooks` (a torch._C._cuda_CUDAAllocator of a CUDAPluggableAllocator: its setters take
     a function's address) with carve's: torch.cuda.empty_cache() reaches carve's cache,
-    Tensor.record_stream makes a block's free wait for that stream's work, and a CUDA graph
+    Tensor.record_stream makes a block's free wait for that stream's work, a tensor shared with
+    another process is sent as its offset in the cudaMalloc segment that holds it (where PyTorch
+    asks getBaseAllocation), and a CUDA graph
     captured under carve gets a private pool of carve's memory. Returns "pools" or "streams"
     (which form of the graph hooks), or None where this PyTorch has neither: then carve refuses any
     allocation from a capturing stream with a message saying so (carve_torch_guard_captures), since
@@ -72,6 +74,8 @@ def install_hooks(hooks, lib):
         hooks.set_reset_fn(lib.address("carve_torch_empty_cache"))
     if hasattr(hooks, "set_record_stream_fn"):
         hooks.set_record_stream_fn(lib.address("carve_torch_record_stream"))
+    if hasattr(hooks, "set_base_alloc_fn"):
+        hooks.set_base_alloc_fn(lib.address("carve_torch_base_allocation"))
     for form, setters in zip(("pools", "streams"), _POOL_HOOKS):
         if all(hasattr(hooks, setter) for setter, _ in setters):
             for setter, function in setters:

@@ -1,6 +1,7 @@
 // src/torch/books.hpp — what libcarve_torch counts for one device, and the two thin layers that
 // count what a pool takes from the device: CountingMapper (under ExpandablePool: physical memory
-// mapped and unmapped) and CountingUpstream (under the caching pools: segments from the device).
+// mapped and unmapped) and CountingUpstream (under the caching pools: segments from the device,
+// which it also keeps by address).
 //
 // The counts are atomics, so stats and the peaks are read and reset without the pools' locks, and
 // the pools' own hot paths take no extra lock. Peaks are resettable (carve_torch_reset_peak), as
@@ -15,9 +16,52 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <iterator>
 #include <limits>
+#include <map>
+#include <mutex>
 
 namespace carve::torch {
+
+// The device memory a caching stack took from cudaMalloc, by base address: PyTorch's
+// getBaseAllocation asks which allocation holds a block, since CUDA exports only whole allocations
+// to another process (cudaIpcGetMemHandle) and the block's offset travels beside the handle.
+class Segments {
+public:
+  // False when the host cannot hold one more entry.
+  bool add(const void* base, std::size_t bytes) noexcept {
+    try {
+      const std::lock_guard lock(mutex_);
+      by_base_[reinterpret_cast<std::uintptr_t>(base)] = bytes;
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  void remove(const void* base) noexcept {
+    const std::lock_guard lock(mutex_);
+    by_base_.erase(reinterpret_cast<std::uintptr_t>(base));
+  }
+  // The base of the segment holding `p` and, in `bytes`, its size; null when none does.
+  void* holding(const void* p, std::size_t* bytes) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const std::lock_guard lock(mutex_);
+    auto it = by_base_.upper_bound(a);
+    if (it == by_base_.begin() || a - std::prev(it)->first >= std::prev(it)->second) {
+      return nullptr;
+    }
+    --it;
+    if (bytes != nullptr) {
+      *bytes = it->second;
+    }
+    return reinterpret_cast<void*>(it->first);
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, std::size_t> by_base_;
+};
 
 // A byte count with a resettable peak.
 class PeakCounter {
@@ -48,6 +92,7 @@ struct Books {
   std::atomic<std::uint64_t> device_failures{0};             // such calls the device refused
   std::atomic<std::uint64_t> failures{0};                    // carve_torch_malloc calls that returned null
   std::size_t cap = std::numeric_limits<std::size_t>::max(); // the most `reserved` may reach
+  Segments segments;                                         // what CountingUpstream took, by base
 };
 
 inline void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
@@ -113,12 +158,18 @@ public:
     }
     auto p = u_->try_allocate(bytes, alignment);
     count(p ? books_->device_calls : books_->device_failures);
+    if (p && !books_->segments.add(*p, bytes)) { // a segment carve could not name is not handed out
+      u_->deallocate(*p, bytes, alignment);
+      count(books_->device_calls);
+      return cuda::std::unexpected(Errc::no_space);
+    }
     if (p) {
       books_->reserved.add(bytes);
     }
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+    books_->segments.remove(p);
     u_->deallocate(p, bytes, alignment);
     count(books_->device_calls);
     books_->reserved.sub(bytes);

@@ -357,6 +357,17 @@ void carve_torch_empty_cache(void) {
   }
 }
 
+void* carve_torch_base_allocation(void* ptr, size_t* size) {
+  for (int device = 0; device < max_devices; ++device) {
+    if (const DeviceStack* s = existing_stack(device)) {
+      if (void* base = s->base_allocation(ptr, size)) {
+        return base;
+      }
+    }
+  }
+  return ptr;
+}
+
 int carve_torch_peer_access(const void* ptr, int device, int peer) {
   const DeviceStack* s = existing_stack(device);
   return s != nullptr && peer >= 0 && peer < max_devices ? s->access(ptr, peer) : -1;

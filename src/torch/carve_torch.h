@@ -92,6 +92,16 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);
 
+/* PyTorch's getBaseAllocation (set_base_alloc_fn): the start of the device allocation that holds
+ * `ptr`, with its size in `*size`. Under the caching and stream-ordered pools that is the
+ * cudaMalloc segment the block was cut from: sharing a CUDA tensor with another process
+ * (torch.multiprocessing) exports that whole allocation (cudaIpcGetMemHandle) with the block's
+ * offset in it, so without this hook PyTorch would send the segment's start as the tensor's.
+ * Anywhere else (expandable memory, which cudaIpcGetMemHandle refuses), `ptr` itself, `*size`
+ * untouched. A PyTorch that asks the allocator for a shareable handle instead (shareIpcHandle)
+ * gets an error from its pluggable allocator. */
+CARVE_TORCH_API void* carve_torch_base_allocation(void* ptr, size_t* size);
+
 /* What device `peer` may do with `device`'s memory at `ptr`: 2 read and write, 1 read, 0 nothing;
  * -1 where carve cannot say (no expandable mapping of `device` there: the caching and
  * stream-ordered pools hand out cudaMalloc memory, which the peer access PyTorch enables opens).

@@ -129,6 +129,10 @@ public:
   // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
 
+  // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its
+  // size in `bytes`; null where this stack took no such allocation (the expandable pool maps).
+  void* base_allocation(const void* p, std::size_t* bytes) const noexcept { return books_.segments.holding(p, bytes); }
+
   // Whether every request asks the driver if its stream captures a graph (when PyTorch cannot
   // forward its pool hooks, a capture would otherwise be served as any other request).
   void guard_captures(bool on) noexcept { guard_captures_.store(on, std::memory_order_relaxed); }

@@ -30,6 +30,7 @@ using carve::torch::PoolKind;
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t KiB = std::size_t{1} << 10;
 
 using namespace host_stacks;
 
@@ -484,6 +485,32 @@ TEST_CASE("caching stack: a capture that begins while empty_cache asks the strea
   CHECK_FALSE(begin_while_recording(*stack, graph, id, [&] { stack->empty_cache(); }));
   CHECK(stack->books().reserved.now() == 0); // empty_cache had begun: it gave the segment back
   stack->release_pool(id);
+}
+
+TEST_CASE("each stack: the segment that holds a block (getBaseAllocation), only while it is held") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    auto stack = make(kind);
+    const cudaStream_t s = stream(fresh_streams(1));
+    void* a = stack->allocate(s, 256 * KiB);
+    void* b = stack->allocate(s, 256 * KiB);
+    REQUIRE((a != nullptr && b != nullptr));
+    std::size_t bytes = 0;
+    void* base = stack->base_allocation(b, &bytes);
+    if (kind == PoolKind::expandable) {
+      CHECK(base == nullptr); // mapped memory: no cudaMalloc segment to export
+    } else {
+      const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+      REQUIRE(base != nullptr);
+      CHECK((at(base) <= at(b) && at(b) + 256 * KiB <= at(base) + bytes));
+      CHECK(stack->base_allocation(static_cast<char*>(base) + bytes, nullptr) != base); // one past its end
+      CHECK(stack->base_allocation(&bytes, nullptr) == nullptr);                        // not device memory
+    }
+    REQUIRE(stack->deallocate(s, a, 256 * KiB));
+    REQUIRE(stack->deallocate(s, b, 256 * KiB));
+    stack->empty_cache();
+    CHECK(stack->base_allocation(b, nullptr) == nullptr); // the segment went back to the device
+  }
 }
 
 TEST_CASE("the C functions: host backend, expandable by default, threads, stats as JSON") {

@@ -365,10 +365,11 @@ def worker_hooks(pool):
     lib = load(pool)
     use_carve_gpu()
     import carve_gpu.torch as carve_torch
-    newest = Setters(["set_reset_fn", "set_record_stream_fn", "set_begin_allocate_to_pool",
+    newest = Setters(["set_reset_fn", "set_record_stream_fn", "set_base_alloc_fn", "set_begin_allocate_to_pool",
                       "set_end_allocate_to_pool_fn", "set_release_pool", "set_begin_allocate_stream_to_pool"])
     check(carve_torch.install_hooks(newest, lib) == "pools", "PyTorch 2.2's pool hooks not chosen")
     expected = {"set_reset_fn": "carve_torch_empty_cache", "set_record_stream_fn": "carve_torch_record_stream",
+                "set_base_alloc_fn": "carve_torch_base_allocation",
                 "set_begin_allocate_to_pool": "carve_torch_begin_allocate_to_pool",
                 "set_end_allocate_to_pool_fn": "carve_torch_end_allocate_to_pool",
                 "set_release_pool": "carve_torch_release_pool"}
@@ -395,6 +396,21 @@ def worker_hooks(pool):
     check(r, "the capture ended, yet its stream is refused")
     lib.free(r, MiB, 0, capture)
     print(f"{pool}: graph hooks chosen for PyTorch 2.2+ and 2.1; without them a capturing stream is refused")
+    # getBaseAllocation: the segment each block was cut from, as a tensor shared with another
+    # process is exported (its whole allocation, the block's offset beside it).
+    a, b = lib.malloc(256 << 10, 0, stream), lib.malloc(256 << 10, 0, stream)
+    (base_a, size_a), (base_b, size_b) = lib.base_allocation(a), lib.base_allocation(b)
+    if pool == "expandable":
+        check((base_a, size_a, base_b, size_b) == (a, None, b, None), f"expandable memory has no segment: {base_a}")
+    else:
+        check(base_a <= a < base_a + size_a and base_b <= b < base_b + size_b,
+              f"segments {base_a:#x}+{size_a} and {base_b:#x}+{size_b} do not hold {a:#x} and {b:#x}")
+    if pool == "caching":  # small blocks share a segment, so one of them lies inside it
+        check(base_a == base_b and max(a, b) > base_a, f"two small blocks: {a:#x} {b:#x} in {base_a:#x}, {base_b:#x}")
+    check(lib.base_allocation(0x10) == (0x10, None), "an address carve never gave out has a segment")
+    lib.free(a, 256 << 10, 0, stream)
+    lib.free(b, 256 << 10, 0, stream)
+    print(f"{pool}: getBaseAllocation: {'the segment holding each block' if pool != 'expandable' else 'none'}")
 
 
 class PoolId(ctypes.Structure):
