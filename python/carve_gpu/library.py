@@ -197,11 +197,11 @@ class CarveLibrary:
         return parse_stats(self.lib.carve_torch_stats_json(device))
 
     def base_allocation(self, ptr):
-        """(start, size) of the cudaMalloc segment holding `ptr` (the caching pools), or (ptr, None)
-        where there is none (expandable memory)."""
+        """(start, size) of the cudaMalloc segment holding `ptr` (the caching and stream-ordered
+        pools), or None where carve took none (expandable memory, an address it never gave out)."""
         size = ctypes.c_size_t(0)
         base = self.lib.carve_torch_base_allocation(ptr, ctypes.byref(size))
-        return (base, size.value) if base != ptr or size.value else (ptr, None)
+        return (base, size.value) if size.value else None
 
     def peer_access(self, ptr, device, peer):
         """What device `peer` may do with `device`'s memory at `ptr`: "read_write", "read", "none",

@@ -89,7 +89,9 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     """Makes carve's `pool` (expandable, stream-ordered or caching) PyTorch's CUDA allocator for the
     rest of the process. max_reserved caps the device memory carve holds per device and
     idle_threshold is the free memory it keeps (bytes, or sizes such as "8G"). Must run before
-    PyTorch initialises CUDA: RuntimeError otherwise. Returns the installed allocator."""
+    PyTorch initialises CUDA: RuntimeError otherwise. Returns the installed allocator. A process
+    that receives CUDA tensors from another (torch.multiprocessing) must keep PyTorch's own
+    allocator: a pluggable one cannot open them (docs/torch.md)."""
     _library.settings_for(pool, None, max_reserved, idle_threshold)  # bad options fail before torch is imported
     torch = _import_torch()
     if "allocator" in _installed:

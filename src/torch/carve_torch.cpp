@@ -365,6 +365,9 @@ void* carve_torch_base_allocation(void* ptr, size_t* size) {
       }
     }
   }
+  if (size != nullptr) {
+    *size = 0;
+  }
   return ptr;
 }
 

@@ -96,10 +96,10 @@ CARVE_TORCH_API const char* carve_torch_stats_json(int device);
  * `ptr`, with its size in `*size`. Under the caching and stream-ordered pools that is the
  * cudaMalloc segment the block was cut from: sharing a CUDA tensor with another process
  * (torch.multiprocessing) exports that whole allocation (cudaIpcGetMemHandle) with the block's
- * offset in it, so without this hook PyTorch would send the segment's start as the tensor's.
- * Anywhere else (expandable memory, which cudaIpcGetMemHandle refuses), `ptr` itself, `*size`
- * untouched. A PyTorch that asks the allocator for a shareable handle instead (shareIpcHandle)
- * gets an error from its pluggable allocator. */
+ * offset in it (PyTorch 2.1 to 2.4), so without this hook PyTorch would send the segment's start
+ * as the tensor's. Anywhere else (expandable memory, which cudaIpcGetMemHandle refuses), `ptr`
+ * itself and a size of 0. From PyTorch 2.5 the allocator is asked for a shareable handle instead
+ * (shareIpcHandle), which its pluggable allocator refuses with an error. */
 CARVE_TORCH_API void* carve_torch_base_allocation(void* ptr, size_t* size);
 
 /* What device `peer` may do with `device`'s memory at `ptr`: 2 read and write, 1 read, 0 nothing;

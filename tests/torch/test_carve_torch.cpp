@@ -503,8 +503,11 @@ TEST_CASE("each stack: the segment that holds a block (getBaseAllocation), only 
       const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
       REQUIRE(base != nullptr);
       CHECK((at(base) <= at(b) && at(b) + 256 * KiB <= at(base) + bytes));
-      CHECK(stack->base_allocation(static_cast<char*>(base) + bytes, nullptr) != base); // one past its end
-      CHECK(stack->base_allocation(&bytes, nullptr) == nullptr);                        // not device memory
+      const auto address = [](std::uintptr_t n) { return reinterpret_cast<const void*>(n); };
+      CHECK(stack->base_allocation(address(at(base) + bytes - 1), nullptr) == base); // its last byte
+      CHECK(stack->base_allocation(address(at(base) + bytes), nullptr) != base);     // one past its end
+      CHECK(stack->base_allocation(address(at(base) - 1), nullptr) != base);         // one before it
+      CHECK(stack->base_allocation(&bytes, nullptr) == nullptr);                     // not device memory
     }
     REQUIRE(stack->deallocate(s, a, 256 * KiB));
     REQUIRE(stack->deallocate(s, b, 256 * KiB));
