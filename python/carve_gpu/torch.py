@@ -240,5 +240,6 @@ def peer_access(tensor, peer, *, library=None):
     """What GPU `peer` may do with the memory of `tensor` (a CUDA tensor carve allocated):
     "read_write", "read", "none", or None where carve cannot say (the caching and stream-ordered
     pools hand out cudaMalloc memory, which the peer access PyTorch enables opens). The expandable
-    pool opens each GPU's memory to every other GPU the process allocates on."""
+    pool opens each GPU's memory to every other GPU the process allocates on (checked on the host
+    backend only, not yet on two GPUs)."""
     return _library_in_use(library).peer_access(tensor.data_ptr(), tensor.device.index, peer)

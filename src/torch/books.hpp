@@ -17,7 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -47,11 +46,14 @@ public:
   void* holding(const void* p, std::size_t* bytes) const noexcept {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     const std::lock_guard lock(mutex_);
-    auto it = by_base_.upper_bound(a);
-    if (it == by_base_.begin() || a - std::prev(it)->first >= std::prev(it)->second) {
+    auto it = by_base_.upper_bound(a); // the first segment past `a`: the one before may hold it
+    if (it == by_base_.begin()) {
       return nullptr;
     }
     --it;
+    if (a - it->first >= it->second) {
+      return nullptr;
+    }
     if (bytes != nullptr) {
       *bytes = it->second;
     }

@@ -155,7 +155,7 @@ public:
   /// (ExpandablePoolStats::peer_refusals). Errors: invalid_argument for a device outside [0, 64);
   /// the mapper's, after the chunks opened so far are closed again (where the mapper lets them).
   [[nodiscard]] Result<void> grant_access(int device) {
-    if (device < 0 || device >= 64) {
+    if (device < 0 || device >= OnDemandReservation<Mapper>::max_peers) {
       return fail(Errc::invalid_argument, "grant_access: device " + std::to_string(device) + " is outside [0, 64)");
     }
     const std::lock_guard lock(s_->mutex);
@@ -355,7 +355,7 @@ private:
     if (!memory) {
       return no_space_index;
     }
-    for (int peer = 0; peer < 64; ++peer) {
+    for (int peer = 0; peer < OnDemandReservation<Mapper>::max_peers; ++peer) {
       if ((s_->peers >> peer & 1u) != 0) {
         (void)memory->grant(peer); // no chunk yet: nothing to refuse
       }

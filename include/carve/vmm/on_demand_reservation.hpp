@@ -187,6 +187,9 @@ public:
     return released;
   }
 
+  /// Devices grant() takes: 0 to max_peers - 1 (the bits of a 64-bit set).
+  static constexpr int max_peers = 64;
+
   /// Lets `peer` read and write every chunk: those mapped now (one set_access each) and every chunk
   /// mapped later. Granting the reservation's own device, or a peer already granted, does nothing.
   /// Errors: invalid_argument for a device outside [0, 64); the mapper's, after the chunks granted
@@ -407,8 +410,6 @@ private:
     mapped_ += size;
     return {};
   }
-
-  static constexpr int max_peers = 64; // the bits of peers_
 
   // Sets `peer`'s right on the chunks [first, last) back to none.
   void close_to(int peer, std::map<std::size_t, std::size_t>::const_iterator first,
