@@ -5,9 +5,8 @@
 #   bash cmake/dev.sh demo    build and run the examples, then the workgroup scheduling simulator
 #                             on its built-in default (results in build/slot_sim_out/) and
 #                             carve_replay on a real PyTorch memory snapshot
-#   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus nvcc
-#                             device builds for sm_80 and sm_90 when nvcc is present, and the
-#                             compile time of a .cu that includes each umbrella header),
+#   bash cmake/dev.sh test    the whole test suite: g++ with warnings as errors (plus every .cu
+#                             through nvcc's front end to PTX for sm_80 when nvcc is present),
 #                             clang++ under AddressSanitizer + UndefinedBehaviorSanitizer,
 #                             the tests labelled `concurrent` under ThreadSanitizer, the
 #                             libFuzzer targets for a short run each, `pip install .` into a
@@ -16,6 +15,10 @@
 #                             Doxygen (warnings are errors), and a clang-format check;
 #                             each stage's time is printed at the end
 #   bash cmake/dev.sh bench   optimised benchmarks, printed side by side with their baselines
+#   bash cmake/dev.sh device-build  after `test` (CI runs it): every .cu of its g++ build compiled
+#                             to machine code for sm_80 and sm_90 (ptxas's spill and stack-frame
+#                             checks), the layout check for both, and the compile time of a .cu
+#                             that includes each umbrella header
 #   bash cmake/dev.sh bench-smoke   after `test` (CI runs it): every benchmark built in its g++
 #                             build (GPU ones compiled for sm_80 and sm_90) and run once, briefly
 #   bash cmake/dev.sh gpu     on a machine with a GPU: every gpu-labelled test and GPU benchmark,
@@ -131,10 +134,32 @@ stage() {
 # -Og with assertions on: g++'s flow analyses (the uninitialised-value warnings) at about the
 # cost of an unoptimised build; -O2 would add a third to the stage for a few more warnings about
 # bounds, which the sanitizer stages check at run time.
+#
+# Device code goes through nvcc's front end only, to PTX for sm_80 (`80-virtual`): every C++ error
+# and warning in a kernel, at a quarter of what machine code for two architectures costs (ptxas is
+# most of a .cu's compile time). Nothing here runs device code, and ptxas's own checks (spills,
+# stack frames) and sm_90 are `device_build`'s, which CI runs next.
+gxx_config=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON)
 gxx_stage() {
-  build gxx -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON \
-    -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_GPU_BENCHMARKS=OFF
+  build gxx "${gxx_config[@]}" -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_GPU_BENCHMARKS=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=80-virtual
   run_tests gxx
+}
+
+# What the test command leaves to CI: the g++ build's .cu files as machine code for sm_80 and
+# sm_90, where ptxas fails a kernel that spills registers or whose stack passes
+# CARVE_KERNEL_FRAME_LIMIT; the layout check against both architectures' PTX; and what including
+# carve costs a .cu.
+device_build() {
+  find_nvcc
+  build gxx "${gxx_config[@]}" "-DCMAKE_CUDA_ARCHITECTURES=80;90"
+  if ! grep -q "^CARVE_ENABLE_CUDA:BOOL=ON" "$root/build/gxx/CMakeCache.txt"; then
+    echo "no nvcc: no device code to build"
+    return
+  fi
+  run_tests gxx -R '^device_layouts$' --no-tests=error
+  say "nvcc: what a .cu that includes carve's umbrella headers takes to compile"
+  umbrella_compile_time
 }
 
 # Benchmarks are not tests, so the test command leaves them out; CI then builds every one into the
@@ -143,14 +168,15 @@ gxx_stage() {
 # before it times them (label `benchmark`). Real numbers come from `bench`.
 bench_smoke() {
   find_nvcc
-  build gxx -DCARVE_BUILD_BENCHMARKS=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON
+  build gxx "${gxx_config[@]}" -DCARVE_BUILD_BENCHMARKS=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=80;90"
   run_tests gxx -L benchmark
 }
 
 # What including carve costs a .cu. First examples/compose_block_scratch.cu (includes
-# <carve/carve.hpp>, uses carve's allocators in a kernel) as the g++ stage built it: nvcc,
+# <carve/carve.hpp>, uses carve's allocators in a kernel) as device_build built it: nvcc,
 # both architectures in one invocation, from Ninja's log. Then each umbrella header with one empty
-# kernel, once per architecture (tests/umbrella): their compile commands are taken from the g++ stage
+# kernel, once per architecture (tests/umbrella): their compile commands are taken from that
 # build and run here, $jobs at a time, timed (wall, and the CPU time nvcc and its passes used, which
 # other work on the machine inflates less); a command that fails fails the stage. The aim: at most
 # 5 s per architecture for the device-side umbrellas (slot, mr, queue).
@@ -249,8 +275,7 @@ package_stage() {
 tests() {
   find_nvcc
   local start=$SECONDS
-  stage "g++ -Og, warnings as errors (device code with nvcc for sm_80 and sm_90 if present)" gxx_stage
-  stage "nvcc: what a .cu that includes carve's umbrella headers takes to compile" umbrella_compile_time
+  stage "g++ -Og, warnings as errors (device code through nvcc to PTX for sm_80 if present)" gxx_stage
   stage "clang++, AddressSanitizer + UndefinedBehaviorSanitizer" asan_stage
   stage "clang++, ThreadSanitizer (tests labelled concurrent)" tsan_stage
   stage "clang++ libFuzzer (ASan + UBSan)" fuzz_check
@@ -532,6 +557,7 @@ demo) install_missing && demo ;;
 test) install_missing && tests ;;
 bench) install_missing && bench "$@" ;;
 docs) install_missing && docs ;;
+device-build) install_missing && device_build ;;
 bench-smoke) install_missing && bench_smoke ;;
 gpu)
   # A GPU machine may have no network: build with what it has when the packages cannot be installed.
@@ -540,7 +566,7 @@ gpu)
   gpu
   ;;
 *)
-  echo "usage: bash cmake/dev.sh demo|test|bench|bench-smoke|docs|gpu [benchmark flags]" >&2
+  echo "usage: bash cmake/dev.sh demo|test|bench|device-build|bench-smoke|docs|gpu [benchmark flags]" >&2
   exit 2
   ;;
 esac

@@ -24,6 +24,10 @@
 
 static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or pass -std=c++20 (g++, clang++, nvcc)");
 
+// Below C++20 the assertion above is the only error: the rest would add hundreds more, and
+// take as long to fail as to compile.
+#if __cplusplus >= 202002L
+
 #include <carve/version.hpp>
 
 #include <carve/core.hpp>  // bits, errors, configuration
@@ -42,3 +46,4 @@ static_assert(__cplusplus >= 202002L, "carve needs C++20: link carve::carve, or 
 #include <carve/trace.hpp>    // allocation traces: PyTorch snapshots, RMM logs, carve's CSV (host)
 #include <carve/vmm.hpp>      // physical memory, mappings and per-device access (host twin; CUDA driver)
 #endif
+#endif // C++20

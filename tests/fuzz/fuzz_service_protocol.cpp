@@ -3,7 +3,10 @@
 // the input (the encoding is canonical). The input is then handed, as a message from a client,
 // to a live AllocationService over two shared-memory cards: whatever it asks, the service must
 // answer with messages that decode, and its pools and region table must stay consistent.
-#include <carve/carve.hpp>
+#include <carve/service/allocation_service.hpp>
+#include <carve/service/protocol.hpp>
+#include <carve/service/shared_memory_card.hpp>
+#include <carve/topology/topology.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,8 @@
 // either build a topology whose answers are sane or throw a parse error (carve::Exception,
 // invalid_argument, "line N: ...") naming a line of the input. Anything else (a crash, another exception, a sanitizer
 // report) is a bug.
-#include <carve/carve.hpp>
+#include <carve/core/error.hpp>
+#include <carve/topology/topology.hpp>
 
 #include <cstddef>
 #include <cstdint>
