@@ -31,14 +31,14 @@ class BuildWithLibraries(build_py):
                          "-DCARVE_BUILD_TORCH=ON", f"-DCARVE_PYTHON3={sys.executable}"]
             configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
             subprocess.run(configure, check=True)
-            jobs = str(os.cpu_count() or 1)
-            subprocess.run(["cmake", "--build", build, "--target", "carve_torch", "--parallel", jobs], check=True)
             # The c10 bridge exists only where CMake found PyTorch; without it carve_gpu.torch says so.
+            targets = ["carve_torch"]
             with open(os.path.join(build, "CMakeCache.txt")) as cache:
                 c10 = [line for line in cache if line.startswith("CARVE_C10_LIBRARY:")]
             if c10 and not c10[0].rstrip().endswith("NOTFOUND"):
-                subprocess.run(["cmake", "--build", build, "--target", "carve_torch_oom", "--parallel", jobs],
-                               check=True)
+                targets.append("carve_torch_oom")
+            jobs = str(os.cpu_count() or 1)
+            subprocess.run(["cmake", "--build", build, "--parallel", jobs, "--target", *targets], check=True)
             package = os.path.join(self.build_lib, "carve_gpu")
             os.makedirs(package, exist_ok=True)
             for name in LIBRARIES:
