@@ -45,8 +45,10 @@ install_missing() { # install_missing [package...]: the given packages, or all o
   say "installing ${missing[*]}"
   local sudo=()
   [ "$(id -u)" -ne 0 ] && sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Short network timeouts: a machine without a registry (a lent GPU's) must not wait out the defaults.
+  local quick=(-o Acquire::http::Timeout=20 -o Acquire::https::Timeout=20 -o Acquire::Retries=1)
+  "${sudo[@]}" apt-get "${quick[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get "${quick[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 }
 
 # nvcc is used when it can be found; the toolkit's usual home need not be on PATH.
@@ -338,7 +340,7 @@ target_fields() { # target_fields <program> < output
 #   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
 #   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
 gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs, devices and training)
-  local parts=" ${CARVE_GPU_PARTS:-tests bench torch sanitizers} "
+  local parts=" ${CARVE_GPU_PARTS-tests bench torch sanitizers} " # set but empty: none
   parts=${parts/ torch / torch oom graphs devices training }
   [[ $parts == *" $1 "* ]]
 }
@@ -352,7 +354,9 @@ torch_check() {
   before=$(wc -c <"$report")
   timeout "${CARVE_GPU_SCRIPT_SECONDS:-600}" python3 "$root/tests/torch/$script" "$@" >"$report_dir/$name.log" 2>&1 ||
     code=$?
-  if [ "$code" -ne 0 ]; then
+  if [ "$code" -eq 77 ]; then # the script could not run here (gpu_devices.py with one GPU)
+    result=skipped
+  elif [ "$code" -ne 0 ]; then
     result=FAILED
     [ "$code" -eq 124 ] && result="FAILED (timed out)"
     printf '\n%s: %s (exit %s; its whole output is %s.log beside this report)\n' "$name" "$result" "$code" \
@@ -438,8 +442,10 @@ gpu_tests() {
     ctest --test-dir "$dir" -R "^${t}\$" -V --timeout 300 >"$log" 2>&1 || code=$?
     # Every gpu test skips only without a usable device, and nvidia-smi listed one: a skip here
     # (a driver too old for the toolkit, say) is a failure, with the reason in its output.
-    if grep -q "\*\*\*Skipped\|Not Run\|Disabled" "$log"; then
+    if grep -qE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*Skipped" "$log"; then
       result="FAILED (skipped although nvidia-smi lists a GPU)"
+    elif grep -qE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*(Not Run|Disabled)" "$log"; then
+      result="FAILED (not run: its program is missing)"
     elif [ "$code" -ne 0 ] || ! grep -q "Passed" "$log"; then
       result="FAILED"
     fi
@@ -447,7 +453,9 @@ gpu_tests() {
       echo "- $t: $result"
       echo
       echo '  ```'
-      sed -n 's/^[0-9]*: //p' "$log" | grep -v '^Test command:\|^Working Directory:\|^Test timeout\|^Environment variables' |
+      # A test that crashed may have printed nothing of its own: grep then matches nothing.
+      sed -n 's/^[0-9]*: //p' "$log" |
+        { grep -v '^Test command:\|^Working Directory:\|^Test timeout\|^Environment variables' || true; } |
         tail -n 40 | sed 's/^/  /'
       echo '  ```'
     } >>"$report"
@@ -512,8 +520,11 @@ gpu_torch() {
   gpu_part devices && torch_check gpu_devices gpu_devices.py --library "$library" --report "$report"
   gpu_part training || return 0
   if python3 -c "import transformers, timm" >/dev/null 2>&1; then
-    torch_check gpu_training_step gpu_training_step.py --library "$library" --replay "$dir/examples/carve_replay" \
-      --report "$report"
+    # carve_replay is built where fmt is found; without it the prediction is left out, said so.
+    local replay=()
+    [ -x "$dir/examples/carve_replay" ] && replay=(--replay "$dir/examples/carve_replay")
+    [ ${#replay[@]} -eq 0 ] && printf '\nno carve_replay in the build (fmt not found): no predictions\n' >>"$report"
+    torch_check gpu_training_step gpu_training_step.py --library "$library" "${replay[@]}" --report "$report"
   else
     printf '\nskipped gpu_training_step: python3 cannot import transformers and timm here\n' >>"$report"
   fi
@@ -529,15 +540,20 @@ gpu_sanitizers() {
   for tool in ${CARVE_GPU_SANITIZERS-memcheck racecheck}; do
     for i in "${!tests[@]}"; do
       [ -x "${exes[$i]}" ] || continue
-      local code=0 result=clean
+      local code=0 result=clean log="$report_dir/$tool-${tests[$i]//\//_}.log"
       timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" --error-exitcode 1 "${exes[$i]}" \
-        >/dev/null 2>&1 || code=$?
+        >"$log" 2>&1 || code=$?
       case "$code" in
       0 | 77) ;;
       124) result="timed out" ;;
       *) result=FAILED ;;
       esac
       echo "- ${tests[$i]}, $tool: $result" >>"$report"
+      if [ "$result" = clean ]; then
+        rm -f "$log"
+      else # what the tool found, its end here and all of it beside the report
+        printf '\n  ```\n%s\n  ```\n' "$(tail -n 20 "$log" | sed 's/^/  /')" >>"$report"
+      fi
       echo "sanitizer,$tool,${tests[$i]},,,,,$result" >>"$csv"
     done
   done

@@ -12,22 +12,27 @@ import os
 import subprocess
 import sys
 
+SKIPPED = 77  # the exit status of a script that could not run here (dev.sh reports "skipped")
+
 
 def run_child_process(argv, timeout, env=None):
-    """Runs one child; (its last JSON line as a dict, None) or (None, why not). A child that hangs
-    or ends badly is an error of that child, never the end of the whole script (whose report would
-    then be lost); a JSON line printed before a crash at exit still counts."""
+    """Runs one child; (its last JSON line as a dict, None), (None, why not), or, for a child that
+    printed its JSON and then ended badly (a crash at exit, say), (the JSON, what went wrong). A
+    child that hangs or ends badly is an error of that child, never the end of the whole script
+    (whose report would then be lost)."""
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout} s"
+    ended = f"the process ended with {out.returncode}: {(out.stderr or out.stdout)[-1500:]!r}"
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line), None
+                result = json.loads(line)
             except json.JSONDecodeError:
                 break
-    return None, f"the process ended with {out.returncode}: {(out.stderr or out.stdout)[-1500:]!r}"
+            return result, None if out.returncode == 0 else "after printing its result, " + ended
+    return None, ended
 
 
 def run_children(script, names, library, timeout):
@@ -39,7 +44,11 @@ def run_children(script, names, library, timeout):
         if library:
             argv += ["--library", library]
         result, error = run_child_process(argv, timeout)
-        results[name] = result if result is not None else {"error": error}
+        if result is None:
+            result = {"error": error}
+        elif error:  # a crash at exit is a failure too: one more check, which fails
+            result["exit"] = error
+        results[name] = result
         print(f"{os.path.basename(script)} {name}: {json.dumps(results[name])[:2000]}", flush=True)
     return results
 
@@ -77,6 +86,6 @@ def main(doc, children, run_child, orchestrate):
     parser.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(args.child, args.library)))
+        print(json.dumps(run_child(args.child, args.library)), flush=True)  # kept if exit then crashes
         return 0
     return orchestrate(args)

@@ -15,7 +15,8 @@ that reach each other directly (peer access: otherwise no copy touches the other
 
     gpu_devices.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
-Exit status 0 when every check passed (or it was skipped). Appends its section to --report.
+Exit status 0 when every check passed, 77 when skipped (dev.sh reports it so). Appends its
+section to --report.
 """
 
 import os
@@ -78,11 +79,11 @@ def orchestrate(args):
 
     if torch.cuda.device_count() < 2:
         lines.append(f"skipped: two GPUs are needed, this machine has {torch.cuda.device_count()}")
-        return gpu_children.report(lines, args.report, 0)
+        return gpu_children.report(lines, args.report, 0) or gpu_children.SKIPPED
     if not (torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)):
         lines.append("skipped: cuda:0 and cuda:1 cannot reach each other directly (no peer access), so no copy "
                      "between them touches the other's memory")
-        return gpu_children.report(lines, args.report, 0)
+        return gpu_children.report(lines, args.report, 0) or gpu_children.SKIPPED
     checks, failed = gpu_children.check_lines(gpu_children.run_children(__file__, POOLS, args.library, 300))
     return gpu_children.report(lines + checks, args.report, failed)
 

@@ -157,22 +157,28 @@ def run_child(pool, library):
             out["failed_capture"] = failed_capture(torch, carve)
         except Exception as e:  # noqa: BLE001
             out["failed_capture"] = f"{type(e).__name__}: {e}"
-    before = live()
+    def captures():  # the graph captures begun on this thread through carve's pool hooks
+        return carve._installed["library"].captures_begun()[0] if pool != "pytorch" else 0
+    before, begun = live(), captures()
     try:
         out["captured"] = captured_losses(torch)
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         out["captured"] = f"{type(e).__name__}: {e}"
+    out["captured_captures"] = captures() - begun
     torch.cuda.synchronize()
     import gc
     gc.collect()
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps a workspace per stream
         torch._C._cuda_clearCublasWorkspaces()
     out["live_after_graph"] = live() - before  # PyTorch's own: what its build keeps (workspaces)
+    begun = captures()
     try:
         out["compiled"] = compiled_losses(torch)
         out["compiled_skips"] = cudagraph_skips(torch)
     except Exception as e:  # noqa: BLE001
         out["compiled"] = f"{type(e).__name__}: {e}"
+    # Forward graphs only: Inductor captures the backward ones on autograd's thread.
+    out["compiled_captures"] = captures() - begun
     return out
 
 
@@ -208,15 +214,20 @@ def orchestrate(args):
             lines.append(f"- {pool}: a capture the driver invalidated: FAILED: {str(f)[:600]}")
         for what, name in (("captured", "torch.cuda.graph of a training step"),
                            ("compiled", "torch.compile(mode=\"reduce-overhead\")")):
-            ok = same(r.get(what), reference.get(what))
+            # Equal losses prove nothing about carve unless the graphs were captured through it.
+            begun = r.get(f"{what}_captures")
+            ok = same(r.get(what), reference.get(what)) and isinstance(begun, int) and begun > 0
             failed += not ok
-            lines.append(f"- {pool}: {name}: same losses as PyTorch's allocator: "
-                         f"{'passed' if ok else 'FAILED: ' + str(r.get(what, r))[:600]}")
+            lines.append(f"- {pool}: {name}: same losses as PyTorch's allocator, {begun} captures begun through "
+                         f"carve's pool hooks: {'passed' if ok else 'FAILED: ' + str(r.get(what, r))[:600]}")
         skips = (r.get("compiled_skips"), reference.get("compiled_skips"))
         ok = skips == (0, 0)
         failed += not ok
         lines.append(f"- {pool}: torch.compile captured every graph (Inductor's cudagraph_skips: {skips[0]} under "
                      f"carve, {skips[1]} under PyTorch's allocator): {'passed' if ok else 'FAILED'}")
+        if "exit" in r:
+            failed += 1
+            lines.append(f"- {pool}: FAILED: {r['exit']}")
         left = r.get("live_after_graph")
         ok = isinstance(left, int) and isinstance(kept, int) and left <= max(kept, 0) + MiB
         failed += not ok

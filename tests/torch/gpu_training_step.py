@@ -136,19 +136,25 @@ def run_late_install(args):
 def child(argv, env=None, timeout=300):
     """One run in a process of its own: (its JSON, None) or (None, why not); printed as it ends."""
     result, error = gpu_children.run_child_process([sys.executable, os.path.abspath(__file__)] + argv, timeout, env)
-    print(f"gpu_training_step {' '.join(argv[1:6])}: {json.dumps(result) if result else error[-500:]}", flush=True)
+    print(f"gpu_training_step {' '.join(argv[1:6])}: {json.dumps(result) if result is not None else error[-500:]}",
+          flush=True)
     return result, error
 
 
 def predicted_by_replay(replay, snapshot):
-    out = subprocess.run([replay, snapshot, "--allocators", "expandable-pool", "--json"], capture_output=True,
-                         text=True, timeout=900)
-    if out.returncode != 0:
-        return None, out.stderr[-1000:]
-    for allocator in json.loads(out.stdout)["allocators"]:
-        if allocator["name"] == "expandable-pool":
-            return allocator["peak_reserved_bytes"], None
-    return None, "carve_replay printed no expandable-pool row"
+    """carve_replay's peak reserved for the expandable pool on `snapshot`: (bytes, None) or (None,
+    why not). Any failure is this model's, never the end of the script (whose report would be lost)."""
+    try:
+        out = subprocess.run([replay, snapshot, "--allocators", "expandable-pool", "--json", "--no-smallest-card"],
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            return None, f"exit {out.returncode}: {out.stderr[-1000:]}"
+        for allocator in json.loads(out.stdout)["allocators"]:
+            if allocator["name"] == "expandable-pool":
+                return allocator["peak_reserved_bytes"], None
+        return None, "carve_replay printed no expandable-pool row"
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 def judge(rows):
@@ -197,6 +203,12 @@ def judge(rows):
     return table, goals, failed
 
 
+def without_allocator_settings(environ):
+    """The environment less PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name of
+    PYTORCH_CUDA_ALLOC_CONF), so that each run gets only the allocator it names."""
+    return {k: v for k, v in environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+
+
 def met(ok):
     return "met" if ok else "MISSED"
 
@@ -211,15 +223,15 @@ def orchestrate(args):
     for model in MODELS:
         results = {}
         for mode in MODES:
-            env = dict(os.environ)
-            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            env = without_allocator_settings(os.environ)
             if mode == "expandable_segments":
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
             argv = ["--child", "--model", model, "--mode", mode, "--batch", str(batches[model]), "--steps",
                     str(args.steps)] + library
             result, error = child(argv, env)
-            if result is None:
+            if error:  # no result, or a crash after it
                 failed.append(f"{model} under {mode}: {error}")
+            if result is None:
                 continue
             results[mode] = result
         if args.replay and "carve" in results:
@@ -227,11 +239,11 @@ def orchestrate(args):
             snapshot = os.path.join(work, f"{model}.pickle")
             argv = ["--child", "--model", model, "--mode", "pytorch", "--batch", str(batches[model]), "--steps",
                     str(args.steps), "--snapshot", snapshot] + library
-            recorded, error = child(argv, {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"})
+            recorded, error = child(argv, without_allocator_settings(os.environ))
             predicted = None
-            if recorded is None:
+            if error:
                 failed.append(f"{model}, recording the snapshot: {error}")
-            else:
+            if recorded is not None:
                 predicted, error = predicted_by_replay(args.replay, snapshot)
                 if error:
                     failed.append(f"carve_replay on {model}: {error}")
@@ -242,10 +254,12 @@ def orchestrate(args):
     lines += table
     failed += disagree
     late, error = child(["--late-install"] + library, dict(os.environ), timeout=300)
-    if late is None or not late["refused"]:
-        failed.append("carve_gpu.torch.use() after CUDA was initialised: " + (error or late["message"]))
+    if late is None or not late.get("refused"):
+        failed.append("carve_gpu.torch.use() after CUDA was initialised: " + (error or str(late)))
     else:
         goals.append("- carve_gpu.torch.use() after CUDA was initialised refuses: " + late["message"])
+        if error:
+            failed.append("carve_gpu.torch.use() after CUDA was initialised: " + error)
     lines += ["", *goals, ""]
     lines += [f"- FAILED: {f}" for f in failed] or ["All runs completed and the final losses agree to 1e-6."]
     text = "\n".join(lines) + "\n"
