@@ -196,6 +196,9 @@ def orchestrate(args):
         ok = isinstance(reference.get(what), list)
         failed += not ok
         lines.append(f"- PyTorch's allocator, {what}: {'ran' if ok else 'FAILED: ' + str(reference)[:600]}")
+    if "exit" in reference:  # printed its losses, then crashed: the reference is in doubt
+        failed += 1
+        lines.append(f"- PyTorch's allocator: FAILED: {reference['exit']}")
     kept = reference.get("live_after_graph")  # what PyTorch's own allocator still counts (its workspaces)
     for pool in POOLS:
         r = results[pool]

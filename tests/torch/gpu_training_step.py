@@ -128,9 +128,9 @@ def run_late_install(args):
     try:
         carve.use(library=args.library)
     except RuntimeError as e:
-        print(json.dumps({"refused": "already initialised" in str(e), "message": str(e)}))
+        print(json.dumps({"refused": "already initialised" in str(e), "message": str(e)}), flush=True)
         return
-    print(json.dumps({"refused": False, "message": "use() succeeded after CUDA was initialised"}))
+    print(json.dumps({"refused": False, "message": "use() succeeded after CUDA was initialised"}), flush=True)
 
 
 def child(argv, env=None, timeout=300):
