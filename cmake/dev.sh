@@ -142,6 +142,7 @@ stage() {
 # most of a .cu's compile time). Nothing here runs device code, and ptxas's own checks (spills,
 # stack frames) and sm_90 are `device_build`'s, which CI runs next.
 gxx_config=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-Og -DCMAKE_CXX_COMPILER=g++ -DCARVE_WERROR=ON)
+machine_code="-DCMAKE_CUDA_ARCHITECTURES=80;90" # what CI builds device code for
 gxx_stage() {
   build gxx "${gxx_config[@]}" -DCARVE_BUILD_BENCHMARKS=OFF -DCARVE_BUILD_GPU_BENCHMARKS=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=80-virtual
@@ -154,7 +155,7 @@ gxx_stage() {
 # layout check against both architectures' PTX; and what including carve costs a .cu.
 device_build() {
   find_nvcc
-  build gxx "${gxx_config[@]}" "-DCMAKE_CUDA_ARCHITECTURES=80;90"
+  build gxx "${gxx_config[@]}" "$machine_code"
   if ! grep -q "^CARVE_ENABLE_CUDA:BOOL=ON" "$root/build/gxx/CMakeCache.txt"; then
     echo "no nvcc: no device code to build"
     return
@@ -171,8 +172,7 @@ device_build() {
 # before it times them (label `benchmark`). Real numbers come from `bench`.
 bench_smoke() {
   find_nvcc
-  build gxx "${gxx_config[@]}" -DCARVE_BUILD_BENCHMARKS=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON \
-    "-DCMAKE_CUDA_ARCHITECTURES=80;90"
+  build gxx "${gxx_config[@]}" -DCARVE_BUILD_BENCHMARKS=ON -DCARVE_BUILD_GPU_BENCHMARKS=ON "$machine_code"
   run_tests gxx -L benchmark
 }
 
@@ -522,8 +522,11 @@ gpu_torch() {
   if python3 -c "import transformers, timm" >/dev/null 2>&1; then
     # carve_replay is built where fmt is found; without it the prediction is left out, said so.
     local replay=()
-    [ -x "$dir/examples/carve_replay" ] && replay=(--replay "$dir/examples/carve_replay")
-    [ ${#replay[@]} -eq 0 ] && printf '\nno carve_replay in the build (fmt not found): no predictions\n' >>"$report"
+    if [ -x "$dir/examples/carve_replay" ]; then
+      replay=(--replay "$dir/examples/carve_replay")
+    else
+      printf '\nno carve_replay in the build (fmt not found): no predictions\n' >>"$report"
+    fi
     torch_check gpu_training_step gpu_training_step.py --library "$library" "${replay[@]}" --report "$report"
   else
     printf '\nskipped gpu_training_step: python3 cannot import transformers and timm here\n' >>"$report"

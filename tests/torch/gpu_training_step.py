@@ -134,7 +134,8 @@ def run_late_install(args):
 
 
 def child(argv, env=None, timeout=300):
-    """One run in a process of its own: (its JSON, None) or (None, why not); printed as it ends."""
+    """One run in a process of its own: (its JSON, None), (None, why not) or (its JSON, how it
+    crashed after printing it); printed as it ends."""
     result, error = gpu_children.run_child_process([sys.executable, os.path.abspath(__file__)] + argv, timeout, env)
     print(f"gpu_training_step {' '.join(argv[1:6])}: {json.dumps(result) if result is not None else error[-500:]}",
           flush=True)

@@ -27,7 +27,6 @@ import os
 import pickle
 import py_compile
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -760,19 +759,19 @@ def check_gpu_children():
     check(result is None and "timed out after 1 s" in error, f"a child that hangs: {error}")
     result, error = gpu_children.run_child_process([py, "-c", "raise SystemExit('broken')"], 30)
     check(result is None and "ended with 1" in error and "broken" in error, f"a child that fails: {error}")
-    work = tempfile.mkdtemp(prefix="carve_children_")
-    script = os.path.join(work, "child.py")
-    with open(script, "w") as f:  # what run_children starts: `script --child NAME`
-        f.write('import os, sys\nprint(\'{"x": true}\', flush=True)\nos._exit(0 if sys.argv[2] == "clean" else 6)\n')
-    results = gpu_children.run_children(script, ("clean", "crash"), None, 30)
-    shutil.rmtree(work)
+    with tempfile.TemporaryDirectory(prefix="carve_children_") as work:
+        script = os.path.join(work, "child.py")
+        with open(script, "w") as f:  # what run_children starts: `script --child NAME`
+            f.write('import os, sys\nprint(\'{"x": true}\', flush=True)\n'
+                    'os._exit(0 if sys.argv[2] == "clean" else 6)\n')
+        results = gpu_children.run_children(script, ("clean", "crash"), None, 30)
     check(results["clean"] == {"x": True} and results["crash"]["x"] is True
           and "ended with 6" in results["crash"].get("exit", ""), f"a crash at exit is one more check: {results}")
     lines, failed = gpu_children.check_lines({"a": {"x": True, "y": "bad"}, "b": {"error": "crashed"}})
     check(failed == 2 and lines == ["- a: x: passed", "- a: y: FAILED: bad", "- b: FAILED, crashed"],
           f"the checks' lines: {lines}, {failed} failed")
-    print("gpu_children: a child's JSON is read, a hang and a crash (at exit too) are that child's errors, each check a "
-          "line")
+    print("gpu_children: a child's JSON is read, a hang and a crash (at exit too) are that child's errors, "
+          "each check a line")
 
 
 def check_training_step_goals():
