@@ -12,6 +12,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -37,40 +39,6 @@ inline void cuda_check(cudaError_t e, const char* what) {
     std::exit(1);
   }
 }
-
-// Kernel time in microseconds between two CUDA events on the default stream, which the timed
-// launches use. Create it after cudaSetDevice: events belong to the current device.
-class KernelTimer {
-public:
-  KernelTimer() {
-    cuda_check(cudaEventCreate(&start_), "event");
-    cuda_check(cudaEventCreate(&stop_), "event");
-  }
-  ~KernelTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  KernelTimer(const KernelTimer&) = delete;
-  KernelTimer& operator=(const KernelTimer&) = delete;
-
-  // Runs `launch` (kernel launches on the default stream) and waits for it; `what` names it in
-  // an error.
-  template <class Launch>
-  double us(Launch&& launch, const char* what = "kernel") {
-    cuda_check(cudaEventRecord(start_), "event");
-    launch();
-    cuda_check(cudaGetLastError(), "launch");
-    cuda_check(cudaEventRecord(stop_), "event");
-    cuda_check(cudaEventSynchronize(stop_), what);
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "elapsed");
-    return static_cast<double>(ms) * 1000.0;
-  }
-
-private:
-  cudaEvent_t start_{};
-  cudaEvent_t stop_{};
-};
 
 // The p-th fraction (0.5: median) of `v`, reordering it; 0 for no values.
 inline double percentile(std::vector<double> v, double p) {
@@ -133,13 +101,63 @@ struct Checks {
   bool ok() const { return failed == 0; }
 };
 
-#ifdef __CUDACC__
+#ifdef __CUDACC__ // what only device code needs
 // The card's clock in nanoseconds (%globaltimer): for deadlines inside kernels.
 __device__ inline std::uint64_t device_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+
+// Keeps the card busy for `ns` nanoseconds, spinning on %globaltimer (static: a kernel cannot be
+// inline, and each benchmark is one .cu).
+static __global__ void hold_card(std::uint64_t ns) {
+  const std::uint64_t until = device_ns() + ns;
+  while (device_ns() < until) {
+  }
+}
+
+// Kernel time in microseconds between two CUDA events on the default stream, which the timed
+// launches use. Create it after cudaSetDevice: events belong to the current device.
+//
+// The start event is recorded behind a short spin (hold_card), so that it and the timed launch
+// wait in the queue together: on an idle card the start event would be stamped at once, and the
+// interval would include the host's launch latency (microseconds, as long as a 100k-allocation
+// kernel takes).
+class KernelTimer {
+public:
+  KernelTimer() {
+    cuda_check(cudaEventCreate(&start_), "event");
+    cuda_check(cudaEventCreate(&stop_), "event");
+  }
+  ~KernelTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  KernelTimer(const KernelTimer&) = delete;
+  KernelTimer& operator=(const KernelTimer&) = delete;
+
+  // Runs `launch` (kernel launches on the default stream) and waits for it; `what` names it in
+  // an error.
+  template <class Launch>
+  double us(Launch&& launch, const char* what = "kernel") {
+    hold_card<<<1, 1>>>(hold_ns);
+    cuda_check(cudaEventRecord(start_), "event");
+    launch();
+    cuda_check(cudaGetLastError(), "launch");
+    cuda_check(cudaEventRecord(stop_), "event");
+    cuda_check(cudaEventSynchronize(stop_), what);
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "elapsed");
+    return static_cast<double>(ms) * 1000.0;
+  }
+
+private:
+  // Far longer than recording an event and launching a kernel takes the host.
+  static constexpr std::uint64_t hold_ns = 100'000;
+  cudaEvent_t start_{};
+  cudaEvent_t stop_{};
+};
 #endif
 
 } // namespace carve::bench

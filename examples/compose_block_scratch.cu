@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 using Local = carve::SlotArena<carve::ConcurrentSlotAllocator<64, carve::BoundaryNearestFit, cuda::thread_scope_block>>;
 using Global = carve::SlotArena<carve::ConcurrentSlotAllocatorRef<4096>>; // a handle: every block shares it
@@ -41,6 +42,13 @@ __global__ void sums(const unsigned* counts, unsigned long long* out, Global glo
   scratch.deallocate(*p, bytes, alignof(unsigned));
 }
 
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("compose_block_scratch: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -52,10 +60,10 @@ int main() {
   unsigned long long* out = nullptr;
   std::byte* memory = nullptr;
   carve::bits::word* words = nullptr;
-  cudaMallocManaged(&counts, items * sizeof(unsigned));
-  cudaMallocManaged(&out, items * sizeof(unsigned long long));
-  cudaMallocManaged(&memory, 4096 * 128);
-  cudaMallocManaged(&words, carve::bits::word_count(4096) * sizeof(carve::bits::word));
+  check(cudaMallocManaged(&counts, items * sizeof(unsigned)), "cudaMallocManaged");
+  check(cudaMallocManaged(&out, items * sizeof(unsigned long long)), "cudaMallocManaged");
+  check(cudaMallocManaged(&memory, 4096 * 128), "cudaMallocManaged");
+  check(cudaMallocManaged(&words, carve::bits::word_count(4096) * sizeof(carve::bits::word)), "cudaMallocManaged");
   for (unsigned i = 0; i < items; ++i) {
     counts[i] = 1 + i * 37 % 200; // 4 to 800 bytes of scratch each
   }
@@ -63,11 +71,8 @@ int main() {
                 carve::ConcurrentSlotAllocatorRef<4096>(carve::BorrowedSlotWords<4096>(words)));
   global.reset(); // all 4096 slots free
   sums<<<64, 256>>>(counts, out, global);
-
-  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-    std::printf("compose_block_scratch: %s\n", cudaGetErrorString(e));
-    return 1;
-  }
+  check(cudaGetLastError(), "launching sums"); // e.g. no kernel image for this GPU
+  check(cudaDeviceSynchronize(), "sums");
   for (unsigned long long i = 0; i < items; ++i) {
     const unsigned long long n = counts[i];
     if (out[i] == no_scratch) {

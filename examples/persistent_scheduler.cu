@@ -62,6 +62,9 @@ __global__ void run_items(const Item* items, std::uint32_t item_count, const std
       }
     }
     first = __shfl_sync(0xffff'ffffu, first, 0);
+    // A shuffle orders no memory: this does, so the other lanes write the scratch only after
+    // lane 0's claim, and so after the previous owner's last reads of it.
+    __syncwarp();
     std::uint32_t* bins = arena + first * (slot_bytes / 4);
 
     for (std::uint32_t b = lane; b < item.bins; b += 32) {

@@ -10,13 +10,18 @@ import threading
 from . import library as _library
 
 
-def _out_of_memory(cupy, lib, size, device):
-    """CuPy's own cupy.cuda.memory.OutOfMemoryError for a request carve refused (what CuPy's pool
-    raises, so code that catches it keeps working), carrying carve's reason as its message."""
+def _refusal(cupy, lib, size, device):
+    """The error for a request carve refused: CuPy's own cupy.cuda.memory.OutOfMemoryError (what
+    CuPy's pool raises, so code that catches it keeps working), carrying carve's reason as its
+    message; a RuntimeError with carve's reason when that is no shortage of memory (a device that
+    fails every call since a kernel faulted, a graph capture carve cannot serve)."""
+    why = lib.last_refusal()
+    if why and not why.startswith("CUDA out of memory"):
+        return RuntimeError(why)
     stats = lib.stats(device)
     limit = stats.get("max_reserved_bytes") or 0
     error = cupy.cuda.memory.OutOfMemoryError(size, stats.get("reserved_bytes", 0), limit)
-    error.args = (lib.last_refusal() or f"carve: out of memory allocating {size} bytes on device {device}",)
+    error.args = (why or f"carve: out of memory allocating {size} bytes on device {device}",)
     return error
 
 
@@ -36,7 +41,7 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
         stream = cupy.cuda.get_current_stream().ptr
         ptr = lib.malloc(size, device, stream)
         if not ptr:
-            raise _out_of_memory(cupy, lib, size, device)
+            raise _refusal(cupy, lib, size, device)
         with lock:
             blocks[ptr] = (size, stream)
         return ptr

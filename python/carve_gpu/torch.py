@@ -207,12 +207,18 @@ def _graphs_without_trees(torch):
 
 
 def mem_pool(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):
-    """A torch.cuda.MemPool whose memory carve serves, for `with torch.cuda.use_mem_pool(...)`."""
+    """A torch.cuda.MemPool whose memory carve serves, for `with torch.cuda.use_mem_pool(...)` while
+    PyTorch's own allocator serves the rest. PyTorch cuts the region's tensors out of segments it
+    asks carve for; carve answers a request it cannot serve with a null pointer, which PyTorch
+    takes as it takes a failed cudaMalloc (it frees its cache, tries again, then raises
+    torch.OutOfMemoryError). Not after use(): PyTorch's pluggable allocator holds no MemPool."""
+    if _installed.get("allocator") is not None:
+        raise RuntimeError("carve_gpu.torch.mem_pool(): carve is already PyTorch's allocator (use()), and PyTorch's "
+                           "pluggable allocator holds no torch.cuda.MemPool; every tensor is carve's already (a CUDA "
+                           "graph's memory too, in a private pool of carve's)")
+    lib = _library.load(library, pool=pool, max_reserved=max_reserved, idle_threshold=idle_threshold)
     torch = _import_torch()
-    allocator = _installed.get("allocator")
-    if allocator is None:
-        allocator, _ = pluggable_allocator(pool, library=library, max_reserved=max_reserved,
-                                           idle_threshold=idle_threshold)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "carve_torch_malloc", "carve_torch_free")
     return torch.cuda.MemPool(allocator.allocator())
 
 

@@ -11,8 +11,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #if __has_include(<cuda_runtime_api.h>)
+#include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/mr/cuda_stream_events.hpp>
 #include <carve/vmm/cuda_memory_mapper.hpp>
@@ -67,6 +71,15 @@ struct HostBackend {
       return false;
     }
   }
+  // Why the devices cannot serve anything: what the test hook says (carve_torch_host_device_fault).
+  static std::string fault(int) {
+    const std::lock_guard lock(simulated_fault_mutex());
+    return simulated_fault();
+  }
+  static void set_fault(std::string why) {
+    const std::lock_guard lock(simulated_fault_mutex());
+    simulated_fault() = std::move(why);
+  }
   // Nothing on the host forbids a call during a capture.
   struct RelaxedCapture {
     explicit RelaxedCapture(bool) noexcept {}
@@ -75,6 +88,16 @@ struct HostBackend {
   struct DeviceScope {
     explicit DeviceScope(int) noexcept {}
   };
+
+private:
+  static std::string& simulated_fault() {
+    static std::string why;
+    return why;
+  }
+  static std::mutex& simulated_fault_mutex() {
+    static std::mutex m;
+    return m;
+  }
 };
 
 #ifdef CARVE_TORCH_HAS_CUDA
@@ -110,6 +133,22 @@ struct CudaBackend {
     if (cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
     }
+  }
+  // Why `device` cannot serve anything, when its context is broken (after a kernel faulted, every
+  // CUDA call fails with that kernel's error); empty while it answers. Asked after a refusal, so
+  // that a broken device is not reported as out of memory. cudaMemGetInfo is no stream work:
+  // allowed, under RelaxedCapture, while a capture is under way.
+  static std::string fault(int device) {
+    const DeviceScope scope(device);
+    const RelaxedCapture relaxed(true);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    const cudaError_t e = cudaMemGetInfo(&free, &total);
+    if (e == cudaSuccess) {
+      return {};
+    }
+    cudaGetLastError();
+    return std::string("CUDA error: ") + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
   }
   // Whether a graph capture is under way on `s` (a capturing stream's work is recorded, not run).
   static bool capturing(cudaStream_t s) noexcept { return capture_status(s) == cudaStreamCaptureStatusActive; }
@@ -153,31 +192,9 @@ struct CudaBackend {
     bool active_;
   };
   // Makes `device` current for the events and memory calls of one request, when it is not already
-  // (PyTorch frees from threads whose current device may be another).
-  class DeviceScope {
-  public:
-    explicit DeviceScope(int device) noexcept {
-      if (cudaGetDevice(&previous_) != cudaSuccess) {
-        cudaGetLastError(); // no driver: the calls that follow fail and say so
-      } else if (previous_ != device) {
-        restore_ = cudaSetDevice(device) == cudaSuccess;
-        if (!restore_) {
-          cudaGetLastError();
-        }
-      }
-    }
-    ~DeviceScope() {
-      if (restore_) {
-        cudaSetDevice(previous_);
-      }
-    }
-    DeviceScope(const DeviceScope&) = delete;
-    DeviceScope& operator=(const DeviceScope&) = delete;
-
-  private:
-    int previous_ = 0;
-    bool restore_ = false;
-  };
+  // (PyTorch frees from threads whose current device may be another, or that have no context),
+  // and gives the thread its own context back after (CudaCurrentDevice).
+  using DeviceScope = carve::detail::CudaCurrentDevice;
 };
 #endif
 

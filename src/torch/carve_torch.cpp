@@ -262,6 +262,27 @@ std::string refusal(int device, std::size_t bytes, std::size_t released, const c
   return text;
 }
 
+// A request refused by a device whose context is broken (`fault`: the CUDA error every call now
+// fails with). Not PyTorch's out-of-memory sentence, nor its words: freeing memory or a smaller
+// batch cannot help, and the tools that shrink a batch must not retry.
+std::string fault_refusal(int device, std::size_t bytes, const std::string& fault) {
+  return fault + ". libcarve_torch could not serve " + torch_size(bytes) + " on GPU " + std::to_string(device) +
+         ": the device fails every call since an earlier error (a kernel's illegal memory access, say), which is "
+         "no shortage of memory; the process must start again.";
+}
+
+// Why `device` cannot serve anything, when its context is broken; empty while it answers.
+std::string device_fault(int device) {
+  if (config().backend == BackendKind::host) {
+    return carve::torch::HostBackend::fault(device);
+  }
+#ifdef CARVE_TORCH_HAS_CUDA
+  return carve::torch::CudaBackend::fault(device);
+#else
+  return {};
+#endif
+}
+
 // A request from a stream that captures a CUDA graph with no private pool open for it.
 std::string capture_refusal(int device, std::size_t bytes) {
   return "libcarve_torch: a CUDA graph capture on GPU " + std::to_string(device) + " asked for " + torch_size(bytes) +
@@ -303,8 +324,14 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
   bool uncaptured = false;
   void* p = s->allocate(stream, static_cast<std::size_t>(size), &released, &uncaptured);
   if (p == nullptr) {
-    last_refusal = uncaptured ? capture_refusal(device, static_cast<std::size_t>(size))
-                              : refusal(device, static_cast<std::size_t>(size), released, s->books(), checked_config());
+    const auto bytes = static_cast<std::size_t>(size);
+    if (uncaptured) {
+      last_refusal = capture_refusal(device, bytes);
+    } else if (const std::string fault = device_fault(device); !fault.empty()) {
+      last_refusal = fault_refusal(device, bytes, fault);
+    } else {
+      last_refusal = refusal(device, bytes, released, s->books(), checked_config());
+    }
   }
   return p;
 }
@@ -459,6 +486,12 @@ void carve_torch_host_stream_enqueue(cudaStream_t stream) {
 void carve_torch_host_stream_complete(cudaStream_t stream) {
   if (config().backend == BackendKind::host) {
     carve::torch::HostStreamTable::instance().complete(reinterpret_cast<std::uintptr_t>(stream));
+  }
+}
+
+void carve_torch_host_device_fault(const char* message) {
+  if (config().backend == BackendKind::host) {
+    carve::torch::HostBackend::set_fault(message != nullptr ? message : "");
   }
 }
 

@@ -135,6 +135,10 @@ CARVE_TORCH_API void carve_torch_host_stream_complete(cudaStream_t stream);
 /* Marks `stream` as capturing a CUDA graph (1), not (0), or in a capture an error invalidated and
  * nobody ended yet (2): what cudaStreamIsCapturing says on a GPU. */
 CARVE_TORCH_API void carve_torch_host_stream_capturing(cudaStream_t stream, int capturing);
+/* Makes every device of the host backend broken, as a GPU is after a kernel faulted (every CUDA
+ * call then fails with `message`, e.g. "CUDA error: an illegal memory access was encountered");
+ * NULL makes them healthy again. */
+CARVE_TORCH_API void carve_torch_host_device_fault(const char* message);
 
 #ifdef __cplusplus
 }

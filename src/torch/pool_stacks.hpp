@@ -183,14 +183,8 @@ private:
     this->collect_used(pool_);
     (void)pool_.trim();
   }
-  // StreamOrderedPool has nothing to hold: its frees record events only on the freeing stream
-  // (and during a capture the stack makes none), and what it gives back under pressure has
-  // completed events.
-  void hold(bool held) noexcept override {
-    if constexpr (requires { pool_.hold(held); }) {
-      pool_.hold(held);
-    }
-  }
+  // During a capture nothing goes back to the device (no cudaFree), as under PyTorch's allocator.
+  void hold(bool held) noexcept override { pool_.hold(held); }
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }
   Freed give(cudaStream_t stream, void* p, std::size_t bytes) noexcept override {
     return this->give_to(pool_, stream, p, bytes);

@@ -40,6 +40,16 @@ __global__ void record_sm(unsigned* sm_of_block) {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
+// Whether `r` holds a value; otherwise a failure naming `what` and carve's error.
+template <class T>
+bool succeeded(const cuda::std::expected<T, carve::Errc>& r, const char* what) {
+  if (!r) {
+    std::printf("%s: %s\n", what, carve::to_string(r.error()));
+    expect(false, what);
+  }
+  return r.has_value();
+}
+
 // A kernel written for one GPU and one pointer: nothing in it knows of pages or devices.
 __global__ void scale_and_shift(float* x, std::size_t n) {
   for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
@@ -56,7 +66,11 @@ void one_pointer_over_every_device() {
                             carve::StripePlacement{.stripe_pages = 1});
   const std::size_t pages = 2 * mirror.device_count();
   const std::size_t n = pages * 2 * MiB / sizeof(float) - 7;
-  auto* x = static_cast<float*>(*mirror.try_allocate(n * sizeof(float), 1));
+  const auto allocated = mirror.try_allocate(n * sizeof(float), 1);
+  if (!succeeded(allocated, "view: allocate")) {
+    return;
+  }
+  auto* x = static_cast<float*>(*allocated);
   for (std::size_t i = 0; i < n; ++i) {
     x[i] = static_cast<float>(i % 1000);
   }
@@ -179,7 +193,11 @@ int main() {
   expect(mirror.capacity() == mirror.device_count() * 64 * MiB, "64 MiB of every device");
 
   const std::size_t bytes = 48 * MiB;
-  auto* p = static_cast<unsigned char*>(*mirror.try_allocate(bytes, 1));
+  const auto allocated = mirror.try_allocate(bytes, 1);
+  if (!succeeded(allocated, "allocate 48 MiB")) {
+    return 1;
+  }
+  auto* p = static_cast<unsigned char*>(*allocated);
   expect(mirror.sync_all().has_value(), "initial full sync");
   expect(devices_match(mirror, gpus, p, bytes), "a new allocation is zero on the devices");
 
@@ -201,7 +219,8 @@ int main() {
   // A kernel on each device adds one to its part of the first 8 MiB; fetch brings it back.
   std::vector<unsigned char> before(p, p + 8 * MiB);
   const auto parts = mirror.segments(p, 8 * MiB);
-  for (const carve::MirrorSegment& s : *parts) {
+  for (const carve::MirrorSegment& s :
+       succeeded(parts, "segments of the first 8 MiB") ? *parts : std::vector<carve::MirrorSegment>{}) {
     carve::test::check(cudaSetDevice(gpus.cuda_ordinal(s.device)), "cudaSetDevice");
     add_one<<<64, 256, 0, gpus.stream(s.device)>>>(
         static_cast<unsigned char*>(gpus.device_pointer(s.device, s.device_offset)), s.bytes);
@@ -214,7 +233,10 @@ int main() {
     all = all && p[i] == static_cast<unsigned char>(before[i] + 1);
   }
   expect(all, "the host reads what the kernels wrote");
-  expect(mirror.sync()->pages == 0, "fetched pages are clean");
+  const auto clean = mirror.sync();
+  if (succeeded(clean, "sync after fetch")) {
+    expect(clean->pages == 0, "fetched pages are clean");
+  }
   expect(mirror.try_deallocate(p).has_value(), "deallocate");
   green_contexts();
   one_pointer_over_every_device();

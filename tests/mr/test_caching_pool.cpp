@@ -218,6 +218,26 @@ TEST_CASE("a full card: the cache goes back to the upstream and the request is r
   REQUIRE(tight.try_deallocate(f, 4 * KiB, 256));
 }
 
+TEST_CASE("held (a stream capture): nothing goes back by itself; a request the card refuses is refused") {
+  const std::size_t seg = 1 * MiB;
+  CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = seg, .idle_threshold = 0});
+  void* a = *pool.try_allocate(seg, 256);
+  void* b = *pool.try_allocate(seg, 256);
+  void* c = *pool.try_allocate(2 * seg, 256);
+  pool.hold(true);
+  REQUIRE(pool.try_deallocate(a, seg, 256)); // past the threshold, but held: cached
+  REQUIRE(pool.try_deallocate(b, seg, 256));
+  CHECK(pool.free_bytes() == 2 * seg);
+  CHECK(pool.try_allocate(2 * seg, 256).error() == Errc::no_space); // the cache would fit it: not given back
+  CHECK(pool.stats().upstream_frees == 0);
+  CHECK(pool.trim() == 2 * seg); // asked for: done
+  pool.hold(false);
+  void* d = *pool.try_allocate(2 * seg, 256);
+  REQUIRE(pool.try_deallocate(c, 2 * seg, 256)); // not held: over the threshold, back at once
+  REQUIRE(pool.try_deallocate(d, 2 * seg, 256));
+  CHECK(pool.stats().bytes_reserved == 0);
+}
+
 TEST_CASE("equal-sized cached blocks: the lowest address wins, for exact and for larger fits") {
   CachingPool pool(SimulatedCard(64 * MiB), PoolOptions{.granularity = 512, .segment_size = 2 * MiB});
   std::vector<void*> p;

@@ -141,6 +141,22 @@ TEST_CASE("a full card: cached blocks whose work is done go back, and the reques
   pool.deallocate(s0, e, 20 * KiB, 256);
 }
 
+TEST_CASE("held (a stream capture): nothing goes back by itself; a request the card refuses is refused") {
+  Pool pool(SimulatedCard(64 * KiB), {.idle_threshold = 0}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 32 * KiB, 256);
+  void* b = *pool.try_allocate(s1, 16 * KiB, 256);
+  pool.hold(true);
+  pool.deallocate(s0, a, 32 * KiB, 256); // past the threshold, its work run, but held: cached
+  CHECK(pool.stats().bytes_cached == 32 * KiB);
+  CHECK(pool.try_allocate(s1, 40 * KiB, 256).error() == Errc::no_space); // a would make room: kept
+  CHECK(pool.upstream().used_bytes() == 48 * KiB);
+  pool.hold(false);
+  void* c = *pool.try_allocate(s1, 40 * KiB, 256); // now a goes back and the card holds it
+  CHECK(pool.stats().bytes_cached == 0);
+  pool.deallocate(s1, b, 16 * KiB, 256);
+  pool.deallocate(s1, c, 40 * KiB, 256);
+}
+
 TEST_CASE("idle threshold: a free that leaves more cached gives back blocks whose work has run, largest first") {
   Pool pool(SimulatedCard(1 << 20), {.idle_threshold = 16 * KiB}, SimulatedStreams(2));
   void* a = *pool.try_allocate(s0, 16 * KiB, 256);

@@ -168,18 +168,22 @@ int main() {
 
   int* status = device_zeros<int>(1);
   build<<<1, 1>>>(status);
+  check(cudaGetLastError(), "build launch");
   check(cudaDeviceSynchronize(), "build");
   failures += expect(to_host(status, 1)[0] == 0, "queue built on the device");
 
   unsigned* counters = device_zeros<unsigned>(3);
   unsigned* seen = device_zeros<unsigned>(requests);
   push_all<<<blocks, threads>>>(counters);
+  check(cudaGetLastError(), "push_all launch");
   check(cudaDeviceSynchronize(), "push_all");
   auto* size_out = device_zeros<unsigned long long>(3);
   sizes<<<1, 1>>>(size_out);
+  check(cudaGetLastError(), "sizes launch");
   const auto after_push = to_host(size_out, 3);
   failures += expect(after_push[0] == requests, "size() counts every pushed request");
   pop_all<<<blocks, threads>>>(seen, counters + 1, counters + 2);
+  check(cudaGetLastError(), "pop_all launch");
   check(cudaDeviceSynchronize(), "pop_all");
   auto c = to_host(counters, 3);
   auto s = to_host(seen, requests);
@@ -194,6 +198,7 @@ int main() {
   check(cudaMemset(seen, 0, requests * sizeof(unsigned)), "reset");
   check(cudaMemset(counters, 0, 3 * sizeof(unsigned)), "reset");
   push_and_pop<<<2 * blocks, threads>>>(seen, counters);
+  check(cudaGetLastError(), "push_and_pop launch");
   check(cudaDeviceSynchronize(), "push_and_pop");
   c = to_host(counters, 3);
   s = to_host(seen, requests);
@@ -203,14 +208,17 @@ int main() {
   }
   failures += expect(c[0] == 0 && once == requests, "concurrent pushes and pops: each request exactly once");
   sizes<<<1, 1>>>(size_out);
+  check(cudaGetLastError(), "sizes launch");
   failures += expect(to_host(size_out, 3)[0] == 0, "the queue is empty afterwards");
   destroy<<<1, 1>>>();
+  check(cudaGetLastError(), "destroy launch");
   check(cudaDeviceSynchronize(), "destroy");
 
   constexpr std::uint32_t n = 48;
   auto* rr = device_zeros<std::uint32_t>(n);
   auto* strict = device_zeros<std::uint32_t>(n);
   scripted_kernel<<<1, 1>>>(rr, strict, n);
+  check(cudaGetLastError(), "scripted_kernel launch");
   check(cudaDeviceSynchronize(), "scripted");
   std::vector<std::uint32_t> host_rr(n), host_strict(n);
   scripted<RoundRobinQueue>(host_rr.data(), n, carve::RoundRobin{});
@@ -220,6 +228,7 @@ int main() {
 
   int* errors = device_zeros<int>(6);
   bad_input<<<1, 1>>>(errors);
+  check(cudaGetLastError(), "bad_input launch");
   check(cudaDeviceSynchronize(), "bad_input");
   const auto e = to_host(errors, 6);
   failures += expect(e[0] == static_cast<int>(carve::Errc::invalid_thresholds), "unsorted thresholds refused");

@@ -216,6 +216,8 @@ void storm(int threads, int steps, std::uint32_t max_m) {
         } else if (const auto r = slots.allocate(static_cast<std::uint32_t>(1 + rng() % max_m))) {
           take(*r, id);
           mine.push_back(*r);
+        } else if (r.error() != Errc::no_space) { // a race must never read as anything else
+          violations.fetch_add(1);
         }
       }
       kept[static_cast<std::size_t>(t)] = mine;
@@ -228,6 +230,8 @@ void storm(int threads, int steps, std::uint32_t max_m) {
       if (const auto r = slots.allocate(1)) {
         take(*r, id);
         give(*r, id);
+      } else if (r.error() != Errc::no_space) {
+        violations.fetch_add(1);
       }
     }
   });
@@ -256,6 +260,8 @@ TEST_CASE("threads allocating and freeing never share a slot and lose nothing") 
   storm<512, carve::BestFit>(3, 1500, 40);
   storm<64, carve::FirstFit>(4, 20000, 3);              // one word: the hottest contention
   storm<8192, carve::BoundaryNearestFit>(3, 1500, 200); // more words than the snapshot keeps
+  // Many small runs on 64 words: boundary-nearest's two scans often see a word change between them.
+  storm<4096, carve::BoundaryNearestFit>(6, 20000, 16);
 }
 
 TEST_CASE("two threads freeing the same range at once: one succeeds, one is told") {
@@ -685,6 +691,44 @@ TEST_CASE("the confirming search is itself overtaken: it looks again rather than
   REQUIRE(got);
   CHECK(*got == b);
   CHECK(script.searches == 3);
+}
+
+TEST_CASE("a run taken between boundary-nearest's two scans is a race, not the policy's mistake") {
+  // Word 70 alone has free slots: runs a and b of 32. Boundary-nearest's low scan finds a (reading
+  // words 0..70); its high scan reads down from word 156, and on the way (at word 100) another
+  // thread takes a. Word 70's copy was evicted by then (words 86, 102, ... share its line), so the
+  // high scan reads it again and finds b; the rule picks the low candidate, a, which the check
+  // finds taken in the copy of word 70 it now keeps. A race: the allocator looks again, finds b.
+  const SlotRange a{70 * 64, 32};
+  const SlotRange b{70 * 64 + 32, 32};
+  auto words = taken_except({a, b});
+  std::uint32_t target = a.first;
+  carve::ConcurrentSlotAllocatorRef<big, Told, cuda::thread_scope_system> other{
+      carve::BorrowedSlotWords<big>{words.data()}, Told{&target}};
+  Script script;
+  script.after_read = [&](int search, std::uint32_t k) {
+    if (search == 1 && k == 100) {
+      REQUIRE(*other.allocate(a.count) == a);
+    }
+  };
+  BigRef<Interrupted<carve::BoundaryNearestFit>> slots{carve::BorrowedSlotWords<big>{words.data()},
+                                                       Interrupted<carve::BoundaryNearestFit>{&script}};
+  const auto got = slots.allocate(32);
+  REQUIRE(got);
+  CHECK(*got == b);
+  CHECK(script.searches == 2);
+  CHECK(slots.allocate(1).error() == Errc::no_space);
+}
+
+TEST_CASE("past 1024 slots a policy that proposes a taken run is still told, not retried for ever") {
+  // AlwaysZero reads every word (as a SlotBitmap) and proposes slot 0, which is taken: word 0's
+  // copy was evicted by the words after it, so only an unchanged bitmap around a repeated search
+  // shows that the mistake is the policy's.
+  auto words = taken_except({SlotRange{70 * 64, 8}});
+  const std::vector<std::uint64_t> before = words;
+  BigRef<AlwaysZero> broken{carve::BorrowedSlotWords<big>{words.data()}};
+  CHECK(broken.allocate(4).error() == Errc::invalid_placement);
+  CHECK(words == before);
 }
 
 TEST_CASE("threads, more than 1024 slots: a free run that moves under a search is never missed") {

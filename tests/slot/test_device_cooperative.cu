@@ -37,8 +37,9 @@ constexpr std::uint32_t storm_slots = 512;
 using BlockSlots = carve::ConcurrentSlotAllocator<storm_slots, carve::BoundaryNearestFit, cuda::thread_scope_block>;
 
 // Every thread of the block allocates, stamps its slots, checks and clears the stamps, frees.
-// Half the warps go through warp_allocate. Counts slots found stamped by someone else (counts[0])
-// and the allocations granted (counts[1]); final_free: the fewest free slots any block ended with.
+// Half the warps go through warp_allocate. Counts slots found stamped by someone else, refused
+// frees and refusals other than no_space (counts[0]), and the allocations granted (counts[1]);
+// final_free: the fewest free slots any block ended with.
 __global__ void storm(int rounds, unsigned* counts, std::uint32_t* final_free) {
   __shared__ BlockSlots slots;
   __shared__ int owner[storm_slots];
@@ -57,6 +58,7 @@ __global__ void storm(int rounds, unsigned* counts, std::uint32_t* final_free) {
     const bool aggregated = (threadIdx.x / 32) % 2 == 0;
     const auto r = aggregated ? carve::warp_allocate(0xffff'ffffu, slots, m) : slots.allocate(m); // whole warps
     if (!r) {
+      bad += r.error() != carve::Errc::no_space ? 1u : 0u;
       continue;
     }
     ++granted;
@@ -82,6 +84,7 @@ __global__ void grid_storm(int rounds, int* owner, unsigned* counts) {
   for (int i = 0; i < rounds; ++i) {
     const auto r = grid_allocator.allocate(1 + static_cast<std::uint32_t>(me + i) % 3);
     if (!r) {
+      bad += r.error() != carve::Errc::no_space ? 1u : 0u;
       continue;
     }
     ++granted;
@@ -90,6 +93,9 @@ __global__ void grid_storm(int rounds, int* owner, unsigned* counts) {
   atomicAdd(&counts[0], bad);
   atomicAdd(&counts[1], granted);
 }
+
+// After the storm every thread has freed what it took: all slots must be free.
+__global__ void grid_free_count(std::uint32_t* out) { *out = grid_allocator.free_count(); }
 
 // One warp per bitmap: warp_find with three policies; one block per bitmap: block_find.
 template <std::uint32_t N>
@@ -133,8 +139,8 @@ int check_storm() {
   cudaFree(violations);
   cudaFree(final_free);
   if (bad != 0 || free != storm_slots || granted == 0) {
-    std::fprintf(stderr, "storm: %u ownership violations, %u of %u slots free at the end, %u allocations granted\n",
-                 bad, free, storm_slots, granted);
+    std::fprintf(stderr, "storm: %u violations, %u of %u slots free at the end, %u allocations granted\n", bad, free,
+                 storm_slots, granted);
     return 1;
   }
   return 0;
@@ -143,19 +149,26 @@ int check_storm() {
 int check_grid_storm() {
   int* owner = nullptr;
   unsigned* violations = nullptr;
+  std::uint32_t* final_free = nullptr;
   check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
   check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
+  check(cudaMalloc(&final_free, sizeof(std::uint32_t)), "cudaMalloc");
   check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
   check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   grid_storm<<<64, 256>>>(50, owner, violations);
   check(cudaGetLastError(), "grid_storm launch");
+  grid_free_count<<<1, 1>>>(final_free);
+  check(cudaGetLastError(), "grid_free_count launch");
   const auto counts = to_host(violations, 2);
   const unsigned bad = counts[0];
   const unsigned granted = counts[1];
+  const auto free = to_host(final_free, 1)[0];
   cudaFree(owner);
   cudaFree(violations);
-  if (bad != 0 || granted == 0) {
-    std::fprintf(stderr, "grid storm: %u ownership violations, %u allocations granted\n", bad, granted);
+  cudaFree(final_free);
+  if (bad != 0 || free != grid_slots || granted == 0) {
+    std::fprintf(stderr, "grid storm: %u violations, %u of %u slots free at the end, %u allocations granted\n", bad,
+                 free, grid_slots, granted);
     return 1;
   }
   return 0;

@@ -68,9 +68,9 @@ __global__ void replay_in_shared_memory(const Op* ops, std::uint32_t count, carv
 
 // Every thread allocates with a hint (warps of even index through warp_allocate, which passes the
 // hint to the leader's allocate), stamps its slots, checks that the record on them is its own,
-// clears the stamps and frees. Counts slots owned twice, foreign records and refused frees
-// (counts[0]) and the allocations granted (counts[1]); final_free: the fewest free slots any block
-// ended with.
+// clears the stamps and frees. Counts slots owned twice, foreign records, refused frees and
+// refusals other than no_space (counts[0]) and the allocations granted (counts[1]); final_free:
+// the fewest free slots any block ended with.
 __global__ void hinted_storm(int rounds, unsigned* counts, std::uint32_t* final_free) {
   __shared__ BlockAllocator slots;
   __shared__ int owner[128];
@@ -90,6 +90,7 @@ __global__ void hinted_storm(int rounds, unsigned* counts, std::uint32_t* final_
     const carve::ExpectedRelease hint{static_cast<std::uint32_t>(i) * 8 + threadIdx.x / 32};
     const auto r = aggregated ? carve::warp_allocate(0xffff'ffffu, slots, m, hint) : slots.allocate(m, hint);
     if (!r) {
+      bad += r.error() != carve::Errc::no_space ? 1u : 0u;
       continue;
     }
     ++granted;
@@ -124,6 +125,7 @@ __global__ void grid_hinted_storm(int rounds, int* owner, unsigned* counts) {
     const carve::ExpectedRelease hint{static_cast<std::uint32_t>(i * 16 + me % 16)};
     const auto r = grid_timed.allocate(1 + static_cast<std::uint32_t>(me + i) % 4, hint);
     if (!r) {
+      bad += r.error() != carve::Errc::no_space ? 1u : 0u;
       continue;
     }
     ++granted;
@@ -139,6 +141,9 @@ __global__ void grid_hinted_storm(int rounds, int* owner, unsigned* counts) {
   atomicAdd(&counts[0], bad);
   atomicAdd(&counts[1], granted);
 }
+
+// After the storm every thread has freed what it took: all slots must be free.
+__global__ void grid_free_count(std::uint32_t* out) { *out = grid_timed.free_count(); }
 
 // One predictor per thread, each with its own settings, fed the same stream; every estimate out.
 __global__ void learn(const carve::RunTimePredictorSettings* settings, const std::uint32_t* run_times,
@@ -176,19 +181,26 @@ int check_hinted_storm() {
 int check_grid_hinted_storm() {
   int* owner = nullptr;
   unsigned* violations = nullptr;
+  std::uint32_t* final_free = nullptr;
   check(cudaMalloc(&owner, grid_slots * sizeof(int)), "cudaMalloc");
   check(cudaMalloc(&violations, 2 * sizeof(unsigned)), "cudaMalloc"); // violations, allocations granted
+  check(cudaMalloc(&final_free, sizeof(std::uint32_t)), "cudaMalloc");
   check(cudaMemset(owner, 0, grid_slots * sizeof(int)), "cudaMemset");
   check(cudaMemset(violations, 0, 2 * sizeof(unsigned)), "cudaMemset");
   grid_hinted_storm<<<32, 256>>>(20, owner, violations);
   check(cudaGetLastError(), "grid_hinted_storm launch");
+  grid_free_count<<<1, 1>>>(final_free);
+  check(cudaGetLastError(), "grid_free_count launch");
   const auto counts = to_host(violations, 2);
   const unsigned bad = counts[0];
   const unsigned granted = counts[1];
+  const auto free = to_host(final_free, 1)[0];
   cudaFree(owner);
   cudaFree(violations);
-  if (bad != 0 || granted == 0) {
-    std::fprintf(stderr, "grid hinted storm: %u violations, %u allocations granted\n", bad, granted);
+  cudaFree(final_free);
+  if (bad != 0 || free != grid_slots || granted == 0) {
+    std::fprintf(stderr, "grid hinted storm: %u violations, %u of %u slots free at the end, %u allocations granted\n",
+                 bad, free, grid_slots, granted);
     return 1;
   }
   return 0;

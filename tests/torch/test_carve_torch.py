@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 
 sys.dont_write_bytecode = True  # importing carve_gpu must leave no __pycache__ in the source tree
 
@@ -700,6 +701,39 @@ def check_messages():
     raises(ValueError, "unknown pool 'fastest': choose one of expandable, stream-ordered, caching",
            carve_gpu.torch.use, pool="fastest")
     raises(ValueError, "unknown pool", carve_gpu.cupy.use, pool="fastest")
+    # After use(), a MemPool cannot be served (PyTorch's pluggable allocator holds none): said at once.
+    saved_allocator = carve_gpu.torch._installed.get("allocator")
+    carve_gpu.torch._installed["allocator"] = object()
+    try:
+        raises(RuntimeError, "carve is already PyTorch's allocator", carve_gpu.torch.mem_pool)
+    finally:
+        carve_gpu.torch._installed.pop("allocator")
+        if saved_allocator is not None:
+            carve_gpu.torch._installed["allocator"] = saved_allocator
+    # What CuPy's malloc raises for a refusal: CuPy's OutOfMemoryError only when memory ran short.
+    class FakeOutOfMemoryError(Exception):
+        def __init__(self, size, total, limit):
+            super().__init__(size, total, limit)
+
+    class FakeLibrary:
+        def __init__(self, why):
+            self.why = why
+
+        def last_refusal(self):
+            return self.why
+
+        def stats(self, device):
+            return {"reserved_bytes": 64 << 20, "max_reserved_bytes": 64 << 20}
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        memory=types.SimpleNamespace(OutOfMemoryError=FakeOutOfMemoryError)))
+    short = carve_gpu.cupy._refusal(fake_cupy, FakeLibrary("CUDA out of memory. Tried to allocate 3.00 GiB."), 3 << 30, 0)
+    check(isinstance(short, FakeOutOfMemoryError) and short.args[0].startswith("CUDA out of memory."),
+          f"a shortage under CuPy: {short!r}")
+    broken = carve_gpu.cupy._refusal(fake_cupy, FakeLibrary("CUDA error: an illegal memory access was encountered. "
+                                                            "libcarve_torch could not serve 3.00 GiB"), 3 << 30, 0)
+    check(type(broken) is RuntimeError and "illegal memory access" in broken.args[0],
+          f"a broken device under CuPy: {broken!r}")
     raises(TypeError, "max_reserved must be a byte count", library.settings_for, max_reserved=1.5)
     raises(FileNotFoundError, "which is not a file", library.find_library, "/nonexistent/libcarve_torch.so")
     raises(ValueError, "not libcarve_torch statistics", library.parse_stats, "[1, 2]")

@@ -53,6 +53,31 @@ TEST_CASE("a request carve cannot serve throws c10::OutOfMemoryError, saying wha
   carve_torch_free(kept, 16 * MiB, 0, stream(1));
 }
 
+TEST_CASE("a broken device's refusal is c10::Error with the device's error, never out-of-memory") {
+  // A request the pool refuses (on a broken GPU every request is; the host twin's memory is fine).
+  carve_torch_host_device_fault("CUDA error: an illegal memory access was encountered");
+  std::string why;
+  bool out_of_memory = false;
+  try {
+    (void)carve_torch_malloc_or_raise(256 * MiB, 0, stream(1));
+  } catch (const c10::OutOfMemoryError& e) {
+    out_of_memory = true;
+    why = e.msg();
+  } catch (const c10::Error& e) {
+    why = e.msg();
+  }
+  carve_torch_host_device_fault(nullptr);
+  CAPTURE(why);
+  CHECK_FALSE(out_of_memory);
+  CHECK(why.rfind("CUDA error: an illegal memory access was encountered. libcarve_torch could not serve 256.00 MiB "
+                  "on GPU 0",
+                  0) == 0);
+  CHECK(why.find("out of memory") == std::string::npos);      // batch-size finders must not retry
+  void* now = carve_torch_malloc_or_raise(MiB, 0, stream(1)); // healthy again: served
+  CHECK(now != nullptr);
+  carve_torch_free(now, MiB, 0, stream(1));
+}
+
 TEST_CASE("a zero-byte request is no error") {
   CHECK(carve_torch_malloc_or_raise(0, 0, stream(1)) == nullptr);
   CHECK(carve_torch_malloc_or_raise(-1, 0, stream(1)) == nullptr);

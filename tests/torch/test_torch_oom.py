@@ -9,7 +9,9 @@ under CARVE_TORCH_MAX_RESERVED=64M (set by ctest, with the pool).
   accept it;
 - the blocks that existed are intact, later requests are served, and a batch-size search that
   halves on such errors (as both tools do) ends under the cap;
-- a zero-byte request is no error.
+- a zero-byte request is no error;
+- a device that fails every call (after a kernel faulted) refuses with a RuntimeError that is not
+  out-of-memory and that neither tool takes for one.
 
     test_torch_oom.py <directory of carve_torch_errors>
 """
@@ -75,6 +77,21 @@ def main():
     print(f"batch-size search: served {batch // MiB} MiB after {refusals} refusals")
 
     check(carve.malloc(0, 0, STREAM) == 0, "a zero-byte request")
+
+    # A request the pool refuses (on a broken GPU every request is; the host twin's memory is fine).
+    carve.set_fault("CUDA error: an illegal memory access was encountered")
+    try:
+        carve.malloc(3 << 30, 0, STREAM)
+        raise AssertionError("a broken device served a request")
+    except RuntimeError as e:
+        fault = e
+    finally:
+        carve.set_fault(None)
+    print("broken device:", type(fault).__module__ + "." + type(fault).__name__, "-", fault.args[0])
+    check(not isinstance(fault, torch.cuda.OutOfMemoryError), "a broken device's refusal is out-of-memory")
+    check(fault.args[0].startswith("CUDA error: an illegal memory access was encountered."), fault.args[0])
+    check(not lightning_is_oom(fault) and not accelerate_should_reduce(fault),
+          "a batch-size finder would retry on a broken device")
     print("every check passed")
 
 

@@ -45,8 +45,19 @@ PyObject* free_block(PyObject*, PyObject* args) {
   END_HANDLE_TH_ERRORS
 }
 
+// set_fault(message or None): carve_torch_host_device_fault
+PyObject* set_fault(PyObject*, PyObject* args) {
+  const char* message = nullptr;
+  if (!PyArg_ParseTuple(args, "z", &message)) {
+    return nullptr;
+  }
+  carve_torch_host_device_fault(message);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"malloc", malloc_block, METH_VARARGS, "carve_torch_malloc_or_raise(size, device, stream)"},
+    {"set_fault", set_fault, METH_VARARGS, "carve_torch_host_device_fault(message or None)"},
     {"free", free_block, METH_VARARGS, "carve_torch_free(address, size, device, stream)"},
     {nullptr, nullptr, 0, nullptr},
 };

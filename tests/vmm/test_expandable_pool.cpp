@@ -613,6 +613,66 @@ TEST_CASE("headroom: memory freed on a stream whose work has not run is never un
   CHECK(pool.consistent());
 }
 
+// SimulatedStreams that can also wait, as CudaStreams can: waiting runs the stream's queued work
+// (a GPU catching up with the host) and is counted.
+class WaitingStreams {
+public:
+  using stream_type = carve::SimulatedStream;
+  using event_type = carve::SimulatedStreams::event_type;
+
+  carve::Result<event_type> record(stream_type s) { return streams.record(s); }
+  bool completed(event_type e) const { return streams.completed(e); }
+  void release(event_type e) noexcept { streams.release(e); }
+  void wait(event_type e) noexcept {
+    ++waits;
+    streams.complete(stream_type{e.stream});
+  }
+
+  carve::SimulatedStreams streams{1};
+  int waits = 0;
+};
+static_assert(carve::StreamEventsThatWait<WaitingStreams>);
+
+TEST_CASE("headroom: where the streams can wait, idle chunks whose stream is still running are waited for") {
+  ExpandablePool<HostMemoryMapper, WaitingStreams> pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 0}),
+                                                        WaitingStreams{});
+  const carve::SimulatedStream s0{0};
+  void* a = *pool.try_allocate(s0, 2 * granule, 512);
+  void* keep = *pool.try_allocate(s0, granule, 512);
+  pool.streams().streams.enqueue(s0); // a kernel still reading `a`
+  pool.deallocate(s0, a, 2 * granule, 512);
+  void* spare = *pool.try_allocate(s0, granule, 512); // fits in `a`'s chunk: nothing to map, no wait
+  pool.deallocate(s0, spare, granule, 512);
+  CHECK(pool.streams().waits == 0);
+  void* big = *pool.try_allocate(s0, 3 * granule, 512); // past the line (4 granules): `a`'s chunk must go
+  CHECK(pool.streams().waits == 1);
+  CHECK(pool.streams().streams.pending(s0) == 0);
+  CHECK(pool.stats().unmaps > 0);
+  CHECK(pool.stats().bytes_reserved == 4 * granule);
+  CHECK(pool.stats().peak_reserved == 4 * granule);
+  pool.deallocate(s0, big, 3 * granule, 512);
+  pool.deallocate(s0, keep, granule, 512);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("headroom: a reservation whose stream has run is used before one is waited for") {
+  ExpandablePool<HostMemoryMapper, WaitingStreams> pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 0}),
+                                                        WaitingStreams{});
+  void* a = *pool.try_allocate(2 * granule, 512); // the synchronous reservation: its frees are settled
+  const carve::SimulatedStream s0{0};
+  void* b = *pool.try_allocate(s0, granule, 512);
+  void* keep = *pool.try_allocate(s0, granule, 512);
+  pool.streams().streams.enqueue(s0);
+  pool.deallocate(s0, b, granule, 512);                 // idle, its stream still running
+  pool.deallocate(a, 2 * granule, 512);                 // idle, settled
+  void* big = *pool.try_allocate(s0, 2 * granule, 512); // line 4 granules: unmapping `a`'s chunk is enough
+  CHECK(pool.streams().waits == 0);
+  CHECK(pool.stats().bytes_reserved <= 4 * granule);
+  pool.deallocate(s0, big, 2 * granule, 512);
+  pool.deallocate(s0, keep, granule, 512);
+  CHECK(pool.consistent());
+}
+
 TEST_CASE("the release threshold unmaps the least recently idle chunks first") {
   Pool pool(mapper(), small({.growth_divisor = 0, .release_threshold = 2 * granule}));
   std::vector<void*> blocks;

@@ -163,7 +163,7 @@ public:
     live_.erase(to_addr(p));
     ++counters_.deallocations;
     in_use_ -= size;
-    if (ranges_.free_bytes() > options_.idle_threshold) {
+    if (!on_hold_ && ranges_.free_bytes() > options_.idle_threshold) {
       release_free_segments(options_.idle_threshold);
     }
     return success;
@@ -202,6 +202,14 @@ public:
   std::size_t trim(std::size_t keep_cached = 0) {
     const std::lock_guard lock(mutex_);
     return release_free_segments(keep_cached);
+  }
+
+  /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
+  /// when the upstream refuses a request (which is then refused); trim() still does what it is
+  /// asked. For a CUDA stream capture, during which PyTorch's allocator frees nothing either.
+  void hold(bool held) noexcept {
+    const std::lock_guard lock(mutex_);
+    on_hold_ = held;
   }
 
   /// The pool's counters now, taken under its lock.
@@ -327,8 +335,10 @@ private:
     std::size_t got = preferred;
     if (!got_segment) {
       ++counters_.upstream_failures;
-      release_free_segments(0); // the card may fit the request once the cache is returned
-      got = size;               // and ask for no more than needed
+      if (!on_hold_) {
+        release_free_segments(0); // the card may fit the request once the cache is returned
+      }
+      got = size; // and ask for no more than needed
       got_segment = upstream_.try_allocate(size, options_.granularity);
       if (!got_segment) {
         ++counters_.upstream_failures;
@@ -419,6 +429,7 @@ private:
   Upstream upstream_;
   PoolOptions options_;
   mutable std::mutex mutex_;
+  bool on_hold_ = false;                                    ///< hold(): nothing goes back by itself
   BestFitRanges ranges_;                                    ///< every block: one region per segment
   std::vector<Segment> segments_;                           ///< by region id (ids are reused)
   std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address

@@ -170,13 +170,18 @@ public:
   }
 
   /// While `held`, a refused request does not take memory from the other streams' pools (which
-  /// records events on their streams) but is refused: for a CUDA stream capture, into which such
-  /// an event would fall. The pool's own segments still go back to the upstream as usual.
-  /// hold(true) returns once a release from the other streams under way has ended, so a capture
-  /// begun after it sees none of that release's calls.
+  /// records events on their streams) but is refused, and no stream's pool gives memory back by
+  /// itself (CachingPool::hold): for a CUDA stream capture, into which such an event would fall
+  /// and during which PyTorch's allocator frees nothing either. hold(true) returns once a release
+  /// from the other streams under way has ended, so a capture begun after it sees none of that
+  /// release's calls.
   void hold(bool held) noexcept {
     const std::lock_guard lock(pressure_);
+    const std::lock_guard grow(grow_); // a pool made meanwhile is held too (pool_for)
     held_.store(held, std::memory_order_relaxed);
+    for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      s->pool.hold(held);
+    }
   }
 
   /// The streams' pools' figures, summed (see StreamCachingPoolStats).
@@ -347,6 +352,7 @@ private:
     auto* made =
         new (std::nothrow) StreamPool{stream, Pool(shared_.handle(), options_), head_.load(std::memory_order_acquire)};
     if (made != nullptr) {
+      made->pool.hold(held_.load(std::memory_order_relaxed));
       head_.store(made, std::memory_order_release);
     }
     return made;

@@ -115,6 +115,14 @@ public:
     return release_ready(0);
   }
 
+  /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
+  /// when the upstream refuses a request (which is then refused); trim() still does what it is
+  /// asked. For a CUDA stream capture, during which PyTorch's allocator frees nothing either.
+  void hold(bool held) noexcept {
+    const std::lock_guard lock(mutex_);
+    on_hold_ = held;
+  }
+
   /// Whether `p` lies in a block this pool holds from its upstream (handed out or cached).
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(mutex_);
@@ -222,7 +230,7 @@ private:
       auto fresh = upstream_.try_allocate(size, alignment);
       if (!fresh && fresh.error() != Errc::invalid_size) {
         ++stats_.upstream_failures;
-        if (release_ready(0) != 0) { // the card may hold the request once the cache is returned
+        if (!on_hold_ && release_ready(0) != 0) { // the card may hold the request once the cache is returned
           fresh = upstream_.try_allocate(size, alignment);
         }
       }
@@ -279,7 +287,7 @@ private:
       live_.erase(address);
       stats_.bytes_in_use -= size;
       stats_.bytes_cached += size;
-      if (stats_.bytes_cached > options_.idle_threshold) {
+      if (!on_hold_ && stats_.bytes_cached > options_.idle_threshold) {
         stats_.idle_releases += released_blocks(options_.idle_threshold);
       }
       return {};
@@ -326,6 +334,7 @@ private:
   Streams streams_;
   StreamPoolOptions options_;
   mutable std::mutex mutex_;
+  bool on_hold_ = false;                       ///< hold(): nothing goes back by itself
   std::multimap<std::size_t, Cached> cached_;  ///< by block size
   detail::AddressTable<Live> live_;            ///< by address
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size

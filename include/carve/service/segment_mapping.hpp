@@ -26,6 +26,8 @@
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #if __has_include(<cuda_runtime_api.h>) && !defined(CARVE_SERVICE_NO_CUDA)
+#include <carve/mr/cuda_current_device.hpp>
+
 #include <cuda_runtime_api.h>
 /// Defined when this build maps cuda_ipc segments (see cuda_ipc_available).
 #define CARVE_SERVICE_HAS_CUDA 1
@@ -194,15 +196,16 @@ map_segment(ExportKind kind, std::size_t size, int device,
   cudaIpcMemHandle_t h{};
   static_assert(sizeof h == SegmentExport::handle_bytes);
   std::memcpy(&h, handle.data(), sizeof h);
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
-    cudaGetLastError();
-    return fail(Errc::out_of_range,
-                "cannot open memory of CUDA device " + std::to_string(device) + " (not visible here?)");
-  }
   void* p = nullptr;
-  const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-  cudaSetDevice(previous);
+  cudaError_t e = cudaSuccess;
+  {
+    const carve::detail::CudaCurrentDevice current(device);
+    if (!current.ok()) {
+      return fail(Errc::out_of_range,
+                  "cannot open memory of CUDA device " + std::to_string(device) + " (not visible here?)");
+    }
+    e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     return fail(Errc::no_space, std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e));

@@ -30,10 +30,11 @@
 /// on T at the free; freed synchronously, it is free at once. Memory moves between streams by
 /// unmapping idle chunks in one reservation and mapping new ones in another, and a chunk is
 /// unmapped only once its stream's work queued before the frees that left it idle has run: trim(),
-/// the retry under pressure and destruction wait for that where the Streams can
-/// (StreamEventsThatWait: CudaStreams); the release threshold never waits, and unmaps such a chunk
-/// at a later free. The synchronous spellings have a reservation of their own; the default
-/// SynchronousStreams has one stream whose events are always complete.
+/// the retry under pressure, the headroom line (when the chunks whose streams have run are not
+/// enough) and destruction wait for that where the Streams can (StreamEventsThatWait:
+/// CudaStreams); the release threshold never waits, and unmaps such a chunk at a later free. The
+/// synchronous spellings have a reservation of their own; the default SynchronousStreams has one
+/// stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
@@ -384,8 +385,12 @@ private:
   }
 
   // Before `need` more bytes are mapped for a block of `size`: while that would pass the headroom
-  // line, unmaps idle chunks (wholly in a free range, their stream's work run; never waits), those
-  // at the highest addresses first, since best fit reaches them last.
+  // line, unmaps idle chunks (wholly in a free range, their stream's work run), those at the
+  // highest addresses first, since best fit reaches them last. First those of reservations whose
+  // streams have run past every free; if that is not enough, it waits (where the Streams can) for
+  // the other reservations that hold idle chunks, as PyTorch's allocator synchronises before it
+  // releases cached memory. Without the wait the line would not hold on a GPU: the host runs
+  // ahead of its streams, so an event recorded now has rarely completed when asked.
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
@@ -393,14 +398,29 @@ private:
       return;
     }
     std::vector<detail::IdleChunks::Chunk> idle;
+    std::vector<std::uint32_t> running; // reservations with idle chunks whose streams may still use them
+    const auto unmap_highest_first = [&] {
+      std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.start > b.start; });
+      for (auto chunk = idle.begin(); chunk != idle.end() && !fits(); ++chunk) {
+        unmap_within(chunk->space, chunk->start, chunk->bytes);
+      }
+      idle.clear();
+    };
     for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
-      if (Space& space = *s_->spaces[i]; settled(space, s_->frees, false)) {
-        detail::find_idle_chunks(space.free, space.memory, i, idle);
+      Space& space = *s_->spaces[i];
+      const std::size_t found = idle.size();
+      detail::find_idle_chunks(space.free, space.memory, i, idle);
+      if (idle.size() != found && !settled(space, s_->frees, false)) {
+        idle.resize(found);
+        running.push_back(i);
       }
     }
-    std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.start > b.start; });
-    for (auto chunk = idle.begin(); chunk != idle.end() && !fits(); ++chunk) {
-      unmap_within(chunk->space, chunk->start, chunk->bytes);
+    unmap_highest_first();
+    for (std::size_t k = 0; k < running.size() && !fits(); ++k) {
+      if (Space& space = *s_->spaces[running[k]]; settled(space, s_->frees, true)) {
+        detail::find_idle_chunks(space.free, space.memory, running[k], idle);
+        unmap_highest_first();
+      }
     }
   }
 

@@ -107,7 +107,8 @@ public:
 
   /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0); no_space (m > N, or
   /// the policy found no place in words that a second read showed unchanged, see below); status();
-  /// invalid_placement (the policy proposed a run that was not free in what it was shown).
+  /// invalid_placement (the policy proposed a run that was not free in what it was shown; where
+  /// that cannot be told from a race, past 1024 slots, confirmed by fingerprint as below).
   ///
   /// "No space" is confirmed by reading again every word the search read. Up to 1024 slots the
   /// snapshot still holds all of them and compares each. A larger bitmap does not fit in a
@@ -248,9 +249,10 @@ private:
     if (const auto ok = status(); !ok) {
       return cuda::std::unexpected(ok.error());
     }
-    bool bracketed = false; // this search runs between two fingerprints (large bitmaps only)
+    bool bracketed = false; // this search runs between two fingerprints
     std::uint64_t point = 0;
     std::uint64_t before = 0;
+    SlotRange refused{0, 0}; // the last run the check found taken without telling why
     for (;;) {
       if (bracketed) {
         point = fingerprint_point();
@@ -271,10 +273,23 @@ private:
       }
       const SlotRange range{*start, m};
       const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
-      if (seen_run == SeenRun::not_free) {
-        return cuda::std::unexpected(Errc::invalid_placement);
+      if (seen_run != SeenRun::free) {
+        // Taken now. The policy's mistake for certain where the search read each word of the run
+        // once and kept it (not_free without eviction: always up to 1024 slots). Otherwise the
+        // search may have used an older copy of a word (read twice past 1024 slots) or proposed a
+        // word it never read, and it is a mistake only if no word changed from before the search
+        // until now (bracketed): asked once the same run is refused twice running, which a race
+        // rarely repeats.
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
+        if (range.end() > N || (seen_run == SeenRun::not_free && !seen.evicted()) ||
+            (bracketed && word_fingerprint(live(), point) == before)) {
+          return cuda::std::unexpected(Errc::invalid_placement);
+        }
+        bracketed = range == refused;
+        refused = range;
+        continue;
       }
-      if (seen_run == SeenRun::free && claim(range)) {
+      if (claim(range)) {
         record(range);
         return range;
       }

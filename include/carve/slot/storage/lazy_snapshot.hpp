@@ -5,7 +5,7 @@
 /// loads a word the first time the search asks for it and answers later reads of it from that
 /// copy, so the search sees one fixed (if not simultaneous) picture, and the caller can afterwards
 ///   - check the proposed run against what the policy saw (a run that was not free there is a
-///     policy bug, not a race), and
+///     policy bug, not a race, as long as no word was evicted: see evicted()), and
 ///   - re-read the words the search used to confirm a "nothing fits" answer (double collect).
 /// Only words the search touches are loaded. The copies live in a direct-mapped cache of at most
 /// `cached_words_max` = 16 words, so a bitmap of up to 1024 slots is held whole. On a larger one a
@@ -95,6 +95,11 @@ public:
     });
     return verdict;
   }
+
+  /// Whether a word the search read has been dropped from the cache (only possible past 1024
+  /// slots): the search may then have read a word twice and seen it change, so a run check() finds
+  /// taken may have been free in the copy the search used.
+  CARVE_HOST_DEVICE bool evicted() const noexcept { return evicted_; }
 
   /// Whether every word read so far is still kept and still holds the value seen: then an answer
   /// drawn from them (such as "no run fits") holds for a state the bitmap was in. False once a word
