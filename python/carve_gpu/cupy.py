@@ -9,6 +9,24 @@ import threading
 
 from . import library as _library
 
+# cudaStreamPerThread: CuPy's per-thread default stream (cupy.cuda.Stream.ptds, or every thread's
+# current stream under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1).
+_PER_THREAD_STREAM = 2
+
+
+def _stream_of(ptr):
+    """The stream handle carve is given for CuPy's current stream `ptr`. carve keeps a freed block
+    for the stream it was freed on, and hands it to that stream's next request at once; the
+    per-thread default stream is one handle for a different stream in every thread, so a block
+    freed by one thread would go to another's stream while the first's kernels may still use it:
+    refused, with what to use instead."""
+    if ptr == _PER_THREAD_STREAM:
+        raise RuntimeError("carve_gpu.cupy: CuPy's per-thread default stream (cupy.cuda.Stream.ptds, "
+                           "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) names another stream in every thread, so carve "
+                           "cannot tell which stream may reuse a freed block; use cupy.cuda.Stream() streams or the "
+                           "default stream")
+    return ptr
+
 
 def _refusal(cupy, lib, size, device):
     """The error for a request carve refused: CuPy's own cupy.cuda.memory.OutOfMemoryError (what
@@ -38,7 +56,7 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     lock = threading.Lock()
 
     def malloc(size, device):
-        stream = cupy.cuda.get_current_stream().ptr
+        stream = _stream_of(cupy.cuda.get_current_stream().ptr)
         ptr = lib.malloc(size, device, stream)
         if not ptr:
             raise _refusal(cupy, lib, size, device)

@@ -140,14 +140,20 @@ struct CudaBackend {
   // allowed, under RelaxedCapture, while a capture is under way.
   static std::string fault(int device) {
     const DeviceScope scope(device);
-    const RelaxedCapture relaxed(true);
-    std::size_t free = 0;
-    std::size_t total = 0;
-    const cudaError_t e = cudaMemGetInfo(&free, &total);
+    cudaError_t e = scope.error();
     if (e == cudaSuccess) {
+      const RelaxedCapture relaxed(true);
+      std::size_t free = 0;
+      std::size_t total = 0;
+      e = cudaMemGetInfo(&free, &total);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+      }
+    }
+    // Out of memory for the context itself is a shortage like any other.
+    if (e == cudaSuccess || e == cudaErrorMemoryAllocation) {
       return {};
     }
-    cudaGetLastError();
     return std::string("CUDA error: ") + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
   }
   // Whether a graph capture is under way on `s` (a capturing stream's work is recorded, not run).

@@ -710,6 +710,10 @@ def check_messages():
         carve_gpu.torch._installed.pop("allocator")
         if saved_allocator is not None:
             carve_gpu.torch._installed["allocator"] = saved_allocator
+    # CuPy's per-thread default stream is one handle for every thread's stream: refused, said why.
+    check(carve_gpu.cupy._stream_of(0) == 0 and carve_gpu.cupy._stream_of(0x7f00_1234) == 0x7f00_1234,
+          "a CuPy stream's handle is passed as it is")
+    raises(RuntimeError, "per-thread default stream", carve_gpu.cupy._stream_of, 2)
     # What CuPy's malloc raises for a refusal: CuPy's OutOfMemoryError only when memory ran short.
     class FakeOutOfMemoryError(Exception):
         def __init__(self, size, total, limit):

@@ -55,18 +55,25 @@ TEST_CASE("a request carve cannot serve throws c10::OutOfMemoryError, saying wha
 
 TEST_CASE("a broken device's refusal is c10::Error with the device's error, never out-of-memory") {
   // A request the pool refuses (on a broken GPU every request is; the host twin's memory is fine).
-  carve_torch_host_device_fault("CUDA error: an illegal memory access was encountered");
+  struct Broken { // healthy again at the end of the case, however it ends
+    Broken() { carve_torch_host_device_fault("CUDA error: an illegal memory access was encountered"); }
+    ~Broken() { carve_torch_host_device_fault(nullptr); }
+    Broken(const Broken&) = delete;
+    Broken& operator=(const Broken&) = delete;
+  };
   std::string why;
   bool out_of_memory = false;
-  try {
-    (void)carve_torch_malloc_or_raise(256 * MiB, 0, stream(1));
-  } catch (const c10::OutOfMemoryError& e) {
-    out_of_memory = true;
-    why = e.msg();
-  } catch (const c10::Error& e) {
-    why = e.msg();
+  {
+    const Broken broken;
+    try {
+      (void)carve_torch_malloc_or_raise(256 * MiB, 0, stream(1));
+    } catch (const c10::OutOfMemoryError& e) {
+      out_of_memory = true;
+      why = e.msg();
+    } catch (const c10::Error& e) {
+      why = e.msg();
+    }
   }
-  carve_torch_host_device_fault(nullptr);
   CAPTURE(why);
   CHECK_FALSE(out_of_memory);
   CHECK(why.rfind("CUDA error: an illegal memory access was encountered. libcarve_torch could not serve 256.00 MiB "

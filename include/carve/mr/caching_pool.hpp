@@ -14,7 +14,8 @@
 /// segments of PoolOptions::segment_size, and a larger one gets a segment of its size rounded up to
 /// whole segment_size units (cudaMalloc takes whole 2 MiB pages anyway; in the segment, the
 /// difference is cache that later requests use). If the upstream says no, the pool returns its free
-/// segments and asks once more. Freed blocks merge with free neighbours of the same segment.
+/// segments and asks once more (not while held: hold()). Freed blocks merge with free neighbours of
+/// the same segment.
 /// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 ///
 /// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free

@@ -7,27 +7,30 @@
 /// cuCtxSetCurrent), not with cudaSetDevice(previous): a thread with no context yet (a Python
 /// thread that frees a tensor, say) would have device 0's primary context made for it, hundreds
 /// of MiB on a GPU the process may never use, and a thread working in a green context, or one of
-/// its own, would be left in the primary one. Where the device is current already, nothing is
-/// switched. (A thread that had no context keeps `device` as the runtime's choice for it, which
-/// makes no context until it calls CUDA itself.)
+/// its own, would be left in the primary one. carve's own calls run in the device's primary
+/// context, whose memory every stream of the device can use. (A thread that had no context keeps
+/// `device` as the runtime's choice for it, which makes no context until it calls CUDA itself.)
 ///
 /// Needs the CUDA runtime: declares something only where `<cuda_runtime_api.h>` is on the include path.
 #pragma once
 
-#if __has_include(<cuda_runtime_api.h>) && __has_include(<cuda.h>)
-#include <cuda.h>
+#if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
+
+struct CUctx_st; // the driver's context: CUcontext is a CUctx_st* (cuda.h, which this does not need)
 
 namespace carve::detail {
 
 // cuCtxGetCurrent and cuCtxSetCurrent, found once through the runtime (carve links no libcuda).
+// Declared here with the driver's ABI (a CUresult is an int-sized enum, 0 for success).
 struct CudaContextCalls {
-  decltype(&::cuCtxGetCurrent) get = nullptr;
-  decltype(&::cuCtxSetCurrent) set = nullptr;
+  using Context = CUctx_st*;
+  int (*get)(Context*) = nullptr;
+  int (*set)(Context) = nullptr;
 
   static const CudaContextCalls& instance() noexcept {
-    static const CudaContextCalls calls{reinterpret_cast<decltype(&::cuCtxGetCurrent)>(entry_point("cuCtxGetCurrent")),
-                                        reinterpret_cast<decltype(&::cuCtxSetCurrent)>(entry_point("cuCtxSetCurrent"))};
+    static const CudaContextCalls calls{reinterpret_cast<int (*)(Context*)>(entry_point("cuCtxGetCurrent")),
+                                        reinterpret_cast<int (*)(Context)>(entry_point("cuCtxSetCurrent"))};
     return calls;
   }
   bool usable() const noexcept { return get != nullptr && set != nullptr; }
@@ -52,35 +55,23 @@ private:
 class CudaCurrentDevice {
 public:
   explicit CudaCurrentDevice(int device) noexcept {
-    int current = 0;
-    if (cudaGetDevice(&current) != cudaSuccess) {
-      cudaGetLastError(); // no driver: the calls that follow fail and say so
-      return;
-    }
-    if (current == device) {
-      ok_ = true;
-      return;
-    }
     const CudaContextCalls& calls = CudaContextCalls::instance();
-    CUcontext saved = nullptr;
-    const bool saved_context = calls.usable() && calls.get(&saved) == CUDA_SUCCESS;
-    if (cudaSetDevice(device) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    ok_ = true;
-    if (saved_context) {
-      context_ = saved; // null when the thread had none: it gets none back
+    CudaContextCalls::Context saved = nullptr;
+    if (calls.usable() && calls.get(&saved) == 0) {
+      context_ = saved; // null when the thread has none: it gets none back
       restore_context_ = true;
-    } else {
-      previous_ = current; // a driver without the entry points: the device, at least
-      restore_device_ = true;
+    } else if (cudaGetDevice(&previous_) == cudaSuccess) {
+      restore_device_ = true; // a driver without the entry points: the device, at least
+    }
+    error_ = cudaSetDevice(device); // the device's primary context, which carve's memory belongs to
+    if (error_ != cudaSuccess) {
+      cudaGetLastError();
     }
   }
   ~CudaCurrentDevice() {
     if (restore_context_) {
       CudaContextCalls::instance().set(context_);
-    } else if (restore_device_) {
+    } else if (restore_device_ && error_ == cudaSuccess) {
       cudaSetDevice(previous_);
     }
   }
@@ -88,12 +79,14 @@ public:
   CudaCurrentDevice& operator=(const CudaCurrentDevice&) = delete;
 
   // False when the device could not be made current (the calls that follow would go elsewhere).
-  bool ok() const noexcept { return ok_; }
+  bool ok() const noexcept { return error_ == cudaSuccess; }
+  // Why not: cudaSetDevice's error (a device that fails every call, say).
+  cudaError_t error() const noexcept { return error_; }
 
 private:
-  CUcontext context_ = nullptr;
+  CudaContextCalls::Context context_ = nullptr;
   int previous_ = 0;
-  bool ok_ = false;
+  cudaError_t error_ = cudaSuccess;
   bool restore_context_ = false;
   bool restore_device_ = false;
 };

@@ -23,16 +23,17 @@
 /// that have synchronised: a synchronous free is reusable by any stream at once, and a
 /// synchronous allocation takes only blocks whose events have completed. Cached blocks go back to
 /// the upstream on trim(), when the upstream refuses a request, and beyond
-/// StreamPoolOptions::idle_threshold; in each case only blocks whose events have completed.
+/// StreamPoolOptions::idle_threshold (these two not while held: hold()); in each case only blocks
+/// whose events have completed.
 /// Options and stats: carve/mr/stream_ordered_pool_options.hpp.
 ///
 /// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
 /// no_space when the upstream refuses, even after every
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
-/// before failing), and no cached block fits. A refused request makes no block; the cached blocks
-/// it gave back to the upstream in trying stay given back. A free whose event cannot be recorded
-/// keeps its block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the
-/// streams are driven from the host, whatever memory the upstream hands out.
+/// before failing; while held, without that), and no cached block fits. A refused request makes no block; the cached
+/// blocks it gave back to the upstream in trying stay given back. A free whose event cannot be recorded keeps its block
+/// with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven from the
+/// host, whatever memory the upstream hands out.
 #pragma once
 
 #include <carve/core/error.hpp>

@@ -354,18 +354,16 @@ public:
   static bool driver_available() { return driver().missing.empty(); }
 
 private:
-  // The table, after making sure this thread has the runtime's context current: the driver's calls
-  // act on the calling thread's context, and a thread that has made no runtime call has none.
+  // The table, after making sure this thread has a context current: the driver's calls act on the
+  // calling thread's context, and a thread that has made no runtime call has none, nor one whose
+  // context a CudaCurrentDevice scope gave back as none. cudaFree(nullptr) binds the runtime's.
   static const detail::CudaVmmDriver& driver() {
     const detail::CudaVmmDriver& d = detail::CudaVmmDriver::get();
-    thread_local const bool bound = [] {
-      if (cudaFree(nullptr) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-      }
-      return true;
-    }();
-    (void)bound;
+    const detail::CudaContextCalls& calls = detail::CudaContextCalls::instance();
+    detail::CudaContextCalls::Context current = nullptr;
+    if ((!calls.usable() || calls.get(&current) != 0 || current == nullptr) && cudaFree(nullptr) != cudaSuccess) {
+      cudaGetLastError();
+    }
     return d;
   }
 

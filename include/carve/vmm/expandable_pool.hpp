@@ -388,9 +388,10 @@ private:
   // line, unmaps idle chunks (wholly in a free range, their stream's work run), those at the
   // highest addresses first, since best fit reaches them last. First those of reservations whose
   // streams have run past every free; if that is not enough, it waits (where the Streams can) for
-  // the other reservations that hold idle chunks, as PyTorch's allocator synchronises before it
-  // releases cached memory. Without the wait the line would not hold on a GPU: the host runs
-  // ahead of its streams, so an event recorded now has rarely completed when asked.
+  // the other reservations that hold idle chunks. Without the wait the line would not hold on a
+  // GPU: the host runs ahead of its streams, so an event recorded now has rarely completed when
+  // asked. (PyTorch's allocator synchronises only before it releases its cache at out-of-memory
+  // or empty_cache; this line is carve's, and the wait its price, paid only when mapping more.)
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
@@ -412,7 +413,10 @@ private:
       detail::find_idle_chunks(space.free, space.memory, i, idle);
       if (idle.size() != found && !settled(space, s_->frees, false)) {
         idle.resize(found);
-        running.push_back(i);
+        try {
+          running.push_back(i);
+        } catch (const std::bad_alloc&) { // not waited for: its chunks stay mapped
+        }
       }
     }
     unmap_highest_first();

@@ -41,7 +41,8 @@ struct ExpandablePoolOptions {
   /// Mapped memory the pool allows itself above the most bytes its live blocks have ever held
   /// (the running peak, this request included), in thousandths of that peak: before it maps more
   /// than that, it unmaps idle chunks (highest addresses first, where best fit reaches last; only
-  /// those whose stream's work has run: it never waits), and a growth chunk stops at the line.
+  /// those whose stream's work has run, waiting for it, where the Streams can, when those whose
+  /// work has run already are not enough), and a growth chunk stops at the line.
   /// Lower keeps the card smaller and costs driver calls when memory moves between sizes; carve_replay
   /// prints both at a few settings for a recorded snapshot. The default, 5 (0.5%), holds reserve
   /// within 1.01x the peak live bytes with about twice PyTorch's segment calls on a training step.

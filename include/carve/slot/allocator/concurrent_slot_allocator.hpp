@@ -108,7 +108,8 @@ public:
   /// m contiguous slots placed by the policy. Errors: invalid_size (m == 0); no_space (m > N, or
   /// the policy found no place in words that a second read showed unchanged, see below); status();
   /// invalid_placement (the policy proposed a run that was not free in what it was shown; where
-  /// that cannot be told from a race, past 1024 slots, confirmed by fingerprint as below).
+  /// that cannot be told from a race, as past 1024 slots, confirmed by fingerprint as below, and
+  /// by the run still being taken).
   ///
   /// "No space" is confirmed by reading again every word the search read. Up to 1024 slots the
   /// snapshot still holds all of them and compares each. A larger bitmap does not fit in a
@@ -252,7 +253,7 @@ private:
     bool bracketed = false; // this search runs between two fingerprints
     std::uint64_t point = 0;
     std::uint64_t before = 0;
-    SlotRange refused{0, 0}; // the last run the check found taken without telling why
+    std::uint32_t refusals = 0; // runs the check found taken without telling why
     for (;;) {
       if (bracketed) {
         point = fingerprint_point();
@@ -272,21 +273,22 @@ private:
         continue;
       }
       const SlotRange range{*start, m};
+      const bool evicted = seen.evicted(); // by the search (the check may evict too)
       const SeenRun seen_run = range.end() <= N ? seen.check(range) : SeenRun::not_free;
       if (seen_run != SeenRun::free) {
         // Taken now. The policy's mistake for certain where the search read each word of the run
         // once and kept it (not_free without eviction: always up to 1024 slots). Otherwise the
         // search may have used an older copy of a word (read twice past 1024 slots) or proposed a
-        // word it never read, and it is a mistake only if no word changed from before the search
-        // until now (bracketed): asked once the same run is refused twice running, which a race
-        // rarely repeats.
+        // word it never read: a mistake only if no word changed from before the search until now
+        // (bracketed) and the run is still taken (a run taken and given back in between leaves
+        // the words as they were). Bracketing starts after two such refusals, which a race rarely
+        // repeats, so a policy that keeps proposing taken runs is told.
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
-        if (range.end() > N || (seen_run == SeenRun::not_free && !seen.evicted()) ||
-            (bracketed && word_fingerprint(live(), point) == before)) {
+        if (range.end() > N || (seen_run == SeenRun::not_free && !evicted) ||
+            (bracketed && word_fingerprint(live(), point) == before && !free_now(range))) {
           return cuda::std::unexpected(Errc::invalid_placement);
         }
-        bracketed = range == refused;
-        refused = range;
+        bracketed = ++refusals >= 2;
         continue;
       }
       if (claim(range)) {
@@ -310,6 +312,17 @@ private:
     } else {
       return fit().find(seen.bitmap(), m);
     }
+  }
+
+  // Whether every slot of `range` is free in the live words now.
+  CARVE_HOST_DEVICE bool free_now(SlotRange range) const noexcept {
+    const AtomicWords<N, Scope> words = live();
+    bool free = true;
+    for_each_word_mask(range, [&](std::uint32_t k, bits::word mask) {
+      free = (words[k] & mask) == mask;
+      return free;
+    });
+    return free;
   }
 
   /// Takes every slot of `range` or none of them.

@@ -96,9 +96,9 @@ public:
     return verdict;
   }
 
-  /// Whether a word the search read has been dropped from the cache (only possible past 1024
-  /// slots): the search may then have read a word twice and seen it change, so a run check() finds
-  /// taken may have been free in the copy the search used.
+  /// Whether a word read so far has been dropped from the cache (only possible past 1024 slots):
+  /// a search that did so may have read a word twice and seen it change, so a run check() finds
+  /// taken may have been free in the copy the search used. (check() reads words too: ask first.)
   CARVE_HOST_DEVICE bool evicted() const noexcept { return evicted_; }
 
   /// Whether every word read so far is still kept and still holds the value seen: then an answer
