@@ -411,7 +411,7 @@ void report(const std::string& what, std::uint32_t m, const Run& r) {
 
 bool skipped(const Clock& clock, const std::string& what) {
   // The next row may take as long as the longest so far: see Note [time limits].
-  if (!clock.over_budget() && clock.seconds() + longest_row_s < hard_limit_s - 1) {
+  if (!clock.over_budget() && clock.seconds() + std::max(longest_row_s, row_s) < hard_limit_s - 1) {
     return false;
   }
   std::printf("  %s: skipped: over time budget (%.0f s used of %.0f; longest row %.1f s)\n", what.c_str(),

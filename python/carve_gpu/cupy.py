@@ -16,15 +16,15 @@ _PER_THREAD_STREAM = 2
 
 def _stream_of(ptr):
     """The stream handle carve is given for CuPy's current stream `ptr`. carve keeps a freed block
-    for the stream it was freed on, and hands it to that stream's next request at once; the
+    for its stream (the one it was allocated on), and hands it to that stream's next request at once; the
     per-thread default stream is one handle for a different stream in every thread, so a block
     freed by one thread would go to another's stream while the first's kernels may still use it:
     refused, with what to use instead."""
     if ptr == _PER_THREAD_STREAM:
         raise RuntimeError("carve_gpu.cupy: CuPy's per-thread default stream (cupy.cuda.Stream.ptds, "
                            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) names another stream in every thread, so carve "
-                           "cannot tell which stream may reuse a freed block; use cupy.cuda.Stream() streams or the "
-                           "default stream")
+                           "cannot tell which stream may reuse a freed block; use cupy.cuda.Stream() streams, or "
+                           "unset CUPY_CUDA_PER_THREAD_DEFAULT_STREAM")
     return ptr
 
 

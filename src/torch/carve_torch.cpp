@@ -309,15 +309,15 @@ void* carve_torch_malloc(ssize_t size, int device, cudaStream_t stream) {
     return nullptr;
   }
   DeviceStack* s = stack(device);
-  if (s == nullptr) {
-    last_refusal = refusal_start(static_cast<std::size_t>(size), device);
+  if (s == nullptr) { // no pool to ask: not out of memory, and no retry with less will help
     if (device >= 0 && device < max_devices) {
       registry().refused[slot(device)].fetch_add(1, std::memory_order_relaxed);
       const std::lock_guard lock(registry().build);
-      last_refusal += registry().errors[slot(device)];
+      last_refusal = registry().errors[slot(device)];
     } else {
-      last_refusal += "libcarve_torch: no device " + std::to_string(device);
+      last_refusal = "libcarve_torch: no device " + std::to_string(device);
     }
+    last_refusal += " (asked for " + torch_size(static_cast<std::size_t>(size)) + ")";
     return nullptr;
   }
   std::size_t released = 0;

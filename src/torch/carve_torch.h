@@ -54,8 +54,9 @@ CARVE_TORCH_API void* carve_torch_malloc(ssize_t size, int device, cudaStream_t 
  * none has. Out of memory: PyTorch's own first sentence ("CUDA out of memory. Tried to allocate
  * 3.00 GiB."), then what the pool holds (reserved, live, the cap) and that it gave back its cache
  * and tried again before refusing. Anything else begins otherwise: a device that fails every call
- * with "CUDA error: " and the device's error, a capture carve cannot serve with "libcarve_torch: ".
- * The text stays valid until the thread's next refused call. */
+ * with "CUDA error: " and the device's error; a capture carve cannot serve, and a device with no
+ * pool (none such, or its pool could not be built), with "libcarve_torch: ". The text stays valid
+ * until the thread's next refused call. */
 CARVE_TORCH_API const char* carve_torch_last_refusal(void);
 
 /* carve_torch_malloc for PyTorch, from libcarve_torch_oom.so (built where PyTorch's c10 library

@@ -720,6 +720,23 @@ TEST_CASE("a run taken between boundary-nearest's two scans is a race, not the p
   CHECK(slots.allocate(1).error() == Errc::no_space);
 }
 
+// Reads every word (as a SlotBitmap), then proposes slot 0 and slot 64 by turns: both taken.
+struct Alternating {
+  int* calls;
+  template <std::uint32_t N>
+  cuda::std::optional<std::uint32_t> find(const SlotBitmap<N>&, std::uint32_t) const {
+    return (*calls)++ % 2 == 0 ? 0u : 64u;
+  }
+};
+
+TEST_CASE("past 1024 slots a policy that proposes taken runs by turns is told, not retried for ever") {
+  auto words = taken_except({SlotRange{70 * 64, 8}});
+  int calls = 0;
+  BigRef<Alternating> broken{carve::BorrowedSlotWords<big>{words.data()}, Alternating{&calls}};
+  CHECK(broken.allocate(4).error() == Errc::invalid_placement);
+  CHECK(calls == 10); // eight refusals taken for races, then two searches between fingerprints
+}
+
 TEST_CASE("past 1024 slots a policy that proposes a taken run is still told, not retried for ever") {
   // AlwaysZero reads every word (as a SlotBitmap) and proposes slot 0, which is taken: word 0's
   // copy was evicted by the words after it, so only an unchanged bitmap around a repeated search

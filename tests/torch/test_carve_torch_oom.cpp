@@ -29,6 +29,20 @@ std::string refusal_of(std::size_t bytes, cudaStream_t on) {
   return "";
 }
 
+// What a refused request throws when it is not out of memory: c10::Error's text, or
+// "out of memory" when it was c10::OutOfMemoryError after all (or "" when it was served).
+std::string error_of(std::size_t bytes, int device) {
+  try {
+    void* p = carve_torch_malloc_or_raise(static_cast<ssize_t>(bytes), device, stream(1));
+    carve_torch_free(p, static_cast<ssize_t>(bytes), device, stream(1));
+  } catch (const c10::OutOfMemoryError&) {
+    return "out of memory";
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  return "";
+}
+
 TEST_CASE("a request carve cannot serve throws c10::OutOfMemoryError, saying what carve holds") {
   REQUIRE(carve_torch_config_error() == nullptr);
   void* kept = carve_torch_malloc_or_raise(16 * MiB, 0, stream(1));
@@ -62,20 +76,11 @@ TEST_CASE("a broken device's refusal is c10::Error with the device's error, neve
     Broken& operator=(const Broken&) = delete;
   };
   std::string why;
-  bool out_of_memory = false;
   {
     const Broken broken;
-    try {
-      (void)carve_torch_malloc_or_raise(256 * MiB, 0, stream(1));
-    } catch (const c10::OutOfMemoryError& e) {
-      out_of_memory = true;
-      why = e.msg();
-    } catch (const c10::Error& e) {
-      why = e.msg();
-    }
+    why = error_of(256 * MiB, 0);
   }
   CAPTURE(why);
-  CHECK_FALSE(out_of_memory);
   CHECK(why.rfind("CUDA error: an illegal memory access was encountered. libcarve_torch could not serve 256.00 MiB "
                   "on GPU 0",
                   0) == 0);
@@ -83,6 +88,12 @@ TEST_CASE("a broken device's refusal is c10::Error with the device's error, neve
   void* now = carve_torch_malloc_or_raise(MiB, 0, stream(1)); // healthy again: served
   CHECK(now != nullptr);
   carve_torch_free(now, MiB, 0, stream(1));
+}
+
+TEST_CASE("a device carve has no pool for refuses with c10::Error, never out-of-memory") {
+  const std::string why = error_of(MiB, -1);
+  CAPTURE(why);
+  CHECK(why.rfind("libcarve_torch: no device -1 (asked for 1.00 MiB)", 0) == 0);
 }
 
 TEST_CASE("a zero-byte request is no error") {

@@ -8,8 +8,8 @@
 /// thread that frees a tensor, say) would have device 0's primary context made for it, hundreds
 /// of MiB on a GPU the process may never use, and a thread working in a green context, or one of
 /// its own, would be left in the primary one. carve's own calls run in the device's primary
-/// context, whose memory every stream of the device can use. (A thread that had no context keeps
-/// `device` as the runtime's choice for it, which makes no context until it calls CUDA itself.)
+/// context, whose memory the primary context's streams and its green contexts' can use. (A thread that had no context
+/// keeps `device` as the runtime's choice for it, which makes no context until it calls CUDA itself.)
 ///
 /// Needs the CUDA runtime: declares something only where `<cuda_runtime_api.h>` is on the include path.
 #pragma once

@@ -179,6 +179,7 @@ public:
   /// cuMemCreate of `bytes` (a multiple of granularity(device)) on `device`, exportable as a POSIX
   /// descriptor.
   [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
+    const detail::CudaCurrentDevice current(device); // before driver() binds any context
     const auto g = granularity(device);
     if (!g) {
       return cuda::std::unexpected(g.error());
@@ -188,7 +189,6 @@ public:
                                           " bytes is not a non-zero multiple of the granularity " + std::to_string(*g));
     }
     const auto& d = driver();
-    const detail::CudaCurrentDevice current(device);
     const CUmemAllocationProp prop = properties(device);
     physical_handle h{};
     if (auto ok = check(d, "cuMemCreate", d.create(&h, bytes, &prop, 0)); !ok) {

@@ -239,6 +239,9 @@ public:
   CARVE_HOST_DEVICE constexpr const policy_type& policy() const noexcept { return fit(); }
 
 private:
+  // Taken runs refused before a search is bracketed by fingerprints (allocate_with).
+  static constexpr std::uint32_t refusals_before_bracketing = 8;
+
   /// allocate's loop (described above): `search(seen)` proposes a start, `record(range)` runs once
   /// the range is claimed.
   template <class Search, class Record>
@@ -254,6 +257,7 @@ private:
     std::uint64_t point = 0;
     std::uint64_t before = 0;
     std::uint32_t refusals = 0; // runs the check found taken without telling why
+    std::uint32_t quiet = 0;    // of them, bracketed ones running, with the words unchanged
     for (;;) {
       if (bracketed) {
         point = fingerprint_point();
@@ -279,16 +283,23 @@ private:
         // Taken now. The policy's mistake for certain where the search read each word of the run
         // once and kept it (not_free without eviction: always up to 1024 slots). Otherwise the
         // search may have used an older copy of a word (read twice past 1024 slots) or proposed a
-        // word it never read: a mistake only if no word changed from before the search until now
-        // (bracketed) and the run is still taken (a run taken and given back in between leaves
-        // the words as they were). Bracketing starts after two such refusals, which a race rarely
-        // repeats, so a policy that keeps proposing taken runs is told.
+        // word it never read. Then it is a mistake only if, twice running, the search saw words
+        // that did not change from before it until now (bracketed) and the run is still taken: a
+        // word that changes and changes back between the two reads looks unchanged, and two such
+        // coincidences in a row are what a race does not repeat. Bracketing, a pass over every
+        // word before and after a search, starts only after several refusals, so that races
+        // rarely pay for it, while a policy that keeps proposing taken runs is told.
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
-        if (range.end() > N || (seen_run == SeenRun::not_free && !evicted) ||
-            (bracketed && word_fingerprint(live(), point) == before && !free_now(range))) {
+        if (range.end() > N || (seen_run == SeenRun::not_free && !evicted)) {
           return cuda::std::unexpected(Errc::invalid_placement);
         }
-        bracketed = ++refusals >= 2;
+        if (bracketed) {
+          quiet = word_fingerprint(live(), point) == before && !free_now(range) ? quiet + 1 : 0;
+          if (quiet == 2) {
+            return cuda::std::unexpected(Errc::invalid_placement);
+          }
+        }
+        bracketed = ++refusals >= refusals_before_bracketing;
         continue;
       }
       if (claim(range)) {
