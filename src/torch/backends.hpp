@@ -137,7 +137,8 @@ struct CudaBackend {
   // Why `device` cannot serve anything, when its context is broken (after a kernel faulted, every
   // CUDA call fails with that kernel's error); empty while it answers. Asked after a refusal, so
   // that a broken device is not reported as out of memory. cudaMemGetInfo is no stream work:
-  // allowed, under RelaxedCapture, while a capture is under way.
+  // allowed, under RelaxedCapture, while a capture is under way (read in CUDA's documentation;
+  // the host backend's simulated fault is what the tests check).
   static std::string fault(int device) {
     const DeviceScope scope(device);
     cudaError_t e = scope.error();

@@ -8,14 +8,18 @@
 /// thread that frees a tensor, say) would have device 0's primary context made for it, hundreds
 /// of MiB on a GPU the process may never use, and a thread working in a green context, or one of
 /// its own, would be left in the primary one. carve's own calls run in the device's primary
-/// context, whose memory the primary context's streams and its green contexts' can use. (A thread that had no context
-/// keeps `device` as the runtime's choice for it, which makes no context until it calls CUDA itself.)
+/// context, whose memory the primary context's streams and its green contexts' can use; where that
+/// context is current already (the usual case, on every allocation and free), nothing is switched.
+/// (A thread that had no context keeps `device` as the runtime's choice for it, which makes no
+/// context until it calls CUDA itself.)
 ///
 /// Needs the CUDA runtime: declares something only where `<cuda_runtime_api.h>` is on the include path.
 #pragma once
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
+
+#include <atomic>
 
 struct CUctx_st; // the driver's context: CUcontext is a CUctx_st* (cuda.h, which this does not need)
 
@@ -58,6 +62,9 @@ public:
     const CudaContextCalls& calls = CudaContextCalls::instance();
     CudaContextCalls::Context saved = nullptr;
     if (calls.usable() && calls.get(&saved) == 0) {
+      if (saved != nullptr && saved == known_primary(device)) {
+        return; // in it already (every allocation and free asks): nothing to switch
+      }
       context_ = saved; // null when the thread has none: it gets none back
       restore_context_ = true;
     } else if (cudaGetDevice(&previous_) == cudaSuccess) {
@@ -66,6 +73,8 @@ public:
     error_ = cudaSetDevice(device); // the device's primary context, which carve's memory belongs to
     if (error_ != cudaSuccess) {
       cudaGetLastError();
+    } else if (CudaContextCalls::Context now = nullptr; restore_context_ && calls.get(&now) == 0) {
+      remember_primary(device, now);
     }
   }
   ~CudaCurrentDevice() {
@@ -84,6 +93,21 @@ public:
   cudaError_t error() const noexcept { return error_; }
 
 private:
+  // The primary context of each device as seen current after cudaSetDevice (null: not yet; the
+  // devices from 64 on are not kept, and so are always switched).
+  static std::atomic<CudaContextCalls::Context>* primaries() noexcept {
+    static std::atomic<CudaContextCalls::Context> seen[64];
+    return seen;
+  }
+  static CudaContextCalls::Context known_primary(int device) noexcept {
+    return device >= 0 && device < 64 ? primaries()[device].load(std::memory_order_relaxed) : nullptr;
+  }
+  static void remember_primary(int device, CudaContextCalls::Context c) noexcept {
+    if (device >= 0 && device < 64) {
+      primaries()[device].store(c, std::memory_order_relaxed);
+    }
+  }
+
   CudaContextCalls::Context context_ = nullptr;
   int previous_ = 0;
   cudaError_t error_ = cudaSuccess;

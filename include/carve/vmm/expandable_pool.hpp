@@ -259,8 +259,8 @@ private:
     try {
       const std::lock_guard lock(s_->mutex);
       collect_pending();
-      const std::uint32_t index = space_for(stream);
-      if (index == no_space_index) {
+      const std::uint32_t index = s_->space_for(stream);
+      if (index == State::no_space) {
         return cuda::std::unexpected(Errc::no_space);
       }
       s_->live.make_room(); // once memory is mapped for the block, recording it cannot fail
@@ -340,32 +340,8 @@ private:
     return bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
   }
 
-  static constexpr std::uint32_t no_space_index = UINT32_MAX;
   // A success, copied whole (built in place, GCC reloads it before its stores land: a stall per free).
   static constexpr cuda::std::expected<void, Errc> done{};
-
-  // The reservation of `stream`, made on first use; no_space_index when the mapper refuses it.
-  std::uint32_t space_for(const std::optional<stream_type>& stream) {
-    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
-      const auto& own = s_->spaces[i]->stream;
-      if (own.has_value() == stream.has_value() && (!own || *own == *stream)) {
-        return i;
-      }
-    }
-    auto memory = OnDemandReservation<Mapper>::reserve(s_->mapper, s_->options.device, s_->options.address_space_bytes);
-    if (!memory) {
-      return no_space_index;
-    }
-    for (int peer = 0; peer < OnDemandReservation<Mapper>::max_peers; ++peer) {
-      if ((s_->peers >> peer & 1u) != 0) {
-        (void)memory->grant(peer); // no chunk yet: nothing to refuse
-      }
-    }
-    const std::uintptr_t base = memory->base();
-    const std::size_t size = memory->bytes();
-    s_->spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}}));
-    return static_cast<std::uint32_t>(s_->spaces.size() - 1);
-  }
 
   // How much a chunk for a block of `size` maps: growth_divisor's share of what is held, but not
   // past the headroom line; never past the cap.
@@ -385,45 +361,29 @@ private:
   }
 
   // Before `need` more bytes are mapped for a block of `size`: while that would pass the headroom
-  // line, unmaps idle chunks (wholly in a free range, their stream's work run), those at the
-  // highest addresses first, since best fit reaches them last. First those of reservations whose
-  // streams have run past every free; if that is not enough, it waits (where the Streams can) for
-  // the other reservations that hold idle chunks. Without the wait the line would not hold on a
-  // GPU: the host runs ahead of its streams, so an event recorded now has rarely completed when
-  // asked. (PyTorch's allocator synchronises only before it releases its cache at out-of-memory
-  // or empty_cache; this line is carve's, and the wait its price, paid only when mapping more.)
+  // line, unmaps idle chunks (wholly in a free range, their stream's work run), highest addresses
+  // first, since best fit reaches them last. If the chunks whose streams have run are not enough,
+  // it waits (where the Streams can) for the others': on a GPU the host runs ahead, so an event
+  // recorded now has rarely completed, and without the wait the line would not hold.
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
-    if (need == 0 || fits() || s_->held) {
-      return;
-    }
-    std::vector<detail::IdleChunks::Chunk> idle;
-    std::vector<std::uint32_t> running; // reservations with idle chunks whose streams may still use them
-    const auto unmap_highest_first = [&] {
+    for (const bool wait : {false, true}) {
+      if (need == 0 || fits() || s_->held) {
+        return;
+      }
+      std::vector<detail::IdleChunks::Chunk> idle;
+      for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
+        Space& space = *s_->spaces[i];
+        const std::size_t found = idle.size();
+        detail::find_idle_chunks(space.free, space.memory, i, idle);
+        if (idle.size() != found && !settled(space, s_->frees, wait)) { // asked only where it matters
+          idle.resize(found);
+        }
+      }
       std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.start > b.start; });
       for (auto chunk = idle.begin(); chunk != idle.end() && !fits(); ++chunk) {
         unmap_within(chunk->space, chunk->start, chunk->bytes);
-      }
-      idle.clear();
-    };
-    for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
-      Space& space = *s_->spaces[i];
-      const std::size_t found = idle.size();
-      detail::find_idle_chunks(space.free, space.memory, i, idle);
-      if (idle.size() != found && !settled(space, s_->frees, false)) {
-        idle.resize(found);
-        try {
-          running.push_back(i);
-        } catch (const std::bad_alloc&) { // not waited for: its chunks stay mapped
-        }
-      }
-    }
-    unmap_highest_first();
-    for (std::size_t k = 0; k < running.size() && !fits(); ++k) {
-      if (Space& space = *s_->spaces[running[k]]; settled(space, s_->frees, true)) {
-        detail::find_idle_chunks(space.free, space.memory, running[k], idle);
-        unmap_highest_first();
       }
     }
   }

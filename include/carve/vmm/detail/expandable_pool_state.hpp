@@ -1,5 +1,5 @@
 // carve/vmm/detail/expandable_pool_state.hpp — what an ExpandablePool remembers: one reservation
-// per stream with its free ranges and fence, the live blocks, the frees waiting on other streams'
+// per stream (made on first use) with its free ranges and fence, the live blocks, the frees waiting on other streams'
 // work, the idle chunks, the devices granted and the counters, with the figures and invariants
 // stats() and consistent() report. The pool's rules are in carve/vmm/expandable_pool.hpp.
 #pragma once
@@ -61,6 +61,32 @@ struct ExpandablePoolState {
   bool held = false;         // hold(): nothing is unmapped
   std::uint64_t peers = 0;   // bit d: device d is granted every chunk (grant_access)
   ExpandablePoolStats stats; // the counters kept here; the rest is filled in by stats()
+
+  static constexpr std::uint32_t no_space = UINT32_MAX; // space_for: the mapper refused the addresses
+
+  // The reservation of `stream`, made on first use (and opened to the granted devices); no_space
+  // when the mapper refuses it. Under the lock.
+  std::uint32_t space_for(const std::optional<stream_type>& stream) {
+    for (std::uint32_t i = 0; i < spaces.size(); ++i) {
+      const auto& own = spaces[i]->stream;
+      if (own.has_value() == stream.has_value() && (!own || *own == *stream)) {
+        return i;
+      }
+    }
+    auto memory = OnDemandReservation<Mapper>::reserve(mapper, options.device, options.address_space_bytes);
+    if (!memory) {
+      return no_space;
+    }
+    for (int peer = 0; peer < OnDemandReservation<Mapper>::max_peers; ++peer) {
+      if ((peers >> peer & 1u) != 0) {
+        (void)memory->grant(peer); // no chunk yet: nothing to refuse
+      }
+    }
+    const std::uintptr_t base = memory->base();
+    const std::size_t size = memory->bytes();
+    spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}}));
+    return static_cast<std::uint32_t>(spaces.size() - 1);
+  }
 
   // ExpandablePool::stats, under the lock.
   ExpandablePoolStats figures() const {
