@@ -37,6 +37,7 @@
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_device_resource.hpp>
 #include <carve/mr/cuda_stream_events.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/private_pools.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/mr/simulated_card.hpp>

@@ -29,6 +29,10 @@ inline std::vector<service::Reply> sample_replies() {
   a.kind = ExportKind::cuda_ipc;
   a.segment_size = 2u << 20;
   a.device = 3;
+  for (std::size_t i = 0; i < a.device_uuid.size(); ++i) { // borrowed: the lender's GPU and the requester's
+    a.device_uuid[i] = static_cast<std::uint8_t>(0xa0 + i);
+    a.requester_uuid[i] = static_cast<std::uint8_t>(0x10 * i + 5);
+  }
   for (std::size_t i = 0; i < a.handle.size(); ++i) {
     a.handle[i] = static_cast<std::uint8_t>(i * 3 + 1);
   }
@@ -57,8 +61,15 @@ inline std::vector<service::Reply> sample_replies() {
   s.borrows = {BorrowCount{0, 3, 7, 1u << 20}};
   s.recent_borrows = {BorrowEvent{1500, 0, 3, 4096}, BorrowEvent{99, 1, 2, 512}};
   s.client_list = {ClientSummary{1, 4242, 1000, 2, 8192, "trainer"}};
-  CardInfo c0{0, "GPU0", 16ull << 30, 8ull << 30, 4ull << 30, {std::numeric_limits<double>::infinity(), 40.0, 0.0}};
-  CardInfo c1{1, "GPU1", 16ull << 30, 16ull << 30, 16ull << 30, {40.0, std::numeric_limits<double>::infinity(), 20.5}};
+  CardInfo c0{0,
+              "GPU0",
+              a.requester_uuid,
+              16ull << 30,
+              8ull << 30,
+              4ull << 30,
+              {std::numeric_limits<double>::infinity(), 40.0, 0.0}};
+  CardInfo c1{
+      1, "GPU1", {}, 16ull << 30, 16ull << 30, 16ull << 30, {40.0, std::numeric_limits<double>::infinity(), 20.5}};
   return {HelloReply{1234, 7, 4242, 1000, 8, ExportKind::shared_memory},
           a,
           Freed{17},

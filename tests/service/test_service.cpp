@@ -556,8 +556,8 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
   }
   {
     RawConnection raw(server.socket());
-    REQUIRE(raw.send(header(svc::protocol_magic, 2, 1, 0, 1)));
-    expect_closed_after_error(raw, Errc::unsupported_version, "protocol version 2");
+    REQUIRE(raw.send(header(svc::protocol_magic, 1, 1, 0, 1))); // a client from before GPUs were named by UUID
+    expect_closed_after_error(raw, Errc::unsupported_version, "protocol version 1");
   }
   {
     RawConnection raw(server.socket());
@@ -570,7 +570,7 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
   {
     RawConnection raw(server.socket());
     REQUIRE(hello(raw));
-    auto m = header(svc::protocol_magic, 1, 2, 10000 - 16, 2);
+    auto m = header(svc::protocol_magic, svc::protocol_version, 2, 10000 - 16, 2);
     m.resize(10000);
     REQUIRE(raw.send(m));
     expect_closed_after_error(raw, Errc::bad_message, "exceeds the limit of 4096");
@@ -604,7 +604,7 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
     // Unknown but well-framed: an error, and the connection stays usable.
     RawConnection raw(server.socket());
     REQUIRE(hello(raw));
-    REQUIRE(raw.send(header(svc::protocol_magic, 1, 0x0999, 0, 5)));
+    REQUIRE(raw.send(header(svc::protocol_magic, svc::protocol_version, 0x0999, 0, 5)));
     const auto r = raw.receive();
     REQUIRE(r);
     CHECK(r->sequence == 5);

@@ -46,6 +46,14 @@ void lend_and_write(const char* backend, carve::ExportKind expected, int devices
   }
   expect(client->server().backend == expected, "the server lends CUDA memory of the kind asked for");
   expect(client->server().cards == devices, "one card per device");
+  // Each card names its GPU by UUID, and this process (which sees the same GPUs) finds it again.
+  const auto cards = client->cards();
+  expect(static_cast<bool>(cards), "the server lists its cards");
+  for (int card = 0; cards && card < devices; ++card) {
+    const auto uuid = carve::cuda_device_uuid(card);
+    const auto found = uuid ? card_of(*cards, *uuid) : carve::Result<int>(-1);
+    expect(found && *found == card, "card_of finds each GPU's card by its UUID");
+  }
 
   for (int card = 0; card < devices; ++card) {
     auto a = client->lease(256 << 10, card, 256);
@@ -58,6 +66,10 @@ void lend_and_write(const char* backend, carve::ExportKind expected, int devices
     expect(a->info.card == card && b->info.card == card, "a card with room serves its own requests");
     expect(a->info.segment != b->info.segment, "every region is a segment of its own");
     expect(client->mapped_segments() == 2, "each segment is mapped once");
+    cudaPointerAttributes at{};
+    expect(cudaPointerGetAttributes(&at, a->ptr) == cudaSuccess && at.device == card,
+           "the segment is memory of the card's GPU, as this process numbers it");
+    cudaGetLastError();
     expect(cudaMemset(a->ptr, 0x5a, a->info.size) == cudaSuccess, "cudaMemset through the mapping");
     expect(cudaMemset(b->ptr, 0x3c, b->info.size) == cudaSuccess, "cudaMemset through the mapping");
     expect(holds(a->ptr, a->info.size, 0x5a), "the first region holds what was written");

@@ -308,6 +308,151 @@ TEST_CASE("AllocationService::card checks its index and throws carve::Exception"
   }
 }
 
+namespace {
+
+// A card on a GPU that says which (KnowsItsDevice), as VmmCard<CudaMemoryMapper> does: GPU c's
+// UUID is c + 1 followed by 0xcc bytes. `broken` cannot say.
+carve::DeviceUuid gpu_uuid(int c) {
+  carve::DeviceUuid u;
+  u.fill(0xcc);
+  u[0] = static_cast<std::uint8_t>(c + 1);
+  return u;
+}
+struct NamedCard : carve::SharedMemoryCard {
+  NamedCard(std::size_t capacity, int on_gpu, bool cannot_say = false)
+      : carve::SharedMemoryCard(capacity), gpu(on_gpu), broken(cannot_say) {}
+  carve::Result<carve::DeviceUuid> device_uuid() const {
+    if (broken) {
+      return carve::fail(Errc::device_error, "GPU " + std::to_string(gpu) + " fell off the bus");
+    }
+    return gpu_uuid(gpu);
+  }
+  int gpu;
+  bool broken;
+};
+static_assert(carve::KnowsItsDevice<NamedCard> && !carve::KnowsItsDevice<carve::SharedMemoryCard>);
+
+// A process's devices as CUDA_VISIBLE_DEVICES shows them: `visible[i]` is the server's GPU that
+// this process calls i.
+struct VisibleDevices {
+  std::vector<int> visible;
+  Errc fault = Errc::out_of_range; // what a search for a device it lacks answers
+  carve::Result<int> ordinal_of(const carve::DeviceUuid& u) const {
+    for (std::size_t i = 0; i < visible.size(); ++i) {
+      if (gpu_uuid(visible[i]) == u) {
+        return static_cast<int>(i);
+      }
+    }
+    return carve::fail(fault, "not here");
+  }
+};
+static_assert(DeviceDirectory<VisibleDevices>);
+
+} // namespace
+
+TEST_CASE("DeviceUuid reads as nvidia-smi prints it") {
+  carve::DeviceUuid u;
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    u[i] = static_cast<std::uint8_t>(0xa0 + i);
+  }
+  CHECK(carve::to_string(u) == "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf");
+  CHECK(carve::to_string(carve::no_device_uuid) == "no device");
+  CHECK(carve::names_a_device(u));
+  CHECK_FALSE(carve::names_a_device(carve::no_device_uuid));
+}
+
+TEST_CASE("AllocationService names GPUs by UUID; a client maps for the devices it sees, as it numbers them") {
+  const auto& topo = carve::test::dgx1();
+  std::vector<NamedCard> cards;
+  for (int i = 0; i < 8; ++i) {
+    cards.emplace_back(MiB, i);
+  }
+  AllocationService<NamedCard> service(topo, cards);
+  for (const CardInfo& c : service.cards()) {
+    CHECK(c.uuid == gpu_uuid(c.card));
+  }
+  const ClientId id = service.connect(PeerCredentials{100, 0, 0});
+  std::vector<Outgoing> out;
+  service.receive(id, encode(Request{Hello{"worker"}}, 1), out);
+  const auto allocate = [&](std::uint32_t seq) {
+    out.clear();
+    service.receive(id, encode(Request{Allocate{MiB, 0}}, seq), out);
+    REQUIRE(out.size() == 1);
+    return reply_as<Allocated>(out[0]);
+  };
+  const Allocated own = allocate(2);
+  CHECK(own.region.card == 0);
+  CHECK(own.device_uuid == gpu_uuid(0));
+  CHECK(own.requester_uuid == gpu_uuid(0));
+  const Allocated lent = allocate(3); // card 0 is full: borrowed from another GPU
+  const int lender = lent.region.card;
+  REQUIRE(lender != 0);
+  CHECK(lent.region.requester == 0);
+  CHECK(lent.device_uuid == gpu_uuid(lender));
+  CHECK(lent.requester_uuid == gpu_uuid(0));
+
+  // A worker started with CUDA_VISIBLE_DEVICES=<the server's 0>: its device 0 is card 0, and the
+  // lender's GPU is not there at all. It maps for its device 0, whatever the server calls it.
+  const VisibleDevices only_mine{{0}};
+  CHECK(*card_of(service.cards(), gpu_uuid(0)) == 0);
+  auto d = segment_devices(lent, only_mine);
+  REQUIRE(d);
+  CHECK(d->owner == -1);
+  CHECK(d->requester == 0);
+  CHECK(d->primary() == 0);
+  CHECK(d->secondary() == -1);
+  // Both GPUs seen, in another order: the requester's first, the lender's as well.
+  d = segment_devices(lent, VisibleDevices{{lender, 0}});
+  REQUIRE(d);
+  CHECK(d->primary() == 1);
+  CHECK(d->secondary() == 0);
+  // The server's device number alone would have named the wrong GPU here.
+  CHECK(lent.device == -1); // shared memory has none; a VMM card's would be the server's ordinal
+  d = segment_devices(own, VisibleDevices{{3, 0}});
+  REQUIRE(d);
+  CHECK(d->primary() == 1);
+  CHECK(d->secondary() == -1);
+
+  // Neither GPU seen: out_of_range naming both; the directory's own faults pass through.
+  const auto neither = segment_devices(lent, VisibleDevices{{5, 6}});
+  REQUIRE_FALSE(neither);
+  CHECK(neither.error().code == Errc::out_of_range);
+  CHECK(neither.error().message.find(carve::to_string(gpu_uuid(lender))) != std::string::npos);
+  CHECK(neither.error().message.find(carve::to_string(gpu_uuid(0))) != std::string::npos);
+  CHECK(neither.error().message.find("CUDA_VISIBLE_DEVICES") != std::string::npos);
+  CHECK(segment_devices(lent, VisibleDevices{{0}, Errc::device_error}).error().code == Errc::device_error);
+
+  // A reply naming one device but not the other does not hold together.
+  Allocated half = lent;
+  half.requester_uuid = carve::no_device_uuid;
+  CHECK(segment_devices(half, only_mine).error().code == Errc::bad_message);
+  // Host-twin memory names no GPU: the server's numbers are the process's.
+  Allocated twin = lent;
+  twin.device = 4;
+  twin.device_uuid = twin.requester_uuid = carve::no_device_uuid;
+  d = segment_devices(twin, only_mine);
+  REQUIRE(d);
+  CHECK(d->owner == 4);
+  CHECK(d->requester == 0);
+
+  CHECK(card_of(service.cards(), gpu_uuid(9)).error().code == Errc::out_of_range);
+  CHECK(card_of(service.cards(), carve::no_device_uuid).error().code == Errc::invalid_argument);
+}
+
+TEST_CASE("AllocationService refuses a card that cannot say which GPU it is") {
+  std::vector<NamedCard> cards;
+  for (int i = 0; i < 8; ++i) {
+    cards.emplace_back(MiB, i, i == 5);
+  }
+  try {
+    AllocationService<NamedCard> service(carve::test::dgx1(), cards);
+    FAIL("a card without a UUID was accepted");
+  } catch (const carve::Exception& e) {
+    CHECK(e.code() == Errc::device_error);
+    CHECK(std::string(e.what()).find("GPU 5 fell off the bus") != std::string::npos);
+  }
+}
+
 TEST_CASE("socket directories are checked") {
   carve::test::TempDir dir;
   const auto message = [](const std::filesystem::path& d) {

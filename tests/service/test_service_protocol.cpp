@@ -49,7 +49,7 @@ Bytes reencode(const Bytes& b, bool request) {
 TEST_CASE("the header and fields are little-endian with fixed widths") {
   const Bytes b = encode(Request{Allocate{0x0102030405060708ull, -2}}, 0x0a0b0c0d);
   const Bytes want{0x43, 0x52, 0x56, 0x45,                         // "CRVE"
-                   0x01, 0x00,                                     // version 1
+                   0x02, 0x00,                                     // version 2
                    0x02, 0x00,                                     // allocate
                    0x0c, 0x00, 0x00, 0x00,                         // 12 payload bytes
                    0x0d, 0x0c, 0x0b, 0x0a,                         // sequence
@@ -121,16 +121,20 @@ TEST_CASE("header errors name the problem") {
   CHECK(reason(header(0xdeadbeef, 1, 1, 0, 1)).message == "not a carve message (bad magic)");
   const auto v = reason(header(protocol_magic, 7, 1, 0, 1));
   CHECK(v.code == Errc::unsupported_version);
-  CHECK(v.message == "protocol version 7 is not supported (this side speaks 1)");
-  CHECK(reason(header(protocol_magic, 1, 5, 4, 1)).message == "header announces 4 payload bytes but 0 arrived");
+  CHECK(v.message == "protocol version 7 is not supported (this side speaks 2)");
+  // Version 1 named a segment's GPU by the server's ordinal alone: a peer of it is told, not misread.
+  Bytes old = encode(Request{Hello{"from before UUIDs"}}, 1);
+  old[4] = 1;
+  CHECK(reason(old).code == Errc::unsupported_version);
+  CHECK(reason(header(protocol_magic, 2, 5, 4, 1)).message == "header announces 4 payload bytes but 0 arrived");
   Bytes trailing = encode(Request{StatsRequest{}}, 1);
   trailing.push_back(0);
   trailing[8] = 1;
   CHECK(reason(trailing).message == "malformed payload: trailing bytes");
-  Bytes big = header(protocol_magic, 1, 2, max_request_size, 1);
+  Bytes big = header(protocol_magic, 2, 2, max_request_size, 1);
   big.resize(header_size + max_request_size);
   CHECK(reason(big).message == "message of 4112 bytes exceeds the limit of 4096");
-  const auto unknown = reason(header(protocol_magic, 1, 0x8001, 0, 4)); // a reply type sent as a request
+  const auto unknown = reason(header(protocol_magic, protocol_version, 0x8001, 0, 4)); // a reply type sent as a request
   CHECK(unknown.message == "unknown message type 32769");
   CHECK_FALSE(unknown.fatal);
   CHECK(unknown.sequence == 4);
@@ -154,7 +158,7 @@ TEST_CASE("min_wire_size comes from the field lists and agrees with what the wri
   CHECK(min_wire_size<BorrowCount>() == 20);
   CHECK(min_wire_size<BorrowEvent>() == 24);
   CHECK(min_wire_size<ClientSummary>() == 30); // three u32, two u64, a text's u16 length
-  CHECK(min_wire_size<CardInfo>() == 34);      // i32, text, three u64, a list's u32 count
+  CHECK(min_wire_size<CardInfo>() == 50);      // i32, text, a 16-byte UUID, three u64, a list's u32 count
   CHECK(min_wire_size<SegmentId>() == 8);
   CHECK(min_wire_size<double>() == 8);
   CHECK(min_wire_size<RegionInfo>() == written_size<RegionInfo>());

@@ -417,8 +417,8 @@ TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors anoth
   const int taken = *card.release_descriptor(*p);
   CHECK(taken == e->fd);
   CHECK_FALSE(card.release_descriptor(*p));
-  auto mapped =
-      carve::service::map_segment(carve::ExportKind::host_vmm, e->size, e->device, {}, carve::service::UniqueFd(taken));
+  auto mapped = carve::service::map_segment(carve::ExportKind::host_vmm, e->size, {e->device, e->device}, {},
+                                            carve::service::UniqueFd(taken));
   REQUIRE(mapped);
   CHECK(mapped->mapped_bytes == granule + carve::os_page_size());
   auto* seen = static_cast<unsigned char*>(mapped->base);
@@ -456,19 +456,26 @@ TEST_CASE("VmmCard: a card dropped with live allocations gives them back, descri
   CHECK(m.reservation_count() == 0);
 }
 
+// A card over the host twin names no GPU (its segments cross processes by the server's numbers);
+// over CUDA it names its device by UUID.
+static_assert(!carve::KnowsItsDevice<carve::VmmCard<HostMemoryMapper>>);
+#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
+static_assert(carve::KnowsItsDevice<carve::VmmCard<carve::CudaMemoryMapper>>);
+#endif
+
 TEST_CASE("map_segment: a VMM segment without its descriptor, or of a device the process lacks") {
   using carve::service::map_segment;
-  CHECK(map_segment(carve::ExportKind::host_vmm, 4096, 0, {}, {}).error().code == Errc::bad_message);
+  CHECK(map_segment(carve::ExportKind::host_vmm, 4096, {0, 0}, {}, {}).error().code == Errc::bad_message);
   HostMemoryMapper m = two_devices();
   const auto h = m.create(0, granule);
   REQUIRE(h);
   const auto fd = m.export_fd(*h);
   REQUIRE(fd);
-  const auto far = map_segment(carve::ExportKind::host_vmm, 4096, 1000, {}, carve::service::UniqueFd(*fd));
+  const auto far = map_segment(carve::ExportKind::host_vmm, 4096, {1000, 1000}, {}, carve::service::UniqueFd(*fd));
   REQUIRE_FALSE(far);
   CHECK(far.error().code == Errc::out_of_range);
   if (!carve::service::cuda_ipc_available) {
-    const auto gpu = map_segment(carve::ExportKind::cuda_vmm, 4096, 0, {}, carve::service::UniqueFd(::dup(0)));
+    const auto gpu = map_segment(carve::ExportKind::cuda_vmm, 4096, {0, 0}, {}, carve::service::UniqueFd(::dup(0)));
     REQUIRE_FALSE(gpu);
     CHECK(gpu.error().code == Errc::unsupported_version);
   }

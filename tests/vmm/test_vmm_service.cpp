@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -28,25 +29,42 @@ constexpr std::size_t granule = 64 * KiB;
 
 using Card = carve::VmmCard<carve::HostMemoryMapper>;
 
+// A server thread lending the memory of eight VmmCards of `capacity` (one mapper for the
+// server's eight devices; the server touches its memory as any device) on DGX-1's topology.
+struct LendingServer {
+  explicit LendingServer(std::size_t capacity) {
+    for (int d = 0; d < topology.gpu_count(); ++d) {
+      cards.emplace_back(mapper, d, capacity);
+    }
+    options.socket_path = dir.path() / "served.sock";
+    server.emplace(topology, cards, options);
+    serving = std::thread([this] { server->run(); });
+  }
+  ~LendingServer() { stop(); }
+  void stop() {
+    if (serving.joinable()) {
+      server->request_stop();
+      serving.join();
+    }
+  }
+  carve::test::TempDir dir;
+  const carve::Topology topology = carve::test::dgx1();
+  carve::HostMemoryMapper mapper{
+      {.granularity = granule, .device_count = 8, .cpu_device = carve::HostMemoryMapper::every_device}};
+  std::vector<Card> cards; // copies are handles to the server's cards
+  ServerOptions options;
+  std::optional<carve::AllocationServer<Card>> server;
+  std::thread serving;
+};
+
 } // namespace
 
 TEST_CASE("a server lends VmmCard memory; the client maps it and both see the same bytes") {
-  carve::test::TempDir dir;
-  const carve::Topology topology = carve::test::dgx1();
-  // One mapper for the server's eight devices; the server touches its memory as any device.
-  carve::HostMemoryMapper mapper(
-      {.granularity = granule, .device_count = 8, .cpu_device = carve::HostMemoryMapper::every_device});
-  std::vector<Card> cards;
-  for (int d = 0; d < topology.gpu_count(); ++d) {
-    cards.emplace_back(mapper, d, 8 * granule);
-  }
-  const std::vector<Card> view = cards; // copies are handles to the same cards
-  ServerOptions options;
-  options.socket_path = dir.path() / "served.sock";
-  carve::AllocationServer<Card> server(topology, cards, options);
-  std::thread serving([&] { server.run(); });
+  LendingServer lending(8 * granule);
+  const std::vector<Card>& view = lending.cards;
+  carve::HostMemoryMapper& mapper = lending.mapper;
   {
-    auto client = carve::AllocationClient::connect(ClientOptions{options.socket_path, "vmm", 30s});
+    auto client = carve::AllocationClient::connect(ClientOptions{lending.options.socket_path, "vmm", 30s});
     REQUIRE(client);
     CHECK(client->server().backend == carve::ExportKind::host_vmm);
     const auto r = client->lease(3000, 3, 256);
@@ -81,12 +99,42 @@ TEST_CASE("a server lends VmmCard memory; the client maps it and both see the sa
     CHECK(s->live_regions == 0);
     CHECK(s->consistent);
   }
-  server.request_stop();
-  serving.join();
-  CHECK(server.service().region_count() == 0);
+  lending.stop();
+  CHECK(lending.server->service().region_count() == 0);
   CHECK(view[3].used_bytes() == 0);
   CHECK(mapper.physical_count() == 0);
   CHECK(mapper.reservation_count() == 0);
+  CHECK(host_vmm_mapper().reservation_count() == 0);
+}
+
+TEST_CASE("a borrowed VMM segment is mapped for the requester's device and the lender's") {
+  LendingServer served(2 * granule);
+  {
+    auto client = carve::AllocationClient::connect(ClientOptions{served.options.socket_path, "borrower", 30s});
+    REQUIRE(client);
+    const auto own = client->lease(2 * granule, 3, 256); // card 3 is full after this
+    REQUIRE(own);
+    const auto lent = client->lease(granule, 3, 256);
+    REQUIRE(lent);
+    const int lender = lent->info.card;
+    REQUIRE(lender != 3);
+    CHECK(lent->info.requester == 3);
+    // Card 3's kernels use the borrowed memory where it lies; the lender's GPU keeps its right too.
+    CHECK(*host_vmm_mapper().access(lent->ptr, 3) == carve::Access::read_write);
+    CHECK(*host_vmm_mapper().access(lent->ptr, lender) == carve::Access::read_write);
+    for (int other = 0; other < 8; ++other) {
+      if (other != 3 && other != lender) {
+        CHECK(*host_vmm_mapper().access(lent->ptr, other) == carve::Access::none);
+      }
+    }
+    CHECK(*host_vmm_mapper().access(own->ptr, 3) == carve::Access::read_write);
+    CHECK(*host_vmm_mapper().access(own->ptr, lender) == carve::Access::none);
+    REQUIRE(client->free(lent->ptr));
+    REQUIRE(client->free(own->ptr));
+    CHECK(host_vmm_mapper().mapping_count() == 0);
+  }
+  served.stop();
+  CHECK(served.mapper.physical_count() == 0);
   CHECK(host_vmm_mapper().reservation_count() == 0);
 }
 

@@ -15,6 +15,7 @@
 #if __has_include(<cuda_runtime_api.h>)
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/cuda_mr.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
 
@@ -49,6 +50,8 @@ public:
 
   /// The CUDA ordinal.
   int device() const noexcept { return device_; }
+  /// The device's UUID, which names it in other processes too (cuda_device_uuid's errors).
+  [[nodiscard]] Result<DeviceUuid> device_uuid() const { return cuda_device_uuid(device_); }
 
   /// Errors: invalid_size (check_request); no_space when cudaMalloc fails (the error is cleared, so
   /// it does not leak into later calls) or its address is not aligned as asked. cudaMalloc promises
@@ -129,7 +132,7 @@ private:
 };
 
 static_assert(UpstreamResource<CudaDeviceResource> && ExportableResource<CudaDeviceResource>);
-static_assert(SynchronousResource<CudaDeviceResource>);
+static_assert(SynchronousResource<CudaDeviceResource> && KnowsItsDevice<CudaDeviceResource>);
 static_assert(detail::cccl_accepts<CudaDeviceResource>());
 #if defined(CARVE_HAS_CUDA_MR)
 static_assert(SynchronousResourceWith<CudaDeviceResource, cuda::mr::device_accessible>);

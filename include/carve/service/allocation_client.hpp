@@ -363,8 +363,7 @@ private:
           return give_back(a.region.id,
                            std::string("a new ") + to_string(a.kind) + " segment came without its descriptor");
         }
-        auto m = map_segment(a.kind, static_cast<std::size_t>(a.segment_size), a.device, a.handle,
-                             fds.empty() ? UniqueFd() : std::move(fds.front()));
+        auto m = map_segment(a, fds.empty() ? UniqueFd() : std::move(fds.front()));
         if (!m) {
           (void)give_back(a.region.id, m.error().message);
           // The server counts the segment as mapped here: say it is not, so that a later region of

@@ -34,6 +34,7 @@
 #include <carve/borrow/any_strategy.hpp>
 #include <carve/borrow/borrowing_allocator.hpp>
 #include <carve/core/error.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/leased_upstream.hpp>
 #include <carve/service/protocol.hpp>
@@ -82,7 +83,8 @@ public:
   using allocator_type = BorrowingAllocator<card_type, AnyStrategy>; ///< picks and takes the memory
 
   /// One card per GPU of `topology`, in GPU order. Throws carve::Exception (invalid_argument)
-  /// when the cards do not match the topology's GPUs, or there are more than max_cards.
+  /// when the cards do not match the topology's GPUs, or there are more than max_cards; a card
+  /// that KnowsItsDevice but cannot say its UUID, that error.
   AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
       : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
     for (int c = 0; c < topology.gpu_count(); ++c) {
@@ -253,6 +255,7 @@ private:
                                                   std::to_string(topology.gpu_count()) + " GPUs");
     }
     for (Upstream& u : cards) {
+      uuids_.push_back(value_or_throw(device_identity(u)));
       cards_.emplace_back(std::move(u));
     }
     // Copies of a LeasedUpstream share its state: the allocator's cards are the service's.
@@ -314,6 +317,8 @@ private:
     a.kind = Upstream::export_kind;
     a.new_mapping = true;
     a.device = e->device;
+    a.device_uuid = uuids_[static_cast<std::size_t>(h->card)];
+    a.requester_uuid = uuids_[static_cast<std::size_t>(h->requester)];
     a.handle = e->handle;
     a.region = info(rid, region->second);
     a.segment_size = where->segment_size;
@@ -464,7 +469,8 @@ private:
   }
 
   ServiceOptions options_;
-  std::vector<card_type> cards_; // filled by make_allocator, before allocator_ is built
+  std::vector<card_type> cards_;  // filled by make_allocator, before allocator_ is built
+  std::vector<DeviceUuid> uuids_; // each card's device (make_allocator): GPUs cross the socket by UUID
   allocator_type allocator_;
   std::vector<std::string> names_;
   std::unordered_map<ClientId, Client> clients_;

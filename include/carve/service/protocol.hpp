@@ -1,5 +1,5 @@
 /// @file carve/service/protocol.hpp
-/// The encoding of carve's service protocol (version 1): the header, encode() and the strict
+/// The encoding of carve's service protocol (version 2): the header, encode() and the strict
 /// decoders. The messages are in protocol_messages.hpp, their field layouts in
 /// protocol_layout.hpp; this header includes both.
 ///

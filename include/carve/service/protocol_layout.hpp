@@ -86,12 +86,13 @@ template <class A>
 void fields(A& a, Is<RegionInfo> auto& m) {
   a(m.id, m.card, m.requester, m.segment, m.offset, m.size);
 }
-/// Allocated on the wire: the region, the export kind, segment size, device, the handle's bytes, new_mapping.
+/// Allocated on the wire: the region, the export kind, segment size, device, the device's and the
+/// requester's UUIDs (16 bytes each), the handle's bytes, new_mapping.
 template <class A>
 void fields(A& a, Is<Allocated> auto& m) {
   fields(a, m.region);
   export_kind(a, m.kind);
-  a(m.segment_size, m.device, m.handle, m.new_mapping);
+  a(m.segment_size, m.device, m.device_uuid, m.requester_uuid, m.handle, m.new_mapping);
 }
 /// Freed on the wire: the region id (u64).
 template <class A>
@@ -135,12 +136,13 @@ void fields(A& a, Is<StatsReply> auto& m) {
   a.list(m.recent_borrows, max_recent_borrows);
   a.list(m.client_list, max_client_entries);
 }
-/// CardInfo on the wire: card (i32), name (text), capacity, free bytes, largest free block (u64), bandwidths.
+/// CardInfo on the wire: card (i32), name (text), UUID (16 bytes), capacity, free bytes, largest
+/// free block (u64), bandwidths.
 template <class A>
 void fields(A& a, Is<CardInfo> auto& m) {
   a(m.card);
   a.text(m.name, max_name_length);
-  a(m.capacity, m.free_bytes, m.largest_free_block);
+  a(m.uuid, m.capacity, m.free_bytes, m.largest_free_block);
   a.list(m.bandwidth_gbps, static_cast<std::size_t>(max_cards));
 }
 /// CardsReply on the wire: a list of CardInfo.

@@ -1,5 +1,5 @@
 /// @file carve/service/protocol_messages.hpp
-/// The messages carve-served and AllocationClient exchange (protocol version 1): their types,
+/// The messages carve-served and AllocationClient exchange (protocol version 2): their types,
 /// fields and limits, and who answers what. Their wire layouts are in protocol_layout.hpp, the
 /// header and the codec in protocol.hpp.
 ///
@@ -15,9 +15,14 @@
 /// (Allocated::new_mapping, set in every Allocated carve-served sends); the client unmaps the
 /// segment when it no longer holds a region in it (at the region's Free) and says so with
 /// Unmapped, which ends the segment's lease.
+///
+/// GPUs cross the socket by UUID (Allocated::device_uuid and requester_uuid, CardInfo::uuid), never
+/// by the server's ordinal alone: with CUDA_VISIBLE_DEVICES a client numbers the GPUs its own way.
+/// Version 2 added those fields; a peer of version 1 gets unsupported_version.
 #pragma once
 
 #include <carve/core/error.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/segment_export.hpp>
 
 #include <array>
@@ -40,7 +45,7 @@ using ClientId = std::uint32_t;
 /// The header's first field: "CRVE" in byte order.
 inline constexpr std::uint32_t protocol_magic = 0x45565243;
 /// The header's version field; a message with any other is refused (unsupported_version).
-inline constexpr std::uint16_t protocol_version = 1;
+inline constexpr std::uint16_t protocol_version = 2;
 /// Bytes of the header before every payload.
 inline constexpr std::size_t header_size = 16;
 /// The largest request, header included; the server refuses a larger one and closes the
@@ -193,11 +198,13 @@ struct RegionInfo {
 
 /// The answer to Allocate: the region, and how to map the segment that holds it.
 struct Allocated {
-  static constexpr MessageType type = MessageType::allocated;     ///< its header type
-  RegionInfo region;                                              ///< where the region is
-  ExportKind kind = ExportKind::shared_memory;                    ///< how its segment is exported
-  std::uint64_t segment_size = 0;                                 ///< bytes of the whole segment to map
-  std::int32_t device = -1;                                       ///< cuda_ipc and the VMM kinds: the device holding it
+  static constexpr MessageType type = MessageType::allocated; ///< its header type
+  RegionInfo region;                                          ///< where the region is
+  ExportKind kind = ExportKind::shared_memory;                ///< how its segment is exported
+  std::uint64_t segment_size = 0;                             ///< bytes of the whole segment to map
+  std::int32_t device = -1;                                   ///< the device holding it, as the server numbers it
+  DeviceUuid device_uuid{};    ///< that device's UUID; no_device_uuid for host-twin memory (`device` holds then)
+  DeviceUuid requester_uuid{}; ///< the UUID of the card that asked (region.requester); likewise
   std::array<std::uint8_t, SegmentExport::handle_bytes> handle{}; ///< cuda_ipc: the cudaIpcMemHandle_t
   /// The segment is new to this client: map it (shared_memory, cuda_vmm, host_vmm: with the
   /// SCM_RIGHTS descriptor that comes with this reply; cuda_ipc: from `handle`). Otherwise the
@@ -300,6 +307,7 @@ struct StatsReply {
 struct CardInfo {
   std::int32_t card = -1;               ///< its index
   std::string name;                     ///< as the topology names it ("GPU3")
+  DeviceUuid uuid{};                    ///< its CUDA device's UUID; no_device_uuid for a host twin's card
   std::uint64_t capacity = 0;           ///< its size
   std::uint64_t free_bytes = 0;         ///< what it has free now
   std::uint64_t largest_free_block = 0; ///< the largest region it could give now

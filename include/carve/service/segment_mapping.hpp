@@ -4,23 +4,27 @@
 ///
 /// shared_memory: the descriptor that came with the reply is mapped shared (read/write) and
 /// closed; the mapping keeps the memory alive. cuda_ipc: the handle is opened with
-/// cudaIpcOpenMemHandle on the exporting device (peer access enabled lazily), and closed with
-/// cudaIpcCloseMemHandle. The CUDA part is compiled where `<cuda_runtime_api.h>` is on the include
-/// path (link CUDA::cudart then), unless CARVE_SERVICE_NO_CUDA is defined; without it a
-/// cuda_ipc segment is refused with a clear error.
+/// cudaIpcOpenMemHandle on the requester's device, or the exporting one where this process does
+/// not see the requester's (peer access enabled lazily), and closed with cudaIpcCloseMemHandle.
+/// Devices are this process's ordinals, found from the UUIDs in the reply (segment_devices.hpp).
+/// The CUDA part is compiled where `<cuda_runtime_api.h>` is on the include path (link
+/// CUDA::cudart then), unless CARVE_SERVICE_NO_CUDA is defined; without it a cuda_ipc segment is
+/// refused with a clear error.
 ///
 /// cuda_vmm and host_vmm (a VmmCard's segments): the descriptor that came with the reply is
-/// imported, addresses are reserved, the memory is mapped, the segment's device is given
-/// read/write access, and the handle and descriptor are released at once (the mapping keeps the
-/// memory); unmapping undoes the mapping and the reservation (map_vmm_segment, unmap_vmm_segment).
-/// cuda_vmm runs on CudaMemoryMapper (also needs `<cuda.h>`; never libcuda), host_vmm on the
-/// process's host_vmm_mapper(): the same code, so the GPU path runs in the host tests. cuda_ipc
-/// remains for servers that lend cudaMalloc memory (CudaDeviceResource).
+/// imported, addresses are reserved, the memory is mapped, the requester's device and the
+/// segment's own (those this process sees) are given read/write access, and the handle and
+/// descriptor are released at once (the mapping keeps the memory); unmapping undoes the mapping
+/// and the reservation (map_vmm_segment, unmap_vmm_segment). cuda_vmm runs on CudaMemoryMapper
+/// (also needs `<cuda.h>`; never libcuda), host_vmm on the process's host_vmm_mapper(): the same
+/// code, so the GPU path runs in the host tests. cuda_ipc remains for servers that lend cudaMalloc
+/// memory (CudaDeviceResource).
 #pragma once
 
 #include <carve/core/error.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/segment_devices.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
@@ -64,7 +68,7 @@ struct MappedSegment {
   void* base = nullptr;                        ///< where it is mapped here
   std::size_t size = 0;                        ///< its bytes
   ExportKind kind = ExportKind::shared_memory; ///< how the server exported it
-  int device = -1;                             ///< cuda_ipc and the VMM kinds: the device holding it
+  int device = -1;                             ///< cuda_ipc, VMM kinds: mapped on this device here (primary)
   std::size_t mapped_bytes = 0;                ///< VMM kinds: reserved and mapped (size rounded to the granularity)
 };
 
@@ -79,11 +83,12 @@ inline HostMemoryMapper& host_vmm_mapper() {
 }
 
 /// Imports a segment of `size` bytes with `import()` (a Result of a physical handle) and maps it
-/// read/write for `device` at the device's granularity, as `kind`. Errors (nothing stays
-/// mapped): bad_message for a size that cannot be rounded, the mapper's.
+/// read/write for `devices` (the primary at its granularity, then the secondary), as `kind`.
+/// Errors (nothing stays mapped): bad_message for a size that cannot be rounded, the mapper's.
 template <PhysicalMemoryMapper Mapper, class Import>
-[[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, int device,
+[[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, SegmentDevices devices,
                                                            ExportKind kind, Import&& import) {
+  const int device = devices.primary();
   const auto g = mapper.granularity(device);
   if (!g) {
     return cuda::std::unexpected(g.error());
@@ -101,22 +106,30 @@ template <PhysicalMemoryMapper Mapper, class Import>
   if (!placed) {
     return cuda::std::unexpected(placed.error());
   }
+  // Borrowed memory: the GPU that holds it may use it too.
+  if (const int other = devices.secondary(); other >= 0) {
+    if (auto shared = mapper.set_access(placed->base, placed->bytes, other, Access::read_write); !shared) {
+      (void)unplace_physical(mapper, *placed);
+      return cuda::std::unexpected(std::move(shared.error()));
+    }
+  }
   return MappedSegment{placed->base, size, kind, device, placed->bytes};
 }
 
-/// Maps a VMM segment of `size` bytes on `device` with `mapper` (see the file's description); `fd`
+/// Maps a VMM segment of `size` bytes for `devices` with `mapper` (see the file's description); `fd`
 /// is taken over and closed. Errors (nothing stays mapped or imported): bad_message for an empty
 /// segment or no descriptor; the mapper's errors otherwise (out_of_range: a device this process
 /// cannot see).
 template <PhysicalMemoryMapper Mapper>
-[[nodiscard]] Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, int device, UniqueFd fd) {
+[[nodiscard]] Result<MappedSegment> map_vmm_segment(Mapper& mapper, std::size_t size, SegmentDevices devices,
+                                                    UniqueFd fd) {
   if (size == 0 || !fd) {
     std::string message = to_string(Mapper::export_kind);
     message.insert(0, "the server's ");
     message.append(" segment came empty or without its descriptor");
     return fail(Errc::bad_message, std::move(message));
   }
-  return place_imported_segment(mapper, size, device, Mapper::export_kind, [&] {
+  return place_imported_segment(mapper, size, devices, Mapper::export_kind, [&] {
     auto h = mapper.import_fd(fd.get());
     fd.reset(); // imported: the handle holds the memory now
     return h;
@@ -125,11 +138,11 @@ template <PhysicalMemoryMapper Mapper>
 
 #if defined(CARVE_SERVICE_HAS_CUDA_VMM)
 /// Maps a segment exported as a fabric handle (ExportKind::cuda_fabric), possibly from another
-/// node of the NVLink domain, read/write for `device`; undone with unmap_vmm_segment. Errors as
+/// node of the NVLink domain, read/write for `devices`; undone with unmap_vmm_segment. Errors as
 /// map_vmm_segment, and the mapper's import_fabric errors.
-[[nodiscard]] inline Result<MappedSegment> map_fabric_segment(CudaMemoryMapper& mapper, std::size_t size, int device,
-                                                              const CudaFabricHandle& handle) {
-  return place_imported_segment(mapper, size, device, ExportKind::cuda_fabric,
+[[nodiscard]] inline Result<MappedSegment> map_fabric_segment(CudaMemoryMapper& mapper, std::size_t size,
+                                                              SegmentDevices devices, const CudaFabricHandle& handle) {
+  return place_imported_segment(mapper, size, devices, ExportKind::cuda_fabric,
                                 [&] { return mapper.import_fabric(handle); });
 }
 #endif
@@ -144,24 +157,26 @@ void unmap_vmm_segment(Mapper& mapper, const MappedSegment& s) noexcept {
   }
 }
 
-/// Maps a segment of `size` bytes. `fd` is the descriptor sent with it (shared_memory and the VMM
-/// kinds), taken over and closed. Errors (nothing stays mapped): bad_message when the export does not hold
-/// together (an empty segment, no descriptor, or a file smaller than the segment); no_space when
-/// the system refuses the mapping; out_of_range for a CUDA device this process cannot see;
-/// unsupported_version for a kind this build cannot map.
+/// Maps a segment of `size` bytes for `devices` (this process's ordinals: segment_devices). `fd` is
+/// the descriptor sent with it (shared_memory and the VMM kinds), taken over and closed. Errors
+/// (nothing stays mapped): bad_message when the export does not hold together (an empty segment,
+/// no descriptor, or a file smaller than the segment); no_space when the system refuses the
+/// mapping; out_of_range for a CUDA device this process cannot see; unsupported_version for a
+/// kind this build cannot map.
 [[nodiscard]] inline Result<MappedSegment>
-map_segment(ExportKind kind, std::size_t size, int device,
+map_segment(ExportKind kind, std::size_t size, SegmentDevices devices,
             const std::array<std::uint8_t, SegmentExport::handle_bytes>& handle, UniqueFd fd) {
+  const int device = devices.primary();
   if (size == 0) {
     return fail(Errc::bad_message, "the server exported an empty segment");
   }
   if (kind == ExportKind::host_vmm) {
-    return map_vmm_segment(host_vmm_mapper(), size, device, std::move(fd));
+    return map_vmm_segment(host_vmm_mapper(), size, devices, std::move(fd));
   }
   if (kind == ExportKind::cuda_vmm) {
 #if defined(CARVE_SERVICE_HAS_CUDA_VMM)
     CudaMemoryMapper gpus;
-    return map_vmm_segment(gpus, size, device, std::move(fd));
+    return map_vmm_segment(gpus, size, devices, std::move(fd));
 #else
     return fail(Errc::unsupported_version,
                 "the server lends CUDA VMM memory (cuda_vmm) but this program was built without the CUDA headers");
@@ -170,7 +185,7 @@ map_segment(ExportKind kind, std::size_t size, int device,
   if (kind == ExportKind::cuda_fabric) {
 #if defined(CARVE_SERVICE_HAS_CUDA_VMM)
     CudaMemoryMapper gpus;
-    return map_fabric_segment(gpus, size, device, handle);
+    return map_fabric_segment(gpus, size, devices, handle);
 #else
     return fail(
         Errc::unsupported_version,
@@ -198,7 +213,7 @@ map_segment(ExportKind kind, std::size_t size, int device,
   std::memcpy(&h, handle.data(), sizeof h);
   void* p = nullptr;
   cudaError_t e = cudaSuccess;
-  {
+  { // opened in the requester's context where it is seen, with peer access from there as needed
     const carve::detail::CudaCurrentDevice current(device);
     if (!current.ok()) {
       return fail(Errc::out_of_range,
@@ -216,6 +231,20 @@ map_segment(ExportKind kind, std::size_t size, int device,
   return fail(Errc::unsupported_version,
               "the server lends CUDA memory (cuda_ipc) but this program was built without the CUDA runtime");
 #endif
+}
+
+/// Maps the segment of Allocated reply `a` (new_mapping) with the descriptor `fd` that came with
+/// it, for the devices segment_devices finds in this process. Errors: segment_devices', then as above.
+[[nodiscard]] inline Result<MappedSegment> map_segment(const Allocated& a, UniqueFd fd) {
+  SegmentDevices devices{a.device, a.region.requester};
+  if (a.kind != ExportKind::shared_memory) { // shared memory is the same for every device
+    auto found = segment_devices(a, ProcessDevices{});
+    if (!found) {
+      return cuda::std::unexpected(std::move(found.error()));
+    }
+    devices = *found;
+  }
+  return map_segment(a.kind, static_cast<std::size_t>(a.segment_size), devices, a.handle, std::move(fd));
 }
 
 /// Undoes map_segment (munmap, unmap_vmm_segment, or cudaIpcCloseMemHandle); pointers into the
@@ -237,6 +266,7 @@ inline void unmap_segment(const MappedSegment& s) noexcept {
   }
 #endif
 #if defined(CARVE_SERVICE_HAS_CUDA)
+  const carve::detail::CudaCurrentDevice current(s.device); // closed in the context it was opened in
   cudaIpcCloseMemHandle(s.base);
   cudaGetLastError();
 #endif

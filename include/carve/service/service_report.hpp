@@ -88,6 +88,7 @@ struct ServiceReport {
       CardInfo info;
       info.card = c;
       info.name = v.names_[static_cast<std::size_t>(c)];
+      info.uuid = v.uuids_[static_cast<std::size_t>(c)];
       info.capacity = v.cards_[static_cast<std::size_t>(c)].capacity();
       info.free_bytes = states[static_cast<std::size_t>(c)].free_bytes;
       info.largest_free_block = states[static_cast<std::size_t>(c)].largest_free_block;

@@ -44,6 +44,7 @@
 #if __has_include(<cuda.h>) && __has_include(<cuda_runtime_api.h>)
 #include <carve/core/error.hpp>
 #include <carve/mr/cuda_current_device.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
@@ -158,6 +159,9 @@ public:
   using physical_handle = CUmemGenericAllocationHandle;
   /// Segments of a VmmCard over this mapper leave the process as cuda_vmm.
   static constexpr ExportKind export_kind = ExportKind::cuda_vmm;
+
+  /// `device`'s UUID, which names it in other processes too (cuda_device_uuid's errors).
+  [[nodiscard]] Result<DeviceUuid> device_uuid(int device) const { return cuda_device_uuid(device); }
 
   /// The recommended granularity of exportable pinned memory on `device` (out_of_range for an
   /// unknown device).

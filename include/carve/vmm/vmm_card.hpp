@@ -32,6 +32,7 @@
 #include <carve/mr/byte_budget.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/segment_descriptors.hpp>
+#include <carve/mr/device_uuid.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/segment_export.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
@@ -163,6 +164,9 @@ public:
 
   /// The device the card's memory is on.
   int device() const noexcept { return state_->device; }
+  /// That device's UUID, where the mapper knows one (CudaMemoryMapper; the host twin does not).
+  [[nodiscard]] Result<DeviceUuid> device_uuid() const requires requires(const Mapper& m) { m.device_uuid(0); }
+  { return state_->mapper.device_uuid(state_->device); }
   /// The device's granularity: every allocation is rounded up to it.
   std::size_t granularity() const noexcept { return state_->granularity; }
   /// Why the mapper last refused (empty when it never did).
