@@ -10,6 +10,7 @@
 #include <carve/borrow/borrow_history.hpp>
 #include <carve/borrow/borrowing_allocator.hpp>
 #include <carve/borrow/cuda_peer_access.hpp>
+#include <carve/borrow/lending_peers.hpp>
 #include <carve/borrow/peer_access.hpp>
 #include <carve/borrow/pick_strategy.hpp>
 #include <carve/borrow/strategies.hpp>

@@ -4,6 +4,7 @@
 // devices' memory through VmmCard.
 #include "support/errors.hpp"
 
+#include <carve/borrow/lending_peers.hpp>
 #include <carve/mirror.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/unix_socket.hpp>
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -458,10 +460,11 @@ TEST_CASE("VmmCard: a card dropped with live allocations gives them back, descri
 
 // A card over the host twin names no GPU (its segments cross processes by the server's numbers);
 // over CUDA it names its device by UUID.
+// A server lends host-twin memory between any two cards, CUDA memory only between GPUs the driver
+// lets map each other.
 static_assert(!carve::KnowsItsDevice<carve::VmmCard<HostMemoryMapper>>);
-#if defined(CARVE_SERVICE_HAS_CUDA_VMM)
-static_assert(carve::KnowsItsDevice<carve::VmmCard<carve::CudaMemoryMapper>>);
-#endif
+static_assert(std::same_as<carve::LendingPeers<carve::VmmCard<HostMemoryMapper>>, carve::AlwaysMapped>);
+// (The CUDA cards' side: tests/vmm/test_vmm_cuda.cpp, built with the CUDA runtime.)
 
 TEST_CASE("map_segment: a VMM segment without its descriptor, or of a device the process lacks") {
   using carve::service::map_segment;
@@ -480,6 +483,98 @@ TEST_CASE("map_segment: a VMM segment without its descriptor, or of a device the
     CHECK(gpu.error().code == Errc::unsupported_version);
   }
   REQUIRE(m.release(*h));
+}
+
+namespace {
+
+// Refuses every right given to device `refused`, as the driver refuses a pair without peer access.
+struct NoPeerMapper : HostMemoryMapper {
+  using HostMemoryMapper::HostMemoryMapper;
+  int refused = 1;
+  carve::Result<void> set_access(void* va, std::size_t bytes, int device, carve::Access access) {
+    if (device == refused && access != carve::Access::none) {
+      return carve::fail(Errc::out_of_range, "cuMemSetAccess: CUDA_ERROR_INVALID_DEVICE (simulated)");
+    }
+    return HostMemoryMapper::set_access(va, bytes, device, access);
+  }
+};
+
+// A process that sees one GPU, `mine`, as its device `as`.
+struct OneGpu {
+  carve::DeviceUuid mine;
+  int as = 0;
+  carve::Result<int> ordinal_of(const carve::DeviceUuid& u) const {
+    return u == mine ? carve::Result<int>(as) : carve::fail(Errc::out_of_range, carve::to_string(u) + " is not here");
+  }
+};
+
+carve::DeviceUuid uuid_of_gpu(std::uint8_t g) {
+  carve::DeviceUuid u{};
+  u[15] = static_cast<std::uint8_t>(g + 1);
+  return u;
+}
+
+} // namespace
+
+TEST_CASE("map_vmm_segment: a borrowed segment is mapped for both GPUs, or, refused one, not at all") {
+  using carve::service::SegmentDevices;
+  using carve::service::UniqueFd;
+  HostMemoryMapper lender = two_devices();
+  const auto h = lender.create(1, granule);
+  REQUIRE(h);
+  const carve::HostMapperOptions both{
+      .granularity = granule, .device_count = 2, .cpu_device = HostMemoryMapper::every_device};
+
+  HostMemoryMapper importer(both);
+  auto mapped =
+      carve::service::map_vmm_segment(importer, granule, SegmentDevices{1, 0}, UniqueFd(*lender.export_fd(*h)));
+  REQUIRE(mapped);
+  CHECK(mapped->device == 0); // the requester's
+  CHECK(*importer.access(mapped->base, 0) == carve::Access::read_write);
+  CHECK(*importer.access(mapped->base, 1) == carve::Access::read_write);
+  carve::service::unmap_vmm_segment(importer, *mapped);
+
+  NoPeerMapper refusing(both);
+  const auto refused =
+      carve::service::map_vmm_segment(refusing, granule, SegmentDevices{1, 0}, UniqueFd(*lender.export_fd(*h)));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == Errc::out_of_range);
+  CHECK(refusing.mapping_count() == 0);
+  CHECK(refusing.reservation_count() == 0);
+  CHECK(refusing.physical_count() == 0);
+  REQUIRE(lender.release(*h));
+}
+
+TEST_CASE("map_segment maps for the devices the UUIDs name in this process, not the server's numbers") {
+  using namespace carve::service;
+  HostMemoryMapper lender = two_devices();
+  const auto h = lender.create(1, granule);
+  REQUIRE(h);
+  // The server's GPU 5 lent to its GPU 3; this process sees GPU 3 alone, as its device 1.
+  Allocated a;
+  a.kind = carve::ExportKind::host_vmm;
+  a.segment_size = granule;
+  a.device = 5;
+  a.region.requester = 3;
+  a.device_uuid = uuid_of_gpu(5);
+  a.requester_uuid = uuid_of_gpu(3);
+  const auto mapped = map_segment(a, UniqueFd(*lender.export_fd(*h)), OneGpu{uuid_of_gpu(3), 1});
+  REQUIRE(mapped);
+  CHECK(mapped->device == 1);
+  CHECK(*host_vmm_mapper().access(mapped->base, 1) == carve::Access::read_write);
+  for (const int other : {0, 3, 5}) {
+    CHECK(*host_vmm_mapper().access(mapped->base, other) == carve::Access::none);
+  }
+  unmap_segment(*mapped);
+  // Seeing neither GPU: refused before anything is imported.
+  const auto fd = lender.export_fd(*h);
+  REQUIRE(fd);
+  const auto neither = map_segment(a, UniqueFd(*fd), OneGpu{uuid_of_gpu(7), 0});
+  REQUIRE_FALSE(neither);
+  CHECK(neither.error().code == Errc::out_of_range);
+  CHECK(host_vmm_mapper().mapping_count() == 0);
+  CHECK(host_vmm_mapper().reservation_count() == 0);
+  REQUIRE(lender.release(*h));
 }
 
 TEST_CASE("HostMirrorBackend takes its devices' memory through the mapping layer (VmmCard)") {

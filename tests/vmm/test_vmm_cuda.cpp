@@ -5,14 +5,24 @@
 // rights per device; VmmCard over it; errors carry the driver's error name.
 #include "support/device_test.hpp"
 
+#include <carve/borrow/lending_peers.hpp>
+#include <carve/mr/cuda_device_resource.hpp>
 #include <carve/vmm.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+// Cards over CUDA name their GPU by UUID, and a server lends between them only where the driver
+// lets the two GPUs map each other (the host twin's side: tests/vmm/test_vmm.cpp).
+static_assert(carve::KnowsItsDevice<carve::VmmCard<carve::CudaMemoryMapper>>);
+static_assert(carve::KnowsItsDevice<carve::CudaDeviceResource>);
+static_assert(std::same_as<carve::LendingPeers<carve::VmmCard<carve::CudaMemoryMapper>>, carve::CudaPeerCapability>);
+static_assert(std::same_as<carve::LendingPeers<carve::CudaDeviceResource>, carve::CudaPeerCapability>);
 
 namespace {
 

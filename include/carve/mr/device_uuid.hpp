@@ -29,6 +29,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <mutex>
+#include <vector>
 #endif
 
 namespace carve {
@@ -42,8 +44,9 @@ inline constexpr DeviceUuid no_device_uuid{};
 /// Whether `u` names a device (is not no_device_uuid).
 constexpr bool names_a_device(const DeviceUuid& u) noexcept { return u != no_device_uuid; }
 
-/// "GPU-" and the UUID in 8-4-4-4-12 hex digits, as nvidia-smi -L prints it (and as
-/// CUDA_VISIBLE_DEVICES accepts it); "no device" for no_device_uuid.
+/// "GPU-" and the UUID in 8-4-4-4-12 hex digits, as nvidia-smi -L prints a GPU's (and as
+/// CUDA_VISIBLE_DEVICES accepts it; a MIG instance's UUID, which the runtime reports for a MIG
+/// device, reads "MIG-" there); "no device" for no_device_uuid.
 inline std::string to_string(const DeviceUuid& u) {
   if (!names_a_device(u)) {
     return "no device";
@@ -99,25 +102,39 @@ template <class R>
   return u;
 }
 
-/// This process's ordinal of the device `uuid` names. Errors: out_of_range when no device this
-/// process sees has that UUID (CUDA_VISIBLE_DEVICES hides it, or it is another machine's), with
-/// the UUID in the message; device_error when the runtime cannot say.
+/// This process's ordinal of the device `uuid` names. The devices' UUIDs are read once per
+/// process (they cannot change while it runs), so the lookup costs no driver call afterwards.
+/// Errors: out_of_range when no device this process sees has that UUID (CUDA_VISIBLE_DEVICES
+/// hides it, or it is another machine's), with the UUID in the message; device_error when the
+/// runtime cannot list the devices (tried again on the next call).
 [[nodiscard]] inline Result<int> cuda_device_of(const DeviceUuid& uuid) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
-  for (int d = 0; d < count; ++d) {
-    auto u = cuda_device_uuid(d);
-    if (!u) {
-      return cuda::std::unexpected(std::move(u.error()));
+  static std::mutex mutex;
+  static std::vector<DeviceUuid> seen; // this process's devices, by ordinal, once read
+  static bool read = false;
+  const std::lock_guard lock(mutex);
+  if (!read) {
+    int count = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+      cudaGetLastError();
+      return fail(Errc::device_error, std::string("cannot list this process's CUDA devices: ") + cudaGetErrorString(e));
     }
-    if (*u == uuid) {
-      return d;
+    std::vector<DeviceUuid> uuids;
+    for (int d = 0; d < count; ++d) {
+      auto u = cuda_device_uuid(d);
+      if (!u) {
+        return cuda::std::unexpected(std::move(u.error()));
+      }
+      uuids.push_back(*u);
+    }
+    seen = std::move(uuids);
+    read = true;
+  }
+  for (std::size_t d = 0; d < seen.size(); ++d) {
+    if (seen[d] == uuid) {
+      return static_cast<int>(d);
     }
   }
-  return fail(Errc::out_of_range, to_string(uuid) + " is not among the " + std::to_string(count) +
+  return fail(Errc::out_of_range, to_string(uuid) + " is not among the " + std::to_string(seen.size()) +
                                       " CUDA devices this process sees (CUDA_VISIBLE_DEVICES?)");
 }
 #endif

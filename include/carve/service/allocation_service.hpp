@@ -10,8 +10,9 @@
 /// @endcode
 ///
 /// A BorrowingAllocator with the BandwidthWeightedPicker over the cards wrapped in LeasedUpstream
-/// (so segments can be lent out), with no pool in between. The allocator's BorrowHistory is the
-/// service's borrowing history: the weighted strategy reads it on every pick.
+/// (so segments can be lent out), with no pool in between, lending only between cards whose GPUs
+/// can map each other (`Peers`; LendingPeers asks the driver for CUDA cards). The allocator's
+/// BorrowHistory is the service's borrowing history: the weighted strategy reads it on every pick.
 ///
 /// Every region is a segment of its own, exported to its client alone: clients never share a
 /// segment, so a client can reach only memory the server gave it, and a pointer it keeps after a
@@ -33,6 +34,7 @@
 
 #include <carve/borrow/any_strategy.hpp>
 #include <carve/borrow/borrowing_allocator.hpp>
+#include <carve/borrow/lending_peers.hpp>
 #include <carve/core/error.hpp>
 #include <carve/mr/device_uuid.hpp>
 #include <carve/mr/segment_export.hpp>
@@ -76,11 +78,11 @@ struct Outgoing {
 
 /// The allocation server's state and rules over `Upstream` cards (see the file's description).
 /// Not copyable; not thread-safe.
-template <ExportableResource Upstream>
+template <ExportableResource Upstream, PeerAccess Peers = LendingPeers<Upstream>>
 class AllocationService {
 public:
-  using card_type = LeasedUpstream<Upstream>;                        ///< a card, as lent out
-  using allocator_type = BorrowingAllocator<card_type, AnyStrategy>; ///< picks and takes the memory
+  using card_type = LeasedUpstream<Upstream>;                               ///< a card, as lent out
+  using allocator_type = BorrowingAllocator<card_type, AnyStrategy, Peers>; ///< picks and takes the memory
 
   /// One card per GPU of `topology`, in GPU order. Throws carve::Exception (invalid_argument)
   /// when the cards do not match the topology's GPUs, or there are more than max_cards; a card

@@ -35,12 +35,12 @@ concept DeviceDirectory = requires(const D& d, const DeviceUuid& u) {
   { d.ordinal_of(u) } -> std::same_as<Result<int>>;
 };
 
-/// The CUDA devices this process sees (cuda_device_of); without the CUDA runtime's header it
-/// sees none and says why.
+/// The CUDA devices this process sees (cuda_device_of); without the CUDA runtime's header, or
+/// with CARVE_SERVICE_NO_CUDA defined, it sees none and says why.
 struct ProcessDevices {
   /// This process's ordinal of `uuid`.
   [[nodiscard]] Result<int> ordinal_of(const DeviceUuid& uuid) const {
-#if __has_include(<cuda_runtime_api.h>)
+#if __has_include(<cuda_runtime_api.h>) && !defined(CARVE_SERVICE_NO_CUDA)
     return cuda_device_of(uuid);
 #else
     return fail(Errc::unsupported_version,

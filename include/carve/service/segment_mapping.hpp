@@ -89,7 +89,8 @@ template <PhysicalMemoryMapper Mapper, class Import>
 [[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, SegmentDevices devices,
                                                            ExportKind kind, Import&& import) {
   const int device = devices.primary();
-  const auto g = mapper.granularity(device);
+  // Rounded as the memory was made: at its own device's granularity where this process sees it.
+  const auto g = mapper.granularity(devices.owner >= 0 ? devices.owner : device);
   if (!g) {
     return cuda::std::unexpected(g.error());
   }
@@ -234,11 +235,13 @@ map_segment(ExportKind kind, std::size_t size, SegmentDevices devices,
 }
 
 /// Maps the segment of Allocated reply `a` (new_mapping) with the descriptor `fd` that came with
-/// it, for the devices segment_devices finds in this process. Errors: segment_devices', then as above.
-[[nodiscard]] inline Result<MappedSegment> map_segment(const Allocated& a, UniqueFd fd) {
+/// it, for the devices segment_devices finds in this process (`here`). Errors: segment_devices',
+/// then as above.
+template <DeviceDirectory Directory = ProcessDevices>
+[[nodiscard]] Result<MappedSegment> map_segment(const Allocated& a, UniqueFd fd, const Directory& here = {}) {
   SegmentDevices devices{a.device, a.region.requester};
   if (a.kind != ExportKind::shared_memory) { // shared memory is the same for every device
-    auto found = segment_devices(a, ProcessDevices{});
+    auto found = segment_devices(a, here);
     if (!found) {
       return cuda::std::unexpected(std::move(found.error()));
     }
