@@ -437,6 +437,49 @@ TEST_CASE("AllocationService names GPUs by UUID; a client maps for the devices i
   CHECK(card_of(service.cards(), carve::no_device_uuid).error().code == Errc::invalid_argument);
 }
 
+TEST_CASE("AllocationService lends only between cards whose GPUs can map each other (its Peers policy)") {
+  const auto& topo = carve::test::dgx1();
+  const auto cards = [] {
+    std::vector<carve::SharedMemoryCard> c;
+    for (int i = 0; i < 8; ++i) {
+      c.emplace_back(MiB);
+    }
+    return c;
+  };
+  // Card 0 fills, then borrows `MiB`: where to, and with what answer.
+  const auto borrow = [](auto& service) {
+    const ClientId id = service.connect(PeerCredentials{100, 0, 0});
+    std::vector<Outgoing> out;
+    service.receive(id, encode(Request{Hello{"peers"}}, 1), out);
+    service.receive(id, encode(Request{Allocate{MiB, 0}}, 2), out);
+    out.clear();
+    service.receive(id, encode(Request{Allocate{MiB, 0}}, 3), out);
+    REQUIRE(out.size() == 1);
+    return decode_reply(out[0].bytes)->body;
+  };
+  AllocationService<carve::SharedMemoryCard> anyone(topo, cards());
+  const int first_choice = std::get<Allocated>(borrow(anyone)).region.card;
+  REQUIRE(first_choice != 0);
+  // Card 0 can map one other card, not the one it would have picked: the borrow goes there.
+  const int reachable = first_choice == 1 ? 2 : 1;
+  std::vector<std::vector<bool>> can(8, std::vector<bool>(8, true));
+  for (int l = 1; l < 8; ++l) {
+    can[0][static_cast<std::size_t>(l)] = l == reachable;
+  }
+  AllocationService<carve::SharedMemoryCard, carve::SimulatedPeerAccess> some(topo, cards(), {},
+                                                                              carve::SimulatedPeerAccess(can));
+  CHECK(std::get<Allocated>(borrow(some)).region.card == reachable);
+  // Card 0 can map none: refused, nothing lent.
+  can[0].assign(8, false);
+  AllocationService<carve::SharedMemoryCard, carve::SimulatedPeerAccess> none(topo, cards(), {},
+                                                                              carve::SimulatedPeerAccess(can));
+  CHECK(std::holds_alternative<ErrorReply>(borrow(none)));
+  CHECK(none.stats().live_regions == 1);
+  // A policy that needs its matrix must be given it.
+  CHECK_THROWS_AS((AllocationService<carve::SharedMemoryCard, carve::SimulatedPeerAccess>(topo, cards())),
+                  carve::Exception);
+}
+
 TEST_CASE("AllocationService refuses a card that cannot say which GPU it is") {
   std::vector<NamedCard> cards;
   for (int i = 0; i < 8; ++i) {

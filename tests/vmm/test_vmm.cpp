@@ -499,6 +499,15 @@ struct NoPeerMapper : HostMemoryMapper {
   }
 };
 
+// Device 1 maps at twice the granularity of device 0, as two GPU models may.
+struct CoarseDeviceOne : HostMemoryMapper {
+  using HostMemoryMapper::HostMemoryMapper;
+  carve::Result<std::size_t> granularity(int device) const {
+    auto g = HostMemoryMapper::granularity(device);
+    return g && device == 1 ? carve::Result<std::size_t>(2 * *g) : g;
+  }
+};
+
 // A process that sees one GPU, `mine`, as its device `as`.
 struct OneGpu {
   carve::DeviceUuid mine;
@@ -543,6 +552,20 @@ TEST_CASE("map_vmm_segment: a borrowed segment is mapped for both GPUs, or, refu
   CHECK(refusing.reservation_count() == 0);
   CHECK(refusing.physical_count() == 0);
   REQUIRE(lender.release(*h));
+
+  // Memory made on a device of coarser granularity is mapped at that granularity, whichever
+  // device it is mapped for.
+  const auto coarse = lender.create(1, 2 * granule);
+  REQUIRE(coarse);
+  CoarseDeviceOne mixed(both);
+  auto placed =
+      carve::service::map_vmm_segment(mixed, granule + 1, SegmentDevices{1, 0}, UniqueFd(*lender.export_fd(*coarse)));
+  REQUIRE(placed);
+  CHECK(placed->mapped_bytes == 2 * granule);
+  CHECK(reinterpret_cast<std::uintptr_t>(placed->base) % (2 * granule) == 0);
+  carve::service::unmap_vmm_segment(mixed, *placed);
+  CHECK(mixed.reservation_count() == 0);
+  REQUIRE(lender.release(*coarse));
 }
 
 TEST_CASE("map_segment maps for the devices the UUIDs name in this process, not the server's numbers") {

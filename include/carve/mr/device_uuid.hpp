@@ -105,8 +105,9 @@ template <class R>
 /// This process's ordinal of the device `uuid` names. The devices' UUIDs are read once per
 /// process (they cannot change while it runs), so the lookup costs no driver call afterwards.
 /// Errors: out_of_range when no device this process sees has that UUID (CUDA_VISIBLE_DEVICES
-/// hides it, or it is another machine's), with the UUID in the message; device_error when the
-/// runtime cannot list the devices (tried again on the next call).
+/// hides it, or it is another machine's, or the process has no CUDA device at all), with the UUID
+/// in the message; device_error when the runtime cannot list the devices (tried again on the
+/// next call).
 [[nodiscard]] inline Result<int> cuda_device_of(const DeviceUuid& uuid) {
   static std::mutex mutex;
   static std::vector<DeviceUuid> seen; // this process's devices, by ordinal, once read
@@ -116,7 +117,12 @@ template <class R>
     int count = 0;
     if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
       cudaGetLastError();
-      return fail(Errc::device_error, std::string("cannot list this process's CUDA devices: ") + cudaGetErrorString(e));
+      // No device, or no driver for one: that is an answer (none here), which stays true.
+      if (e != cudaErrorNoDevice && e != cudaErrorInsufficientDriver) {
+        return fail(Errc::device_error,
+                    std::string("cannot list this process's CUDA devices: ") + cudaGetErrorString(e));
+      }
+      count = 0;
     }
     std::vector<DeviceUuid> uuids;
     for (int d = 0; d < count; ++d) {

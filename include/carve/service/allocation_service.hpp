@@ -52,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -84,11 +85,13 @@ public:
   using card_type = LeasedUpstream<Upstream>;                               ///< a card, as lent out
   using allocator_type = BorrowingAllocator<card_type, AnyStrategy, Peers>; ///< picks and takes the memory
 
-  /// One card per GPU of `topology`, in GPU order. Throws carve::Exception (invalid_argument)
-  /// when the cards do not match the topology's GPUs, or there are more than max_cards; a card
-  /// that KnowsItsDevice but cannot say its UUID, that error.
-  AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {})
-      : options_(options), allocator_(make_allocator(topology, std::move(cards), options)) {
+  /// One card per GPU of `topology`, in GPU order; `peers` says which may lend to which
+  /// (lending_peers(cards) when not given). Throws carve::Exception (invalid_argument) when the
+  /// cards do not match the topology's GPUs, or there are more than max_cards; a card that
+  /// KnowsItsDevice but cannot say its UUID, that error; lending_peers', the driver's.
+  AllocationService(const Topology& topology, std::vector<Upstream> cards, ServiceOptions options = {},
+                    std::optional<Peers> peers = std::nullopt)
+      : options_(options), allocator_(make_allocator(topology, std::move(cards), options, std::move(peers))) {
     for (int c = 0; c < topology.gpu_count(); ++c) {
       names_.push_back(topology.node(topology.gpu(c)).name);
     }
@@ -247,7 +250,8 @@ private:
     std::vector<std::uint64_t> taken;    // per card: segments taken for regions
     std::vector<std::uint64_t> returned; // per card: regions given back (freed or reclaimed)
   };
-  allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options) {
+  allocator_type make_allocator(const Topology& topology, std::vector<Upstream> cards, const ServiceOptions& options,
+                                std::optional<Peers> peers) {
     if (topology.gpu_count() < 1 || topology.gpu_count() > max_cards) {
       throw Exception(Errc::invalid_argument, "the topology has " + std::to_string(topology.gpu_count()) +
                                                   " GPUs; a server serves 1 to " + std::to_string(max_cards));
@@ -256,13 +260,15 @@ private:
       throw Exception(Errc::invalid_argument, std::to_string(cards.size()) + " cards for a topology with " +
                                                   std::to_string(topology.gpu_count()) + " GPUs");
     }
+    Peers lending = lending_peers<Peers>(cards, std::move(peers));
     for (Upstream& u : cards) {
       uuids_.push_back(value_or_throw(device_identity(u)));
       cards_.emplace_back(std::move(u));
     }
     // Copies of a LeasedUpstream share its state: the allocator's cards are the service's.
     return allocator_type(
-        topology, [&](int c) { return cards_[static_cast<std::size_t>(c)]; }, options.strategy, options.history_window);
+        topology, [&](int c) { return cards_[static_cast<std::size_t>(c)]; }, options.strategy, options.history_window,
+        std::move(lending));
   }
 
   template <class M>

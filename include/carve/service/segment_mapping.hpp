@@ -45,6 +45,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -89,12 +90,20 @@ template <PhysicalMemoryMapper Mapper, class Import>
 [[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, SegmentDevices devices,
                                                            ExportKind kind, Import&& import) {
   const int device = devices.primary();
-  // Rounded as the memory was made: at its own device's granularity where this process sees it.
-  const auto g = mapper.granularity(devices.owner >= 0 ? devices.owner : device);
-  if (!g) {
-    return cuda::std::unexpected(g.error());
+  // Placed at the coarser of the two devices' granularities (powers of two): the memory was made
+  // at its own device's, and the mapping must suit the device it is placed for.
+  std::size_t g = 0;
+  for (const int d : {devices.owner, device}) {
+    if (d < 0) {
+      continue;
+    }
+    const auto of_d = mapper.granularity(d);
+    if (!of_d) {
+      return cuda::std::unexpected(of_d.error());
+    }
+    g = std::max(g, *of_d);
   }
-  const auto rounded = round_up_to_granularity(size, *g);
+  const auto rounded = round_up_to_granularity(size, g);
   if (!rounded) {
     return fail(Errc::bad_message, "a segment of " + std::to_string(size) + " bytes cannot be mapped");
   }
@@ -102,7 +111,7 @@ template <PhysicalMemoryMapper Mapper, class Import>
   if (!h) {
     return cuda::std::unexpected(h.error());
   }
-  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write);
+  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write, g);
   (void)mapper.release(*h); // a mapping keeps the memory; on failure this frees it
   if (!placed) {
     return cuda::std::unexpected(placed.error());

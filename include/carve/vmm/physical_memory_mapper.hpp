@@ -122,17 +122,18 @@ struct PlacedMemory {
   std::size_t bytes = 0; ///< granularity-rounded: reserved, mapped and accessible
 };
 
-/// Reserves `bytes` (a multiple of the device's granularity) aligned to the granularity, maps `h`
-/// there and gives `device` the right `access`. On failure nothing stays reserved or mapped (`h`
-/// is the caller's either way).
+/// Reserves `bytes` (a multiple of the device's granularity) aligned to the granularity, or to
+/// `alignment` where that is larger (memory made on another device is mapped at its granularity),
+/// maps `h` there and gives `device` the right `access`. On failure nothing stays reserved or
+/// mapped (`h` is the caller's either way).
 template <PhysicalMemoryMapper M>
 [[nodiscard]] Result<PlacedMemory> place_physical(M& mapper, typename M::physical_handle h, std::size_t bytes,
-                                                  int device, Access access) {
+                                                  int device, Access access, std::size_t alignment = 0) {
   const auto g = mapper.granularity(device);
   if (!g) {
     return cuda::std::unexpected(g.error());
   }
-  auto va = mapper.reserve(bytes, *g);
+  auto va = mapper.reserve(bytes, alignment > *g ? alignment : *g);
   if (!va) {
     return cuda::std::unexpected(va.error());
   }
