@@ -269,6 +269,8 @@ public:
     e.device = 0;
     return e;
   }
+  // Host memory: no GPU to name (a real CUDA card names its own).
+  Result<DeviceUuid> device_uuid() const { return no_device_uuid; }
 
 private:
   SimulatedCard card_;

@@ -475,6 +475,14 @@ TEST_CASE("AllocationService lends only between cards whose GPUs can map each ot
                                                                               carve::SimulatedPeerAccess(can));
   CHECK(std::holds_alternative<ErrorReply>(borrow(none)));
   CHECK(none.stats().live_regions == 1);
+  // The socket server takes the policy too.
+  carve::test::TempDir dir;
+  ServerOptions options;
+  options.socket_path = dir.path() / "peers.sock";
+  const carve::AllocationServer<carve::SharedMemoryCard, carve::SimulatedPeerAccess> server(
+      topo, cards(), options, carve::SimulatedPeerAccess(can));
+  CHECK_FALSE(server.service().allocator().peer_access().can_access(0, reachable));
+  CHECK(server.service().allocator().peer_access().can_access(1, reachable));
   // A policy that needs its matrix must be given it.
   CHECK_THROWS_AS((AllocationService<carve::SharedMemoryCard, carve::SimulatedPeerAccess>(topo, cards())),
                   carve::Exception);

@@ -566,6 +566,16 @@ TEST_CASE("map_vmm_segment: a borrowed segment is mapped for both GPUs, or, refu
   carve::service::unmap_vmm_segment(mixed, *placed);
   CHECK(mixed.reservation_count() == 0);
   REQUIRE(lender.release(*coarse));
+  // The other way round: memory of the finer device keeps its size, placed for the coarser one.
+  const auto fine = lender.create(0, granule);
+  REQUIRE(fine);
+  placed = carve::service::map_vmm_segment(mixed, granule, SegmentDevices{0, 1}, UniqueFd(*lender.export_fd(*fine)));
+  REQUIRE(placed);
+  CHECK(placed->mapped_bytes == granule);
+  CHECK(reinterpret_cast<std::uintptr_t>(placed->base) % (2 * granule) == 0);
+  CHECK(*mixed.access(placed->base, 1) == carve::Access::read_write);
+  carve::service::unmap_vmm_segment(mixed, *placed);
+  REQUIRE(lender.release(*fine));
 }
 
 TEST_CASE("map_segment maps for the devices the UUIDs name in this process, not the server's numbers") {

@@ -56,6 +56,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -63,17 +64,20 @@
 
 namespace carve::service {
 
-/// carve's allocation server over `Upstream` cards (see the file's description). run() on one
-/// thread; request_stop() from anywhere; the accessors while run() is not running elsewhere.
-template <ExportableResource Upstream>
+/// carve's allocation server over `Upstream` cards, lending between those `Peers` allows (see
+/// the file's description and AllocationService). run() on one thread; request_stop() from
+/// anywhere; the accessors while run() is not running elsewhere.
+template <ExportableResource Upstream, PeerAccess Peers = LendingPeers<Upstream>>
 class AllocationServer {
 public:
   /// Binds the socket. Throws carve::Exception: invalid_argument (options out of range, cards
   /// that do not match the topology, a bad socket path), permission_denied (an unsafe socket
   /// directory, another server on the socket), io_error (the system refused a socket, epoll or
-  /// timer).
-  AllocationServer(const Topology& topology, std::vector<Upstream> cards, ServerOptions options = {})
-      : options_(detail::checked_options(std::move(options))), service_(topology, std::move(cards), options_.service),
+  /// timer); AllocationService's errors (`peers` as there).
+  AllocationServer(const Topology& topology, std::vector<Upstream> cards, ServerOptions options = {},
+                   std::optional<Peers> peers = std::nullopt)
+      : options_(detail::checked_options(std::move(options))),
+        service_(topology, std::move(cards), options_.service, std::move(peers)),
         listener_(listen_on(options_.socket_path)) {
     struct stat st {};
     if (!stop_ || !epoll_ || !tick_ || !backoff_ || !reserve_ || ::stat(options_.socket_path.c_str(), &st) != 0) {
@@ -125,7 +129,7 @@ public:
   /// Where it listens (until run() returns).
   const std::filesystem::path& socket_path() const noexcept { return options_.socket_path; }
   /// The clients, regions and cards, for stats and tests.
-  const AllocationService<Upstream>& service() const noexcept { return service_; }
+  const AllocationService<Upstream, Peers>& service() const noexcept { return service_; }
   /// As given, once checked.
   const ServerOptions& options() const noexcept { return options_; }
   /// Connections refused because the server had run out of descriptors, since it started.
@@ -463,7 +467,7 @@ private:
   }
 
   ServerOptions options_;
-  AllocationService<Upstream> service_;
+  AllocationService<Upstream, Peers> service_;
   UniqueFd listener_;
   detail::EventFd stop_;
   detail::Epoll epoll_;
@@ -483,6 +487,6 @@ private:
 namespace carve {
 /// The server under carve's own namespace, beside the other building blocks; its options and
 /// protocol stay in carve::service.
-template <ExportableResource Upstream>
-using AllocationServer = service::AllocationServer<Upstream>;
+template <ExportableResource Upstream, PeerAccess Peers = LendingPeers<Upstream>>
+using AllocationServer = service::AllocationServer<Upstream, Peers>;
 } // namespace carve

@@ -81,6 +81,10 @@ struct Outgoing {
 /// Not copyable; not thread-safe.
 template <ExportableResource Upstream, PeerAccess Peers = LendingPeers<Upstream>>
 class AllocationService {
+  static_assert(KnowsItsDevice<Upstream> || Upstream::export_kind == ExportKind::shared_memory ||
+                    Upstream::export_kind == ExportKind::host_vmm,
+                "a card lending CUDA memory names its GPU (device_uuid()), so that clients find it in their numbering");
+
 public:
   using card_type = LeasedUpstream<Upstream>;                               ///< a card, as lent out
   using allocator_type = BorrowingAllocator<card_type, AnyStrategy, Peers>; ///< picks and takes the memory

@@ -90,10 +90,12 @@ template <PhysicalMemoryMapper Mapper, class Import>
 [[nodiscard]] Result<MappedSegment> place_imported_segment(Mapper& mapper, std::size_t size, SegmentDevices devices,
                                                            ExportKind kind, Import&& import) {
   const int device = devices.primary();
-  // Placed at the coarser of the two devices' granularities (powers of two): the memory was made
-  // at its own device's, and the mapping must suit the device it is placed for.
+  // Rounded as the memory was made, at its own GPU's granularity (the requester's where this
+  // process does not see that GPU), and placed at the coarser of the two (powers of two), which
+  // suits both.
   std::size_t g = 0;
-  for (const int d : {devices.owner, device}) {
+  std::size_t alignment = 0;
+  for (const int d : {device, devices.owner}) {
     if (d < 0) {
       continue;
     }
@@ -101,7 +103,8 @@ template <PhysicalMemoryMapper Mapper, class Import>
     if (!of_d) {
       return cuda::std::unexpected(of_d.error());
     }
-    g = std::max(g, *of_d);
+    g = *of_d; // the owner's, when seen, comes last
+    alignment = std::max(alignment, *of_d);
   }
   const auto rounded = round_up_to_granularity(size, g);
   if (!rounded) {
@@ -111,7 +114,7 @@ template <PhysicalMemoryMapper Mapper, class Import>
   if (!h) {
     return cuda::std::unexpected(h.error());
   }
-  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write, g);
+  const auto placed = place_physical(mapper, *h, *rounded, device, Access::read_write, alignment);
   (void)mapper.release(*h); // a mapping keeps the memory; on failure this frees it
   if (!placed) {
     return cuda::std::unexpected(placed.error());
