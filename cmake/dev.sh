@@ -527,7 +527,8 @@ gpu_torch() {
     else
       printf '\nno carve_replay in the build (fmt not found): no predictions\n' >>"$report"
     fi
-    torch_check gpu_training_step gpu_training_step.py --library "$library" "${replay[@]}" --report "$report"
+    torch_check gpu_training_step gpu_training_step.py --library "$library" "${replay[@]}" --report "$report" \
+      --keep-snapshots "$report_dir"
   else
     printf '\nskipped gpu_training_step: python3 cannot import transformers and timm here\n' >>"$report"
   fi

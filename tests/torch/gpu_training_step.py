@@ -214,6 +214,17 @@ def met(ok):
     return "met" if ok else "MISSED"
 
 
+def keep_snapshot(snapshot, kept):
+    """Copies `snapshot`, gzip-compressed, to `kept` (a copy that fails is reported, not fatal)."""
+    import gzip
+    import shutil
+    try:
+        with open(snapshot, "rb") as src, gzip.open(kept, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except OSError as e:
+        print(f"gpu_training_step: could not keep {snapshot} as {kept}: {e}", file=sys.stderr)
+
+
 def orchestrate(args):
     lines = ["## A real training step under PyTorch's allocators and carve (tests/torch/gpu_training_step.py)", ""]
     failed = []
@@ -248,6 +259,8 @@ def orchestrate(args):
                 predicted, error = predicted_by_replay(args.replay, snapshot)
                 if error:
                     failed.append(f"carve_replay on {model}: {error}")
+                if args.keep_snapshots:  # the real snapshots the replay work tunes against
+                    keep_snapshot(snapshot, os.path.join(args.keep_snapshots, f"snapshot-{model}.pickle.gz"))
             results["carve"]["predicted"] = predicted
         rows.append((model, results))
 
@@ -277,6 +290,7 @@ def main():
                         help="libcarve_torch.so (default: carve_gpu's search)")
     parser.add_argument("--replay", help="the carve_replay program (no prediction without it)")
     parser.add_argument("--report", help="a markdown file to append the table to")
+    parser.add_argument("--keep-snapshots", help="a folder to keep each model's recorded snapshot in (gzip)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--gpt2-batch", type=int, default=8, help="sequences of 1024 tokens per step")
     parser.add_argument("--resnet-batch", type=int, default=256, help="224x224 images per step")
