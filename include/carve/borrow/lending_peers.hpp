@@ -14,7 +14,8 @@
 /// its own mapping the rights (cuMemSetAccess, or cudaIpcOpenMemHandle's lazy peer access), and
 /// peer access switched on in the server would change nothing for them. CudaPeerCapability is
 /// that half. Cards that are CUDA devices naming themselves (KnowsItsDevice, a CUDA export kind)
-/// get it; memory of the host twins maps everywhere (AlwaysMapped).
+/// get it; memory of the host twins maps everywhere (AlwaysMapped). What the clients' calls do for
+/// a peer GPU is read from CUDA's documentation: two GPUs have not run it yet.
 #pragma once
 
 #include <carve/borrow/cuda_peer_access.hpp>
@@ -71,6 +72,12 @@ private:
 static_assert(PeerAccess<CudaPeerCapability>);
 #endif
 
+/// Whether segments of kind `k` are CUDA device memory (cuda_ipc, cuda_vmm, cuda_fabric), not a
+/// host twin's.
+constexpr bool is_cuda_memory(ExportKind k) noexcept {
+  return k != ExportKind::shared_memory && k != ExportKind::host_vmm;
+}
+
 namespace detail {
 template <class Card>
 struct LendingPeersOf {
@@ -80,8 +87,7 @@ template <class>
 inline constexpr bool needs_the_cuda_runtime = false;
 // A card on a CUDA device (it names the device and exports CUDA memory).
 template <class Card>
-concept OnCudaDevice = KnowsItsDevice<Card> && Card::export_kind != ExportKind::shared_memory&& Card::export_kind !=
-                       ExportKind::host_vmm&& requires(const Card& c) {
+concept OnCudaDevice = KnowsItsDevice<Card> && is_cuda_memory(Card::export_kind) && requires(const Card& c) {
   { c.device() } -> std::convertible_to<int>;
 };
 template <OnCudaDevice Card>

@@ -81,8 +81,7 @@ struct Outgoing {
 /// Not copyable; not thread-safe.
 template <ExportableResource Upstream, PeerAccess Peers = LendingPeers<Upstream>>
 class AllocationService {
-  static_assert(KnowsItsDevice<Upstream> || Upstream::export_kind == ExportKind::shared_memory ||
-                    Upstream::export_kind == ExportKind::host_vmm,
+  static_assert(KnowsItsDevice<Upstream> || !is_cuda_memory(Upstream::export_kind),
                 "a card lending CUDA memory names its GPU (device_uuid()), so that clients find it in their numbering");
 
 public:

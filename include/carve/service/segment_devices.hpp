@@ -15,6 +15,8 @@
 /// the client maps it for both wherever it sees them: the requester's device first (its mapping,
 /// or the context a CUDA IPC handle is opened in), the owner's as well. Host-twin segments carry
 /// no UUIDs; their devices are numbered alike in every process, so the server's numbers hold.
+/// The numbering is checked on the host twin with simulated device directories; one GPU has run
+/// it (an H200, 2026-11-29), two GPUs or another CUDA_VISIBLE_DEVICES not yet.
 #pragma once
 
 #include <carve/core/error.hpp>
