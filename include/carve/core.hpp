@@ -13,6 +13,7 @@
 #include <carve/core/errc.hpp>
 #include <carve/core/error.hpp>
 #include <carve/core/format_bytes.hpp>
+#include <carve/core/heap_array.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/core/os_page_size.hpp>
 #include <carve/core/system_refusal.hpp>

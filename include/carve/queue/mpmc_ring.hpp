@@ -36,13 +36,14 @@
 /// Not strictly lock-free: a producer stopped between its claim and its publish holds back the
 /// consumer of that one cell (others go on). Positions are 63-bit (the enqueue counter's top bit
 /// marks a ring found full) and never wrap in practice.
-/// The cells come from operator new, on a device from the device heap (cudaLimitMallocHeapSize):
-/// there capacity() is 0 when that failed, and then every push fails; on the host no memory
-/// throws carve::Exception (no_space).
+/// The cells come from the heap (carve/core/heap_array.hpp), on a device from the device heap
+/// (cudaLimitMallocHeapSize): there capacity() is 0 when that failed, and then every push
+/// fails; on the host no memory throws carve::Exception (no_space).
 #pragma once
 
 #include <carve/core/config.hpp>
 #include <carve/core/error.hpp>
+#include <carve/core/heap_array.hpp>
 #include <carve/queue/backoff.hpp>
 #include <carve/queue/lane.hpp>
 #include <carve/queue/poll_backoff.hpp>
@@ -91,7 +92,7 @@ public:
   CARVE_HOST_DEVICE ~MpmcRing() {
     while (try_pop()) {
     }
-    delete[] cells_;
+    detail::delete_heap_array(cells_, capacity_);
   }
 
   /// Moves `item` in with `stamp` at the tail; false, with `item` untouched, when full (or
@@ -197,21 +198,14 @@ private:
     cuda::atomic<std::uint64_t, Scope> stamp{0};
     Slot slot;
   };
-  // `capacity` cells, or nullptr for none or (device code) a full device heap.
+  // `capacity` cells, or nullptr for none or (device code) a full device heap; on the host no
+  // memory throws, as every carve constructor reports bad input there.
   CARVE_HOST_DEVICE static Cell* new_cells(cuda::std::size_t capacity) {
-    if (capacity == 0) {
-      return nullptr;
-    }
-    NV_IF_TARGET(NV_IS_HOST, (return new_host_cells(capacity);))
-    NV_IF_TARGET(NV_IS_DEVICE, (return new Cell[capacity];))
-  }
-  // The throwing new would report no memory with std::bad_alloc (or bad_array_new_length for a
-  // count whose bytes overflow), which carve does not throw.
-  static Cell* new_host_cells(cuda::std::size_t capacity) {
-    Cell* cells = capacity <= ~cuda::std::size_t{0} / sizeof(Cell) ? new (std::nothrow) Cell[capacity] : nullptr;
-    if (cells == nullptr) {
-      throw Exception(Errc::no_space, "carve::MpmcRing: no memory for " + std::to_string(capacity) + " cells");
-    }
+    Cell* cells = detail::new_heap_array<Cell>(capacity);
+    NV_IF_TARGET(NV_IS_HOST, (if (cells == nullptr && capacity != 0) {
+                   throw Exception(Errc::no_space,
+                                   "carve::MpmcRing: no memory for " + std::to_string(capacity) + " cells");
+                 }))
     return cells;
   }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <carve/core/config.hpp>
+#include <carve/core/heap_array.hpp>
 #include <carve/queue/force_inline.hpp>
 #include <carve/queue/push_gate.hpp>
 #include <carve/queue/queue_stats.hpp>
@@ -47,11 +48,11 @@ public:
     owner_slots_ = owner_slots;
     wait_sample_ = wait_sample;
     stamp_every_ = stamp_every;
-    waits_ = new WaitHistogram<Scope>[histogram_slots() * tiers_]; // on a device: nullptr when the heap is full
+    waits_ = new_heap_array<WaitHistogram<Scope>>(histogram_count()); // nullptr: no memory
     return waits_ != nullptr;
   }
   CARVE_HOST_DEVICE void release() noexcept {
-    delete[] waits_;
+    delete_heap_array(waits_, histogram_count());
     waits_ = nullptr;
   }
 
@@ -100,6 +101,9 @@ public:
 
 private:
   CARVE_HOST_DEVICE std::uint32_t histogram_slots() const noexcept { return owner_slots_ + Gate::shards; }
+  CARVE_HOST_DEVICE cuda::std::size_t histogram_count() const noexcept {
+    return cuda::std::size_t{histogram_slots()} * tiers_;
+  }
   // Mutable from const calls too: the report reads the same histograms pops record into.
   CARVE_HOST_DEVICE WaitHistogram<Scope>& at(std::uint32_t slot, std::uint32_t tier) const noexcept {
     return waits_[slot * tiers_ + tier];
