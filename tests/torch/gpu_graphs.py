@@ -8,8 +8,12 @@ PyTorch's own allocator, each in a process of its own:
   steps under PyTorch's allocator (to 1e-5, relative).
 - torch.compile(mode="reduce-overhead") trains a small model for 10 steps; carve_gpu.torch.use()
   turns cudagraph trees off (they checkpoint allocator state a pluggable allocator cannot forward),
-  so Inductor captures plain graphs: the same losses as under PyTorch's allocator, and Inductor
-  skipped no graph (its cudagraph_skips counter is 0, else the losses would prove nothing).
+  so Inductor captures plain graphs. The check: the same losses as PyTorch's allocator gives in
+  that same Inductor mode (trees off), so that the allocator is the only difference, and Inductor
+  skipped no graph (its cudagraph_skips counter is 0, else the losses would prove nothing). Beside
+  it, for the reader: PyTorch's allocator's losses in eager mode and with trees on (PyTorch's
+  default), and every allocator's losses compiled without CUDA graphs, which tell a difference
+  the graphs make from one compiled code makes.
 - after the graph is deleted (its private pool released) every block comes home: carve's live
   bytes return to what they were before the capture, but for what PyTorch's own allocator also
   still counts there (the cuBLAS workspaces some PyTorch builds keep).
@@ -82,12 +86,12 @@ def captured_losses(torch):
     return losses
 
 
-def compiled_losses(torch):
-    """torch.compile(mode="reduce-overhead"): Inductor captures the step's graphs itself."""
+def training_losses(torch, compile_step):
+    """10 SGD steps of the MLP, the loss through `compile_step(fn)` (eager: fn itself)."""
     model = mlp(torch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
-    step = torch.compile(lambda x, y: loss_fn(model(x), y), mode="reduce-overhead")
+    step = compile_step(lambda x, y: loss_fn(model(x), y))
     losses = []
     for x, y in batches(torch, 10):
         opt.zero_grad(set_to_none=True)
@@ -96,6 +100,15 @@ def compiled_losses(torch):
         opt.step()
         losses.append(float(loss.item()))
     return losses
+
+
+def compiled_losses(torch, **options):
+    """torch.compile(mode="reduce-overhead"): Inductor captures the step's graphs itself; with
+    `options`, Inductor's options instead of the mode (triton.cudagraphs=False: no graphs)."""
+    torch._dynamo.reset()  # each run compiles afresh, in the Inductor mode set now
+    if options:
+        return training_losses(torch, lambda fn: torch.compile(fn, options=options))
+    return training_losses(torch, lambda fn: torch.compile(fn, mode="reduce-overhead"))
 
 
 def failed_capture(torch, carve):
@@ -171,16 +184,28 @@ def run_child(pool, library):
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps a workspace per stream
         torch._C._cuda_clearCublasWorkspaces()
     out["live_after_graph"] = live() - before  # PyTorch's own: what its build keeps (workspaces)
-    begun = captures()
-    try:
-        out["compiled"] = compiled_losses(torch)
-        out["compiled_skips"] = cudagraph_skips(torch)
-    except Exception as e:  # noqa: BLE001
-        out["compiled"] = f"{type(e).__name__}: {e}"
+    import torch._inductor.config as inductor_config
+    if pool == "pytorch":  # PyTorch's default first (trees on), then the mode carve runs in
+        out["eager"] = training_losses(torch, lambda fn: fn)
+        out["compiled_trees"] = guarded(lambda: compiled_losses(torch))
+        out["compiled_trees_skips"] = cudagraph_skips(torch)
+        inductor_config.triton.cudagraph_trees = False
+    out["cudagraph_trees"] = bool(inductor_config.triton.cudagraph_trees)
+    out["compiled_no_graphs"] = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": False}))
+    begun, skipped = captures(), cudagraph_skips(torch)
+    out["compiled"] = guarded(lambda: compiled_losses(torch))
+    out["compiled_skips"] = cudagraph_skips(torch) - skipped
     # Forward graphs only: Inductor captures the backward ones on autograd's thread (read from
     # PyTorch's source; not yet run on a GPU).
     out["compiled_captures"] = captures() - begun
     return out
+
+
+def guarded(run):
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return f"{type(e).__name__}: {e}"
 
 
 def same(a, b):
@@ -197,6 +222,13 @@ def orchestrate(args):
         ok = isinstance(reference.get(what), list)
         failed += not ok
         lines.append(f"- PyTorch's allocator, {what}: {'ran' if ok else 'FAILED: ' + str(reference)[:600]}")
+    # For the reader, not checks: how Inductor's modes compare under PyTorch's own allocator.
+    for what, name in (("compiled_trees", "reduce-overhead with cudagraph trees (PyTorch's default)"),
+                       ("compiled", "reduce-overhead with trees off (carve's mode)"),
+                       ("compiled_no_graphs", "compiled without CUDA graphs")):
+        lines.append(f"- PyTorch's allocator, {name}: "
+                     f"{'the same losses as eager' if same(reference.get(what), reference.get('eager')) else 'losses differ from eager'}"
+                     f" ({str(reference.get(what))[:300]}; eager {str(reference.get('eager'))[:300]})")
     kept = reference.get("live_after_graph")  # what PyTorch's own allocator still counts (its workspaces)
     for pool in POOLS:
         r = results[pool]
@@ -213,19 +245,25 @@ def orchestrate(args):
                          f"({f['gave_back']} bytes, {need >> 20} MiB needed): {'passed' if ok else 'FAILED'}")
         else:
             lines.append(f"- {pool}: a capture the driver invalidated: FAILED: {str(f)[:600]}")
-        for what, name in (("captured", "torch.cuda.graph of a training step"),
-                           ("compiled", "torch.compile(mode=\"reduce-overhead\")")):
+        for what, name, against in (("captured", "torch.cuda.graph of a training step", "PyTorch's allocator"),
+                                    ("compiled", "torch.compile(mode=\"reduce-overhead\")",
+                                     "PyTorch's allocator with cudagraph trees off, as under carve")):
             # Equal losses prove nothing about carve unless the graphs were captured through it.
             begun = r.get(f"{what}_captures")
             ok = same(r.get(what), reference.get(what)) and isinstance(begun, int) and begun > 0
             failed += not ok
-            lines.append(f"- {pool}: {name}: same losses as PyTorch's allocator, {begun} captures begun through "
+            lines.append(f"- {pool}: {name}: same losses as {against}, {begun} captures begun through "
                          f"carve's pool hooks: {'passed' if ok else 'FAILED: ' + str(r.get(what, r))[:600]}")
         skips = (r.get("compiled_skips"), reference.get("compiled_skips"))
-        ok = skips == (0, 0)
+        ok = skips == (0, 0) and r.get("cudagraph_trees") is False
         failed += not ok
-        lines.append(f"- {pool}: torch.compile captured every graph (Inductor's cudagraph_skips: {skips[0]} under "
-                     f"carve, {skips[1]} under PyTorch's allocator): {'passed' if ok else 'FAILED'}")
+        lines.append(f"- {pool}: torch.compile captured every graph, trees off (Inductor's cudagraph_skips: "
+                     f"{skips[0]} under carve, {skips[1]} under PyTorch's allocator): {'passed' if ok else 'FAILED'}")
+        lines.append(f"- {pool}: torch.compile(mode=\"reduce-overhead\"), same losses as PyTorch's default (trees "
+                     f"on): {'yes' if same(r.get('compiled'), reference.get('compiled_trees')) else 'no'} (for the reader)")
+        lines.append(f"- {pool}: compiled without CUDA graphs, same losses as PyTorch's allocator: "
+                     f"{'yes' if same(r.get('compiled_no_graphs'), reference.get('compiled_no_graphs')) else 'no'} "
+                     f"(for the reader: {str(r.get('compiled_no_graphs'))[:300]})")
         left = r.get("live_after_graph")
         ok = isinstance(left, int) and isinstance(kept, int) and left <= max(kept, 0) + MiB
         failed += not ok
