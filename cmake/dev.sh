@@ -548,7 +548,8 @@ gpu_sanitizers() {
       # The tests provoke API errors on purpose and check them (a full card's refusals, an
       # unmap the driver must refuse): memcheck counts memory errors only.
       [ "$tool" = memcheck ] && quiet=(--report-api-errors no)
-      timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" "${quiet[@]}" --error-exitcode 1 \
+      CARVE_COMPUTE_SANITIZER=$tool timeout "${CARVE_GPU_SANITIZER_SECONDS:-300}" "$sanitizer" --tool "$tool" \
+        "${quiet[@]}" --error-exitcode 1 \
         "${exes[$i]}" >"$log" 2>&1 || code=$?
       case "$code" in
       0 | 77) ;;
