@@ -6,10 +6,15 @@
 //   1M and 10M:   one slot each from the same 640M slots, sharded (100k shards of 6400 slots), per
 //                 thread and warp-aggregated, both policies (one kernel per policy and mode serves
 //                 both scales, which keeps compiling short).
-// Sharded, the blocks' home shards are spread evenly over the shards (block b of g starts at shard
-// b * shards / g), as a user spreads SMs or blocks: a block's requests fill the shards from its
-// home towards the next block's (2.7 shards apart at 100k, where m = 64 asks 2.6 shards a block),
-// instead of every block's overflow walking through the homes of all the blocks after it.
+// Sharded, every claimant has a home shard, spread evenly over the shards: warp w of W starts at
+// shard w * shards / W where warps aggregate (0.34 shards apart at 100k, where m = 64 asks 0.32
+// shards a warp; 3.2 apart at 1M), thread t of T at t * shards / T where threads allocate alone.
+// A claimant's requests fill the shards from its home towards the next one's, instead of every
+// overflow walking through the homes of all the claimants after it. A home per claimant, not per
+// block: a shard's claimants race for its lowest free words, since exact placement sends them
+// there, and each lost race costs the loser another search. The H200 run of 2026-11-29, with a
+// home per block, had a block's 8 warp leaders (or 256 threads) in one shard; the aggregated
+// rows took 2.4x (100k) and 4.1x (1M) the hashed time.
 // Baselines, measured in the same run:
 //   hashed single-bit (100k, 1M, 10M): claims single bits at hashed positions on a bitmap of 64
 //     slots per thread, the shape of the fastest published GPU heap allocators, which give up any
@@ -183,8 +188,10 @@ __global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threa
     out[i] = {stopped, 0};
     return;
   }
-  // Homes spread evenly over the shards: see the file's comment.
-  const Sharded s(storage, static_cast<std::uint32_t>(std::uint64_t{blockIdx.x} * Sharded::shard_count / gridDim.x));
+  // A home per claimant (a warp's leader, or a thread), spread evenly: see the file's comment.
+  const std::uint64_t claimant = Aggregated ? i / 32 : i;
+  const std::uint64_t claimants = Aggregated ? (std::uint64_t{threads} + 31) / 32 : threads;
+  const Sharded s(storage, static_cast<std::uint32_t>(claimant * Sharded::shard_count / claimants));
   const auto r = Aggregated ? carve::warp_allocate(members, s, m) : s.allocate(m);
   out[i] = r ? *r : carve::SlotRange{not_allocated, 0};
 }

@@ -40,7 +40,9 @@ CARVE_HOST_DEVICE constexpr SlotRange share_of(SlotRange group_run, std::uint32_
 ///
 /// `slots` is a carve slot allocator shared by those lanes, and `args` follow m in its allocate
 /// (a hint for a hinted policy; a ShardedSlotAllocator handle carries its home shard, so build
-/// it with the block's home instead). A group's run is allocated by its leader with the leader's
+/// it with a home the lanes share instead: the warp's own keeps each shard to one leader, where
+/// shards suffice, and leaders that share a shard race for its lowest free words). A group's
+/// run is allocated by its leader with the leader's
 /// args, so pass args that agree across the lanes asking for the same m (a hint the warp
 /// shares). Every lane frees its own share: a share is an ordinary range of the allocator.
 template <class Allocator, class... Args>
