@@ -25,6 +25,12 @@ struct alignas(16) Wide {
   std::uint64_t words[2]{};
 };
 
+// Over-aligned (a cache line): works on the host, where the aligned operator new serves it; in
+// device code new_heap_array refuses it at compile time (the device heap aligns to 16 bytes).
+struct alignas(64) Line {
+  std::uint64_t first = 7;
+};
+
 TEST_CASE("every element is constructed once and destroyed once, and the bytes go back") {
   Tracked::alive = Tracked::made = 0;
   Tracked* p = new_heap_array<Tracked>(1000);
@@ -54,6 +60,13 @@ TEST_CASE("elements are value-initialized and aligned as their type asks") {
     CHECK(words[i] == 0);
   }
   delete_heap_array(words, 64);
+  Line* lines = new_heap_array<Line>(9);
+  REQUIRE(lines != nullptr);
+  for (int i = 0; i < 9; ++i) {
+    CHECK(reinterpret_cast<std::uintptr_t>(lines + i) % 64 == 0);
+    CHECK(lines[i].first == 7);
+  }
+  delete_heap_array(lines, 9);
 }
 
 TEST_CASE("no elements, or more bytes than size_t holds, is nullptr and constructs nothing") {

@@ -1,7 +1,8 @@
 // Every way carve's device-capable types take memory from the device heap inside a kernel,
 // compiled to PTX so that check_heap_writes.py can prove, without a GPU, that none writes
-// outside the blocks it gets: rings and queues built on a thread's stack and in global memory,
-// at block and device scope, under each drain policy that runs in kernels.
+// below the blocks it gets: rings and queues built on a thread's stack and in global memory,
+// at block and device scope, under each drain policy that runs in kernels (the four of
+// tests/layout/device_types.hpp).
 #include <carve/queue.hpp>
 
 #include <cuda/atomic>
@@ -57,4 +58,8 @@ __device__ int queue_on_stack(std::uint32_t per_tier, Drain drain) {
 __global__ void queues_on_stack(std::uint32_t per_tier, int* out) {
   out[0] = queue_on_stack(per_tier, carve::RoundRobin{});
   out[1] = queue_on_stack(per_tier, carve::StrictPriority{});
+  const std::uint32_t weights[] = {4, 2, 1};
+  out[2] = queue_on_stack(per_tier, carve::WeightedRoundRobin(weights));
+  const std::uint64_t quanta[] = {4096, 1024, 256};
+  out[3] = queue_on_stack(per_tier, carve::DeficitRoundRobin(quanta));
 }

@@ -45,7 +45,10 @@ inline void expect(bool ok, const char* what) {
 // Whether compute-sanitizer runs this test (dev.sh gpu sets CARVE_COMPUTE_SANITIZER to the tool's
 // name): a test that hammers shared memory then runs fewer rounds, since racecheck instruments
 // every access and the full run would not end within the sanitizer stage's time.
-inline bool under_compute_sanitizer() { return std::getenv("CARVE_COMPUTE_SANITIZER") != nullptr; }
+inline bool under_compute_sanitizer() {
+  const char* tool = std::getenv("CARVE_COMPUTE_SANITIZER");
+  return tool != nullptr && *tool != '\0';
+}
 
 // Exits with 77 after saying so when there is no usable GPU.
 inline void skip_without_device() {

@@ -11,9 +11,10 @@ PyTorch's own allocator, each in a process of its own:
   so Inductor captures plain graphs. The check: the same losses as PyTorch's allocator gives in
   that same Inductor mode (trees off), so that the allocator is the only difference, and Inductor
   skipped no graph (its cudagraph_skips counter is 0, else the losses would prove nothing). Beside
-  it, for the reader: PyTorch's allocator's losses in eager mode and with trees on (PyTorch's
-  default), and every allocator's losses compiled without CUDA graphs, which tell a difference
-  the graphs make from one compiled code makes.
+  it, for the reader: every allocator's losses compiled without CUDA graphs, and, in a process of
+  its own, PyTorch's allocator's losses in eager mode and with trees on (PyTorch's default). Set
+  beside the same compiled code without graphs, they tell what the graphs change from what the
+  compiled kernels change.
 - after the graph is deleted (its private pool released) every block comes home: carve's live
   bytes return to what they were before the capture, but for what PyTorch's own allocator also
   still counts there (the cuBLAS workspaces some PyTorch builds keep).
@@ -36,6 +37,7 @@ sys.dont_write_bytecode = True  # gpu_children, beside this file, leaves no __py
 import gpu_children  # noqa: E402
 
 POOLS = ("expandable", "stream-ordered", "caching")
+CHILDREN = ("pytorch", "pytorch-trees") + POOLS  # PyTorch's allocator in carve's Inductor mode, then in its own
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 20
 MiB = 1 << 20  # slack for rounding when comparing live bytes with PyTorch's count
@@ -154,8 +156,17 @@ def cudagraph_skips(torch):
     return int(counters["inductor"]["cudagraph_skips"])
 
 
+def default_mode_child(torch):
+    """PyTorch's allocator with Inductor's default (cudagraph trees on), in a process of its own so
+    that the trees' manager and private pool leave nothing behind for the other runs."""
+    return {"eager": guarded(lambda: training_losses(torch, lambda fn: fn)),
+            "compiled_trees": guarded(lambda: compiled_losses(torch)), "compiled_trees_skips": cudagraph_skips(torch)}
+
+
 def run_child(pool, library):
     import torch
+    if pool == "pytorch-trees":
+        return default_mode_child(torch)
     if pool != "pytorch":
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import carve_gpu.torch as carve
@@ -185,10 +196,7 @@ def run_child(pool, library):
         torch._C._cuda_clearCublasWorkspaces()
     out["live_after_graph"] = live() - before  # PyTorch's own: what its build keeps (workspaces)
     import torch._inductor.config as inductor_config
-    if pool == "pytorch":  # PyTorch's default first (trees on), then the mode carve runs in
-        out["eager"] = training_losses(torch, lambda fn: fn)
-        out["compiled_trees"] = guarded(lambda: compiled_losses(torch))
-        out["compiled_trees_skips"] = cudagraph_skips(torch)
+    if pool == "pytorch":  # the mode carve's use() sets (its children are set already)
         inductor_config.triton.cudagraph_trees = False
     out["cudagraph_trees"] = bool(inductor_config.triton.cudagraph_trees)
     out["compiled_no_graphs"] = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": False}))
@@ -215,20 +223,25 @@ def same(a, b):
 
 def orchestrate(args):
     lines = ["## CUDA graphs under carve (tests/torch/gpu_graphs.py)", ""]
-    results = gpu_children.run_children(__file__, ("pytorch",) + POOLS, args.library, 240)
+    results = gpu_children.run_children(__file__, CHILDREN, args.library, 240)
     failed = 0
     reference = results["pytorch"]
     for what in ("captured", "compiled"):
         ok = isinstance(reference.get(what), list)
         failed += not ok
         lines.append(f"- PyTorch's allocator, {what}: {'ran' if ok else 'FAILED: ' + str(reference)[:600]}")
-    # For the reader, not checks: how Inductor's modes compare under PyTorch's own allocator.
-    for what, name in (("compiled_trees", "reduce-overhead with cudagraph trees (PyTorch's default)"),
-                       ("compiled", "reduce-overhead with trees off (carve's mode)"),
-                       ("compiled_no_graphs", "compiled without CUDA graphs")):
+    # For the reader, not checks: how Inductor's modes compare under PyTorch's own allocator, each
+    # beside the same compiled code run without CUDA graphs (eager differs by the fused kernels).
+    default = results["pytorch-trees"]
+    compiled_alone = reference.get("compiled_no_graphs")
+    for what, r, name in (("compiled_trees", default, "reduce-overhead with cudagraph trees (PyTorch's default, "
+                           f"cudagraph_skips {default.get('compiled_trees_skips')})"),
+                          ("compiled", reference, "reduce-overhead with trees off (carve's mode)")):
         lines.append(f"- PyTorch's allocator, {name}: "
-                     f"{'the same losses as eager' if same(reference.get(what), reference.get('eager')) else 'losses differ from eager'}"
-                     f" ({str(reference.get(what))[:300]}; eager {str(reference.get('eager'))[:300]})")
+                     f"{'the same losses as' if same(r.get(what), compiled_alone) else 'losses other than'} the same "
+                     f"code compiled without CUDA graphs ({str(r.get(what))[:300]}; without graphs "
+                     f"{str(compiled_alone)[:300]}; eager "
+                     f"{str(default.get('eager'))[:300]})")
     kept = reference.get("live_after_graph")  # what PyTorch's own allocator still counts (its workspaces)
     for pool in POOLS:
         r = results[pool]
@@ -260,7 +273,7 @@ def orchestrate(args):
         lines.append(f"- {pool}: torch.compile captured every graph, trees off (Inductor's cudagraph_skips: "
                      f"{skips[0]} under carve, {skips[1]} under PyTorch's allocator): {'passed' if ok else 'FAILED'}")
         lines.append(f"- {pool}: torch.compile(mode=\"reduce-overhead\"), same losses as PyTorch's default (trees "
-                     f"on): {'yes' if same(r.get('compiled'), reference.get('compiled_trees')) else 'no'} (for the reader)")
+                     f"on): {'yes' if same(r.get('compiled'), default.get('compiled_trees')) else 'no'} (for the reader)")
         lines.append(f"- {pool}: compiled without CUDA graphs, same losses as PyTorch's allocator: "
                      f"{'yes' if same(r.get('compiled_no_graphs'), reference.get('compiled_no_graphs')) else 'no'} "
                      f"(for the reader: {str(r.get('compiled_no_graphs'))[:300]})")
@@ -277,4 +290,4 @@ def orchestrate(args):
 
 
 if __name__ == "__main__":
-    sys.exit(gpu_children.main(__doc__, ("pytorch",) + POOLS, run_child, orchestrate))
+    sys.exit(gpu_children.main(__doc__, CHILDREN, run_child, orchestrate))

@@ -24,13 +24,13 @@
 namespace carve::detail {
 
 /// What the device heap guarantees for every block (CUDA's in-kernel malloc aligns to 16 bytes).
-inline constexpr cuda::std::size_t heap_alignment = 16;
+/// On the host any alignment works: the bytes come from the aligned operator new.
+inline constexpr cuda::std::size_t device_heap_alignment = 16;
 
 /// `n` value-initialized Ts, or nullptr for none (n == 0), no memory, or n * sizeof(T) bytes
 /// beyond size_t. Give them back with delete_heap_array(p, n), with the same n.
 template <class T>
 CARVE_HOST_DEVICE T* new_heap_array(cuda::std::size_t n) noexcept {
-  static_assert(alignof(T) <= heap_alignment, "the device heap aligns its blocks to 16 bytes only");
   static_assert(cuda::std::is_nothrow_default_constructible_v<T>,
                 "an element whose construction throws would leave the array half built");
   const auto bytes = checked_mul(n, sizeof(T));
@@ -38,7 +38,11 @@ CARVE_HOST_DEVICE T* new_heap_array(cuda::std::size_t n) noexcept {
     return nullptr;
   }
   void* raw = nullptr;
-  NV_IF_ELSE_TARGET(NV_IS_DEVICE, (raw = malloc(*bytes);), (raw = ::operator new(*bytes, std::nothrow);))
+  NV_IF_ELSE_TARGET(
+      NV_IS_DEVICE,
+      (static_assert(alignof(T) <= device_heap_alignment, "the device heap aligns its blocks to 16 bytes only");
+       raw = malloc(*bytes);),
+      (raw = ::operator new (*bytes, std::align_val_t{alignof(T)}, std::nothrow);))
   if (raw == nullptr) {
     return nullptr;
   }
@@ -59,7 +63,8 @@ CARVE_HOST_DEVICE void delete_heap_array(T* p, cuda::std::size_t n) noexcept {
   for (cuda::std::size_t i = 0; i < n; ++i) {
     p[i].~T();
   }
-  NV_IF_ELSE_TARGET(NV_IS_DEVICE, (free(p);), (::operator delete(static_cast<void*>(p));))
+  NV_IF_ELSE_TARGET(NV_IS_DEVICE, (free(p);),
+                    (::operator delete (static_cast<void*>(p), std::align_val_t{alignof(T)});))
 }
 
 } // namespace carve::detail

@@ -67,7 +67,7 @@ class MpmcRing {
 public:
   using value_type = T; ///< the item type
 
-  /// Room for exactly `capacity` items, from operator new. capacity() is 0 when `capacity` is 0
+  /// Room for exactly `capacity` items, from the heap. capacity() is 0 when `capacity` is 0
   /// or, in device code, the device heap is full. On the host, no memory for them throws
   /// carve::Exception (no_space), as every carve constructor reports bad input on the host.
   CARVE_HOST_DEVICE explicit MpmcRing(cuda::std::size_t capacity) : cells_(new_cells(capacity)) {

@@ -21,6 +21,7 @@
 #include <carve/queue/queue_stats.hpp>
 
 #include <cuda/atomic>
+#include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
 
 namespace carve::detail {
@@ -44,6 +45,7 @@ public:
   // description). False when the histograms got no memory (device code: the heap is full).
   CARVE_HOST_DEVICE bool allocate(std::uint32_t tiers, std::uint32_t owner_slots, std::uint32_t wait_sample,
                                   bool stamp_every) {
+    release(); // a second allocate replaces the first histograms
     tiers_ = tiers;
     owner_slots_ = owner_slots;
     wait_sample_ = wait_sample;
@@ -106,7 +108,7 @@ private:
   }
   // Mutable from const calls too: the report reads the same histograms pops record into.
   CARVE_HOST_DEVICE WaitHistogram<Scope>& at(std::uint32_t slot, std::uint32_t tier) const noexcept {
-    return waits_[slot * tiers_ + tier];
+    return waits_[cuda::std::size_t{slot} * tiers_ + tier];
   }
   CARVE_HOST_DEVICE WaitHistogram<Scope>& mine(const Seat& seat, std::uint32_t tier) const noexcept {
     return at(seat.owner ? seat.shard : owner_slots_ + seat.shard, tier);
