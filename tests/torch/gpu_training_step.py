@@ -158,6 +158,28 @@ def predicted_by_replay(replay, snapshot):
         return None, f"{type(e).__name__}: {e}"
 
 
+# What the kept snapshots are for: expandable-pool's reserve beside the floor it could reach (each
+# granule mapped only while a live block touches it: growth=0:release=0) and
+# PyTorch's, at other chunk sizes (growth) and headrooms (printed by carve_replay after the rows).
+TUNING = ("pytorch-expandable-model,expandable-pool,expandable-pool-exact,"
+          "expandable-pool:growth=96,expandable-pool:growth=192,expandable-pool:growth=384,"
+          "expandable-pool:min-chunk=20MiB:growth=0,expandable-pool:growth=0:release=0")
+
+
+def write_tuning_table(replay, snapshot, path):
+    """carve_replay's rows and headroom sweep on `snapshot` for the TUNING allocators, into `path`
+    (its error instead, if it fails): the table comes back beside the report even where the
+    snapshot itself is too large to."""
+    try:
+        out = subprocess.run([replay, snapshot, "--allocators", TUNING, "--no-smallest-card"],
+                             capture_output=True, text=True, timeout=240)
+        text = out.stdout if out.returncode == 0 else f"exit {out.returncode}: {out.stderr[-2000:]}"
+    except (OSError, subprocess.SubprocessError) as e:
+        text = f"{type(e).__name__}: {e}"
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def judge(rows):
     """The table, the goal lines and the failures (losses that disagree) for `rows`: a list of
     (model, {mode: the child's JSON, with "predicted" added to carve's where the replay ran})."""
@@ -261,6 +283,7 @@ def orchestrate(args):
                     failed.append(f"carve_replay on {model}: {error}")
                 if args.keep_snapshots:  # the real snapshots the replay work tunes against
                     keep_snapshot(snapshot, os.path.join(args.keep_snapshots, f"snapshot-{model}.pickle.gz"))
+                    write_tuning_table(args.replay, snapshot, os.path.join(args.keep_snapshots, f"replay-{model}.txt"))
             results["carve"]["predicted"] = predicted
         rows.append((model, results))
 
