@@ -143,6 +143,20 @@ __global__ void bad_input(int* errors) {
   errors[5] = static_cast<int>(one.try_pop().error());
 }
 
+// A queue whose rings the device heap cannot hold (3 tiers of 2^22 cells, over 250 MiB, against
+// the heap's default 8 MiB) says no_space in status() and refuses pushes; what it took goes back,
+// so a queue that fits is built afterwards in the same kernel. out: the two statuses, the push.
+__global__ void heap_too_small(int* out) {
+  const carve::TierThresholds t{128, 512};
+  {
+    RoundRobinQueue big(t, 1U << 22);
+    out[0] = big.status() ? 0 : static_cast<int>(big.status().error());
+    out[1] = static_cast<int>(big.try_push(Request{1, 1}).error());
+  }
+  RoundRobinQueue small(t, 1024);
+  out[2] = small.status() ? 0 : static_cast<int>(small.status().error());
+}
+
 template <class T>
 T* device_zeros(std::size_t n) {
   T* p = nullptr;
@@ -238,6 +252,16 @@ int main() {
   failures += expect(e[4] == static_cast<int>(carve::Errc::closed), "closed queue refuses pushes");
   failures += expect(e[5] == static_cast<int>(carve::Errc::closed), "closed and drained");
 
+  int* heap = device_zeros<int>(3);
+  heap_too_small<<<1, 1>>>(heap);
+  check(cudaGetLastError(), "heap_too_small launch");
+  check(cudaDeviceSynchronize(), "heap_too_small");
+  const auto h = to_host(heap, 3);
+  failures += expect(h[0] == static_cast<int>(carve::Errc::no_space), "a queue the device heap cannot hold: no_space");
+  failures += expect(h[1] == static_cast<int>(carve::Errc::no_space), "and it refuses pushes with it");
+  failures += expect(h[2] == 0, "what it took went back: a queue that fits is built after it");
+
+  cudaFree(heap);
   cudaFree(status);
   cudaFree(counters);
   cudaFree(seen);
