@@ -19,7 +19,11 @@
 /// allocate: find a candidate in a LazySnapshot of the words (loading only the words the policy
 /// reads), then claim it word by word, lowest word first, with fetch_and and check the old
 /// value. A word where some bits were already taken loses the race: exactly the bits this call
-/// took are given back, then the search starts again from fresh words. Some thread always wins a
+/// took are given back, and the search runs again on the same snapshot with the value the claim's
+/// atomic returned in place of the word where it lost. So a lost race costs no loads: many threads
+/// sent to the same lowest free word (as exact placement sends them) each learn from their atomic
+/// what the winners took and go straight to the next free bits. A search that finds nothing, or a
+/// run the words no longer show free, starts again from fresh words. Some thread always wins a
 /// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
 /// bit is taken only by the fetch_and that saw it free.
 ///
@@ -258,13 +262,16 @@ private:
     std::uint64_t before = 0;
     std::uint32_t refusals = 0; // runs the check found taken without telling why
     std::uint32_t quiet = 0;    // of them, bracketed ones running, with the words unchanged
+    // What the searches have seen: forgotten before every search but one after a lost claim,
+    // which goes on from what the claim's atomic returned (a bracketed search reads every word
+    // after its first fingerprint, so it forgets then too).
+    LazySnapshot<N, Scope> seen(live());
     for (;;) {
       if (bracketed) {
         point = fingerprint_point();
         before = word_fingerprint(live(), point);
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
       }
-      const LazySnapshot<N, Scope> seen(live());
       const cuda::std::optional<std::uint32_t> start = search(seen);
       if (!start) {
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
@@ -274,6 +281,7 @@ private:
         // The words moved under the search, or (large bitmaps) the search could not keep them all
         // to check: look again.
         bracketed = !LazySnapshot<N, Scope>::holds_all();
+        seen.forget();
         continue;
       }
       const SlotRange range{*start, m};
@@ -300,11 +308,19 @@ private:
           }
         }
         bracketed = ++refusals >= refusals_before_bracketing;
+        seen.forget();
         continue;
       }
-      if (claim(range)) {
+      std::uint32_t lost_word = 0;
+      bits::word lost_value = 0;
+      if (claim(range, lost_word, lost_value)) {
         record(range);
         return range;
+      }
+      if (bracketed) {
+        seen.forget();
+      } else {
+        seen.saw(lost_word, lost_value);
       }
     }
   }
@@ -336,8 +352,10 @@ private:
     return free;
   }
 
-  /// Takes every slot of `range` or none of them.
-  CARVE_HOST_DEVICE bool claim(SlotRange range) noexcept {
+  /// Takes every slot of `range` or none of them. When it takes none, `lost_word` is the word
+  /// where it lost and `lost_value` that word as its atomic found it (what the word holds again
+  /// once this call's bits are back); the words before it held the run's bits free.
+  CARVE_HOST_DEVICE bool claim(SlotRange range, std::uint32_t& lost_word, bits::word& lost_value) noexcept {
     const AtomicWords<N, Scope> words = live();
     std::uint32_t claimed_words = 0;
     bits::word partial = 0; // bits taken in the word where the claim failed
@@ -345,6 +363,8 @@ private:
       const bits::word old = words.atomic(k).fetch_and(~mask, cuda::std::memory_order_acq_rel);
       partial = old & mask;
       if (partial != mask) {
+        lost_word = k;
+        lost_value = old;
         return false;
       }
       ++claimed_words;

@@ -96,6 +96,24 @@ public:
     return verdict;
   }
 
+  /// Word `k` as the caller has just seen it (the value a claim's atomic returned): later reads of
+  /// `k` answer `value`, as if the search had loaded it now. A search that lost a claim goes on
+  /// from what it knows instead of loading every word again.
+  CARVE_HOST_DEVICE void saw(cuda::std::size_t k, bits::word value) noexcept {
+    const cuda::std::size_t line = k % cache_words;
+    evicted_ = evicted_ || (tag_[line] != 0 && tag_[line] != tag_of(k));
+    words_[line] = value;
+    tag_[line] = tag_of(k);
+  }
+
+  /// Forgets every word, for a search that must start from the live words.
+  CARVE_HOST_DEVICE void forget() noexcept {
+    for (cuda::std::size_t line = 0; line < cache_words; ++line) {
+      tag_[line] = 0;
+    }
+    evicted_ = false;
+  }
+
   /// Whether a word read so far has been dropped from the cache (only possible past 1024 slots):
   /// a search that did so may have read a word twice and seen it change, so a run check() finds
   /// taken may have been free in the copy the search used. (check() reads words too: ask first.)
