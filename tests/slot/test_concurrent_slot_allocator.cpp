@@ -488,6 +488,26 @@ TEST_CASE("a snapshot vouches for what it read only while it still holds every w
   CHECK(!all.unchanged()); // word 0 was evicted by word 16: it can no longer be checked
 }
 
+TEST_CASE("a snapshot takes a word a claim's atomic returned, and forgets everything on demand") {
+  std::vector<std::uint64_t> live(carve::bits::word_count(10000), 0);
+  using Large = carve::LazySnapshot<10000, cuda::thread_scope_system>;
+  Large seen(carve::AtomicWords<10000, cuda::thread_scope_system>(live.data()));
+  (void)seen[3];
+  seen.saw(3, 0xf0); // word 3 as an atomic found it: later reads answer that, and unchanged() compares it
+  CHECK(seen[3] == 0xf0);
+  CHECK(!seen.unchanged());
+  live[3] = 0xf0;
+  CHECK(seen.unchanged());
+  CHECK(!seen.evicted());
+  seen.saw(19, 1); // word 19 shares word 3's line: word 3 is dropped, so nothing read can be vouched for
+  CHECK(seen.evicted());
+  CHECK(seen[19] == 1);
+  seen.forget(); // a fresh search: nothing kept, nothing evicted, every word loaded again
+  CHECK(!seen.evicted());
+  CHECK(seen[19] == 0);
+  CHECK(seen.unchanged());
+}
+
 TEST_CASE("reset writes every word, the tail bits taken") {
   const auto check_reset = [](auto n_tag) {
     constexpr std::uint32_t n = decltype(n_tag)::value;
@@ -586,6 +606,7 @@ namespace {
 // script->after_read(search, k) runs right after the search reads word k (searches count from 1).
 struct Script {
   std::function<void(int, std::uint32_t)> after_read;
+  std::function<void(int)> before_search = [](int) {}; // as search n starts
   int searches = 0;
 };
 
@@ -607,7 +628,7 @@ struct Interrupted {
 
   template <carve::WordSource Words>
   cuda::std::optional<std::uint32_t> find_in(const Words& words, std::uint32_t slots, std::uint32_t m) const {
-    ++script->searches;
+    script->before_search(++script->searches);
     return Inner{}.find_in(Watched<Words>{words, script}, slots, m);
   }
   template <std::uint32_t N>
@@ -648,6 +669,34 @@ TEST_CASE("a search overtaken by another thread does not report no_space while a
   run_case(carve::FirstFit{});
   run_case(carve::BoundaryNearestFit{});
   run_case(carve::BestFit{});
+}
+
+TEST_CASE("after a lost claim the search goes on from what the claim's atomic returned, not from fresh words") {
+  // 128 slots, all free. Search 1 reads word 0 and proposes [0, 4); before the claim, another
+  // thread takes slot 0, so the claim loses, and its fetch_and returns word 0 with slot 0 taken.
+  // As search 2 starts, the other thread frees slot 0 again. Fresh words would show [0, 4) free;
+  // the kept snapshot shows word 0 as the claim found it, so search 2 proposes [1, 5) and wins.
+  std::vector<std::uint64_t> words(2, ~std::uint64_t{0});
+  carve::ConcurrentSlotAllocatorRef<128, carve::FirstFit, cuda::thread_scope_system> other{
+      carve::BorrowedSlotWords<128>{words.data()}};
+  Script script;
+  script.after_read = [&](int search, std::uint32_t k) {
+    if (search == 1 && k == 0) {
+      REQUIRE(*other.allocate(1) == SlotRange{0, 1});
+    }
+  };
+  script.before_search = [&](int search) {
+    if (search == 2) {
+      REQUIRE(other.deallocate({0, 1}));
+    }
+  };
+  carve::ConcurrentSlotAllocatorRef<128, Interrupted<carve::FirstFit>, cuda::thread_scope_system> slots{
+      carve::BorrowedSlotWords<128>{words.data()}, Interrupted<carve::FirstFit>{&script}};
+  const auto got = slots.allocate(4);
+  REQUIRE(got);
+  CHECK(*got == SlotRange{1, 4});
+  CHECK(script.searches == 2);
+  CHECK(words[0] == (~std::uint64_t{0} & ~std::uint64_t{0b11110})); // slots 1..4 taken, slot 0 free again
 }
 
 TEST_CASE("the confirming search is itself overtaken: it looks again rather than report no_space") {

@@ -20,10 +20,11 @@
 /// reads), then claim it word by word, lowest word first, with fetch_and and check the old
 /// value. A word where some bits were already taken loses the race: exactly the bits this call
 /// took are given back, and the search runs again on the same snapshot with the value the claim's
-/// atomic returned in place of the word where it lost. So a lost race costs no loads: many threads
-/// sent to the same lowest free word (as exact placement sends them) each learn from their atomic
-/// what the winners took and go straight to the next free bits. A search that finds nothing, or a
-/// run the words no longer show free, starts again from fresh words. Some thread always wins a
+/// atomic returned in place of the word where it lost. So a lost race reloads no word the search
+/// had seen: threads that exact placement sends to the same lowest free word each learn from
+/// their atomic what the winners took there and go on to the next free bits. After a search that
+/// finds nothing, one whose run the words no longer show free, or one that runs bracketed (below),
+/// the next search starts from fresh words. Some thread always wins a
 /// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
 /// bit is taken only by the fetch_and that saw it free.
 ///

@@ -7,12 +7,13 @@
 ///   - check the proposed run against what the policy saw (a run that was not free there is a
 ///     policy bug, not a race, as long as no word was evicted: see evicted()), and
 ///   - re-read the words the search used to confirm a "nothing fits" answer (double collect).
-/// Only words the search touches are loaded. The copies live in a direct-mapped cache of at most
-/// `cached_words_max` = 16 words, so a bitmap of up to 1024 slots is held whole. On a larger one a
-/// word can be evicted and is then read again — the search may see it twice, with different
-/// values — and the words it read can no longer all be re-checked: unchanged() then answers false,
-/// and a caller must confirm "nothing fits" some other way (ConcurrentSlotAllocator repeats the
-/// search between two fingerprints of every word, see word_fingerprint.hpp).
+/// A caller may keep the snapshot for its next search and install a word it has just seen change
+/// (saw(): the value a claim's atomic returned), or forget() it all; "the search" below means the
+/// searches since the last forget(). Only words the search touches are loaded. The copies live in a direct-mapped cache
+/// of at most `cached_words_max` = 16 words, so a bitmap of up to 1024 slots is held whole. On a larger one a word can
+/// be evicted and is then read again — the search may see it twice, with different values — and the words it read can
+/// no longer all be re-checked: unchanged() then answers false, and a caller must confirm "nothing fits" some other way
+/// (ConcurrentSlotAllocator repeats the search between two fingerprints of every word, see word_fingerprint.hpp).
 ///
 /// Why 16: the snapshot lives in a device thread's stack frame (local memory), so its size is
 /// the frame every kernel that allocates pays, whatever N is. 16 words and 16 tags are 160 bytes
@@ -114,7 +115,8 @@ public:
     evicted_ = false;
   }
 
-  /// Whether a word read so far has been dropped from the cache (only possible past 1024 slots):
+  /// Whether a word read (or installed by saw()) since the last forget() has been dropped from the
+  /// cache (only possible past 1024 slots):
   /// a search that did so may have read a word twice and seen it change, so a run check() finds
   /// taken may have been free in the copy the search used. (check() reads words too: ask first.)
   CARVE_HOST_DEVICE bool evicted() const noexcept { return evicted_; }
