@@ -192,7 +192,8 @@ def _graphs_without_trees(torch):
     allocator's state (getCheckpointState, setCheckpointPoolState, checkPoolLiveAllocations), which
     PyTorch's pluggable allocator cannot forward: every such graph would fail at its first
     recording. Inductor's other path captures each graph with torch.cuda.graph, which carve serves
-    through its pool hooks; use() selects it and says so once."""
+    through its pool hooks; use() selects it and says so once. That path itself gave other losses
+    than PyTorch's default on an H200 (under PyTorch's own allocator too), which the warning says."""
     try:
         import torch._inductor.config as inductor_config
     except ImportError:  # no inductor: no reduce-overhead to serve
@@ -202,7 +203,9 @@ def _graphs_without_trees(torch):
         import warnings
         warnings.warn("carve_gpu.torch.use(): torch.compile(mode=\"reduce-overhead\") will capture CUDA graphs "
                       "without cudagraph trees (torch._inductor.config.triton.cudagraph_trees = False): trees "
-                      "checkpoint the allocator's state, which PyTorch's pluggable allocator cannot forward",
+                      "checkpoint the allocator's state, which PyTorch's pluggable allocator cannot forward. On an "
+                      "H200 that path gave other training losses than PyTorch's default from the second step, under "
+                      "PyTorch's own allocator too: prefer torch.cuda.graph under carve (docs/torch.md)",
                       stacklevel=3)
 
 
