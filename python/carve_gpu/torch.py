@@ -16,6 +16,7 @@ import functools
 from . import library as _library
 
 _installed = {}  # "allocator": the CUDAPluggableAllocator use() installed; "library": its CarveLibrary
+_warned = {}  # the warnings given once per process
 
 
 def _import_torch():
@@ -109,7 +110,13 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     except RuntimeError as e:
         raise RuntimeError("carve_gpu.torch.use(): PyTorch refused to install carve's allocator: " + str(e)) from e
     _installed.update(allocator=allocator, library=lib)
-    _graphs_without_trees(torch)
+    try:
+        import importlib
+        importlib.import_module("torch._inductor.config")  # the wrapper reads torch._inductor.config
+        inductor = importlib.import_module("torch._inductor")
+    except ImportError:  # a build without Inductor compiles nothing
+        inductor = None
+    compile_without_cudagraph_trees(inductor, torch._C)
     # PyTorch 2.1 (the stream form of the pool hooks) resets a graph without clearing its flags.
     end_failed_captures(torch.cuda.CUDAGraph, lib, lambda: torch.cuda.current_stream().cuda_stream,
                         reset_releases=hasattr(allocator._allocator, "set_begin_allocate_to_pool"))
@@ -187,26 +194,54 @@ def end_failed_captures(graph_class, lib, current_stream, reset_releases=True):
     graph_class._carve_ends_failed_captures = True
 
 
-def _graphs_without_trees(torch):
-    """torch.compile(mode="reduce-overhead") records CUDA graphs as trees that checkpoint the
-    allocator's state (getCheckpointState, setCheckpointPoolState, checkPoolLiveAllocations), which
-    PyTorch's pluggable allocator cannot forward: every such graph would fail at its first
-    recording. Inductor's other path captures each graph with torch.cuda.graph, which carve serves
-    through its pool hooks; use() selects it and says so once. That path itself gave other losses
-    than PyTorch's default on an H200 (under PyTorch's own allocator too), which the warning says."""
-    try:
-        import torch._inductor.config as inductor_config
-    except ImportError:  # no inductor: no reduce-overhead to serve
-        return
-    if getattr(inductor_config.triton, "cudagraph_trees", False):
-        inductor_config.triton.cudagraph_trees = False
-        import warnings
-        warnings.warn("carve_gpu.torch.use(): torch.compile(mode=\"reduce-overhead\") will capture CUDA graphs "
-                      "without cudagraph trees (torch._inductor.config.triton.cudagraph_trees = False): trees "
-                      "checkpoint the allocator's state, which PyTorch's pluggable allocator cannot forward. On an "
-                      "H200 that path gave other training losses than PyTorch's default from the second step, under "
-                      "PyTorch's own allocator too: prefer torch.cuda.graph under carve (docs/torch.md)",
-                      stacklevel=3)
+TREES_REFUSED = ("carve_gpu.torch: CUDA graph trees (torch.compile with Inductor's triton.cudagraphs and "
+                 "cudagraph_trees on, or backend=\"cudagraphs\") checkpoint and restore the allocator's state, which "
+                 "PyTorch's pluggable allocator cannot forward, so carve cannot serve them. Capture with "
+                 "torch.cuda.graph or torch.cuda.make_graphed_callables, which carve serves, or compile with "
+                 "mode=\"reduce-overhead\", which under carve runs the compiled kernels without CUDA graphs")
+_CHECKPOINT_CALLS = ("_cuda_getCheckpointState", "_cuda_setCheckpointPoolState", "_cuda_checkPoolLiveAllocations")
+
+
+def compile_without_cudagraph_trees(inductor, torch_c):
+    """Under carve, torch.compile's modes that ask for CUDA graphs (reduce-overhead, max-autotune)
+    compile as their modes without graphs, with a warning, instead of failing. Inductor records
+    those graphs as cudagraph trees, whose checkpoints of the allocator's state (torch_c's
+    _cuda_getCheckpointState, _cuda_setCheckpointPoolState, _cuda_checkPoolLiveAllocations)
+    PyTorch's pluggable allocator cannot forward. Inductor's other way, trees off, captures through
+    carve's pool hooks, but on an H200 it gave other training losses than trees on under PyTorch's
+    own allocator too; without graphs the losses are those of PyTorch's default mode, whose trees
+    run the same kernels. A user who turns trees off (torch._inductor.config.triton.cudagraph_trees)
+    keeps the graphs. Trees asked for some other way (the option itself, backend="cudagraphs") are
+    refused where they first check or checkpoint the pool (their warm-up or first recording) with
+    TREES_REFUSED instead of PyTorch's message. inductor:
+    the torch._inductor module (None: nothing to compile). Wraps each function once."""
+    if inductor is not None and not getattr(inductor.list_mode_options, "_carve_without_trees", False):
+        mode_options = inductor.list_mode_options
+
+        @functools.wraps(mode_options)
+        def list_mode_options(mode=None, *args, **kwargs):
+            options = mode_options(mode, *args, **kwargs)
+            if not mode or not options.get("triton.cudagraphs") or not inductor.config.triton.cudagraph_trees:
+                return options
+            if not _warned.get("trees"):
+                _warned["trees"] = True
+                import warnings
+                warnings.warn(f"carve_gpu.torch: torch.compile(mode=\"{mode}\") runs without CUDA graphs under carve: "
+                              "Inductor records them as cudagraph trees, which checkpoint the allocator's state, and "
+                              "PyTorch's pluggable allocator cannot forward that. The compiled kernels and their results "
+                              "are the mode's own; for CUDA graphs under carve capture with torch.cuda.graph "
+                              "(docs/torch.md)", stacklevel=5)
+            return {key: value for key, value in options.items() if key != "triton.cudagraphs"}
+
+        list_mode_options._carve_without_trees = True
+        inductor.list_mode_options = list_mode_options
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(TREES_REFUSED)
+    refuse._carve_without_trees = True
+    for name in _CHECKPOINT_CALLS:
+        if hasattr(torch_c, name) and not getattr(getattr(torch_c, name), "_carve_without_trees", False):
+            setattr(torch_c, name, refuse)
 
 
 def mem_pool(pool="expandable", *, library=None, max_reserved=None, idle_threshold=None):

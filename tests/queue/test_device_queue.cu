@@ -108,10 +108,20 @@ __global__ void sizes(unsigned long long* out) {
   out[2] = shared_queue().closed() ? 1 : 0;
 }
 
+// A queue is about 15 KiB (each tier's counters on cache lines of their own): a kernel keeps it in
+// global memory, as a device queue lives, not on a thread's stack. The one-thread kernels below
+// build theirs in these two places and destroy them before they return.
+static_assert(sizeof(PriorityQueue) == sizeof(RoundRobinQueue) && alignof(PriorityQueue) == alignof(RoundRobinQueue));
+__device__ alignas(RoundRobinQueue) unsigned char scratch_storage[2][sizeof(RoundRobinQueue)];
+
+template <class Queue, class... Args>
+__device__ Queue& build_scratch(int which, Args... args) {
+  return *new (scratch_storage[which]) Queue(args...);
+}
+
 // One thread: the drain order under both policies for a scripted push sequence.
-template <class Queue, class Drain>
-__host__ __device__ void scripted(std::uint32_t* order, std::uint32_t n, Drain drain) {
-  Queue q(carve::TierThresholds{128, 512}, 64, drain);
+template <class Queue>
+__host__ __device__ void scripted(Queue& q, std::uint32_t* order, std::uint32_t n) {
   for (std::uint32_t i = 0; i < n; ++i) {
     (void)q.try_push(Request{i, vectors_of(i * 7)});
   }
@@ -121,26 +131,35 @@ __host__ __device__ void scripted(std::uint32_t* order, std::uint32_t n, Drain d
   }
 }
 
+constexpr std::uint64_t scripted_capacity = 64;
+
 __global__ void scripted_kernel(std::uint32_t* rr, std::uint32_t* strict, std::uint32_t n) {
-  scripted<RoundRobinQueue>(rr, n, carve::RoundRobin{});
-  scripted<PriorityQueue>(strict, n, carve::StrictPriority{});
+  const carve::TierThresholds t{128, 512};
+  auto& round_robin = build_scratch<RoundRobinQueue>(0, t, scripted_capacity, carve::RoundRobin{});
+  scripted(round_robin, rr, n);
+  round_robin.~RoundRobinQueue();
+  auto& priority = build_scratch<PriorityQueue>(1, t, scripted_capacity, carve::StrictPriority{});
+  scripted(priority, strict, n);
+  priority.~PriorityQueue();
 }
 
 // Bad input on the device, which cannot throw: objects that refuse every call with the Errc.
 __global__ void bad_input(int* errors) {
   errors[0] = static_cast<int>(carve::TierThresholds{512, 128}.status().error());
   const carve::TierThresholds ok{128};
-  RoundRobinQueue zero(ok, 0);
+  auto& zero = build_scratch<RoundRobinQueue>(0, ok, std::uint64_t{0});
   errors[1] = static_cast<int>(zero.status().error());
   auto refused = zero.try_push(Request{1, 1});
   errors[2] = static_cast<int>(refused.error());
-  RoundRobinQueue one(ok, 1);
+  zero.~RoundRobinQueue();
+  auto& one = build_scratch<RoundRobinQueue>(1, ok, std::uint64_t{1});
   (void)one.try_push(Request{1, 1});
   errors[3] = static_cast<int>(one.try_push(Request{2, 2}).error());
   one.close();
   errors[4] = static_cast<int>(one.try_push(Request{3, 200}).error());
   (void)one.try_pop();
   errors[5] = static_cast<int>(one.try_pop().error());
+  one.~RoundRobinQueue();
 }
 
 // A queue whose rings the device heap cannot hold (3 tiers of 2^22 cells, over 250 MiB, against
@@ -148,13 +167,13 @@ __global__ void bad_input(int* errors) {
 // so a queue that fits is built afterwards in the same kernel. out: the two statuses, the push.
 __global__ void heap_too_small(int* out) {
   const carve::TierThresholds t{128, 512};
-  {
-    RoundRobinQueue big(t, 1U << 22);
-    out[0] = big.status() ? 0 : static_cast<int>(big.status().error());
-    out[1] = static_cast<int>(big.try_push(Request{1, 1}).error());
-  }
-  RoundRobinQueue small(t, 1024);
+  auto& big = build_scratch<RoundRobinQueue>(0, t, std::uint64_t{1} << 22);
+  out[0] = big.status() ? 0 : static_cast<int>(big.status().error());
+  out[1] = static_cast<int>(big.try_push(Request{1, 1}).error());
+  big.~RoundRobinQueue();
+  auto& small = build_scratch<RoundRobinQueue>(1, t, std::uint64_t{1024});
   out[2] = small.status() ? 0 : static_cast<int>(small.status().error());
+  small.~RoundRobinQueue();
 }
 
 template <class T>
@@ -235,8 +254,10 @@ int main() {
   check(cudaGetLastError(), "scripted_kernel launch");
   check(cudaDeviceSynchronize(), "scripted");
   std::vector<std::uint32_t> host_rr(n), host_strict(n);
-  scripted<RoundRobinQueue>(host_rr.data(), n, carve::RoundRobin{});
-  scripted<PriorityQueue>(host_strict.data(), n, carve::StrictPriority{});
+  RoundRobinQueue host_round_robin(carve::TierThresholds{128, 512}, scripted_capacity, carve::RoundRobin{});
+  scripted(host_round_robin, host_rr.data(), n);
+  PriorityQueue host_priority(carve::TierThresholds{128, 512}, scripted_capacity, carve::StrictPriority{});
+  scripted(host_priority, host_strict.data(), n);
   failures += expect(to_host(rr, n) == host_rr, "round-robin order on the device equals the host's");
   failures += expect(to_host(strict, n) == host_strict, "strict priority order on the device equals the host's");
 

@@ -6,15 +6,14 @@ PyTorch's own allocator, each in a process of its own:
   PyTorch's documentation captures one) after three warm-up steps on a side stream; the graph is
   replayed on 20 batches copied into its static input. The losses must equal those of the same
   steps under PyTorch's allocator (to 1e-5, relative).
-- torch.compile(mode="reduce-overhead") trains a small model for 10 steps; carve_gpu.torch.use()
-  turns cudagraph trees off (they checkpoint allocator state a pluggable allocator cannot forward),
-  so Inductor captures plain graphs. The check: the same losses as PyTorch's allocator gives in
-  that same Inductor mode (trees off), so that the allocator is the only difference, and Inductor
-  skipped no graph (its cudagraph_skips counter is 0, else the losses would prove nothing). Beside
-  it, for the reader: every allocator's losses compiled without CUDA graphs, and, in a process of
-  its own, PyTorch's allocator's losses in eager mode and with trees on (PyTorch's default). Set
-  beside the same compiled code without graphs, they tell what the graphs change from what the
-  compiled kernels change.
+- torch.compile(mode="reduce-overhead") trains a small model for 10 steps. Under PyTorch's
+  allocator Inductor records the step's graphs as cudagraph trees; under carve, use() compiles
+  that mode without CUDA graphs (trees checkpoint allocator state a pluggable allocator cannot
+  forward) and warns once. The check: the same losses as PyTorch's allocator gives in that mode,
+  and the warning given. Beside it, for the reader: every allocator's losses compiled without
+  CUDA graphs, and PyTorch's in eager mode and its count of graphs Inductor skipped.
+- trees asked for directly (Inductor's triton.cudagraphs option) are refused under carve at
+  their first run with carve's message (carve_gpu.torch.TREES_REFUSED), and the process goes on.
 - after the graph is deleted (its private pool released) every block comes home: carve's live
   bytes return to what they were before the capture, but for what PyTorch's own allocator also
   still counts there (the cuBLAS workspaces some PyTorch builds keep).
@@ -37,7 +36,7 @@ sys.dont_write_bytecode = True  # gpu_children, beside this file, leaves no __py
 import gpu_children  # noqa: E402
 
 POOLS = ("expandable", "stream-ordered", "caching")
-CHILDREN = ("pytorch", "pytorch-trees") + POOLS  # PyTorch's allocator in carve's Inductor mode, then in its own
+CHILDREN = ("pytorch",) + POOLS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 20
 MiB = 1 << 20  # slack for rounding when comparing live bytes with PyTorch's count
@@ -156,17 +155,26 @@ def cudagraph_skips(torch):
     return int(counters["inductor"]["cudagraph_skips"])
 
 
-def default_mode_child(torch):
-    """PyTorch's allocator with Inductor's default (cudagraph trees on), in a process of its own so
-    that the trees' manager and private pool leave nothing behind for the other runs."""
-    return {"eager": guarded(lambda: training_losses(torch, lambda fn: fn)),
-            "compiled_trees": guarded(lambda: compiled_losses(torch)), "compiled_trees_skips": cudagraph_skips(torch)}
+def compiled_under_carve(torch):
+    """torch.compile(mode="reduce-overhead") under carve: its losses, the warnings it gave."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = guarded(lambda: compiled_losses(torch))
+    return losses, [str(w.message)[:300] for w in caught if "carve_gpu.torch" in str(w.message)]
+
+
+def trees_refused(torch):
+    """Cudagraph trees asked for through Inductor's own option: what the first run raised, and
+    whether CUDA still serves a kernel afterwards."""
+    error = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": True}))
+    alive = guarded(lambda: float(torch.ones(1024, device="cuda").sum().item()) == 1024.0)
+    return {"error": error if isinstance(error, str) else f"no error: {error}", "alive": alive}
 
 
 def run_child(pool, library):
     import torch
-    if pool == "pytorch-trees":
-        return default_mode_child(torch)
+    carve = None
     if pool != "pytorch":
         sys.path.insert(0, os.path.join(ROOT, "python"))
         import carve_gpu.torch as carve
@@ -174,15 +182,16 @@ def run_child(pool, library):
     out = {}
 
     def live():  # the bytes handed out, as the allocator in use counts them
-        return torch.cuda.memory_allocated() if pool == "pytorch" else carve.memory_stats()["live_bytes"]
+        return torch.cuda.memory_allocated() if carve is None else carve.memory_stats()["live_bytes"]
     torch.zeros(1, device="cuda")  # CUDA initialised, under whichever allocator
-    if pool != "pytorch":
+    if carve is not None:
         try:
             out["failed_capture"] = failed_capture(torch, carve)
         except Exception as e:  # noqa: BLE001
             out["failed_capture"] = f"{type(e).__name__}: {e}"
+
     def captures():  # the graph captures begun on this thread through carve's pool hooks
-        return carve._installed["library"].captures_begun()[0] if pool != "pytorch" else 0
+        return carve._installed["library"].captures_begun()[0] if carve is not None else 0
     before, begun = live(), captures()
     try:
         out["captured"] = captured_losses(torch)
@@ -195,17 +204,17 @@ def run_child(pool, library):
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps a workspace per stream
         torch._C._cuda_clearCublasWorkspaces()
     out["live_after_graph"] = live() - before  # PyTorch's own: what its build keeps (workspaces)
-    import torch._inductor.config as inductor_config
-    if pool == "pytorch":  # the mode carve's use() sets (its children are set already)
-        inductor_config.triton.cudagraph_trees = False
-    out["cudagraph_trees"] = bool(inductor_config.triton.cudagraph_trees)
+    out["eager"] = guarded(lambda: training_losses(torch, lambda fn: fn))
     out["compiled_no_graphs"] = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": False}))
     begun, skipped = captures(), cudagraph_skips(torch)
-    out["compiled"] = guarded(lambda: compiled_losses(torch))
+    if carve is None:
+        out["compiled"] = guarded(lambda: compiled_losses(torch))
+    else:
+        out["compiled"], out["compiled_warnings"] = compiled_under_carve(torch)
     out["compiled_skips"] = cudagraph_skips(torch) - skipped
-    # Forward graphs only: Inductor captures the backward ones on autograd's thread (read from
-    # PyTorch's source; not yet run on a GPU).
     out["compiled_captures"] = captures() - begun
+    if carve is not None:  # last: the trees' manager stays behind in this process
+        out["trees_refused"] = trees_refused(torch)
     return out
 
 
@@ -230,18 +239,12 @@ def orchestrate(args):
         ok = isinstance(reference.get(what), list)
         failed += not ok
         lines.append(f"- PyTorch's allocator, {what}: {'ran' if ok else 'FAILED: ' + str(reference)[:600]}")
-    # For the reader, not checks: how Inductor's modes compare under PyTorch's own allocator, each
-    # beside the same compiled code run without CUDA graphs (eager differs by the fused kernels).
-    default = results["pytorch-trees"]
-    compiled_alone = reference.get("compiled_no_graphs")
-    for what, r, name in (("compiled_trees", default, "reduce-overhead with cudagraph trees (PyTorch's default, "
-                           f"cudagraph_skips {default.get('compiled_trees_skips')})"),
-                          ("compiled", reference, "reduce-overhead with trees off (carve's mode)")):
-        lines.append(f"- PyTorch's allocator, {name}: "
-                     f"{'the same losses as' if same(r.get(what), compiled_alone) else 'losses other than'} the same "
-                     f"code compiled without CUDA graphs ({str(r.get(what))[:300]}; without graphs "
-                     f"{str(compiled_alone)[:300]}; eager "
-                     f"{str(default.get('eager'))[:300]})")
+    # For the reader, not a check: what Inductor's graphs change under PyTorch's own allocator.
+    lines.append(f"- PyTorch's allocator, reduce-overhead (cudagraph trees, cudagraph_skips "
+                 f"{reference.get('compiled_skips')}): "
+                 f"{'the same losses as' if same(reference.get('compiled'), reference.get('compiled_no_graphs')) else 'losses other than'}"
+                 f" the same code compiled without CUDA graphs ({str(reference.get('compiled'))[:300]}; without "
+                 f"graphs {str(reference.get('compiled_no_graphs'))[:300]}; eager {str(reference.get('eager'))[:300]})")
     kept = reference.get("live_after_graph")  # what PyTorch's own allocator still counts (its workspaces)
     for pool in POOLS:
         r = results[pool]
@@ -258,22 +261,24 @@ def orchestrate(args):
                          f"({f['gave_back']} bytes, {need >> 20} MiB needed): {'passed' if ok else 'FAILED'}")
         else:
             lines.append(f"- {pool}: a capture the driver invalidated: FAILED: {str(f)[:600]}")
-        for what, name, against in (("captured", "torch.cuda.graph of a training step", "PyTorch's allocator"),
-                                    ("compiled", "torch.compile(mode=\"reduce-overhead\")",
-                                     "PyTorch's allocator with cudagraph trees off, as under carve")):
-            # Equal losses prove nothing about carve unless the graphs were captured through it.
-            begun = r.get(f"{what}_captures")
-            ok = same(r.get(what), reference.get(what)) and isinstance(begun, int) and begun > 0
-            failed += not ok
-            lines.append(f"- {pool}: {name}: same losses as {against}, {begun} captures begun through "
-                         f"carve's pool hooks: {'passed' if ok else 'FAILED: ' + str(r.get(what, r))[:600]}")
-        skips = (r.get("compiled_skips"), reference.get("compiled_skips"))
-        ok = skips == (0, 0) and r.get("cudagraph_trees") is False
+        # Equal losses prove nothing about carve unless the graph was captured through it.
+        begun = r.get("captured_captures")
+        ok = same(r.get("captured"), reference.get("captured")) and isinstance(begun, int) and begun > 0
         failed += not ok
-        lines.append(f"- {pool}: torch.compile captured every graph, trees off (Inductor's cudagraph_skips: "
-                     f"{skips[0]} under carve, {skips[1]} under PyTorch's allocator): {'passed' if ok else 'FAILED'}")
-        lines.append(f"- {pool}: torch.compile(mode=\"reduce-overhead\"), same losses as PyTorch's default (trees "
-                     f"on): {'yes' if same(r.get('compiled'), default.get('compiled_trees')) else 'no'} (for the reader)")
+        lines.append(f"- {pool}: torch.cuda.graph of a training step: same losses as PyTorch's allocator, {begun} "
+                     f"captures begun through carve's pool hooks: {'passed' if ok else 'FAILED: ' + str(r.get('captured', r))[:600]}")
+        warned = r.get("compiled_warnings") or []
+        ok = (same(r.get("compiled"), reference.get("compiled")) and len(warned) == 1
+              and "without CUDA graphs" in warned[0])
+        failed += not ok
+        lines.append(f"- {pool}: torch.compile(mode=\"reduce-overhead\"): same losses as PyTorch's allocator in that "
+                     f"mode (cudagraph trees), compiled without CUDA graphs under carve ({r.get('compiled_captures')} "
+                     f"captures, warned: {warned[:1]}): {'passed' if ok else 'FAILED: ' + str(r.get('compiled', r))[:600]}")
+        refused = r.get("trees_refused") or {}
+        ok = "carve_gpu.torch: CUDA graph trees" in str(refused.get("error")) and refused.get("alive") is True
+        failed += not ok
+        lines.append(f"- {pool}: cudagraph trees asked for through Inductor's option: refused with carve's message, "
+                     f"CUDA served on: {'passed' if ok else 'FAILED: ' + str(refused)[:600]}")
         lines.append(f"- {pool}: compiled without CUDA graphs, same losses as PyTorch's allocator: "
                      f"{'yes' if same(r.get('compiled_no_graphs'), reference.get('compiled_no_graphs')) else 'no'} "
                      f"(for the reader: {str(r.get('compiled_no_graphs'))[:300]})")

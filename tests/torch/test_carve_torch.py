@@ -663,6 +663,55 @@ PRELUDE = ("import ctypes, sys\nlib = ctypes.CDLL(sys.argv[1])\nlib.carve_torch_
            "lib.carve_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n")
 
 
+def check_compile_without_trees():
+    """use()'s hold on torch.compile, on a stand-in torch._inductor and torch._C shaped like PyTorch
+    2.x's: the modes that ask for CUDA graphs lose triton.cudagraphs (and only that) while cudagraph
+    trees are on, with one warning per process; with trees off (the user's choice) they keep it;
+    the list of every mode is untouched; the allocator checkpoints trees call raise carve's message;
+    wrapping twice wraps once."""
+    use_carve_gpu()
+    import types
+    import warnings
+    import carve_gpu.torch as carve_torch
+    modes = {"default": {}, "reduce-overhead": {"triton.cudagraphs": True},
+             "max-autotune-no-cudagraphs": {"max_autotune": True},
+             "max-autotune": {"max_autotune": True, "triton.cudagraphs": True}}
+
+    def list_mode_options(mode=None, dynamic=None):
+        return dict(modes[mode]) if mode else {k: dict(v) for k, v in modes.items()}
+    inductor = types.SimpleNamespace(list_mode_options=list_mode_options,
+                                     config=types.SimpleNamespace(triton=types.SimpleNamespace(cudagraph_trees=True)))
+    torch_c = types.SimpleNamespace(_cuda_getCheckpointState=lambda *a: "state",
+                                    _cuda_setCheckpointPoolState=lambda *a: None)
+    carve_torch._warned.pop("trees", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        carve_torch.compile_without_cudagraph_trees(inductor, torch_c)
+        carve_torch.compile_without_cudagraph_trees(inductor, torch_c)  # once only
+        check(inductor.list_mode_options.__wrapped__ is list_mode_options, "list_mode_options wrapped twice")
+        check(inductor.list_mode_options("reduce-overhead") == {}, "reduce-overhead kept its CUDA graphs")
+        check(inductor.list_mode_options("max-autotune", False) == {"max_autotune": True},
+              "max-autotune lost more than its CUDA graphs, or kept them")
+        check(inductor.list_mode_options("default") == {}, "the default mode changed")
+        check(inductor.list_mode_options() == modes, "the list of every mode changed")
+        check(len(caught) == 1 and "runs without CUDA graphs under carve" in str(caught[0].message)
+              and "reduce-overhead" in str(caught[0].message), f"not one warning naming the mode: {caught}")
+        inductor.config.triton.cudagraph_trees = False  # the user's choice: plain graphs, through carve's hooks
+        check(inductor.list_mode_options("reduce-overhead") == {"triton.cudagraphs": True},
+              "with trees off, reduce-overhead lost its CUDA graphs")
+    for name in ("_cuda_getCheckpointState", "_cuda_setCheckpointPoolState"):
+        try:
+            getattr(torch_c, name)(0, (0, 1))
+        except RuntimeError as e:
+            check(str(e) == carve_torch.TREES_REFUSED, f"{name}: not carve's message: {e}")
+        else:
+            raise AssertionError(f"{name} still runs under carve")
+    check(not hasattr(torch_c, "_cuda_checkPoolLiveAllocations"), "a checkpoint call this PyTorch lacks was added")
+    carve_torch.compile_without_cudagraph_trees(None, torch_c)  # no Inductor: the checkpoints alone
+    print("torch.compile under carve: CUDA graph modes compile without graphs while trees are on (one warning), "
+          "keep them with trees off; trees' allocator checkpoints refused with carve's message")
+
+
 def check_messages():
     env = dict(os.environ, CARVE_TORCH_BACKEND="host")
     env.pop("CARVE_TORCH_POOL", None)
@@ -864,6 +913,7 @@ def main():
             if result.returncode != 0:
                 failed.append(f"{kind} on {pool} (exit {result.returncode}):\n{result.stderr}")
     check_messages()
+    check_compile_without_trees()
     check_scripts()
     check_gpu_children()
     check_training_step_goals()
