@@ -140,8 +140,8 @@ TEST_CASE("a block freed on another stream goes home once that stream has passed
 }
 
 TEST_CASE("the upstream says no: the other streams' settled pools give back their segments, and it retries") {
-  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
-  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB
+  Pool pool(SimulatedCard(8 * MiB), {.shared_segment_size = 0}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB (of its own: none shared)
   REQUIRE(pool.try_deallocate(s0, a, 3 * MiB, 512));
   void* b = *pool.try_allocate(s1, 6 * MiB, 512); // 4 MiB free on the card: s0's cache goes back
   const carve::StreamCachingPoolStats after = pool.stats();
@@ -163,8 +163,8 @@ TEST_CASE("the upstream says no: the other streams' settled pools give back thei
 }
 
 TEST_CASE("held (a stream capture): a refused request takes nothing from the other streams") {
-  Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
-  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB
+  Pool pool(SimulatedCard(8 * MiB), {.shared_segment_size = 0}, SimulatedStreams(2));
+  void* a = *pool.try_allocate(s0, 3 * MiB, 512); // a segment of 4 MiB (of its own: none shared)
   REQUIRE(pool.try_deallocate(s0, a, 3 * MiB, 512));
   pool.hold(true);
   CHECK(pool.try_allocate(s1, 6 * MiB, 512).error() == Errc::no_space);

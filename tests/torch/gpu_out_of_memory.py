@@ -13,6 +13,11 @@ each in a process of its own under carve_gpu.torch.use(pool, max_reserved="2G"):
   kernel's result is right and nothing faults. The same through Tensor.record_stream: a tensor
   read on a side stream, freed on its own, is not handed to the next tensor of its size.
 
+Under CuPy (where it is installed), for each pool in a process of its own under
+carve_gpu.cupy.use(pool, max_reserved="2G"): 3 GiB asked for beside a 256 MiB array raises CuPy's
+own cupy.cuda.memory.OutOfMemoryError with carve's message; the array is intact; a zero-size
+array is no error; a 1 GiB array is served afterwards.
+
     gpu_out_of_memory.py [--library build/gpu/src/torch/libcarve_torch.so] [--report build/gpu/gpu-report.md]
 
 Exit status 0 when every check passed. Appends its section to --report.
@@ -26,12 +31,37 @@ import gpu_children  # noqa: E402
 from oom_checks import accelerate_should_reduce, lightning_is_oom  # noqa: E402
 
 POOLS = ("expandable", "stream-ordered", "caching")
+CUPY_CHILDREN = tuple("cupy-" + pool for pool in POOLS)
 MiB, GiB = 1 << 20, 1 << 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def run_cupy_child(pool, library):
+    import cupy
+    import carve_gpu.cupy as carve
+
+    carve.use(pool, library=library, max_reserved="2G")
+    checks = {}
+    kept = cupy.full(256 * MiB, 7, dtype=cupy.uint8)
+    refused = "3 GiB under a 2 GiB cap raises cupy.cuda.memory.OutOfMemoryError"
+    try:
+        cupy.empty(3 * GiB, dtype=cupy.uint8)
+        checks[refused] = "nothing was raised"
+    except cupy.cuda.memory.OutOfMemoryError as e:
+        message = str(e.args[0]) if e.args else ""
+        checks[refused] = True if message.startswith("CUDA out of memory. Tried to allocate 3.00 GiB.") else message
+    cupy.cuda.Device().synchronize()
+    checks["the 256 MiB array is intact after the refusal"] = bool((kept == 7).all())
+    checks["a zero-size array is no error"] = cupy.empty(0, dtype=cupy.uint8).size == 0
+    later = cupy.ones(GiB, dtype=cupy.uint8)
+    checks["a 1 GiB array is served afterwards"] = int(later[::MiB].sum()) == GiB // MiB
+    return {name: (value if value is True else str(value)) for name, value in checks.items()}
+
+
 def run_child(pool, library):
     sys.path.insert(0, os.path.join(ROOT, "python"))
+    if pool.startswith("cupy-"):
+        return run_cupy_child(pool[len("cupy-"):], library)
     import torch
     import carve_gpu.torch as carve
 
@@ -114,10 +144,15 @@ def run_child(pool, library):
 
 
 def orchestrate(args):
-    lines = ["## Out of memory under PyTorch through carve (tests/torch/gpu_out_of_memory.py)", ""]
-    checks, failed = gpu_children.check_lines(gpu_children.run_children(__file__, POOLS, args.library, 300))
+    lines = ["## Out of memory under PyTorch and CuPy through carve (tests/torch/gpu_out_of_memory.py)", ""]
+    import importlib.util
+    with_cupy = importlib.util.find_spec("cupy") is not None
+    children = POOLS + (CUPY_CHILDREN if with_cupy else ())
+    checks, failed = gpu_children.check_lines(gpu_children.run_children(__file__, children, args.library, 300))
+    if not with_cupy:
+        checks.append("- CuPy: not installed here (import cupy fails), its checks skipped")
     return gpu_children.report(lines + checks, args.report, failed)
 
 
 if __name__ == "__main__":
-    sys.exit(gpu_children.main(__doc__, POOLS, run_child, orchestrate))
+    sys.exit(gpu_children.main(__doc__, POOLS + CUPY_CHILDREN, run_child, orchestrate))

@@ -226,7 +226,8 @@ TEST_CASE(
     s->release_pool(id);
     s->empty_cache(); // the waited free went through and the pool was released: all but `out` goes back
     CHECK(s->books().reserved.now() < held);
-    CHECK(s->books().reserved.now() <= 4 * MiB + 2 * MiB);
+    // (`out` is a mid-size request: the caching stack's pool gave it a shared 20 MiB segment)
+    CHECK(s->books().reserved.now() <= (kind == PoolKind::caching ? 20 * MiB : 4 * MiB + 2 * MiB));
     REQUIRE(s->deallocate(c.graph, out, 4 * MiB)); // the pool's last block follows when freed
     s->empty_cache();
     CHECK(s->books().live.now() == 0);

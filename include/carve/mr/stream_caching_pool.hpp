@@ -21,7 +21,7 @@
 ///
 /// The rules:
 /// - Each stream gets a CachingPool at its first allocation, built with the pool's PoolOptions
-///   (granularity, segment_size and idle_threshold apply to each stream's pool); the synchronous
+///   (each of its options applies to each stream's pool); the synchronous
 ///   spellings (no stream) have one of their own. Within a stream's pool, CachingPool's rules:
 ///   best fit, segments from the upstream, whole free segments back beyond idle_threshold.
 /// - A block freed on its own stream goes back to its pool at once. Freed on another stream T
