@@ -261,7 +261,8 @@ inline constexpr std::size_t default_contenders = 6;
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
 // (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes) and
 // headroom (headroom_permille; `none` for no line);
-// caching-pool takes segment and idle (PoolOptions::segment_size, idle_threshold). Sizes are
+// caching-pool takes segment, idle and shared (PoolOptions::segment_size, idle_threshold,
+// shared_segment_size; shared=0 gives every request of segment or more its own). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
 inline Contender configured(const std::string& spec) {
   const auto colon = spec.find(':');
@@ -310,6 +311,8 @@ inline Contender configured(const std::string& spec) {
         o.segment_size = value;
       } else if (key == "idle") {
         o.idle_threshold = value;
+      } else if (key == "shared") {
+        o.shared_segment_size = value;
       } else {
         throw unknown(key);
       }

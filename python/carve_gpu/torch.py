@@ -215,22 +215,26 @@ def compile_without_cudagraph_trees(inductor, torch_c):
     refused where they first check or checkpoint the pool (their warm-up or first recording) with
     TREES_REFUSED instead of PyTorch's message. inductor:
     the torch._inductor module (None: nothing to compile). Wraps each function once."""
-    if inductor is not None and not getattr(inductor.list_mode_options, "_carve_without_trees", False):
-        mode_options = inductor.list_mode_options
+    mode_options = getattr(inductor, "list_mode_options", None)
+    if mode_options is not None and not getattr(mode_options, "_carve_without_trees", False):
+
+        def trees_on():
+            triton = getattr(getattr(inductor, "config", None), "triton", None)
+            return bool(getattr(triton, "cudagraph_trees", True))
 
         @functools.wraps(mode_options)
         def list_mode_options(mode=None, *args, **kwargs):
             options = mode_options(mode, *args, **kwargs)
-            if not mode or not options.get("triton.cudagraphs") or not inductor.config.triton.cudagraph_trees:
+            if not mode or not isinstance(options, dict) or not options.get("triton.cudagraphs") or not trees_on():
                 return options
             if not _warned.get("trees"):
                 _warned["trees"] = True
                 import warnings
-                warnings.warn(f"carve_gpu.torch: torch.compile(mode=\"{mode}\") runs without CUDA graphs under carve: "
-                              "Inductor records them as cudagraph trees, which checkpoint the allocator's state, and "
-                              "PyTorch's pluggable allocator cannot forward that. The compiled kernels and their results "
-                              "are the mode's own; for CUDA graphs under carve capture with torch.cuda.graph "
-                              "(docs/torch.md)", stacklevel=5)
+                warnings.warn(f"carve_gpu.torch: torch.compile(mode=\"{mode}\") runs without CUDA graphs under carve, as "
+                              "does every mode that asks for them: Inductor records them as cudagraph trees, which "
+                              "checkpoint the allocator's state, and PyTorch's pluggable allocator cannot forward that. "
+                              "The compiled kernels and their results are the mode's own; for CUDA graphs under carve "
+                              "capture with torch.cuda.graph (docs/torch.md)", stacklevel=5)
             return {key: value for key, value in options.items() if key != "triton.cudagraphs"}
 
         list_mode_options._carve_without_trees = True

@@ -127,6 +127,20 @@ TEST_CASE("mid-size requests share segments of shared_segment_size, so their fre
   CHECK(pool.consistent());
 }
 
+TEST_CASE("near a full card, a mid-size request takes a segment of its own rather than the cache") {
+  CachingPool pool(SimulatedCard(24 * MiB), PoolOptions{});
+  void* small = *pool.try_allocate(1 * MiB, 256); // a 2 MiB segment, then cached
+  REQUIRE(pool.try_deallocate(small, 1 * MiB, 256));
+  void* big = *pool.try_allocate(16 * MiB, 256); // its own: 16 MiB, 18 reserved in all
+  void* mid = *pool.try_allocate(3 * MiB, 256);  // 20 MiB would not fit in the 6 left; 4 MiB does
+  CHECK(pool.stats().bytes_reserved == 22 * MiB);
+  CHECK(pool.stats().bytes_cached == 2 * MiB + 1 * MiB); // the small one's segment stayed, and 4 - 3
+  CHECK(pool.stats().upstream_failures == 1);
+  REQUIRE(pool.try_deallocate(mid, 3 * MiB, 256));
+  REQUIRE(pool.try_deallocate(big, 16 * MiB, 256));
+  CHECK(pool.consistent());
+}
+
 TEST_CASE("bad requests return an error and change nothing") {
   CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = 1 * MiB});
   void* p = *pool.try_allocate(1000, 256);
@@ -159,7 +173,7 @@ TEST_CASE("the pool shrinks: idle bytes above the threshold go back, oldest firs
   const std::size_t seg = 1 * MiB; // no shared segments below: each request of seg gets its own
   CachingPool pool(
       SimulatedCard(32 * MiB),
-      PoolOptions{.granularity = 512, .segment_size = seg, .shared_segment_size = 0, .idle_threshold = 3 * seg});
+      PoolOptions{.granularity = 512, .segment_size = seg, .idle_threshold = 3 * seg, .shared_segment_size = 0});
   std::vector<void*> blocks;
   for (int i = 0; i < 8; ++i) {
     blocks.push_back(*pool.try_allocate(seg, 256)); // one segment each
@@ -282,8 +296,9 @@ namespace {
 // address; a request takes the cached block of exactly its rounded size, else the smallest
 // larger one (equal sizes: the lowest address), split; else a new segment from the upstream:
 // segment_size below it, shared_segment_size (in whole segment_size units) below half of that, else
-// the size rounded up to whole segment_size units; or, when the card cannot hold that, every whole
-// free segment goes back and exactly `size` is asked for; freed blocks merge with free neighbours
+// the size rounded up to whole segment_size units; a shared one the card cannot hold gives way to
+// the request's own; when the card cannot hold that, every whole free segment goes back and
+// exactly `size` is asked for; freed blocks merge with free neighbours
 // in their segment; whole free segments go back least recently freed first (on deallocation above
 // the idle threshold, and on trim). It predicts every address handed out from the cache, every
 // no_space, every trim's result and every statistic.
@@ -304,8 +319,13 @@ public:
       return;
     }
     const std::size_t unit = o_.segment_size;
+    const std::size_t own = round_up(std::max(size, unit), unit);
     std::size_t segment =
-        size < unit ? unit : round_up(size < o_.shared_segment_size / 2 ? o_.shared_segment_size : size, unit);
+        size >= unit && size < o_.shared_segment_size / 2 ? round_up(o_.shared_segment_size, unit) : own;
+    if (segment != own && segment > capacity_ - s_.bytes_reserved) { // no room for the shared one: its own
+      ++s_.upstream_failures;
+      segment = own;
+    }
     if (segment > capacity_ - s_.bytes_reserved) {
       ++s_.upstream_failures;
       release(0);
@@ -494,8 +514,8 @@ TEST_CASE("random allocate/free/trim against a reference model: every block and 
     const std::size_t granularity = seed % 3 == 0 ? 256 : 512;
     const PoolOptions options{.granularity = granularity,
                               .segment_size = (seed % 3 == 1 ? 128 : 256) * KiB,
-                              .shared_segment_size = seed <= 3 ? 1 * MiB : 0, // shared by [segment, 512 KiB)
-                              .idle_threshold = seed % 2 == 0 ? 1 * MiB : SIZE_MAX};
+                              .idle_threshold = seed % 2 == 0 ? 1 * MiB : SIZE_MAX,
+                              .shared_segment_size = seed <= 3 ? 1 * MiB : 0}; // shared by [segment, 512 KiB)
     CachingPool pool(SimulatedCard(capacity), options);
     PoolModel model(capacity, options);
     struct Live {

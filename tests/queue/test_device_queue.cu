@@ -111,7 +111,7 @@ __global__ void sizes(unsigned long long* out) {
 // A queue is about 15 KiB (each tier's counters on cache lines of their own): a kernel keeps it in
 // global memory, as a device queue lives, not on a thread's stack. The one-thread kernels below
 // build theirs in these two places and destroy them before they return.
-static_assert(sizeof(PriorityQueue) == sizeof(RoundRobinQueue) && alignof(PriorityQueue) == alignof(RoundRobinQueue));
+static_assert(sizeof(PriorityQueue) <= sizeof(RoundRobinQueue) && alignof(PriorityQueue) <= alignof(RoundRobinQueue));
 __device__ alignas(RoundRobinQueue) unsigned char scratch_storage[2][sizeof(RoundRobinQueue)];
 
 template <class Queue, class... Args>

@@ -17,8 +17,10 @@
 /// whole 2 MiB pages anyway; in the segment, the difference is cache that later requests use).
 /// Mid-size requests in segments of their own left real traces' caches in pieces that later,
 /// larger requests did not fit (carve_replay: 3% above PyTorch's reserve on one). If the upstream
-/// says no, the pool returns its free segments and asks once more (not while held: hold()). Freed
-/// blocks merge with free neighbours of the same segment.
+/// cannot give a shared segment, the request asks for its own first (near a full card a 20 MiB
+/// segment may not fit where the request does, and the cache should not go for that); if the
+/// upstream says no again, the pool returns its free segments and asks once more for exactly the
+/// request (not while held: hold()). Freed blocks merge with free neighbours of the same segment.
 /// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 ///
 /// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
@@ -333,19 +335,26 @@ private:
     return taken;
   }
 
-  /// What a request of `size` asks the upstream for (0 when that overflows): see the file's description.
+  /// The segment a request of `size` gets when no segment is shared (0 when that overflows).
+  std::size_t own_segment(std::size_t size) const noexcept {
+    return round_up(std::max(size, options_.segment_size), options_.segment_size);
+  }
+
+  /// What a request of `size` asks the upstream for first: see the file's description.
   std::size_t segment_for(std::size_t size) const noexcept {
     const std::size_t unit = options_.segment_size;
-    if (size < unit) {
-      return unit;
-    }
-    return round_up(size < options_.shared_segment_size / 2 ? options_.shared_segment_size : size, unit);
+    const std::size_t shared = round_up(options_.shared_segment_size, unit); // 0 when it overflows
+    return size >= unit && size < options_.shared_segment_size / 2 && shared != 0 ? shared : own_segment(size);
   }
 
   std::optional<BestFitRanges::Taken> take_new_segment(std::size_t size) {
-    const std::size_t preferred = segment_for(size);
-    auto got_segment = upstream_.try_allocate(preferred, options_.granularity);
-    std::size_t got = preferred;
+    std::size_t got = segment_for(size);
+    auto got_segment = upstream_.try_allocate(got, options_.granularity);
+    if (!got_segment && got != own_segment(size)) { // no room for a shared segment: the request's own
+      ++counters_.upstream_failures;
+      got = own_segment(size);
+      got_segment = upstream_.try_allocate(got, options_.granularity);
+    }
     if (!got_segment) {
       ++counters_.upstream_failures;
       if (!on_hold_) {

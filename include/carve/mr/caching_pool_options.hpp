@@ -24,17 +24,18 @@ struct PoolOptions {
   /// calls, which cost ~100 us each on a GPU); larger ones get a segment of their own, their size
   /// rounded up to a multiple of this, unless shared_segment_size takes them.
   std::size_t segment_size = std::size_t{2} << 20;
-  /// Requests of at least segment_size and below half this share segments of this size (rounded up
-  /// to whole segment_size units): PyTorch's 20 MiB segments for its requests of 1 to 10 MiB. Why:
-  /// segments never merge, so a mid-size request's own segment can later serve nothing larger, and
-  /// its rounding waits for small requests; shared, their frees merge into blocks of up to this
-  /// size. 0, or no more than twice segment_size: no such requests.
-  std::size_t shared_segment_size = std::size_t{20} << 20;
   /// Cached bytes kept for reuse. When a deallocation leaves the cache above it, whole free
   /// segments go back to the upstream, least recently freed first, until the cache is at or
   /// below it or no whole free segment is left (free blocks in a segment that still holds a live
   /// block cannot go back, so the cache may stay above it).
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
+  /// Requests of at least segment_size and below half this share segments of this size (rounded up
+  /// to whole segment_size units): PyTorch's 20 MiB segments for its requests of 1 to 10 MiB. Why:
+  /// segments never merge, so a mid-size request's own segment can later serve nothing larger, and
+  /// its rounding waits for small requests; shared, their frees merge into blocks of up to this
+  /// size. Where the upstream cannot give that much, the request's own segment is asked for before
+  /// the cache goes back. 0, or no more than twice segment_size: no such requests.
+  std::size_t shared_segment_size = std::size_t{20} << 20;
 };
 
 /// A CachingPool's counters at one moment (CachingPool::stats()).
@@ -55,7 +56,7 @@ struct PoolStats {
   std::uint64_t merges = 0;               ///< freed blocks joined with a free neighbour
   std::uint64_t upstream_allocations = 0; ///< segments taken from the upstream
   std::uint64_t upstream_frees = 0;       ///< segments given back to it
-  std::uint64_t upstream_failures = 0;    ///< upstream said no (then the pool trimmed and retried)
+  std::uint64_t upstream_failures = 0; ///< upstream said no (to a shared segment, or then the pool trimmed and retried)
 
   /// How scattered the cache is: 0 when all cached bytes form one block (or nothing is cached),
   /// approaching 1 as they split into many small blocks. 1 - largest cached block / cached bytes.
