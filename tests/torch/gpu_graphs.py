@@ -12,8 +12,9 @@ PyTorch's own allocator, each in a process of its own:
   forward) and warns once. The check: the same losses as PyTorch's allocator gives in that mode,
   and the warning given. Beside it, for the reader: every allocator's losses compiled without
   CUDA graphs, and PyTorch's in eager mode and its count of graphs Inductor skipped.
-- trees asked for directly (Inductor's triton.cudagraphs option) are refused under carve at
-  their first run with carve's message (carve_gpu.torch.TREES_REFUSED), and the process goes on.
+- trees asked for directly (Inductor's triton.cudagraphs option, and torch.compile's
+  backend="cudagraphs") are refused under carve at their first run with carve's message
+  (carve_gpu.torch.TREES_REFUSED), and the process goes on.
 - after the graph is deleted (its private pool released) every block comes home: carve's live
   bytes return to what they were before the capture, but for what PyTorch's own allocator also
   still counts there (the cuBLAS workspaces some PyTorch builds keep).
@@ -164,10 +165,20 @@ def compiled_under_carve(torch):
     return losses, [str(w.message)[:300] for w in caught if "carve_gpu.torch" in str(w.message)]
 
 
-def trees_refused(torch):
-    """Cudagraph trees asked for through Inductor's own option: what the first run raised, and
-    whether CUDA still serves a kernel afterwards."""
-    error = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": True}))
+def trees_refused(torch, backend=None):
+    """Cudagraph trees asked for through Inductor's own option (or, with `backend`, through
+    torch.compile's backend of that name): what the first run raised, and whether CUDA still
+    serves a kernel afterwards."""
+    if backend is None:
+        error = guarded(lambda: compiled_losses(torch, **{"triton.cudagraphs": True}))
+    else:
+        torch._dynamo.reset()
+        try:  # what the refused run before this one left in the trees' manager
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+            reset_cudagraph_trees()
+        except Exception:  # noqa: BLE001 - a PyTorch without it: the check runs as it is
+            pass
+        error = guarded(lambda: training_losses(torch, lambda fn: torch.compile(fn, backend=backend)))
     alive = guarded(lambda: float(torch.ones(1024, device="cuda").sum().item()) == 1024.0)
     return {"error": error if isinstance(error, str) else f"no error: {error}", "alive": alive}
 
@@ -215,6 +226,7 @@ def run_child(pool, library):
     out["compiled_captures"] = captures() - begun
     if carve is not None:  # last: the trees' manager stays behind in this process
         out["trees_refused"] = trees_refused(torch)
+        out["backend_refused"] = trees_refused(torch, backend="cudagraphs")
     return out
 
 
@@ -274,11 +286,12 @@ def orchestrate(args):
         lines.append(f"- {pool}: torch.compile(mode=\"reduce-overhead\"): same losses as PyTorch's allocator in that "
                      f"mode (cudagraph trees), compiled without CUDA graphs under carve ({r.get('compiled_captures')} "
                      f"captures, warned: {warned[:1]}): {'passed' if ok else 'FAILED: ' + str(r.get('compiled', r))[:600]}")
-        refused = r.get("trees_refused") or {}
-        ok = "carve_gpu.torch: CUDA graph trees" in str(refused.get("error")) and refused.get("alive") is True
-        failed += not ok
-        lines.append(f"- {pool}: cudagraph trees asked for through Inductor's option: refused with carve's message, "
-                     f"CUDA served on: {'passed' if ok else 'FAILED: ' + str(refused)[:600]}")
+        for key, how in (("trees_refused", "Inductor's option"), ("backend_refused", "backend=\"cudagraphs\"")):
+            refused = r.get(key) or {}
+            ok = "carve_gpu.torch: CUDA graph trees" in str(refused.get("error")) and refused.get("alive") is True
+            failed += not ok
+            lines.append(f"- {pool}: cudagraph trees asked for through {how}: refused with carve's message, CUDA "
+                         f"served on: {'passed' if ok else 'FAILED: ' + str(refused)[:600]}")
         lines.append(f"- {pool}: compiled without CUDA graphs, same losses as PyTorch's allocator: "
                      f"{'yes' if same(r.get('compiled_no_graphs'), reference.get('compiled_no_graphs')) else 'no'} "
                      f"(for the reader: {str(r.get('compiled_no_graphs'))[:300]})")
