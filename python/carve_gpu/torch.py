@@ -213,8 +213,9 @@ def compile_without_cudagraph_trees(inductor, torch_c):
     run the same kernels. A user who turns trees off (torch._inductor.config.triton.cudagraph_trees)
     keeps the graphs. Trees asked for some other way (the option itself, backend="cudagraphs") are
     refused where they first check or checkpoint the pool (their warm-up or first recording) with
-    TREES_REFUSED instead of PyTorch's message. inductor:
-    the torch._inductor module (None: nothing to compile). Wraps each function once."""
+    TREES_REFUSED instead of PyTorch's message. inductor: the torch._inductor module (None: nothing
+    to compile). Wraps each function once. Checked here on stand-ins for both modules; on a GPU
+    by tests/torch/gpu_graphs.py."""
     mode_options = getattr(inductor, "list_mode_options", None)
     if mode_options is not None and not getattr(mode_options, "_carve_without_trees", False):
 

@@ -36,6 +36,11 @@ MiB, GiB = 1 << 20, 1 << 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def results(checks):
+    """A child's JSON: each check's name mapped to True (passed) or to why it failed, as text."""
+    return {name: (value if value is True else str(value)) for name, value in checks.items()}
+
+
 def run_cupy_child(pool, library):
     import cupy
     import carve_gpu.cupy as carve
@@ -55,7 +60,7 @@ def run_cupy_child(pool, library):
     checks["a zero-size array is no error"] = cupy.empty(0, dtype=cupy.uint8).size == 0
     later = cupy.ones(GiB, dtype=cupy.uint8)
     checks["a 1 GiB array is served afterwards"] = int(later[::MiB].sum()) == GiB // MiB
-    return {name: (value if value is True else str(value)) for name, value in checks.items()}
+    return results(checks)
 
 
 def run_child(pool, library):
@@ -140,7 +145,7 @@ def run_child(pool, library):
     checks["a tensor read on a side stream (record_stream) is not handed out again under it"] = (
         True if float(total.item()) == n else f"the side stream's sum is {float(total.item())}, not {n}")
     overwrite = None
-    return {name: (value if value is True else str(value)) for name, value in checks.items()}
+    return results(checks)
 
 
 def orchestrate(args):

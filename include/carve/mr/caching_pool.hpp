@@ -335,22 +335,23 @@ private:
     return taken;
   }
 
-  /// The segment a request of `size` gets when no segment is shared (0 when that overflows).
+  /// The segment a request of `size` gets when it shares none (0 when that overflows).
   std::size_t own_segment(std::size_t size) const noexcept {
     return round_up(std::max(size, options_.segment_size), options_.segment_size);
   }
 
-  /// What a request of `size` asks the upstream for first: see the file's description.
-  std::size_t segment_for(std::size_t size) const noexcept {
-    const std::size_t unit = options_.segment_size;
-    const std::size_t shared = round_up(options_.shared_segment_size, unit); // 0 when it overflows
-    return size >= unit && size < options_.shared_segment_size / 2 && shared != 0 ? shared : own_segment(size);
+  /// The shared segment a request of `size` asks for first, or 0 where it shares none: see the
+  /// file's description (round_up gives 0 for a shared_segment_size that overflows).
+  std::size_t shared_segment(std::size_t size) const noexcept {
+    const bool mid_size = size >= options_.segment_size && size < options_.shared_segment_size / 2;
+    return mid_size ? round_up(options_.shared_segment_size, options_.segment_size) : 0;
   }
 
   std::optional<BestFitRanges::Taken> take_new_segment(std::size_t size) {
-    std::size_t got = segment_for(size);
+    const std::size_t shared = shared_segment(size);
+    std::size_t got = shared != 0 ? shared : own_segment(size);
     auto got_segment = upstream_.try_allocate(got, options_.granularity);
-    if (!got_segment && got != own_segment(size)) { // no room for a shared segment: the request's own
+    if (!got_segment && shared != 0) { // no room for a shared segment: the request's own
       ++counters_.upstream_failures;
       got = own_segment(size);
       got_segment = upstream_.try_allocate(got, options_.granularity);
