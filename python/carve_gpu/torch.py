@@ -69,8 +69,7 @@ def install_hooks(hooks, lib):
     (which form of the graph hooks), or None where this PyTorch has neither: then carve refuses any
     allocation from a capturing stream with a message saying so (carve_torch_guard_captures), since
     it could not keep the graph's memory from the next allocation. (The hooks' behaviour is checked
-    on libcarve_torch's host backend; their signatures are taken from PyTorch's source, not yet run
-    under a real PyTorch on a GPU.)"""
+    on libcarve_torch's host backend, and under PyTorch on a GPU by tests/torch/gpu_graphs.py.)"""
     if hasattr(hooks, "set_reset_fn"):
         hooks.set_reset_fn(lib.address("carve_torch_empty_cache"))
     if hasattr(hooks, "set_record_stream_fn"):

@@ -29,8 +29,8 @@
 /// Needs the CUDA runtime: declared only where `<cuda_runtime_api.h>` and `<cuda.h>` are on the
 /// include path (nvcc, or a target linked to CUDA::cudart; the driver's VMM calls are found through
 /// the runtime, never by linking libcuda), so `<carve/carve.hpp>` compiles without them. The
-/// device view has not run on a GPU yet: it compiles for sm_80/sm_90, and its host twin
-/// (VmmMirrorBackend over HostMemoryMapper) runs in the tests. Construction
+/// device view runs on a GPU in tests/mirror/test_cuda_mirror.cu, and its host twin
+/// (VmmMirrorBackend over HostMemoryMapper) in the host tests. Construction
 /// throws carve::Exception (device_error) when there is no CUDA device; the copy calls report
 /// Errc::device_error.
 #pragma once

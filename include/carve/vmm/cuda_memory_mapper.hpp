@@ -37,8 +37,8 @@
 ///
 /// Needs the CUDA headers: declared only where both `<cuda.h>` and `<cuda_runtime_api.h>` are on
 /// the include path (link CUDA::cudart or cudart_static, never CUDA::cuda_driver), so
-/// `<carve/carve.hpp>` compiles with a plain host compiler. Has not run on a GPU yet: it compiles
-/// with nvcc 13 for sm_80/sm_90 and g++, and the same protocol runs on the host twin in the tests.
+/// `<carve/carve.hpp>` compiles with a plain host compiler. It runs on a GPU in
+/// tests/vmm/test_vmm_cuda.cpp, and the same protocol on the host twin in the host tests.
 #pragma once
 
 #if __has_include(<cuda.h>) && __has_include(<cuda_runtime_api.h>)
