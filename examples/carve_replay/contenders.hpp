@@ -255,12 +255,24 @@ inline Contender expandable_with_headroom(std::size_t permille) {
                               ExpandablePoolOptions{.headroom_permille = permille});
 }
 
+// The hole-lending settings (ExpandablePoolOptions::lend_min_bytes) carve_replay shows: lending to
+// blocks of 256 MiB or more, up to never.
+inline constexpr std::array<std::size_t, 5> lending_settings = {std::size_t{256} << 20, std::size_t{512} << 20,
+                                                                std::size_t{1} << 30, std::size_t{4} << 30,
+                                                                std::numeric_limits<std::size_t>::max()};
+
+// expandable-pool lending to blocks of `min_bytes` or more, the other options at their defaults.
+inline Contender expandable_lending(std::size_t min_bytes) {
+  return expandable_contender("expandable-pool:lend=" + std::to_string(min_bytes), "carve::ExpandablePool",
+                              ExpandablePoolOptions{.lend_min_bytes = min_bytes});
+}
+
 // How many of all_contenders() run when none is named.
 inline constexpr std::size_t default_contenders = 6;
 
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
-// (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes) and
-// headroom (headroom_permille; `none` for no line);
+// (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes), headroom
+// (headroom_permille; `none` for no line) and lend (lend_min_bytes; `none` never lends);
 // caching-pool takes segment, idle and shared (PoolOptions::segment_size, idle_threshold,
 // shared_segment_size; shared=0 gives every request of segment or more its own). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
@@ -298,6 +310,8 @@ inline Contender configured(const std::string& spec) {
         o.release_threshold = value;
       } else if (key == "headroom") {
         o.headroom_permille = value;
+      } else if (key == "lend") {
+        o.lend_min_bytes = value;
       } else {
         throw unknown(key);
       }

@@ -315,12 +315,17 @@ int run(const Options& o) {
     rep.rows.push_back(std::move(r));
   }
 
-  // How expandable-pool's reserve and device calls move with its headroom, on this trace.
+  // How expandable-pool's reserve and device calls move with its headroom and its lending, on this trace.
   if (rep.find("expandable-pool") != nullptr && !o.capacity) {
     for (const std::size_t permille : carve::replay::headroom_settings) {
       const auto subject = carve::replay::expandable_with_headroom(permille).make(card, streams.count);
       const auto run = carve::replay::replay(*t, streams, *subject);
       rep.headroom.push_back({permille, run.peak_reserved, run.device_calls, run.completed});
+    }
+    for (const std::size_t min_bytes : carve::replay::lending_settings) {
+      const auto subject = carve::replay::expandable_lending(min_bytes).make(card, streams.count);
+      const auto run = carve::replay::replay(*t, streams, *subject);
+      rep.lending.push_back({min_bytes, run.peak_reserved, run.device_calls, run.completed});
     }
   }
 

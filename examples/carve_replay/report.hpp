@@ -35,9 +35,10 @@ struct Row {
   std::vector<std::uint64_t> reserved_after;   // for the plot
 };
 
-// expandable-pool at one headroom setting: what carve_replay prints so a user can choose it.
-struct HeadroomPoint {
-  std::size_t permille = 0; // ExpandablePoolOptions::headroom_permille
+// expandable-pool at one setting of a knob (headroom, lending): what carve_replay prints so a user
+// can choose it.
+struct SettingPoint {
+  std::size_t value = 0; // ExpandablePoolOptions::headroom_permille or lend_min_bytes
   std::uint64_t peak_reserved = 0;
   std::uint64_t device_calls = 0;
   bool completed = true;
@@ -50,8 +51,9 @@ struct Report {
   std::uint32_t streams = 1;
   std::optional<std::uint64_t> capacity;
   std::vector<Row> rows;
-  std::optional<Row> seeded_model;     // pytorch-model started from the recorded segments: the model checked
-  std::vector<HeadroomPoint> headroom; // expandable-pool's reserve against calls, when it ran
+  std::optional<Row> seeded_model;    // pytorch-model started from the recorded segments: the model checked
+  std::vector<SettingPoint> headroom; // expandable-pool's reserve against calls, when it ran
+  std::vector<SettingPoint> lending;  // the same against lend_min_bytes
 
   const Row* find(const std::string& name) const {
     const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; });
@@ -186,20 +188,30 @@ inline void print_table(const Report& rep) {
   if (rep.seeded_model && rep.seeded_model->completed && recorded && recorded->peak_reserved > 0) {
     against(*rep.seeded_model, "started from the recorded segments");
   }
-  if (!rep.headroom.empty()) {
-    fmt::print("\nexpandable-pool's headroom (ExpandablePoolOptions::headroom_permille, carve_replay "
-               "--allocators expandable-pool:headroom=N): reserve against device calls on this trace\n");
-    fmt::print("{:>14} {:>13} {:>11} {:>13}\n", "headroom", "peak reserved", "x peak live", "device calls");
-    for (const HeadroomPoint& h : rep.headroom) {
-      const bool none = h.permille == std::numeric_limits<std::size_t>::max();
+  const auto knob = [&](const std::vector<SettingPoint>& points, const char* what, const char* column,
+                        std::size_t default_value, auto&& label) {
+    if (points.empty()) {
+      return;
+    }
+    fmt::print("\nexpandable-pool's {}: reserve against device calls on this trace\n", what);
+    fmt::print("{:>19} {:>13} {:>11} {:>13}\n", column, "peak reserved", "x peak live", "device calls");
+    for (const SettingPoint& h : points) {
+      const bool none = h.value == std::numeric_limits<std::size_t>::max();
       const std::string setting =
-          (none ? std::string("none") : fmt::format("{:g}%", static_cast<double>(h.permille) / 10)) +
-          (h.permille == ExpandablePoolOptions{}.headroom_permille ? " (default)" : "");
-      fmt::print("{:>14} {:>13} {:>10.3f}x {:>13}{}\n", setting, gib(h.peak_reserved),
+          (none ? std::string("none") : label(h.value)) + (h.value == default_value ? " (default)" : "");
+      fmt::print("{:>19} {:>13} {:>10.3f}x {:>13}{}\n", setting, gib(h.peak_reserved),
                  static_cast<double>(h.peak_reserved) / live, h.device_calls,
                  h.completed ? "" : "  did not complete on this card");
     }
-  }
+  };
+  knob(rep.headroom,
+       "headroom (ExpandablePoolOptions::headroom_permille, carve_replay --allocators expandable-pool:headroom=N)",
+       "headroom", ExpandablePoolOptions{}.headroom_permille,
+       [](std::size_t v) { return fmt::format("{:g}%", static_cast<double>(v) / 10); });
+  knob(rep.lending,
+       "hole lending to blocks of at least (ExpandablePoolOptions::lend_min_bytes, carve_replay --allocators "
+       "expandable-pool:lend=BYTES)",
+       "lend to blocks", ExpandablePoolOptions{}.lend_min_bytes, [](std::size_t v) { return gib(v); });
   const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card
   if (!goals.empty()) {
     fmt::print("\n");
@@ -234,23 +246,27 @@ inline void print_json(const Report& rep) {
                         r.ns_per_op ? fmt::format("{:.1f}", *r.ns_per_op) : "null", number(r.smallest_card),
                         r.completed ? "true" : "false", number(r.failed_request));
   }
-  std::string headroom;
-  for (const HeadroomPoint& h : rep.headroom) {
-    headroom += fmt::format("{}{{\"permille\":{},\"peak_reserved_bytes\":{},\"device_calls\":{},\"completed\":{}}}",
-                            headroom.empty() ? "" : ",",
-                            h.permille == std::numeric_limits<std::size_t>::max() ? std::string("null")
-                                                                                  : std::to_string(h.permille),
-                            h.peak_reserved, h.device_calls, h.completed ? "true" : "false");
-  }
+  const auto points = [](const std::vector<SettingPoint>& all, const char* key) {
+    std::string out;
+    for (const SettingPoint& h : all) {
+      out += fmt::format(
+          "{}{{\"{}\":{},\"peak_reserved_bytes\":{},\"device_calls\":{},\"completed\":{}}}", out.empty() ? "" : ",",
+          key, h.value == std::numeric_limits<std::size_t>::max() ? std::string("null") : std::to_string(h.value),
+          h.peak_reserved, h.device_calls, h.completed ? "true" : "false");
+    }
+    return out;
+  };
+  const std::string headroom = points(rep.headroom, "permille");
+  const std::string lending = points(rep.lending, "lend_min_bytes");
   const std::string seeded = rep.seeded_model
                                  ? fmt::format("{{\"peak_reserved_bytes\":{},\"device_calls\":{}}}",
                                                rep.seeded_model->peak_reserved, number(rep.seeded_model->device_calls))
                                  : "null";
   fmt::print("{{\"trace\":{},\"peak_live_bytes\":{},\"start_live_bytes\":{},\"allocations\":{},\"streams\":{},"
              "\"capacity_bytes\":{},\"allocators\":[{}],\"pytorch_model_from_recorded_start\":{},"
-             "\"expandable_pool_headroom\":[{}]}}\n",
+             "\"expandable_pool_headroom\":[{}],\"expandable_pool_lending\":[{}]}}\n",
              json_string(rep.trace->source), rep.peak_live, rep.start_live, rep.trace->allocations(), rep.streams,
-             number(rep.capacity), rows, seeded, headroom);
+             number(rep.capacity), rows, seeded, headroom, lending);
 }
 
 // Reserved bytes over the trace for every allocator, and the live bytes beneath them.

@@ -80,8 +80,8 @@ public:
   Result<void> free_reservation(void* va, std::size_t bytes) {
     return clock_->time([&] { return mapper_.free_reservation(va, bytes); });
   }
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
-    return clock_->time([&] { return mapper_.map(va, bytes, h); });
+  Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
+    return clock_->time([&] { return mapper_.map(va, bytes, h, offset); });
   }
   Result<void> unmap(void* va, std::size_t bytes) {
     return clock_->time([&] { return mapper_.unmap(va, bytes); });

@@ -19,7 +19,9 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 
 namespace carve::torch {
 
@@ -99,37 +101,51 @@ struct Books {
 
 inline void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
 
-// A PhysicalMemoryMapper that counts, in a Books, the memory mapped and the calls that create, map
-// and unmap it (what ExpandablePoolStats::device_calls counts). Copies share the Books.
+// A PhysicalMemoryMapper that counts, in a Books, the memory it holds and the calls that create, map
+// and unmap it (what ExpandablePoolStats::device_calls counts). Memory is counted from its create to
+// its handle's release, which OnDemandReservation makes when it unmaps the chunk, not by mapping:
+// a hole lent to another block is one memory mapped twice. Copies share the Books.
 template <PhysicalMemoryMapper Mapper>
 class CountingMapper {
 public:
   using physical_handle = typename Mapper::physical_handle;
   static constexpr ExportKind export_kind = Mapper::export_kind;
 
-  CountingMapper(Mapper mapper, Books* books) : m_(std::move(mapper)), books_(books) {}
+  CountingMapper(Mapper mapper, Books* books)
+      : m_(std::move(mapper)), books_(books), sizes_(std::make_shared<HandleSizes>()) {}
 
   Result<std::size_t> granularity(int device) const { return m_.granularity(device); }
-  Result<physical_handle> create(int device, std::size_t bytes) { return counted(m_.create(device, bytes)); }
-  Result<int> export_fd(physical_handle h) { return m_.export_fd(h); }
-  Result<physical_handle> import_fd(int fd) { return m_.import_fd(fd); }
-  Result<void> release(physical_handle h) { return m_.release(h); }
-  Result<void*> reserve(std::size_t bytes, std::size_t alignment) { return m_.reserve(bytes, alignment); }
-  Result<void> free_reservation(void* va, std::size_t bytes) { return m_.free_reservation(va, bytes); }
-  Result<void> map(void* va, std::size_t bytes, physical_handle h) {
-    auto r = counted(m_.map(va, bytes, h));
-    if (r) {
+  Result<physical_handle> create(int device, std::size_t bytes) {
+    auto h = counted(m_.create(device, bytes));
+    if (h) {
+      try {
+        const std::lock_guard lock(sizes_->mutex);
+        sizes_->bytes.emplace(*h, bytes);
+      } catch (const std::bad_alloc&) {
+        (void)m_.release(*h);
+        return fail(Errc::no_space, "out of memory for the allocator's books");
+      }
       books_->reserved.add(bytes);
     }
-    return r;
+    return h;
   }
-  Result<void> unmap(void* va, std::size_t bytes) {
-    auto r = counted(m_.unmap(va, bytes));
-    if (r) {
-      books_->reserved.sub(bytes);
+  Result<int> export_fd(physical_handle h) { return m_.export_fd(h); }
+  Result<physical_handle> import_fd(int fd) { return m_.import_fd(fd); }
+  Result<void> release(physical_handle h) {
+    auto r = m_.release(h);
+    const std::lock_guard lock(sizes_->mutex);
+    if (const auto it = sizes_->bytes.find(h); r && it != sizes_->bytes.end()) {
+      books_->reserved.sub(it->second);
+      sizes_->bytes.erase(it);
     }
     return r;
   }
+  Result<void*> reserve(std::size_t bytes, std::size_t alignment) { return m_.reserve(bytes, alignment); }
+  Result<void> free_reservation(void* va, std::size_t bytes) { return m_.free_reservation(va, bytes); }
+  Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
+    return counted(m_.map(va, bytes, h, offset));
+  }
+  Result<void> unmap(void* va, std::size_t bytes) { return counted(m_.unmap(va, bytes)); }
   Result<void> set_access(void* va, std::size_t bytes, int device, Access access) {
     return m_.set_access(va, bytes, device, access);
   }
@@ -141,8 +157,13 @@ private:
     count(r ? books_->device_calls : books_->device_failures);
     return r;
   }
+  struct HandleSizes {
+    std::mutex mutex;
+    std::map<physical_handle, std::size_t> bytes; // what each handle created holds
+  };
   Mapper m_;
   Books* books_;
+  std::shared_ptr<HandleSizes> sizes_;
 };
 
 // An upstream byte resource that counts, in a Books, the segments a pool takes and gives back,

@@ -127,6 +127,30 @@ TEST_CASE("best fit: the smallest range that holds the request, the lowest among
   CHECK(r.free_bytes() == 64 * KiB - 14 * KiB);
 }
 
+TEST_CASE("take_at takes exactly the range asked for, only where it is free, and gives it back like any") {
+  BestFitRanges r(0x10000, 64 * KiB);
+  const auto a = r.take(16 * KiB);
+  REQUIRE(a);
+  const auto b = r.take_at(0x18000, 8 * KiB); // inside the free 48 KiB after a: pad and tail stay free
+  REQUIRE(b);
+  CHECK(b->start == 0x18000);
+  CHECK(b->rest == 40 * KiB);
+  CHECK(r.count() == 2);
+  CHECK(r.take_at(0x10000, 4 * KiB) == std::nullopt);  // a's
+  CHECK(r.take_at(0x17000, 8 * KiB) == std::nullopt);  // runs into b
+  CHECK(r.take_at(0x1e000, 16 * KiB) == std::nullopt); // past the region
+  CHECK(r.consistent());
+  CHECK(r.free_bytes() == 40 * KiB);
+  const auto c = r.take_at(0x14000, 16 * KiB); // an exact fit: the whole free range between a and b
+  REQUIRE(c);
+  CHECK(c->rest == 0);
+  CHECK(r.take(4 * KiB)->start == 0x1a000); // best fit passes the taken ranges by
+  const auto span = r.give(b->handle);
+  CHECK(span.start == 0x18000);
+  CHECK(span.bytes == 8 * KiB); // c and the take after it are its neighbours
+  CHECK(r.consistent());
+}
+
 TEST_CASE("aligned takes leave the pad free, and regions never merge") {
   BestFitRanges r;
   const auto first = r.add_region(0x100000, 64 * KiB);

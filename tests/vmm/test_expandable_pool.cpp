@@ -147,11 +147,15 @@ struct RefusingMapper : HostMemoryMapper {
     }
     return HostMemoryMapper::create(device, bytes);
   }
-  carve::Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  std::shared_ptr<bool> refuse_offsets = std::make_shared<bool>(false); // as a driver that wants offset 0
+  carve::Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
+    if (offset != 0 && *refuse_offsets) {
+      return carve::fail(Errc::invalid_argument, "cuMemMap: CUDA_ERROR_INVALID_VALUE (simulated: offset 0 only)");
+    }
     if ((*maps_left)-- <= 0) {
       return carve::fail(Errc::device_error, "cuMemMap: CUDA_ERROR_UNKNOWN (simulated)");
     }
-    return HostMemoryMapper::map(va, bytes, h);
+    return HostMemoryMapper::map(va, bytes, h, offset);
   }
   // Grants to a device other than 0 (closing one is never refused).
   std::shared_ptr<int> peer_grants_left = std::make_shared<int>(1 << 30);
@@ -402,13 +406,13 @@ TEST_CASE("a device that refuses memory: no_space, its reason kept, nothing left
   CHECK(pool.last_failure().find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
   CHECK(pool.stats().bytes_reserved == before.bytes_reserved);
   CHECK(m.mapping_count() == 1);
-  CHECK(m.physical_count() == 0); // handles are released once mapped; refused ones never made
+  CHECK(m.physical_count() == 1); // a mapped chunk keeps its handle; refused ones never made
   *m.creates_left = 1 << 30;
   *m.maps_left = 0;
   CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space);
   CHECK(pool.last_failure().find("cuMemMap") != std::string::npos);
   CHECK(m.mapping_count() == 1);
-  CHECK(m.physical_count() == 0); // the refused map's handle was released
+  CHECK(m.physical_count() == 1); // the refused map's handle was released
   *m.maps_left = 1 << 30;
   void* b = *pool.try_allocate(3 * granule, 512);
   CHECK(pool.consistent());
@@ -778,6 +782,133 @@ TEST_CASE("memory handed out is never touched by the pool: a replay of gigabytes
   for (void* p : blocks) {
     pool.deallocate(p, std::size_t{1} << 30, 512);
   }
+}
+
+TEST_CASE("lending: a large block past the headroom line maps the holes live blocks pin, not new memory") {
+  HostMemoryMapper m = mapper(); // copies share the tables
+  Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * granule}));
+  const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+  void* x = *pool.try_allocate(8 * granule, 512); // one chunk of 8 granules
+  const auto base = at(x);
+  pool.deallocate(x, 8 * granule, 512);
+  void* a = *pool.try_allocate(2 * granule, 512); // a, b and c refill the chunk from its start
+  void* b = *pool.try_allocate(2 * granule, 512);
+  void* c = *pool.try_allocate(2 * granule, 512);
+  REQUIRE((at(a) == base && at(b) == base + 2 * granule && at(c) == base + 4 * granule));
+  pool.deallocate(b, 2 * granule, 512); // a hole: a and c pin its chunk
+  CHECK(pool.stats().creates == 1);
+
+  // d lands on the chunk's free end and two granules past it: those are the hole, mapped again.
+  void* d = *pool.try_allocate(4 * granule, 512);
+  CHECK(at(d) == base + 6 * granule);
+  auto st = pool.stats();
+  CHECK(st.bytes_reserved == 8 * granule); // no new memory
+  CHECK(st.peak_reserved == 8 * granule);
+  CHECK(st.lent_bytes == 2 * granule);
+  CHECK(st.creates == 1);
+  CHECK(st.maps == 2);
+  CHECK(pool.consistent());
+  std::memset(a, 1, 2 * granule);
+  std::memset(c, 3, 2 * granule);
+  std::memset(d, 4, 4 * granule);
+  CHECK(base[2 * granule] == 4); // the hole's memory is d's last two granules
+  CHECK((at(a)[2 * granule - 1] == 1 && at(c)[0] == 3 && at(c)[2 * granule - 1] == 3));
+
+  // The hole's own addresses are out of best fit's way while d holds its memory.
+  void* e = *pool.try_allocate(granule, 512);
+  CHECK((at(e) < base + 2 * granule || at(e) >= base + 4 * granule));
+  CHECK(pool.stats().creates == 2);
+
+  // d freed, its second mapping idles; trim unmaps it, and the hole is a free range again.
+  pool.deallocate(d, 4 * granule, 512);
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  CHECK(pool.trim() == 0); // a second mapping frees no memory, and the chunk is still pinned
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(pool.consistent());
+  void* f = *pool.try_allocate(2 * granule, 512);
+  CHECK(at(f) == base + 2 * granule);
+  CHECK(pool.stats().creates == 2);
+  for (auto [p, n] : {std::pair{a, 2 * granule}, {c, 2 * granule}, {e, granule}, {f, 2 * granule}}) {
+    pool.deallocate(p, n, 512);
+  }
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(m.mapping_count() == 0);
+  CHECK(m.physical_count() == 0);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, and the block maps new memory") {
+  RefusingMapper m({.granularity = granule});
+  *m.refuse_offsets = true;
+  ExpandablePool<RefusingMapper> pool(
+      m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * granule}));
+  void* x = *pool.try_allocate(8 * granule, 512);
+  pool.deallocate(x, 8 * granule, 512);
+  void* a = *pool.try_allocate(granule, 512); // holes at [1, 3) and [4, 8) once b is freed
+  void* b = *pool.try_allocate(2 * granule, 512);
+  void* c = *pool.try_allocate(granule, 512);
+  pool.deallocate(b, 2 * granule, 512);
+  void* d = *pool.try_allocate(6 * granule, 512); // lands at 4: granules 8 and 9 need memory; the lend is refused
+  REQUIRE(d != nullptr);
+  auto st = pool.stats();
+  CHECK(st.lent_bytes == 0);
+  CHECK(st.mapper_failures == 1);
+  CHECK(st.bytes_reserved == 10 * granule);
+  std::memset(d, 7, 6 * granule);
+  void* e = *pool.try_allocate(4 * granule, 512); // lending is off: no second refusal
+  CHECK(pool.stats().mapper_failures == 1);
+  CHECK(pool.consistent());
+  for (auto [p, n] : {std::pair{a, granule}, {c, granule}, {d, 6 * granule}, {e, 4 * granule}}) {
+    pool.deallocate(p, n, 512);
+  }
+  pool.trim();
+  CHECK(m.mapping_count() == 0);
+}
+
+TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") {
+  HostMemoryMapper m = mapper();
+  Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * granule}));
+  std::mt19937_64 rng(29);
+  struct Block {
+    unsigned char* p;
+    std::size_t bytes;
+    unsigned char fill;
+  };
+  std::vector<Block> live;
+  std::size_t most_lent = 0;
+  bool intact = true;
+  for (int step = 0; step < 3000 && intact; ++step) {
+    if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
+      const std::size_t bytes = (rng() % 4 == 0 ? 3 * granule + rng() % (5 * granule) : 1 + rng() % (2 * granule));
+      const auto p = pool.try_allocate(bytes, 512);
+      REQUIRE(p);
+      const auto fill = static_cast<unsigned char>(step);
+      std::memset(*p, fill, bytes);
+      live.push_back({static_cast<unsigned char*>(*p), bytes, fill});
+    } else {
+      const std::size_t i = rng() % live.size();
+      pool.deallocate(live[i].p, live[i].bytes, 512);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (const Block& blk : live) {
+      intact = intact && std::all_of(blk.p, blk.p + blk.bytes, [&](unsigned char v) { return v == blk.fill; });
+    }
+    most_lent = std::max(most_lent, pool.stats().lent_bytes);
+    if (step % 500 == 0) {
+      CHECK(pool.consistent());
+    }
+  }
+  CHECK(intact);
+  CHECK(most_lent > 0); // holes were lent, so the check above covered them
+  CHECK(pool.consistent());
+  for (const Block& blk : live) {
+    pool.deallocate(blk.p, blk.bytes, 512);
+  }
+  pool.trim();
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(m.mapping_count() == 0);
 }
 
 } // namespace test_expandable_pool

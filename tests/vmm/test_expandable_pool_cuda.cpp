@@ -4,7 +4,8 @@
 // and unmapped by the driver, and the test's own snapshot replayed on the card beside the host twin
 // (HostMemoryMapper with the card's granularity), which must reserve and call the driver exactly
 // as the card does: the replay's prediction checked against the real thing; the shared real
-// snapshot too, where it is beside the repository.
+// snapshot too, where it is beside the repository; and a hole lent to a large block, written through
+// one address and read through the other.
 #include "support/device_test.hpp"
 
 #include <carve/trace/trace_file.hpp>
@@ -110,6 +111,46 @@ void on_gpu() {
   }
 }
 
+// A hole lent on the card (ExpandablePoolOptions::lend_min_bytes): one physical allocation mapped
+// at two addresses. Where the driver refuses an offset into an allocation, lending turns itself
+// off and the block maps new memory; the test says which happened.
+void lending_on_card(std::size_t g) {
+  carve::ExpandablePool<carve::CudaMemoryMapper> pool(
+      carve::CudaMemoryMapper{}, {.device = 0, .growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * g});
+  void* x = pool.allocate(8 * g, 512); // one chunk of 8 granules
+  pool.deallocate(x, 8 * g, 512);
+  void* a = pool.allocate(2 * g, 512);
+  void* b = pool.allocate(2 * g, 512);
+  void* c = pool.allocate(2 * g, 512);
+  pool.deallocate(b, 2 * g, 512); // a hole that a and c pin
+  carve::test::check(cudaMemset(a, 0x11, 2 * g), "cudaMemset");
+  void* d = pool.allocate(4 * g, 512); // the chunk's free end and two granules past it
+  const auto s = pool.stats();
+  carve::test::check(cudaMemset(d, 0x5a, 4 * g), "cudaMemset");
+  carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto hole = carve::test::to_host(static_cast<const unsigned char*>(x) + 2 * g, 2 * g);
+  const auto kept = carve::test::to_host(static_cast<const unsigned char*>(a), 2 * g);
+  if (s.lent_bytes != 0) {
+    std::printf("a hole lent: %zu bytes mapped a second time, %zu bytes reserved for 10 granules of blocks\n",
+                s.lent_bytes, s.bytes_reserved);
+    expect(s.lent_bytes == 2 * g && s.bytes_reserved == 8 * g, "the hole served the block, no new memory");
+    expect(std::all_of(hole.begin(), hole.end(), [](unsigned char v) { return v == 0x5a; }),
+           "what the device wrote through the block is in the hole's memory");
+  } else {
+    std::printf("the driver refused a mapping from an offset (%s): lending is off, the block mapped new memory\n",
+                pool.last_failure().c_str());
+    expect(s.mapper_failures == 1 && s.bytes_reserved == 10 * g, "a refused lend leaves the block on new memory");
+  }
+  expect(std::all_of(kept.begin(), kept.end(), [](unsigned char v) { return v == 0x11; }), "its neighbour is intact");
+  expect(pool.consistent(), "the pool's books agree");
+  for (void* p : {a, c}) {
+    pool.deallocate(p, 2 * g, 512);
+  }
+  pool.deallocate(d, 4 * g, 512);
+  pool.trim();
+  expect(pool.stats().bytes_reserved == 0 && pool.stats().lent_bytes == 0, "nothing mapped after trim");
+}
+
 } // namespace
 
 int main() {
@@ -122,6 +163,7 @@ int main() {
   } else {
     carve::test::skip_without_device();
     on_gpu();
+    lending_on_card(*carve::CudaMemoryMapper{}.granularity(0));
   }
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;

@@ -219,6 +219,32 @@ TEST_CASE("HostMemoryMapper: two mappings in one reservation, and copies share t
   CHECK(copy.physical_count() == 0);
 }
 
+TEST_CASE("HostMemoryMapper: memory mapped at two addresses is one memory; offsets are checked") {
+  HostMemoryMapper m = two_devices();
+  const auto h = m.create(1, 2 * granule);
+  const auto va = m.reserve(3 * granule, 0);
+  REQUIRE((h && va));
+  auto* base = static_cast<unsigned char*>(*va);
+  REQUIRE(m.map(base, 2 * granule, *h));
+  CHECK(code_of(m.map(base + 2 * granule, granule, *h, granule / 2)) == Errc::invalid_argument);
+  CHECK(code_of(m.map(base + 2 * granule, granule, *h, 2 * granule)) == Errc::invalid_size);
+  CHECK(code_of(m.map(base + 2 * granule, 2 * granule, *h, 0)) == Errc::invalid_argument); // past the reservation
+  CHECK(m.mapping_count() == 1);
+  REQUIRE(m.map(base + 2 * granule, granule, *h, granule)); // the allocation's second granule, again
+  REQUIRE(m.set_access(base, 3 * granule, 0, Access::read_write));
+  std::memset(base + granule, 7, granule);
+  CHECK(base[2 * granule + 5] == 7);
+  base[2 * granule] = 9;
+  CHECK(base[granule] == 9);
+  REQUIRE(m.release(*h)); // the mappings keep the memory
+  REQUIRE(m.unmap(base, 2 * granule));
+  CHECK(base[2 * granule + 5] == 7);
+  REQUIRE(m.unmap(base + 2 * granule, granule));
+  REQUIRE(m.free_reservation(base, 3 * granule));
+  CHECK(m.physical_count() == 0);
+  CHECK(m.mapping_count() == 0);
+}
+
 TEST_CASE("HostMemoryMapper: two processes share a physical allocation passed with SCM_RIGHTS") {
   int sockets[2];
   REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sockets) == 0);
@@ -832,4 +858,56 @@ TEST_CASE("OnDemandReservation: more than it can ever hold is no_space, a size t
   REQUIRE_FALSE(wraps);
   CHECK(wraps.error().code == Errc::invalid_size);
   CHECK(Reservation::reserve(two_devices(), 0, 0).error().code == Errc::invalid_size);
+}
+
+TEST_CASE("OnDemandReservation: lend maps a chunk's unused granules again elsewhere, and hands them back") {
+  using Reservation = carve::OnDemandReservation<HostMemoryMapper>;
+  HostMemoryMapper m = two_devices(); // copies share the tables
+  {
+    auto r = Reservation::reserve(m, 0, 16 * granule);
+    REQUIRE(r);
+    const std::uintptr_t base = r->base();
+    REQUIRE(r->back(base, 4 * granule, [] { return carve::ChunkRule{}; }) == 4 * granule);
+    CHECK(m.physical_count() == 1); // a chunk keeps its handle while it is mapped
+    auto* home = reinterpret_cast<unsigned char*>(base);
+    std::memset(home + granule, 5, 2 * granule);
+    const auto maps = r->counts().maps;
+
+    // Refused, nothing changed: over mapped granules, from granules of no chunk, misaligned.
+    CHECK(code_of(r->lend(base + 2 * granule, base + granule, granule)) == Errc::invalid_argument);
+    CHECK(code_of(r->lend(base + 8 * granule, base + 6 * granule, granule)) == Errc::invalid_argument);
+    CHECK(code_of(r->lend(base + 8 * granule, base + granule + 512, granule)) == Errc::invalid_argument);
+    CHECK(code_of(r->lend(base + 8 * granule, base + 3 * granule, 2 * granule)) ==
+          Errc::invalid_argument); // past the chunk
+    CHECK(r->counts().maps == maps);
+    CHECK(r->consistent());
+
+    REQUIRE(r->lend(base + 8 * granule, base + granule, 2 * granule));
+    CHECK(r->counts().maps == maps + 1);
+    CHECK(r->mapped_bytes() == 4 * granule); // no memory of its own
+    CHECK(r->chunk_count() == 2);
+    CHECK(r->lent_at(base + 8 * granule));
+    CHECK_FALSE(r->lent_at(base));
+    CHECK(r->backed(base + 8 * granule, 2 * granule));
+    CHECK(r->unbacked_bytes(base + 8 * granule, 3 * granule) == granule);
+    auto* lent = reinterpret_cast<unsigned char*>(base + 8 * granule);
+    CHECK(lent[granule + 17] == 5);
+    lent[0] = 6;
+    CHECK(home[granule] == 6); // one memory
+    CHECK(r->consistent());
+    CHECK(r->take_returned().empty());
+
+    CHECK(r->release_within(base + 8 * granule, 2 * granule) == 0); // unmapped, and no memory freed
+    const auto back = r->take_returned();
+    REQUIRE(back.size() == 1);
+    CHECK(back[0] == std::pair{base + granule, 2 * granule});
+    CHECK(r->chunk_count() == 1);
+    CHECK(r->consistent());
+
+    // Dropping the reservation unmaps a second mapping with the first, and the memory goes.
+    REQUIRE(r->lend(base + 8 * granule, base, granule));
+    CHECK(m.mapping_count() == 2);
+  }
+  CHECK(m.mapping_count() == 0);
+  CHECK(m.physical_count() == 0);
 }

@@ -125,24 +125,30 @@ public:
     if (n == none) {
       return std::nullopt;
     }
-    make_room(nodes_, 2); // the pieces that stay free, before anything changes
-    const Node& found = nodes_[n];
-    const std::uintptr_t aligned = align_up(found.start, alignment);
-    const std::size_t pad = aligned - found.start;
-    const std::size_t tail = found.bytes - pad - bytes;
-    unfile(n);
-    std::uint32_t got = n;
-    if (pad != 0) { // the aligned part becomes a node of its own after the pad, which stays free
-      got = split_after(n, pad);
-      file(n);
+    return cut(n, align_up(nodes_[n].start, alignment) - nodes_[n].start, bytes);
+  }
+
+  /// Takes exactly [start, start + bytes) (bytes > 0), which must lie inside one free range;
+  /// nullopt when it does not (nothing changes). It walks the free ranges from the request's size
+  /// class up, so it is for rare use (an owner keeping a range out of best fit's way). Throws
+  /// std::bad_alloc (nothing changes) when the node table must grow and cannot.
+  std::optional<Taken> take_at(std::uintptr_t start, std::size_t bytes) {
+    std::uint32_t n = none;
+    const FreeOrder<const Node> at{nodes_.data()};
+    const std::uint32_t own = class_of(std::max<std::size_t>(bytes, 1));
+    for (std::uint32_t c = roots_[own] != none ? own : next_class(own); c != none && n == none; c = next_class(c)) {
+      for (std::uint32_t m = ConstTree::first(roots_[c], at); m != none; m = ConstTree::next(m, at)) {
+        if (nodes_[m].start <= start && start - nodes_[m].start <= nodes_[m].bytes &&
+            bytes <= nodes_[m].bytes - (start - nodes_[m].start)) {
+          n = m;
+          break;
+        }
+      }
     }
-    if (tail != 0) {
-      file(split_after(got, bytes));
+    if (n == none || bytes == 0) {
+      return std::nullopt;
     }
-    nodes_[got].free = false;
-    free_bytes_ -= bytes;
-    ++taken_;
-    return Taken{aligned, got, pad + tail};
+    return cut(n, start - nodes_[n].start, bytes);
   }
 
   /// Frees a taken range, merging it with free neighbours of its region; returns the free range
@@ -386,6 +392,26 @@ private:
     } catch (...) {
       // the slot is not reused; nothing else depends on it
     }
+  }
+
+  // Takes `bytes` of free node `n`, `pad` bytes after its start; the pad and the tail stay free.
+  Taken cut(std::uint32_t n, std::size_t pad, std::size_t bytes) {
+    make_room(nodes_, 2); // the pieces that stay free, before anything changes
+    const std::uintptr_t start = nodes_[n].start + pad;
+    const std::size_t tail = nodes_[n].bytes - pad - bytes;
+    unfile(n);
+    std::uint32_t got = n;
+    if (pad != 0) { // the taken part becomes a node of its own after the pad, which stays free
+      got = split_after(n, pad);
+      file(n);
+    }
+    if (tail != 0) {
+      file(split_after(got, bytes));
+    }
+    nodes_[got].free = false;
+    free_bytes_ -= bytes;
+    ++taken_;
+    return Taken{start, got, pad + tail};
   }
 
   // Cuts node `n` after its first `keep` bytes; the rest becomes a new free node after it

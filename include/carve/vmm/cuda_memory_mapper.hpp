@@ -308,10 +308,10 @@ public:
                              : fail(Errc::unsupported, d.missing);
   }
 
-  /// cuMemMap of the allocation's first `bytes` at `va`.
-  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  /// cuMemMap of `bytes` of the allocation, from `offset`, at `va`.
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     const auto& d = driver();
-    return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, 0, h, 0))
+    return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, offset, h, 0))
                              : fail(Errc::unsupported, d.missing);
   }
 

@@ -20,10 +20,11 @@
 /// (ExpandablePoolOptions::growth_divisor says how large), and a chunk is unmapped only when no
 /// block touches it and the pool lets it go: when the device refuses memory (then the request is
 /// retried), on trim(), beyond release_threshold, or to stay under the headroom line: the running
-/// peak of live bytes plus headroom_permille of it. A chunk stops at that line, and a request that
+/// peak of live bytes plus headroom_permille of it. A chunk stops at that line; a request that
 /// must map past it first unmaps idle chunks, highest addresses first (best fit reaches them
-/// last). What is mapped is the live blocks, the holes between them, idle chunks the streams'
-/// work has not passed and the headroom.
+/// last), and a large one (lend_min_bytes) then maps holes, the unused granules of chunks live
+/// blocks pin, a second time before it maps new memory (detail/hole_lending.hpp). What is mapped
+/// is the live blocks, the holes, idle chunks the streams' work has not passed and the headroom.
 ///
 /// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
 /// at once (stream order makes it safe); freed on another stream T, it waits for an event recorded
@@ -160,16 +161,7 @@ public:
       return fail(Errc::invalid_argument, "grant_access: device " + std::to_string(device) + " is outside [0, 64)");
     }
     const std::lock_guard lock(s_->mutex);
-    for (std::size_t i = 0; i < s_->spaces.size(); ++i) {
-      if (auto ok = s_->spaces[i]->memory.grant(device); !ok) {
-        while (i-- > 0) {
-          s_->spaces[i]->memory.revoke(device);
-        }
-        return ok;
-      }
-    }
-    s_->peers |= device == s_->options.device ? 0 : std::uint64_t{1} << device; // for reservations made later
-    return {};
+    return s_->grant(device);
   }
 
   /// While `held`, the pool unmaps nothing: not for the headroom line, the release threshold,
@@ -273,6 +265,7 @@ private:
         std::optional<Result<std::size_t>> added; // empty: the tables could not grow, nothing was mapped
         try {
           make_headroom(space.memory.unbacked_bytes(taken->start, size), size);
+          lend_holes(space, taken->start, size);
           added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
         } catch (const std::bad_alloc&) {
         }
@@ -388,11 +381,28 @@ private:
     }
   }
 
+  // Past the headroom line, a block of at least lend_min_bytes maps holes before new memory.
+  void lend_holes(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
+    const std::size_t need = size < s_->options.lend_min_bytes ? 0 : space.memory.unbacked_bytes(addr, size);
+    if (need != 0 && !s_->lending_refused && s_->reserved + need > headroom_line(size)) {
+      (void)detail::lend_holes(space.free, space.memory, space.lent, addr, size, s_->lending_refused);
+    }
+  }
+
   // Unmaps the chunks of reservation `space` that lie wholly in [start, start + bytes), a range
-  // no block touches; returns the bytes unmapped.
+  // no block touches, and frees the holes whose second mapping that removes; returns the bytes
+  // unmapped.
   std::size_t unmap_within(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
-    const std::size_t freed = s_->spaces[space]->memory.release_within(start, bytes);
+    Space& s = *s_->spaces[space];
+    const std::size_t freed = s.memory.release_within(start, bytes);
     s_->reserved -= freed;
+    for (const auto& [hole, n] : s.memory.take_returned()) {
+      if (const auto it = s.lent.find(hole); it != s.lent.end()) {
+        const auto kept = it->second;
+        s.lent.erase(it);
+        note_free(space, s.free.give(kept));
+      }
+    }
     if (freed != 0) {
       s_->idle.unmapped(space, start, bytes);
     }
@@ -445,12 +455,18 @@ private:
   // Unmaps every idle chunk (one that lies wholly in a free range) in every reservation whose
   // stream's work on freed blocks has run (`wait`: waiting for it where the Streams can); returns
   // the bytes unmapped.
+  // A second pass frees what holes given back leave idle.
   std::size_t release_idle(bool wait) noexcept {
     std::size_t released = 0;
     for (std::uint32_t i = 0; !s_->held && i < s_->spaces.size(); ++i) {
-      if (Space& space = *s_->spaces[i]; settled(space, s_->frees, wait)) {
-        space.free.for_each_free([&](std::uintptr_t a, std::size_t n) { released += unmap_within(i, a, n); },
-                                 s_->granule);
+      Space& space = *s_->spaces[i];
+      for (std::size_t lent = SIZE_MAX; settled(space, s_->frees, wait) && lent != space.lent.size();) {
+        lent = space.lent.size();
+        std::vector<detail::IdleChunks::Chunk> idle;
+        detail::find_idle_chunks(space.free, space.memory, i, idle); // unmapping changes the ranges
+        for (const auto& chunk : idle) {
+          released += unmap_within(i, chunk.start, chunk.bytes);
+        }
       }
     }
     return released;

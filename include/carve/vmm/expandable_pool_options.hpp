@@ -48,6 +48,14 @@ struct ExpandablePoolOptions {
   /// within 1.01x the peak live bytes with about twice PyTorch's segment calls on a training step.
   /// max(): never unmap for it (grow by growth_divisor alone).
   std::size_t headroom_permille = 5;
+  /// A block at least this large that must map memory past the headroom line first maps, a second
+  /// time, the unused granules inside chunks live blocks pin (holes, which cost their memory until
+  /// their chunk's last block dies), and takes their own addresses out of use until that second
+  /// mapping goes. One driver call per hole, so it pays for large blocks: the default, 1 GiB, lends
+  /// to the few largest blocks of a training step (its logits) and nothing else on the snapshots
+  /// carve has (docs/replay.md gives the figures); carve_replay prints other settings against a
+  /// snapshot of one's own. max(): never lend.
+  std::size_t lend_min_bytes = std::size_t{1} << 30;
 };
 
 /// address_space_bytes as a pool over a device of granularity `granule` uses it (0 resolved as its
@@ -87,10 +95,11 @@ struct ExpandablePoolStats {
   std::size_t peak_reserved = 0;       ///< the most bytes_reserved has been
   std::size_t live_blocks = 0;         ///< blocks handed out and not yet freed
   std::size_t pending_frees = 0;       ///< blocks freed on another stream whose work has not yet passed the free
-  std::size_t chunks = 0;              ///< physical allocations mapped now
+  std::size_t chunks = 0;              ///< mappings now: physical allocations, and holes mapped again
   std::size_t address_spaces = 0;      ///< reservations: one per stream that has allocated
   std::size_t address_space_bytes = 0; ///< addresses reserved in all
   std::size_t free_ranges = 0;         ///< free address ranges in all spaces (mapped or not)
+  std::size_t lent_bytes = 0;          ///< holes mapped a second time now (ExpandablePoolOptions::lend_min_bytes)
   std::uint64_t allocations = 0;       ///< successful allocations
   std::uint64_t deallocations = 0;     ///< successful frees
   std::uint64_t creates = 0;           ///< physical allocations made (cuMemCreate)

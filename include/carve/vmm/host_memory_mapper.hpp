@@ -237,21 +237,26 @@ public:
     return {};
   }
 
-  /// Maps the allocation's first `bytes` at `va`, PROT_NONE for every device. Errors:
-  /// invalid_size (also: larger than the allocation), invalid_argument (misaligned, outside one
-  /// reservation, over another mapping), not_allocated (an unknown handle), no_space (mmap failed).
-  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h) {
+  /// Maps `bytes` of the allocation, from `offset`, at `va`, PROT_NONE for every device (memory
+  /// mapped at several addresses is one memory). Errors: invalid_size (also: past the allocation's
+  /// end), invalid_argument (misaligned address or offset, outside one reservation, over another
+  /// mapping), not_allocated (an unknown handle), no_space (mmap failed).
+  [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     if (auto ok = check_size("map", bytes); !ok) {
       return ok;
+    }
+    if (offset % state_->options.granularity != 0) {
+      return fail(Errc::invalid_argument, "map: offset " + std::to_string(offset) + " is not a multiple of " +
+                                              std::to_string(state_->options.granularity));
     }
     const std::lock_guard lock(state_->mutex);
     const auto p = state_->physical.find(h);
     if (p == state_->physical.end()) {
       return fail(Errc::not_allocated, "map: no physical allocation " + std::to_string(h));
     }
-    if (bytes > p->second.size) {
-      return fail(Errc::invalid_size, "map: " + std::to_string(bytes) + " bytes of a " +
-                                          std::to_string(p->second.size) + "-byte allocation");
+    if (offset > p->second.size || bytes > p->second.size - offset) {
+      return fail(Errc::invalid_size, "map: " + std::to_string(bytes) + " bytes from " + std::to_string(offset) +
+                                          " of a " + std::to_string(p->second.size) + "-byte allocation");
     }
     auto r = state_->reservation_of("map", va, bytes);
     if (!r) {
@@ -267,7 +272,7 @@ public:
       return fail(Errc::invalid_argument, "map: " + text(va) + " +" + std::to_string(bytes) + " is mapped already");
     }
     if (!state_->options.address_only &&
-        ::mmap(va, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, p->second.fd, 0) == MAP_FAILED) {
+        ::mmap(va, bytes, PROT_NONE, MAP_SHARED | MAP_FIXED, p->second.fd, static_cast<off_t>(offset)) == MAP_FAILED) {
       const int e = errno;
       restore_reservation(va, bytes);
       errno = e;

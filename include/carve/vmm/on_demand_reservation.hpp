@@ -9,19 +9,18 @@
 /// r->release_within(r->base(), r->bytes());           // unmaps every chunk: nothing is reserved
 /// @endcode
 ///
-/// back(addr, bytes) makes every granule that [addr, addr + bytes) touches mapped and accessible
-/// to the device. Each run of granules not yet mapped becomes one chunk: one physical allocation
-/// (mapper.create), one mapping (map) and one access grant (set_access), after which the handle is
-/// released, so the memory lives exactly as long as its mapping. Devices granted with grant()
-/// (peers that read and write this memory directly) get an access grant on every chunk as well; a
-/// chunk the mapper refuses to open to a peer is kept for its own device, closed to that peer. A
-/// chunk may be made longer than
-/// its run, over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs
-/// driver calls of tens of microseconds on a GPU, so a reservation that grows by many small
-/// requests should grow by fewer, larger chunks. ChunkRule::limit_bytes bounds what one call may
-/// add, so an owner can hold a cap on physical memory. release_within unmaps the chunks that lie
-/// wholly inside a range its owner knows to be unused; a chunk is the unit of release, because a
-/// physical allocation is freed only once all of it is unmapped.
+/// back(addr, bytes) maps every granule [addr, addr + bytes) touches and opens it to the device
+/// and to every peer grant() let in (a peer that refuses a chunk finds it closed). Each run of
+/// unmapped granules becomes one chunk: one physical allocation (create), one mapping (map) and
+/// its access grants; its handle is released when it is unmapped. A chunk may reach past its run,
+/// over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs driver calls
+/// of tens of microseconds on a GPU, so a reservation that grows by many small requests should
+/// grow by fewer, larger chunks; ChunkRule::limit_bytes bounds what one call adds, so an owner can
+/// hold a cap. release_within unmaps the chunks wholly inside a range its owner knows unused: a
+/// chunk is the unit of release, since a physical allocation is freed only once all of it is
+/// unmapped. lend() maps whole granules of a chunk a second time, over unmapped granules: a chunk
+/// with no memory of its own, whose owner keeps the granules it maps again unused until it is
+/// unmapped and take_returned() hands them back.
 ///
 /// Errors (nothing changes: chunks made by a failed back are unmapped again): the mapper's Error
 /// (no_space when the device is out of memory), no_space when the limit would be passed,
@@ -32,6 +31,8 @@
 
 #include <carve/core/checked_math.hpp>
 #include <carve/core/error.hpp>
+#include <carve/vmm/detail/granule_table.hpp>
+#include <carve/vmm/mapping_counts.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <algorithm>
@@ -40,29 +41,12 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace carve {
-
-/// How large back() makes a new chunk.
-struct ChunkRule {
-  std::size_t min_bytes = 0; ///< a new chunk maps at least this much (where the granules after its run are unmapped)
-  std::size_t limit_bytes = std::numeric_limits<std::size_t>::max(); ///< one back() maps at most this much in all
-};
-
-/// What an OnDemandReservation has asked of its mapper.
-struct MappingCounts {
-  std::uint64_t creates = 0;  ///< physical allocations made
-  std::uint64_t maps = 0;     ///< mappings made
-  std::uint64_t unmaps = 0;   ///< mappings removed
-  std::uint64_t accesses = 0; ///< access calls: one per map and peer granted, one per chunk grant() opens or closes
-  std::uint64_t peer_refusals =
-      0;                      ///< a new chunk's grants to a peer the mapper refused (the chunk stays, closed to it)
-  std::uint64_t releases = 0; ///< handles released (one per create)
-  std::uint64_t failures = 0; ///< calls the mapper refused
-};
 
 /// An address reservation mapped granule by granule on demand (see the file's description).
 template <PhysicalMemoryMapper Mapper>
@@ -95,8 +79,9 @@ public:
   OnDemandReservation(OnDemandReservation&& other) noexcept
       : mapper_(std::move(other.mapper_)), device_(other.device_), base_(std::exchange(other.base_, 0)),
         bytes_(std::exchange(other.bytes_, 0)), granule_(other.granule_), shift_(other.shift_),
-        owner_(std::move(other.owner_)), chunks_(std::move(other.chunks_)), mapped_(std::exchange(other.mapped_, 0)),
-        peers_(other.peers_), counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
+        owner_(std::move(other.owner_)), chunks_(std::move(other.chunks_)), returned_(std::move(other.returned_)),
+        mapped_(std::exchange(other.mapped_, 0)), peers_(other.peers_), counts_(other.counts_),
+        last_failure_(std::move(other.last_failure_)) {}
   OnDemandReservation& operator=(OnDemandReservation&&) = delete;
   OnDemandReservation(const OnDemandReservation&) = delete;
   OnDemandReservation& operator=(const OnDemandReservation&) = delete;
@@ -160,6 +145,42 @@ public:
     return added;
   }
 
+  /// Maps [from, from + bytes) (whole granules of one chunk back() made, which no block uses) a
+  /// second time at [to, to + bytes) (whole unmapped granules): no memory added. The caller keeps
+  /// the first range unused until release_within unmaps the second and take_returned() hands it
+  /// back. Errors (nothing changes): invalid_argument for ranges not so; the mapper's.
+  [[nodiscard]] Result<void> lend(std::uintptr_t to, std::uintptr_t from, std::size_t bytes) {
+    const std::size_t t = (to - base_) >> shift_;
+    const std::size_t f = (from - base_) >> shift_;
+    const std::size_t n = bytes >> shift_;
+    auto home = chunks_.upper_bound(f);
+    const bool aligned = to >= base_ && from >= base_ && ((to | from | bytes) & (granule_ - 1)) == 0 && n != 0;
+    if (!aligned || t + n > bytes_ / granule_ || unbacked_bytes(to, bytes) != bytes || home == chunks_.begin() ||
+        !std::prev(home)->second.handle || f + n > std::prev(home)->first + std::prev(home)->second.granules) {
+      return fail(Errc::invalid_argument, "lend: not whole unmapped granules over whole granules of one chunk");
+    }
+    --home;
+    if (auto room = add_chunk(t, Chunk{n, std::nullopt, f}); !room) {
+      return room;
+    }
+    if (auto ok = map_open(t, n, *home->second.handle, (f - home->first) * granule_); !ok) {
+      chunks_.erase(t);
+      return refused(ok.error());
+    }
+    own(t, n, static_cast<std::uint32_t>(t + n));
+    return {};
+  }
+
+  /// Whether the chunk that starts at `addr` is a second mapping lend() made.
+  bool lent_at(std::uintptr_t addr) const noexcept {
+    const auto it = addr < base_ ? chunks_.end() : chunks_.find((addr - base_) >> shift_);
+    return it != chunks_.end() && !it->second.handle;
+  }
+
+  /// The ranges lend() mapped again whose second mapping release_within has unmapped since the
+  /// last call: the caller's to use again.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> take_returned() noexcept { return std::exchange(returned_, {}); }
+
   /// Unmaps every chunk that lies wholly inside [addr, addr + bytes), which the caller knows no
   /// one uses; returns the bytes unmapped. A chunk the mapper refuses to unmap stays (counted in
   /// MappingCounts::failures).
@@ -170,18 +191,27 @@ public:
     const std::size_t first = (addr - base_ + granule_ - 1) / granule_;
     const std::size_t end = std::min(bytes_, addr - base_ + std::min(bytes, bytes_ - (addr - base_))) / granule_;
     std::size_t released = 0;
-    for (auto it = chunks_.lower_bound(first); it != chunks_.end() && it->first + it->second <= end;) {
-      const std::size_t size = it->second * granule_;
+    for (auto it = chunks_.lower_bound(first); it != chunks_.end() && it->first + it->second.granules <= end;) {
+      const std::size_t size = it->second.granules * granule_;
       ++counts_.unmaps;
       if (!mapper_.unmap(at(it->first), size)) {
         ++counts_.failures;
         ++it;
         continue;
       }
-      std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(it->first),
-                owner_.begin() + static_cast<std::ptrdiff_t>(it->first + it->second), 0u);
-      mapped_ -= size;
-      released += size;
+      own(it->first, it->second.granules, 0);
+      if (it->second.handle) {
+        ++counts_.releases;
+        (void)mapper_.release(*it->second.handle); // its last mapping is gone: the memory goes with it
+        mapped_ -= size;
+        released += size;
+      } else {
+        try {
+          returned_.emplace_back(base_ + it->second.home * granule_, size);
+        } catch (const std::bad_alloc&) {
+          // the owner never learns these granules are back: they stay unused, not lost twice
+        }
+      }
       it = chunks_.erase(it);
     }
     return released;
@@ -203,7 +233,7 @@ public:
     }
     for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
       ++counts_.accesses;
-      if (auto ok = mapper_.set_access(at(it->first), it->second * granule_, peer, Access::read_write); !ok) {
+      if (auto ok = mapper_.set_access(at(it->first), it->second.granules * granule_, peer, Access::read_write); !ok) {
         close_to(peer, chunks_.begin(), it);
         return cuda::std::unexpected(ok.error()); // the caller's to report: not a refusal of memory
       }
@@ -227,8 +257,8 @@ public:
   /// Calls `visit(start, bytes)` for every chunk, by address.
   template <class Visit>
   void for_each_chunk(Visit&& visit) const {
-    for (const auto& [g, n] : chunks_) {
-      visit(base_ + g * granule_, n * granule_);
+    for (const auto& [g, chunk] : chunks_) {
+      visit(base_ + g * granule_, chunk.granules * granule_);
     }
   }
 
@@ -242,11 +272,11 @@ public:
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + std::min(bytes, bytes_ - (addr - base_)) - 1) >> shift_;
     auto it = chunks_.upper_bound(first);
-    if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second > first) {
+    if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second.granules > first) {
       --it; // the chunk that holds the first granule
     }
     for (; it != chunks_.end() && it->first <= last; ++it) {
-      visit(base_ + it->first * granule_, it->second * granule_);
+      visit(base_ + it->first * granule_, it->second.granules * granule_);
     }
   }
 
@@ -287,7 +317,8 @@ public:
   std::size_t bytes() const noexcept { return bytes_; }
   /// The device's granularity: the unit of mapping.
   std::size_t granule() const noexcept { return granule_; }
-  /// Bytes mapped now: the physical memory this reservation holds.
+  /// Bytes mapped now by back(): the physical memory this reservation holds (lend()'s second
+  /// mappings add none).
   std::size_t mapped_bytes() const noexcept { return mapped_; }
   /// Chunks mapped now.
   std::size_t chunk_count() const noexcept { return chunks_.size(); }
@@ -298,34 +329,18 @@ public:
 
   /// Whether the granule table and the chunks agree. For tests.
   bool consistent() const {
-    std::size_t sum = 0;
-    std::size_t next = 0;
-    for (const auto& [g, n] : chunks_) {
-      if (n == 0 || g < next || g + n > bytes_ / granule_ || g + n > owner_.size()) {
-        return false;
-      }
-      for (std::size_t i = next; i < g && i < owner_.size(); ++i) {
-        if (owner_[i] != 0) {
-          return false;
-        }
-      }
-      for (std::size_t i = g; i < g + n; ++i) {
-        if (owner_[i] != g + n) {
-          return false;
-        }
-      }
-      next = g + n;
-      sum += n * granule_;
-    }
-    for (std::size_t i = next; i < owner_.size(); ++i) {
-      if (owner_[i] != 0) {
-        return false;
-      }
-    }
-    return sum == mapped_;
+    return detail::granule_table_consistent(owner_, chunks_, bytes_ / granule_, granule_, mapped_,
+                                            [](const Chunk& c) { return c.handle.has_value(); });
   }
 
 private:
+  struct Chunk {
+    std::size_t granules = 0;
+    std::optional<typename Mapper::physical_handle> handle; ///< its memory's; none for lend()'s second mappings
+    std::size_t home = 0;                                   ///< a second mapping's: the first granule it maps again
+  };
+  using Chunks = std::map<std::size_t, Chunk>;
+
   OnDemandReservation(Mapper mapper, int device, std::uintptr_t base, std::size_t bytes, std::size_t granule)
       : mapper_(std::move(mapper)), device_(device), base_(base), bytes_(bytes), granule_(granule) {
     while ((std::size_t{1} << shift_) < granule_) {
@@ -362,16 +377,11 @@ private:
     return true;
   }
 
-  // Creates, maps and opens one chunk of `n` granules at granule `g`.
+  // Creates, maps and opens one chunk of `n` granules at granule `g`; it keeps its handle.
   [[nodiscard]] Result<void> map_chunk(std::size_t g, std::size_t n) {
     const std::size_t size = n * granule_;
-    try {
-      if (owner_.size() < g + n) {
-        owner_.resize(std::max(g + n, std::min(bytes_ / granule_, 2 * owner_.size())), 0u);
-      }
-      chunks_.emplace(g, n); // before the driver calls: nothing below throws
-    } catch (const std::bad_alloc&) {
-      return fail(Errc::no_space, "out of memory for the reservation's tables");
+    if (auto room = add_chunk(g, Chunk{n, std::nullopt, 0}); !room) {
+      return room;
     }
     ++counts_.creates;
     auto h = mapper_.create(device_, size);
@@ -379,44 +389,72 @@ private:
       chunks_.erase(g);
       return refused(h.error());
     }
-    ++counts_.maps;
-    if (auto ok = mapper_.map(at(g), size, *h); !ok) {
+    if (auto ok = map_open(g, n, *h, 0); !ok) {
       chunks_.erase(g);
       ++counts_.releases;
       (void)mapper_.release(*h);
       return refused(ok.error());
     }
-    ++counts_.accesses;
-    if (auto ok = mapper_.set_access(at(g), size, device_, Access::read_write); !ok) {
-      chunks_.erase(g);
-      ++counts_.unmaps;
-      (void)mapper_.unmap(at(g), size);
-      ++counts_.releases;
-      (void)mapper_.release(*h);
-      return refused(ok.error());
-    }
-    for (int peer = 0; peer < max_peers; ++peer) {
-      if (granted(peer)) {
-        ++counts_.accesses;
-        if (!mapper_.set_access(at(g), size, peer, Access::read_write)) {
-          ++counts_.peer_refusals; // the chunk serves its own device; that peer finds it closed
-        }
-      }
-    }
-    ++counts_.releases;
-    (void)mapper_.release(*h); // the mapping keeps the memory; unmapping it frees it
-    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(g), owner_.begin() + static_cast<std::ptrdiff_t>(g + n),
-              static_cast<std::uint32_t>(g + n));
+    chunks_.find(g)->second.handle = *h;
+    own(g, n, static_cast<std::uint32_t>(g + n));
     mapped_ += size;
     return {};
   }
 
+  // Room in the tables for a chunk at granule `g`, before its driver calls (nothing after throws).
+  [[nodiscard]] Result<void> add_chunk(std::size_t g, Chunk chunk) {
+    try {
+      if (owner_.size() < g + chunk.granules) {
+        owner_.resize(std::max(g + chunk.granules, std::min(bytes_ / granule_, 2 * owner_.size())), 0u);
+      }
+      chunks_.emplace(g, chunk);
+      return {};
+    } catch (const std::bad_alloc&) {
+      return fail(Errc::no_space, "out of memory for the reservation's tables");
+    }
+  }
+
+  // Marks granules [g, g + n) as one chunk's (`value`: one past its end) or unmapped (0).
+  void own(std::size_t g, std::size_t n, std::uint32_t value) noexcept {
+    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(g), owner_.begin() + static_cast<std::ptrdiff_t>(g + n),
+              value);
+  }
+
+  // Maps `n` granules of `h`, from `offset`, at granule `g` and opens them (none stays mapped on failure).
+  [[nodiscard]] Result<void> map_open(std::size_t g, std::size_t n, const typename Mapper::physical_handle& h,
+                                      std::size_t offset) {
+    ++counts_.maps;
+    auto ok = mapper_.map(at(g), n * granule_, h, offset);
+    if (ok && !(ok = open(g, n))) {
+      ++counts_.unmaps;
+      (void)mapper_.unmap(at(g), n * granule_);
+    }
+    return ok;
+  }
+
+  // Opens the mapping of `n` granules at granule `g` to the device, and to every granted peer
+  // that lets it (a peer that refuses finds it closed: MappingCounts::peer_refusals).
+  [[nodiscard]] Result<void> open(std::size_t g, std::size_t n) {
+    ++counts_.accesses;
+    if (auto ok = mapper_.set_access(at(g), n * granule_, device_, Access::read_write); !ok) {
+      return ok;
+    }
+    for (int peer = 0; peer < max_peers; ++peer) {
+      if (granted(peer)) {
+        ++counts_.accesses;
+        if (!mapper_.set_access(at(g), n * granule_, peer, Access::read_write)) {
+          ++counts_.peer_refusals;
+        }
+      }
+    }
+    return {};
+  }
+
   // Sets `peer`'s right on the chunks [first, last) back to none.
-  void close_to(int peer, std::map<std::size_t, std::size_t>::const_iterator first,
-                std::map<std::size_t, std::size_t>::const_iterator last) noexcept {
+  void close_to(int peer, typename Chunks::const_iterator first, typename Chunks::const_iterator last) noexcept {
     for (; first != last; ++first) {
       ++counts_.accesses;
-      if (!mapper_.set_access(at(first->first), first->second * granule_, peer, Access::none)) {
+      if (!mapper_.set_access(at(first->first), first->second.granules * granule_, peer, Access::none)) {
         ++counts_.failures;
       }
     }
@@ -424,7 +462,7 @@ private:
 
   void undo(const std::vector<std::size_t>& made) noexcept {
     for (const std::size_t g : made) {
-      (void)release_within(base_ + g * granule_, chunks_.find(g)->second * granule_);
+      (void)release_within(base_ + g * granule_, chunks_.find(g)->second.granules * granule_);
     }
   }
 
@@ -447,7 +485,8 @@ private:
   /// per granule: one past its chunk's last granule (so a walk skips a chunk in one step; two
   /// granules share a chunk when they share the value), or 0 where unmapped (grown on demand)
   std::vector<std::uint32_t> owner_;
-  std::map<std::size_t, std::size_t> chunks_; ///< first granule -> granules
+  Chunks chunks_;                                                ///< by first granule
+  std::vector<std::pair<std::uintptr_t, std::size_t>> returned_; ///< take_returned()'s
   std::size_t mapped_ = 0;
   std::uint64_t peers_ = 0; ///< bit d: device d is granted every chunk (grant)
   MappingCounts counts_;

@@ -10,6 +10,7 @@
 /// auto h2 = *mapper.import_fd(fd);
 /// void* va = *mapper.reserve(bytes, g);                  // addresses, no memory yet
 /// mapper.map(va, bytes, h2);                             // memory at them, nobody may touch it
+/// mapper.map(va2, g, h2, g);                             // its second granule again, at va2
 /// mapper.set_access(va, bytes, device, carve::Access::read_write);
 /// mapper.release(h2);                                    // the mapping keeps the memory
 /// ...
@@ -29,8 +30,10 @@
 /// most to the driver, which reports them as CUDA_ERROR_INVALID_VALUE):
 /// - sizes given to create, reserve, map, unmap and set_access are non-zero multiples of the
 ///   device's granularity, and addresses given to map, unmap and set_access are aligned to it;
-/// - map places a whole physical allocation's first `bytes` at `va`, inside one reservation and
-///   over no other mapping; no device may touch it until set_access says so;
+/// - map places `bytes` of a physical allocation, from `offset` (0 unless given; a multiple of the
+///   granularity), at `va`, inside one reservation and over no other mapping; no device may touch
+///   it until set_access says so. The same memory may be mapped at several addresses at once
+///   (each is a mapping of its own, and writes through one are seen through the others);
 /// - unmap and set_access name whole mappings of one reservation (the twin refuses a range that
 ///   cuts a mapping; CUDA may accept some of those, so code tested on the twin runs on CUDA);
 /// - release may come while the allocation is mapped (here or in another process): the memory
@@ -96,6 +99,7 @@ concept PhysicalMemoryMapper = std::copy_constructible<typename M::physical_hand
   { m.reserve(bytes, alignment) } -> std::same_as<Result<void*>>;
   { m.free_reservation(va, bytes) } -> std::same_as<Result<void>>;
   { m.map(va, bytes, h) } -> std::same_as<Result<void>>;
+  { m.map(va, bytes, h, alignment) } -> std::same_as<Result<void>>;
   { m.unmap(va, bytes) } -> std::same_as<Result<void>>;
   { m.set_access(va, bytes, device, access) } -> std::same_as<Result<void>>;
   { cm.access(va, device) } -> std::same_as<Result<Access>>;

@@ -7,6 +7,7 @@
 #include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/cross_stream_frees.hpp>
+#include <carve/vmm/detail/hole_lending.hpp>
 #include <carve/vmm/detail/idle_chunks.hpp>
 #include <carve/vmm/detail/stream_fence.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
@@ -33,6 +34,7 @@ struct ExpandablePoolState {
     OnDemandReservation<Mapper> memory;
     BestFitRanges free;
     StreamFence<Streams> fence; // which frees the stream's work has passed
+    LentHoles lent;             // holes mapped a second time, kept out of best fit's way
   };
   struct Live {
     std::size_t size = 0;             // rounded to the granularity
@@ -58,9 +60,10 @@ struct ExpandablePoolState {
   IdleChunks idle;         // kept only with a finite release_threshold
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
-  bool held = false;         // hold(): nothing is unmapped
-  std::uint64_t peers = 0;   // bit d: device d is granted every chunk (grant_access)
-  ExpandablePoolStats stats; // the counters kept here; the rest is filled in by stats()
+  bool held = false;            // hold(): nothing is unmapped
+  bool lending_refused = false; // the mapper refused a second mapping: holes are not lent again
+  std::uint64_t peers = 0;      // bit d: device d is granted every chunk (grant_access)
+  ExpandablePoolStats stats;    // the counters kept here; the rest is filled in by stats()
 
   static constexpr std::uint32_t no_space = UINT32_MAX; // space_for: the mapper refused the addresses
 
@@ -84,8 +87,22 @@ struct ExpandablePoolState {
     }
     const std::uintptr_t base = memory->base();
     const std::size_t size = memory->bytes();
-    spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}}));
+    spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}, {}}));
     return static_cast<std::uint32_t>(spaces.size() - 1);
+  }
+
+  // ExpandablePool::grant_access for a device in [0, 64), under the lock.
+  Result<void> grant(int device) {
+    for (std::size_t i = 0; i < spaces.size(); ++i) {
+      if (auto ok = spaces[i]->memory.grant(device); !ok) {
+        while (i-- > 0) {
+          spaces[i]->memory.revoke(device);
+        }
+        return ok;
+      }
+    }
+    peers |= device == options.device ? 0 : std::uint64_t{1} << device; // for reservations made later
+    return {};
   }
 
   // ExpandablePool::stats, under the lock.
@@ -99,6 +116,9 @@ struct ExpandablePoolState {
       out.chunks += space->memory.chunk_count();
       out.address_space_bytes += space->memory.bytes();
       out.free_ranges += space->free.count();
+      for (const auto& [hole, kept] : space->lent) {
+        out.lent_bytes += space->free.size(kept);
+      }
       out.add_calls(space->memory.counts());
     }
     return out;
@@ -122,6 +142,7 @@ struct ExpandablePoolState {
       ok = ok && space->free.consistent() && space->memory.consistent();
       mapped += space->memory.mapped_bytes();
       taken_ranges += space->free.taken();
+      taken += space->lent.size();
     }
     return ok && taken == taken_ranges && in_use == stats.bytes_in_use && mapped == reserved;
   }
