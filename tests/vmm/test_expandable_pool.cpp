@@ -412,7 +412,7 @@ TEST_CASE("a device that refuses memory: no_space, its reason kept, nothing left
   CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space);
   CHECK(pool.last_failure().find("cuMemMap") != std::string::npos);
   CHECK(m.mapping_count() == 1);
-  CHECK(m.physical_count() == 1); // the refused map's handle was released
+  CHECK(m.physical_count() == 1); // the refused map's handle was released; a's chunk keeps its own
   *m.maps_left = 1 << 30;
   void* b = *pool.try_allocate(3 * granule, 512);
   CHECK(pool.consistent());
@@ -867,48 +867,59 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
 }
 
 TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") {
-  HostMemoryMapper m = mapper();
-  Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * granule}));
-  std::mt19937_64 rng(29);
-  struct Block {
-    unsigned char* p;
-    std::size_t bytes;
-    unsigned char fill;
-  };
-  std::vector<Block> live;
-  std::size_t most_lent = 0;
-  bool intact = true;
-  for (int step = 0; step < 3000 && intact; ++step) {
-    if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
-      const std::size_t bytes = (rng() % 4 == 0 ? 3 * granule + rng() % (5 * granule) : 1 + rng() % (2 * granule));
-      const auto p = pool.try_allocate(bytes, 512);
-      REQUIRE(p);
-      const auto fill = static_cast<unsigned char>(step);
-      std::memset(*p, fill, bytes);
-      live.push_back({static_cast<unsigned char*>(*p), bytes, fill});
-    } else {
-      const std::size_t i = rng() % live.size();
-      pool.deallocate(live[i].p, live[i].bytes, 512);
-      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+  // Idle chunks kept, or unmapped past a small threshold and at trim() every 97 steps: second
+  // mappings fall idle and go like chunks, and must leave no trace on the idle list.
+  for (const bool threshold : {false, true}) {
+    CAPTURE(threshold);
+    HostMemoryMapper m = mapper();
+    Pool pool(m, small({.growth_divisor = 0,
+                        .release_threshold = threshold ? 4 * granule : SIZE_MAX,
+                        .headroom_permille = 0,
+                        .lend_min_bytes = 3 * granule}));
+    std::mt19937_64 rng(29);
+    struct Block {
+      unsigned char* p;
+      std::size_t bytes;
+      unsigned char fill;
+    };
+    std::vector<Block> live;
+    std::size_t most_lent = 0;
+    bool intact = true;
+    for (int step = 0; step < 3000 && intact; ++step) {
+      if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
+        const std::size_t bytes = (rng() % 4 == 0 ? 3 * granule + rng() % (5 * granule) : 1 + rng() % (2 * granule));
+        const auto p = pool.try_allocate(bytes, 512);
+        REQUIRE(p);
+        const auto fill = static_cast<unsigned char>(step);
+        std::memset(*p, fill, bytes);
+        live.push_back({static_cast<unsigned char*>(*p), bytes, fill});
+      } else {
+        const std::size_t i = rng() % live.size();
+        pool.deallocate(live[i].p, live[i].bytes, 512);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      for (const Block& blk : live) {
+        intact = intact && std::all_of(blk.p, blk.p + blk.bytes, [&](unsigned char v) { return v == blk.fill; });
+      }
+      most_lent = std::max(most_lent, pool.stats().lent_bytes);
+      if (threshold && step % 97 == 0) {
+        pool.trim();
+      }
+      if (step % 100 == 0) {
+        CHECK(pool.consistent());
+      }
     }
+    CHECK(intact);
+    CHECK(most_lent > 0); // holes were lent, so the check above covered them
+    CHECK(pool.consistent());
     for (const Block& blk : live) {
-      intact = intact && std::all_of(blk.p, blk.p + blk.bytes, [&](unsigned char v) { return v == blk.fill; });
+      pool.deallocate(blk.p, blk.bytes, 512);
     }
-    most_lent = std::max(most_lent, pool.stats().lent_bytes);
-    if (step % 500 == 0) {
-      CHECK(pool.consistent());
-    }
+    pool.trim();
+    CHECK(pool.stats().lent_bytes == 0);
+    CHECK(pool.stats().bytes_reserved == 0);
+    CHECK(m.mapping_count() == 0);
   }
-  CHECK(intact);
-  CHECK(most_lent > 0); // holes were lent, so the check above covered them
-  CHECK(pool.consistent());
-  for (const Block& blk : live) {
-    pool.deallocate(blk.p, blk.bytes, 512);
-  }
-  pool.trim();
-  CHECK(pool.stats().lent_bytes == 0);
-  CHECK(pool.stats().bytes_reserved == 0);
-  CHECK(m.mapping_count() == 0);
 }
 
 } // namespace test_expandable_pool

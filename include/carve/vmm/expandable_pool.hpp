@@ -178,8 +178,8 @@ public:
     return s_->figures();
   }
 
-  /// Calls `visit(start, bytes)` for every chunk of physical memory mapped now, by reservation
-  /// and address: where the pool's memory is (a test's or a debugger's view).
+  /// Calls `visit(start, bytes)` for every chunk mapped now (holes mapped again among them), by
+  /// reservation and address: where the pool's memory is (a test's or a debugger's view).
   template <class Visit>
   void for_each_chunk(Visit&& visit) const {
     const std::lock_guard lock(s_->mutex);
@@ -389,22 +389,22 @@ private:
     }
   }
 
-  // Unmaps the chunks of reservation `space` that lie wholly in [start, start + bytes), a range
-  // no block touches, and frees the holes whose second mapping that removes; returns the bytes
-  // unmapped.
+  // Unmaps the chunks of `space` wholly in [start, start + bytes), a range no block touches, and
+  // frees the holes whose second mappings go with them; returns the bytes unmapped.
   std::size_t unmap_within(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
     Space& s = *s_->spaces[space];
+    const std::size_t chunks = s.memory.chunk_count();
     const std::size_t freed = s.memory.release_within(start, bytes);
     s_->reserved -= freed;
-    for (const auto& [hole, n] : s.memory.take_returned()) {
-      if (const auto it = s.lent.find(hole); it != s.lent.end()) {
+    if (s.memory.chunk_count() != chunks) { // second mappings too, though they free no memory
+      s_->idle.unmapped(space, start, bytes);
+    }
+    while (const auto hole = s.memory.next_returned()) {
+      if (const auto it = s.lent.find(hole->first); it != s.lent.end()) {
         const auto kept = it->second;
         s.lent.erase(it);
         note_free(space, s.free.give(kept));
       }
-    }
-    if (freed != 0) {
-      s_->idle.unmapped(space, start, bytes);
     }
     return freed;
   }

@@ -20,7 +20,7 @@
 /// chunk is the unit of release, since a physical allocation is freed only once all of it is
 /// unmapped. lend() maps whole granules of a chunk a second time, over unmapped granules: a chunk
 /// with no memory of its own, whose owner keeps the granules it maps again unused until it is
-/// unmapped and take_returned() hands them back.
+/// unmapped and next_returned() hands them back.
 ///
 /// Errors (nothing changes: chunks made by a failed back are unmapped again): the mapper's Error
 /// (no_space when the device is out of memory), no_space when the limit would be passed,
@@ -79,9 +79,9 @@ public:
   OnDemandReservation(OnDemandReservation&& other) noexcept
       : mapper_(std::move(other.mapper_)), device_(other.device_), base_(std::exchange(other.base_, 0)),
         bytes_(std::exchange(other.bytes_, 0)), granule_(other.granule_), shift_(other.shift_),
-        owner_(std::move(other.owner_)), chunks_(std::move(other.chunks_)), returned_(std::move(other.returned_)),
-        mapped_(std::exchange(other.mapped_, 0)), peers_(other.peers_), counts_(other.counts_),
-        last_failure_(std::move(other.last_failure_)) {}
+        table_(std::move(other.table_)), returned_(std::move(other.returned_)),
+        second_mappings_(other.second_mappings_), mapped_(std::exchange(other.mapped_, 0)), peers_(other.peers_),
+        counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
   OnDemandReservation& operator=(OnDemandReservation&&) = delete;
   OnDemandReservation(const OnDemandReservation&) = delete;
   OnDemandReservation& operator=(const OnDemandReservation&) = delete;
@@ -105,7 +105,7 @@ public:
     }
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
-    if (last < owner_.size() && owner_[first] != 0 && (owner_[first] == owner_[last] || covered(first, last))) {
+    if (mapped(first) && last < table_.owner.size() && (end_of(first) == end_of(last) || table_.covered(first, last))) {
       return std::size_t{0}; // the common case: a block inside memory already mapped
     }
     const ChunkRule rule = make_rule();
@@ -113,7 +113,7 @@ public:
     const std::size_t min_granules = std::max<std::size_t>(1, rule.min_bytes / granule_);
     std::size_t limit = rule.limit_bytes / granule_;
     std::vector<std::size_t> made; // room for every chunk first: a chunk once mapped is never lost
-    made.reserve(unmapped_runs(first, last));
+    made.reserve(table_.unmapped(first, last).second);
     std::size_t added = 0;
     for (std::size_t g = first; g <= last;) {
       if (mapped(g)) {
@@ -147,15 +147,15 @@ public:
 
   /// Maps [from, from + bytes) (whole granules of one chunk back() made, which no block uses) a
   /// second time at [to, to + bytes) (whole unmapped granules): no memory added. The caller keeps
-  /// the first range unused until release_within unmaps the second and take_returned() hands it
+  /// the first range unused until release_within unmaps the second and next_returned() hands it
   /// back. Errors (nothing changes): invalid_argument for ranges not so; the mapper's.
   [[nodiscard]] Result<void> lend(std::uintptr_t to, std::uintptr_t from, std::size_t bytes) {
     const std::size_t t = (to - base_) >> shift_;
     const std::size_t f = (from - base_) >> shift_;
     const std::size_t n = bytes >> shift_;
-    auto home = chunks_.upper_bound(f);
+    auto home = table_.chunks.upper_bound(f);
     const bool aligned = to >= base_ && from >= base_ && ((to | from | bytes) & (granule_ - 1)) == 0 && n != 0;
-    if (!aligned || t + n > bytes_ / granule_ || unbacked_bytes(to, bytes) != bytes || home == chunks_.begin() ||
+    if (!aligned || t + n > bytes_ / granule_ || unbacked_bytes(to, bytes) != bytes || home == table_.chunks.begin() ||
         !std::prev(home)->second.handle || f + n > std::prev(home)->first + std::prev(home)->second.granules) {
       return fail(Errc::invalid_argument, "lend: not whole unmapped granules over whole granules of one chunk");
     }
@@ -164,22 +164,31 @@ public:
       return room;
     }
     if (auto ok = map_open(t, n, *home->second.handle, (f - home->first) * granule_); !ok) {
-      chunks_.erase(t);
+      table_.chunks.erase(t);
       return refused(ok.error());
     }
-    own(t, n, static_cast<std::uint32_t>(t + n));
+    table_.mark(t, n, static_cast<std::uint32_t>(t + n));
+    ++second_mappings_;
     return {};
   }
 
   /// Whether the chunk that starts at `addr` is a second mapping lend() made.
   bool lent_at(std::uintptr_t addr) const noexcept {
-    const auto it = addr < base_ ? chunks_.end() : chunks_.find((addr - base_) >> shift_);
-    return it != chunks_.end() && !it->second.handle;
+    const auto it = addr < base_ ? table_.chunks.end() : table_.chunks.find((addr - base_) >> shift_);
+    return it != table_.chunks.end() && !it->second.handle;
   }
 
   /// The ranges lend() mapped again whose second mapping release_within has unmapped since the
   /// last call: the caller's to use again.
-  std::vector<std::pair<std::uintptr_t, std::size_t>> take_returned() noexcept { return std::exchange(returned_, {}); }
+  /// One of them, or nullopt (each once; lend() keeps room for them, so release_within never fails to record one).
+  std::optional<std::pair<std::uintptr_t, std::size_t>> next_returned() noexcept {
+    if (returned_.empty()) {
+      return std::nullopt;
+    }
+    const auto r = returned_.back();
+    returned_.pop_back();
+    return r;
+  }
 
   /// Unmaps every chunk that lies wholly inside [addr, addr + bytes), which the caller knows no
   /// one uses; returns the bytes unmapped. A chunk the mapper refuses to unmap stays (counted in
@@ -191,7 +200,8 @@ public:
     const std::size_t first = (addr - base_ + granule_ - 1) / granule_;
     const std::size_t end = std::min(bytes_, addr - base_ + std::min(bytes, bytes_ - (addr - base_))) / granule_;
     std::size_t released = 0;
-    for (auto it = chunks_.lower_bound(first); it != chunks_.end() && it->first + it->second.granules <= end;) {
+    for (auto it = table_.chunks.lower_bound(first);
+         it != table_.chunks.end() && it->first + it->second.granules <= end;) {
       const std::size_t size = it->second.granules * granule_;
       ++counts_.unmaps;
       if (!mapper_.unmap(at(it->first), size)) {
@@ -199,20 +209,17 @@ public:
         ++it;
         continue;
       }
-      own(it->first, it->second.granules, 0);
+      table_.mark(it->first, it->second.granules, 0);
       if (it->second.handle) {
         ++counts_.releases;
         (void)mapper_.release(*it->second.handle); // its last mapping is gone: the memory goes with it
         mapped_ -= size;
         released += size;
       } else {
-        try {
-          returned_.emplace_back(base_ + it->second.home * granule_, size);
-        } catch (const std::bad_alloc&) {
-          // the owner never learns these granules are back: they stay unused, not lost twice
-        }
+        returned_.emplace_back(base_ + it->second.home * granule_, size); // room kept by lend()
+        --second_mappings_;
       }
-      it = chunks_.erase(it);
+      it = table_.chunks.erase(it);
     }
     return released;
   }
@@ -231,10 +238,10 @@ public:
     if (peer == device_ || granted(peer)) {
       return {};
     }
-    for (auto it = chunks_.begin(); it != chunks_.end(); ++it) {
+    for (auto it = table_.chunks.begin(); it != table_.chunks.end(); ++it) {
       ++counts_.accesses;
       if (auto ok = mapper_.set_access(at(it->first), it->second.granules * granule_, peer, Access::read_write); !ok) {
-        close_to(peer, chunks_.begin(), it);
+        close_to(peer, table_.chunks.begin(), it);
         return cuda::std::unexpected(ok.error()); // the caller's to report: not a refusal of memory
       }
     }
@@ -246,7 +253,7 @@ public:
   /// mapper refuses to close stays open (counted in MappingCounts::failures).
   void revoke(int peer) noexcept {
     if (granted(peer)) {
-      close_to(peer, chunks_.begin(), chunks_.end());
+      close_to(peer, table_.chunks.begin(), table_.chunks.end());
       peers_ &= ~(std::uint64_t{1} << peer);
     }
   }
@@ -257,7 +264,7 @@ public:
   /// Calls `visit(start, bytes)` for every chunk, by address.
   template <class Visit>
   void for_each_chunk(Visit&& visit) const {
-    for (const auto& [g, chunk] : chunks_) {
+    for (const auto& [g, chunk] : table_.chunks) {
       visit(base_ + g * granule_, chunk.granules * granule_);
     }
   }
@@ -271,11 +278,11 @@ public:
     }
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + std::min(bytes, bytes_ - (addr - base_)) - 1) >> shift_;
-    auto it = chunks_.upper_bound(first);
-    if (it != chunks_.begin() && std::prev(it)->first + std::prev(it)->second.granules > first) {
+    auto it = table_.chunks.upper_bound(first);
+    if (it != table_.chunks.begin() && std::prev(it)->first + std::prev(it)->second.granules > first) {
       --it; // the chunk that holds the first granule
     }
-    for (; it != chunks_.end() && it->first <= last; ++it) {
+    for (; it != table_.chunks.end() && it->first <= last; ++it) {
       visit(base_ + it->first * granule_, it->second.granules * granule_);
     }
   }
@@ -285,7 +292,7 @@ public:
     if (bytes == 0 || addr < base_ || addr - base_ > bytes_ || bytes > bytes_ - (addr - base_)) {
       return false;
     }
-    return covered((addr - base_) >> shift_, (addr - base_ + bytes - 1) >> shift_);
+    return table_.covered((addr - base_) >> shift_, (addr - base_ + bytes - 1) >> shift_);
   }
 
   /// The bytes of the granules [addr, addr + bytes) touches that are not mapped: the least that
@@ -296,19 +303,10 @@ public:
     }
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
-    if (last < owner_.size() && owner_[first] != 0 && owner_[first] == owner_[last]) {
+    if (mapped(first) && last < table_.owner.size() && end_of(first) == end_of(last)) {
       return 0; // the common case: a block inside one chunk
     }
-    std::size_t missing = 0;
-    for (std::size_t g = first; g <= last;) {
-      if (mapped(g)) {
-        g = end_of(g);
-      } else {
-        ++missing;
-        ++g;
-      }
-    }
-    return missing * granule_;
+    return table_.unmapped(first, last).first * granule_;
   }
 
   /// The first address of the reservation.
@@ -321,61 +319,31 @@ public:
   /// mappings add none).
   std::size_t mapped_bytes() const noexcept { return mapped_; }
   /// Chunks mapped now.
-  std::size_t chunk_count() const noexcept { return chunks_.size(); }
+  std::size_t chunk_count() const noexcept { return table_.chunks.size(); }
   /// What it has asked of the mapper so far.
   const MappingCounts& counts() const noexcept { return counts_; }
   /// Why the mapper last refused (empty when it never did).
   const std::string& last_failure() const noexcept { return last_failure_; }
 
   /// Whether the granule table and the chunks agree. For tests.
-  bool consistent() const {
-    return detail::granule_table_consistent(owner_, chunks_, bytes_ / granule_, granule_, mapped_,
-                                            [](const Chunk& c) { return c.handle.has_value(); });
-  }
+  bool consistent() const { return table_.total == bytes_ / granule_ && table_.consistent(granule_, mapped_); }
 
 private:
-  struct Chunk {
-    std::size_t granules = 0;
-    std::optional<typename Mapper::physical_handle> handle; ///< its memory's; none for lend()'s second mappings
-    std::size_t home = 0;                                   ///< a second mapping's: the first granule it maps again
-  };
-  using Chunks = std::map<std::size_t, Chunk>;
+  using Table = detail::GranuleTable<typename Mapper::physical_handle>;
+  using Chunk = typename Table::Chunk;
+  using Chunks = typename Table::Chunks;
 
   OnDemandReservation(Mapper mapper, int device, std::uintptr_t base, std::size_t bytes, std::size_t granule)
       : mapper_(std::move(mapper)), device_(device), base_(base), bytes_(bytes), granule_(granule) {
     while ((std::size_t{1} << shift_) < granule_) {
       ++shift_;
     }
+    table_.total = bytes / granule;
   }
 
   void* at(std::size_t granule) const noexcept { return reinterpret_cast<void*>(base_ + granule * granule_); }
-  bool mapped(std::size_t g) const noexcept { return g < owner_.size() && owner_[g] != 0; }
-  // One past the last granule of the chunk that holds mapped granule `g`.
-  std::size_t end_of(std::size_t g) const noexcept { return owner_[g]; }
-  // How many runs of unmapped granules [first, last] holds: the most chunks back() makes there.
-  std::size_t unmapped_runs(std::size_t first, std::size_t last) const noexcept {
-    std::size_t runs = 0;
-    for (std::size_t g = first; g <= last;) {
-      if (mapped(g)) {
-        g = end_of(g);
-        continue;
-      }
-      ++runs;
-      while (g <= last && !mapped(g)) {
-        ++g;
-      }
-    }
-    return runs;
-  }
-
-  bool covered(std::size_t first, std::size_t last) const noexcept {
-    for (std::size_t g = first; g <= last; g = end_of(g)) {
-      if (!mapped(g)) {
-        return false;
-      }
-    }
-    return true;
-  }
+  bool mapped(std::size_t g) const noexcept { return table_.mapped(g); }
+  std::size_t end_of(std::size_t g) const noexcept { return table_.end_of(g); }
 
   // Creates, maps and opens one chunk of `n` granules at granule `g`; it keeps its handle.
   [[nodiscard]] Result<void> map_chunk(std::size_t g, std::size_t n) {
@@ -386,50 +354,50 @@ private:
     ++counts_.creates;
     auto h = mapper_.create(device_, size);
     if (!h) {
-      chunks_.erase(g);
+      table_.chunks.erase(g);
       return refused(h.error());
     }
     if (auto ok = map_open(g, n, *h, 0); !ok) {
-      chunks_.erase(g);
+      table_.chunks.erase(g);
       ++counts_.releases;
       (void)mapper_.release(*h);
       return refused(ok.error());
     }
-    chunks_.find(g)->second.handle = *h;
-    own(g, n, static_cast<std::uint32_t>(g + n));
+    table_.chunks.find(g)->second.handle = *h;
+    table_.mark(g, n, static_cast<std::uint32_t>(g + n));
     mapped_ += size;
     return {};
   }
 
-  // Room in the tables for a chunk at granule `g`, before its driver calls (nothing after throws).
+  // Room in the tables for a chunk at granule `g`, before its driver calls (nothing after throws);
+  // for a second mapping, room for its entry in returned_ too, kept until it is handed back.
   [[nodiscard]] Result<void> add_chunk(std::size_t g, Chunk chunk) {
     try {
-      if (owner_.size() < g + chunk.granules) {
-        owner_.resize(std::max(g + chunk.granules, std::min(bytes_ / granule_, 2 * owner_.size())), 0u);
+      if (!chunk.handle) {
+        returned_.reserve(returned_.size() + second_mappings_ + 1);
       }
-      chunks_.emplace(g, chunk);
+      table_.add(g, chunk);
       return {};
     } catch (const std::bad_alloc&) {
       return fail(Errc::no_space, "out of memory for the reservation's tables");
     }
   }
 
-  // Marks granules [g, g + n) as one chunk's (`value`: one past its end) or unmapped (0).
-  void own(std::size_t g, std::size_t n, std::uint32_t value) noexcept {
-    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(g), owner_.begin() + static_cast<std::ptrdiff_t>(g + n),
-              value);
-  }
-
-  // Maps `n` granules of `h`, from `offset`, at granule `g` and opens them (none stays mapped on failure).
+  // Maps `n` granules of `h`, from `offset`, at granule `g` and opens them; nothing stays mapped
+  // on failure, even where the mapper throws std::bad_alloc building its message.
   [[nodiscard]] Result<void> map_open(std::size_t g, std::size_t n, const typename Mapper::physical_handle& h,
-                                      std::size_t offset) {
+                                      std::size_t offset) noexcept {
     ++counts_.maps;
-    auto ok = mapper_.map(at(g), n * granule_, h, offset);
-    if (ok && !(ok = open(g, n))) {
-      ++counts_.unmaps;
-      (void)mapper_.unmap(at(g), n * granule_);
+    try {
+      auto ok = mapper_.map(at(g), n * granule_, h, offset);
+      if (ok && !(ok = open(g, n))) {
+        ++counts_.unmaps;
+        (void)mapper_.unmap(at(g), n * granule_);
+      }
+      return ok;
+    } catch (const std::bad_alloc&) { // the mapper's refusal could not be told
+      return cuda::std::unexpected(Error{Errc::no_space, std::string()});
     }
-    return ok;
   }
 
   // Opens the mapping of `n` granules at granule `g` to the device, and to every granted peer
@@ -462,7 +430,7 @@ private:
 
   void undo(const std::vector<std::size_t>& made) noexcept {
     for (const std::size_t g : made) {
-      (void)release_within(base_ + g * granule_, chunks_.find(g)->second.granules * granule_);
+      (void)release_within(base_ + g * granule_, table_.chunks.find(g)->second.granules * granule_);
     }
   }
 
@@ -481,12 +449,10 @@ private:
   std::uintptr_t base_ = 0;
   std::size_t bytes_ = 0;
   std::size_t granule_ = 0;
-  unsigned shift_ = 0; ///< log2(granule_)
-  /// per granule: one past its chunk's last granule (so a walk skips a chunk in one step; two
-  /// granules share a chunk when they share the value), or 0 where unmapped (grown on demand)
-  std::vector<std::uint32_t> owner_;
-  Chunks chunks_;                                                ///< by first granule
-  std::vector<std::pair<std::uintptr_t, std::size_t>> returned_; ///< take_returned()'s
+  unsigned shift_ = 0;                                           ///< log2(granule_)
+  Table table_;                                                  ///< by first granule
+  std::vector<std::pair<std::uintptr_t, std::size_t>> returned_; ///< next_returned()'s
+  std::size_t second_mappings_ = 0;                              ///< lend()'s, mapped now
   std::size_t mapped_ = 0;
   std::uint64_t peers_ = 0; ///< bit d: device d is granted every chunk (grant)
   MappingCounts counts_;

@@ -49,7 +49,7 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
 // lent. Lending only saves memory: when anything fails it stops, leaving the rest of the block to
 // new memory, and what it lent so far stays lent. `refused` is set when the mapper refused a
 // second mapping (CUDA's documentation of cuMemMap still notes, in one place, that an offset into
-// an allocation must be 0).
+// an allocation must be 0), not when the tables could not grow.
 template <class Memory>
 std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std::uintptr_t addr, std::size_t size,
                        bool& refused) noexcept {
@@ -70,17 +70,24 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
       }
       for (; at < run && hole != holes.end(); hole = hole->second == 0 ? std::next(hole) : hole) {
         const std::size_t n = std::min(run - at, hole->second);
-        const auto kept = free.take_at(hole->first, n);
+        const auto kept = free.take_at(hole->first, n); // throws with nothing changed
         if (!kept) {
           return done; // not free after all: the tables disagree, so lend nothing more
         }
-        const auto entry = lent.emplace(hole->first, kept->handle);
-        refused = entry.second && !memory.lend(at, hole->first, n);
-        if (!entry.second || refused) {
-          if (entry.second) {
+        const auto failures = memory.counts().failures;
+        bool lent_now = false;
+        try {
+          const auto entry = lent.emplace(hole->first, kept->handle);
+          lent_now = entry.second && memory.lend(at, hole->first, n).has_value();
+          if (entry.second && !lent_now) {
             lent.erase(entry.first);
           }
+        } catch (const std::bad_alloc&) { // before the mapping (its error's text, the map's node)
+          lent.erase(hole->first);
+        }
+        if (!lent_now) {
           (void)free.give(kept->handle);
+          refused = memory.counts().failures != failures; // the mapper's, not the tables'
           return done;
         }
         done += n;
