@@ -866,6 +866,37 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   CHECK(m.mapping_count() == 0);
 }
 
+TEST_CASE("lending: a second mapping unmapped leaves the idle list, so no later eviction hits a live block") {
+  // With a release threshold, chunks that fall idle are listed; a second mapping is one too. Once
+  // trim() has unmapped it, a block's chunk made later inside its old range must not be evicted
+  // in its name.
+  Pool pool(mapper(), small({.growth_divisor = 0,
+                             .release_threshold = 9 * granule,
+                             .headroom_permille = 0,
+                             .lend_min_bytes = 2 * granule}));
+  void* x = *pool.try_allocate(7 * granule, 512); // one chunk, [0, 7)
+  pool.deallocate(x, 7 * granule, 512);
+  void* a = *pool.try_allocate(2 * granule, 512);
+  void* b = *pool.try_allocate(2 * granule, 512);
+  void* c = *pool.try_allocate(3 * granule, 512);
+  pool.deallocate(b, 2 * granule, 512);           // the hole [2, 4)
+  void* d = *pool.try_allocate(4 * granule, 512); // at 7: the hole mapped again at [7, 9), new memory at [9, 11)
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  pool.deallocate(d, 4 * granule, 512);
+  pool.trim(); // unmaps [7, 9) and [9, 11)
+  pool.deallocate(a, 2 * granule, 512);
+  pool.deallocate(c, 3 * granule, 512);
+  pool.trim();                                    // unmaps [0, 7)
+  void* e = *pool.try_allocate(8 * granule, 512); // a chunk [0, 8)
+  void* h = *pool.try_allocate(granule, 512);     // a chunk [8, 9), inside the second mapping's old range
+  REQUIRE(static_cast<unsigned char*>(h) == static_cast<unsigned char*>(x) + 8 * granule);
+  pool.deallocate(e, 8 * granule, 512); // 8 granules idle: under the threshold, nothing evicted
+  REQUIRE(pool.owns(h));                // evicted in the second mapping's name, it would not be
+  CHECK(pool.consistent());
+  std::memset(h, 1, granule);
+  pool.deallocate(h, granule, 512);
+}
+
 TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") {
   // Idle chunks kept, or unmapped past a small threshold and at trim() every 97 steps: second
   // mappings fall idle and go like chunks, and must leave no trace on the idle list. Pages as

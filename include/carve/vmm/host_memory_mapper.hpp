@@ -26,6 +26,8 @@
 ///   changes the device later (a forked child that runs one device's work); owner(va) says whose
 ///   physical memory a mapping holds, so one reservation may hold several devices' memory.
 /// - release closes the memfd; a mapping keeps its pages, as a CUDA mapping keeps released memory.
+///   An allocation not yet released holds its descriptor: an OnDemandReservation keeps each
+///   chunk's handle while it is mapped (to map it again elsewhere), so one descriptor per chunk.
 ///
 /// With HostMapperOptions::address_only the same rules are kept in the tables alone: no memfd, no
 /// mmap, no mprotect (every address faults), for replays that time the allocator above it.
