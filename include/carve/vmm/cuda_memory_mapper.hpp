@@ -308,7 +308,9 @@ public:
                              : fail(Errc::unsupported, d.missing);
   }
 
-  /// cuMemMap of `bytes` of the allocation, from `offset`, at `va`.
+  /// cuMemMap of `bytes` of the allocation, from `offset`, at `va`. An offset other than 0 (an
+  /// ExpandablePool lending a hole) has run only on the host twin so far; test_expandable_pool_cuda
+  /// checks it on a GPU.
   [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, offset, h, 0))

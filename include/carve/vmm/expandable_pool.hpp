@@ -264,8 +264,9 @@ private:
         }
         std::optional<Result<std::size_t>> added; // empty: the tables could not grow, nothing was mapped
         try {
-          make_headroom(space.memory.unbacked_bytes(taken->start, size), size);
-          lend_holes(space, taken->start, size);
+          const std::size_t need = space.memory.unbacked_bytes(taken->start, size); // idle chunks are not under it
+          make_headroom(need, size);
+          lend_holes(space, taken->start, size, need);
           added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
         } catch (const std::bad_alloc&) {
         }
@@ -381,10 +382,10 @@ private:
     }
   }
 
-  // Past the headroom line, a block of at least lend_min_bytes maps holes before new memory.
-  void lend_holes(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
-    const std::size_t need = size < s_->options.lend_min_bytes ? 0 : space.memory.unbacked_bytes(addr, size);
-    if (need != 0 && !s_->lending_refused && s_->reserved + need > headroom_line(size)) {
+  // Past the headroom line, a block of lend_min_bytes or more that needs memory maps holes first.
+  void lend_holes(Space& space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
+    if (need != 0 && size >= s_->options.lend_min_bytes && !s_->lending_refused &&
+        s_->reserved + need > headroom_line(size)) {
       (void)detail::lend_holes(space.free, space.memory, space.lent, addr, size, s_->lending_refused);
     }
   }
@@ -454,8 +455,7 @@ private:
 
   // Unmaps every idle chunk (one that lies wholly in a free range) in every reservation whose
   // stream's work on freed blocks has run (`wait`: waiting for it where the Streams can); returns
-  // the bytes unmapped.
-  // A second pass frees what holes given back leave idle.
+  // the bytes unmapped. Holes given back can leave their chunks idle: then it goes round again.
   std::size_t release_idle(bool wait) noexcept {
     std::size_t released = 0;
     for (std::uint32_t i = 0; !s_->held && i < s_->spaces.size(); ++i) {

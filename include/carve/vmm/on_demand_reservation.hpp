@@ -105,7 +105,7 @@ public:
     }
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
-    if (mapped(first) && last < table_.owner.size() && (end_of(first) == end_of(last) || table_.covered(first, last))) {
+    if (table_.one_chunk(first, last) || table_.covered(first, last)) {
       return std::size_t{0}; // the common case: a block inside memory already mapped
     }
     const ChunkRule rule = make_rule();
@@ -116,12 +116,12 @@ public:
     made.reserve(table_.unmapped(first, last).second);
     std::size_t added = 0;
     for (std::size_t g = first; g <= last;) {
-      if (mapped(g)) {
-        g = end_of(g);
+      if (table_.mapped(g)) {
+        g = table_.end_of(g);
         continue;
       }
       std::size_t end = g;
-      while (end <= last && !mapped(end)) {
+      while (end <= last && !table_.mapped(end)) {
         ++end;
       }
       const std::size_t run = end - g;
@@ -130,7 +130,7 @@ public:
         return fail(Errc::no_space, "back: " + std::to_string(run * granule_) + " more bytes would pass the limit");
       }
       const std::size_t want = std::min(std::max(run, min_granules), limit);
-      while (end - g < want && end < total && !mapped(end)) {
+      while (end - g < want && end < total && !table_.mapped(end)) {
         ++end;
       }
       if (auto ok = map_chunk(g, end - g); !ok) {
@@ -154,8 +154,8 @@ public:
     const std::size_t f = (from - base_) >> shift_;
     const std::size_t n = bytes >> shift_;
     auto home = table_.chunks.upper_bound(f);
-    const bool aligned = to >= base_ && from >= base_ && ((to | from | bytes) & (granule_ - 1)) == 0 && n != 0;
-    if (!aligned || t + n > bytes_ / granule_ || unbacked_bytes(to, bytes) != bytes || home == table_.chunks.begin() ||
+    const bool aligned = from >= base_ && ((to | from | bytes) & (granule_ - 1)) == 0 && n != 0;
+    if (!aligned || unbacked_bytes(to, bytes) != bytes || home == table_.chunks.begin() || // inside, all unmapped
         !std::prev(home)->second.handle || f + n > std::prev(home)->first + std::prev(home)->second.granules) {
       return fail(Errc::invalid_argument, "lend: not whole unmapped granules over whole granules of one chunk");
     }
@@ -167,7 +167,7 @@ public:
       table_.chunks.erase(t);
       return refused(ok.error());
     }
-    table_.mark(t, n, static_cast<std::uint32_t>(t + n));
+    table_.mark(t, n);
     ++second_mappings_;
     return {};
   }
@@ -209,7 +209,7 @@ public:
         ++it;
         continue;
       }
-      table_.mark(it->first, it->second.granules, 0);
+      table_.mark(it->first, it->second.granules, false);
       if (it->second.handle) {
         ++counts_.releases;
         (void)mapper_.release(*it->second.handle); // its last mapping is gone: the memory goes with it
@@ -303,7 +303,7 @@ public:
     }
     const std::size_t first = (addr - base_) >> shift_;
     const std::size_t last = (addr - base_ + bytes - 1) >> shift_;
-    if (mapped(first) && last < table_.owner.size() && end_of(first) == end_of(last)) {
+    if (table_.one_chunk(first, last)) {
       return 0; // the common case: a block inside one chunk
     }
     return table_.unmapped(first, last).first * granule_;
@@ -342,8 +342,6 @@ private:
   }
 
   void* at(std::size_t granule) const noexcept { return reinterpret_cast<void*>(base_ + granule * granule_); }
-  bool mapped(std::size_t g) const noexcept { return table_.mapped(g); }
-  std::size_t end_of(std::size_t g) const noexcept { return table_.end_of(g); }
 
   // Creates, maps and opens one chunk of `n` granules at granule `g`; it keeps its handle.
   [[nodiscard]] Result<void> map_chunk(std::size_t g, std::size_t n) {
@@ -364,7 +362,7 @@ private:
       return refused(ok.error());
     }
     table_.chunks.find(g)->second.handle = *h;
-    table_.mark(g, n, static_cast<std::uint32_t>(g + n));
+    table_.mark(g, n);
     mapped_ += size;
     return {};
   }

@@ -30,6 +30,11 @@ struct GranuleTable {
   // One past the last granule of the chunk that holds mapped granule `g`.
   std::size_t end_of(std::size_t g) const noexcept { return owner[g]; }
 
+  // Whether granules [first, last] all lie in one chunk (the common case of a block).
+  bool one_chunk(std::size_t first, std::size_t last) const noexcept {
+    return mapped(first) && last < owner.size() && end_of(first) == end_of(last);
+  }
+
   // Whether every granule [first, last] is mapped.
   bool covered(std::size_t first, std::size_t last) const noexcept {
     for (std::size_t g = first; g <= last; g = end_of(g)) {
@@ -65,10 +70,10 @@ struct GranuleTable {
     chunks.emplace(g, chunk);
   }
 
-  // Marks granules [g, g + n) as one chunk's (`value`: one past its end) or unmapped (0).
-  void mark(std::size_t g, std::size_t n, std::uint32_t value) noexcept {
+  // Marks granules [g, g + n) as one chunk's, or (`mapped` false) as unmapped.
+  void mark(std::size_t g, std::size_t n, bool mapped = true) noexcept {
     std::fill(owner.begin() + static_cast<std::ptrdiff_t>(g), owner.begin() + static_cast<std::ptrdiff_t>(g + n),
-              value);
+              mapped ? static_cast<std::uint32_t>(g + n) : 0u);
   }
 
   // Whether the two tables agree, every chunk lies in the reservation, and the chunks with memory
