@@ -5,7 +5,8 @@
 //                 6.8M slots (64 per thread and a sixteenth to spare);
 //   1M and 10M:   one slot each from the same 640M slots, sharded (100k shards of 6400 slots), per
 //                 thread and warp-aggregated, both policies (one kernel per policy and mode serves
-//                 both scales, which keeps compiling short).
+//                 both scales, which keeps compiling short); at 1M warp-aggregated once more in a
+//                 kernel held to 32 registers, so that an SM holds all the threads it can.
 // Sharded, every claimant has a home shard, spread evenly over the shards: warp w of W starts at
 // shard w * shards / W where warps aggregate (0.34 shards apart at 100k, where m = 64 asks 0.32
 // shards a warp; 3.2 apart at 1M), thread t of T at t * shards / T where threads allocate alone.
@@ -175,9 +176,13 @@ __global__ void reset_shards(carve::bits::word* storage) {
   }
 }
 
+// `home_step`: shards between two claimants' homes, in 32.32 fixed point (home_step_for), so
+// that a home costs every thread a multiply: the exact quotient (claimant * shards / claimants)
+// is a 64-bit division, a subroutine of some 70 instructions that the hashed baseline does not pay.
 template <class Sharded, bool Aggregated>
-__global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threads, std::uint32_t m,
-                                 std::uint64_t deadline, carve::SlotRange* out) {
+__device__ __forceinline__ void allocate_from_home(carve::bits::word* storage, std::uint32_t threads, std::uint32_t m,
+                                                   std::uint64_t home_step, std::uint64_t deadline,
+                                                   carve::SlotRange* out) {
   const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   const bool late = device_ns() > deadline;
   const unsigned members = __ballot_sync(full_warp, i < threads && !late); // the lanes that go on: warp_allocate's
@@ -190,10 +195,32 @@ __global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threa
   }
   // A home per claimant (a warp's leader, or a thread), spread evenly: see the file's comment.
   const std::uint64_t claimant = Aggregated ? i / 32 : i;
-  const std::uint64_t claimants = Aggregated ? (std::uint64_t{threads} + 31) / 32 : threads;
-  const Sharded s(storage, static_cast<std::uint32_t>(claimant * Sharded::shard_count / claimants));
+  const Sharded s(storage, static_cast<std::uint32_t>(claimant * home_step >> 32));
   const auto r = Aggregated ? carve::warp_allocate(members, s, m) : s.allocate(m);
   out[i] = r ? *r : carve::SlotRange{not_allocated, 0};
+}
+
+template <class Sharded, bool Aggregated>
+__global__ void allocate_sharded(carve::bits::word* storage, std::uint32_t threads, std::uint32_t m,
+                                 std::uint64_t home_step, std::uint64_t deadline, carve::SlotRange* out) {
+  allocate_from_home<Sharded, Aggregated>(storage, threads, m, home_step, deadline, out);
+}
+
+// The same, held to 32 registers a thread (8 blocks of 256, 2048 threads: all an SM can hold),
+// where ptxas otherwise takes 32 to 40 and so keeps 1536 or 1280 threads per SM: on the 1M rows,
+// where four to six waves of threads each wait on their claims, this shows what the threads the
+// registers cost are worth, against a few bytes of spills.
+template <class Sharded, bool Aggregated>
+__global__ void __launch_bounds__(256, 8)
+    allocate_sharded_at_32_registers(carve::bits::word* storage, std::uint32_t threads, std::uint32_t m,
+                                     std::uint64_t home_step, std::uint64_t deadline, carve::SlotRange* out) {
+  allocate_from_home<Sharded, Aggregated>(storage, threads, m, home_step, deadline, out);
+}
+
+// The home step for `claimants` claimants (threads, or warps where they aggregate) over `shards`.
+std::uint64_t home_step_for(std::uint32_t shards, std::uint32_t threads, bool aggregated) {
+  const std::uint64_t claimants = aggregated ? (std::uint64_t{threads} + 31) / 32 : threads;
+  return (std::uint64_t{shards} << 32) / claimants;
 }
 
 template <std::uint32_t N, class Fit, bool Aggregated>
@@ -586,7 +613,8 @@ void sharded_small(const Clock& clock, const char* policy, carve::bits::word* d_
   const Row per_thread = run_row(
       clock, prefix + "per thread", sizes, reset,
       [&](std::uint32_t m, std::uint64_t deadline) {
-        allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, S::threads, m, deadline, d_out);
+        allocate_sharded<Sharded, false>
+            <<<grid, block>>>(d_sharded, S::threads, m, home_step_for(S::shards, S::threads, false), deadline, d_out);
       },
       d_out, S::threads, S::slots);
   beside(per_thread.runs[0], base);
@@ -595,7 +623,8 @@ void sharded_small(const Clock& clock, const char* policy, carve::bits::word* d_
   const Row aggregated = run_row(
       clock, prefix + "warp-aggregated", sizes, reset,
       [&](std::uint32_t m, std::uint64_t deadline) {
-        allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, S::threads, m, deadline, d_out);
+        allocate_sharded<Sharded, true>
+            <<<grid, block>>>(d_sharded, S::threads, m, home_step_for(S::shards, S::threads, true), deadline, d_out);
       },
       d_out, S::threads, S::slots);
   beside(aggregated.runs[0], base);
@@ -640,14 +669,27 @@ void sharded_large(const Clock& clock, const char* scale, std::uint32_t threads,
   const auto reset = [&] { reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(d_sharded); };
   const unsigned grid = grid_for(threads);
   const std::string prefix = std::string("slot alloc ") + scale + ", " + policy + ", sharded, ";
-  for (const bool aggregated : {false, true}) {
+  // Per thread, warp-aggregated, and (with the targets, at 1M) warp-aggregated at 32 registers.
+  enum class Mode { per_thread, aggregated, aggregated_at_32_registers };
+  for (const Mode mode : {Mode::per_thread, Mode::aggregated, Mode::aggregated_at_32_registers}) {
+    if (mode == Mode::aggregated_at_32_registers && !with_targets) {
+      continue;
+    }
+    const bool aggregated = mode != Mode::per_thread;
+    const std::uint64_t step = home_step_for(S::shards, threads, aggregated);
+    const char* name = mode == Mode::per_thread   ? "per thread"
+                       : mode == Mode::aggregated ? "warp-aggregated"
+                                                  : "warp-aggregated, 32 registers";
     const Row row = run_row(
-        clock, prefix + (aggregated ? "warp-aggregated" : "per thread"), single, reset,
+        clock, prefix + name, single, reset,
         [&](std::uint32_t, std::uint64_t deadline) {
-          if (aggregated) {
-            allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, threads, 1, deadline, d_out);
+          if (mode == Mode::per_thread) {
+            allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
+          } else if (mode == Mode::aggregated) {
+            allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
           } else {
-            allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, threads, 1, deadline, d_out);
+            allocate_sharded_at_32_registers<Sharded, true>
+                <<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
           }
         },
         d_out, threads, S::slots);

@@ -23,9 +23,9 @@
 /// atomic returned in place of the word where it lost. So a lost race reloads no word the search
 /// had seen: threads that exact placement sends to the same lowest free word each learn from
 /// their atomic what the winners took there and go on to the next free bits. After a search that
-/// finds nothing, one whose run the words no longer show free, or one that runs bracketed (below),
-/// the next search starts from fresh words. Some thread always wins a
-/// contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
+/// finds nothing, or one whose run the words no longer show free, the next search starts from
+/// fresh words; a search that runs bracketed (below) reads the live words themselves. Some thread
+/// always wins a contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
 /// bit is taken only by the fetch_and that saw it free.
 ///
 /// Hinted policies (hinted_fit_policy.hpp) take `allocate(m, hint)` here as on SlotAllocator. A
@@ -124,7 +124,7 @@ public:
   /// with any check by value, a word that changes and changes back between the two reads passes.)
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate(std::uint32_t m) noexcept {
     return allocate_with(
-        m, [&](const LazySnapshot<N, Scope>& seen) { return find(seen, m); },
+        m, [&](const auto& words) { return find(words, m); },
         [&](SlotRange range) {
           if constexpr (TracksPlacements<policy_type>) {
             fit().placed(range);
@@ -140,13 +140,13 @@ public:
   allocate(std::uint32_t m, const typename F::hint_type& hint) noexcept {
     return allocate_with(
         m,
-        [&](const LazySnapshot<N, Scope>& seen) -> cuda::std::optional<std::uint32_t> {
+        [&](const auto& words) -> cuda::std::optional<std::uint32_t> {
           // Through the member, not fit(): nvcc finds a call through the lambda's implicit `this`
           // unsatisfied here, and would copy the bitmap for the slow branch below.
-          if constexpr (requires { state_.first().find_in(seen, N, m, hint); }) {
-            return fit().find_in(seen, N, m, hint);
+          if constexpr (requires { state_.first().find_in(words, N, m, hint); }) {
+            return fit().find_in(words, N, m, hint);
           } else {
-            return fit().find(seen.bitmap(), m, hint);
+            return fit().find(copy_of(words), m, hint);
           }
         },
         [&](SlotRange range) {
@@ -247,8 +247,8 @@ private:
   // Taken runs refused before a search is bracketed by fingerprints (allocate_with).
   static constexpr std::uint32_t refusals_before_bracketing = 8;
 
-  /// allocate's loop (described above): `search(seen)` proposes a start, `record(range)` runs once
-  /// the range is claimed.
+  /// allocate's loop (described above): `search(words)` proposes a start in a WordSource (the
+  /// snapshot, or the live words when bracketed), `record(range)` runs once the range is claimed.
   template <class Search, class Record>
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc> allocate_with(std::uint32_t m, Search search,
                                                                                      Record record) noexcept {
@@ -258,31 +258,21 @@ private:
     if (const auto ok = status(); !ok) {
       return cuda::std::unexpected(ok.error());
     }
-    bool bracketed = false; // this search runs between two fingerprints
-    std::uint64_t point = 0;
-    std::uint64_t before = 0;
-    std::uint32_t refusals = 0; // runs the check found taken without telling why
-    std::uint32_t quiet = 0;    // of them, bracketed ones running, with the words unchanged
     // What the searches have seen: forgotten before every search but one after a lost claim,
-    // which goes on from what the claim's atomic returned (a bracketed search reads every word
-    // after its first fingerprint, so it forgets then too).
+    // which goes on from what the claim's atomic returned.
     LazySnapshot<N, Scope> seen(live());
-    for (;;) {
-      if (bracketed) {
-        point = fingerprint_point();
-        before = word_fingerprint(live(), point);
-        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
-      }
+    std::uint32_t refusals = 0; // runs the check found taken without telling why
+    while (refusals < refusals_before_bracketing) {
       const cuda::std::optional<std::uint32_t> start = search(seen);
       if (!start) {
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
-        if (seen.unchanged() || (bracketed && word_fingerprint(live(), point) == before)) {
+        if (seen.unchanged()) {
           return cuda::std::unexpected(Errc::no_space);
         }
-        // The words moved under the search, or (large bitmaps) the search could not keep them all
-        // to check: look again.
-        bracketed = !LazySnapshot<N, Scope>::holds_all();
-        seen.forget();
+        if (!LazySnapshot<N, Scope>::holds_all()) {
+          break; // the search could not keep every word it read, so only a bracketed one can tell
+        }
+        seen.forget(); // the words moved under the search: look again
         continue;
       }
       const SlotRange range{*start, m};
@@ -292,36 +282,69 @@ private:
         // Taken now. The policy's mistake for certain where the search read each word of the run
         // once and kept it (not_free without eviction: always up to 1024 slots). Otherwise the
         // search may have used an older copy of a word (read twice past 1024 slots) or proposed a
-        // word it never read. Then it is a mistake only if, twice running, the search saw words
-        // that did not change from before it until now (bracketed) and the run is still taken: a
-        // word that changes and changes back between the two reads looks unchanged, and two such
-        // coincidences in a row are what a race does not repeat. Bracketing, a pass over every
-        // word before and after a search, starts only after several refusals, so that races
-        // rarely pay for it, while a policy that keeps proposing taken runs is told.
+        // word it never read: taken for a race until several refusals send the search to
+        // allocate_bracketed, which can tell.
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
         if (range.end() > N || (seen_run == SeenRun::not_free && !evicted)) {
           return cuda::std::unexpected(Errc::invalid_placement);
         }
-        if (bracketed) {
-          quiet = word_fingerprint(live(), point) == before && !free_now(range) ? quiet + 1 : 0;
-          if (quiet == 2) {
-            return cuda::std::unexpected(Errc::invalid_placement);
-          }
-        }
-        bracketed = ++refusals >= refusals_before_bracketing;
+        ++refusals;
         seen.forget();
         continue;
       }
-      std::uint32_t lost_word = 0;
-      bits::word lost_value = 0;
-      if (claim(range, lost_word, lost_value)) {
+      LostClaim lost;
+      if (claim(range, lost)) {
         record(range);
         return range;
       }
-      if (bracketed) {
-        seen.forget();
-      } else {
-        seen.saw(lost_word, lost_value);
+      seen.saw(lost.word, lost.value);
+    }
+    return allocate_bracketed(m, search, record);
+  }
+
+  /// allocate's loop where its snapshot cannot decide: each search reads the live words between
+  /// two fingerprints of every word (see allocate), so the fingerprints, not a copy, say whether
+  /// it saw one unchanging picture. A run the search proposes is claimed whenever it is free now;
+  /// "no space" needs the fingerprints to agree, and invalid_placement a taken run proposed twice
+  /// running with them agreeing and the run still taken (a word that changes and changes back
+  /// between the two reads looks unchanged: two such coincidences in a row are what a race does
+  /// not repeat). A loop of its own, after the snapshot's: a kernel reserves registers for the
+  /// busiest point of all its code, and with one loop for both, the fingerprints were live across
+  /// every search (the sharded kernels of bench_gpu_slot_alloc took 40 to 45 registers at sm_90,
+  /// 32 to 38 since; docs/concurrent-slots.md has the table).
+  template <class Search, class Record>
+  [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc>
+  allocate_bracketed(std::uint32_t m, Search search, Record record) noexcept {
+    const AtomicWords<N, Scope> words = live();
+    std::uint32_t quiet = 0; // taken runs proposed in a row with the words unchanged
+    for (;;) {
+      const std::uint64_t point = fingerprint_point();
+      // In memory (volatile), not a register: it is read once, after the second fingerprint's
+      // loop, and held in a register through that loop it made an allocating kernel held to 32
+      // registers (the most that lets an SM hold 2048 threads) spill.
+      const volatile std::uint64_t before = word_fingerprint(words, point);
+      cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // read before the search
+      const cuda::std::optional<std::uint32_t> start = search(words);
+      if (!start) {
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the search read before the re-read
+        if (word_fingerprint(words, point) == before) {
+          return cuda::std::unexpected(Errc::no_space);
+        }
+        continue;
+      }
+      const SlotRange range{*start, m};
+      if (range.end() > N || !free_now(range)) {
+        // Seen taken between the two fingerprints: if they agree, the search was shown it taken.
+        cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
+        quiet = word_fingerprint(words, point) == before ? quiet + 1 : 0;
+        if (quiet == 2) {
+          return cuda::std::unexpected(Errc::invalid_placement);
+        }
+        continue;
+      }
+      if (LostClaim lost; claim(range, lost)) {
+        record(range);
+        return range;
       }
     }
   }
@@ -330,16 +353,26 @@ private:
     return AtomicWords<N, Scope>(state_.second().data());
   }
 
-  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const LazySnapshot<N, Scope>& seen,
-                                                            std::uint32_t m) const noexcept {
+  template <WordSource Source>
+  CARVE_HOST_DEVICE cuda::std::optional<std::uint32_t> find(const Source& words, std::uint32_t m) const noexcept {
     // A sized policy (a remembering one's shared form) cannot be a WordSearchingFitPolicy, which
     // asks for every size, yet may still search words: its find_in is used whenever it has one
     // (asked through the member, as in allocate(m, hint)).
-    if constexpr (WordSearchingFitPolicy<policy_type> || requires { state_.first().find_in(seen, N, m); }) {
-      return fit().find_in(seen, N, m);
+    if constexpr (WordSearchingFitPolicy<policy_type> || requires { state_.first().find_in(words, N, m); }) {
+      return fit().find_in(words, N, m);
     } else {
-      return fit().find(seen.bitmap(), m);
+      return fit().find(copy_of(words), m);
     }
+  }
+
+  // The words as a SlotBitmap, for policies that only search SlotBitmaps (N / 8 bytes of stack).
+  template <WordSource Source>
+  CARVE_HOST_DEVICE static SlotBitmap<N> copy_of(const Source& words) noexcept {
+    bits::word all[bits::word_count(N)];
+    for (cuda::std::size_t k = 0; k < bits::word_count(N); ++k) {
+      all[k] = words[k];
+    }
+    return SlotBitmap<N>::from_words(all);
   }
 
   // Whether every slot of `range` is free in the live words now.
@@ -353,10 +386,16 @@ private:
     return free;
   }
 
-  /// Takes every slot of `range` or none of them. When it takes none, `lost_word` is the word
-  /// where it lost and `lost_value` that word as its atomic found it (what the word holds again
-  /// once this call's bits are back); the words before it held the run's bits free.
-  CARVE_HOST_DEVICE bool claim(SlotRange range, std::uint32_t& lost_word, bits::word& lost_value) noexcept {
+  /// Where a claim lost: the word, and that word as the claim's atomic found it (what the word
+  /// holds again once the claim's bits are back).
+  struct LostClaim {
+    std::uint32_t word = 0;
+    bits::word value = 0;
+  };
+
+  /// Takes every slot of `range` or none of them. When it takes none, `lost` says where it lost;
+  /// the words before that one held the run's bits free.
+  CARVE_HOST_DEVICE bool claim(SlotRange range, LostClaim& lost) noexcept {
     const AtomicWords<N, Scope> words = live();
     std::uint32_t claimed_words = 0;
     bits::word partial = 0; // bits taken in the word where the claim failed
@@ -364,8 +403,7 @@ private:
       const bits::word old = words.atomic(k).fetch_and(~mask, cuda::std::memory_order_acq_rel);
       partial = old & mask;
       if (partial != mask) {
-        lost_word = k;
-        lost_value = old;
+        lost = {k, old};
         return false;
       }
       ++claimed_words;

@@ -49,28 +49,32 @@ template <class Allocator, class... Args>
 [[nodiscard]] __device__ cuda::std::expected<SlotRange, Errc> warp_allocate(unsigned members, Allocator& slots,
                                                                             std::uint32_t m, Args... args) {
   const unsigned group = __match_any_sync(members, m);
-  const int leader = __ffs(static_cast<int>(group)) - 1;
-  const unsigned lane = threadIdx.x % 32;
-  const std::uint32_t rank = static_cast<std::uint32_t>(__popc(group & ((1u << lane) - 1u)));
   const std::uint32_t lanes = static_cast<std::uint32_t>(__popc(group));
+  const unsigned lanes_below = group & ((1u << (threadIdx.x % 32)) - 1u); // of the group
 
-  std::uint32_t first = 0;
-  int whole = 0;
-  if (static_cast<int>(lane) == leader && lanes > 1 && m != 0 && m <= 0xffff'ffffu / lanes) {
-    if (const auto run = slots.allocate(lanes * m, args...)) {
-      first = run->first;
-      whole = 1;
+  // One call of allocate, in a loop of at most two turns (the group's run, then each lane's own),
+  // so that a kernel holds one inlined copy of the allocator rather than two: half the code, and
+  // fewer registers (which bound how many threads an SM holds).
+  bool group_turn = lanes > 1 && m != 0 && std::uint64_t{m} * lanes <= 0xffff'ffffu;
+  for (;;) {
+    cuda::std::expected<SlotRange, Errc> run = cuda::std::unexpected(Errc::no_space);
+    if (!group_turn || lanes_below == 0) { // the group's leader is its lowest lane
+      run = slots.allocate(group_turn ? lanes * m : m, args...);
     }
+    if (!group_turn) {
+      return run;
+    }
+    const int leader = __ffs(static_cast<int>(group)) - 1;
+    const int whole = __shfl_sync(group, run ? 1 : 0, leader);
+    const std::uint32_t first = __shfl_sync(group, run ? run->first : 0u, leader);
+    // A shuffle orders no memory: this does, so the leader's claim and the policy's record of it
+    // (a hinted policy's stamps) happen before any lane uses or frees its share.
+    __syncwarp(group);
+    if (whole != 0) {
+      return share_of({first, lanes * m}, m, static_cast<std::uint32_t>(__popc(lanes_below)));
+    }
+    group_turn = false;
   }
-  whole = __shfl_sync(group, whole, leader);
-  first = __shfl_sync(group, first, leader);
-  // A shuffle orders no memory: this does, so the leader's claim and the policy's record of it
-  // (a hinted policy's stamps) happen before any lane uses or frees its share.
-  __syncwarp(group);
-  if (whole != 0) {
-    return share_of({first, lanes * m}, m, rank);
-  }
-  return slots.allocate(m, args...);
 }
 #endif
 

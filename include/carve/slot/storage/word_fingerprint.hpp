@@ -17,6 +17,7 @@
 #include <carve/slot/storage/word_source.hpp>
 
 #include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 #include <nv/target>
 
 #if !defined(__CUDA_ARCH__)
@@ -35,18 +36,28 @@ CARVE_HOST_DEVICE constexpr std::uint64_t reduce(std::uint64_t x) noexcept {
   return x >= prime ? x - prime : x;
 }
 
-// a * b mod p for a, b < p, in 64-bit arithmetic (host and device alike): with a = ah 2^32 + al,
-// the product is ah bh 2^64 + (ah bl + al bh) 2^32 + al bl, and 2^64 = 8, 2^61 = 1 (mod p).
+// The top 64 bits of the 128-bit product a * b, from 32-bit halves.
+CARVE_HOST_DEVICE constexpr std::uint64_t high_half(std::uint64_t a, std::uint64_t b) noexcept {
+  constexpr std::uint64_t half = 0xffff'ffffu;
+  const std::uint64_t ll = (a & half) * (b & half);
+  const std::uint64_t lh = (a & half) * (b >> 32);
+  const std::uint64_t hl = (a >> 32) * (b & half);
+  const std::uint64_t carry = ((ll >> 32) + (lh & half) + (hl & half)) >> 32;
+  return (a >> 32) * (b >> 32) + (lh >> 32) + (hl >> 32) + carry;
+}
+
+// a * b mod p for a, b < p. The product, below 2^122, is high 2^64 + low, with 2^64 = 8 and
+// 2^61 = 1 (mod p). A device takes the high half from one instruction (__umul64hi) rather than
+// four multiplications and their carries: this runs inside every kernel that allocates.
 CARVE_HOST_DEVICE constexpr std::uint64_t multiply(std::uint64_t a, std::uint64_t b) noexcept {
-  const std::uint64_t ah = a >> 32;
-  const std::uint64_t al = a & 0xffff'ffffu;
-  const std::uint64_t bh = b >> 32;
-  const std::uint64_t bl = b & 0xffff'ffffu;
-  const std::uint64_t high = ah * bh;             // below 2^58
-  const std::uint64_t middle = ah * bl + al * bh; // below 2^62
-  const std::uint64_t low = al * bl;
-  const std::uint64_t middle_part = (middle >> 29) + ((middle & ((std::uint64_t{1} << 29) - 1)) << 32);
-  return reduce((high << 3) + middle_part + (low & prime) + (low >> 61));
+  std::uint64_t high = 0;
+  if (cuda::std::is_constant_evaluated()) {
+    high = high_half(a, b);
+  } else {
+    NV_IF_ELSE_TARGET(NV_IS_DEVICE, (high = __umul64hi(a, b);), (high = high_half(a, b);))
+  }
+  const std::uint64_t low = a * b;
+  return reduce((high << 3) + (low & prime) + (low >> 61));
 }
 
 CARVE_HOST_DEVICE constexpr std::uint64_t mix(std::uint64_t x) noexcept { // splitmix64's finaliser
@@ -64,6 +75,11 @@ template <WordSource Words>
 CARVE_HOST_DEVICE constexpr std::uint64_t word_fingerprint(const Words& words, std::uint64_t x) noexcept {
   namespace fp = fingerprint_detail;
   std::uint64_t h = 0;
+  // One word at a time on a device: unrolled, several words' loads in flight hold registers that
+  // every allocating kernel would reserve for this rarely taken path.
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
   for (std::uint32_t k = 0; k < words.size(); ++k) {
     const std::uint64_t w = words[k];
     h = fp::reduce(fp::multiply(h, x) + (w >> 32));
