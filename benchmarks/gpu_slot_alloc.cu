@@ -1,12 +1,14 @@
 // GPU throughput of carve's concurrent slot allocation beside two baselines, in one kernel in
 // which every thread allocates once.
 //   100k threads: m slots each (m = 1, 4, 16, 64), per thread and warp-aggregated, under first fit
-//                 and boundary-nearest, sharded (1063 shards of 6400 slots) and on one bitmap of
-//                 6.8M slots (64 per thread and a sixteenth to spare);
+//                 and boundary-nearest, sharded (1063 shards of 6400 slots), per thread again on
+//                 the same slots as one-word shards (106300 of 64 slots: a home for each thread),
+//                 and on one bitmap of 6.8M slots (64 per thread and a sixteenth to spare);
 //   1M and 10M:   one slot each from the same 640M slots, sharded (100k shards of 6400 slots), per
 //                 thread and warp-aggregated, both policies (one kernel per policy and mode serves
-//                 both scales, which keeps compiling short); at 1M warp-aggregated once more in a
-//                 kernel held to 32 registers, so that an SM holds all the threads it can.
+//                 both scales, which keeps compiling short); at 1M also per thread on one-word
+//                 shards (10M of them), and warp-aggregated once more in a kernel held to 32
+//                 registers, so that an SM holds all the threads it can.
 // Sharded, every claimant has a home shard, spread evenly over the shards: warp w of W starts at
 // shard w * shards / W where warps aggregate (0.34 shards apart at 100k, where m = 64 asks 0.32
 // shards a warp; 3.2 apart at 1M), thread t of T at t * shards / T where threads allocate alone.
@@ -163,6 +165,10 @@ struct Scale {
 
   template <class Fit>
   using Sharded = carve::ShardedSlotAllocator<shard_slots, shards, Fit, cuda::thread_scope_device>;
+  // The same slots as shards of one word each (a thread's 64 slots): a home of its own for every
+  // thread that allocates alone, where shards of 6400 give about 94 threads one home at 100k.
+  template <class Fit>
+  using WordSharded = carve::ShardedSlotAllocator<64, slots / 64, Fit, cuda::thread_scope_device>;
 };
 
 using Small = Scale<100'000, true>;     // 6.8M slots, 1063 shards
@@ -630,6 +636,18 @@ void sharded_small(const Clock& clock, const char* policy, carve::bits::word* d_
   beside(aggregated.runs[0], base);
   small_targets(aggregated);
   baseline_targets(aggregated.name + ", m=1", aggregated.runs[0], base);
+  using WordSharded = typename S::template WordSharded<Fit>;
+  const Row word_shards = run_row(
+      clock, prefix + "per thread, one-word shards", sizes,
+      [&] { reset_shards<WordSharded><<<(WordSharded::shard_count + 255) / 256, 256>>>(d_sharded); },
+      [&](std::uint32_t m, std::uint64_t deadline) {
+        allocate_sharded<WordSharded, false><<<grid, block>>>(
+            d_sharded, S::threads, m, home_step_for(WordSharded::shard_count, S::threads, false), deadline, d_out);
+      },
+      d_out, S::threads, S::slots);
+  beside(word_shards.runs[0], base);
+  small_targets(word_shards);
+  baseline_targets(word_shards.name + ", m=1", word_shards.runs[0], base);
 }
 
 // 100k threads on one bitmap: every m, per thread and warp-aggregated (no baseline targets: these
@@ -669,24 +687,35 @@ void sharded_large(const Clock& clock, const char* scale, std::uint32_t threads,
   const auto reset = [&] { reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(d_sharded); };
   const unsigned grid = grid_for(threads);
   const std::string prefix = std::string("slot alloc ") + scale + ", " + policy + ", sharded, ";
-  // Per thread, warp-aggregated, and (with the targets, at 1M) warp-aggregated at 32 registers.
-  enum class Mode { per_thread, aggregated, aggregated_at_32_registers };
-  for (const Mode mode : {Mode::per_thread, Mode::aggregated, Mode::aggregated_at_32_registers}) {
-    if (mode == Mode::aggregated_at_32_registers && !with_targets) {
+  using WordSharded = typename S::template WordSharded<Fit>;
+  const auto reset_words = [&] {
+    reset_shards<WordSharded><<<(WordSharded::shard_count + 255) / 256, 256>>>(d_sharded);
+  };
+  // Per thread, warp-aggregated, and with the targets (at 1M) also per thread on one-word shards
+  // and warp-aggregated at 32 registers.
+  enum class Mode { per_thread, aggregated, per_thread_word_shards, aggregated_at_32_registers };
+  for (const Mode mode :
+       {Mode::per_thread, Mode::aggregated, Mode::per_thread_word_shards, Mode::aggregated_at_32_registers}) {
+    if ((mode == Mode::per_thread_word_shards || mode == Mode::aggregated_at_32_registers) && !with_targets) {
       continue;
     }
-    const bool aggregated = mode != Mode::per_thread;
-    const std::uint64_t step = home_step_for(S::shards, threads, aggregated);
-    const char* name = mode == Mode::per_thread   ? "per thread"
-                       : mode == Mode::aggregated ? "warp-aggregated"
-                                                  : "warp-aggregated, 32 registers";
+    const bool aggregated = mode == Mode::aggregated || mode == Mode::aggregated_at_32_registers;
+    const bool words = mode == Mode::per_thread_word_shards;
+    const std::uint64_t step = home_step_for(words ? WordSharded::shard_count : S::shards, threads, aggregated);
+    const char* name = mode == Mode::per_thread               ? "per thread"
+                       : mode == Mode::aggregated             ? "warp-aggregated"
+                       : mode == Mode::per_thread_word_shards ? "per thread, one-word shards"
+                                                              : "warp-aggregated, 32 registers";
+    const auto reset_row = [&] { words ? reset_words() : reset(); };
     const Row row = run_row(
-        clock, prefix + name, single, reset,
+        clock, prefix + name, single, reset_row,
         [&](std::uint32_t, std::uint64_t deadline) {
           if (mode == Mode::per_thread) {
             allocate_sharded<Sharded, false><<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
           } else if (mode == Mode::aggregated) {
             allocate_sharded<Sharded, true><<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
+          } else if (mode == Mode::per_thread_word_shards) {
+            allocate_sharded<WordSharded, false><<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
           } else {
             allocate_sharded_at_32_registers<Sharded, true>
                 <<<grid, block>>>(d_sharded, threads, 1, step, deadline, d_out);
