@@ -805,7 +805,7 @@ static_assert(carve::WordSearchingFitPolicy<GuessesSlot64>);
 TEST_CASE("up to 1024 slots a policy that proposes a taken run in a word it never read is told") {
   // The snapshot holds every word of 128 slots, but word 1 was never read by the search, so its
   // taken run looks like a race eight times; then two searches between fingerprints of unchanged
-  // words show that the policy proposed a run it had been shown taken.
+  // words, each proposing the run while it stays taken, show that the mistake is the policy's.
   std::vector<std::uint64_t> words = {~std::uint64_t{0}, 0}; // slots 64..127 taken
   const std::vector<std::uint64_t> before = words;
   int calls = 0;

@@ -302,13 +302,14 @@ private:
     return allocate_bracketed(m, search, record);
   }
 
-  /// allocate's loop where its snapshot cannot decide: each search reads the live words between
-  /// two fingerprints of every word (see allocate), so the fingerprints, not a copy, say whether
-  /// it saw one unchanging picture. A run the search proposes is claimed whenever it is free now;
-  /// "no space" needs the fingerprints to agree, and invalid_placement a taken run proposed twice
-  /// running with them agreeing and the run still taken (a word that changes and changes back
-  /// between the two reads looks unchanged: two such coincidences in a row are what a race does
-  /// not repeat). A loop of its own, after the snapshot's: a kernel reserves registers for the
+  /// allocate's loop where its snapshot cannot decide (past 1024 slots after a failed search, or
+  /// after several refused runs): each search reads the live words between two fingerprints of
+  /// every word (see allocate), so the fingerprints, not a copy, say whether it saw one unchanging
+  /// picture. A run the search proposes is claimed whenever it is free now; "no space" needs the
+  /// fingerprints to agree, and invalid_placement a run past the end, or a taken run proposed
+  /// twice running with them agreeing and the run still taken after the second (a word that
+  /// changes and changes back between two reads looks unchanged: two such coincidences in a row
+  /// are what a race does not repeat). A loop of its own, after the snapshot's: a kernel reserves registers for the
   /// busiest point of all its code, and with one loop for both, the fingerprints were live across
   /// every search (the sharded kernels of bench_gpu_slot_alloc took 40 to 45 registers at sm_90,
   /// 32 to 38 since; docs/concurrent-slots.md has the table).
@@ -333,10 +334,15 @@ private:
         continue;
       }
       const SlotRange range{*start, m};
-      if (range.end() > N || !free_now(range)) {
-        // Seen taken between the two fingerprints: if they agree, the search was shown it taken.
+      if (range.end() > N) {
+        return cuda::std::unexpected(Errc::invalid_placement); // no word read, however late, shows such a run
+      }
+      if (!free_now(range)) {
+        // Taken now, yet the search may have read it free before a race took it (and a race may
+        // give it back before the second fingerprint). Counted only when the fingerprints agree
+        // and it is still taken after the second: two such runs in a row are the policy's mistake.
         cuda::atomic_thread_fence(cuda::std::memory_order_acquire, Scope); // the check read before the re-read
-        quiet = word_fingerprint(words, point) == before ? quiet + 1 : 0;
+        quiet = word_fingerprint(words, point) == before && !free_now(range) ? quiet + 1 : 0;
         if (quiet == 2) {
           return cuda::std::unexpected(Errc::invalid_placement);
         }
