@@ -182,6 +182,12 @@ __global__ void reset_shards(carve::bits::word* storage) {
   }
 }
 
+// Every shard free, a thread per shard.
+template <class Sharded>
+void reset_all(carve::bits::word* storage) {
+  reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(storage);
+}
+
 // `home_step`: shards between two claimants' homes, in 32.32 fixed point (home_step_for), so
 // that a home costs every thread a multiply: the exact quotient (claimant * shards / claimants)
 // is a 64-bit division, a subroutine of some 70 instructions that the hashed baseline does not pay.
@@ -613,7 +619,7 @@ void sharded_small(const Clock& clock, const char* policy, carve::bits::word* d_
                    const Baselines& base) {
   using S = Small;
   using Sharded = typename S::template Sharded<Fit>;
-  const auto reset = [&] { reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(d_sharded); };
+  const auto reset = [&] { reset_all<Sharded>(d_sharded); };
   const unsigned grid = grid_for(S::threads);
   const std::string prefix = std::string("slot alloc 100k, ") + policy + ", sharded, ";
   const Row per_thread = run_row(
@@ -638,8 +644,7 @@ void sharded_small(const Clock& clock, const char* policy, carve::bits::word* d_
   baseline_targets(aggregated.name + ", m=1", aggregated.runs[0], base);
   using WordSharded = typename S::template WordSharded<Fit>;
   const Row word_shards = run_row(
-      clock, prefix + "per thread, one-word shards", sizes,
-      [&] { reset_shards<WordSharded><<<(WordSharded::shard_count + 255) / 256, 256>>>(d_sharded); },
+      clock, prefix + "per thread, one-word shards", sizes, [&] { reset_all<WordSharded>(d_sharded); },
       [&](std::uint32_t m, std::uint64_t deadline) {
         allocate_sharded<WordSharded, false><<<grid, block>>>(
             d_sharded, S::threads, m, home_step_for(WordSharded::shard_count, S::threads, false), deadline, d_out);
@@ -684,13 +689,10 @@ void sharded_large(const Clock& clock, const char* scale, std::uint32_t threads,
                    carve::bits::word* d_sharded, carve::SlotRange* d_out, const Baselines& base, bool with_targets) {
   using S = Large;
   using Sharded = typename S::template Sharded<Fit>;
-  const auto reset = [&] { reset_shards<Sharded><<<(Sharded::shard_count + 255) / 256, 256>>>(d_sharded); };
+  const auto reset = [&] { reset_all<Sharded>(d_sharded); };
   const unsigned grid = grid_for(threads);
   const std::string prefix = std::string("slot alloc ") + scale + ", " + policy + ", sharded, ";
   using WordSharded = typename S::template WordSharded<Fit>;
-  const auto reset_words = [&] {
-    reset_shards<WordSharded><<<(WordSharded::shard_count + 255) / 256, 256>>>(d_sharded);
-  };
   // Per thread, warp-aggregated, and with the targets (at 1M) also per thread on one-word shards
   // and warp-aggregated at 32 registers.
   enum class Mode { per_thread, aggregated, per_thread_word_shards, aggregated_at_32_registers };
@@ -706,7 +708,7 @@ void sharded_large(const Clock& clock, const char* scale, std::uint32_t threads,
                        : mode == Mode::aggregated             ? "warp-aggregated"
                        : mode == Mode::per_thread_word_shards ? "per thread, one-word shards"
                                                               : "warp-aggregated, 32 registers";
-    const auto reset_row = [&] { words ? reset_words() : reset(); };
+    const auto reset_row = [&] { words ? reset_all<WordSharded>(d_sharded) : reset(); };
     const Row row = run_row(
         clock, prefix + name, single, reset_row,
         [&](std::uint32_t, std::uint64_t deadline) {

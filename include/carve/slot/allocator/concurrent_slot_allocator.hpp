@@ -25,8 +25,8 @@
 /// their atomic what the winners took there and go on to the next free bits. After a search that
 /// finds nothing, or one whose run the words no longer show free, the next search starts from
 /// fresh words; a search that runs bracketed (below) reads the live words themselves. Some thread
-/// always wins a contested word, so the allocator is lock-free; no slot is ever held by two callers, because a
-/// bit is taken only by the fetch_and that saw it free.
+/// always wins a contested word, so the allocator is lock-free; no slot is ever held by two
+/// callers, because a bit is taken only by the fetch_and that saw it free.
 ///
 /// Hinted policies (hinted_fit_policy.hpp) take `allocate(m, hint)` here as on SlotAllocator. A
 /// policy that remembers its placements (ReleaseAlignedFit) is held in its shared form
@@ -146,7 +146,7 @@ public:
           if constexpr (requires { state_.first().find_in(words, N, m, hint); }) {
             return fit().find_in(words, N, m, hint);
           } else {
-            return fit().find(copy_of(words), m, hint);
+            return fit().find(SlotBitmap<N>::from_source(words), m, hint);
           }
         },
         [&](SlotRange range) {
@@ -309,10 +309,10 @@ private:
   /// fingerprints to agree, and invalid_placement a run past the end, or a taken run proposed
   /// twice running with them agreeing and the run still taken after the second (a word that
   /// changes and changes back between two reads looks unchanged: two such coincidences in a row
-  /// are what a race does not repeat). A loop of its own, after the snapshot's: a kernel reserves registers for the
-  /// busiest point of all its code, and with one loop for both, the fingerprints were live across
-  /// every search (the sharded kernels of bench_gpu_slot_alloc took 40 to 45 registers at sm_90,
-  /// 32 to 38 since; docs/concurrent-slots.md has the table).
+  /// are what a race does not repeat). A loop of its own, after the snapshot's: a kernel reserves
+  /// registers for the busiest point of all its code, and with one loop for both, the
+  /// fingerprints were live across every search (the sharded kernels of bench_gpu_slot_alloc took
+  /// 40 to 45 registers at sm_90, 32 to 38 since; docs/concurrent-slots.md has the table).
   template <class Search, class Record>
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<SlotRange, Errc>
   allocate_bracketed(std::uint32_t m, Search search, Record record) noexcept {
@@ -367,18 +367,8 @@ private:
     if constexpr (WordSearchingFitPolicy<policy_type> || requires { state_.first().find_in(words, N, m); }) {
       return fit().find_in(words, N, m);
     } else {
-      return fit().find(copy_of(words), m);
+      return fit().find(SlotBitmap<N>::from_source(words), m);
     }
-  }
-
-  // The words as a SlotBitmap, for policies that only search SlotBitmaps (N / 8 bytes of stack).
-  template <WordSource Source>
-  CARVE_HOST_DEVICE static SlotBitmap<N> copy_of(const Source& words) noexcept {
-    bits::word all[bits::word_count(N)];
-    for (cuda::std::size_t k = 0; k < bits::word_count(N); ++k) {
-      all[k] = words[k];
-    }
-    return SlotBitmap<N>::from_words(all);
   }
 
   // Whether every slot of `range` is free in the live words now.

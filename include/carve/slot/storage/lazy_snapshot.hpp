@@ -75,13 +75,7 @@ public:
   }
 
   /// Every word, as a SlotBitmap (for policies that only search SlotBitmaps).
-  CARVE_HOST_DEVICE SlotBitmap<N> bitmap() const noexcept {
-    bits::word all[extent];
-    for (cuda::std::size_t k = 0; k < extent; ++k) {
-      all[k] = (*this)[k];
-    }
-    return SlotBitmap<N>::from_words(all);
-  }
+  CARVE_HOST_DEVICE SlotBitmap<N> bitmap() const noexcept { return SlotBitmap<N>::from_source(*this); }
 
   /// Whether `r` was free in the words seen; `r` must lie within the bitmap.
   CARVE_HOST_DEVICE SeenRun check(SlotRange r) const noexcept {

@@ -14,6 +14,7 @@
 #include <carve/slot/search/free_runs.hpp>
 #include <carve/slot/search/run_search.hpp>
 #include <carve/slot/storage/slot_range.hpp>
+#include <carve/slot/storage/word_source.hpp>
 
 #include <cuda/std/cstdint>
 #include <cuda/std/optional>
@@ -50,6 +51,12 @@ public:
   /// Adopts raw words (e.g. a snapshot of a bitmap someone else updates). Bits past slot N - 1
   /// are cleared, so the invariant holds whatever the words contain.
   CARVE_HOST_DEVICE static constexpr SlotBitmap from_words(cuda::std::span<const word_type, word_count> w) noexcept {
+    return from_source(w);
+  }
+  /// The same, read word by word from any WordSource of word_count words (a live bitmap, a
+  /// search's snapshot).
+  template <WordSource Words>
+  CARVE_HOST_DEVICE static constexpr SlotBitmap from_source(const Words& w) noexcept {
     SlotBitmap b;
     for (std::uint32_t k = 0; k < word_count; ++k) {
       b.words_[k] = w[k];

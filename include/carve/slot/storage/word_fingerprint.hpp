@@ -48,7 +48,9 @@ CARVE_HOST_DEVICE constexpr std::uint64_t high_half(std::uint64_t a, std::uint64
 
 // a * b mod p for a, b < p. The product, below 2^122, is high 2^64 + low, with 2^64 = 8 and
 // 2^61 = 1 (mod p). A device takes the high half from one instruction (__umul64hi) rather than
-// four multiplications and their carries: this runs inside every kernel that allocates.
+// four multiplications and their carries: this runs inside every kernel that allocates. (The host
+// tests check the portable form against 128-bit arithmetic; the device form has been compiled for
+// sm_80 and sm_90, not yet run on a card.)
 CARVE_HOST_DEVICE constexpr std::uint64_t multiply(std::uint64_t a, std::uint64_t b) noexcept {
   std::uint64_t high = 0;
   if (cuda::std::is_constant_evaluated()) {
