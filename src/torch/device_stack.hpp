@@ -128,6 +128,10 @@ public:
   // The right `peer` has on this device's memory at `p`: 0 none, 1 read, 2 read and write; -1 where
   // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
+  // Whether the pool has stopped lending holes because the driver refused a mapping from an
+  // offset into an allocation (the expandable pool's ExpandablePoolStats::lending_refused; the
+  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:lend=none.
+  virtual bool lending_refused() const noexcept { return false; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its
   // size in `bytes`; null where this stack took no such allocation (the expandable pool maps).

@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <exception>
 #include <string>
+#include <system_error>
 
 namespace carve::torch {
 
@@ -131,6 +132,13 @@ public:
       return right ? static_cast<int>(*right) : -1;
     } catch (const std::exception&) { // the reason's text could not be built
       return -1;
+    }
+  }
+  bool lending_refused() const noexcept override {
+    try {
+      return pool_.stats().lending_refused;
+    } catch (const std::system_error&) { // the lock could not be taken
+      return false;
     }
   }
 

@@ -113,7 +113,8 @@ def run_child(args):
     if carve is not None:
         stats = carve.memory_stats(torch.cuda.current_device())
         result.update(peak_reserved=stats["peak_reserved_bytes"], peak_allocated=stats["peak_live_bytes"],
-                      device_calls=stats["device_calls"], failures=stats["failures"])
+                      device_calls=stats["device_calls"], failures=stats["failures"],
+                      lending_refused=stats.get("lending_refused", False))
     else:
         result.update(peak_reserved=torch.cuda.max_memory_reserved(), peak_allocated=torch.cuda.max_memory_allocated())
     print(json.dumps(result), flush=True)
@@ -142,18 +143,25 @@ def child(argv, env=None, timeout=300):
     return result, error
 
 
-def predicted_by_replay(replay, snapshot):
-    """carve_replay's peak reserved for the expandable pool on `snapshot`: (bytes, None) or (None,
-    why not). Any failure is this model's, never the end of the script (whose report would be lost)."""
+def replayed_as(carve):
+    """The carve_replay allocator that replays the pool the card ran (`carve`: the child's JSON).
+    Where the driver refused a mapping from an offset into an allocation, the pool lent no holes
+    from then on, exactly as one that never lends (its first and only try changed nothing)."""
+    return "expandable-pool:lend=none" if carve.get("lending_refused") else "expandable-pool"
+
+
+def predicted_by_replay(replay, snapshot, allocator="expandable-pool"):
+    """carve_replay's peak reserved for `allocator` on `snapshot`: (bytes, None) or (None, why
+    not). Any failure is this model's, never the end of the script (whose report would be lost)."""
     try:
-        out = subprocess.run([replay, snapshot, "--allocators", "expandable-pool", "--json", "--no-smallest-card"],
+        out = subprocess.run([replay, snapshot, "--allocators", allocator, "--json", "--no-smallest-card"],
                              capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             return None, f"exit {out.returncode}: {out.stderr[-1000:]}"
-        for allocator in json.loads(out.stdout)["allocators"]:
-            if allocator["name"] == "expandable-pool":
-                return allocator["peak_reserved_bytes"], None
-        return None, "carve_replay printed no expandable-pool row"
+        for row in json.loads(out.stdout)["allocators"]:
+            if row["name"] == allocator:
+                return row["peak_reserved_bytes"], None
+        return None, f"carve_replay printed no {allocator} row"
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as e:
         return None, f"{type(e).__name__}: {e}"
 
@@ -221,8 +229,10 @@ def judge(rows):
                   f"{met(slower <= SLOWER_THAN_DEFAULT)}"]
         predicted = carve.get("predicted")
         if predicted is not None:
+            refused = (" (the driver refused a mapping from an offset, so carve lent no holes: replayed as "
+                       f"{replayed_as(carve)})" if carve.get("lending_refused") else "")
             goals.append(f"- {model}: carve_replay's prediction {predicted} bytes equals what the card reserved "
-                         f"({carve['peak_reserved']} bytes): {met(predicted == carve['peak_reserved'])}")
+                         f"({carve['peak_reserved']} bytes){refused}: {met(predicted == carve['peak_reserved'])}")
     return table, goals, failed
 
 
@@ -278,7 +288,7 @@ def orchestrate(args):
             if error:
                 failed.append(f"{model}, recording the snapshot: {error}")
             if recorded is not None:
-                predicted, error = predicted_by_replay(args.replay, snapshot)
+                predicted, error = predicted_by_replay(args.replay, snapshot, replayed_as(results["carve"]))
                 if error:
                     failed.append(f"carve_replay on {model}: {error}")
                 if args.keep_snapshots:  # the real snapshots the replay work tunes against

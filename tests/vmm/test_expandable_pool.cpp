@@ -854,6 +854,7 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   auto st = pool.stats();
   CHECK(st.lent_bytes == 0);
   CHECK(st.mapper_failures == 1);
+  CHECK(st.lending_refused);
   CHECK(st.bytes_reserved == 10 * granule);
   std::memset(d, 7, 6 * granule);
   void* e = *pool.try_allocate(4 * granule, 512); // lending is off: no second refusal
@@ -864,6 +865,57 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   }
   pool.trim();
   CHECK(m.mapping_count() == 0);
+}
+
+TEST_CASE("lending: a pool whose mapper refuses offsets places and maps as one that never lends") {
+  // What carve_replay predicts for a card whose driver wants offset 0 (expandable-pool:lend=none):
+  // after the one refused second mapping, the same addresses and the same memory, step by step.
+  constexpr std::size_t page = 4 * KiB;
+  RefusingMapper refusing({.granularity = page});
+  *refusing.refuse_offsets = true;
+  const ExpandablePoolOptions lends = small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * page});
+  ExpandablePool<RefusingMapper> refused(refusing, lends);
+  ExpandablePoolOptions never = lends;
+  never.lend_min_bytes = SIZE_MAX;
+  Pool plain(HostMemoryMapper({.granularity = page}), never);
+  std::mt19937_64 rng(31);
+  std::vector<std::tuple<std::uintptr_t, std::uintptr_t, std::size_t>> live; // refused's, plain's, bytes
+  std::uintptr_t base_refused = 0;
+  std::uintptr_t base_plain = 0;
+  bool same = true;
+  for (int step = 0; step < 2000 && same; ++step) {
+    if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
+      const std::size_t bytes = (rng() % 4 == 0 ? 3 * page + rng() % (5 * page) : 1 + rng() % (2 * page));
+      const auto a = refused.try_allocate(bytes, 512);
+      const auto b = plain.try_allocate(bytes, 512);
+      REQUIRE((a && b));
+      const auto x = reinterpret_cast<std::uintptr_t>(*a);
+      const auto y = reinterpret_cast<std::uintptr_t>(*b);
+      if (step == 0) { // the first block lands at each reservation's start
+        base_refused = x;
+        base_plain = y;
+      }
+      same = x - base_refused == y - base_plain;
+      live.emplace_back(x, y, bytes);
+    } else {
+      const std::size_t i = rng() % live.size();
+      const auto [x, y, bytes] = live[i];
+      refused.deallocate(reinterpret_cast<void*>(x), bytes, 512);
+      plain.deallocate(reinterpret_cast<void*>(y), bytes, 512);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    const auto r = refused.stats();
+    const auto p = plain.stats();
+    same = same && r.bytes_reserved == p.bytes_reserved && r.peak_reserved == p.peak_reserved;
+  }
+  CHECK(same);
+  const auto r = refused.stats();
+  const auto p = plain.stats();
+  CHECK(r.lending_refused);
+  CHECK_FALSE(p.lending_refused);
+  CHECK(r.mapper_failures == 1); // one refused map, counted as a call, and never another
+  CHECK(r.device_calls() == p.device_calls() + 1);
+  CHECK(refused.consistent());
 }
 
 TEST_CASE("lending: a second mapping unmapped leaves the idle list, so no later eviction hits a live block") {

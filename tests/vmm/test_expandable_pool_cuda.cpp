@@ -136,10 +136,12 @@ void lending_on_card(std::size_t g) {
     expect(s.lent_bytes == 2 * g && s.bytes_reserved == 8 * g, "the hole served the block, no new memory");
     expect(std::all_of(hole.begin(), hole.end(), [](unsigned char v) { return v == 0x5a; }),
            "what the device wrote through the block is in the hole's memory");
+    expect(!s.lending_refused, "a pool that lent says lending is on");
   } else {
     std::printf("the driver refused a mapping from an offset (%s): lending is off, the block mapped new memory\n",
                 pool.last_failure().c_str());
     expect(s.mapper_failures == 1 && s.bytes_reserved == 10 * g, "a refused lend leaves the block on new memory");
+    expect(s.lending_refused, "the stats say lending is off (carve_replay's expandable-pool:lend=none)");
   }
   expect(std::all_of(kept.begin(), kept.end(), [](unsigned char v) { return v == 0x11; }), "its neighbour is intact");
   expect(pool.consistent(), "the pool's books agree");

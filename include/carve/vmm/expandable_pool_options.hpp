@@ -109,6 +109,11 @@ struct ExpandablePoolStats {
   std::uint64_t peer_refusals = 0;     ///< chunks the driver refused to open to a granted device (kept, closed to it)
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
+  /// The mapper refused a second mapping from an offset into an allocation (CUDA's cuMemMap
+  /// documents, in one place, that the offset must be 0), so holes are no longer lent: from then
+  /// on the pool places and maps as with lend_min_bytes = max(), which carve_replay's
+  /// `expandable-pool:lend=none` replays.
+  bool lending_refused = false;
 
   /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and
   /// the handle release that go with each are not counted).

@@ -112,6 +112,7 @@ struct ExpandablePoolState {
     out.live_blocks = live.size();
     out.pending_frees = pending.size();
     out.address_spaces = spaces.size();
+    out.lending_refused = lending_refused;
     for (const auto& space : spaces) {
       out.chunks += space->memory.chunk_count();
       out.address_space_bytes += space->memory.bytes();
