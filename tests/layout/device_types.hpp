@@ -83,9 +83,9 @@ using DeviceTypes = ProbeList<
     Probe<carve::ConcurrentSlotAllocatorRef<2048, carve::FirstFit>>,
     Probe<carve::ConcurrentSlotAllocatorRef<64, carve::LastFit, block>>, Probe<Sharded>,
     Probe<carve::ShardedSlotAllocator<6400, 1000, carve::FirstFit>>,
-    // Batch placement and cooperative search.
-    Probe<CuPlacement, &CuPlacement::cu, &CuPlacement::range>, Probe<carve::FirstFittingCu>,
-    Probe<carve::LeastLoadedCu>, Probe<carve::NearestBoundaryCu>,
+    // Batch placement and cooperative search; the outcomes its kernels write for the host to read.
+    Probe<CuPlacement, &CuPlacement::cu, &CuPlacement::range>, Probe<carve::BatchPlacement>, Probe<carve::BatchRelease>,
+    Probe<carve::FirstFittingCu>, Probe<carve::LeastLoadedCu>, Probe<carve::NearestBoundaryCu>,
     // Arenas and every combinator over them, alone and stacked as the guides stack them.
     Probe<Local>, Probe<Global>, Probe<carve::SlotArena<carve::ConcurrentSlotAllocatorRef<4096>>>,
     Probe<carve::SlotArena<carve::SlotAllocator<128>>>, Probe<carve::SlotArena<Sharded>>,

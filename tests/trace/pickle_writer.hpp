@@ -1,54 +1,85 @@
-// Pickles written opcode by opcode, for inputs no pickler writes: a dict shared by thousands of
-// references, sizes that overflow when summed. Without framing: str as BINUNICODE, containers as
-// EMPTY_LIST/EMPTY_DICT and a MARK closed by APPENDS/SETITEMS. The protocol decides ints, bools and
-// pairs, as the picklers that write PyTorch's snapshots do:
-// - 4 (the default; Python 3.8 to 3.13's pickle.dump in torch.cuda.memory._dump_snapshot): int as
-//   LONG1 of 8 bytes, NEWTRUE/NEWFALSE, TUPLE2;
-// - 2 (PyTorch's C++ pickler, the snapshot C++ code writes): an int that fits 32 bits as BININT, a
-//   larger one as LONG1 of 8 bytes, NEWTRUE/NEWFALSE, TUPLE2;
-// - 1 (and 0, as Python writes them): an int that fits 32 bits as BININT, a larger one as LONG
-//   text ("L139637976727552L\n"), a bool as INT text ("I01\n"), a pair as MARK ... TUPLE.
+// Pickles written opcode by opcode, for inputs no pickler writes (a dict shared by thousands of
+// references, sizes that overflow when summed) and in the forms of the picklers that write
+// PyTorch's snapshots. Containers are EMPTY_LIST/EMPTY_DICT and a MARK closed by APPENDS/SETITEMS
+// (as Python writes any with two items or more). The form decides the rest:
+// - Form::plain (the default): str as BINUNICODE, every int as LONG1 of 8 bytes in protocol 4 (a
+//   form no pickler writes but any reader must read), NEWTRUE/NEWFALSE, TUPLE2;
+// - Form::python, protocols 4 and 5 (Python's pickle.dump in torch.cuda.memory._dump_snapshot:
+//   protocol 4 up to Python 3.13, 5 from 3.14): FRAMEs of 64 KiB (or `frame_bytes`) cut where a
+//   value begins, a MEMOIZE after every str, list, dict and pair, so that a value met again is a
+//   BINGET (LONG_BINGET past index 255); str as SHORT_BINUNICODE below 256 bytes; an int in its
+//   shortest form: BININT1, BININT2, BININT, else LONG1 of as few bytes as two's complement needs;
+// - protocol 2 (PyTorch's C++ pickler, the snapshot C++ code writes): BININT1, BININT2, BININT, else
+//   LONG1 of 8 bytes;
+// - protocol 1 (and 0, as Python writes them): BININT1, BININT2, BININT, else LONG text
+//   ("L139637976727552L\n"), a bool as INT text ("I01\n"), a pair as MARK ... TUPLE.
 #pragma once
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace carve::test {
 
 class PickleWriter {
 public:
-  explicit PickleWriter(int protocol = 4) : protocol_(protocol) {
+  enum class Form { plain, python };
+
+  explicit PickleWriter(int protocol = 4, Form form = Form::plain, std::size_t frame_bytes = std::size_t{64} << 10)
+      : protocol_(protocol), python_(form == Form::python && protocol >= 4), frame_bytes_(frame_bytes) {
     if (protocol >= 2) {
       out_ += '\x80';
       out_ += static_cast<char>(protocol);
     }
+    body_ = out_.size();
   }
 
   PickleWriter& str(std::string_view s) {
-    out_ += 'X';
-    little_endian(s.size(), 4);
+    value();
+    if (python_ && s.size() < 256) {
+      out_ += '\x8c';
+      out_ += static_cast<char>(s.size());
+    } else {
+      out_ += 'X';
+      little_endian(s.size(), 4);
+    }
     out_ += s;
-    return *this;
+    return memoize();
   }
   PickleWriter& integer(std::int64_t v) {
-    if (protocol_ != 4 && v >= INT32_MIN && v <= INT32_MAX) {
+    value();
+    if (protocol_ == 4 && !python_) {
+      out_ += "\x8a\x08";
+      little_endian(static_cast<std::uint64_t>(v), 8);
+    } else if (v >= 0 && v <= 0xff) {
+      out_ += 'K';
+      little_endian(static_cast<std::uint64_t>(v), 1);
+    } else if (v >= 0 && v <= 0xffff) {
+      out_ += 'M';
+      little_endian(static_cast<std::uint64_t>(v), 2);
+    } else if (v >= INT32_MIN && v <= INT32_MAX) {
       out_ += 'J';
       little_endian(static_cast<std::uint32_t>(static_cast<std::int32_t>(v)), 4);
     } else if (protocol_ < 2) {
       out_ += "L" + std::to_string(v) + "L\n";
     } else {
-      out_ += "\x8a\x08";
-      little_endian(static_cast<std::uint64_t>(v), 8);
+      const int bytes = python_ ? shortest_twos_complement(v) : 8;
+      out_ += '\x8a';
+      out_ += static_cast<char>(bytes);
+      little_endian(static_cast<std::uint64_t>(v), bytes);
     }
+    last_memo_ = no_memo;
     return *this;
   }
   /// An int written as LONG text, `digits` its decimal digits (a '-' first for a negative one), as
   /// protocols 0 and 1 write any int above 2^31 - 1: in any protocol, since the reader reads any
   /// opcode in any protocol, as Python does.
   PickleWriter& long_text(std::string_view digits) {
+    value();
     out_ += "L" + std::string(digits) + "L\n";
     return *this;
   }
@@ -67,6 +98,7 @@ public:
   }
   /// BINFLOAT: a double, big-endian.
   PickleWriter& floating(double d) {
+    value();
     out_ += 'G';
     const auto bits = std::bit_cast<std::uint64_t>(d);
     for (int k = 7; k >= 0; --k) {
@@ -80,36 +112,120 @@ public:
       raw("(").integer(a).integer(b);
       return raw("t");
     }
+    value();
     integer(a).integer(b);
-    return raw("\x86");
+    out_ += '\x86';
+    return memoize();
   }
   /// An empty list and a MARK: its items follow, then list_end.
-  PickleWriter& list() { return raw("]("); }
-  PickleWriter& list_end() { return raw("e"); }
+  PickleWriter& list() { return open(']'); }
+  PickleWriter& list_end() { return close('e'); }
   /// An empty dict and a MARK: keys and values follow, then dict_end.
-  PickleWriter& dict() { return raw("}("); }
-  PickleWriter& dict_end() { return raw("u"); }
+  PickleWriter& dict() { return open('}'); }
+  PickleWriter& dict_end() { return close('u'); }
   /// The value on top pushed `n` times more: `n` references to it, not copies.
   PickleWriter& dup(std::size_t n) {
     out_.append(n, '2');
     return *this;
   }
-  /// The value on top stored at memo index `index` (BINPUT), as every pickler does with what it
-  /// may meet again; get pushes it again (BINGET): Python's way of sharing one frames list.
-  PickleWriter& put(unsigned char index) { return raw("q" + std::string(1, static_cast<char>(index))); }
-  PickleWriter& get(unsigned char index) { return raw("h" + std::string(1, static_cast<char>(index))); }
+  /// The value just written kept under `key`; get(key) pushes it again (BINGET): the picklers'
+  /// way of sharing one frames list. Python's form memoized it as it was written, so put only
+  /// remembers its index; the others store it at memo index `key` (BINPUT).
+  PickleWriter& put(unsigned char key) {
+    if (python_) {
+      named_[key] = last_memo_;
+      return *this;
+    }
+    return raw("q" + std::string(1, static_cast<char>(key)));
+  }
+  PickleWriter& get(unsigned char key) {
+    value();
+    const std::uint64_t index = python_ ? named_.at(key) : key;
+    if (index < 256) {
+      out_ += 'h';
+      out_ += static_cast<char>(index);
+    } else {
+      out_ += 'j';
+      little_endian(index, 4);
+    }
+    return *this;
+  }
   /// A key and its int value, in a dict.
   PickleWriter& item(std::string_view key, std::int64_t v) { return str(key).integer(v); }
   /// A key and its str value, in a dict.
   PickleWriter& item(std::string_view key, std::string_view v) { return str(key).str(v); }
   PickleWriter& raw(std::string_view opcodes) {
+    value();
     out_ += opcodes;
     return *this;
   }
-  /// The pickle, STOP appended.
-  std::string stop() const { return out_ + "."; }
+  /// The pickle, STOP appended (and, in Python's form, cut into frames).
+  std::string stop() const {
+    if (!python_) {
+      return out_ + ".";
+    }
+    std::string framed = out_.substr(0, body_);
+    std::size_t from = body_;
+    const auto frame = [&](std::size_t to, bool last) {
+      std::string data = out_.substr(from, to - from) + (last ? "." : "");
+      if (data.size() >= 4) { // Python writes no FRAME for less
+        framed += '\x95';
+        for (int k = 0; k < 8; ++k) {
+          framed += static_cast<char>(data.size() >> (8 * k) & 0xff);
+        }
+      }
+      framed += data;
+      from = to;
+    };
+    for (const std::size_t at : starts_) {
+      if (at - from >= frame_bytes_) {
+        frame(at, false);
+      }
+    }
+    frame(out_.size(), true);
+    return framed;
+  }
 
 private:
+  static constexpr std::uint64_t no_memo = UINT64_MAX;
+
+  // A value begins here: where Python may close a frame.
+  void value() {
+    if (python_ && (starts_.empty() || starts_.back() != out_.size())) {
+      starts_.push_back(out_.size());
+    }
+  }
+  PickleWriter& memoize() {
+    last_memo_ = no_memo;
+    if (python_) {
+      out_ += '\x94';
+      last_memo_ = memo_++;
+    }
+    return *this;
+  }
+  PickleWriter& open(char empty) {
+    value();
+    out_ += empty;
+    memoize();
+    open_.push_back(last_memo_);
+    out_ += '(';
+    return *this;
+  }
+  PickleWriter& close(char op) {
+    out_ += op;
+    last_memo_ = open_.empty() ? no_memo : open_.back();
+    if (!open_.empty()) {
+      open_.pop_back();
+    }
+    return *this;
+  }
+  static int shortest_twos_complement(std::int64_t v) {
+    int bytes = 1;
+    while (bytes < 8 && (v >> (8 * bytes - 1)) != 0 && (v >> (8 * bytes - 1)) != -1) {
+      ++bytes;
+    }
+    return bytes;
+  }
   void little_endian(std::uint64_t v, int bytes) {
     for (int k = 0; k < bytes; ++k, v >>= 8) {
       out_ += static_cast<char>(v & 0xff);
@@ -117,7 +233,15 @@ private:
   }
 
   int protocol_;
-  std::string out_;
+  bool python_;
+  std::size_t frame_bytes_;
+  std::size_t body_ = 0;                         // where the frames begin: after PROTO
+  std::string out_;                              // unframed
+  std::vector<std::size_t> starts_;              // where values begin (Python's form)
+  std::uint64_t memo_ = 0;                       // MEMOIZE's next index
+  std::uint64_t last_memo_ = no_memo;            // the memo index of the value just written
+  std::vector<std::uint64_t> open_;              // the memo indices of the containers open now
+  std::map<unsigned char, std::uint64_t> named_; // put's keys (Python's form)
 };
 
 } // namespace carve::test

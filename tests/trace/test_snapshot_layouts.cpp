@@ -1,6 +1,7 @@
 // PyTorch memory snapshots in each layout PyTorch 2.x writes, written here key by key as that
 // version's snapshot code writes them (the keys, the actions, the ints' forms, the picklers'
-// protocols), all holding the same allocations: every layout must read to the same trace. Then
+// protocols, Python's frames and memo), all holding the same allocations: every layout must read
+// to the same trace. Then
 // snapshots without events (recording off, history cleared), integers beyond 64 bits where carve
 // reads past them and where it needs their value, and the events carve does not model.
 #include <carve/trace.hpp>
@@ -8,6 +9,7 @@
 #include <doctest/doctest.h>
 #include <trace/pickle_writer.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -44,6 +46,9 @@ struct Layout {
   bool compile_context = true;      // 2.8: events carry `compile_context`
   bool user_metadata = true;        // 2.10: events carry `user_metadata`
   bool cpp_frames = false;          // stacks="all": C++ frames, a line of 2^64 - 1 where unknown
+  PickleWriter::Form form = PickleWriter::Form::python; // protocols 4 and 5: as Python's pickle writes them
+  std::size_t frame_bytes = std::size_t{64} << 10;      // Python's frames; smaller ones cut values apart
+  bool expandable = false; // expandable_segments:True: segments mapped and unmapped, not allocated
 };
 
 // clang-format off
@@ -59,6 +64,13 @@ const Layout layouts[] = {
     {"2.10, C++ stacks", 4, true, true, true, true, false, true, true, true, true},
     {"2.10, PyTorch's C++ pickler", 2, true, true, true, true, false, true, true, true, true},
     {"2.10, protocol 1 (ints above 2^31 - 1 as LONG text)", 1, true, true, true, true, false, true, true, true, true},
+    {"2.10, protocol 5 (Python 3.14's pickle)", 5, true, true, true, true, false, true, true, true, true},
+    {"2.10, a frame every 64 bytes", 4, true, true, true, true, false, true, true, true, true,
+     PickleWriter::Form::python, 64},
+    {"2.10, every int as an 8-byte LONG1, no frames or memo", 4, true, true, true, true, false, true, true, true, true,
+     PickleWriter::Form::plain},
+    {"2.10, expandable segments", 4, true, true, true, true, false, true, true, true, true,
+     PickleWriter::Form::python, std::size_t{64} << 10, true},
 };
 // clang-format on
 
@@ -130,18 +142,18 @@ void segment(PickleWriter& w, const Layout& l, std::int64_t device, std::int64_t
   w.item("allocated_size", 0).item("active_size", 0).item("requested_size", 0);
   w.item("stream", 0).item("segment_type", small ? "small" : "large");
   if (l.segment_extras) {
-    w.str("segment_pool_id").pair(0, 0).str("is_expandable").boolean(false);
+    w.str("segment_pool_id").pair(0, 0).str("is_expandable").boolean(l.expandable);
     w.str("frames").list().list_end();
   }
   w.str("blocks").list();
 }
 
 // The snapshot, in layout `l`. Device 0: segment A held before the trace began, with a block live
-// throughout; segment B allocated in it. Events: 1024 bytes in A allocated and freed, 4 MiB in B
-// allocated and freed, 512 bytes in A allocated and live at the end, between them the actions carve
-// does not model (oom, snapshot, and mid-2024's annotations). Device 1: segment C, no events.
+// throughout; segment B allocated in it (with expandable segments: mapped, and unmapped at the end). Events: 1024 bytes
+// in A allocated and freed, 4 MiB in B allocated and freed, 512 bytes in A allocated and live at the end, between them
+// the actions carve does not model (oom, snapshot, and mid-2024's annotations). Device 1: segment C, no events.
 std::string snapshot(const Layout& l) {
-  PickleWriter w(l.protocol);
+  PickleWriter w(l.protocol, l.form, l.frame_bytes);
   w.dict().str("segments").list();
   segment(w, l, 0, base, 2 * MiB, true);
   block(w, l, base, 512, 500, "active_allocated");
@@ -149,9 +161,11 @@ std::string snapshot(const Layout& l) {
   block(w, l, base + 1536, 512, 512, "active_allocated");
   block(w, l, base + 2048, 2 * MiB - 2048, 0, "inactive");
   w.list_end().dict_end();
-  segment(w, l, 0, large, 20 * MiB, false);
-  block(w, l, large, 20 * MiB, 0, "inactive");
-  w.list_end().dict_end();
+  if (!l.expandable) { // an expandable B was unmapped by the end: no pages of it left to list
+    segment(w, l, 0, large, 20 * MiB, false);
+    block(w, l, large, 20 * MiB, 0, "inactive");
+    w.list_end().dict_end();
+  }
   segment(w, l, 1, other, 2 * MiB, true);
   block(w, l, other, 2048, 2000, "active_pending_free");
   block(w, l, other + 2048, 2 * MiB - 2048, 0, "inactive");
@@ -160,7 +174,7 @@ std::string snapshot(const Layout& l) {
 
   w.str("device_traces").list().list();
   event(w, l, "alloc", base + 512, 1024, 1);
-  event(w, l, "segment_alloc", large, 20 * MiB, 2);
+  event(w, l, l.expandable ? "segment_map" : "segment_alloc", large, 20 * MiB, 2);
   event(w, l, "alloc", large, 4 * MiB, 3);
   if (l.user_defined) {
     w.dict().item("action", "user_defined").item("addr", 0).item("size", 0).item("stream", 0);
@@ -173,6 +187,9 @@ std::string snapshot(const Layout& l) {
   event(w, l, "free_requested", large, 4 * MiB, 8);
   event(w, l, "free_completed", large, 4 * MiB, 9);
   event(w, l, "snapshot", 0, 0, 10);
+  if (l.expandable) { // B's pages given back
+    event(w, l, "segment_unmap", large, 20 * MiB, 11);
+  }
   w.list_end().list().list_end().list_end(); // device 1: no events
 
   if (l.allocator_settings) {
@@ -233,14 +250,44 @@ TEST_CASE("every PyTorch 2.x layout reads to the same trace") {
     REQUIRE(t.recorded);
     CHECK(t.recorded->start_bytes == 2 * MiB); // A; B was allocated in the trace
     CHECK(t.recorded->peak_bytes == 22 * MiB);
-    CHECK(t.recorded->device_calls == 1);
-    REQUIRE(t.start_segments.size() == 1);
-    CHECK(t.start_segments[0].address == base);
-    CHECK(t.start_segments[0].small);
+    CHECK(t.recorded->device_calls == (l.expandable ? 2U : 1U)); // a map, and its unmap
+    if (l.expandable) {                                          // pages, not segments: nothing to start from
+      CHECK(t.start_segments.empty());
+      REQUIRE_FALSE(t.recorded->steps.empty());
+      CHECK(t.recorded->steps.back().second == 2 * MiB);
+    } else {
+      REQUIRE(t.start_segments.size() == 1);
+      CHECK(t.start_segments[0].address == base);
+      CHECK(t.start_segments[0].small);
+    }
     // Times where the layout has them; a free's time is when it was requested.
     CHECK(t.blocks[1].allocated_us == (l.time_us ? 1 : no_time));
     CHECK(t.blocks[1].freed_us == (l.time_us ? 4 : no_time));
   }
+}
+
+TEST_CASE("Python's memo past index 255: a frames list shared through LONG_BINGET") {
+  // Every str, list and dict Python writes takes a memo index, so in a real snapshot the frames
+  // list an event shares with later ones sits far past 255 and comes back as LONG_BINGET.
+  PickleWriter w(4, PickleWriter::Form::python);
+  w.dict().str("segments").list().list_end().str("device_traces").list().list();
+  for (std::int64_t i = 0; i < 400; ++i) {
+    const bool alloc = i % 2 == 0;
+    w.dict().item("action", alloc ? "alloc" : "free_completed").item("addr", base + (i / 2) * 512);
+    w.item("size", 512).item("stream", 0).item("time_us", i).str("frames");
+    if (i == 200) { // memo index about 1400 by now
+      w.list().dict().item("filename", "train.py").item("line", 7).item("name", "step").dict_end().list_end().put(0);
+    } else if (i > 200) {
+      w.get(0);
+    } else {
+      w.list().list_end();
+    }
+    w.dict_end();
+  }
+  const AllocationTrace t = read(w.list_end().list_end().dict_end().stop());
+  CHECK(t.requests.size() == 400);
+  CHECK(t.allocations() == 200);
+  CHECK(t.peak_live_bytes() == 512);
 }
 
 TEST_CASE("a device without events reads as its end state: live blocks, segments, no requests") {
