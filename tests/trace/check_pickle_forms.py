@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The forms tests/trace/pickle_writer.hpp writes are pickles Python's own unpickler reads, each to
+the same document, and Python's form holds the opcodes Python's pickle writes (FRAME, MEMOIZE,
+SHORT_BINUNICODE, the short ints, LONG1 of minimal length, LONG_BINGET past memo index 255).
+
+    check_pickle_forms.py WRITE_PICKLE_FORMS
+"""
+
+import os
+import pickle
+import pickletools
+import subprocess
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True
+
+PYTHON_OPCODES = {"FRAME", "MEMOIZE", "SHORT_BINUNICODE", "BININT1", "BININT2", "BININT", "LONG1", "BINGET",
+                  "LONG_BINGET", "TUPLE2", "NEWTRUE", "BINFLOAT"}
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="carve_pickle_forms_") as work:
+        subprocess.run([sys.argv[1], work], check=True)
+        names = sorted(f for f in os.listdir(work) if f.endswith(".pickle"))
+        data = {name: open(os.path.join(work, name), "rb").read() for name in names}
+    if len(names) != 6:
+        print(f"FAILED: expected 6 pickles, got {names}")
+        return 1
+    docs = {name: pickle.loads(blob) for name, blob in data.items()}
+    first = docs[names[0]]
+    for name, doc in docs.items():
+        if doc != first:
+            print(f"FAILED: {name} reads to another document than {names[0]}")
+            return 1
+    segments = first["segments"]
+    if (segments[299]["frames"] != [{"filename": "train.py", "line": 42}, "??"] or segments[299]["line"] != 2**64 - 1
+            or segments[9]["frames"] != segments[0]["frames"] or segments[10]["frames"] != []):
+        print(f"FAILED: unexpected values {segments[299]}")
+        return 1
+    for name in ("python-4.pickle", "python-5.pickle", "python-4-frames-64.pickle"):
+        ops = {op.name for op, _, _ in pickletools.genops(data[name])}
+        if PYTHON_OPCODES - ops:
+            print(f"FAILED: {name} lacks {sorted(PYTHON_OPCODES - ops)}")
+            return 1
+        shared = pickle.loads(data[name])["segments"]
+        if shared[280]["frames"] is not shared[299]["frames"]:
+            print(f"FAILED: {name}: the frames list is copied, not shared through the memo")
+            return 1
+    frames = sum(1 for op, _, _ in pickletools.genops(data["python-4-frames-64.pickle"]) if op.name == "FRAME")
+    longs = [arg for op, arg, _ in pickletools.genops(data["python-4.pickle"]) if op.name == "LONG1"]
+    if frames < 100 or any(v.bit_length() < 32 for v in longs if v >= 0):
+        print(f"FAILED: {frames} frames of 64 bytes; LONG1 values {longs[:5]}...")
+        return 1
+    print(f"{len(names)} forms read alike by Python's unpickler; Python's form has {sorted(PYTHON_OPCODES)}, "
+          f"{frames} frames at 64 bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
