@@ -8,7 +8,8 @@ offsets of every entry of tests/layout/device_types.hpp; each PTX file (layout_p
 for one architecture) holds the same as nvcc's device side computed them, and the parameter of a
 kernel that takes the type by value. Fails, naming the type, on any difference, and on any class
 in DIR (the headers) that has __host__ __device__ or __device__ members, lies outside a detail
-namespace and is neither an entry nor in device_types.hpp's not_listed, and on any
+namespace and is neither an entry nor in device_types.hpp's not_listed, on any carve type (a
+class or an alias) a kernel in DIR takes by value or through a pointer that is no entry, and on any
 [[no_unique_address]] in DIR (what made the two differ: see carve/core/compressed_pair.hpp).
 """
 
@@ -128,14 +129,39 @@ def device_capable_classes(include):
     return found
 
 
-def listed_names(entries):
-    # An entry names its class template first: "carve::SlotArena<carve::...>" lists SlotArena.
+def listed_names(entries, types_header):
+    # An entry names its class template first: "carve::SlotArena<carve::...>" lists SlotArena. An
+    # alias of another library's template (BatchPlacement, a cuda::std::expected) is listed by the
+    # name the entry is written with in device_types.hpp.
     names = set()
     for host in entries.values():
         m = re.match(r"carve::(\w+)", host["name"])
         if m:
             names.add(m.group(1))
+    names.update(re.findall(r"\bProbe<(?:carve::)?(\w+)", code_of(types_header)))
     return names
+
+
+def carve_type_names(include):
+    """Every class, struct and alias the headers declare outside detail namespaces."""
+    names = set()
+    for header in headers(include):
+        text = re.sub(r"\bnamespace\s+[\w:]*detail\s*\{.*?\n\}", "", code_of(header), flags=re.S)
+        names.update(re.findall(r"\b(?:class|struct)\s+(?:alignas\([^)]*\)\s+)?(\w+)\s*(?:final\s*)?[:{]", text))
+        names.update(re.findall(r"\busing\s+(\w+)\s*=", text))
+    return names
+
+
+def kernel_parameter_types(include, known):
+    """The carve types the headers' kernels take as parameters, by value or through a pointer
+    (what a kernel writes for the host to read crosses too): name -> header."""
+    found = {}
+    for header in headers(include):
+        for params in re.findall(r"__global__\s+void\s+\w+\s*\(([^)]*)\)", code_of(header)):
+            for name in re.findall(r"\b([A-Z]\w*)\b", params):
+                if name in known:
+                    found.setdefault(name, str(header.relative_to(include)))
+    return found
 
 
 def main():
@@ -149,13 +175,19 @@ def main():
     problems = []
     for ptx in args.ptx:
         problems += compare(entries, ptx)
-    listed = listed_names(entries)
+    listed = listed_names(entries, pathlib.Path(__file__).with_name("device_types.hpp"))
     capable = device_capable_classes(args.include)
     for name, header in sorted(capable.items()):
         if name not in listed and name not in exempt:
             problems.append(
                 f"{header}: {name} has device code but no entry in tests/layout/device_types.hpp: add the forms "
                 "kernels use (or, if it can never cross a launch, its name and why to not_listed)"
+            )
+    for name, header in sorted(kernel_parameter_types(args.include, carve_type_names(args.include)).items()):
+        if name not in listed and name not in exempt:
+            problems.append(
+                f"{header}: a kernel takes {name} (by value or through a pointer) but tests/layout/device_types.hpp "
+                "has no entry for it: add the forms kernels use"
             )
     for header in headers(args.include):
         if "no_unique_address" in code_of(header):
