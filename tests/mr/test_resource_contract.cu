@@ -16,6 +16,7 @@
 #include <cuda/std/utility>
 
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -44,6 +45,10 @@ using Scratch = carve::FallbackResource<ScratchLocal, Global>;
 using Plain = carve::SlotArena<carve::SlotAllocator<64, carve::FirstFit>>;
 using Budgeted = carve::StatsResource<carve::LimitResource<Plain, cuda::thread_scope_block>, cuda::thread_scope_block>;
 using PlainOrGlobal = carve::Segregator<256, Plain, Global>;
+// The global arena shared by reference (carve::ref): the handle lives in device memory and the
+// kernel gets a ResourceRef to it by value, alone and under an arena built in the kernel.
+using Referenced = carve::FallbackResource<Plain, carve::ResourceRef<Global>>;
+static_assert(std::is_trivially_copyable_v<Global>, "the handle is copied to device memory byte for byte");
 
 constexpr std::size_t slot = 64;
 constexpr unsigned blocks = 8;
@@ -62,6 +67,7 @@ enum Case : unsigned {
   stack_in_shared,
   scratch_in_shared,
   counted_by_value,
+  ref_by_value,
   case_count
 };
 __host__ __device__ constexpr const char* case_name(Case c) {
@@ -88,6 +94,8 @@ __host__ __device__ constexpr const char* case_name(Case c) {
     return "compose_block_scratch.cu's Scratch in __shared__, every thread of the block";
   case counted_by_value:
     return "StatsResource<LimitResource<global arena>> passed by value";
+  case ref_by_value:
+    return "ResourceRef<global arena in device memory> passed by value, alone and under an arena";
   default:
     return "?";
   }
@@ -271,6 +279,16 @@ __global__ void counted_copy(Counted counted, ContractBlock* scratch, Tally* tal
          tally);
 }
 
+// A ResourceRef made on the host to an arena in device memory, used alone, then as the fallback of
+// an arena built in the kernel over shared memory.
+__global__ void referenced(carve::ResourceRef<Global> global, ContractBlock* scratch, Tally* tally) {
+  contract(ref_by_value, global, arena_shape(global.capacity(), 1000, 24), scratch, tally);
+  __shared__ alignas(slot) std::byte memory[16 * slot];
+  Referenced both(cuda::std::piecewise_construct, cuda::std::forward_as_tuple(memory, sizeof memory, std::size_t{slot}),
+                  cuda::std::forward_as_tuple(global));
+  contract(ref_by_value, both, arena_shape(both.capacity(), 1000, 24), scratch, tally);
+}
+
 } // namespace
 
 int main() {
@@ -336,6 +354,9 @@ int main() {
   global_all_back<<<1, 1>>>(global, stack_in_shared, tally);
   counted_copy<<<1, 1>>>(Counted(carve::LimitResource<Global>(global, 32 << 10)), scratch, tally);
   global_all_back<<<1, 1>>>(global, counted_by_value, tally);
+  Global* global_on_device = to_device(std::vector<Global>{global}); // a handle: its bytes copied whole
+  referenced<<<1, 1>>>(carve::ref(*global_on_device), scratch, tally);
+  global_all_back<<<1, 1>>>(global, ref_by_value, tally);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernels");
 
