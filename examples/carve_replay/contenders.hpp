@@ -38,9 +38,11 @@ struct Device {
   std::shared_ptr<DeviceClock> clock = std::make_shared<DeviceClock>();
 
   TimedCard card(std::uint64_t capacity) const { return TimedCard(AddressOnlyCard(capacity), clock); }
-  TimedMapper<HostMemoryMapper> mapper() const {
-    return TimedMapper<HostMemoryMapper>(HostMemoryMapper({.granularity = device_granule, .address_only = true}),
-                                         clock);
+  // `maps_at_offsets` false: a driver whose cuMemMap wants offset 0 (HostMapperOptions).
+  TimedMapper<HostMemoryMapper> mapper(bool maps_at_offsets = true) const {
+    return TimedMapper<HostMemoryMapper>(
+        HostMemoryMapper({.granularity = device_granule, .address_only = true, .maps_at_offsets = maps_at_offsets}),
+        clock);
   }
 };
 
@@ -128,8 +130,9 @@ private:
 class ExpandableSubject : public Subject {
 public:
   using Pool = ExpandablePool<TimedMapper<HostMemoryMapper>, SimulatedStreams>;
-  ExpandableSubject(std::uint64_t capacity, std::uint32_t streams, ExpandablePoolOptions options)
-      : pool_(device_.mapper(), with_cap(options, capacity), SimulatedStreams(streams)) {}
+  ExpandableSubject(std::uint64_t capacity, std::uint32_t streams, ExpandablePoolOptions options,
+                    bool maps_at_offsets = true)
+      : pool_(device_.mapper(maps_at_offsets), with_cap(options, capacity), SimulatedStreams(streams)) {}
   void* allocate(std::size_t bytes, std::uint32_t stream) noexcept override {
     const auto p = pool_.try_allocate(SimulatedStream{stream}, bytes, block_alignment);
     return p ? *p : nullptr;
@@ -182,9 +185,12 @@ Contender card_contender(std::string name, std::string description, Make make) {
           }};
 }
 
-inline Contender expandable_contender(std::string name, std::string description, ExpandablePoolOptions options) {
-  return {std::move(name), std::move(description), [options](std::uint64_t capacity, std::uint32_t streams) {
-            return std::unique_ptr<Subject>(std::make_unique<ExpandableSubject>(capacity, streams, options));
+inline Contender expandable_contender(std::string name, std::string description, ExpandablePoolOptions options,
+                                      bool maps_at_offsets = true) {
+  return {std::move(name), std::move(description),
+          [options, maps_at_offsets](std::uint64_t capacity, std::uint32_t streams) {
+            return std::unique_ptr<Subject>(
+                std::make_unique<ExpandableSubject>(capacity, streams, options, maps_at_offsets));
           }};
 }
 
@@ -272,7 +278,8 @@ inline constexpr std::size_t default_contenders = 6;
 
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
 // (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes), headroom
-// (headroom_permille; `none` for no line) and lend (lend_min_bytes; `none` never lends);
+// (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends) and offsets
+// (0: the driver maps from offset 0 only, as one whose cuMemMap wants it; 1, the default: from any);
 // caching-pool takes segment, idle and shared (PoolOptions::segment_size, idle_threshold,
 // shared_segment_size; shared=0 gives every request of segment or more its own). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
@@ -301,6 +308,7 @@ inline Contender configured(const std::string& spec) {
   };
   if (name == "expandable-pool") {
     ExpandablePoolOptions o;
+    bool maps_at_offsets = true;
     for (const auto& [key, value] : settings) {
       if (key == "growth") {
         o.growth_divisor = value;
@@ -312,11 +320,13 @@ inline Contender configured(const std::string& spec) {
         o.headroom_permille = value;
       } else if (key == "lend") {
         o.lend_min_bytes = value;
+      } else if (key == "offsets") {
+        maps_at_offsets = value != 0;
       } else {
         throw unknown(key);
       }
     }
-    return expandable_contender(spec, "carve::ExpandablePool, " + spec.substr(colon + 1), o);
+    return expandable_contender(spec, "carve::ExpandablePool, " + spec.substr(colon + 1), o, maps_at_offsets);
   }
   if (name == "caching-pool") {
     PoolOptions o;

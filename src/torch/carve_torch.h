@@ -92,7 +92,7 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * cudaMalloc/cudaFree calls), device_failures (such calls refused), failures (carve_torch_malloc
  * calls that returned NULL), lending_refused (true when the expandable pool's driver refused a
  * mapping from an offset into an allocation, so it lends no holes: carve_replay predicts such a run
- * with expandable-pool:lend=none), max_reserved_bytes and idle_threshold_bytes (null when unset), and,
+ * with expandable-pool:offsets=0), max_reserved_bytes and idle_threshold_bytes (null when unset), and,
  * when the pool could not be built, error. The text belongs to the library and stays valid until
  * the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);

@@ -130,7 +130,7 @@ public:
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
   // Whether the pool has stopped lending holes because the driver refused a mapping from an
   // offset into an allocation (the expandable pool's ExpandablePoolStats::lending_refused; the
-  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:lend=none.
+  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:offsets=0.
   virtual bool lending_refused() const noexcept { return false; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its

@@ -145,9 +145,10 @@ def child(argv, env=None, timeout=300):
 
 def replayed_as(carve):
     """The carve_replay allocator that replays the pool the card ran (`carve`: the child's JSON).
-    Where the driver refused a mapping from an offset into an allocation, the pool lent no holes
-    from then on, exactly as one that never lends (its first and only try changed nothing)."""
-    return "expandable-pool:lend=none" if carve.get("lending_refused") else "expandable-pool"
+    Where the driver refused a mapping from an offset into an allocation, the replay's mapper
+    refuses them too (offsets=0): a hole at its chunk's start is still lent from offset 0 before
+    or after, and from the first refusal on no hole is lent."""
+    return "expandable-pool:offsets=0" if carve.get("lending_refused") else "expandable-pool"
 
 
 def predicted_by_replay(replay, snapshot, allocator="expandable-pool"):

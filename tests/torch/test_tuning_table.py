@@ -2,7 +2,7 @@
 """The host side of dev.sh gpu's training-step check (gpu_training_step.py) against a real
 carve_replay: the table kept beside each model's snapshot (write_tuning_table) holds a row for
 every allocator it names and the headroom sweep; and the prediction is asked for the pool the card
-ran: `expandable-pool`, or `expandable-pool:lend=none` where the driver refused a mapping from an
+ran: `expandable-pool`, or `expandable-pool:offsets=0` where the driver refused a mapping from an
 offset (the stats' lending_refused), each read back from its own row and said in the report.
 
     test_tuning_table.py CARVE_REPLAY SNAPSHOT
@@ -35,7 +35,7 @@ def main():
         carve = {"lending_refused": refused, "peak_reserved": 1, "peak_allocated": 1, "step_ms": 1.0, "loss": 1.0,
                  "batch": 1}
         allocator = step.replayed_as(carve)
-        if allocator != ("expandable-pool:lend=none" if refused else "expandable-pool"):
+        if allocator != ("expandable-pool:offsets=0" if refused else "expandable-pool"):
             print(f"FAILED: a run with lending_refused={refused} is replayed as {allocator}")
             return 1
         predicted, error = step.predicted_by_replay(replay, snapshot, allocator)
@@ -46,7 +46,7 @@ def main():
         other = dict(carve, lending_refused=False, predicted=None)
         _, goals, _ = step.judge([("m", {"pytorch": other, "expandable_segments": other, "carve": carve})])
         line = next((g for g in goals if "prediction" in g), "")
-        if not line.endswith(": met") or (refused != ("replayed as expandable-pool:lend=none" in line)):
+        if not line.endswith(": met") or (refused != ("replayed as expandable-pool:offsets=0" in line)):
             print(f"FAILED: the prediction's goal line for lending_refused={refused}: {line!r}")
             return 1
         print(f"lending_refused={refused}: predicted as {allocator}, {predicted} bytes")

@@ -867,55 +867,43 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   CHECK(m.mapping_count() == 0);
 }
 
-TEST_CASE("lending: a pool whose mapper refuses offsets places and maps as one that never lends") {
-  // What carve_replay predicts for a card whose driver wants offset 0 (expandable-pool:lend=none):
-  // after the one refused second mapping, the same addresses and the same memory, step by step.
+TEST_CASE("lending: a hole at its chunk's start is lent from offset 0, which a driver that wants 0 takes") {
+  // So a card whose cuMemMap wants offset 0 still lends such holes: carve_replay replays it with a
+  // mapper that refuses only other offsets (expandable-pool:offsets=0), not as a pool that never lends.
   constexpr std::size_t page = 4 * KiB;
-  RefusingMapper refusing({.granularity = page});
-  *refusing.refuse_offsets = true;
-  const ExpandablePoolOptions lends = small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * page});
-  ExpandablePool<RefusingMapper> refused(refusing, lends);
-  ExpandablePoolOptions never = lends;
-  never.lend_min_bytes = SIZE_MAX;
-  Pool plain(HostMemoryMapper({.granularity = page}), never);
-  std::mt19937_64 rng(31);
-  std::vector<std::tuple<std::uintptr_t, std::uintptr_t, std::size_t>> live; // refused's, plain's, bytes
-  std::uintptr_t base_refused = 0;
-  std::uintptr_t base_plain = 0;
-  bool same = true;
-  for (int step = 0; step < 2000 && same; ++step) {
-    if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
-      const std::size_t bytes = (rng() % 4 == 0 ? 3 * page + rng() % (5 * page) : 1 + rng() % (2 * page));
-      const auto a = refused.try_allocate(bytes, 512);
-      const auto b = plain.try_allocate(bytes, 512);
-      REQUIRE((a && b));
-      const auto x = reinterpret_cast<std::uintptr_t>(*a);
-      const auto y = reinterpret_cast<std::uintptr_t>(*b);
-      if (step == 0) { // the first block lands at each reservation's start
-        base_refused = x;
-        base_plain = y;
-      }
-      same = x - base_refused == y - base_plain;
-      live.emplace_back(x, y, bytes);
-    } else {
-      const std::size_t i = rng() % live.size();
-      const auto [x, y, bytes] = live[i];
-      refused.deallocate(reinterpret_cast<void*>(x), bytes, 512);
-      plain.deallocate(reinterpret_cast<void*>(y), bytes, 512);
-      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-    const auto r = refused.stats();
-    const auto p = plain.stats();
-    same = same && r.bytes_reserved == p.bytes_reserved && r.peak_reserved == p.peak_reserved;
-  }
-  CHECK(same);
-  const auto r = refused.stats();
-  const auto p = plain.stats();
-  CHECK(r.lending_refused);
-  CHECK_FALSE(p.lending_refused);
-  CHECK(r.mapper_failures == 1); // one refused map, counted as a call, and never another
-  CHECK(r.device_calls() == p.device_calls() + 1);
-  CHECK(refused.consistent());
+  HostMemoryMapper m({.granularity = page, .maps_at_offsets = false});
+  Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * page}));
+  void* x = *pool.try_allocate(8 * page, 512); // one chunk of 8 pages
+  pool.deallocate(x, 8 * page, 512);
+  void* b = *pool.try_allocate(3 * page, 512);                              // [0, 3)
+  auto* d = static_cast<unsigned char*>(*pool.try_allocate(3 * page, 512)); // [3, 6): pins the chunk
+  pool.deallocate(b, 3 * page, 512);                                        // a hole at the chunk's start
+  std::memset(d, 0x11, 3 * page);
+  auto* e = static_cast<unsigned char*>(*pool.try_allocate(5 * page, 512)); // [6, 11): 3 pages unmapped
+  auto st = pool.stats();
+  CHECK(st.lent_bytes == 3 * page); // the hole, mapped again from offset 0
+  CHECK(st.mapper_failures == 0);
+  CHECK_FALSE(st.lending_refused);
+  CHECK(st.bytes_reserved == 8 * page);
+  std::memset(e, 0x5a, 5 * page);
+  CHECK(std::all_of(d, d + 3 * page, [](unsigned char v) { return v == 0x11; }));
+  CHECK(std::all_of(e, e + 5 * page, [](unsigned char v) { return v == 0x5a; }));
+  // The mapper refuses any other offset, as such a driver does.
+  auto h = m.create(0, 2 * page);
+  REQUIRE(h);
+  auto va = m.reserve(4 * page, page);
+  REQUIRE(va);
+  const auto refused = m.map(*va, page, *h, page);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == Errc::invalid_argument);
+  CHECK(refused.error().message.find("offset 0 only") != std::string::npos);
+  CHECK(m.map(*va, page, *h, 0));
+  CHECK(m.unmap(*va, page));
+  CHECK(m.release(*h));
+  CHECK(m.free_reservation(*va, 4 * page));
+  pool.deallocate(d, 3 * page, 512);
+  pool.deallocate(e, 5 * page, 512);
+  CHECK(pool.consistent());
 }
 
 TEST_CASE("lending: a second mapping unmapped leaves the idle list, so no later eviction hits a live block") {

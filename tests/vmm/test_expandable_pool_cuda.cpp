@@ -141,7 +141,7 @@ void lending_on_card(std::size_t g) {
     std::printf("the driver refused a mapping from an offset (%s): lending is off, the block mapped new memory\n",
                 pool.last_failure().c_str());
     expect(s.mapper_failures == 1 && s.bytes_reserved == 10 * g, "a refused lend leaves the block on new memory");
-    expect(s.lending_refused, "the stats say lending is off (carve_replay's expandable-pool:lend=none)");
+    expect(s.lending_refused, "the stats say lending is off (carve_replay's expandable-pool:offsets=0)");
   }
   expect(std::all_of(kept.begin(), kept.end(), [](unsigned char v) { return v == 0x11; }), "its neighbour is intact");
   expect(pool.consistent(), "the pool's books agree");

@@ -110,9 +110,9 @@ struct ExpandablePoolStats {
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
   /// The mapper refused a second mapping from an offset into an allocation (CUDA's cuMemMap
-  /// documents, in one place, that the offset must be 0), so holes are no longer lent: from then
-  /// on the pool places and maps as with lend_min_bytes = max(), which carve_replay's
-  /// `expandable-pool:lend=none` replays.
+  /// documents, in one place, that the offset must be 0), so no hole is lent from then on (a hole
+  /// at its chunk's start, mapped from offset 0, may have been lent before). carve_replay's
+  /// `expandable-pool:offsets=0` replays such a driver.
   bool lending_refused = false;
 
   /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and

@@ -36,6 +36,10 @@ struct HostMapperOptions {
   /// times an allocator times it and not the host's mmap. Every address faults when touched;
   /// export_fd and import_fd say unsupported.
   bool address_only = false;
+  /// Whether map takes an offset into an allocation other than 0. false plays a driver whose
+  /// cuMemMap wants offset 0 (CUDA documents that, in one place): such a map is refused with
+  /// invalid_argument, as an ExpandablePool's lending of a hole from inside its chunk would be.
+  bool maps_at_offsets = true;
 };
 
 /// The tables of one HostMemoryMapper and its copies (shared by them; see host_memory_mapper.hpp).

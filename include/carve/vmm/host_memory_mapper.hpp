@@ -241,15 +241,19 @@ public:
 
   /// Maps `bytes` of the allocation, from `offset`, at `va`, PROT_NONE for every device (memory
   /// mapped at several addresses is one memory). Errors: invalid_size (also: past the allocation's
-  /// end), invalid_argument (misaligned address or offset, outside one reservation, over another
-  /// mapping), not_allocated (an unknown handle), no_space (mmap failed).
+  /// end), invalid_argument (misaligned address or offset, an offset other than 0 without
+  /// HostMapperOptions::maps_at_offsets, outside one reservation, over another mapping),
+  /// not_allocated (an unknown handle), no_space (mmap failed).
   [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     if (auto ok = check_size("map", bytes); !ok) {
       return ok;
     }
-    if (offset % state_->options.granularity != 0) {
-      return fail(Errc::invalid_argument, "map: offset " + std::to_string(offset) + " is not a multiple of " +
-                                              std::to_string(state_->options.granularity));
+    if (offset % state_->options.granularity != 0 || (offset != 0 && !state_->options.maps_at_offsets)) {
+      return fail(Errc::invalid_argument,
+                  "map: offset " + std::to_string(offset) +
+                      (state_->options.maps_at_offsets
+                           ? " is not a multiple of " + std::to_string(state_->options.granularity)
+                           : " into an allocation: this mapper maps from offset 0 only"));
     }
     const std::lock_guard lock(state_->mutex);
     const auto p = state_->physical.find(h);
