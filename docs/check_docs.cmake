@@ -7,7 +7,8 @@
 #   CHECK=code_blocks  a code block right after a `<!-- snippet: path -->` line shows that file
 #                      exactly, and every docs/snippets/ file is shown by some page; one after an
 #                      `<!-- excerpt: path -->` line shows lines of that file: each of its lines is
-#                      a whole line of the file, except blank ones and `// ...` elisions.
+#                      a whole line of the file, in the file's order, except blank ones and
+#                      `// ...` elisions.
 #
 # Text inside code blocks and `code spans` is not searched for links.
 cmake_minimum_required(VERSION 3.25)
@@ -27,11 +28,13 @@ macro(problem text)
 endmacro()
 
 # excerpt_lines_missing(<out> <block> <file text>): the lines of <block> that are not whole lines
-# of the file (blank lines and `// ...` elisions aside), each on a line of its own; empty if none.
-# Semicolons and brackets are masked first: CMake's lists would split or group on them.
+# of the file in the block's order (blank lines and `// ...` elisions aside), each on a line of
+# its own; empty if none. Backslashes, semicolons and brackets are masked first: CMake's lists
+# would escape, split or group on them.
 function(excerpt_lines_missing out block file_text)
-  set(masked_file "\n${file_text}\n")
-  foreach(var block masked_file)
+  set(rest "\n${file_text}\n")
+  foreach(var block rest)
+    string(REPLACE "\\" "<backslash>" ${var} "${${var}}")
     string(REPLACE ";" "<semicolon>" ${var} "${${var}}")
     string(REPLACE "[" "<open>" ${var} "${${var}}")
     string(REPLACE "]" "<close>" ${var} "${${var}}")
@@ -39,15 +42,20 @@ function(excerpt_lines_missing out block file_text)
   string(REPLACE "\n" ";" lines "${block}")
   set(missing "")
   foreach(line IN LISTS lines)
-    if(line MATCHES "^ *$" OR line MATCHES "^ *// \\.\\.\\.")
+    if(line MATCHES "^[ \t]*$" OR line MATCHES "^[ \t]*// \\.\\.\\.")
       continue()
     endif()
-    string(FIND "${masked_file}" "\n${line}\n" at)
+    string(FIND "${rest}" "\n${line}\n" at)
     if(at EQUAL -1)
+      string(REPLACE "<backslash>" "\\" line "${line}")
       string(REPLACE "<semicolon>" ";" line "${line}")
       string(REPLACE "<open>" "[" line "${line}")
       string(REPLACE "<close>" "]" line "${line}")
       string(APPEND missing "\n    ${line}")
+    else()
+      string(LENGTH "${line}" length)
+      math(EXPR next "${at} + 1 + ${length}")
+      string(SUBSTRING "${rest}" ${next} -1 rest) # the next line must come after this one
     endif()
   endforeach()
   set(${out} "${missing}" PARENT_SCOPE)

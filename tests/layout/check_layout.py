@@ -138,18 +138,66 @@ def listed_names(entries, types_header):
         m = re.match(r"carve::(\w+)", host["name"])
         if m:
             names.add(m.group(1))
-    names.update(re.findall(r"\bProbe<(?:carve::)?(\w+)", code_of(types_header)))
+    names.update(re.findall(r"\bProbe<carve::(\w+)", code_of(types_header)))
     return names
+
+
+def without_detail(text):
+    """`text` without the bodies of its detail namespaces (braces matched)."""
+    out, at = [], 0
+    for m in re.finditer(r"\bnamespace\s+[\w:]*detail\s*\{", text):
+        if m.start() < at:
+            continue  # inside one removed already
+        out.append(text[at : m.start()])
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        at = i
+    return "".join(out) + text[at:]
 
 
 def carve_type_names(include):
-    """Every class, struct and alias the headers declare outside detail namespaces."""
-    names = set()
+    """Every class, struct and alias the headers declare outside detail namespaces (carve's types
+    are capitalised; its lower-case aliases name integers, such as bits::word)."""
+    names, template_parameters = set(), set()
     for header in headers(include):
-        text = re.sub(r"\bnamespace\s+[\w:]*detail\s*\{.*?\n\}", "", code_of(header), flags=re.S)
-        names.update(re.findall(r"\b(?:class|struct)\s+(?:alignas\([^)]*\)\s+)?(\w+)\s*(?:final\s*)?[:{]", text))
+        text = without_detail(code_of(header))
+        names.update(
+            re.findall(r"\b(?:class|struct)\s+(?:alignas\([^)]*\)\s+)?(\w+)\s*(?:final\s*)?(?::(?!:)|\{)", text)
+        )
         names.update(re.findall(r"\busing\s+(\w+)\s*=", text))
-    return names
+        template_parameters.update(re.findall(r"\b(?:class|typename)\s+(\w+)\s*(?:[,>=]|\.\.\.)", text))
+    # A kernel's template parameter (class U) is no carve type, whatever a header names U.
+    return names - template_parameters
+
+
+# What may stand between __global__ and a kernel's parameters besides its return type and name.
+KERNEL_ATTRIBUTES = {"__launch_bounds__", "__maxnreg__", "__cluster_dims__", "__attribute__", "alignas", "__declspec"}
+
+
+def kernel_parameter_lists(text):
+    """The parameter list of every __global__ function in `text` (parentheses matched, so a
+    sizeof(...) or a default argument inside is kept; attributes such as __launch_bounds__(...)
+    before the name are passed over)."""
+    lists = []
+    for m in re.finditer(r"\b__global__\b", text):
+        i = m.end()
+        while True:
+            open_paren = text.find("(", i)
+            if open_paren < 0 or ";" in text[i:open_paren] or "{" in text[i:open_paren]:
+                break
+            depth, j = 1, open_paren + 1
+            while depth and j < len(text):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+            word = re.search(r"(\w+)\s*$", text[i:open_paren])
+            if word and word.group(1) in KERNEL_ATTRIBUTES:
+                i = j
+                continue
+            lists.append(text[open_paren + 1 : j - 1])
+            break
+    return lists
 
 
 def kernel_parameter_types(include, known):
@@ -157,7 +205,7 @@ def kernel_parameter_types(include, known):
     (what a kernel writes for the host to read crosses too): name -> header."""
     found = {}
     for header in headers(include):
-        for params in re.findall(r"__global__\s+void\s+\w+\s*\(([^)]*)\)", code_of(header)):
+        for params in kernel_parameter_lists(code_of(header)):
             for name in re.findall(r"\b([A-Z]\w*)\b", params):
                 if name in known:
                     found.setdefault(name, str(header.relative_to(include)))

@@ -48,7 +48,8 @@ using PlainOrGlobal = carve::Segregator<256, Plain, Global>;
 // The global arena shared by reference (carve::ref): the handle lives in device memory and the
 // kernel gets a ResourceRef to it by value, alone and under an arena built in the kernel.
 using Referenced = carve::FallbackResource<Plain, carve::ResourceRef<Global>>;
-static_assert(std::is_trivially_copyable_v<Global>, "the handle is copied to device memory byte for byte");
+static_assert(std::is_trivially_copyable_v<Global> && std::is_trivially_copyable_v<carve::ResourceRef<Global>>,
+              "the handle and the reference are copied between host and device byte for byte");
 
 constexpr std::size_t slot = 64;
 constexpr unsigned blocks = 8;
@@ -279,7 +280,9 @@ __global__ void counted_copy(Counted counted, ContractBlock* scratch, Tally* tal
          tally);
 }
 
-// A ResourceRef made on the host to an arena in device memory, used alone, then as the fallback of
+__global__ void make_ref(Global* global, carve::ResourceRef<Global>* out) { *out = carve::ref(*global); }
+
+// A ResourceRef to an arena in device memory, passed by value, used alone, then as the fallback of
 // an arena built in the kernel over shared memory.
 __global__ void referenced(carve::ResourceRef<Global> global, ContractBlock* scratch, Tally* tally) {
   contract(ref_by_value, global, arena_shape(global.capacity(), 1000, 24), scratch, tally);
@@ -354,8 +357,16 @@ int main() {
   global_all_back<<<1, 1>>>(global, stack_in_shared, tally);
   counted_copy<<<1, 1>>>(Counted(carve::LimitResource<Global>(global, 32 << 10)), scratch, tally);
   global_all_back<<<1, 1>>>(global, counted_by_value, tally);
-  Global* global_on_device = to_device(std::vector<Global>{global}); // a handle: its bytes copied whole
-  referenced<<<1, 1>>>(carve::ref(*global_on_device), scratch, tally);
+  // The handle copied into device memory (its bytes whole), a ResourceRef to it made there (the
+  // host never names device memory as an object), copied back and passed by value.
+  Global* global_on_device = to_device(std::vector<Global>{global});
+  carve::ResourceRef<Global>* ref_on_device = nullptr;
+  check(cudaMalloc(&ref_on_device, sizeof *ref_on_device), "cudaMalloc ref");
+  make_ref<<<1, 1>>>(global_on_device, ref_on_device);
+  Global host_twin = global; // only for a ResourceRef to exist here; its bytes are overwritten
+  carve::ResourceRef<Global> ref = carve::ref(host_twin);
+  check(cudaMemcpy(&ref, ref_on_device, sizeof ref, cudaMemcpyDeviceToHost), "cudaMemcpy ref");
+  referenced<<<1, 1>>>(ref, scratch, tally);
   global_all_back<<<1, 1>>>(global, ref_by_value, tally);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernels");

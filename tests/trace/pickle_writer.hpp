@@ -11,14 +11,18 @@
 //   shortest form: BININT1, BININT2, BININT, else LONG1 of as few bytes as two's complement needs;
 // - protocol 2 (PyTorch's C++ pickler, the snapshot C++ code writes): BININT1, BININT2, BININT, else
 //   LONG1 of 8 bytes;
-// - protocol 1 (and 0, as Python writes them): BININT1, BININT2, BININT, else LONG text
+// - protocol 1 (as Python writes it): BININT1, BININT2, BININT, else LONG text
 //   ("L139637976727552L\n"), a bool as INT text ("I01\n"), a pair as MARK ... TUPLE.
+// Unlike Python, every container is MARK ... APPENDS/SETITEMS (Python writes an empty one without
+// the MARK, one item with APPEND/SETITEM, and batches of 1000), and every str is written anew
+// (PyTorch's snapshot code shares one str per key, which Python then writes as a BINGET).
 #pragma once
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,7 +76,6 @@ public:
       out_ += static_cast<char>(bytes);
       little_endian(static_cast<std::uint64_t>(v), bytes);
     }
-    last_memo_ = no_memo;
     return *this;
   }
   /// An int written as LONG text, `digits` its decimal digits (a '-' first for a negative one), as
@@ -133,6 +136,10 @@ public:
   /// remembers its index; the others store it at memo index `key` (BINPUT).
   PickleWriter& put(unsigned char key) {
     if (python_) {
+      if (last_memo_ == no_memo) {
+        throw std::logic_error("PickleWriter::put: the value just written has no memo index (not a str, list, "
+                               "dict or pair)");
+      }
       named_[key] = last_memo_;
       return *this;
     }
@@ -148,6 +155,7 @@ public:
       out_ += 'j';
       little_endian(index, 4);
     }
+    last_memo_ = python_ ? index : no_memo;
     return *this;
   }
   /// A key and its int value, in a dict.
@@ -189,8 +197,9 @@ public:
 private:
   static constexpr std::uint64_t no_memo = UINT64_MAX;
 
-  // A value begins here: where Python may close a frame.
+  // A value begins here: where Python may close a frame; none has a memo index until it is memoized.
   void value() {
+    last_memo_ = no_memo;
     if (python_ && (starts_.empty() || starts_.back() != out_.size())) {
       starts_.push_back(out_.size());
     }

@@ -1,6 +1,7 @@
 // PyTorch memory snapshots in each layout PyTorch 2.x writes, written here key by key as that
 // version's snapshot code writes them (the keys, the actions, the ints' forms, the picklers'
-// protocols, Python's frames and memo), all holding the same allocations: every layout must read
+// protocols, Python's frames and memo indices; pickle_writer.hpp says where its containers and
+// repeated keys differ from Python's), all holding the same allocations: every layout must read
 // to the same trace. Then
 // snapshots without events (recording off, history cleared), integers beyond 64 bits where carve
 // reads past them and where it needs their value, and the events carve does not model.
@@ -275,7 +276,7 @@ TEST_CASE("Python's memo past index 255: a frames list shared through LONG_BINGE
     const bool alloc = i % 2 == 0;
     w.dict().item("action", alloc ? "alloc" : "free_completed").item("addr", base + (i / 2) * 512);
     w.item("size", 512).item("stream", 0).item("time_us", i).str("frames");
-    if (i == 200) { // memo index about 1400 by now
+    if (i == 200) { // memo index past 1800 by now
       w.list().dict().item("filename", "train.py").item("line", 7).item("name", "step").dict_end().list_end().put(0);
     } else if (i > 200) {
       w.get(0);
