@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The forms tests/trace/pickle_writer.hpp writes are pickles Python's own unpickler reads, each to
-the same document, and Python's form holds the opcodes Python's pickle writes (FRAME, MEMOIZE,
-SHORT_BINUNICODE, the short ints, LONG1 of minimal length, LONG_BINGET past memo index 255).
+the same document, and Python's form is byte for byte what Python's pickle writes for that
+document (FRAME, MEMOIZE, SHORT_BINUNICODE, the short ints, LONG1 of minimal length, BINGET and
+LONG_BINGET, containers batched), at 64 KiB frames and at 64 bytes.
 
     check_pickle_forms.py WRITE_PICKLE_FORMS
 """
@@ -17,6 +18,18 @@ sys.dont_write_bytecode = True
 
 PYTHON_OPCODES = {"FRAME", "MEMOIZE", "SHORT_BINUNICODE", "BININT1", "BININT2", "BININT", "LONG1", "BINGET",
                   "LONG_BINGET", "TUPLE2", "NEWTRUE", "BINFLOAT"}
+
+
+def python_dumps(obj, protocol, frame_bytes=None):
+    """pickle.dumps, with frames of `frame_bytes` where given (the pure-Python pickler's target)."""
+    if frame_bytes is None:
+        return pickle.dumps(obj, protocol)
+    target = pickle._Framer._FRAME_SIZE_TARGET
+    pickle._Framer._FRAME_SIZE_TARGET = frame_bytes
+    try:
+        return pickle._dumps(obj, protocol)
+    finally:
+        pickle._Framer._FRAME_SIZE_TARGET = target
 
 
 def main():
@@ -38,6 +51,16 @@ def main():
             or segments[9]["frames"] != segments[0]["frames"] or segments[10]["frames"] != []):
         print(f"FAILED: unexpected values {segments[299]}")
         return 1
+    # Python's form is what Python itself writes for the document it reads back (equal strs read
+    # as one object, as PyTorch's keys are), frames of 64 bytes included.
+    for name, protocol, frame in (("python-4.pickle", 4, None), ("python-5.pickle", 5, None),
+                                  ("python-4-frames-64.pickle", 4, 64)):
+        again = python_dumps(pickle.loads(data[name]), protocol, frame)
+        if again != data[name]:
+            at = next((i for i, (a, b) in enumerate(zip(again, data[name])) if a != b), min(len(again), len(data[name])))
+            print(f"FAILED: {name} differs from Python's own pickle of the same document at byte {at} "
+                  f"(Python {again[at:at + 16].hex()}, ours {data[name][at:at + 16].hex()})")
+            return 1
     for name in ("python-4.pickle", "python-5.pickle", "python-4-frames-64.pickle"):
         ops = {op.name for op, _, _ in pickletools.genops(data[name])}
         if PYTHON_OPCODES - ops:

@@ -1,23 +1,26 @@
 // Pickles written opcode by opcode, for inputs no pickler writes (a dict shared by thousands of
 // references, sizes that overflow when summed) and in the forms of the picklers that write
-// PyTorch's snapshots. Containers are EMPTY_LIST/EMPTY_DICT and a MARK closed by APPENDS/SETITEMS
-// (as Python writes any with two items or more). The form decides the rest:
+// PyTorch's snapshots. The form decides how:
 // - Form::plain (the default): str as BINUNICODE, every int as LONG1 of 8 bytes in protocol 4 (a
-//   form no pickler writes but any reader must read), NEWTRUE/NEWFALSE, TUPLE2;
+//   form no pickler writes but any reader must read), NEWTRUE/NEWFALSE, TUPLE2, every container
+//   EMPTY_LIST/EMPTY_DICT and a MARK closed by APPENDS/SETITEMS;
 // - Form::python, protocols 4 and 5 (Python's pickle.dump in torch.cuda.memory._dump_snapshot:
-//   protocol 4 up to Python 3.13, 5 from 3.14): FRAMEs of 64 KiB (or `frame_bytes`) cut where a
-//   value begins, a MEMOIZE after every str, list, dict and pair, so that a value met again is a
-//   BINGET (LONG_BINGET past index 255); str as SHORT_BINUNICODE below 256 bytes; an int in its
-//   shortest form: BININT1, BININT2, BININT, else LONG1 of as few bytes as two's complement needs;
+//   protocol 4 up to Python 3.13, 5 from 3.14), byte for byte what Python writes for the same
+//   document whose equal strs are one object (PyTorch's snapshot code makes each key and action
+//   once): FRAMEs of 64 KiB (or `frame_bytes`) cut where a value begins; a MEMOIZE after every
+//   list, dict and pair and after a str's first time, a str met again a BINGET (LONG_BINGET past
+//   memo index 255); str as SHORT_BINUNICODE below 256 bytes; an int in its shortest form:
+//   BININT1, BININT2, BININT, else LONG1 of as few bytes as two's complement needs; containers
+//   batched as Python batches them (nothing after an empty one, APPEND/SETITEM after one item,
+//   MARK ... APPENDS/SETITEMS per 1000);
 // - protocol 2 (PyTorch's C++ pickler, the snapshot C++ code writes): BININT1, BININT2, BININT, else
-//   LONG1 of 8 bytes;
+//   LONG1 of 8 bytes, containers as in the plain form;
 // - protocol 1 (as Python writes it): BININT1, BININT2, BININT, else LONG text
-//   ("L139637976727552L\n"), a bool as INT text ("I01\n"), a pair as MARK ... TUPLE.
-// Unlike Python, every container is MARK ... APPENDS/SETITEMS (Python writes an empty one without
-// the MARK, one item with APPEND/SETITEM, and batches of 1000), and every str is written anew
-// (PyTorch's snapshot code shares one str per key, which Python then writes as a BINGET).
+//   ("L139637976727552L\n"), a bool as INT text ("I01\n"), a pair as MARK ... TUPLE, containers as
+//   in the plain form.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +46,11 @@ public:
   }
 
   PickleWriter& str(std::string_view s) {
+    if (python_) {
+      if (const auto known = strs_.find(std::string(s)); known != strs_.end()) {
+        return memo_get(known->second); // the same str object again
+      }
+    }
     value();
     if (python_ && s.size() < 256) {
       out_ += '\x8c';
@@ -52,7 +60,11 @@ public:
       little_endian(s.size(), 4);
     }
     out_ += s;
-    return memoize();
+    memoize();
+    if (python_) {
+      strs_.emplace(std::string(s), last_memo_);
+    }
+    return *this;
   }
   PickleWriter& integer(std::int64_t v) {
     value();
@@ -116,16 +128,18 @@ public:
       return raw("t");
     }
     value();
+    ++inside_value_; // its ints are parts of one item, not items
     integer(a).integer(b);
+    --inside_value_;
     out_ += '\x86';
     return memoize();
   }
-  /// An empty list and a MARK: its items follow, then list_end.
+  /// A list: its items follow, then list_end.
   PickleWriter& list() { return open(']'); }
-  PickleWriter& list_end() { return close('e'); }
-  /// An empty dict and a MARK: keys and values follow, then dict_end.
+  PickleWriter& list_end() { return close(']'); }
+  /// A dict: keys and values follow, then dict_end.
   PickleWriter& dict() { return open('}'); }
-  PickleWriter& dict_end() { return close('u'); }
+  PickleWriter& dict_end() { return close('}'); }
   /// The value on top pushed `n` times more: `n` references to it, not copies.
   PickleWriter& dup(std::size_t n) {
     out_.append(n, '2');
@@ -145,19 +159,7 @@ public:
     }
     return raw("q" + std::string(1, static_cast<char>(key)));
   }
-  PickleWriter& get(unsigned char key) {
-    value();
-    const std::uint64_t index = python_ ? named_.at(key) : key;
-    if (index < 256) {
-      out_ += 'h';
-      out_ += static_cast<char>(index);
-    } else {
-      out_ += 'j';
-      little_endian(index, 4);
-    }
-    last_memo_ = python_ ? index : no_memo;
-    return *this;
-  }
+  PickleWriter& get(unsigned char key) { return memo_get(python_ ? named_.at(key) : key); }
   /// A key and its int value, in a dict.
   PickleWriter& item(std::string_view key, std::int64_t v) { return str(key).integer(v); }
   /// A key and its str value, in a dict.
@@ -169,6 +171,9 @@ public:
   }
   /// The pickle, STOP appended (and, in Python's form, cut into frames).
   std::string stop() const {
+    if (!open_.empty()) {
+      throw std::logic_error("PickleWriter::stop: a list or dict is still open");
+    }
     if (!python_) {
       return out_ + ".";
     }
@@ -197,12 +202,37 @@ public:
 private:
   static constexpr std::uint64_t no_memo = UINT64_MAX;
 
-  // A value begins here: where Python may close a frame; none has a memo index until it is memoized.
+  // An open list or dict. Python's form writes its items into a buffer of their own and batches
+  // them when it closes; the other forms keep nothing.
+  struct Open {
+    std::string out;                 // the enclosing buffer, set aside
+    std::vector<std::size_t> starts; // its value starts
+    std::vector<std::size_t> items;  // its items' starts, where it is a container's
+    std::uint64_t memo = no_memo;
+  };
+
+  // A value begins here: where Python may close a frame, and (in a container) an item begins;
+  // none has a memo index until it is memoized.
   void value() {
     last_memo_ = no_memo;
     if (python_ && (starts_.empty() || starts_.back() != out_.size())) {
       starts_.push_back(out_.size());
     }
+    if (python_ && inside_value_ == 0 && !open_.empty()) {
+      items_.push_back(out_.size());
+    }
+  }
+  PickleWriter& memo_get(std::uint64_t index) {
+    value();
+    if (index < 256) {
+      out_ += 'h';
+      out_ += static_cast<char>(index);
+    } else {
+      out_ += 'j';
+      little_endian(index, 4);
+    }
+    last_memo_ = python_ ? index : no_memo;
+    return *this;
   }
   PickleWriter& memoize() {
     last_memo_ = no_memo;
@@ -214,17 +244,58 @@ private:
   }
   PickleWriter& open(char empty) {
     value();
-    out_ += empty;
-    memoize();
-    open_.push_back(last_memo_);
-    out_ += '(';
+    if (!python_) {
+      out_ += empty;
+      out_ += '(';
+      open_.push_back(Open{});
+      return *this;
+    }
+    open_.push_back(Open{std::move(out_), std::move(starts_), std::move(items_), memo_++});
+    out_.clear();
+    starts_.clear();
+    items_.clear();
     return *this;
   }
-  PickleWriter& close(char op) {
-    out_ += op;
-    last_memo_ = open_.empty() ? no_memo : open_.back();
-    if (!open_.empty()) {
-      open_.pop_back();
+  // Closes the innermost list (']') or dict ('}').
+  PickleWriter& close(char empty) {
+    if (open_.empty()) {
+      throw std::logic_error("PickleWriter: list_end or dict_end with nothing open");
+    }
+    Open o = std::move(open_.back());
+    open_.pop_back();
+    last_memo_ = o.memo;
+    if (!python_) {
+      out_ += empty == ']' ? 'e' : 'u';
+      return *this;
+    }
+    const std::string body = std::move(out_);
+    const std::vector<std::size_t> body_starts = std::move(starts_);
+    const std::vector<std::size_t> items = std::move(items_);
+    out_ = std::move(o.out);
+    starts_ = std::move(o.starts);
+    items_ = std::move(o.items);
+    const std::size_t unit = empty == ']' ? 1 : 2; // a list's item; a dict's key and value
+    if (items.size() % unit != 0) {
+      throw std::logic_error("PickleWriter::dict_end: a key without its value");
+    }
+    out_ += empty;
+    out_ += '\x94'; // MEMOIZE: o.memo, taken at open, before its items' indices
+    // Python's _batch_appends and _batch_setitems: per 1000 units MARK ... APPENDS/SETITEMS, one
+    // unit alone followed by APPEND/SETITEM.
+    const std::size_t units = items.size() / unit;
+    std::size_t next_start = 0; // into body_starts
+    for (std::size_t first = 0; first < units; first += 1000) {
+      const std::size_t n = std::min<std::size_t>(1000, units - first);
+      const std::size_t from = items[first * unit];
+      const std::size_t to = first + n < units ? items[(first + n) * unit] : body.size();
+      if (n > 1) {
+        out_ += '(';
+      }
+      for (; next_start < body_starts.size() && body_starts[next_start] < to; ++next_start) {
+        starts_.push_back(out_.size() + body_starts[next_start] - from);
+      }
+      out_.append(body, from, to - from);
+      out_ += n > 1 ? (empty == ']' ? 'e' : 'u') : (empty == ']' ? 'a' : 's');
     }
     return *this;
   }
@@ -249,8 +320,11 @@ private:
   std::vector<std::size_t> starts_;              // where values begin (Python's form)
   std::uint64_t memo_ = 0;                       // MEMOIZE's next index
   std::uint64_t last_memo_ = no_memo;            // the memo index of the value just written
-  std::vector<std::uint64_t> open_;              // the memo indices of the containers open now
+  std::vector<Open> open_;                       // the lists and dicts open now, innermost last
+  std::vector<std::size_t> items_;               // the innermost open container's items' starts
+  int inside_value_ = 0;                         // writing the parts of one value (a pair's ints)
   std::map<unsigned char, std::uint64_t> named_; // put's keys (Python's form)
+  std::map<std::string, std::uint64_t> strs_;    // each str's memo index (Python's form)
 };
 
 } // namespace carve::test
