@@ -90,8 +90,10 @@ constexpr std::size_t block_bytes = 64; // CUDA's device malloc: see the file's 
 //     launch_ns after its launch began records "stopped" instead (a failure, counted): this cuts launches of
 //     several waves short, though not one whose threads are all already running;
 //   - no row starts after measure_budget_s of the run, nor where the longest row so far (its
-//     launches, copies and checks) would pass hard_limit_s: it prints "skipped: over time
-//     budget", and its targets are MISSED with "skipped" for a number;
+//     launches, copies and checks), or the same configuration's last size scaled to this one
+//     (m = 1 took 12 s on one bitmap on an H200, and m = 4 asks four times the slots), would
+//     pass hard_limit_s: it prints "skipped: over time budget", and its targets are MISSED with
+//     "skipped" for a number;
 //   - at hard_limit_s an alarm prints what was being measured and exits with 1.
 // stdout is line-buffered, so whatever was measured before any of these is already out.
 constexpr double row_s = 2.0;
@@ -455,9 +457,10 @@ void report(const std::string& what, std::uint32_t m, const Run& r) {
   std::printf("%s\n", line);
 }
 
-bool skipped(const Clock& clock, const std::string& what) {
+// `expected_s`: what this run is expected to take from the same configuration's smaller size.
+bool skipped(const Clock& clock, const std::string& what, double expected_s = 0) {
   // The next row may take as long as the longest so far: see Note [time limits].
-  if (!clock.over_budget() && clock.seconds() + std::max(longest_row_s, row_s) < hard_limit_s - 1) {
+  if (!clock.over_budget() && clock.seconds() + std::max({longest_row_s, row_s, expected_s}) < hard_limit_s - 1) {
     return false;
   }
   std::printf("  %s: skipped: over time budget (%.0f s used of %.0f; longest row %.1f s)\n", what.c_str(),
@@ -476,9 +479,12 @@ template <class Reset, class Launch>
 Row run_row(const Clock& clock, std::string name, std::span<const std::uint32_t> sizes, Reset reset, Launch launch,
             carve::SlotRange* d_out, std::uint32_t threads, std::uint32_t slots) {
   Row row{std::move(name), {sizes.begin(), sizes.end()}, {}};
+  double last_s = 0; // the last size's time, and that size
+  std::uint32_t last_m = 0;
   for (const std::uint32_t m : sizes) {
     const std::string what = row.name + ", m=" + std::to_string(m);
-    if (skipped(clock, what)) {
+    // A larger m asks for more slots per thread: at least as long per slot as the last size.
+    if (skipped(clock, what, last_m != 0 ? last_s * m / last_m : 0)) {
       row.runs.emplace_back();
       continue;
     }
@@ -486,7 +492,9 @@ Row run_row(const Clock& clock, std::string name, std::span<const std::uint32_t>
     const double began = clock.seconds();
     row.runs.push_back(measure(
         clock, reset, [&](std::uint64_t deadline) { launch(m, deadline); }, d_out, threads, slots));
-    longest_row_s = std::max(longest_row_s, clock.seconds() - began);
+    last_s = clock.seconds() - began;
+    last_m = m;
+    longest_row_s = std::max(longest_row_s, last_s);
     report(row.name, m, row.runs.back());
   }
   return row;
