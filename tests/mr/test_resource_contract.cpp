@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -597,6 +598,47 @@ TEST_CASE("every header that declares a try_allocate has its resource in the con
     CHECK_MESSAGE(listed.count(header) == 1, (header + " declares a resource the contract does not run"));
   }
   CHECK(declaring >= 20); // the search found carve's resources at all
+}
+
+TEST_CASE("every resource that can allocate in device code runs the contract in kernels too") {
+  // A class with a __host__ __device__ try_allocate (outside detail namespaces) must be built in
+  // test_resource_contract.cu, whose kernels run the contract where a GPU is present: its name,
+  // carve::Name, must appear there. The class is the header's, named as the file is.
+  const std::regex device_allocate(R"(CARVE_HOST_DEVICE\s+cuda::std::expected<void\*, Errc>\s*try_allocate\()");
+  std::ifstream kernels(CARVE_TESTS_DIR "/mr/test_resource_contract.cu");
+  std::ostringstream kernel_text;
+  kernel_text << kernels.rdbuf();
+  REQUIRE(kernel_text.str().find("run_contract") != std::string::npos);
+  const std::filesystem::path root = CARVE_INCLUDE_DIR "/carve";
+  std::size_t capable = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (entry.path().extension() != ".hpp") {
+      continue;
+    }
+    std::ifstream in(entry.path());
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string code =
+        std::regex_replace(text.str(), std::regex(R"(namespace detail \{[\s\S]*?\n\} // namespace detail)"), "");
+    if (!std::regex_search(code, device_allocate)) {
+      continue;
+    }
+    ++capable;
+    std::string name; // limit_resource.hpp -> LimitResource
+    bool upper = true;
+    for (const char c : entry.path().stem().string()) {
+      if (c == '_') {
+        upper = true;
+        continue;
+      }
+      name += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+      upper = false;
+    }
+    CHECK_MESSAGE(kernel_text.str().find("carve::" + name + "<") != std::string::npos,
+                  (entry.path().filename().string() + ": carve::" + name +
+                   " can allocate in device code but test_resource_contract.cu never builds it"));
+  }
+  CHECK(capable >= 6); // the arena and the combinators were found at all
 }
 
 } // namespace test_resource_contract
