@@ -572,6 +572,21 @@ TEST_CASE("every memory resource keeps the contract") {
   CHECK(ran + 1 >= contract_runs().size()); // at most NUMA nodes missing here
 }
 
+// Calls visit(path, path under include/carve, text) for every header carve has.
+template <class Visit>
+void for_each_header(Visit&& visit) {
+  const std::filesystem::path root = CARVE_INCLUDE_DIR "/carve";
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (entry.path().extension() != ".hpp") {
+      continue;
+    }
+    std::ifstream in(entry.path());
+    std::ostringstream text;
+    text << in.rdbuf();
+    visit(entry.path(), entry.path().lexically_relative(root).generic_string(), text.str());
+  }
+}
+
 TEST_CASE("every header that declares a try_allocate has its resource in the contract's list") {
   std::set<std::string> listed;
   for (const ContractRun& r : contract_runs()) {
@@ -581,22 +596,14 @@ TEST_CASE("every header that declares a try_allocate has its resource in the con
     listed.insert(header);
   }
   const std::regex declaration(R"(expected<void\*, (carve::)?Errc>\s*try_allocate\()");
-  const std::filesystem::path root = CARVE_INCLUDE_DIR "/carve";
   std::size_t declaring = 0;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
-    if (entry.path().extension() != ".hpp") {
-      continue;
-    }
-    std::ifstream in(entry.path());
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!std::regex_search(text.str(), declaration)) {
-      continue;
+  for_each_header([&](const std::filesystem::path&, const std::string& header, const std::string& text) {
+    if (!std::regex_search(text, declaration)) {
+      return;
     }
     ++declaring;
-    const std::string header = entry.path().lexically_relative(root).generic_string();
     CHECK_MESSAGE(listed.count(header) == 1, (header + " declares a resource the contract does not run"));
-  }
+  });
   CHECK(declaring >= 20); // the search found carve's resources at all
 }
 
@@ -609,24 +616,17 @@ TEST_CASE("every resource that can allocate in device code runs the contract in 
   std::ostringstream kernel_text;
   kernel_text << kernels.rdbuf();
   REQUIRE(kernel_text.str().find("run_contract") != std::string::npos);
-  const std::filesystem::path root = CARVE_INCLUDE_DIR "/carve";
   std::size_t capable = 0;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
-    if (entry.path().extension() != ".hpp") {
-      continue;
-    }
-    std::ifstream in(entry.path());
-    std::ostringstream text;
-    text << in.rdbuf();
+  for_each_header([&](const std::filesystem::path& path, const std::string&, const std::string& text) {
     const std::string code =
-        std::regex_replace(text.str(), std::regex(R"(namespace detail \{[\s\S]*?\n\} // namespace detail)"), "");
+        std::regex_replace(text, std::regex(R"(namespace detail \{[\s\S]*?\n\} // namespace detail)"), "");
     if (!std::regex_search(code, device_allocate)) {
-      continue;
+      return;
     }
     ++capable;
     std::string name; // limit_resource.hpp -> LimitResource
     bool upper = true;
-    for (const char c : entry.path().stem().string()) {
+    for (const char c : path.stem().string()) {
       if (c == '_') {
         upper = true;
         continue;
@@ -635,9 +635,9 @@ TEST_CASE("every resource that can allocate in device code runs the contract in 
       upper = false;
     }
     CHECK_MESSAGE(kernel_text.str().find("carve::" + name + "<") != std::string::npos,
-                  (entry.path().filename().string() + ": carve::" + name +
+                  (path.filename().string() + ": carve::" + name +
                    " can allocate in device code but test_resource_contract.cu never builds it"));
-  }
+  });
   CHECK(capable >= 6); // the arena and the combinators were found at all
 }
 
