@@ -83,6 +83,16 @@ TEST_CASE("sizes: a cached block serves requests between half its size and its s
   CHECK(pool.stats().bytes_in_use == 8 * KiB + 1 * KiB);
   REQUIRE(pool.try_deallocate(s0, half, 4 * KiB + 1, 256));
   REQUIRE(pool.try_deallocate(s0, small, 1 * KiB, 256));
+  // Reserved is what the upstream holds for the pool, in use or cached; the peaks stay.
+  const carve::StreamPoolStats st = pool.stats();
+  CHECK(st.bytes_in_use == 0);
+  CHECK(st.bytes_reserved == 9 * KiB);
+  CHECK(st.bytes_reserved == pool.upstream().used_bytes());
+  CHECK(st.peak_in_use == 9 * KiB);
+  CHECK(st.peak_reserved == 9 * KiB);
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(pool.stats().peak_reserved == 9 * KiB);
 }
 
 TEST_CASE("bad input is refused and changes nothing") {

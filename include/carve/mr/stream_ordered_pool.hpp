@@ -45,6 +45,7 @@
 #include <carve/mr/stream_events.hpp>
 #include <carve/mr/stream_ordered_pool_options.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -137,7 +138,9 @@ public:
   /// The figures so far.
   StreamPoolStats stats() const noexcept {
     const std::lock_guard lock(mutex_);
-    return stats_;
+    StreamPoolStats out = stats_;
+    out.bytes_reserved = stats_.bytes_in_use + stats_.bytes_cached;
+    return out;
   }
   /// The streams and events (a test's SimulatedStreams, to queue and complete work).
   Streams& streams() noexcept { return streams_; }
@@ -226,6 +229,7 @@ private:
         cached_.erase(pick);
         stats_.bytes_cached -= whole;
         stats_.bytes_in_use += whole;
+        stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
         return p;
       }
       auto fresh = upstream_.try_allocate(size, alignment);
@@ -248,6 +252,8 @@ private:
       live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment, alignment});
       ++stats_.upstream_allocations;
       stats_.bytes_in_use += size;
+      stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
+      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_in_use + stats_.bytes_cached);
       return *fresh;
     } catch (const std::exception&) { // the pool's own bookkeeping could not grow
       return cuda::std::unexpected(Errc::no_space);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
 namespace carve {
@@ -20,15 +21,18 @@ struct StreamPoolOptions {
 
 /// What a StreamOrderedPool has done so far (StreamOrderedPool::stats()).
 struct StreamPoolStats {
-  std::size_t bytes_in_use = 0;         ///< in blocks handed out
-  std::size_t bytes_cached = 0;         ///< in blocks waiting for reuse
-  std::size_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
-  std::size_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
-  std::size_t upstream_allocations = 0; ///< blocks taken from the upstream
-  std::size_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
-  std::size_t upstream_failures = 0; ///< the upstream said no (then the cached blocks whose events had completed went
-                                     ///< back, and the request was retried)
-  std::size_t idle_releases = 0;     ///< cached blocks given back because the cache was over idle_threshold
+  std::size_t bytes_in_use = 0;           ///< in blocks handed out
+  std::size_t bytes_cached = 0;           ///< in blocks waiting for reuse
+  std::size_t bytes_reserved = 0;         ///< held from the upstream: in use + cached
+  std::size_t peak_in_use = 0;            ///< the most bytes_in_use has been
+  std::size_t peak_reserved = 0;          ///< the most bytes_reserved has been
+  std::uint64_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
+  std::uint64_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
+  std::uint64_t upstream_allocations = 0; ///< blocks taken from the upstream
+  std::uint64_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
+  std::uint64_t upstream_failures = 0;    ///< the upstream said no (then the cached blocks whose events had completed
+                                          ///< went back, and the request was retried)
+  std::uint64_t idle_releases = 0;        ///< cached blocks given back because the cache was over idle_threshold
 };
 
 } // namespace carve
