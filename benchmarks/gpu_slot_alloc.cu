@@ -463,8 +463,9 @@ bool skipped(const Clock& clock, const std::string& what, double expected_s = 0)
   if (!clock.over_budget() && clock.seconds() + std::max({longest_row_s, row_s, expected_s}) < hard_limit_s - 1) {
     return false;
   }
-  std::printf("  %s: skipped: over time budget (%.0f s used of %.0f; longest row %.1f s)\n", what.c_str(),
-              clock.seconds(), measure_budget_s, longest_row_s);
+  std::printf("  %s: skipped: over time budget (%.0f s used of %.0f; longest row %.1f s, this one expected to "
+              "take %.1f s)\n",
+              what.c_str(), clock.seconds(), measure_budget_s, longest_row_s, expected_s);
   return true;
 }
 
@@ -479,12 +480,14 @@ template <class Reset, class Launch>
 Row run_row(const Clock& clock, std::string name, std::span<const std::uint32_t> sizes, Reset reset, Launch launch,
             carve::SlotRange* d_out, std::uint32_t threads, std::uint32_t slots) {
   Row row{std::move(name), {sizes.begin(), sizes.end()}, {}};
-  double last_s = 0; // the last size's time, and that size
+  double last_launch_s = 0; // the last size's time per launch (its resets and checks shared out), and that size
   std::uint32_t last_m = 0;
   for (const std::uint32_t m : sizes) {
     const std::string what = row.name + ", m=" + std::to_string(m);
-    // A larger m asks for more slots per thread: at least as long per slot as the last size.
-    if (skipped(clock, what, last_m != 0 ? last_s * m / last_m : 0)) {
+    // A larger m asks for more slots per thread: each launch at least as long per slot as the
+    // last size's, and launches repeated until row_s has passed (see measure).
+    const double launch_s = last_m != 0 ? last_launch_s * m / last_m : 0;
+    if (skipped(clock, what, std::min(static_cast<double>(max_launches) * launch_s, row_s + launch_s))) {
       row.runs.emplace_back();
       continue;
     }
@@ -492,9 +495,10 @@ Row run_row(const Clock& clock, std::string name, std::span<const std::uint32_t>
     const double began = clock.seconds();
     row.runs.push_back(measure(
         clock, reset, [&](std::uint64_t deadline) { launch(m, deadline); }, d_out, threads, slots));
-    last_s = clock.seconds() - began;
+    const double took = clock.seconds() - began;
+    last_launch_s = took / static_cast<double>(std::max<std::size_t>(row.runs.back().launches, 1));
     last_m = m;
-    longest_row_s = std::max(longest_row_s, last_s);
+    longest_row_s = std::max(longest_row_s, took);
     report(row.name, m, row.runs.back());
   }
   return row;

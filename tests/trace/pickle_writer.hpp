@@ -11,8 +11,10 @@
 //   list, dict and pair and after a str's first time, a str met again a BINGET (LONG_BINGET past
 //   memo index 255); str as SHORT_BINUNICODE below 256 bytes; an int in its shortest form:
 //   BININT1, BININT2, BININT, else LONG1 of as few bytes as two's complement needs; containers
-//   batched as Python batches them (nothing after an empty one, APPEND/SETITEM after one item,
-//   MARK ... APPENDS/SETITEMS per 1000);
+//   batched as the C pickler (pickle.dumps) batches them: nothing after an empty one,
+//   APPEND/SETITEM after a lone item, else MARK ... APPENDS/SETITEMS per 1000 (and a dict whose
+//   last batch was full one more, empty). Strs of 64 KiB or more, which Python writes outside its
+//   frames and no snapshot holds, are refused;
 // - protocol 2 (PyTorch's C++ pickler, the snapshot C++ code writes): BININT1, BININT2, BININT, else
 //   LONG1 of 8 bytes, containers as in the plain form;
 // - protocol 1 (as Python writes it): BININT1, BININT2, BININT, else LONG text
@@ -52,6 +54,9 @@ public:
       }
     }
     value();
+    if (python_ && s.size() >= frame_bytes_limit) {
+      throw std::logic_error("PickleWriter: a str of 64 KiB or more, which Python writes outside its frames");
+    }
     if (python_ && s.size() < 256) {
       out_ += '\x8c';
       out_ += static_cast<char>(s.size());
@@ -142,6 +147,9 @@ public:
   PickleWriter& dict_end() { return close('}'); }
   /// The value on top pushed `n` times more: `n` references to it, not copies.
   PickleWriter& dup(std::size_t n) {
+    if (python_ && !open_.empty()) {
+      throw std::logic_error("PickleWriter::dup: pushes that Python's form cannot count as items");
+    }
     out_.append(n, '2');
     return *this;
   }
@@ -201,6 +209,7 @@ public:
 
 private:
   static constexpr std::uint64_t no_memo = UINT64_MAX;
+  static constexpr std::size_t frame_bytes_limit = std::size_t{64} << 10; // Python frames no longer str
 
   // An open list or dict. Python's form writes its items into a buffer of their own and batches
   // them when it closes; the other forms keep nothing.
@@ -209,6 +218,7 @@ private:
     std::vector<std::size_t> starts; // its value starts
     std::vector<std::size_t> items;  // its items' starts, where it is a container's
     std::uint64_t memo = no_memo;
+    char kind = 0; // ']' a list, '}' a dict
   };
 
   // A value begins here: where Python may close a frame, and (in a container) an item begins;
@@ -247,10 +257,10 @@ private:
     if (!python_) {
       out_ += empty;
       out_ += '(';
-      open_.push_back(Open{});
+      open_.push_back(Open{{}, {}, {}, no_memo, empty});
       return *this;
     }
-    open_.push_back(Open{std::move(out_), std::move(starts_), std::move(items_), memo_++});
+    open_.push_back(Open{std::move(out_), std::move(starts_), std::move(items_), memo_++, empty});
     out_.clear();
     starts_.clear();
     items_.clear();
@@ -258,8 +268,8 @@ private:
   }
   // Closes the innermost list (']') or dict ('}').
   PickleWriter& close(char empty) {
-    if (open_.empty()) {
-      throw std::logic_error("PickleWriter: list_end or dict_end with nothing open");
+    if (open_.empty() || open_.back().kind != empty) {
+      throw std::logic_error("PickleWriter: list_end or dict_end that does not close what is open");
     }
     Open o = std::move(open_.back());
     open_.pop_back();
@@ -280,24 +290,35 @@ private:
     }
     out_ += empty;
     out_ += '\x94'; // MEMOIZE: o.memo, taken at open, before its items' indices
-    // Python's _batch_appends and _batch_setitems: per 1000 units MARK ... APPENDS/SETITEMS, one
-    // unit alone followed by APPEND/SETITEM.
+    // The C pickler's batch_list_exact and batch_dict_exact: a lone unit is followed by
+    // APPEND/SETITEM; otherwise each batch of up to 1000 is MARK ... APPENDS/SETITEMS, and a
+    // dict's loop writes one more (empty) batch after a full one.
     const std::size_t units = items.size() / unit;
-    std::size_t next_start = 0; // into body_starts
-    for (std::size_t first = 0; first < units; first += 1000) {
+    if (units == 1) {
+      append_body(body, body_starts, 0, body.size());
+      out_ += empty == ']' ? 'a' : 's';
+      return *this;
+    }
+    for (std::size_t first = 0; first < units || (empty == '}' && units != 0 && first == units && units % 1000 == 0);
+         first += 1000) {
       const std::size_t n = std::min<std::size_t>(1000, units - first);
-      const std::size_t from = items[first * unit];
+      const std::size_t from = n == 0 ? body.size() : items[first * unit];
       const std::size_t to = first + n < units ? items[(first + n) * unit] : body.size();
-      if (n > 1) {
-        out_ += '(';
-      }
-      for (; next_start < body_starts.size() && body_starts[next_start] < to; ++next_start) {
-        starts_.push_back(out_.size() + body_starts[next_start] - from);
-      }
-      out_.append(body, from, to - from);
-      out_ += n > 1 ? (empty == ']' ? 'e' : 'u') : (empty == ']' ? 'a' : 's');
+      out_ += '(';
+      append_body(body, body_starts, from, to);
+      out_ += empty == ']' ? 'e' : 'u';
     }
     return *this;
+  }
+  // Bytes [from, to) of a closed container's body appended here, with the value starts among them.
+  void append_body(const std::string& body, const std::vector<std::size_t>& body_starts, std::size_t from,
+                   std::size_t to) {
+    for (const std::size_t at : body_starts) {
+      if (at >= from && at < to) {
+        starts_.push_back(out_.size() + at - from);
+      }
+    }
+    out_.append(body, from, to - from);
   }
   static int shortest_twos_complement(std::int64_t v) {
     int bytes = 1;

@@ -1,9 +1,8 @@
 // PyTorch memory snapshots in each layout PyTorch 2.x writes, written here key by key as that
 // version's snapshot code writes them (the keys, the actions, the ints' forms, the picklers'
-// protocols, Python's frames and memo indices; pickle_writer.hpp says where its containers and
-// repeated keys differ from Python's), all holding the same allocations: every layout must read
-// to the same trace. Then
-// snapshots without events (recording off, history cleared), integers beyond 64 bits where carve
+// protocols; for Python's pickle, byte for byte what it writes, frames and memo included), all
+// holding the same allocations: every layout must read to the same trace. Then snapshots without
+// events (recording off, history cleared), integers beyond 64 bits where carve
 // reads past them and where it needs their value, and the events carve does not model.
 #include <carve/trace.hpp>
 

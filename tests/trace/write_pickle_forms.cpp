@@ -15,8 +15,10 @@ namespace {
 using carve::test::PickleWriter;
 
 // 300 dicts of every kind of value the snapshots hold; the first one's frames list is shared by
-// the next nine, the 280th's by the rest (past memo index 255 in Python's form).
-std::string document(int protocol, PickleWriter::Form form, std::size_t frame_bytes) {
+// the next nine, the 280th's by the rest (past memo index 255 in Python's form). Containers of
+// none, one and (where `large`) 1001 items and 1000 pairs, where the C pickler's batches end
+// differently from the pure-Python one's.
+std::string document(int protocol, PickleWriter::Form form, std::size_t frame_bytes, bool large) {
   PickleWriter w(protocol, form, frame_bytes);
   w.dict().str("segments").list();
   for (std::int64_t i = 0; i < 300; ++i) {
@@ -38,7 +40,19 @@ std::string document(int protocol, PickleWriter::Form form, std::size_t frame_by
     }
     w.dict_end();
   }
-  w.list_end().str("empty").dict().dict_end();
+  w.list_end().str("empty").dict().dict_end().str("none").list().list_end();
+  w.str("one").list().integer(7).list_end().str("one pair").dict().item("k", 1).dict_end();
+  if (large) {
+    w.str("1001").list();
+    for (std::int64_t i = 0; i < 1001; ++i) {
+      w.integer(i * 3);
+    }
+    w.list_end().str("1000 pairs").dict();
+    for (std::int64_t i = 0; i < 1000; ++i) {
+      w.item("key " + std::to_string(i), i);
+    }
+    w.dict_end();
+  }
   return w.dict_end().stop();
 }
 
@@ -50,14 +64,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   using Form = PickleWriter::Form;
-  for (const auto& [name, protocol, form, frame] : {std::tuple{"python-4", 4, Form::python, std::size_t{64} << 10},
-                                                    {"python-4-frames-64", 4, Form::python, 64},
-                                                    {"python-5", 5, Form::python, std::size_t{64} << 10},
-                                                    {"plain-4", 4, Form::plain, 0},
-                                                    {"protocol-2", 2, Form::plain, 0},
-                                                    {"protocol-1", 1, Form::plain, 0}}) {
+  // The 64-byte frames are checked against the pure-Python pickler, which batches the large
+  // containers differently: that file leaves them out.
+  for (const auto& [name, protocol, form, frame, large] :
+       {std::tuple{"python-4", 4, Form::python, std::size_t{64} << 10, true},
+        {"python-4-frames-64", 4, Form::python, 64, false},
+        {"python-5", 5, Form::python, std::size_t{64} << 10, true},
+        {"plain-4", 4, Form::plain, 0, true},
+        {"protocol-2", 2, Form::plain, 0, true},
+        {"protocol-1", 1, Form::plain, 0, true}}) {
     std::ofstream out(std::string(argv[1]) + "/" + name + ".pickle", std::ios::binary);
-    out << document(protocol, form, frame);
+    out << document(protocol, form, frame, large);
     if (!out) {
       std::fprintf(stderr, "write_pickle_forms: cannot write %s/%s.pickle\n", argv[1], name);
       return 1;
