@@ -99,27 +99,29 @@ def code_of(header):
     return re.sub(r"/\*.*?\*/", "", re.sub(r"//[^\n]*", "", header.read_text()), flags=re.S)
 
 
+def closing(text, opening, pair="{}"):
+    """The index just past the bracket that closes the one at `opening` (or the end of `text`)."""
+    depth, i = 1, opening + 1
+    while depth and i < len(text):
+        depth += {pair[0]: 1, pair[1]: -1}.get(text[i], 0)
+        i += 1
+    return i
+
+
+DETAIL = r"\bnamespace\s+[\w:]*detail\s*\{"
+
+
 def device_capable_classes(include):
     """Classes and structs outside detail namespaces and outside other classes whose bodies
     declare __host__ __device__ (CARVE_HOST_DEVICE) or __device__ members: name -> header."""
     found = {}
     for header in headers(include):
         text = code_of(header)
-
-        def body_end(open_brace):
-            depth, i = 1, open_brace + 1
-            while depth and i < len(text):
-                depth += {"{": 1, "}": -1}.get(text[i], 0)
-                i += 1
-            return i
-
-        details = [
-            (m.end() - 1, body_end(m.end() - 1)) for m in re.finditer(r"\bnamespace\s+[\w:]*detail\s*\{", text)
-        ]
+        details = [(m.end() - 1, closing(text, m.end() - 1)) for m in re.finditer(DETAIL, text)]
         classes = []
         head = r"\b(?:class|struct)\s+(?:alignas\([^)]*\)\s+)?(\w+)(?:\s+final)?\s*(?::[^;{]*)?\{"
         for m in re.finditer(head, text):
-            start, end = m.end() - 1, body_end(m.end() - 1)
+            start, end = m.end() - 1, closing(text, m.end() - 1)
             classes.append((m.group(1), start, end, text[start:end]))
         for name, start, end, body in classes:
             nested = any(s < start and end <= e for _, s, e, _ in classes)
@@ -145,15 +147,11 @@ def listed_names(entries, types_header):
 def without_detail(text):
     """`text` without the bodies of its detail namespaces (braces matched)."""
     out, at = [], 0
-    for m in re.finditer(r"\bnamespace\s+[\w:]*detail\s*\{", text):
+    for m in re.finditer(DETAIL, text):
         if m.start() < at:
             continue  # inside one removed already
         out.append(text[at : m.start()])
-        depth, i = 1, m.end()
-        while depth and i < len(text):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        at = i
+        at = closing(text, m.end() - 1)
     return "".join(out) + text[at:]
 
 
@@ -187,10 +185,7 @@ def kernel_parameter_lists(text):
             open_paren = text.find("(", i)
             if open_paren < 0 or ";" in text[i:open_paren] or "{" in text[i:open_paren]:
                 break
-            depth, j = 1, open_paren + 1
-            while depth and j < len(text):
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                j += 1
+            j = closing(text, open_paren, "()")
             word = re.search(r"(\w+)\s*$", text[i:open_paren])
             if word and word.group(1) in KERNEL_ATTRIBUTES:
                 i = j

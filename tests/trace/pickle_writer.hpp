@@ -299,15 +299,20 @@ private:
       out_ += empty == ']' ? 'a' : 's';
       return *this;
     }
-    for (std::size_t first = 0; first < units || (empty == '}' && units != 0 && first == units && units % 1000 == 0);
-         first += 1000) {
-      const std::size_t n = std::min<std::size_t>(1000, units - first);
+    if (units == 0) {
+      return *this;
+    }
+    std::size_t first = 0;
+    std::size_t n = 0;
+    do { // a list's loop runs while items are left, a dict's while its last batch was full
+      n = std::min<std::size_t>(1000, units - first);
       const std::size_t from = n == 0 ? body.size() : items[first * unit];
       const std::size_t to = first + n < units ? items[(first + n) * unit] : body.size();
       out_ += '(';
       append_body(body, body_starts, from, to);
       out_ += empty == ']' ? 'e' : 'u';
-    }
+      first += n;
+    } while (empty == ']' ? first < units : n == 1000);
     return *this;
   }
   // Bytes [from, to) of a closed container's body appended here, with the value starts among them.

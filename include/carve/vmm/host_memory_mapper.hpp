@@ -248,12 +248,13 @@ public:
     if (auto ok = check_size("map", bytes); !ok) {
       return ok;
     }
-    if (offset % state_->options.granularity != 0 || (offset != 0 && !state_->options.maps_at_offsets)) {
+    if (offset % state_->options.granularity != 0) {
+      return fail(Errc::invalid_argument, "map: offset " + std::to_string(offset) + " is not a multiple of " +
+                                              std::to_string(state_->options.granularity));
+    }
+    if (offset != 0 && !state_->options.maps_at_offsets) {
       return fail(Errc::invalid_argument,
-                  "map: offset " + std::to_string(offset) +
-                      (state_->options.maps_at_offsets
-                           ? " is not a multiple of " + std::to_string(state_->options.granularity)
-                           : " into an allocation: this mapper maps from offset 0 only"));
+                  "map: offset " + std::to_string(offset) + " into an allocation: this mapper maps from offset 0 only");
     }
     const std::lock_guard lock(state_->mutex);
     const auto p = state_->physical.find(h);
