@@ -38,10 +38,12 @@ struct Device {
   std::shared_ptr<DeviceClock> clock = std::make_shared<DeviceClock>();
 
   TimedCard card(std::uint64_t capacity) const { return TimedCard(AddressOnlyCard(capacity), clock); }
-  // `maps_at_offsets` false: a driver whose cuMemMap wants offset 0 (HostMapperOptions).
-  TimedMapper<HostMemoryMapper> mapper(bool maps_at_offsets = true) const {
+  // `partial_maps` false: a driver that maps whole allocations only (HostMapperOptions).
+  static_assert(TellsPartialMaps<TimedMapper<HostMemoryMapper>>);
+  TimedMapper<HostMemoryMapper> mapper(bool partial_maps = true) const {
     return TimedMapper<HostMemoryMapper>(
-        HostMemoryMapper({.granularity = device_granule, .address_only = true, .maps_at_offsets = maps_at_offsets}),
+        HostMemoryMapper(
+            {.granularity = device_granule, .address_only = true, .maps_partial_allocations = partial_maps}),
         clock);
   }
 };
@@ -131,8 +133,8 @@ class ExpandableSubject : public Subject {
 public:
   using Pool = ExpandablePool<TimedMapper<HostMemoryMapper>, SimulatedStreams>;
   ExpandableSubject(std::uint64_t capacity, std::uint32_t streams, ExpandablePoolOptions options,
-                    bool maps_at_offsets = true)
-      : pool_(device_.mapper(maps_at_offsets), with_cap(options, capacity), SimulatedStreams(streams)) {}
+                    bool partial_maps = true)
+      : pool_(device_.mapper(partial_maps), with_cap(options, capacity), SimulatedStreams(streams)) {}
   void* allocate(std::size_t bytes, std::uint32_t stream) noexcept override {
     const auto p = pool_.try_allocate(SimulatedStream{stream}, bytes, block_alignment);
     return p ? *p : nullptr;
@@ -186,12 +188,11 @@ Contender card_contender(std::string name, std::string description, Make make) {
 }
 
 inline Contender expandable_contender(std::string name, std::string description, ExpandablePoolOptions options,
-                                      bool maps_at_offsets = true) {
-  return {std::move(name), std::move(description),
-          [options, maps_at_offsets](std::uint64_t capacity, std::uint32_t streams) {
-            return std::unique_ptr<Subject>(
-                std::make_unique<ExpandableSubject>(capacity, streams, options, maps_at_offsets));
-          }};
+                                      bool partial_maps = true) {
+  return {
+      std::move(name), std::move(description), [options, partial_maps](std::uint64_t capacity, std::uint32_t streams) {
+        return std::unique_ptr<Subject>(std::make_unique<ExpandableSubject>(capacity, streams, options, partial_maps));
+      }};
 }
 
 // carve's caching pools built as libcarve_torch builds them (src/torch/pool_stacks.hpp:
@@ -273,13 +274,26 @@ inline Contender expandable_lending(std::size_t min_bytes) {
                               ExpandablePoolOptions{.lend_min_bytes = min_bytes});
 }
 
+// The most one physical allocation holds (ExpandablePoolOptions::max_chunk_bytes) at which
+// carve_replay shows expandable-pool over a driver that maps whole allocations only: no cut to 4 MiB.
+inline constexpr std::array<std::size_t, 5> whole_allocation_settings = {std::numeric_limits<std::size_t>::max(),
+                                                                         std::size_t{64} << 20, std::size_t{16} << 20,
+                                                                         std::size_t{8} << 20, std::size_t{4} << 20};
+
+// expandable-pool over such a driver, its allocations `max_bytes` at most.
+inline Contender expandable_whole_allocations(std::size_t max_bytes) {
+  return expandable_contender("expandable-pool:partial-maps=0:max-chunk=" + std::to_string(max_bytes),
+                              "carve::ExpandablePool", ExpandablePoolOptions{.max_chunk_bytes = max_bytes}, false);
+}
+
 // How many of all_contenders() run when none is named.
 inline constexpr std::size_t default_contenders = 6;
 
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
-// (ExpandablePoolOptions::growth_divisor), min-chunk, release (release_threshold, bytes), headroom
-// (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends) and offsets
-// (0: the driver maps from offset 0 only, as one whose cuMemMap wants it; 1, the default: from any);
+// (ExpandablePoolOptions::growth_divisor), min-chunk, max-chunk, release (release_threshold, bytes), headroom
+// (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends) and partial-maps
+// (0: the driver maps whole allocations only, and says so, as CUDA documents cuMemMap; 1, the
+// default: parts too);
 // caching-pool takes segment, idle and shared (PoolOptions::segment_size, idle_threshold,
 // shared_segment_size; shared=0 gives every request of segment or more its own). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
@@ -308,25 +322,27 @@ inline Contender configured(const std::string& spec) {
   };
   if (name == "expandable-pool") {
     ExpandablePoolOptions o;
-    bool maps_at_offsets = true;
+    bool partial_maps = true;
     for (const auto& [key, value] : settings) {
       if (key == "growth") {
         o.growth_divisor = value;
       } else if (key == "min-chunk") {
         o.min_chunk_bytes = value;
+      } else if (key == "max-chunk") {
+        o.max_chunk_bytes = value;
       } else if (key == "release") {
         o.release_threshold = value;
       } else if (key == "headroom") {
         o.headroom_permille = value;
       } else if (key == "lend") {
         o.lend_min_bytes = value;
-      } else if (key == "offsets") {
-        maps_at_offsets = value != 0;
+      } else if (key == "partial-maps") {
+        partial_maps = value != 0;
       } else {
         throw unknown(key);
       }
     }
-    return expandable_contender(spec, "carve::ExpandablePool, " + spec.substr(colon + 1), o, maps_at_offsets);
+    return expandable_contender(spec, "carve::ExpandablePool, " + spec.substr(colon + 1), o, partial_maps);
   }
   if (name == "caching-pool") {
     PoolOptions o;

@@ -315,7 +315,8 @@ int run(const Options& o) {
     rep.rows.push_back(std::move(r));
   }
 
-  // How expandable-pool's reserve and device calls move with its headroom and its lending, on this trace.
+  // How expandable-pool's reserve and device calls move with its headroom, its lending and, over a
+  // driver that maps whole allocations only, the size of its allocations, on this trace.
   if (rep.find("expandable-pool") != nullptr && !o.capacity) {
     for (const std::size_t permille : carve::replay::headroom_settings) {
       const auto subject = carve::replay::expandable_with_headroom(permille).make(card, streams.count);
@@ -326,6 +327,11 @@ int run(const Options& o) {
       const auto subject = carve::replay::expandable_lending(min_bytes).make(card, streams.count);
       const auto run = carve::replay::replay(*t, streams, *subject);
       rep.lending.push_back({min_bytes, run.peak_reserved, run.device_calls, run.completed});
+    }
+    for (const std::size_t max_bytes : carve::replay::whole_allocation_settings) {
+      const auto subject = carve::replay::expandable_whole_allocations(max_bytes).make(card, streams.count);
+      const auto run = carve::replay::replay(*t, streams, *subject);
+      rep.whole_allocations.push_back({max_bytes, run.peak_reserved, run.device_calls, run.completed});
     }
   }
 

@@ -35,10 +35,10 @@ struct Row {
   std::vector<std::uint64_t> reserved_after;   // for the plot
 };
 
-// expandable-pool at one setting of a knob (headroom, lending): what carve_replay prints so a user
-// can choose it.
+// expandable-pool at one setting of a knob (headroom, lending, allocation size): what carve_replay
+// prints so a user can choose it.
 struct SettingPoint {
-  std::size_t value = 0; // ExpandablePoolOptions::headroom_permille or lend_min_bytes
+  std::size_t value = 0; // ExpandablePoolOptions::headroom_permille, lend_min_bytes or max_chunk_bytes
   std::uint64_t peak_reserved = 0;
   std::uint64_t device_calls = 0;
   bool completed = true;
@@ -51,9 +51,10 @@ struct Report {
   std::uint32_t streams = 1;
   std::optional<std::uint64_t> capacity;
   std::vector<Row> rows;
-  std::optional<Row> seeded_model;    // pytorch-model started from the recorded segments: the model checked
-  std::vector<SettingPoint> headroom; // expandable-pool's reserve against calls, when it ran
-  std::vector<SettingPoint> lending;  // the same against lend_min_bytes
+  std::optional<Row> seeded_model;             // pytorch-model started from the recorded segments: the model checked
+  std::vector<SettingPoint> headroom;          // expandable-pool's reserve against calls, when it ran
+  std::vector<SettingPoint> lending;           // the same against lend_min_bytes
+  std::vector<SettingPoint> whole_allocations; // against max_chunk_bytes, over a driver without partial maps
 
   const Row* find(const std::string& name) const {
     const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; });
@@ -212,6 +213,10 @@ inline void print_table(const Report& rep) {
        "hole lending to blocks of at least (ExpandablePoolOptions::lend_min_bytes, carve_replay --allocators "
        "expandable-pool:lend=BYTES)",
        "lend to blocks", ExpandablePoolOptions{}.lend_min_bytes, [](std::size_t v) { return gib(v); });
+  knob(rep.whole_allocations,
+       "allocation size over a driver that maps whole allocations only (ExpandablePoolOptions::max_chunk_bytes, "
+       "carve_replay --allocators expandable-pool:partial-maps=0:max-chunk=BYTES)",
+       "max chunk", ExpandablePoolOptions{}.max_chunk_bytes, [](std::size_t v) { return gib(v); });
   const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card
   if (!goals.empty()) {
     fmt::print("\n");
@@ -258,15 +263,17 @@ inline void print_json(const Report& rep) {
   };
   const std::string headroom = points(rep.headroom, "permille");
   const std::string lending = points(rep.lending, "lend_min_bytes");
+  const std::string whole = points(rep.whole_allocations, "max_chunk_bytes");
   const std::string seeded = rep.seeded_model
                                  ? fmt::format("{{\"peak_reserved_bytes\":{},\"device_calls\":{}}}",
                                                rep.seeded_model->peak_reserved, number(rep.seeded_model->device_calls))
                                  : "null";
   fmt::print("{{\"trace\":{},\"peak_live_bytes\":{},\"start_live_bytes\":{},\"allocations\":{},\"streams\":{},"
              "\"capacity_bytes\":{},\"allocators\":[{}],\"pytorch_model_from_recorded_start\":{},"
-             "\"expandable_pool_headroom\":[{}],\"expandable_pool_lending\":[{}]}}\n",
+             "\"expandable_pool_headroom\":[{}],\"expandable_pool_lending\":[{}],"
+             "\"expandable_pool_whole_allocations\":[{}]}}\n",
              json_string(rep.trace->source), rep.peak_live, rep.start_live, rep.trace->allocations(), rep.streams,
-             number(rep.capacity), rows, seeded, headroom, lending);
+             number(rep.capacity), rows, seeded, headroom, lending, whole);
 }
 
 // Reserved bytes over the trace for every allocator, and the live bytes beneath them.

@@ -90,6 +90,10 @@ public:
     return clock_->time([&] { return mapper_.set_access(va, bytes, device, access); });
   }
   Result<Access> access(void* va, int device) const { return mapper_.access(va, device); }
+  // The mapper's answer, passed on: the replay lends where the card would.
+  Result<bool> maps_partial_allocations(int device) requires TellsPartialMaps<Mapper> {
+    return mapper_.maps_partial_allocations(device);
+  }
 
 private:
   Mapper mapper_;

@@ -150,6 +150,10 @@ public:
     return m_.set_access(va, bytes, device, access);
   }
   Result<Access> access(const void* va, int device) const { return m_.access(va, device); }
+  // The driver's answer, passed on: a pool over this mapper must not lend where the driver refuses.
+  Result<bool> maps_partial_allocations(int device) requires TellsPartialMaps<Mapper> {
+    return m_.maps_partial_allocations(device);
+  }
 
 private:
   template <class R>

@@ -436,8 +436,9 @@ const char* carve_torch_stats_json(int device) {
       device >= 0 && device < max_devices ? load(registry().refused[slot(device)]) : std::uint64_t{0};
   append(json, "failures", load(b.failures) + refused);
   json += s != nullptr && s->lending_refused() ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
-  for (const auto& [key, value] : {std::pair{"max_reserved_bytes", c.stack.max_reserved},
-                                   std::pair{"idle_threshold_bytes", c.stack.idle_threshold}}) {
+  for (const auto& [key, value] :
+       {std::pair{"max_reserved_bytes", c.stack.max_reserved},
+        std::pair{"idle_threshold_bytes", c.stack.idle_threshold}, std::pair{"max_chunk_bytes", c.stack.max_chunk}}) {
     json += ",\"";
     json += key;
     json += value == std::numeric_limits<std::size_t>::max() ? "\":null" : "\":" + std::to_string(value);

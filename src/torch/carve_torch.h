@@ -12,6 +12,9 @@
  *                               no cap beyond the device's own memory
  *   CARVE_TORCH_IDLE_THRESHOLD  free memory a pool keeps before giving some back (same units);
  *                               default: keep it all until carve_torch_empty_cache()
+ *   CARVE_TORCH_MAX_CHUNK       the expandable pool: the most one physical allocation holds (same
+ *                               units; ExpandablePoolOptions::max_chunk_bytes), for a driver that
+ *                               maps whole allocations only; default no limit
  *   CARVE_TORCH_BACKEND         cuda (default) | host: the host twin (see the test hooks below)
  *
  * Bad values end the process at the first call with a message saying which; call
@@ -90,9 +93,10 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * peak_reserved_bytes, live_bytes, peak_live_bytes (live counts round each block to 512 bytes),
  * live_blocks, mallocs, frees, device_calls (physical memory created, mapped and unmapped, or
  * cudaMalloc/cudaFree calls), device_failures (such calls refused), failures (carve_torch_malloc
- * calls that returned NULL), lending_refused (true when the expandable pool's driver refused a
- * mapping from an offset into an allocation, so it lends no holes: carve_replay predicts such a run
- * with expandable-pool:offsets=0), max_reserved_bytes and idle_threshold_bytes (null when unset), and,
+ * calls that returned NULL), lending_refused (true when the expandable pool's driver maps whole
+ * allocations only, so it lends no holes: carve_replay predicts such a run with
+ * expandable-pool:partial-maps=0), max_reserved_bytes, idle_threshold_bytes and max_chunk_bytes
+ * (null when unset), and,
  * when the pool could not be built, error. The text belongs to the library and stays valid until
  * the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);

@@ -97,7 +97,8 @@ inline Config read_config() {
   }
 #endif
   for (const auto& [name, field] : {std::pair{"CARVE_TORCH_MAX_RESERVED", &c.stack.max_reserved},
-                                    std::pair{"CARVE_TORCH_IDLE_THRESHOLD", &c.stack.idle_threshold}}) {
+                                    std::pair{"CARVE_TORCH_IDLE_THRESHOLD", &c.stack.idle_threshold},
+                                    std::pair{"CARVE_TORCH_MAX_CHUNK", &c.stack.max_chunk}}) {
     if (const auto text = var(name)) {
       if (const auto bytes = parse_bytes(*text)) {
         *field = *bytes;

@@ -39,6 +39,7 @@ struct StackOptions {
   PoolKind pool = PoolKind::expandable;
   std::size_t max_reserved = std::numeric_limits<std::size_t>::max(); // per device
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
+  std::size_t max_chunk = std::numeric_limits<std::size_t>::max(); // the expandable pool's max_chunk_bytes
 };
 
 // One device's pool behind the C functions (its kind: pool_stacks.hpp), and the private pools of
@@ -128,9 +129,9 @@ public:
   // The right `peer` has on this device's memory at `p`: 0 none, 1 read, 2 read and write; -1 where
   // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
-  // Whether the pool has stopped lending holes because the driver refused a mapping from an
-  // offset into an allocation (the expandable pool's ExpandablePoolStats::lending_refused; the
-  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:offsets=0.
+  // Whether the pool lends no holes because the driver maps whole allocations only (asked when
+  // the pool was made, or seen in a refusal: the expandable pool's ExpandablePoolStats::lending_refused; the
+  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:partial-maps=0.
   virtual bool lending_refused() const noexcept { return false; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its

@@ -151,12 +151,14 @@ private:
   }
   void hold(bool held) noexcept override { pool_.hold(held); }
   using Pool = ExpandablePool<CountingMapper<typename Backend::Mapper>, typename Backend::Streams>;
+  static_assert(TellsPartialMaps<CountingMapper<typename Backend::Mapper>>, "the pool asks the driver before it lends");
   static ExpandablePoolOptions options(int device, const StackOptions& o) {
     ExpandablePoolOptions out;
     out.device = device;
     out.granularity = block_alignment;
     out.max_reserved_bytes = o.max_reserved;
     out.release_threshold = o.idle_threshold;
+    out.max_chunk_bytes = o.max_chunk;
     return out;
   }
   void* take(cudaStream_t stream, std::size_t bytes) noexcept override { return this->take_from(pool_, stream, bytes); }

@@ -82,6 +82,19 @@ struct UsedOnTwoStreams {
 
 } // namespace
 
+TEST_CASE("the expandable stack's counting mapper passes on whether the driver maps part of an allocation") {
+  // A driver that maps whole allocations only: the pool must know before it lends, through the
+  // mapper libcarve_torch puts between them.
+  for (const bool parts : {true, false}) {
+    carve::torch::Books books;
+    carve::torch::CountingMapper<carve::HostMemoryMapper> counting(
+        carve::HostMemoryMapper({.maps_partial_allocations = parts}), &books);
+    carve::ExpandablePool<carve::torch::CountingMapper<carve::HostMemoryMapper>> pool(counting);
+    CHECK(pool.stats().lending_refused == !parts);
+    CHECK(books.device_calls.load() == 0); // the question is no driver call
+  }
+}
+
 TEST_CASE("each stack: a free on one stream is reused on another only after that stream's work has run") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));

@@ -327,6 +327,21 @@ def worker_idle(pool):
     print(f"{pool}: idle threshold 0: memory back to the device at the free")
 
 
+def worker_max_chunk(pool):
+    """CARVE_TORCH_MAX_CHUNK=2M: the expandable pool makes a block of 8 MiB of four physical
+    allocations (a create and a map each), and the stats say the setting under every pool."""
+    os.environ["CARVE_TORCH_MAX_CHUNK"] = "2M"  # an option carve_gpu does not set: the environment's stays
+    lib = load(pool)
+    p = lib.malloc(8 * MiB, 0, 0)
+    check(p, "a block of 8 MiB")
+    stats = lib.stats(0)
+    check(stats["max_chunk_bytes"] == 2 * MiB, f"the setting: {stats}")
+    if pool == "expandable":
+        check(stats["device_calls"] == 8, f"four allocations of 2 MiB, a create and a map each: {stats}")
+    lib.free(p, 8 * MiB, 0, 0)
+    print(f"{pool}: max chunk 2 MiB: {stats['device_calls']} device calls for a block of 8 MiB")
+
+
 def worker_devices(pool):
     """Two devices in one process: the expandable pool opens each device's memory to the other from
     the second device's first allocation on; the other pools hand out cudaMalloc memory, which the
@@ -896,18 +911,19 @@ def main():
     if len(sys.argv) == 5:
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
                    "record": worker_record_stream, "hooks": worker_hooks, "failed-capture": worker_failed_capture,
-                   "no-driver": worker_no_driver, "devices": worker_devices}
+                   "no-driver": worker_no_driver, "devices": worker_devices,
+                   "max-chunk": worker_max_chunk}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     env = dict(os.environ)
-    for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD"):
+    for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD", "CARVE_TORCH_MAX_CHUNK"):
         env.pop(name, None)
     failed = []
     for pool in POOLS:
         for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver",
-                     "devices"):
+                     "devices", "max-chunk"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:

@@ -2,8 +2,8 @@
 """The host side of dev.sh gpu's training-step check (gpu_training_step.py) against a real
 carve_replay: the table kept beside each model's snapshot (write_tuning_table) holds a row for
 every allocator it names and the headroom sweep; and the prediction is asked for the pool the card
-ran: `expandable-pool`, or `expandable-pool:offsets=0` where the driver refused a mapping from an
-offset (the stats' lending_refused), each read back from its own row and said in the report.
+ran: `expandable-pool`, or `expandable-pool:partial-maps=0` where the driver maps whole allocations
+only (the stats' lending_refused), each read back from its own row and said in the report.
 
     test_tuning_table.py CARVE_REPLAY SNAPSHOT
 """
@@ -35,7 +35,7 @@ def main():
         carve = {"lending_refused": refused, "peak_reserved": 1, "peak_allocated": 1, "step_ms": 1.0, "loss": 1.0,
                  "batch": 1}
         allocator = step.replayed_as(carve)
-        if allocator != ("expandable-pool:offsets=0" if refused else "expandable-pool"):
+        if allocator != ("expandable-pool:partial-maps=0" if refused else "expandable-pool"):
             print(f"FAILED: a run with lending_refused={refused} is replayed as {allocator}")
             return 1
         predicted, error = step.predicted_by_replay(replay, snapshot, allocator)
@@ -46,10 +46,30 @@ def main():
         other = dict(carve, lending_refused=False, predicted=None)
         _, goals, _ = step.judge([("m", {"pytorch": other, "expandable_segments": other, "carve": carve})])
         line = next((g for g in goals if "prediction" in g), "")
-        if not line.endswith(": met") or (refused != ("replayed as expandable-pool:offsets=0" in line)):
+        if not line.endswith(": met") or (refused != ("replayed as expandable-pool:partial-maps=0" in line)):
             print(f"FAILED: the prediction's goal line for lending_refused={refused}: {line!r}")
             return 1
         print(f"lending_refused={refused}: predicted as {allocator}, {predicted} bytes")
+
+    # Where the driver maps whole allocations only, the run with cut chunks is replayed as such a
+    # pool with max-chunk, reported beside the goals, its loss compared with the others'.
+    cut, error = step.predicted_by_replay(replay, snapshot, step.replayed_cut())
+    if error or not cut:
+        print(f"FAILED: carve_replay's prediction as {step.replayed_cut()}: {error}")
+        return 1
+    carve = {"lending_refused": True, "peak_reserved": 10, "peak_allocated": 10, "step_ms": 1.0, "loss": 1.0,
+             "batch": 1, "predicted": 10}
+    base = dict(carve, lending_refused=False, peak_reserved=20, predicted=None)
+    run = dict(carve, peak_reserved=cut, peak_allocated=cut, predicted=cut, device_calls=7, loss=1.5)
+    table, goals, failed = step.judge([("m", {"pytorch": base, "expandable_segments": base, "carve": carve,
+                                              step.CUT: run})])
+    line = next((g for g in goals if "CARVE_TORCH_MAX_CHUNK=8M" in g), "")
+    if (not any(f"| {step.CUT} |" in row for row in table) or "7 device calls" not in line
+            or not line.endswith(f"predicted {cut} bytes (met)") or not any(step.CUT in f for f in failed)):
+        print(f"FAILED: the cut run's row, line or loss check: {table}, {line!r}, {failed}")
+        return 1
+    print(f"a driver that maps whole allocations only: the cut run is predicted as {step.replayed_cut()}, "
+          f"{cut} bytes, and its loss is checked")
     _, error = step.predicted_by_replay(replay, snapshot, "no-such-allocator")
     if error is None:
         print("FAILED: an allocator carve_replay does not know gave a prediction")

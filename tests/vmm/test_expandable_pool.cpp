@@ -147,7 +147,8 @@ struct RefusingMapper : HostMemoryMapper {
     }
     return HostMemoryMapper::create(device, bytes);
   }
-  std::shared_ptr<bool> refuse_offsets = std::make_shared<bool>(false); // as a driver that wants offset 0
+  // As a driver that wants offset 0 under a mapper that said it maps parts (its answer wrong).
+  std::shared_ptr<bool> refuse_offsets = std::make_shared<bool>(false);
   carve::Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     if (offset != 0 && *refuse_offsets) {
       return carve::fail(Errc::invalid_argument, "cuMemMap: CUDA_ERROR_INVALID_VALUE (simulated: offset 0 only)");
@@ -838,6 +839,48 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
   CHECK(pool.consistent());
 }
 
+TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, each unmapped on its own") {
+  // For a driver that maps whole allocations only: no hole can be lent there, so the granules a
+  // dead block leaves between live ones go back to the device where whole allocations lie there.
+  const auto at = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  HostMemoryMapper m({.granularity = granule});
+  Pool pool(m,
+            small({.growth_divisor = 0, .max_chunk_bytes = 2 * granule + granule / 2, .headroom_permille = SIZE_MAX}));
+  void* x = *pool.try_allocate(5 * granule, 512);
+  CHECK(chunks_of(pool) == std::vector<std::pair<std::uintptr_t, std::size_t>>{{at(x), 2 * granule},
+                                                                               {at(x) + 2 * granule, 2 * granule},
+                                                                               {at(x) + 4 * granule, granule}});
+  CHECK(pool.stats().creates == 3);
+  CHECK(pool.stats().maps == 3);
+  pool.deallocate(x, 5 * granule, 512);
+  auto* b = static_cast<unsigned char*>(*pool.try_allocate(2 * granule, 512)); // [0, 2)
+  void* c = *pool.try_allocate(2 * granule, 512);                              // [2, 4)
+  auto* d = static_cast<unsigned char*>(*pool.try_allocate(granule, 512));     // [4, 5)
+  std::memset(b, 0x21, 2 * granule);
+  std::memset(d, 0x43, granule);
+  pool.deallocate(c, 2 * granule, 512);
+  CHECK(pool.trim() == 2 * granule); // the allocation under c alone: one chunk would have stayed
+  CHECK(pool.stats().bytes_reserved == 3 * granule);
+  CHECK(std::all_of(b, b + 2 * granule, [](unsigned char v) { return v == 0x21; }));
+  CHECK(std::all_of(d, d + granule, [](unsigned char v) { return v == 0x43; }));
+  void* e = *pool.try_allocate(2 * granule, 512); // best fit: the range c left, mapped anew
+  CHECK(at(e) == at(b) + 2 * granule);
+  CHECK(pool.stats().creates == 4);
+  CHECK(pool.consistent());
+  for (auto [p, n] :
+       {std::pair{static_cast<void*>(b), 2 * granule}, {e, 2 * granule}, {static_cast<void*>(d), granule}}) {
+    pool.deallocate(p, n, 512);
+  }
+  pool.trim();
+  CHECK(m.mapping_count() == 0);
+  CHECK(m.physical_count() == 0);
+  // Below one granule it is one granule.
+  Pool fine(m, small({.growth_divisor = 0, .max_chunk_bytes = 1, .headroom_permille = SIZE_MAX}));
+  void* y = *fine.try_allocate(3 * granule, 512);
+  CHECK(fine.stats().creates == 3);
+  fine.deallocate(y, 3 * granule, 512);
+}
+
 TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, and the block maps new memory") {
   RefusingMapper m({.granularity = granule});
   *m.refuse_offsets = true;
@@ -867,13 +910,19 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   CHECK(m.mapping_count() == 0);
 }
 
-TEST_CASE("lending: a hole at its chunk's start is lent from offset 0, which a driver that wants 0 takes") {
-  // So a card whose cuMemMap wants offset 0 still lends such holes: carve_replay replays it with a
-  // mapper that refuses only other offsets (expandable-pool:offsets=0), not as a pool that never lends.
+TEST_CASE("lending: a mapper that maps whole allocations only says so, and the pool never tries to lend") {
+  // CUDA documents that cuMemMap's offset must be 0; a driver that keeps to it is replayed by
+  // carve_replay as expandable-pool:partial-maps=0, whose pool must make exactly the calls the
+  // card's does: none refused, the block on new memory.
   constexpr std::size_t page = 4 * KiB;
-  HostMemoryMapper m({.granularity = page, .maps_at_offsets = false});
+  HostMemoryMapper m({.granularity = page, .maps_partial_allocations = false});
+  const auto told = m.maps_partial_allocations(0);
+  REQUIRE(told);
+  CHECK_FALSE(*told);
+  CHECK_FALSE(carve::may_map_partial_allocations(m, 0));
   Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * page}));
-  void* x = *pool.try_allocate(8 * page, 512); // one chunk of 8 pages
+  CHECK(pool.stats().lending_refused); // known before any block
+  void* x = *pool.try_allocate(8 * page, 512);
   pool.deallocate(x, 8 * page, 512);
   void* b = *pool.try_allocate(3 * page, 512);                              // [0, 3)
   auto* d = static_cast<unsigned char*>(*pool.try_allocate(3 * page, 512)); // [3, 6): pins the chunk
@@ -881,29 +930,48 @@ TEST_CASE("lending: a hole at its chunk's start is lent from offset 0, which a d
   std::memset(d, 0x11, 3 * page);
   auto* e = static_cast<unsigned char*>(*pool.try_allocate(5 * page, 512)); // [6, 11): 3 pages unmapped
   auto st = pool.stats();
-  CHECK(st.lent_bytes == 3 * page); // the hole, mapped again from offset 0
-  CHECK(st.mapper_failures == 0);
-  CHECK_FALSE(st.lending_refused);
-  CHECK(st.bytes_reserved == 8 * page);
+  CHECK(st.lent_bytes == 0);
+  CHECK(st.mapper_failures == 0); // never asked
+  CHECK(st.bytes_reserved == 11 * page);
   std::memset(e, 0x5a, 5 * page);
   CHECK(std::all_of(d, d + 3 * page, [](unsigned char v) { return v == 0x11; }));
-  CHECK(std::all_of(e, e + 5 * page, [](unsigned char v) { return v == 0x5a; }));
-  // The mapper refuses any other offset, as such a driver does.
+  // The mapper refuses part of an allocation from any offset, 0 included, and takes a whole one.
   auto h = m.create(0, 2 * page);
   REQUIRE(h);
   auto va = m.reserve(4 * page, page);
   REQUIRE(va);
-  const auto refused = m.map(*va, page, *h, page);
-  REQUIRE_FALSE(refused);
-  CHECK(refused.error().code == Errc::invalid_argument);
-  CHECK(refused.error().message.find("offset 0 only") != std::string::npos);
-  CHECK(m.map(*va, page, *h, 0));
-  CHECK(m.unmap(*va, page));
+  for (const std::size_t offset : {std::size_t{0}, page}) {
+    const auto refused = m.map(*va, page, *h, offset);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().code == Errc::invalid_argument);
+    CHECK(refused.error().message.find("whole allocations only") != std::string::npos);
+  }
+  CHECK(m.mapping_count() == 2); // the pool's two chunks; the refusals mapped nothing
+  CHECK(m.map(*va, 2 * page, *h, 0));
+  CHECK(m.unmap(*va, 2 * page));
   CHECK(m.release(*h));
   CHECK(m.free_reservation(*va, 4 * page));
   pool.deallocate(d, 3 * page, 512);
   pool.deallocate(e, 5 * page, 512);
   CHECK(pool.consistent());
+}
+
+TEST_CASE("lending: a pool that never lends does not ask the mapper") {
+  struct Counting : HostMemoryMapper {
+    using HostMemoryMapper::HostMemoryMapper;
+    std::shared_ptr<int> asked = std::make_shared<int>(0);
+    carve::Result<bool> maps_partial_allocations(int device) {
+      ++*asked;
+      return HostMemoryMapper::maps_partial_allocations(device);
+    }
+  };
+  static_assert(carve::TellsPartialMaps<Counting>);
+  Counting m({.granularity = granule});
+  { ExpandablePool<Counting> never(m, small({.lend_min_bytes = SIZE_MAX})); }
+  CHECK(*m.asked == 0);
+  ExpandablePool<Counting> lends(m, small({}));
+  CHECK(*m.asked == 1);
+  CHECK_FALSE(lends.stats().lending_refused);
 }
 
 TEST_CASE("lending: a second mapping unmapped leaves the idle list, so no later eviction hits a live block") {
@@ -941,11 +1009,16 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
   // Idle chunks kept, or unmapped past a small threshold and at trim() every 97 steps: second
   // mappings fall idle and go like chunks, and must leave no trace on the idle list. Pages as
   // granules keep the bytes checked after every step few (and the test quick under sanitizers).
+  // Chunks cut into allocations of two pages (max_chunk_bytes) run the same steps.
   constexpr std::size_t page = 4 * KiB;
-  for (const bool threshold : {false, true}) {
+  for (const int run : {0, 1, 2, 3}) {
+    const bool threshold = (run & 1) != 0;
+    const bool cut = (run & 2) != 0;
     CAPTURE(threshold);
+    CAPTURE(cut);
     HostMemoryMapper m({.granularity = page});
     Pool pool(m, small({.growth_divisor = 0,
+                        .max_chunk_bytes = cut ? 2 * page : SIZE_MAX,
                         .release_threshold = threshold ? 4 * page : SIZE_MAX,
                         .headroom_permille = 0,
                         .lend_min_bytes = 3 * page}));

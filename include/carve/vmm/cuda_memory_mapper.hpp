@@ -54,6 +54,7 @@
 #include <fcntl.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -308,13 +309,55 @@ public:
                              : fail(Errc::unsupported, d.missing);
   }
 
-  /// cuMemMap of `bytes` of the allocation, from `offset`, at `va`. An offset other than 0 (an
-  /// ExpandablePool lending a hole) has run only on the host twin so far; test_expandable_pool_cuda
-  /// checks it on a GPU.
+  /// cuMemMap of `bytes` of the allocation, from `offset`, at `va`. Part of an allocation (an
+  /// ExpandablePool lending a hole) only where maps_partial_allocations says the driver takes it.
   [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     const auto& d = driver();
     return d.missing.empty() ? check(d, "cuMemMap", d.map(pointer(va), bytes, offset, h, 0))
                              : fail(Errc::unsupported, d.missing);
+  }
+
+  /// Whether cuMemMap places part of an allocation on `device` (TellsPartialMaps). CUDA documents
+  /// that its offset "currently must be zero", so the driver is asked, once per device (the first
+  /// 64) and process: a two-granule allocation is mapped one granule at a time at scratch
+  /// addresses, from offset 0 and from one granule in (at most seven driver calls). Errors: the
+  /// driver's where the question could not be put (out of memory, no driver); nothing is kept then.
+  [[nodiscard]] Result<bool> maps_partial_allocations(int device) {
+    static std::array<std::atomic<std::uint8_t>, 64> known{}; // 0: not asked, 1: no, 2: yes
+    const bool kept = device >= 0 && device < static_cast<int>(known.size());
+    const std::size_t slot = kept ? static_cast<std::size_t>(device) : 0;
+    if (const std::uint8_t k = kept ? known[slot].load(std::memory_order_acquire) : 0; k != 0) {
+      return k == 2;
+    }
+    const auto g = granularity(device);
+    if (!g) {
+      return cuda::std::unexpected(g.error());
+    }
+    const auto h = create(device, 2 * *g);
+    if (!h) {
+      return cuda::std::unexpected(h.error());
+    }
+    const auto va = reserve(2 * *g, *g);
+    if (!va) {
+      (void)release(*h);
+      return cuda::std::unexpected(va.error());
+    }
+    Result<bool> parts = true;
+    for (const std::size_t offset : {std::size_t{0}, *g}) {
+      if (auto mapped = map(*va, *g, *h, offset); mapped) {
+        (void)unmap(*va, *g);
+      } else {
+        parts = mapped.error().code == Errc::invalid_argument ? Result<bool>(false)
+                                                              : Result<bool>(cuda::std::unexpect, mapped.error());
+        break;
+      }
+    }
+    (void)free_reservation(*va, 2 * *g);
+    (void)release(*h);
+    if (parts && kept) {
+      known[slot].store(*parts ? 2 : 1, std::memory_order_release);
+    }
+    return parts;
   }
 
   /// cuMemUnmap of whole mappings.
@@ -426,7 +469,7 @@ private:
   CudaMapperOptions options_{};
 };
 
-static_assert(PhysicalMemoryMapper<CudaMemoryMapper>);
+static_assert(PhysicalMemoryMapper<CudaMemoryMapper> && TellsPartialMaps<CudaMemoryMapper>);
 
 } // namespace carve
 #endif

@@ -83,10 +83,10 @@ public:
   /// The stream type the stream-ordered spellings name.
   using stream_type = typename Streams::stream_type;
 
-  /// Nothing reserved yet (the first allocation on each stream reserves its addresses). Throws
-  /// carve::Exception: the mapper's error when it has no such device; invalid_argument for a
-  /// granularity that is not a power of two or exceeds the device's, or an address space smaller
-  /// than one granule.
+  /// Nothing reserved yet (the first allocation on each stream reserves its addresses); where the options
+  /// lend, the mapper is asked whether it maps part of an allocation. Throws carve::Exception: the mapper's
+  /// error when it has no such device; invalid_argument for a granularity that is not a power of two or
+  /// exceeds the device's, or an address space smaller than one granule.
   explicit ExpandablePool(Mapper mapper, ExpandablePoolOptions options = {}, Streams streams = Streams())
       : s_(std::make_unique<State>(std::move(mapper), std::move(streams), options)) {
     const auto g = s_->mapper.granularity(options.device);
@@ -345,7 +345,7 @@ private:
     const std::size_t line = headroom_line(size);
     const std::size_t room = line > s_->reserved ? line - s_->reserved : 0;
     const std::size_t limit = o.max_reserved_bytes > s_->reserved ? o.max_reserved_bytes - s_->reserved : 0;
-    return ChunkRule{std::min(std::max(o.min_chunk_bytes, grown), room), limit};
+    return ChunkRule{std::min(std::max(o.min_chunk_bytes, grown), room), limit, o.max_chunk_bytes};
   }
 
   // The most the pool maps before it unmaps idle chunks to map more, for a block of `size`.

@@ -34,6 +34,13 @@ struct ExpandablePoolOptions {
   /// The least a new chunk maps (where the granules after the request are free), in whole granules
   /// (rounded down). 0: one granule.
   std::size_t min_chunk_bytes = 0;
+  /// The most one physical allocation holds, in whole granules (rounded down; at least one): a
+  /// longer chunk is made of several, and each is unmapped once no block touches it. For a driver
+  /// that maps whole allocations only (no hole is lent there, see lend_min_bytes): the unused
+  /// granules between live blocks then go back to the device where a whole allocation lies among
+  /// them, at the price of a create and a map per allocation. carve_replay prints reserve against
+  /// calls at a few sizes for such a driver. max(): a chunk is one allocation.
+  std::size_t max_chunk_bytes = std::numeric_limits<std::size_t>::max();
   /// Mapped memory no block uses that the pool keeps for reuse. Whole chunks beyond it are
   /// unmapped, least recently used first, as blocks are freed. The default keeps them all (the next
   /// training step needs them again) and unmaps only when the device refuses memory or on trim().
@@ -109,10 +116,10 @@ struct ExpandablePoolStats {
   std::uint64_t peer_refusals = 0;     ///< chunks the driver refused to open to a granted device (kept, closed to it)
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
-  /// The mapper refused a second mapping from an offset into an allocation (CUDA's cuMemMap
-  /// documents, in one place, that the offset must be 0), so no hole is lent from then on (a hole
-  /// at its chunk's start, mapped from offset 0, may have been lent before). carve_replay's
-  /// `expandable-pool:offsets=0` replays such a driver.
+  /// The mapper cannot map part of an allocation (CUDA documents that cuMemMap's offset must be 0):
+  /// it said so when the pool was made (TellsPartialMaps), or refused a hole's second mapping, and
+  /// no hole is lent from then on. carve_replay's `expandable-pool:partial-maps=0` replays a driver
+  /// that says so.
   bool lending_refused = false;
 
   /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and

@@ -36,10 +36,11 @@ struct HostMapperOptions {
   /// times an allocator times it and not the host's mmap. Every address faults when touched;
   /// export_fd and import_fd say unsupported.
   bool address_only = false;
-  /// Whether map takes an offset into an allocation other than 0. false plays a driver whose
-  /// cuMemMap wants offset 0 (CUDA documents that, in one place): such a map is refused with
-  /// invalid_argument, as an ExpandablePool's lending of a hole from inside its chunk would be.
-  bool maps_at_offsets = true;
+  /// Whether map places part of an allocation: from an offset other than 0, or fewer bytes than
+  /// it holds. false plays a driver that maps whole allocations only (CUDA documents that
+  /// cuMemMap's offset must be 0): such a map is refused with invalid_argument, and
+  /// maps_partial_allocations says so before, so an ExpandablePool over it never lends a hole.
+  bool maps_partial_allocations = true;
 };
 
 /// The tables of one HostMemoryMapper and its copies (shared by them; see host_memory_mapper.hpp).

@@ -98,6 +98,14 @@ public:
     return state_->options.granularity;
   }
 
+  /// HostMapperOptions::maps_partial_allocations (TellsPartialMaps). Errors: out_of_range.
+  [[nodiscard]] Result<bool> maps_partial_allocations(int device) const {
+    if (auto ok = check_device(device); !ok) {
+      return cuda::std::unexpected(ok.error());
+    }
+    return state_->options.maps_partial_allocations;
+  }
+
   /// A memfd of `bytes` (a multiple of the granularity) on `device`. Errors: out_of_range,
   /// invalid_size, no_space when the system refuses (the message says which call and why).
   [[nodiscard]] Result<physical_handle> create(int device, std::size_t bytes) {
@@ -241,8 +249,8 @@ public:
 
   /// Maps `bytes` of the allocation, from `offset`, at `va`, PROT_NONE for every device (memory
   /// mapped at several addresses is one memory). Errors: invalid_size (also: past the allocation's
-  /// end), invalid_argument (misaligned address or offset, an offset other than 0 without
-  /// HostMapperOptions::maps_at_offsets, outside one reservation, over another mapping),
+  /// end), invalid_argument (misaligned address or offset, part of an allocation without
+  /// HostMapperOptions::maps_partial_allocations, outside one reservation, over another mapping),
   /// not_allocated (an unknown handle), no_space (mmap failed).
   [[nodiscard]] Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     if (auto ok = check_size("map", bytes); !ok) {
@@ -252,10 +260,6 @@ public:
       return fail(Errc::invalid_argument, "map: offset " + std::to_string(offset) + " is not a multiple of " +
                                               std::to_string(state_->options.granularity));
     }
-    if (offset != 0 && !state_->options.maps_at_offsets) {
-      return fail(Errc::invalid_argument,
-                  "map: offset " + std::to_string(offset) + " into an allocation: this mapper maps from offset 0 only");
-    }
     const std::lock_guard lock(state_->mutex);
     const auto p = state_->physical.find(h);
     if (p == state_->physical.end()) {
@@ -264,6 +268,11 @@ public:
     if (offset > p->second.size || bytes > p->second.size - offset) {
       return fail(Errc::invalid_size, "map: " + std::to_string(bytes) + " bytes from " + std::to_string(offset) +
                                           " of a " + std::to_string(p->second.size) + "-byte allocation");
+    }
+    if ((offset != 0 || bytes != p->second.size) && !state_->options.maps_partial_allocations) {
+      return fail(Errc::invalid_argument, "map: " + std::to_string(bytes) + " bytes from " + std::to_string(offset) +
+                                              " of a " + std::to_string(p->second.size) +
+                                              "-byte allocation: this mapper maps whole allocations only");
     }
     auto r = state_->reservation_of("map", va, bytes);
     if (!r) {
@@ -479,6 +488,6 @@ private:
   std::shared_ptr<State> state_;
 };
 
-static_assert(PhysicalMemoryMapper<HostMemoryMapper>);
+static_assert(PhysicalMemoryMapper<HostMemoryMapper> && TellsPartialMaps<HostMemoryMapper>);
 
 } // namespace carve

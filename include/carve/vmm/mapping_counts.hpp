@@ -12,6 +12,9 @@ namespace carve {
 struct ChunkRule {
   std::size_t min_bytes = 0; ///< a new chunk maps at least this much (where the granules after its run are unmapped)
   std::size_t limit_bytes = std::numeric_limits<std::size_t>::max(); ///< one back() maps at most this much in all
+  /// One physical allocation holds at most this much (whole granules, at least one): a longer run
+  /// is cut into several chunks, each unmapped on its own.
+  std::size_t max_bytes = std::numeric_limits<std::size_t>::max();
 };
 
 /// What an OnDemandReservation has asked of its mapper.

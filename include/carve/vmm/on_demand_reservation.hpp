@@ -11,8 +11,9 @@
 ///
 /// back(addr, bytes) maps every granule [addr, addr + bytes) touches and opens it to the device
 /// and to every peer grant() let in (a peer that refuses a chunk finds it closed). Each run of
-/// unmapped granules becomes one chunk: one physical allocation (create), one mapping (map) and
-/// its access grants; its handle is released when it is unmapped. A chunk may reach past its run,
+/// unmapped granules becomes one chunk (or several of ChunkRule::max_bytes at most): one physical
+/// allocation (create), one mapping (map) and its access grants; its handle is released when it is
+/// unmapped. A chunk may reach past its run,
 /// over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs driver calls
 /// of tens of microseconds on a GPU, so a reservation that grows by many small requests should
 /// grow by fewer, larger chunks; ChunkRule::limit_bytes bounds what one call adds, so an owner can
@@ -111,9 +112,11 @@ public:
     const ChunkRule rule = make_rule();
     const std::size_t total = bytes_ / granule_;
     const std::size_t min_granules = std::max<std::size_t>(1, rule.min_bytes / granule_);
+    const std::size_t piece = std::max<std::size_t>(1, rule.max_bytes / granule_);
     std::size_t limit = rule.limit_bytes / granule_;
     std::vector<std::size_t> made; // room for every chunk first: a chunk once mapped is never lost
-    made.reserve(table_.unmapped(first, last).second);
+    const auto [granules, runs] = table_.unmapped(first, last); // only the last run reaches past `last`
+    made.reserve(runs + (granules + min_granules) / piece + 1);
     std::size_t added = 0;
     for (std::size_t g = first; g <= last;) {
       if (table_.mapped(g)) {
@@ -133,11 +136,13 @@ public:
       while (end - g < want && end < total && !table_.mapped(end)) {
         ++end;
       }
-      if (auto ok = map_chunk(g, end - g); !ok) {
-        undo(made);
-        return cuda::std::unexpected(ok.error());
+      for (std::size_t at = g; at < end; at += std::min(piece, end - at)) {
+        if (auto ok = map_chunk(at, std::min(piece, end - at)); !ok) {
+          undo(made);
+          return cuda::std::unexpected(ok.error());
+        }
+        made.push_back(at);
       }
-      made.push_back(g);
       added += (end - g) * granule_;
       limit -= end - g;
       g = end;

@@ -33,7 +33,10 @@
 /// - map places `bytes` of a physical allocation, from `offset` (0 unless given; a multiple of the
 ///   granularity), at `va`, inside one reservation and over no other mapping; no device may touch
 ///   it until set_access says so. The same memory may be mapped at several addresses at once
-///   (each is a mapping of its own, and writes through one are seen through the others);
+///   (each is a mapping of its own, and writes through one are seen through the others). Part of
+///   an allocation (an offset other than 0, or fewer bytes than it holds) is the exception a
+///   driver may refuse: CUDA documents that cuMemMap's offset must be 0, and a mapper that knows
+///   what its driver does says so through maps_partial_allocations (TellsPartialMaps);
 /// - unmap and set_access name whole mappings of one reservation (the twin refuses a range that
 ///   cuts a mapping; CUDA may accept some of those, so code tested on the twin runs on CUDA);
 /// - release may come while the allocation is mapped (here or in another process): the memory
@@ -104,6 +107,31 @@ concept PhysicalMemoryMapper = std::copy_constructible<typename M::physical_hand
   { m.set_access(va, bytes, device, access) } -> std::same_as<Result<void>>;
   { cm.access(va, device) } -> std::same_as<Result<Access>>;
 };
+
+/// A mapper that tells, before anything is mapped, whether map() places part of a physical
+/// allocation on `device`: from an offset other than 0, or fewer bytes than the allocation holds.
+/// CUDA documents that cuMemMap's offset "currently must be zero", so code that maps parts (an
+/// ExpandablePool lending a hole) asks first instead of meeting a refusal in the middle of a
+/// request. Result<bool>: the answer, or the mapper's error where it could not find out.
+template <class M>
+concept TellsPartialMaps = PhysicalMemoryMapper<M> && requires(M& m, int device) {
+  { m.maps_partial_allocations(device) } -> std::same_as<Result<bool>>;
+};
+
+/// Whether `mapper` may map part of an allocation on `device`: false only where it says it does
+/// not; true where it cannot tell or could not find out (then the caller learns it from the first
+/// refusal).
+template <PhysicalMemoryMapper M>
+[[nodiscard]] bool may_map_partial_allocations(M& mapper, int device) {
+  if constexpr (TellsPartialMaps<M>) {
+    const auto answer = mapper.maps_partial_allocations(device);
+    return !answer || *answer;
+  } else {
+    (void)mapper;
+    (void)device;
+    return true;
+  }
+}
 
 /// `bytes` rounded up to a multiple of `granularity` (a power of two or not); nullopt when that
 /// does not fit in a size_t or either is 0.

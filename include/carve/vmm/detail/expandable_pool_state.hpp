@@ -46,8 +46,10 @@ struct ExpandablePoolState {
     std::uint32_t space = 0;
   };
 
+  // A mapper that says it cannot map part of an allocation never gets a hole to lend.
   ExpandablePoolState(Mapper m, Streams s, ExpandablePoolOptions o)
-      : mapper(std::move(m)), streams(std::move(s)), options(o) {}
+      : mapper(std::move(m)), streams(std::move(s)), options(o),
+        lending_refused(o.lend_min_bytes != SIZE_MAX && !may_map_partial_allocations(mapper, o.device)) {}
 
   Mapper mapper;
   Streams streams;
@@ -61,7 +63,7 @@ struct ExpandablePoolState {
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
   bool held = false;            // hold(): nothing is unmapped
-  bool lending_refused = false; // the mapper refused a second mapping: holes are not lent again
+  bool lending_refused = false; // the mapper cannot map part of an allocation: no hole is lent
   std::uint64_t peers = 0;      // bit d: device d is granted every chunk (grant_access)
   ExpandablePoolStats stats;    // the counters kept here; the rest is filled in by stats()
 

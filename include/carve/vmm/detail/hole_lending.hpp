@@ -48,8 +48,8 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
 // `free` already), each hole's range taken from `free` and recorded in `lent`; returns the bytes
 // lent. Lending only saves memory: when anything fails it stops, leaving the rest of the block to
 // new memory, and what it lent so far stays lent. `refused` is set when the mapper refused a
-// second mapping (CUDA's documentation of cuMemMap still notes, in one place, that an offset into
-// an allocation must be 0), not when the tables could not grow.
+// second mapping (CUDA documents that cuMemMap's offset must be 0, and a mapper that cannot tell
+// beforehand says so here), not when the tables could not grow.
 template <class Memory>
 std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std::uintptr_t addr, std::size_t size,
                        bool& refused) noexcept {
