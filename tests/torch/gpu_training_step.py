@@ -15,7 +15,8 @@ allocated, the median step time after the first step, the final loss. A fourth r
 default allocator, records its allocations (torch.cuda.memory._record_memory_history) and dumps
 the snapshot, which carve_replay replays: its prediction of carve's peak reserved must equal
 what carve reserved on the card. Where carve's stats say the driver maps whole allocations only
-(lending_refused), carve runs once more with CARVE_TORCH_MAX_CHUNK=8M, reported beside the goals. Finally, carve_gpu.torch.use() after CUDA was initialised must
+(lending_refused), carve runs once more with CARVE_TORCH_MAX_CHUNK=8M, reported beside the
+goals. Finally, carve_gpu.torch.use() after CUDA was initialised must
 refuse with a clear message.
 
     gpu_training_step.py --library build/gpu/src/torch/libcarve_torch.so \\
@@ -264,8 +265,10 @@ def judge(rows):
 
 def without_allocator_settings(environ):
     """The environment less PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name of
-    PYTORCH_CUDA_ALLOC_CONF), so that each run gets only the allocator it names."""
-    return {k: v for k, v in environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    PYTORCH_CUDA_ALLOC_CONF) and carve's pool settings (CARVE_TORCH_*, where the library is found
+    kept), so that each run gets only the allocator it names, with the settings it names."""
+    return {k: v for k, v in environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+            and (not k.startswith("CARVE_TORCH_") or k == "CARVE_TORCH_LIBRARY")}
 
 
 def met(ok):

@@ -874,6 +874,22 @@ TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, ea
   pool.trim();
   CHECK(m.mapping_count() == 0);
   CHECK(m.physical_count() == 0);
+  // A piece refused in the middle of a run: the pieces made before it are unmapped and released.
+  RefusingMapper refusing({.granularity = granule});
+  *refusing.creates_left = 2;
+  ExpandablePool<RefusingMapper> cut(
+      refusing, small({.growth_divisor = 0, .max_chunk_bytes = granule, .headroom_permille = SIZE_MAX}));
+  const auto refused = cut.try_allocate(3 * granule, 512);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error() == Errc::no_space);
+  CHECK(refusing.mapping_count() == 0);
+  CHECK(refusing.physical_count() == 0);
+  CHECK(cut.stats().bytes_reserved == 0);
+  CHECK(cut.consistent());
+  *refusing.creates_left = 3;
+  void* whole = *cut.try_allocate(3 * granule, 512);
+  CHECK(cut.stats().chunks == 3);
+  cut.deallocate(whole, 3 * granule, 512);
   // Below one granule it is one granule.
   Pool fine(m, small({.growth_divisor = 0, .max_chunk_bytes = 1, .headroom_permille = SIZE_MAX}));
   void* y = *fine.try_allocate(3 * granule, 512);

@@ -319,9 +319,11 @@ public:
 
   /// Whether cuMemMap places part of an allocation on `device` (TellsPartialMaps). CUDA documents
   /// that its offset "currently must be zero", so the driver is asked, once per device (the first
-  /// 64) and process: a two-granule allocation is mapped one granule at a time at scratch
-  /// addresses, from offset 0 and from one granule in (at most seven driver calls). Errors: the
-  /// driver's where the question could not be put (out of memory, no driver); nothing is kept then.
+  /// 64) and process: one granule of a two-granule allocation is mapped at each of two scratch
+  /// granules, from offset 0 and from one granule in (eight VMM calls); a map refused as invalid or
+  /// unsupported is the answer no. Errors: the driver's where the question could not be put (out of
+  /// memory, no driver) or a scratch mapping would not unmap (then it is left, not freed under the
+  /// mapping); nothing is kept then.
   [[nodiscard]] Result<bool> maps_partial_allocations(int device) {
     static std::array<std::atomic<std::uint8_t>, 64> known{}; // 0: not asked, 1: no, 2: yes
     const bool kept = device >= 0 && device < static_cast<int>(known.size());
@@ -344,12 +346,16 @@ public:
     }
     Result<bool> parts = true;
     for (const std::size_t offset : {std::size_t{0}, *g}) {
-      if (auto mapped = map(*va, *g, *h, offset); mapped) {
-        (void)unmap(*va, *g);
-      } else {
-        parts = mapped.error().code == Errc::invalid_argument ? Result<bool>(false)
-                                                              : Result<bool>(cuda::std::unexpect, mapped.error());
+      void* const at = static_cast<char*>(*va) + offset;
+      if (auto mapped = map(at, *g, *h, offset); !mapped) {
+        const Errc why = mapped.error().code;
+        parts = why == Errc::invalid_argument || why == Errc::unsupported
+                    ? Result<bool>(false)
+                    : Result<bool>(cuda::std::unexpect, mapped.error());
         break;
+      }
+      if (auto unmapped = unmap(at, *g); !unmapped) {
+        return cuda::std::unexpected(unmapped.error());
       }
     }
     (void)free_reservation(*va, 2 * *g);

@@ -116,7 +116,7 @@ public:
     std::size_t limit = rule.limit_bytes / granule_;
     std::vector<std::size_t> made; // room for every chunk first: a chunk once mapped is never lost
     const auto [granules, runs] = table_.unmapped(first, last); // only the last run reaches past `last`
-    made.reserve(runs + (granules + min_granules) / piece + 1);
+    made.reserve(runs + (granules + std::min({min_granules, limit, total - first})) / piece + 1);
     std::size_t added = 0;
     for (std::size_t g = first; g <= last;) {
       if (table_.mapped(g)) {
