@@ -318,21 +318,15 @@ int run(const Options& o) {
   // How expandable-pool's reserve and device calls move with its headroom, its lending and, over a
   // driver that maps whole allocations only, the size of its allocations, on this trace.
   if (rep.find("expandable-pool") != nullptr && !o.capacity) {
-    for (const std::size_t permille : carve::replay::headroom_settings) {
-      const auto subject = carve::replay::expandable_with_headroom(permille).make(card, streams.count);
-      const auto run = carve::replay::replay(*t, streams, *subject);
-      rep.headroom.push_back({permille, run.peak_reserved, run.device_calls, run.completed});
-    }
-    for (const std::size_t min_bytes : carve::replay::lending_settings) {
-      const auto subject = carve::replay::expandable_lending(min_bytes).make(card, streams.count);
-      const auto run = carve::replay::replay(*t, streams, *subject);
-      rep.lending.push_back({min_bytes, run.peak_reserved, run.device_calls, run.completed});
-    }
-    for (const std::size_t max_bytes : carve::replay::whole_allocation_settings) {
-      const auto subject = carve::replay::expandable_whole_allocations(max_bytes).make(card, streams.count);
-      const auto run = carve::replay::replay(*t, streams, *subject);
-      rep.whole_allocations.push_back({max_bytes, run.peak_reserved, run.device_calls, run.completed});
-    }
+    const auto sweep = [&](const auto& settings, auto&& contender, std::vector<carve::replay::SettingPoint>& out) {
+      for (const std::size_t value : settings) {
+        const auto run = carve::replay::replay(*t, streams, *contender(value).make(card, streams.count));
+        out.push_back({value, run.peak_reserved, run.device_calls, run.completed});
+      }
+    };
+    sweep(carve::replay::headroom_settings, carve::replay::expandable_with_headroom, rep.headroom);
+    sweep(carve::replay::lending_settings, carve::replay::expandable_lending, rep.lending);
+    sweep(carve::replay::whole_allocation_settings, carve::replay::expandable_whole_allocations, rep.whole_allocations);
   }
 
   if (!o.svg.empty()) {

@@ -95,10 +95,10 @@ CARVE_TORCH_API void carve_torch_empty_cache(void);
  * cudaMalloc/cudaFree calls), device_failures (such calls refused), failures (carve_torch_malloc
  * calls that returned NULL), lending_refused (true when the expandable pool's driver maps whole
  * allocations only, so it lends no holes: carve_replay predicts such a run with
- * expandable-pool:partial-maps=0, exactly where the driver said so before any lend), max_reserved_bytes, idle_threshold_bytes and max_chunk_bytes
- * (null when unset), and,
- * when the pool could not be built, error. The text belongs to the library and stays valid until
- * the calling thread calls this again; the caller frees nothing. */
+ * expandable-pool:partial-maps=0, exactly where the driver said so before any lend; checked on the
+ * host twin only, not yet on a card), max_reserved_bytes, idle_threshold_bytes and max_chunk_bytes
+ * (null when unset), and, when the pool could not be built, error. The text belongs to the library and stays valid
+ * until the calling thread calls this again; the caller frees nothing. */
 CARVE_TORCH_API const char* carve_torch_stats_json(int device);
 
 /* PyTorch's getBaseAllocation (set_base_alloc_fn): the start of the device allocation that holds

@@ -129,9 +129,9 @@ public:
   // The right `peer` has on this device's memory at `p`: 0 none, 1 read, 2 read and write; -1 where
   // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
-  // Whether the pool lends no holes because the driver maps whole allocations only (asked when
-  // the pool was made, or seen in a refusal: the expandable pool's ExpandablePoolStats::lending_refused; the
-  // other pools lend nothing): carve_replay predicts such a run with expandable-pool:partial-maps=0.
+  // Whether the pool lends no holes because the driver maps whole allocations only (asked when the
+  // pool was made, or seen in a refusal: the expandable pool's ExpandablePoolStats::lending_refused;
+  // the other pools lend nothing): carve_replay predicts such a run with expandable-pool:partial-maps=0.
   virtual bool lending_refused() const noexcept { return false; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its

@@ -292,6 +292,10 @@ def orchestrate(args):
     work = tempfile.mkdtemp(prefix="carve_gpu_step_")
     batches = {"gpt2": args.gpt2_batch, "resnet50": args.resnet_batch, "varlen": args.varlen_batch}
     library = ["--library", args.library] if args.library else []
+
+    def step_argv(model, mode, *extra):  # one child's command line
+        return ["--child", "--model", model, "--mode", mode, "--batch", str(batches[model]), "--steps",
+                str(args.steps), *extra] + library
     rows = []
     for model in MODELS:
         results = {}
@@ -299,9 +303,7 @@ def orchestrate(args):
             env = without_allocator_settings(os.environ)
             if mode == "expandable_segments":
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-            argv = ["--child", "--model", model, "--mode", mode, "--batch", str(batches[model]), "--steps",
-                    str(args.steps)] + library
-            result, error = child(argv, env)
+            result, error = child(step_argv(model, mode), env)
             if error:  # no result, or a crash after it
                 failed.append(f"{model} under {mode}: {error}")
             if result is None:
@@ -309,9 +311,7 @@ def orchestrate(args):
             results[mode] = result
         if results.get("carve", {}).get("lending_refused"):
             env = dict(without_allocator_settings(os.environ), CARVE_TORCH_MAX_CHUNK=str(CUT_MAX_CHUNK))
-            argv = ["--child", "--model", model, "--mode", "carve", "--batch", str(batches[model]), "--steps",
-                    str(args.steps)] + library
-            result, error = child(argv, env)
+            result, error = child(step_argv(model, "carve"), env)
             if error:
                 failed.append(f"{model} under {CUT}: {error}")
             if result is not None:
@@ -319,9 +319,8 @@ def orchestrate(args):
         if args.replay and "carve" in results:
             # The requests, recorded in a run of their own (recording slows the steps it records).
             snapshot = os.path.join(work, f"{model}.pickle")
-            argv = ["--child", "--model", model, "--mode", "pytorch", "--batch", str(batches[model]), "--steps",
-                    str(args.steps), "--snapshot", snapshot] + library
-            recorded, error = child(argv, without_allocator_settings(os.environ))
+            recorded, error = child(step_argv(model, "pytorch", "--snapshot", snapshot),
+                                    without_allocator_settings(os.environ))
             predicted = None
             if error:
                 failed.append(f"{model}, recording the snapshot: {error}")

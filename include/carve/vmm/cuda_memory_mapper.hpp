@@ -323,7 +323,8 @@ public:
   /// granules, from offset 0 and from one granule in (eight VMM calls); a map refused as invalid or
   /// unsupported is the answer no. Errors: the driver's where the question could not be put (out of
   /// memory, no driver) or a scratch mapping would not unmap (then it is left, not freed under the
-  /// mapping); nothing is kept then.
+  /// mapping); nothing is kept then. Compiled here; test_expandable_pool_cuda asks it on a GPU,
+  /// which has not yet run.
   [[nodiscard]] Result<bool> maps_partial_allocations(int device) {
     static std::array<std::atomic<std::uint8_t>, 64> known{}; // 0: not asked, 1: no, 2: yes
     const bool kept = device >= 0 && device < static_cast<int>(known.size());

@@ -13,8 +13,8 @@
 /// and to every peer grant() let in (a peer that refuses a chunk finds it closed). Each run of
 /// unmapped granules becomes one chunk (or several of ChunkRule::max_bytes at most): one physical
 /// allocation (create), one mapping (map) and its access grants; its handle is released when it is
-/// unmapped. A chunk may reach past its run,
-/// over the unmapped granules after it, up to ChunkRule::min_bytes: every chunk costs driver calls
+/// unmapped. A chunk may reach past its run, over the unmapped granules after it, up to
+/// ChunkRule::min_bytes: every chunk costs driver calls
 /// of tens of microseconds on a GPU, so a reservation that grows by many small requests should
 /// grow by fewer, larger chunks; ChunkRule::limit_bytes bounds what one call adds, so an owner can
 /// hold a cap. release_within unmaps the chunks wholly inside a range its owner knows unused: a
@@ -136,8 +136,9 @@ public:
       while (end - g < want && end < total && !table_.mapped(end)) {
         ++end;
       }
-      for (std::size_t at = g; at < end; at += std::min(piece, end - at)) {
-        if (auto ok = map_chunk(at, std::min(piece, end - at)); !ok) {
+      for (std::size_t at = g, n = 0; at < end; at += n) {
+        n = std::min(piece, end - at);
+        if (auto ok = map_chunk(at, n); !ok) {
           undo(made);
           return cuda::std::unexpected(ok.error());
         }
