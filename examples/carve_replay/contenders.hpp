@@ -197,7 +197,9 @@ inline Contender expandable_contender(std::string name, std::string description,
 
 // carve's caching pools built as libcarve_torch builds them (src/torch/pool_stacks.hpp:
 // CachingStack, StreamOrderedStack): blocks of 512 bytes, over the card, on the replay's streams;
-// so the caching-pool and stream-ordered-pool rows are what carve_gpu.torch runs.
+// so the caching-pool and stream-ordered-pool rows are what carve_gpu.torch runs. (It wraps each
+// pool in a StreamUsesPool, which passes every call straight to the pool while no stream is named
+// with record_stream; a snapshot names none, its frees replayed where PyTorch completed them.)
 using Caching = StreamCachingPool<TimedCard, SimulatedStreams>;
 using StreamOrdered = StreamOrderedPool<TimedCard, SimulatedStreams>;
 template <class Options>

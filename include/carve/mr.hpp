@@ -2,7 +2,7 @@
 /// Memory resources: the MemoryResource concept, the resources (SimulatedCard, AddressOnlyCard,
 /// CudaDeviceResource, CachingPool, StreamCachingPool, StreamOrderedPool, SlotArena), PrivatePools
 /// (a CUDA graph's blocks beside a pool) and the combinators that stack them (FallbackResource,
-/// Segregator, StatsResource, LimitResource, TraceResource, ref, as_pmr).
+/// Segregator, StatsResource, LimitResource, TraceResource, StreamUsesPool, ref, as_pmr).
 ///
 /// Host and device where the parts are. CudaDeviceResource needs the CUDA runtime (it declares
 /// nothing without `<cuda_runtime_api.h>`).
@@ -46,5 +46,7 @@
 #include <carve/mr/stream_events.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
 #include <carve/mr/stream_ordered_pool_options.hpp>
+#include <carve/mr/stream_ordered_resource.hpp>
+#include <carve/mr/stream_uses_pool.hpp>
 #include <carve/mr/trace_resource.hpp>
 #endif

@@ -54,7 +54,6 @@ struct HostBackend {
   // Only the test completes host work: nothing to wait for (the device's synchronisations are
   // counted, for the tests).
   static void synchronize(int) noexcept { HostStreamTable::instance().synchronized(); }
-  static void synchronize(cudaStream_t) noexcept {}
   // Whether a graph capture is under way on `s`: as the test hook set it.
   static bool capturing(cudaStream_t s) noexcept {
     try {
@@ -125,12 +124,6 @@ struct CudaBackend {
   static void synchronize(int device) noexcept {
     const DeviceScope scope(device);
     if (cudaDeviceSynchronize() != cudaSuccess) {
-      cudaGetLastError();
-    }
-  }
-  // The work queued on `s` so far has run (any device's stream).
-  static void synchronize(cudaStream_t s) noexcept {
-    if (cudaStreamSynchronize(s) != cudaSuccess) {
       cudaGetLastError();
     }
   }

@@ -364,14 +364,24 @@ void carve_torch_record_stream(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) {
     return;
   }
-  try {
-    carve::torch::StreamUses::instance().record(ptr, stream);
-  } catch (const std::bad_alloc&) { // out of host memory: its free will not wait; say so
-    std::fprintf(stderr,
-                 "carve_torch_record_stream(%p): out of host memory; the block's free will not wait for "
-                 "that stream\n",
-                 ptr);
+  for (int device = 0; device < max_devices; ++device) { // PyTorch names the block by address alone
+    DeviceStack* s = existing_stack(device);
+    if (s == nullptr) {
+      continue;
+    }
+    const auto recorded = s->record_stream(ptr, stream);
+    if (recorded) {
+      return;
+    }
+    if (recorded.error() == carve::Errc::no_space) { // out of host memory: its free will not wait; say so
+      std::fprintf(stderr,
+                   "carve_torch_record_stream(%p): out of host memory; the block's free will not wait for "
+                   "that stream\n",
+                   ptr);
+      return;
+    }
   }
+  std::fprintf(stderr, "carve_torch_record_stream(%p): not a block of libcarve_torch; nothing recorded\n", ptr);
 }
 
 void carve_torch_empty_cache(void) {

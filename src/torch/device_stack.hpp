@@ -7,7 +7,6 @@
 
 #include "backends.hpp"
 #include "books.hpp"
-#include "stream_uses.hpp"
 
 #include <carve/core/errc.hpp>
 #include <carve/core/misuse.hpp>
@@ -59,6 +58,8 @@ class DeviceStack {
 public:
   // What a free did: nothing (and why) or its work.
   using Freed = cuda::std::expected<void, Errc>;
+  // What a call that changes nothing on failure did.
+  using Done = cuda::std::expected<void, Errc>;
   // Which streams capture into a private pool (PyTorch's filter: the capture's own streams).
   using CaptureFilter = std::function<bool(cudaStream_t)>;
 
@@ -121,6 +122,11 @@ public:
       release_cache();
     }
   }
+
+  // Tensor.record_stream: `p`, a block of this stack, is also used by work queued on `stream`, so
+  // its free waits for that work (the pool's StreamUsesPool). not_allocated where `p` is not this
+  // stack's memory; no_space out of host memory (nothing recorded).
+  virtual Done record_stream(void* p, cudaStream_t stream) noexcept = 0;
 
   // Lets device `peer`'s kernels and copies read and write this device's blocks: empty when done
   // (or nothing needed doing: cudaMalloc memory is opened by the peer access PyTorch enables),
@@ -250,6 +256,10 @@ protected:
   virtual void synchronize() noexcept = 0;
   // Whether a capture is under way on `stream`.
   virtual bool stream_capturing(cudaStream_t stream) noexcept = 0;
+  // Whether record_stream named a stream besides `own` for `p`.
+  virtual bool used_elsewhere(void* p, cudaStream_t own) noexcept = 0;
+  // Forgets the streams record_stream named for `p` (a graph's pool keeps it: replays order them).
+  virtual void forget_uses(void* p) noexcept = 0;
 
   Books books_; // before the pools, which count into it
   // PyTorch opens a graph's pool (begin_capture) before the driver's capture begins, and what a
@@ -320,7 +330,7 @@ private:
 
   Freed free_with_graphs(cudaStream_t stream, void* p, std::size_t bytes) noexcept {
     try {
-      if (capturing() && StreamUses::instance().used_elsewhere(p, stream)) {
+      if (capturing() && used_elsewhere(p, stream)) {
         // A block another stream of the capture reads (record_stream): not reused in the capture
         // (its graph's pool could hand it to the next request), freed at the capture's end.
         const std::lock_guard lock(graphs_);
@@ -332,7 +342,7 @@ private:
       const auto [freed, block] = privates_.free(p, stream);
       switch (freed) {
       case PrivatePools<cudaStream_t>::Freed::kept:
-        StreamUses::instance().forget(p);
+        forget_uses(p);
         return {};
       case PrivatePools<cudaStream_t>::Freed::give_back:
         // The last block of a destroyed graph's pool: a replay on any stream may still use it.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <utility>
 
@@ -109,6 +110,7 @@ private:
 
 // StreamEvents over HostStreamTable: an event is the stream and the work queued on it when it was
 // recorded. No wait(): only the test completes work, so a pool that would wait says no instead.
+// synchronize() completes a stream's work, as the host's wait for it would.
 class HostStreams {
 public:
   using stream_type = HostStream;
@@ -122,8 +124,16 @@ public:
   }
   bool completed(event_type e) const { return HostStreamTable::instance().done(e.stream, e.position); }
   void release(event_type) noexcept {}
+  // What cudaStreamSynchronize leaves true: the work queued on `s` has run. StreamUsesPool's
+  // fallback where no event can be kept for a held free (out of host memory).
+  void synchronize(HostStream s) noexcept {
+    try {
+      HostStreamTable::instance().complete(s.handle);
+    } catch (const std::bad_alloc&) { // no entry could be made for it: nothing was queued there
+    }
+  }
 };
 
-static_assert(StreamEvents<HostStreams>);
+static_assert(StreamEventsThatSynchronize<HostStreams>);
 
 } // namespace carve::torch

@@ -69,6 +69,15 @@ TEST_CASE("thread-safe resources keep the contract with threads allocating at on
     CHECK(pool.upstream().used_bytes() == 0);
     CHECK(pool.consistent());
   }
+  SUBCASE("a StreamUsesPool over a StreamOrderedPool") {
+    carve::StreamUsesPool<carve::StreamOrderedPool<carve::SimulatedCard, carve::SimulatedStreams>> pool(
+        std::piecewise_construct,
+        std::forward_as_tuple(carve::SimulatedCard(4 * MiB), carve::StreamPoolOptions{}, carve::SimulatedStreams(2)),
+        carve::SimulatedStreams(2));
+    hammer(pool, 20 * KiB, 256);
+    CHECK(pool.trim() > 0);
+    CHECK(pool.pool().upstream().used_bytes() == 0);
+  }
 }
 
 } // namespace test_contract_threads

@@ -348,6 +348,18 @@ const std::vector<ContractRun>& contract_runs() {
          CHECK(pool.consistent());
          return result;
        }},
+      {"StreamUsesPool<StreamCachingPool<SimulatedCard, SimulatedStreams>>", "mr/stream_uses_pool.hpp",
+       [] {
+         using Caching = carve::StreamCachingPool<carve::SimulatedCard, carve::SimulatedStreams>;
+         carve::StreamUsesPool<Caching> pool(
+             std::piecewise_construct,
+             std::forward_as_tuple(carve::SimulatedCard(4 * MiB), pool_options, carve::SimulatedStreams(2)),
+             carve::SimulatedStreams(2));
+         const ContractResult result = check(pool, shape_of(pool.pool(), 100 * KiB, 24, 512, true));
+         CHECK(pool.pool().consistent());
+         CHECK(pool.stats().held_frees == 0);
+         return result;
+       }},
       {"TraceResource<CachingPool<SimulatedCard>>", "mr/trace_resource.hpp",
        [] {
          std::ostringstream lines;

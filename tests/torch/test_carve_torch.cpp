@@ -71,7 +71,7 @@ bool filled_with(const void* p, std::size_t bytes, unsigned char tag) {
 struct UsedOnTwoStreams {
   UsedOnTwoStreams(DeviceStack& s, std::size_t bytes) : p(s.allocate(own, bytes)) {
     if (p != nullptr) {
-      carve::torch::StreamUses::instance().record(p, other);
+      REQUIRE(s.record_stream(p, other));
     }
   }
   std::uintptr_t first = fresh_streams(2);
@@ -328,11 +328,12 @@ TEST_CASE("each stack: a block another stream uses (record_stream) is held at it
     REQUIRE_FALSE(wrong_size);
     CHECK(wrong_size.error() == carve::Errc::invalid_size);
     int never_given = 0;
-    carve::torch::StreamUses::instance().record(&never_given, side);
+    const DeviceStack::Done named = stack->record_stream(&never_given, side);
+    REQUIRE_FALSE(named);
+    CHECK(named.error() == carve::Errc::not_allocated); // not the stack's memory: nothing recorded
     const DeviceStack::Freed stranger = stack->deallocate(own, &never_given, 512);
     REQUIRE_FALSE(stranger);
     CHECK(stranger.error() == carve::Errc::not_allocated);
-    carve::torch::StreamUses::instance().forget(&never_given);
     CHECK(stack->books().live.now() == 2 * MiB);
 
     // Freed: held while the side stream works, so no stream gets p; freed again: a double free.
@@ -391,7 +392,7 @@ TEST_CASE("each stack: four threads whose blocks are also used on the next threa
         [&](cudaStream_t s, std::size_t bytes) {
           void* p = stack->allocate(s, bytes);
           if (p != nullptr) {
-            carve::torch::StreamUses::instance().record(p, next(s)); // the next thread's kernels read it too
+            CHECK(stack->record_stream(p, next(s))); // the next thread's kernels read it too
             enqueue(next(s));
           }
           return p;

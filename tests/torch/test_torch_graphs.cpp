@@ -129,7 +129,7 @@ TEST_CASE("each stack: a graph's block another stream reads (record_stream) is n
     c.begin(id);
     void* read_elsewhere = c.s->allocate(c.graph, 2 * MiB);
     REQUIRE(read_elsewhere != nullptr);
-    carve::torch::StreamUses::instance().record(read_elsewhere, side); // a side stream's node reads it
+    REQUIRE(c.s->record_stream(read_elsewhere, side)); // a side stream's node reads it
     REQUIRE(c.s->deallocate(c.graph, read_elsewhere, 2 * MiB));
     void* next = c.s->allocate(c.graph, 2 * MiB); // the graph's own later request
     CHECK(next != read_elsewhere);

@@ -77,6 +77,13 @@ public:
       cudaGetLastError();
     }
   }
+  /// Blocks until the work queued on `stream` so far has run (cudaStreamSynchronize, any device's
+  /// stream; an error is cleared).
+  void synchronize(cuda::stream_ref stream) const noexcept {
+    if (cudaStreamSynchronize(stream.get()) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
   /// Keeps the event for the next record().
   void release(cudaEvent_t e) noexcept {
     try {
@@ -90,7 +97,7 @@ private:
   std::vector<cudaEvent_t> spare_;
 };
 
-static_assert(StreamEventsThatWait<CudaStreams>);
+static_assert(StreamEventsThatWait<CudaStreams> && StreamEventsThatSynchronize<CudaStreams>);
 
 } // namespace carve
 #endif

@@ -43,6 +43,15 @@ concept StreamEventsThatWait = StreamEvents<S> && requires(S& s, typename S::eve
   noexcept;
 };
 
+/// StreamEvents that can also block until the work queued on a stream so far has run:
+/// `synchronize(stream)`. What a pool falls back on where no event can be recorded on a stream (one
+/// of another device) or kept (out of host memory) but the stream's work must still be waited for.
+template <class S>
+concept StreamEventsThatSynchronize = StreamEvents<S> && requires(S& s, typename S::stream_type stream) {
+  { s.synchronize(stream) }
+  noexcept;
+};
+
 /// A simulated stream: a number. Two streams are the same when their numbers are.
 struct SimulatedStream {
   std::uint32_t id = 0; ///< which stream
@@ -142,8 +151,10 @@ public:
   void release(event_type) noexcept {}
   /// Nothing to wait for.
   void wait(event_type) const noexcept {}
+  /// Nothing to wait for.
+  void synchronize(SynchronousStream) const noexcept {}
 };
 
-static_assert(StreamEventsThatWait<SynchronousStreams>);
+static_assert(StreamEventsThatWait<SynchronousStreams> && StreamEventsThatSynchronize<SynchronousStreams>);
 
 } // namespace carve
