@@ -56,10 +56,10 @@ struct StackOptions {
 // next allocation could take from under the graph.
 class DeviceStack {
 public:
-  // What a free did: nothing (and why) or its work.
-  using Freed = cuda::std::expected<void, Errc>;
-  // What a call that changes nothing on failure did.
+  // What a call that changes nothing on failure did: its work, or why not.
   using Done = cuda::std::expected<void, Errc>;
+  // What a free did.
+  using Freed = Done;
   // Which streams capture into a private pool (PyTorch's filter: the capture's own streams).
   using CaptureFilter = std::function<bool(cudaStream_t)>;
 

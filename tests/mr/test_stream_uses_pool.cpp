@@ -63,6 +63,16 @@ struct SynchronizingStreams : SharedStreams {
 };
 static_assert(carve::StreamEventsThatSynchronize<SynchronizingStreams>);
 
+// Streams over `work` on which no event can be recorded on `side`, synchronising it instead
+// (counted in `synchronized`).
+SynchronizingStreams unrecordable_side(SimulatedStreams& work, std::atomic<int>& synchronized) {
+  SynchronizingStreams streams;
+  streams.work = &work;
+  streams.unrecordable = side.id;
+  streams.synchronized = &synchronized;
+  return streams;
+}
+
 // The three pools, over the shared streams, each with room for 256 KiB of blocks.
 template <class Streams>
 struct OrderedOver {
@@ -202,11 +212,7 @@ TEST_CASE("a stream on which no event can be recorded: synchronised where the St
   SUBCASE("Streams that can synchronise a stream") {
     SimulatedStreams work(3);
     std::atomic<int> synchronized{0};
-    SynchronizingStreams streams;
-    streams.work = &work;
-    streams.unrecordable = side.id;
-    streams.synchronized = &synchronized;
-    auto pool = OrderedOver<SynchronizingStreams>::make(streams);
+    auto pool = OrderedOver<SynchronizingStreams>::make(unrecordable_side(work, synchronized));
     void* p = *pool.try_allocate(compute, 16 * KiB, 256);
     REQUIRE(pool.record_stream(p, side));
     work.enqueue(side);
@@ -248,11 +254,7 @@ TEST_CASE("a held free made with no stream, and held frees the adaptor's end sti
     SimulatedStreams work(3);
     std::atomic<int> synchronized{0};
     {
-      SynchronizingStreams streams;
-      streams.work = &work;
-      streams.unrecordable = side.id;
-      streams.synchronized = &synchronized;
-      auto pool = OrderedOver<SynchronizingStreams>::make(streams);
+      auto pool = OrderedOver<SynchronizingStreams>::make(unrecordable_side(work, synchronized));
       void* p = *pool.try_allocate(compute, 16 * KiB, 256);
       REQUIRE(pool.record_stream(p, side));
       work.enqueue(side);

@@ -111,11 +111,7 @@ public:
   ~StreamUsesPool() {
     for (Held& h : held_) {
       (void)passed(h, true);
-      for (Event& e : h.events) {
-        if (e.event) {
-          streams_.release(*e.event);
-        }
-      }
+      release_events(h);
       (void)free_now(h.own, h.p, h.bytes, h.alignment);
     }
   }
@@ -212,11 +208,7 @@ public:
         }
         report_misuse(resource_name, h.p, h.bytes, r.error()); // checked at the free: the pool was misused since
       }
-      for (Event& e : h.events) {
-        if (e.event) {
-          streams_.release(*e.event);
-        }
-      }
+      release_events(h);
       held_bytes_ -= h.bytes;
       held_[i] = std::move(held_.back());
       held_.pop_back();
@@ -301,8 +293,17 @@ private:
   };
   using Uses = std::unordered_map<void*, std::vector<stream_type>>;
 
+  // Whether `s` is another stream than `own` (every stream is, for a free made with no stream).
+  static bool other_than(const stream_type& s, const std::optional<stream_type>& own) { return !own || !(s == *own); }
   static bool elsewhere(const std::vector<stream_type>& streams, const std::optional<stream_type>& own) {
-    return std::any_of(streams.begin(), streams.end(), [&](const stream_type& s) { return !own || !(s == *own); });
+    return std::any_of(streams.begin(), streams.end(), [&](const stream_type& s) { return other_than(s, own); });
+  }
+  void release_events(Held& h) noexcept {
+    for (Event& e : h.events) {
+      if (e.event) {
+        streams_.release(*e.event);
+      }
+    }
   }
   cuda::std::expected<void, Errc> free_now(const std::optional<stream_type>& own, void* p, std::size_t bytes,
                                            std::size_t alignment) noexcept {
@@ -350,7 +351,7 @@ private:
       return free_after_synchronizing(it, own, p, bytes, alignment);
     }
     for (const stream_type& s : it->second) { // room was made for all: no event is lost
-      if (!own || !(s == *own)) {
+      if (other_than(s, own)) {
         h.events.push_back(Event{s, holding_.load(std::memory_order_relaxed) ? std::nullopt : record(s), false});
       }
     }
@@ -368,7 +369,7 @@ private:
                                                            std::size_t bytes, std::size_t alignment) noexcept {
     if constexpr (StreamEventsThatSynchronize<Streams>) {
       for (const stream_type& s : it->second) {
-        if (!own || !(s == *own)) {
+        if (other_than(s, own)) {
           streams_.synchronize(s);
           ++streams_synchronized_;
         }
