@@ -78,7 +78,7 @@ public:
     }
   }
   /// Blocks until the work queued on `stream` so far has run (cudaStreamSynchronize, any device's
-  /// stream; an error is cleared).
+  /// stream; an error is cleared). StreamUsesPool's fallback; not yet run on a GPU.
   void synchronize(cuda::stream_ref stream) const noexcept {
     if (cudaStreamSynchronize(stream.get()) != cudaSuccess) {
       cudaGetLastError();

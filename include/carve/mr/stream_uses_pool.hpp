@@ -39,6 +39,10 @@
 /// Streams under its lock. Two CudaStreams see the same CUDA streams; a host twin whose queued work
 /// lives in the Streams object itself (SimulatedStreams) must be handed to both through a handle
 /// they share, or the adaptor sees no work queued and holds nothing for long.
+///
+/// Checked on the host, over simulated streams (tests/mr/test_stream_uses_pool.cpp) and under
+/// libcarve_torch's host backend; with CudaStreams it compiles for sm_80 and sm_90 but has not yet
+/// run on a GPU.
 #pragma once
 
 #include <carve/core/errc.hpp>
