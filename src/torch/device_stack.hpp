@@ -7,6 +7,7 @@
 
 #include "backends.hpp"
 #include "books.hpp"
+#include "capture_gate.hpp"
 
 #include <carve/core/errc.hpp>
 #include <carve/core/misuse.hpp>
@@ -21,7 +22,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <shared_mutex>
+#include <shared_mutex> // std::shared_lock
 #include <string>
 #include <vector>
 
@@ -269,7 +270,7 @@ protected:
   // begin_capture holds it alone, so a capture begins between whole operations, never inside one.
   // Taken before graphs_. end_capture and release_pool need not take it: they hold graphs_, which
   // begin_capture needs too.
-  std::shared_mutex capture_gate_;
+  CaptureGate capture_gate_;
 
 private:
   using PrivateBlock = PrivatePools<cudaStream_t>::Block;
