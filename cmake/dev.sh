@@ -338,9 +338,9 @@ target_fields() { # target_fields <program> < output
 # A GPU is often lent for minutes, so the report is written as it goes, and:
 #   CARVE_GPU_REPORT_DIR    where the report, the CSV and each PyTorch check's full output go
 #                           (default build/gpu): somewhere kept if the run is cut short
-#   CARVE_GPU_PARTS         which parts run, in this order (default: tests bench torch sanitizers;
-#                           torch is the PyTorch checks oom, graphs, devices and training, also
-#                           named alone)
+#   CARVE_GPU_PARTS         which parts run (default: tests bench torch sanitizers; torch is the
+#                           PyTorch checks oom, graphs, devices and training, also named alone);
+#                           they run in that order whatever order the variable names them in
 #   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
 #   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
 gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs, devices and training)
@@ -543,8 +543,12 @@ gpu_torch() {
 gpu_sanitizers() {
   local sanitizer tool i
   sanitizer=$(command -v compute-sanitizer || true)
-  [ -n "$sanitizer" ] && [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ] || return 0
+  [ -n "${CARVE_GPU_SANITIZERS-memcheck racecheck}" ] || return 0
   printf '\n## compute-sanitizer\n\n' >>"$report"
+  if [ -z "$sanitizer" ]; then
+    printf 'skipped: compute-sanitizer is not on PATH\n' >>"$report"
+    return 0
+  fi
   for tool in ${CARVE_GPU_SANITIZERS-memcheck racecheck}; do
     for i in "${!tests[@]}"; do
       [ -x "${exes[$i]}" ] || continue

@@ -149,9 +149,14 @@ struct RefusingMapper : HostMemoryMapper {
   }
   // As a driver that wants offset 0 under a mapper that said it maps parts (its answer wrong).
   std::shared_ptr<bool> refuse_offsets = std::make_shared<bool>(false);
+  // Maps from an offset other than 0 that find the device out of memory, before they succeed.
+  std::shared_ptr<int> offset_maps_short = std::make_shared<int>(0);
   carve::Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
     if (offset != 0 && *refuse_offsets) {
       return carve::fail(Errc::invalid_argument, "cuMemMap: CUDA_ERROR_INVALID_VALUE (simulated: offset 0 only)");
+    }
+    if (offset != 0 && (*offset_maps_short)-- > 0) {
+      return carve::fail(Errc::no_space, "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY (simulated)");
     }
     if ((*maps_left)-- <= 0) {
       return carve::fail(Errc::device_error, "cuMemMap: CUDA_ERROR_UNKNOWN (simulated)");
@@ -924,6 +929,38 @@ TEST_CASE("lending: a mapper that refuses a second mapping turns lending off, an
   }
   pool.trim();
   CHECK(m.mapping_count() == 0);
+}
+
+TEST_CASE("lending: a second mapping the device has no memory for leaves lending on for later blocks") {
+  RefusingMapper m({.granularity = granule});
+  *m.offset_maps_short = 1;
+  ExpandablePool<RefusingMapper> pool(
+      m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 3 * granule}));
+  // The same blocks twice, the pool trimmed between: a hole at [1, 3) once b is freed, and d over
+  // [4, 10) needing granules 8 and 9. The first time the lend runs short of memory.
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    void* x = *pool.try_allocate(8 * granule, 512);
+    pool.deallocate(x, 8 * granule, 512);
+    void* a = *pool.try_allocate(granule, 512);
+    void* b = *pool.try_allocate(2 * granule, 512);
+    void* c = *pool.try_allocate(granule, 512);
+    pool.deallocate(b, 2 * granule, 512);
+    void* d = *pool.try_allocate(6 * granule, 512);
+    REQUIRE(d != nullptr);
+    std::memset(d, 7, 6 * granule);
+    const auto st = pool.stats();
+    CHECK_FALSE(st.lending_refused);
+    CHECK(st.mapper_failures == 1);
+    CHECK(st.lent_bytes == (round == 0 ? 0 : 2 * granule));
+    CHECK(st.bytes_reserved == (round == 0 ? 10 * granule : 8 * granule));
+    CHECK(pool.consistent());
+    for (auto [p, n] : {std::pair{a, granule}, {c, granule}, {d, 6 * granule}}) {
+      pool.deallocate(p, n, 512);
+    }
+    pool.trim();
+    CHECK(m.mapping_count() == 0);
+  }
 }
 
 TEST_CASE("lending: a mapper that maps whole allocations only says so, and the pool never tries to lend") {

@@ -136,20 +136,23 @@ void lending_on_card(std::size_t g) {
   carve::test::check(cudaMemset(a, 0x11, 2 * g), "cudaMemset");
   void* d = pool.allocate(4 * g, 512); // the chunk's free end and two granules past it
   const auto s = pool.stats();
+  const auto* base = static_cast<const char*>(x);
+  expect(a == x && static_cast<const char*>(c) == base + 4 * g && static_cast<const char*>(d) == base + 6 * g,
+         "the blocks land best fit from the chunk's start: a, the hole, c, then d over granules 6 to 9");
   carve::test::check(cudaMemset(d, 0x5a, 4 * g), "cudaMemset");
   carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   const auto hole = carve::test::to_host(static_cast<const unsigned char*>(x) + 2 * g, 2 * g);
   const auto kept = carve::test::to_host(static_cast<const unsigned char*>(a), 2 * g);
   expect(s.mapper_failures == 0, "no driver call refused");
   if (parts && *parts) {
-    std::printf("a hole lent: %zu bytes mapped a second time, %zu bytes reserved for 10 granules of blocks\n",
+    std::printf("a hole lent: %zu bytes mapped a second time, %zu bytes reserved for blocks spanning 10 granules\n",
                 s.lent_bytes, s.bytes_reserved);
     expect(s.lent_bytes == 2 * g && s.bytes_reserved == 8 * g, "the hole served the block, no new memory");
     expect(std::all_of(hole.begin(), hole.end(), [](unsigned char v) { return v == 0x5a; }),
            "what the device wrote through the block is in the hole's memory");
     expect(!s.lending_refused, "a pool that lent says lending is on");
   } else {
-    std::printf("no hole lent (%zu bytes reserved for 10 granules of blocks): carve_replay's "
+    std::printf("no hole lent (%zu bytes reserved for blocks spanning 10 granules): carve_replay's "
                 "expandable-pool:partial-maps=0 replays this driver\n",
                 s.bytes_reserved);
     expect(s.lent_bytes == 0 && s.bytes_reserved == 10 * g, "the block maps new memory");

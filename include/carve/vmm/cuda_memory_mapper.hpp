@@ -319,17 +319,19 @@ public:
 
   /// Whether cuMemMap places part of an allocation on `device` (TellsPartialMaps). CUDA documents
   /// that its offset "currently must be zero", so the driver is asked, once per device (the first
-  /// 64) and process: one granule of a two-granule allocation is mapped at each of two scratch
-  /// granules, from offset 0 and from one granule in (eight VMM calls); a map refused as invalid or
-  /// unsupported is the answer no. Errors: the driver's where the question could not be put (out of
-  /// memory, no driver) or a scratch mapping would not unmap (then it is left, not freed under the
-  /// mapping); nothing is kept then. Compiled here; test_expandable_pool_cuda asks it on a GPU,
-  /// which has not yet run.
+  /// 64), kind of memory (fabric or not) and process, the way ExpandablePool lends a hole: a
+  /// two-granule allocation is mapped whole, and while it is, its first granule (offset 0) and its
+  /// second (offset one granule) are mapped a second time each at scratch granules and opened to
+  /// the device (about a dozen VMM calls). A part's map or opening refused for any reason but out
+  /// of memory is the answer no. Errors: the driver's where the question could not be put (out of
+  /// memory, no driver, the whole allocation not mapped) or a scratch mapping would not unmap (then
+  /// it is left, not freed under the mapping); nothing is kept then. Compiled here; asked on a GPU
+  /// by test_expandable_pool_cuda, which has not yet run this probe.
   [[nodiscard]] Result<bool> maps_partial_allocations(int device) {
-    static std::array<std::atomic<std::uint8_t>, 64> known{}; // 0: not asked, 1: no, 2: yes
-    const bool kept = device >= 0 && device < static_cast<int>(known.size());
-    const std::size_t slot = kept ? static_cast<std::size_t>(device) : 0;
-    if (const std::uint8_t k = kept ? known[slot].load(std::memory_order_acquire) : 0; k != 0) {
+    static std::array<std::array<std::atomic<std::uint8_t>, 64>, 2> known{}; // 0: not asked, 1: no, 2: yes
+    const bool kept = device >= 0 && device < static_cast<int>(known[0].size());
+    std::atomic<std::uint8_t>& answer = known[options_.fabric ? 1 : 0][kept ? static_cast<std::size_t>(device) : 0];
+    if (const std::uint8_t k = kept ? answer.load(std::memory_order_acquire) : 0; k != 0) {
       return k == 2;
     }
     const auto g = granularity(device);
@@ -340,29 +342,44 @@ public:
     if (!h) {
       return cuda::std::unexpected(h.error());
     }
-    const auto va = reserve(2 * *g, *g);
+    const auto va = reserve(4 * *g, *g);
     if (!va) {
       (void)release(*h);
       return cuda::std::unexpected(va.error());
     }
+    const auto at = [&](std::size_t granules) { return static_cast<void*>(static_cast<char*>(*va) + granules * *g); };
+    // A refusal of a part is the answer no, whatever the driver's reason, as the pool reads a lend
+    // it refuses; out of memory is no answer.
+    const auto answered = [](const Error& e) {
+      return e.code != Errc::no_space ? Result<bool>(false) : Result<bool>(cuda::std::unexpect, e);
+    };
     Result<bool> parts = true;
-    for (const std::size_t offset : {std::size_t{0}, *g}) {
-      void* const at = static_cast<char*>(*va) + offset;
-      if (auto mapped = map(at, *g, *h, offset); !mapped) {
-        const Errc why = mapped.error().code;
-        parts = why == Errc::invalid_argument || why == Errc::unsupported
-                    ? Result<bool>(false)
-                    : Result<bool>(cuda::std::unexpect, mapped.error());
-        break;
+    if (auto whole = map(at(0), 2 * *g, *h, 0); !whole) {
+      parts = cuda::std::unexpected(whole.error()); // no part asked about yet
+    } else {
+      for (const std::size_t part : {std::size_t{0}, std::size_t{1}}) {
+        void* const second = at(2 + part);
+        if (auto mapped = map(second, *g, *h, part * *g); !mapped) {
+          parts = answered(mapped.error());
+          break;
+        }
+        const auto opened = set_access(second, *g, device, Access::read_write);
+        if (auto unmapped = unmap(second, *g); !unmapped) {
+          return cuda::std::unexpected(unmapped.error());
+        }
+        if (!opened) {
+          parts = answered(opened.error());
+          break;
+        }
       }
-      if (auto unmapped = unmap(at, *g); !unmapped) {
+      if (auto unmapped = unmap(at(0), 2 * *g); !unmapped) {
         return cuda::std::unexpected(unmapped.error());
       }
     }
-    (void)free_reservation(*va, 2 * *g);
+    (void)free_reservation(*va, 4 * *g);
     (void)release(*h);
     if (parts && kept) {
-      known[slot].store(*parts ? 2 : 1, std::memory_order_release);
+      answer.store(*parts ? 2 : 1, std::memory_order_release);
     }
     return parts;
   }

@@ -117,9 +117,9 @@ struct ExpandablePoolStats {
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
   /// The mapper cannot map part of an allocation (CUDA documents that cuMemMap's offset must be 0):
-  /// it said so when the pool was made (TellsPartialMaps), or refused a hole's second mapping, and
-  /// no hole is lent from then on. carve_replay's `expandable-pool:partial-maps=0` replays a driver
-  /// that says so.
+  /// it said so when the pool was made (TellsPartialMaps), or refused a hole's second mapping for
+  /// any reason but a want of memory, and no hole is lent from then on.
+  /// carve_replay's `expandable-pool:partial-maps=0` replays a driver that says so.
   bool lending_refused = false;
 
   /// The driver calls that change what is mapped: creates, maps and unmaps (the access grant and

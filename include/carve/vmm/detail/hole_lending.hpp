@@ -5,6 +5,7 @@
 // addresses are taken out of best fit's way until that second mapping is unmapped.
 #pragma once
 
+#include <carve/core/errc.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
 
 #include <algorithm>
@@ -49,7 +50,7 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
 // lent. Lending only saves memory: when anything fails it stops, leaving the rest of the block to
 // new memory, and what it lent so far stays lent. `refused` is set when the mapper refused a
 // second mapping (CUDA documents that cuMemMap's offset must be 0, and a mapper that cannot tell
-// beforehand says so here), not when the tables could not grow.
+// beforehand says so here), not when the tables could not grow or the device was out of memory.
 template <class Memory>
 std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std::uintptr_t addr, std::size_t size,
                        bool& refused) noexcept {
@@ -76,9 +77,14 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
         }
         const auto failures = memory.counts().failures;
         bool lent_now = false;
+        Errc why = Errc::no_space;
         try {
           const auto entry = lent.emplace(hole->first, kept->handle);
-          lent_now = entry.second && memory.lend(at, hole->first, n).has_value();
+          if (entry.second) {
+            const auto mapped = memory.lend(at, hole->first, n);
+            lent_now = mapped.has_value();
+            why = lent_now ? why : mapped.error().code;
+          }
           if (entry.second && !lent_now) {
             lent.erase(entry.first);
           }
@@ -87,7 +93,10 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
         }
         if (!lent_now) {
           (void)free.give(kept->handle);
-          refused = memory.counts().failures != failures; // the mapper's, not the tables'
+          // The mapper's refusal, not the tables': whatever the driver's reason (CUDA documents an
+          // offset of 0 only, and says no to it in more than one way), except a device out of
+          // memory for the moment, which leaves lending on for later blocks.
+          refused = memory.counts().failures != failures && why != Errc::no_space;
           return done;
         }
         done += n;
