@@ -121,6 +121,7 @@ def run_child(args):
         stats = carve.memory_stats(torch.cuda.current_device())
         result.update(peak_reserved=stats["peak_reserved_bytes"], peak_allocated=stats["peak_live_bytes"],
                       device_calls=stats["device_calls"], failures=stats["failures"],
+                      device_failures=stats.get("device_failures", 0),
                       lending_refused=stats.get("lending_refused", False))
     else:
         result.update(peak_reserved=torch.cuda.max_memory_reserved(), peak_allocated=torch.cuda.max_memory_allocated())
@@ -244,6 +245,8 @@ def judge(rows):
         if predicted is not None:
             refused = (" (the driver maps whole allocations only, so carve lent no holes: replayed as "
                        f"{replayed_as(carve)})" if carve.get("lending_refused") else "")
+            if carve.get("device_failures"):  # a refusal the replay does not play explains a difference
+                refused += f" ({carve['device_failures']} driver calls refused on the card)"
             goals.append(f"- {model}: carve_replay's prediction {predicted} bytes equals what the card reserved "
                          f"({carve['peak_reserved']} bytes){refused}: {met(predicted == carve['peak_reserved'])}")
         cut = results.get(CUT)
