@@ -95,6 +95,38 @@ TEST_CASE("sizes: a cached block serves requests between half its size and its s
   CHECK(pool.stats().peak_reserved == 9 * KiB);
 }
 
+TEST_CASE("small blocks are cut from segments they share; a larger one is an upstream allocation of its own") {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  Pool pool(SimulatedCard(64 * MiB), {}, SimulatedStreams(2));
+  std::vector<void*> small;
+  for (int i = 0; i < 16; ++i) {
+    small.push_back(*pool.try_allocate(i % 2 == 0 ? s0 : s1, 4 * KiB, 256));
+  }
+  CHECK(pool.upstream().used_bytes() == 2 * MiB); // one segment for all sixteen
+  void* large = *pool.try_allocate(s0, MiB + 512, 256);
+  CHECK(pool.upstream().used_bytes() == 2 * MiB + MiB + 512);
+  auto st = pool.stats();
+  CHECK(st.upstream_allocations == 17);
+  CHECK(st.bytes_in_use == 64 * KiB + MiB + 512);
+  CHECK(st.bytes_reserved == pool.upstream().used_bytes()); // the segment's rest is reserved too
+  CHECK(st.peak_reserved == st.bytes_reserved);
+  for (int i = 0; i < 16; ++i) {
+    pool.deallocate(i % 2 == 0 ? s0 : s1, small[static_cast<std::size_t>(i)], 4 * KiB, 256);
+  }
+  pool.deallocate(s0, large, MiB + 512, 256);
+  CHECK(pool.upstream().used_bytes() == 3 * MiB + 512); // cached
+  CHECK(pool.trim() == MiB + 512 + 2 * MiB);            // the large block, then the segment no small block holds
+  CHECK(pool.upstream().used_bytes() == 0);
+  CHECK(pool.stats().bytes_reserved == 0);
+  // With small_block_max = 0 every block is an allocation of its own.
+  Pool own(SimulatedCard(64 * MiB), {.small_block_max = 0}, SimulatedStreams(1));
+  void* a = *own.try_allocate(s0, 4 * KiB, 256);
+  void* b = *own.try_allocate(s0, 4 * KiB, 256);
+  CHECK(own.upstream().used_bytes() == 8 * KiB);
+  own.deallocate(s0, a, 4 * KiB, 256);
+  own.deallocate(s0, b, 4 * KiB, 256);
+}
+
 TEST_CASE("bad input is refused and changes nothing") {
   Pool pool(SimulatedCard(64 * KiB), {}, SimulatedStreams(2));
   CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);

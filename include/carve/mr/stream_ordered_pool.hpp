@@ -19,12 +19,16 @@
 ///
 /// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
 /// block serves requests between half its size and its size, so small requests do not pin large
-/// blocks. The synchronous spellings (try_allocate / deallocate without a stream) are for callers
-/// that have synchronised: a synchronous free is reusable by any stream at once, and a
-/// synchronous allocation takes only blocks whose events have completed. Cached blocks go back to
-/// the upstream on trim(), when the upstream refuses a request, and beyond
-/// StreamPoolOptions::idle_threshold (these two not while held: hold()); in each case only blocks
-/// whose events have completed.
+/// blocks. A new block is an upstream allocation of its own, except a small one (at most
+/// StreamPoolOptions::small_block_max), which is cut from a 2 MiB segment small blocks share (a
+/// CachingPool over the upstream, where the upstream is a card: UpstreamResource) and goes back to
+/// it, merging with its free neighbours, when the pool gives it back. The synchronous spellings
+/// (try_allocate / deallocate without a stream) are for callers that have synchronised: a
+/// synchronous free is reusable by any stream at once, and a synchronous allocation takes only
+/// blocks whose events have completed. Cached blocks go back on trim(), when the upstream refuses a
+/// request, and beyond StreamPoolOptions::idle_threshold (these two not while held: hold()); in
+/// each case only blocks whose events have completed, and then every shared segment none of whose
+/// blocks is left goes back to the upstream.
 /// Options and stats: carve/mr/stream_ordered_pool_options.hpp.
 ///
 /// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
@@ -40,6 +44,7 @@
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
+#include <carve/mr/detail/small_block_segments.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
 #include <carve/mr/stream_events.hpp>
@@ -72,11 +77,8 @@ public:
   /// streams. Throws carve::Exception (invalid_argument) for a granularity that is not a power of
   /// two.
   explicit StreamOrderedPool(Upstream upstream, StreamPoolOptions options = {}, Streams streams = Streams())
-      : upstream_(std::move(upstream)), streams_(std::move(streams)), options_(options) {
-    if (options.granularity == 0 || (options.granularity & (options.granularity - 1)) != 0) {
-      throw Exception(Errc::invalid_argument, "carve::StreamOrderedPool: granularity must be a power of two");
-    }
-  }
+      : upstream_(std::move(upstream)), small_(checked(options), upstream_), streams_(std::move(streams)),
+        options_(options) {}
   ~StreamOrderedPool() { release_all(); }
   StreamOrderedPool(const StreamOrderedPool&) = delete;
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
@@ -111,10 +113,11 @@ public:
     return give(p, bytes, alignment, std::nullopt);
   }
 
-  /// Gives every cached block whose event has completed back to the upstream; returns the bytes.
+  /// Gives every cached block whose event has completed back (a small one to its segment), then
+  /// every shared segment no block holds; returns the bytes that went back to the upstream.
   std::size_t trim() noexcept {
     const std::lock_guard lock(mutex_);
-    return release_ready(0);
+    return release_ready(0).to_upstream + small_.trim();
   }
 
   /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
@@ -123,6 +126,7 @@ public:
   void hold(bool held) noexcept {
     const std::lock_guard lock(mutex_);
     on_hold_ = held;
+    small_.hold(held);
   }
 
   /// Whether `p` lies in a block this pool holds from its upstream (handed out or cached).
@@ -139,7 +143,7 @@ public:
   StreamPoolStats stats() const noexcept {
     const std::lock_guard lock(mutex_);
     StreamPoolStats out = stats_;
-    out.bytes_reserved = stats_.bytes_in_use + stats_.bytes_cached;
+    out.bytes_reserved = stats_.bytes_in_use + stats_.bytes_cached + small_.spare();
     return out;
   }
   /// The streams and events (a test's SimulatedStreams, to queue and complete work).
@@ -167,6 +171,28 @@ private:
     /// block back: a cached block serves later requests at other alignments.
     std::size_t upstream_alignment = 0;
   };
+
+  static const StreamPoolOptions& checked(const StreamPoolOptions& options) {
+    if (options.granularity == 0 || (options.granularity & (options.granularity - 1)) != 0) {
+      throw Exception(Errc::invalid_argument, "carve::StreamOrderedPool: granularity must be a power of two");
+    }
+    return options;
+  }
+
+  /// A new block: cut from the small blocks' segments, or an upstream allocation of its own.
+  cuda::std::expected<void*, Errc> make(std::size_t size, std::size_t alignment) noexcept {
+    return small_.cuts(size, alignment) ? small_.take(size, alignment) : upstream_.try_allocate(size, alignment);
+  }
+  /// A block back to where make() took it (`alignment` as make() was asked); returns the bytes
+  /// that went back to the upstream (none for a small block: its segment goes on trim).
+  std::size_t unmake(void* p, std::size_t size, std::size_t alignment) noexcept {
+    if (small_.cuts(size, alignment)) {
+      small_.give(p, size, alignment);
+      return 0;
+    }
+    upstream_.deallocate(p, size, alignment);
+    return size;
+  }
 
   /// Whether any stream may take the block now.
   bool ready(Cached& c) noexcept {
@@ -232,11 +258,14 @@ private:
         stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
         return p;
       }
-      auto fresh = upstream_.try_allocate(size, alignment);
+      auto fresh = make(size, alignment);
       if (!fresh && fresh.error() != Errc::invalid_size) {
         ++stats_.upstream_failures;
-        if (!on_hold_ && release_ready(0) != 0) { // the card may hold the request once the cache is returned
-          fresh = upstream_.try_allocate(size, alignment);
+        if (!on_hold_) { // the card, or a small block's segment, may hold it once the cache is back
+          const std::size_t blocks = release_ready(0).blocks;
+          if (blocks + small_.trim() != 0) {
+            fresh = make(size, alignment);
+          }
         }
       }
       if (!fresh) {
@@ -246,14 +275,14 @@ private:
         live_.make_room();
         held_.emplace(reinterpret_cast<std::uintptr_t>(*fresh), size);
       } catch (...) {
-        upstream_.deallocate(*fresh, size, alignment);
+        unmake(*fresh, size, alignment);
         throw;
       }
       live_.insert(reinterpret_cast<std::uintptr_t>(*fresh), Live{size, bytes, alignment, alignment});
       ++stats_.upstream_allocations;
       stats_.bytes_in_use += size;
       stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
-      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_in_use + stats_.bytes_cached);
+      stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.bytes_in_use + stats_.bytes_cached + small_.spare());
       return *fresh;
     } catch (const std::exception&) { // the pool's own bookkeeping could not grow
       return cuda::std::unexpected(Errc::no_space);
@@ -296,6 +325,7 @@ private:
       stats_.bytes_cached += size;
       if (!on_hold_ && stats_.bytes_cached > options_.idle_threshold) {
         stats_.idle_releases += released_blocks(options_.idle_threshold);
+        small_.trim();
       }
       return {};
     } catch (const std::exception&) {
@@ -303,19 +333,25 @@ private:
     }
   }
 
-  // Cached blocks whose events have completed go back to the upstream, largest first, while more
-  // than `keep` bytes are cached; returns the bytes.
-  std::size_t release_ready(std::size_t keep) noexcept {
-    std::size_t freed = 0;
+  // What release_ready gave back: the blocks' bytes, and of them those that went to the upstream
+  // (small blocks go to their segments, which go back on trim).
+  struct Released {
+    std::size_t blocks = 0;
+    std::size_t to_upstream = 0;
+  };
+  // Cached blocks whose events have completed go back where they were made, largest first, while
+  // more than `keep` bytes are cached.
+  Released release_ready(std::size_t keep) noexcept {
+    Released freed;
     for (auto it = cached_.end(); it != cached_.begin() && stats_.bytes_cached > keep;) {
       --it;
       if (!ready(it->second)) {
         continue;
       }
-      freed += it->first;
       drop_event(it->second);
       held_.erase(reinterpret_cast<std::uintptr_t>(it->second.address));
-      upstream_.deallocate(it->second.address, it->first, it->second.alignment);
+      freed.blocks += it->first;
+      freed.to_upstream += unmake(it->second.address, it->first, it->second.alignment);
       stats_.bytes_cached -= it->first;
       it = cached_.erase(it);
     }
@@ -331,13 +367,14 @@ private:
   void release_all() noexcept {
     for (auto& [size, c] : cached_) {
       drop_event(c);
-      upstream_.deallocate(c.address, size, c.alignment);
+      unmake(c.address, size, c.alignment);
     }
     cached_.clear();
     held_.clear();
   }
 
   Upstream upstream_;
+  detail::SmallBlockSegments<Upstream> small_; ///< after upstream_, which it takes segments from
   Streams streams_;
   StreamPoolOptions options_;
   mutable std::mutex mutex_;

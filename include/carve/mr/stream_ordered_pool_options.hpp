@@ -17,18 +17,25 @@ struct StreamPoolOptions {
   /// it or no such block is left (blocks a stream's queued work may still use stay cached, so the
   /// cache may stay above it). The default keeps them all until trim() or the upstream refuses.
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
+  /// Blocks of at most this many bytes (asked at most `granularity` aligned) are cut from segments
+  /// of 2 MiB they share, a CachingPool over the upstream, instead of each taking an allocation of
+  /// its own: on a real training step half or more of the blocks a stream-ordered pool makes are
+  /// this small, and each would be one cudaMalloc (carve_replay: 1,053 calls against 499 on GPT-2,
+  /// 1,091 against 258 on ResNet-50, the reserve the same to 1 MiB). Only where the upstream tells
+  /// its capacity and free bytes (UpstreamResource: a card); 0: every block its own allocation.
+  std::size_t small_block_max = std::size_t{1} << 20;
 };
 
 /// What a StreamOrderedPool has done so far (StreamOrderedPool::stats()).
 struct StreamPoolStats {
-  std::size_t bytes_in_use = 0;           ///< in blocks handed out
-  std::size_t bytes_cached = 0;           ///< in blocks waiting for reuse
-  std::size_t bytes_reserved = 0;         ///< held from the upstream: in use + cached
-  std::size_t peak_in_use = 0;            ///< the most bytes_in_use has been
-  std::size_t peak_reserved = 0;          ///< the most bytes_reserved has been
+  std::size_t bytes_in_use = 0;   ///< in blocks handed out
+  std::size_t bytes_cached = 0;   ///< in blocks waiting for reuse
+  std::size_t bytes_reserved = 0; ///< held from the upstream: in use, cached, and the small blocks' segments' rest
+  std::size_t peak_in_use = 0;    ///< the most bytes_in_use has been
+  std::size_t peak_reserved = 0;  ///< the most bytes_reserved has been
   std::uint64_t same_stream_reuses = 0;   ///< blocks reused on the stream that freed them
   std::uint64_t cross_stream_reuses = 0;  ///< blocks reused on another stream, after the event
-  std::uint64_t upstream_allocations = 0; ///< blocks taken from the upstream
+  std::uint64_t upstream_allocations = 0; ///< blocks made: taken from the upstream, or cut from a shared segment
   std::uint64_t waits_avoided = 0;        ///< cached blocks passed over because their event had not completed
   std::uint64_t upstream_failures = 0;    ///< the upstream said no (then the cached blocks whose events had completed
                                           ///< went back, and the request was retried)
