@@ -127,6 +127,27 @@ TEST_CASE("small blocks are cut from segments they share; a larger one is an ups
   own.deallocate(s0, b, 4 * KiB, 256);
 }
 
+TEST_CASE("near a full card a cached block serves requests down to 2/3 of its size, not half") {
+  // A 64 KiB card; a 40 KiB block freed and cached holds more than half of it. A 24 KiB request
+  // would fill it to 60%, below 2/3: it gets memory of its own while the card has some.
+  Pool pool(SimulatedCard(64 * KiB), {}, SimulatedStreams(1));
+  void* x = *pool.try_allocate(s0, 40 * KiB, 256);
+  pool.deallocate(s0, x, 40 * KiB, 256);
+  void* p = *pool.try_allocate(s0, 24 * KiB, 256);
+  CHECK(p != x);
+  void* q = *pool.try_allocate(s0, 27 * KiB, 256); // 27/40 is over 2/3: the block serves it
+  CHECK(q == x);
+  pool.deallocate(s0, p, 24 * KiB, 256);
+  pool.deallocate(s0, q, 27 * KiB, 256);
+  // Where the pool never counts itself near full, half is enough, as on a card with room.
+  Pool roomy(SimulatedCard(64 * KiB), {.near_full_permille = 1000}, SimulatedStreams(1));
+  void* y = *roomy.try_allocate(s0, 40 * KiB, 256);
+  roomy.deallocate(s0, y, 40 * KiB, 256);
+  void* r = *roomy.try_allocate(s0, 24 * KiB, 256);
+  CHECK(r == y);
+  roomy.deallocate(s0, r, 24 * KiB, 256);
+}
+
 TEST_CASE("bad input is refused and changes nothing") {
   Pool pool(SimulatedCard(64 * KiB), {}, SimulatedStreams(2));
   CHECK(pool.try_allocate(s0, 0, 256).error() == Errc::invalid_size);

@@ -54,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -78,7 +79,7 @@ public:
   /// two.
   explicit StreamOrderedPool(Upstream upstream, StreamPoolOptions options = {}, Streams streams = Streams())
       : upstream_(std::move(upstream)), small_(checked(options), upstream_), streams_(std::move(streams)),
-        options_(options) {}
+        options_(options), near_full_(near_full(upstream_, options)) {}
   ~StreamOrderedPool() { release_all(); }
   StreamOrderedPool(const StreamOrderedPool&) = delete;
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
@@ -179,6 +180,20 @@ private:
     return options;
   }
 
+  /// The bytes held past which a cached block serves requests down to 2/3 of its size
+  /// (StreamPoolOptions::near_full_permille); max() where the upstream reports no capacity.
+  static std::size_t near_full(const Upstream& upstream, const StreamPoolOptions& options) {
+    if constexpr (ReportsCapacity<Upstream>) {
+      const std::size_t capacity = upstream.capacity();
+      return options.near_full_permille >= 1000 ? std::numeric_limits<std::size_t>::max()
+                                                : capacity / 1000 * options.near_full_permille;
+    } else {
+      (void)upstream;
+      (void)options;
+      return std::numeric_limits<std::size_t>::max();
+    }
+  }
+
   /// A new block: cut from the small blocks' segments, or an upstream allocation of its own.
   cuda::std::expected<void*, Errc> make(std::size_t size, std::size_t alignment) noexcept {
     return small_.cuts(size, alignment) ? small_.take(size, alignment) : upstream_.try_allocate(size, alignment);
@@ -219,10 +234,12 @@ private:
     }
     try {
       const std::lock_guard lock(mutex_);
-      // Blocks between `size` and twice it, smallest first: the same stream's first, then any
-      // whose free has completed.
+      // Blocks between `size` and twice it (1.5 times it near a full card), smallest first: the
+      // same stream's first, then any whose free has completed.
+      const bool snug = stats_.bytes_in_use + stats_.bytes_cached > near_full_;
+      const std::size_t most = size > ~std::size_t{0} / 2 ? ~std::size_t{0} : snug ? size + size / 2 : 2 * size;
       const auto first = cached_.lower_bound(size);
-      const auto last = cached_.upper_bound(size > ~std::size_t{0} / 2 ? ~std::size_t{0} : 2 * size);
+      const auto last = cached_.upper_bound(most);
       auto pick = cached_.end();
       for (auto it = first; it != last; ++it) {
         if (reinterpret_cast<std::uintptr_t>(it->second.address) % alignment != 0) {
@@ -383,6 +400,7 @@ private:
   detail::AddressTable<Live> live_;            ///< by address
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;
+  std::size_t near_full_; ///< see near_full()
 };
 
 static_assert(MemoryResource<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&
