@@ -139,6 +139,19 @@ TEST_CASE("near a full card a cached block serves requests down to 2/3 of its si
   CHECK(q == x);
   pool.deallocate(s0, p, 24 * KiB, 256);
   pool.deallocate(s0, q, 27 * KiB, 256);
+  // A block freed on s0 while its work runs, and too little room on the card: the narrow window
+  // finds nothing, the card refuses, and the block (only s0 may take it) serves as it would have.
+  Pool full(SimulatedCard(64 * KiB), {}, SimulatedStreams(1));
+  void* big = *full.try_allocate(s0, 40 * KiB, 256);
+  void* kept = *full.try_allocate(s0, 16 * KiB, 256);
+  full.streams().enqueue(s0);
+  full.deallocate(s0, big, 40 * KiB, 256);
+  const auto wide = full.try_allocate(s0, 24 * KiB, 256);
+  REQUIRE(wide);
+  CHECK(*wide == big);
+  CHECK(full.stats().upstream_failures == 1);
+  full.deallocate(s0, *wide, 24 * KiB, 256);
+  full.deallocate(s0, kept, 16 * KiB, 256);
   // Where the pool never counts itself near full, half is enough, as on a card with room.
   Pool roomy(SimulatedCard(64 * KiB), {.near_full_permille = 1000}, SimulatedStreams(1));
   void* y = *roomy.try_allocate(s0, 40 * KiB, 256);
@@ -179,6 +192,11 @@ TEST_CASE("bad input is refused and changes nothing") {
   CHECK_FALSE(pool.owns(p));
   CHECK(pool.stats().upstream_failures == 2);
   CHECK_THROWS_AS(Pool(SimulatedCard(KiB), {.granularity = 3}, SimulatedStreams(1)), carve::Exception);
+  // A granularity above the small blocks' 2 MiB segments: segments of one granule, no error.
+  Pool coarse(SimulatedCard(std::size_t{64} << 20), {.granularity = std::size_t{4} << 20}, SimulatedStreams(1));
+  void* c = *coarse.try_allocate(s0, KiB, 256);
+  CHECK(coarse.upstream().used_bytes() == std::size_t{4} << 20);
+  coarse.deallocate(s0, c, KiB, 256);
   CHECK(pool.trim() == 0);
 }
 

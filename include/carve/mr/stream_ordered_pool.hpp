@@ -18,11 +18,11 @@
 /// upstream. This is the rule of PyTorch's CUDA caching allocator and of cudaMallocAsync pools.
 ///
 /// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
-/// block serves requests between half its size and its size, so small requests do not pin large
-/// blocks. A new block is an upstream allocation of its own, except a small one (at most
-/// StreamPoolOptions::small_block_max), which is cut from a 2 MiB segment small blocks share (a
-/// CachingPool over the upstream, where the upstream is a card: UpstreamResource) and goes back to
-/// it, merging with its free neighbours, when the pool gives it back. The synchronous spellings
+/// block serves requests between half its size and its size (2/3 near a full card:
+/// StreamPoolOptions::near_full_permille), so small requests do not pin large blocks. A new block is an upstream
+/// allocation of its own, except a small one (at most StreamPoolOptions::small_block_max), which is cut from a 2 MiB
+/// segment small blocks share (a CachingPool over the upstream, where the upstream is a card: UpstreamResource) and
+/// goes back to it, merging with its free neighbours, when the pool gives it back. The synchronous spellings
 /// (try_allocate / deallocate without a stream) are for callers that have synchronised: a
 /// synchronous free is reusable by any stream at once, and a synchronous allocation takes only
 /// blocks whose events have completed. Cached blocks go back on trim(), when the upstream refuses a
@@ -80,6 +80,8 @@ public:
   explicit StreamOrderedPool(Upstream upstream, StreamPoolOptions options = {}, Streams streams = Streams())
       : upstream_(std::move(upstream)), small_(checked(options), upstream_), streams_(std::move(streams)),
         options_(options), near_full_(near_full(upstream_, options)) {}
+  /// Gives every cached block back, then every small blocks' segment: small blocks still handed
+  /// out become invalid with their segments (a larger one stays with the upstream).
   ~StreamOrderedPool() { release_all(); }
   StreamOrderedPool(const StreamOrderedPool&) = delete;
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
@@ -184,9 +186,10 @@ private:
   /// (StreamPoolOptions::near_full_permille); max() where the upstream reports no capacity.
   static std::size_t near_full(const Upstream& upstream, const StreamPoolOptions& options) {
     if constexpr (ReportsCapacity<Upstream>) {
-      const std::size_t capacity = upstream.capacity();
-      return options.near_full_permille >= 1000 ? std::numeric_limits<std::size_t>::max()
-                                                : capacity / 1000 * options.near_full_permille;
+      const std::size_t capacity = upstream.capacity(); // 0: unknown (CudaDeviceResource's, failing)
+      const std::size_t p = options.near_full_permille;
+      return p >= 1000 || capacity == 0 ? std::numeric_limits<std::size_t>::max()
+                                        : capacity / 1000 * p + capacity % 1000 * p / 1000;
     } else {
       (void)upstream;
       (void)options;
@@ -223,6 +226,47 @@ private:
     }
   }
 
+  /// The smallest cached block of `least` to `most` bytes that `stream` may take now, at
+  /// `alignment`: one freed on `stream` first (stream order makes it safe), else one whose free's
+  /// event has completed; cached_.end() when none. Under the lock.
+  auto cached_block(std::size_t least, std::size_t most, std::size_t alignment,
+                    const std::optional<stream_type>& stream) noexcept {
+    const auto first = cached_.lower_bound(least);
+    const auto last = cached_.upper_bound(most);
+    const auto aligned = [&](const auto& it) {
+      return reinterpret_cast<std::uintptr_t>(it->second.address) % alignment == 0;
+    };
+    for (auto it = first; it != last; ++it) {
+      if (aligned(it) && stream && it->second.freed_on == stream) {
+        ++stats_.same_stream_reuses;
+        return it;
+      }
+    }
+    for (auto it = first; it != last; ++it) {
+      if (!aligned(it)) {
+        continue;
+      }
+      if (ready(it->second)) {
+        stats_.cross_stream_reuses += it->second.freed_on ? 1u : 0u;
+        return it;
+      }
+      ++stats_.waits_avoided;
+    }
+    return cached_.end();
+  }
+  /// The cached block at `pick`, handed out for a request of `bytes` at `alignment`. Under the lock.
+  void* hand_out(typename std::multimap<std::size_t, Cached>::iterator pick, std::size_t bytes, std::size_t alignment) {
+    void* p = pick->second.address;
+    const std::size_t whole = pick->first;
+    live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment, pick->second.alignment});
+    drop_event(pick->second);
+    cached_.erase(pick);
+    stats_.bytes_cached -= whole;
+    stats_.bytes_in_use += whole;
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
+    return p;
+  }
+
   [[nodiscard]] cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
                                                       std::optional<stream_type> stream) noexcept {
     if (const auto ok = check_request(bytes, alignment); !ok) {
@@ -234,54 +278,28 @@ private:
     }
     try {
       const std::lock_guard lock(mutex_);
-      // Blocks between `size` and twice it (1.5 times it near a full card), smallest first: the
-      // same stream's first, then any whose free has completed.
+      // A cached block between `size` and twice it (1.5 times it near a full card); else a new one.
+      const std::size_t twice = size > ~std::size_t{0} / 2 ? ~std::size_t{0} : 2 * size;
       const bool snug = stats_.bytes_in_use + stats_.bytes_cached > near_full_;
-      const std::size_t most = size > ~std::size_t{0} / 2 ? ~std::size_t{0} : snug ? size + size / 2 : 2 * size;
-      const auto first = cached_.lower_bound(size);
-      const auto last = cached_.upper_bound(most);
-      auto pick = cached_.end();
-      for (auto it = first; it != last; ++it) {
-        if (reinterpret_cast<std::uintptr_t>(it->second.address) % alignment != 0) {
-          continue;
-        }
-        if (stream && it->second.freed_on == stream) {
-          pick = it;
-          ++stats_.same_stream_reuses;
-          break;
-        }
-      }
-      if (pick == cached_.end()) {
-        for (auto it = first; it != last; ++it) {
-          if (reinterpret_cast<std::uintptr_t>(it->second.address) % alignment != 0) {
-            continue;
-          }
-          if (ready(it->second)) {
-            pick = it;
-            stats_.cross_stream_reuses += it->second.freed_on ? 1u : 0u;
-            break;
-          }
-          ++stats_.waits_avoided;
-        }
-      }
-      if (pick != cached_.end()) {
-        void* p = pick->second.address;
-        const std::size_t whole = pick->first;
-        live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment, pick->second.alignment});
-        drop_event(pick->second);
-        cached_.erase(pick);
-        stats_.bytes_cached -= whole;
-        stats_.bytes_in_use += whole;
-        stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
-        return p;
+      const std::size_t most = snug && size <= ~std::size_t{0} - size / 2 ? std::min(twice, size + size / 2) : twice;
+      if (const auto pick = cached_block(size, most, alignment, stream); pick != cached_.end()) {
+        return hand_out(pick, bytes, alignment);
       }
       auto fresh = make(size, alignment);
       if (!fresh && fresh.error() != Errc::invalid_size) {
         ++stats_.upstream_failures;
         if (!on_hold_) { // the card, or a small block's segment, may hold it once the cache is back
-          const std::size_t blocks = release_ready(0).blocks;
-          if (blocks + small_.trim() != 0) {
+          const Released back = release_ready(0);
+          const std::size_t trimmed = small_.trim();
+          if (back.to_upstream + trimmed != 0 || (small_.cuts(size, alignment) && back.blocks != 0)) {
             fresh = make(size, alignment);
+          }
+        }
+        // Still none: a cached block up to twice the request is better than none, near a full
+        // card too (one that stayed cached: its stream's work still queued, or the pool held).
+        if (!fresh && most < twice) {
+          if (const auto pick = cached_block(most + 1, twice, alignment, stream); pick != cached_.end()) {
+            return hand_out(pick, bytes, alignment);
           }
         }
       }

@@ -31,7 +31,9 @@ struct StreamPoolOptions {
   /// with room, the wider window keeps fewer blocks cached. carve_replay: with it GPT-2, ResNet-50,
   /// the variable lengths and TinyLlama run on cards of 24.482, 22.074, 15.389 and 5.629 GiB
   /// (PyTorch's model: 25.064, 22.115, 15.723, 5.879), without it on 24.611, 22.553, 15.973 and
-  /// 5.656; nothing changes where the card has room. 1000 or more: never.
+  /// 5.656; nothing changes where the card has room. A request the card then refuses, even once
+  /// the cache went back, still takes a cached block up to twice its size. 1000 or more, or an
+  /// upstream that reports a capacity of 0: never.
   std::size_t near_full_permille = 500;
 };
 

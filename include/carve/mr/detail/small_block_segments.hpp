@@ -11,6 +11,7 @@
 
 #include <cuda/std/expected>
 
+#include <algorithm>
 #include <cstddef>
 
 namespace carve::detail {
@@ -37,10 +38,14 @@ template <MemoryResource Upstream>
 requires UpstreamResource<ResourceRef<Upstream>>
 class SmallBlockSegments<Upstream> {
 public:
-  /// Segments of CachingPool's default size (2 MiB), blocks rounded to `options.granularity`.
+  /// Segments of 2 MiB (of one granule where `options.granularity` is larger), blocks rounded to
+  /// the granularity, which must be a power of two.
   SmallBlockSegments(const StreamPoolOptions& options, Upstream& upstream)
       : max_(options.small_block_max), granularity_(options.granularity),
-        segments_(ResourceRef<Upstream>(upstream), PoolOptions{.granularity = options.granularity}) {}
+        segments_(ResourceRef<Upstream>(upstream),
+                  PoolOptions{.granularity = options.granularity,
+                              .segment_size = std::max(std::size_t{2} << 20, options.granularity),
+                              .shared_segment_size = 0}) {}
 
   /// Whether a block of `size` bytes (a multiple of the granularity) at `alignment` is cut here.
   bool cuts(std::size_t size, std::size_t alignment) const noexcept {
