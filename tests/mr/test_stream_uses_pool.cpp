@@ -73,6 +73,17 @@ SynchronizingStreams unrecordable_side(SimulatedStreams& work, std::atomic<int>&
   return streams;
 }
 
+// A 16 KiB block of `pool` named on `side`, freed on `compute` while `side` has work queued: the
+// free is held.
+template <class Pool>
+void free_while_side_works(Pool& pool, SimulatedStreams& work) {
+  void* p = *pool.try_allocate(compute, 16 * KiB, 256);
+  REQUIRE(pool.record_stream(p, side));
+  work.enqueue(side);
+  REQUIRE(pool.try_deallocate(compute, p, 16 * KiB, 256));
+  CHECK(pool.stats().held_frees == 1);
+}
+
 // The three pools, over the shared streams, each with room for 256 KiB of blocks.
 template <class Streams>
 struct OrderedOver {
@@ -213,11 +224,7 @@ TEST_CASE("a stream on which no event can be recorded: synchronised where the St
     SimulatedStreams work(3);
     std::atomic<int> synchronized{0};
     auto pool = OrderedOver<SynchronizingStreams>::make(unrecordable_side(work, synchronized));
-    void* p = *pool.try_allocate(compute, 16 * KiB, 256);
-    REQUIRE(pool.record_stream(p, side));
-    work.enqueue(side);
-    REQUIRE(pool.try_deallocate(compute, p, 16 * KiB, 256));
-    CHECK(pool.stats().held_frees == 1);
+    free_while_side_works(pool, work);
     CHECK(pool.collect() == 1); // side synchronised: its work ran
     CHECK(work.pending(side) == 0);
     CHECK(synchronized.load() == 1);
@@ -255,11 +262,7 @@ TEST_CASE("a held free made with no stream, and held frees the adaptor's end sti
     std::atomic<int> synchronized{0};
     {
       auto pool = OrderedOver<SynchronizingStreams>::make(unrecordable_side(work, synchronized));
-      void* p = *pool.try_allocate(compute, 16 * KiB, 256);
-      REQUIRE(pool.record_stream(p, side));
-      work.enqueue(side);
-      REQUIRE(pool.try_deallocate(compute, p, 16 * KiB, 256));
-      CHECK(pool.stats().held_frees == 1);
+      free_while_side_works(pool, work);
       CHECK(work.pending(side) == 1);
     }
     CHECK(work.pending(side) == 0); // its reads ran before the pool took the block back

@@ -19,16 +19,18 @@
 ///
 /// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
 /// block serves requests between half its size and its size (2/3 near a full card:
-/// StreamPoolOptions::near_full_permille), so small requests do not pin large blocks. A new block is an upstream
-/// allocation of its own, except a small one (at most StreamPoolOptions::small_block_max), which is cut from a 2 MiB
-/// segment small blocks share (a CachingPool over the upstream, where the upstream is a card: UpstreamResource) and
-/// goes back to it, merging with its free neighbours, when the pool gives it back. The synchronous spellings
+/// StreamPoolOptions::near_full_permille), so small requests do not pin large blocks. A new block
+/// is an upstream allocation of its own, except a small one (at most
+/// StreamPoolOptions::small_block_max), which is cut from a 2 MiB segment small blocks share (a
+/// CachingPool over the upstream, where the upstream is a card: UpstreamResource) and goes back to
+/// it, merging with its free neighbours, when the pool gives it back. The synchronous spellings
 /// (try_allocate / deallocate without a stream) are for callers that have synchronised: a
 /// synchronous free is reusable by any stream at once, and a synchronous allocation takes only
 /// blocks whose events have completed. Cached blocks go back on trim(), when the upstream refuses a
 /// request, and beyond StreamPoolOptions::idle_threshold (these two not while held: hold()); in
 /// each case only blocks whose events have completed, and then every shared segment none of whose
-/// blocks is left goes back to the upstream.
+/// blocks is left goes back to the upstream. The shared segments have run on the host only; over
+/// cudaMalloc they have not yet run on a GPU.
 /// Options and stats: carve/mr/stream_ordered_pool_options.hpp.
 ///
 /// Errors: invalid_size (check_request, or a size that overflows when rounded to the granularity);
