@@ -4,8 +4,9 @@
 // - expandable: ExpandablePool over the device's virtual memory (CountingMapper counts what it
 //   maps). It orders frees on streams itself.
 // - stream-ordered: StreamOrderedPool over cudaMalloc (CountingUpstream): a block freed on a
-//   stream is reused there at once and on another stream once an event recorded at the free has
-//   completed; the idle threshold is its StreamPoolOptions::idle_threshold.
+//   stream is reused there at once and on another stream once an event recorded at or after the
+//   free has completed (none at the free while one stream is all it has seen); the idle threshold
+//   is its StreamPoolOptions::idle_threshold.
 // - caching: StreamCachingPool over cudaMalloc (CountingUpstream), PyTorch's own rule: a
 //   CachingPool per stream (a block serves only the stream it was allocated on; memory moves
 //   between streams only through the device, once the stream that held it has finished its work),

@@ -9,8 +9,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <random>
 #include <thread>
@@ -70,6 +72,120 @@ TEST_CASE("a freed block: at once on its own stream, on another only after the f
   pool.trim();
   CHECK(pool.stats().bytes_in_use == 0);
   CHECK(pool.upstream().used_bytes() == 0);
+}
+
+// SimulatedStreams that count the events recorded on them (an event is a driver call on a GPU).
+struct CountingStreams {
+  using stream_type = SimulatedStream;
+  using event_type = SimulatedStreams::event_type;
+  SimulatedStreams* streams;
+  int* recorded;
+  carve::Result<event_type> record(SimulatedStream s) {
+    ++*recorded;
+    return streams->record(s);
+  }
+  bool completed(event_type e) const { return streams->completed(e); }
+  void release(event_type e) noexcept { streams->release(e); }
+};
+static_assert(carve::StreamEvents<CountingStreams>);
+
+TEST_CASE("one stream: its frees record no events; one event answers for them all when asked") {
+  SimulatedStreams streams(2);
+  int recorded = 0;
+  carve::StreamOrderedPool<SimulatedCard, CountingStreams> pool(SimulatedCard(1 << 20), {},
+                                                                CountingStreams{&streams, &recorded});
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(*pool.try_allocate(s0, 4 * KiB, 256));
+  }
+  streams.enqueue(s0); // a kernel on s0 uses them
+  for (void* p : blocks) {
+    REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 256));
+  }
+  CHECK(recorded == 0);
+  // Reused on its own stream: nothing to ask.
+  void* again = *pool.try_allocate(s0, 4 * KiB, 256);
+  CHECK(std::find(blocks.begin(), blocks.end(), again) != blocks.end());
+  CHECK(recorded == 0);
+  // A synchronous request must know that s0 passed the frees: one event, for every free so far,
+  // recorded after the kernel, so not yet complete.
+  void* sync = *pool.try_allocate(4 * KiB, 256);
+  CHECK(std::find(blocks.begin(), blocks.end(), sync) == blocks.end());
+  CHECK(recorded == 1);
+  CHECK(pool.trim() == 0); // still the same event: nothing went back
+  CHECK(recorded == 1);
+  streams.complete(s0);
+  CHECK(pool.trim() == 7 * 4 * KiB);
+  CHECK(recorded == 1);
+  pool.deallocate(s0, again, 4 * KiB, 256);
+  pool.deallocate(sync, 4 * KiB, 256);
+  CHECK(pool.trim() == 2 * 4 * KiB); // s0 has run everything: the event recorded now completes at once
+  CHECK(recorded == 2);
+  // The second stream: from now on each free on a stream records its own event.
+  void* other = *pool.try_allocate(s1, 4 * KiB, 256);
+  const int before = recorded;
+  streams.enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, other, 4 * KiB, 256));
+  CHECK(recorded == before + 1);
+  streams.enqueue(s1); // more work on s1, after the free
+  streams.complete(s1, 1);
+  // s0 may take it: s1 passed the free, though not the work queued after it.
+  CHECK(*pool.try_allocate(s0, 4 * KiB, 256) == other);
+}
+
+TEST_CASE("held, the pool records no event to ask whether the lone stream passed a free") {
+  SimulatedStreams streams(2);
+  int recorded = 0;
+  carve::StreamOrderedPool<SimulatedCard, CountingStreams> pool(SimulatedCard(1 << 20), {},
+                                                                CountingStreams{&streams, &recorded});
+  void* p = *pool.try_allocate(s0, 4 * KiB, 256);
+  streams.enqueue(s0);
+  REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 256));
+  streams.complete(s0);
+  pool.hold(true); // s0 may be capturing a graph: an event recorded there would never be recorded
+  void* q = *pool.try_allocate(4 * KiB, 256);
+  CHECK(q != p);
+  void* r = *pool.try_allocate(s1, 4 * KiB, 256);
+  CHECK(r != p);
+  CHECK(recorded == 0);
+  pool.hold(false);
+  CHECK(*pool.try_allocate(4 * KiB, 256) == p); // asked now: s0 has run its work
+  CHECK(recorded == 1);
+}
+
+// CountingStreams that can wait for an event (as CudaStreams can): waiting runs the stream's work.
+struct WaitingStreams : CountingStreams {
+  int* waits;
+  void wait(event_type e) noexcept {
+    ++*waits;
+    streams->complete(SimulatedStream{e.stream});
+  }
+};
+static_assert(carve::StreamEventsThatWait<WaitingStreams>);
+
+TEST_CASE("trim and a refusal wait for the lone stream's work where the streams can") {
+  SimulatedStreams streams(1);
+  int recorded = 0;
+  int waits = 0;
+  carve::StreamOrderedPool<SimulatedCard, WaitingStreams> pool(SimulatedCard(4 << 20), {},
+                                                               WaitingStreams{{&streams, &recorded}, &waits});
+  // trim(): the event it records has not completed (on a GPU the host runs ahead): it waits.
+  void* p = *pool.try_allocate(s0, 4 * KiB, 256);
+  streams.enqueue(s0);
+  REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 256));
+  CHECK(pool.trim() == 2 << 20); // the small block's segment, whole
+  CHECK(recorded == 1);
+  CHECK(waits == 1);
+  // A refusal: the cached 3 MiB block's stream is still busy, so a synchronous request passes it
+  // over, the card refuses, and the retry waits for the stream before giving the block back.
+  void* big = *pool.try_allocate(s0, 3 << 20, 256);
+  streams.enqueue(s0);
+  REQUIRE(pool.try_deallocate(s0, big, 3 << 20, 256));
+  const auto other = pool.try_allocate(2 << 20, 256);
+  REQUIRE(other);
+  CHECK(waits == 2);
+  CHECK(pool.stats().bytes_cached == 0);
+  pool.deallocate(*other, 2 << 20, 256);
 }
 
 TEST_CASE("sizes: a cached block serves requests between half its size and its size") {
@@ -259,56 +375,84 @@ TEST_CASE("idle threshold: a free that leaves more cached gives back blocks whos
 }
 
 TEST_CASE("random streams against a model: never handed to another stream before its event") {
+  // The model keeps ranges, not start addresses: small blocks are cut from shared segments, so a
+  // block handed out may overlap a freed one without starting where it did.
   for (unsigned seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);
     std::mt19937 rng(seed);
     constexpr std::uint32_t streams = 4;
-    Pool pool(SimulatedCard(4 << 20), {.granularity = 256}, SimulatedStreams(streams));
+    // A low idle threshold, so that cached blocks go back to their segments, to be cut anew.
+    Pool pool(SimulatedCard(4 << 20), {.granularity = 256, .idle_threshold = 32 * KiB}, SimulatedStreams(streams));
     struct Held {
       std::size_t bytes;
       std::uint32_t stream;
+      unsigned char tag; // every byte of the block, written when handed out
     };
-    std::map<void*, Held> held;
-    // The model: for each freed address, the stream and the position of its event.
+    std::map<std::uintptr_t, Held> held;
+    // Each freed range, its stream and the position of its free in that stream's work.
     struct Freed {
+      std::uintptr_t end;
       std::uint32_t stream;
       std::uint64_t position;
     };
-    std::map<void*, Freed> freed;
+    std::map<std::uintptr_t, Freed> freed;
     std::vector<std::uint64_t> queued(streams, 0);
     std::vector<std::uint64_t> done(streams, 0);
+    // The first entry of `ranges` that may overlap [a, ...): the one before a's position, if any.
+    const auto first_near = [](auto& ranges, std::uintptr_t a) {
+      auto it = ranges.lower_bound(a);
+      return it == ranges.begin() ? it : std::prev(it);
+    };
+    // The first 1000 steps use one stream, whose frees record no events of their own.
     for (int step = 0; step < 3000; ++step) {
-      const auto s = static_cast<std::uint32_t>(rng() % streams);
+      const auto s = step < 1000 ? 0u : static_cast<std::uint32_t>(rng() % streams);
       const auto dice = static_cast<unsigned>(rng() % 10);
       if (dice < 4) {
         const std::size_t bytes = 64 + rng() % (16 * KiB);
-        const auto p = pool.try_allocate(SimulatedStream{s}, bytes, 256);
+        const bool synchronous = rng() % 8 == 0; // takes only blocks whose stream passed the free
+        const auto p = synchronous ? pool.try_allocate(bytes, 256) : pool.try_allocate(SimulatedStream{s}, bytes, 256);
         REQUIRE(p);
-        REQUIRE(held.count(*p) == 0); // never owned twice
-        if (const auto f = freed.find(*p); f != freed.end()) {
-          // Reused: on the stream that freed it, or after that stream passed the free.
-          CHECK((f->second.stream == s || done[f->second.stream] >= f->second.position));
-          freed.erase(f);
+        const auto a = reinterpret_cast<std::uintptr_t>(*p);
+        for (auto it = first_near(held, a); it != held.end() && it->first < a + bytes; ++it) {
+          REQUIRE(it->first + it->second.bytes <= a); // never overlaps a live block
         }
-        held[*p] = {bytes, s};
-        std::memset(*p, static_cast<int>(s), bytes);
+        for (auto it = first_near(freed, a); it != freed.end() && it->first < a + bytes;) {
+          if (it->second.end <= a) {
+            ++it;
+            continue;
+          }
+          const Freed& f = it->second;
+          // The same block again: on the stream that freed it, or once that stream passed the
+          // free. Part of one (its memory went back to a segment and was cut anew): only once
+          // the free was passed, whatever the stream.
+          const bool passed = done[f.stream] >= f.position;
+          CHECK((passed || (it->first == a && f.stream == s && !synchronous)));
+          it = freed.erase(it);
+        }
+        const auto tag = static_cast<unsigned char>(1 + rng() % 255);
+        held[a] = {bytes, s, tag};
+        std::memset(*p, tag, bytes);
       } else if (dice < 8 && !held.empty()) {
         auto it = held.begin();
         std::advance(it, static_cast<long>(rng() % held.size()));
+        const auto* bytes = reinterpret_cast<const unsigned char*>(it->first);
+        REQUIRE(std::all_of(bytes, bytes + it->second.bytes, [&](unsigned char b) { return b == it->second.tag; }));
         const std::uint32_t on = rng() % 3 == 0 ? s : it->second.stream; // freed on another stream too
         pool.streams().enqueue(SimulatedStream{on});
         ++queued[on];
-        REQUIRE(pool.try_deallocate(SimulatedStream{on}, it->first, it->second.bytes, 256));
-        freed[it->first] = {on, queued[on]};
+        REQUIRE(pool.try_deallocate(SimulatedStream{on}, reinterpret_cast<void*>(it->first), it->second.bytes, 256));
+        freed[it->first] = {it->first + it->second.bytes, on, queued[on]};
         held.erase(it);
+      } else if (rng() % 4 == 0) {
+        pool.trim(); // what goes back to a segment may be cut anew, at other starts
       } else {
         const std::uint64_t n = rng() % 3;
         pool.streams().complete(SimulatedStream{s}, n);
         done[s] = std::min(queued[s], done[s] + n);
       }
     }
-    for (const auto& [p, h] : held) {
-      REQUIRE(pool.try_deallocate(p, h.bytes, 256));
+    for (const auto& [a, h] : held) {
+      REQUIRE(pool.try_deallocate(reinterpret_cast<void*>(a), h.bytes, 256));
     }
     for (std::uint32_t s = 0; s < streams; ++s) {
       pool.streams().complete(SimulatedStream{s});

@@ -522,7 +522,12 @@ TEST_CASE("each stack: a capture that begins while a free records its events on 
 
 TEST_CASE("stream-ordered stack: a capture that begins while a free records its event on that stream waits for it") {
   auto stack = make(PoolKind::stream_ordered);
-  const cudaStream_t graph = stream(fresh_streams(1));
+  const std::uintptr_t first = fresh_streams(2);
+  const cudaStream_t graph = stream(first);
+  // A pool that has seen one stream records no event at a free: a second stream turns them on.
+  void* other = stack->allocate(stream(first + 1), MiB);
+  REQUIRE(other != nullptr);
+  REQUIRE(stack->deallocate(stream(first + 1), other, MiB));
   void* p = stack->allocate(graph, MiB); // freed on its own stream: the pool records an event there
   REQUIRE(p != nullptr);
   bool freed = false;

@@ -13,7 +13,7 @@
 /// @endcode
 ///
 /// Why this pool: a cache shared by every stream must know, for each cached block, when the work
-/// that used it has run (StreamOrderedPool records an event at every free). PyTorch's CUDA caching
+/// that used it has run (StreamOrderedPool records events on the freeing streams). PyTorch's CUDA caching
 /// allocator avoids the events on the common path instead: the next user of a block is always
 /// queued on the same stream as the last, behind it. carve_gpu.torch.use("caching") runs this
 /// type, and carve_replay's `caching-pool` row measures this same type over the replay's streams,

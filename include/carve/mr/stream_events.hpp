@@ -5,8 +5,8 @@
 /// A stream runs its work in order. An event recorded on a stream completes when everything
 /// queued on that stream before it has run. That is all a stream-ordered pool relies on: a block
 /// freed on stream S may be handed to S again at once (whatever uses it next is queued behind
-/// what used it before), and to another stream only once an event recorded at the free has
-/// completed. `CudaStreams` (carve/mr/cuda_stream_events.hpp) is the real thing;
+/// what used it before), and to another stream only once an event recorded on S at or after the
+/// free has completed. `CudaStreams` (carve/mr/cuda_stream_events.hpp) is the real thing;
 /// `SimulatedStreams` runs the same pool code on the host, where a test decides when work
 /// completes.
 #pragma once

@@ -1,6 +1,7 @@
 /// @file carve/mr/stream_ordered_pool.hpp
 /// A caching pool whose frees are ordered on streams: a block freed on a stream is reused on that
-/// stream at once, and on another only after an event recorded at the free has completed.
+/// stream at once, and on another only after an event recorded on it at or after the free has
+/// completed.
 ///
 /// @code
 /// carve::StreamOrderedPool<carve::CudaDeviceResource, carve::CudaStreams> pool(carve::CudaDeviceResource(0));
@@ -12,10 +13,19 @@
 ///
 /// A plain caching pool hands a freed block out again at once, while kernels queued before the
 /// free may still be using it; that is safe only when the next user is queued behind them on the
-/// same stream. Here each free records an event (Streams::record) on the freeing stream. An
-/// allocation on stream S takes, in this order: a cached block freed on S (stream order makes it
-/// safe), a cached block from any stream whose event has completed, or new memory from the
+/// same stream. Here a free on a stream is followed by an event (Streams::record) on that stream.
+/// An allocation on stream S takes, in this order: a cached block freed on S (stream order makes
+/// it safe), a cached block from any stream whose event has completed, or new memory from the
 /// upstream. This is the rule of PyTorch's CUDA caching allocator and of cudaMallocAsync pools.
+///
+/// When the events are recorded: while one stream is all the pool has seen (as in a training loop
+/// with no side streams), frees record none, since an event is a driver call on a GPU. When a
+/// cached block must be known to be past that stream's work (another user wants it, trim(), a
+/// refusal, the idle threshold), one event recorded then answers for every free before it; trim()
+/// and a refusal wait for it where the Streams can. Once a second stream has used the pool, each
+/// free records its own event, so another stream may reuse a block as soon as its stream passes the
+/// free. So the lone stream must stay valid while blocks it freed are cached (the pool may record
+/// on it later), on the device current when the pool is used (CudaStreams).
 ///
 /// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
 /// block serves requests between half its size and its size (2/3 near a full card:
@@ -37,9 +47,9 @@
 /// no_space when the upstream refuses, even after every
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
 /// before failing; while held, without that), and no cached block fits. A refused request makes no block; the cached
-/// blocks it gave back to the upstream in trying stay given back. A free whose event cannot be recorded keeps its block
-/// with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven from the
-/// host, whatever memory the upstream hands out.
+/// blocks it gave back to the upstream in trying stay given back. A free whose own event cannot be recorded keeps its
+/// block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven
+/// from the host, whatever memory the upstream hands out.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -47,6 +57,7 @@
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/small_block_segments.hpp>
+#include <carve/mr/detail/stream_fence.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
 #include <carve/mr/stream_events.hpp>
@@ -122,12 +133,15 @@ public:
   /// every shared segment no block holds; returns the bytes that went back to the upstream.
   std::size_t trim() noexcept {
     const std::lock_guard lock(mutex_);
-    return release_ready(0).to_upstream + small_.trim();
+    return release_ready(0, true).to_upstream + small_.trim();
   }
 
   /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
   /// when the upstream refuses a request (which is then refused); trim() still does what it is
-  /// asked. For a CUDA stream capture, during which PyTorch's allocator frees nothing either.
+  /// asked. Events are recorded only at frees, on the freeing stream: a block freed while one
+  /// stream was all the pool had seen, whose stream has not been asked about yet, waits for the
+  /// end of the hold to go to another user. For a CUDA stream capture, during which PyTorch's
+  /// allocator frees nothing either.
   void hold(bool held) noexcept {
     const std::lock_guard lock(mutex_);
     on_hold_ = held;
@@ -167,7 +181,9 @@ private:
     std::size_t alignment = 0;           ///< what the upstream was asked for (Live::upstream_alignment)
     std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere
     std::optional<event_type> event;     ///< recorded at the free; nullopt when none is needed
+    std::uint64_t free_number = 0;       ///< which free it was (the pool's count of frees)
   };
+  using Cache = std::multimap<std::size_t, Cached>;
   struct Live {
     std::size_t size = 0;      ///< the block's whole size
     std::size_t bytes = 0;     ///< as asked for
@@ -214,12 +230,31 @@ private:
     return size;
   }
 
-  /// Whether any stream may take the block now.
-  bool ready(Cached& c) noexcept {
-    if (!c.event) {
-      return !c.freed_on; // a synchronous free; or an event that could not be recorded: never
+  /// Whether any stream may take the block now (`wait`: see release_ready).
+  bool ready(Cached& c, bool wait = false) noexcept {
+    if (c.event) {
+      return static_cast<bool>(streams_.completed(*c.event));
     }
-    return static_cast<bool>(streams_.completed(*c.event));
+    if (!c.freed_on) {
+      return true; // a synchronous free
+    }
+    // Freed while its stream was the only one, with no event of its own: the stream's fence says.
+    // While held it records none: the stream may be capturing a graph, and an event recorded into
+    // a capture is never recorded on the stream, so a query would say complete. Another stream's
+    // free without an event is one whose event could not be recorded: never.
+    return *c.freed_on == *only_stream_ &&
+           fence_.settled(streams_, *c.freed_on, c.free_number, frees_, wait, !on_hold_);
+  }
+  /// Notes that `stream` uses the pool: the second stream seen turns per-free events on.
+  void saw(const std::optional<stream_type>& stream) noexcept {
+    if (!stream || many_streams_) {
+      return;
+    }
+    if (!only_stream_) {
+      only_stream_ = stream;
+    } else if (!(*only_stream_ == *stream)) {
+      many_streams_ = true;
+    }
   }
   void drop_event(Cached& c) noexcept {
     if (c.event) {
@@ -257,7 +292,7 @@ private:
     return cached_.end();
   }
   /// The cached block at `pick`, handed out for a request of `bytes` at `alignment`. Under the lock.
-  void* hand_out(typename std::multimap<std::size_t, Cached>::iterator pick, std::size_t bytes, std::size_t alignment) {
+  void* hand_out(typename Cache::iterator pick, std::size_t bytes, std::size_t alignment) {
     void* p = pick->second.address;
     const std::size_t whole = pick->first;
     live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment, pick->second.alignment});
@@ -280,6 +315,7 @@ private:
     }
     try {
       const std::lock_guard lock(mutex_);
+      saw(stream);
       // A cached block between `size` and twice it (1.5 times it near a full card); else a new one.
       const std::size_t twice = size > ~std::size_t{0} / 2 ? ~std::size_t{0} : 2 * size;
       const bool snug = stats_.bytes_in_use + stats_.bytes_cached > near_full_;
@@ -291,7 +327,7 @@ private:
       if (!fresh && fresh.error() != Errc::invalid_size) {
         ++stats_.upstream_failures;
         if (!on_hold_) { // the card, or a small block's segment, may hold it once the cache is back
-          const Released back = release_ready(0);
+          const Released back = release_ready(0, true);
           const std::size_t trimmed = small_.trim();
           if (back.to_upstream + trimmed != 0 || (small_.cuts(size, alignment) && back.blocks != 0)) {
             fresh = make(size, alignment);
@@ -348,8 +384,10 @@ private:
       }
       const auto address = reinterpret_cast<std::uintptr_t>(p);
       const std::size_t size = (*found)->size;
-      const auto cached = cached_.emplace(size, Cached{p, (*found)->upstream_alignment, stream, std::nullopt});
-      if (stream) { // recorded once the block is filed, so that the event cannot be lost
+      saw(stream);
+      const auto cached =
+          cached_.emplace(size, Cached{p, (*found)->upstream_alignment, stream, std::nullopt, ++frees_});
+      if (stream && many_streams_) { // recorded once the block is filed, so that the event cannot be lost
         try {
           if (auto e = streams_.record(*stream)) {
             cached->second.event = *e;
@@ -377,12 +415,13 @@ private:
     std::size_t to_upstream = 0;
   };
   // Cached blocks whose events have completed go back where they were made, largest first, while
-  // more than `keep` bytes are cached.
-  Released release_ready(std::size_t keep) noexcept {
+  // more than `keep` bytes are cached. `wait`: for the lone stream's fence, where the Streams can
+  // (its event is recorded only now, and on a GPU the host runs ahead of it).
+  Released release_ready(std::size_t keep, bool wait) noexcept {
     Released freed;
     for (auto it = cached_.end(); it != cached_.begin() && stats_.bytes_cached > keep;) {
       --it;
-      if (!ready(it->second)) {
+      if (!ready(it->second, wait)) {
         continue;
       }
       drop_event(it->second);
@@ -397,7 +436,7 @@ private:
   // release_ready(keep), counting the blocks given back.
   std::size_t released_blocks(std::size_t keep) noexcept {
     const std::size_t before = cached_.size();
-    release_ready(keep);
+    release_ready(keep, false); // at a free: never waits
     return before - cached_.size();
   }
 
@@ -408,6 +447,7 @@ private:
     }
     cached_.clear();
     held_.clear();
+    fence_.close(streams_);
   }
 
   Upstream upstream_;
@@ -416,11 +456,16 @@ private:
   StreamPoolOptions options_;
   mutable std::mutex mutex_;
   bool on_hold_ = false;                       ///< hold(): nothing goes back by itself
-  std::multimap<std::size_t, Cached> cached_;  ///< by block size
+  Cache cached_;                               ///< by block size
   detail::AddressTable<Live> live_;            ///< by address
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;
   std::size_t near_full_; ///< see near_full()
+  // The streams seen (saw()), and for the only one, which of its frees its work has passed.
+  std::optional<stream_type> only_stream_;
+  bool many_streams_ = false;
+  std::uint64_t frees_ = 0; ///< frees so far (Cached::free_number)
+  detail::StreamFence<Streams> fence_;
 };
 
 static_assert(MemoryResource<StreamOrderedPool<SimulatedCard, SimulatedStreams>> &&

@@ -7,9 +7,9 @@
 #include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/cross_stream_frees.hpp>
+#include <carve/mr/detail/stream_fence.hpp>
 #include <carve/vmm/detail/hole_lending.hpp>
 #include <carve/vmm/detail/idle_chunks.hpp>
-#include <carve/vmm/detail/stream_fence.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
 

@@ -1,6 +1,7 @@
-// carve/vmm/detail/stream_fence.hpp — what an ExpandablePool keeps, per reservation, about its
-// stream's work on freed memory: a fence saying which frees that work has passed (memory is
-// unmapped only then). Frees made on another stream wait in carve/mr/detail/cross_stream_frees.hpp.
+// carve/mr/detail/stream_fence.hpp — which frees a stream's work has passed, asked with one event
+// for many frees: what an ExpandablePool keeps per reservation (memory is unmapped only once the
+// work passed its frees) and a StreamOrderedPool for the one stream it has seen (its blocks go to
+// another user only then). Frees made on another stream wait in carve/mr/detail/cross_stream_frees.hpp.
 #pragma once
 
 #include <carve/mr/stream_events.hpp>
@@ -21,11 +22,15 @@ public:
   using stream_type = typename Streams::stream_type;
 
   // Whether the work `stream` queued before free number `since` has run; `frees` is the count of
-  // frees so far. `wait`: block until then, where the Streams can.
-  bool settled(Streams& streams, const stream_type& stream, std::uint64_t since, std::uint64_t frees,
-               bool wait) noexcept {
+  // frees so far. `wait`: block until then, where the Streams can. Without `may_record`, only an
+  // event recorded before is asked (nothing may be recorded on `stream` now: a capture).
+  bool settled(Streams& streams, const stream_type& stream, std::uint64_t since, std::uint64_t frees, bool wait,
+               bool may_record = true) noexcept {
     for (int round = 0; round < 2 && since > settled_; ++round) { // an older fence first, then a new one
       if (!event_) {
+        if (!may_record) {
+          return false;
+        }
         try {
           auto e = streams.record(stream);
           if (!e) {
