@@ -8,9 +8,11 @@ each in a process of its own under carve_gpu.torch.use(pool, max_reserved="2G"):
   a reduction whose temporary does not fit raises the same; a zero-element tensor is no error;
 - a batch-size search that halves on that error (as those tools do) ends with a batch served, and
   later work runs;
-- no memory goes back while a kernel may use it: a kernel queued behind a long sleep reads a
-  tensor that is then deleted, with empty_cache() (PyTorch's and carve's) called at once; the
-  kernel's result is right and nothing faults. The same through Tensor.record_stream: a tensor
+- no memory goes back, or to another stream, while a kernel may use it: a kernel queued behind a
+  long sleep reads a tensor that is then deleted, and a tensor of its size is made on another
+  stream at once (before any other stream has allocated in the process); the same with
+  empty_cache() (PyTorch's and carve's) called at once; the kernel's result is right and nothing
+  faults. The same through Tensor.record_stream: a tensor
   read on a side stream, freed on its own, is not handed to the next tensor of its size.
 
 Under CuPy (where it is installed), for each pool in a process of its own under
@@ -115,10 +117,24 @@ def run_child(pool, library):
     checks["a batch-size search that halves on out of memory ends served"] = (
         True if refusals > 0 and served == batch // MiB else f"served {batch} bytes after {refusals} refusals")
 
+    # A kernel queued behind ~1 s of sleep reads `x`, which is freed at once; a tensor of its size
+    # on another stream, whose work is not ordered behind the sleep, must not take its memory
+    # meanwhile. This comes before any other stream allocates here: the stream-ordered pool records
+    # no event at a free while one stream is all it has seen, and one when another stream asks.
+    n = 64 * MiB
+    x = torch.ones(n, dtype=torch.float32, device="cuda")
+    torch.cuda._sleep(2_000_000_000)
+    total = x.sum()
+    x = None
+    with torch.cuda.stream(torch.cuda.Stream()):
+        overwrite = torch.full((n,), 3.0, device="cuda")
+    checks["a tensor freed while a kernel reads it is not handed to another stream"] = (
+        True if float(total.item()) == n else f"the kernel's sum is {float(total.item())}, not {n}")
+    overwrite = None
+
     # A kernel queued behind ~1 s of sleep reads `x`; x is deleted and every cache emptied before
     # the kernel runs. Memory given back under it would fault or change its sum; memory handed to
     # another stream (whose work is not ordered behind the sleep) would change it too.
-    n = 64 * MiB
     x = torch.ones(n, dtype=torch.float32, device="cuda")
     torch.cuda._sleep(2_000_000_000)
     total = x.sum()
