@@ -269,17 +269,19 @@ private:
   auto cached_block(std::size_t least, std::size_t most, std::size_t alignment,
                     const std::optional<stream_type>& stream) noexcept {
     const auto first = cached_.lower_bound(least);
-    const auto last = cached_.upper_bound(most);
+    // Walked to the first block past `most`, not found by a second descent: most requests take
+    // the first block they look at.
+    const auto within = [&](const auto& it) { return it != cached_.end() && it->first <= most; };
     const auto aligned = [&](const auto& it) {
       return reinterpret_cast<std::uintptr_t>(it->second.address) % alignment == 0;
     };
-    for (auto it = first; it != last; ++it) {
+    for (auto it = first; within(it); ++it) {
       if (aligned(it) && stream && it->second.freed_on == stream) {
         ++stats_.same_stream_reuses;
         return it;
       }
     }
-    for (auto it = first; it != last; ++it) {
+    for (auto it = first; within(it); ++it) {
       if (!aligned(it)) {
         continue;
       }
