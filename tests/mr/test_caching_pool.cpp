@@ -141,6 +141,38 @@ TEST_CASE("near a full card, a mid-size request takes a segment of its own rathe
   CHECK(pool.consistent());
 }
 
+TEST_CASE("near a full card a request takes a segment of its own rather than cut a whole free one 4x its size") {
+  const PoolOptions options{.segment_size = 1 * MiB, .shared_segment_size = 0, .near_full_permille = 500};
+  CachingPool pool(SimulatedCard(11 * MiB), options);
+  void* big = *pool.try_allocate(8 * MiB, 256);
+  REQUIRE(pool.try_deallocate(big, 8 * MiB, 256)); // a whole free 8 MiB segment, past half the card
+  void* p = *pool.try_allocate(2 * MiB, 256);
+  CHECK(p != big); // a segment of its own
+  CHECK(pool.stats().segments == 2);
+  CHECK(pool.stats().bytes_cached == 8 * MiB);
+  // No room for one more: the free segment is cut after all, and the cache is not given back.
+  void* q = *pool.try_allocate(2 * MiB, 256);
+  CHECK(q == big);
+  CHECK(pool.stats().upstream_failures == 1);
+  CHECK(pool.stats().upstream_frees == 0);
+  REQUIRE(pool.try_deallocate(q, 2 * MiB, 256));
+  REQUIRE(pool.try_deallocate(p, 2 * MiB, 256));
+  void* r = *pool.try_allocate(3 * MiB, 256); // 8 MiB free segment, under 4x 3 MiB: cut
+  CHECK(r == big);
+  REQUIRE(pool.try_deallocate(r, 3 * MiB, 256));
+  CHECK(pool.consistent());
+
+  // Below the line (half the card), or with near_full_permille 1000: the free segment is cut.
+  CachingPool roomy(SimulatedCard(32 * MiB), options);
+  void* b = *roomy.try_allocate(8 * MiB, 256);
+  REQUIRE(roomy.try_deallocate(b, 8 * MiB, 256));
+  CHECK(*roomy.try_allocate(2 * MiB, 256) == b);
+  CachingPool never(SimulatedCard(12 * MiB), PoolOptions{.segment_size = 1 * MiB, .near_full_permille = 1000});
+  void* c = *never.try_allocate(8 * MiB, 256);
+  REQUIRE(never.try_deallocate(c, 8 * MiB, 256));
+  CHECK(*never.try_allocate(2 * MiB, 256) == c);
+}
+
 TEST_CASE("bad requests return an error and change nothing") {
   CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = 1 * MiB});
   void* p = *pool.try_allocate(1000, 256);
@@ -515,7 +547,8 @@ TEST_CASE("random allocate/free/trim against a reference model: every block and 
     const PoolOptions options{.granularity = granularity,
                               .segment_size = (seed % 3 == 1 ? 128 : 256) * KiB,
                               .idle_threshold = seed % 2 == 0 ? 1 * MiB : SIZE_MAX,
-                              .shared_segment_size = seed <= 3 ? 1 * MiB : 0}; // shared by [segment, 512 KiB)
+                              .shared_segment_size = seed <= 3 ? 1 * MiB : 0, // shared by [segment, 512 KiB)
+                              .near_full_permille = 1000}; // the model has no near-full rule: tested on its own
     CachingPool pool(SimulatedCard(capacity), options);
     PoolModel model(capacity, options);
     struct Live {

@@ -183,6 +183,12 @@ public:
   /// How long a taken range is.
   std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
 
+  /// The free range take(bytes, alignment) would cut from, left as it is; nullopt when none fits.
+  std::optional<Span> best_range(std::size_t bytes, std::size_t alignment = 1) const noexcept {
+    const std::uint32_t n = best_fit(bytes, alignment);
+    return n == none ? std::nullopt : std::optional<Span>(Span{nodes_[n].start, nodes_[n].bytes});
+  }
+
   /// Calls `visit(start, bytes)` for every free range of at least `at_least` bytes, smallest first
   /// (the lowest among equals); the classes below it and the empty ones are skipped, not walked.
   /// `visit` must not change the ranges.

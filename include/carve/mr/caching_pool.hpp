@@ -20,7 +20,9 @@
 /// cannot give a shared segment, the request asks for its own first (near a full card a 20 MiB
 /// segment may not fit where the request does, and the cache should not go for that); if the
 /// upstream says no again, the pool returns its free segments and asks once more for exactly the
-/// request (not while held: hold()). Freed blocks merge with free neighbours of the same segment.
+/// request (not while held: hold()). Near a full upstream a request does not cut a whole free
+/// segment 4x its size (PoolOptions::near_full_permille). Freed blocks merge with free neighbours
+/// of the same segment.
 /// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 ///
 /// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
@@ -56,6 +58,7 @@
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/block_lookup.hpp>
+#include <carve/mr/detail/near_full.hpp>
 #include <carve/mr/memory_resource.hpp>
 #include <carve/mr/simulated_card.hpp>
 
@@ -86,7 +89,8 @@ public:
   /// Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
   /// segment size a positive multiple of it.
   explicit CachingPool(Upstream upstream, PoolOptions options = {})
-      : upstream_(std::move(upstream)), options_(options) {
+      : upstream_(std::move(upstream)), options_(options),
+        near_full_(detail::near_full_bytes(upstream_, options.near_full_permille)) {
     const std::size_t g = options_.granularity;
     if (g == 0 || (g & (g - 1)) != 0 || options_.segment_size == 0 || options_.segment_size % g != 0) {
       throw Exception(Errc::invalid_argument,
@@ -123,14 +127,11 @@ public:
     }
     try {
       const std::lock_guard lock(mutex_);
-      auto taken = take_cached(size);
-      if (taken) {
+      auto taken = own_segment_near_full(size);
+      if (!taken && (taken = take_cached(size))) {
         ++counters_.cache_hits;
-      } else {
-        taken = take_new_segment(size);
-        if (!taken) {
-          return cuda::std::unexpected(Errc::no_space);
-        }
+      } else if (!taken && !(taken = take_new_segment(size))) {
+        return cuda::std::unexpected(Errc::no_space);
       }
       try {
         live_.insert(taken->start, taken->handle);
@@ -347,7 +348,22 @@ private:
     return mid_size ? round_up(options_.shared_segment_size, options_.segment_size) : 0;
   }
 
-  std::optional<BestFitRanges::Taken> take_new_segment(std::size_t size) {
+  /// Near a full upstream, a new segment for a request whose best fit is a wholly free segment 4
+  /// or more times its size and larger than the new one (PoolOptions::near_full_permille); nullopt
+  /// otherwise, or when the upstream has no room (the cache is not given back for it).
+  std::optional<BestFitRanges::Taken> own_segment_near_full(std::size_t size) {
+    const auto best = reserved_ > near_full_ ? ranges_.best_range(size) : std::nullopt;
+    const auto segment = best ? by_base_.find(best->start) : by_base_.end();
+    if (segment == by_base_.end() || best->bytes != segments_[segment->second].size || best->bytes / 4 < size ||
+        best->bytes <= std::max(shared_segment(size), own_segment(size))) {
+      return std::nullopt;
+    }
+    return take_new_segment(size, false);
+  }
+
+  /// A new segment for `size` (shared where the options say so). Where the upstream refuses,
+  /// `may_release`: the free segments go back and exactly `size` is asked for.
+  std::optional<BestFitRanges::Taken> take_new_segment(std::size_t size, bool may_release = true) {
     const std::size_t shared = shared_segment(size);
     std::size_t got = shared != 0 ? shared : own_segment(size);
     auto got_segment = upstream_.try_allocate(got, options_.granularity);
@@ -358,6 +374,9 @@ private:
     }
     if (!got_segment) {
       ++counters_.upstream_failures;
+      if (!may_release) {
+        return std::nullopt;
+      }
       if (!on_hold_) {
         release_free_segments(0); // the card may fit the request once the cache is returned
       }
@@ -456,6 +475,7 @@ private:
   BestFitRanges ranges_;                                    ///< every block: one region per segment
   std::vector<Segment> segments_;                           ///< by region id (ids are reused)
   std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address
+  std::size_t near_full_;                                   ///< see near_full()
   IdleList idle_;
   std::size_t idle_bytes_ = 0;                       ///< the sizes of the segments on the idle list
   detail::AddressTable<BestFitRanges::Handle> live_; ///< live blocks by address

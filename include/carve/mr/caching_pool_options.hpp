@@ -36,6 +36,14 @@ struct PoolOptions {
   /// size. Where the upstream cannot give that much, the request's own segment is asked for before
   /// the cache goes back. 0, or no more than twice segment_size: no such requests.
   std::size_t shared_segment_size = std::size_t{20} << 20;
+  /// Once the pool holds more than this share (per mille) of its upstream's capacity, a request
+  /// whose best fit is a wholly free segment 4 or more times its size takes a segment of its own
+  /// where the upstream has room, rather than cut the big one: its rest could serve only smaller
+  /// requests while the block lives, and near a full card a later large request found no room
+  /// (carve_replay: ResNet-50 ran on a 22.359 GiB card, 21.742 with this, PyTorch's model on
+  /// 22.115). The capacity is read when the pool is made; 1000 or more, or an upstream that reports
+  /// no capacity (or 0): never.
+  std::size_t near_full_permille = 900;
 };
 
 /// A CachingPool's counters at one moment (CachingPool::stats()).

@@ -56,6 +56,7 @@
 #include <carve/core/misuse.hpp>
 #include <carve/mr/cuda_mr.hpp>
 #include <carve/mr/detail/address_table.hpp>
+#include <carve/mr/detail/near_full.hpp>
 #include <carve/mr/detail/small_block_segments.hpp>
 #include <carve/mr/detail/stream_fence.hpp>
 #include <carve/mr/memory_resource.hpp>
@@ -92,7 +93,7 @@ public:
   /// two.
   explicit StreamOrderedPool(Upstream upstream, StreamPoolOptions options = {}, Streams streams = Streams())
       : upstream_(std::move(upstream)), small_(checked(options), upstream_), streams_(std::move(streams)),
-        options_(options), near_full_(near_full(upstream_, options)) {}
+        options_(options), near_full_(detail::near_full_bytes(upstream_, options.near_full_permille)) {}
   /// Gives every cached block back, then every small blocks' segment: small blocks still handed
   /// out become invalid with their segments (a larger one stays with the upstream).
   ~StreamOrderedPool() { release_all(); }
@@ -198,21 +199,6 @@ private:
       throw Exception(Errc::invalid_argument, "carve::StreamOrderedPool: granularity must be a power of two");
     }
     return options;
-  }
-
-  /// The bytes held past which a cached block serves requests down to 2/3 of its size
-  /// (StreamPoolOptions::near_full_permille); max() where the upstream reports no capacity.
-  static std::size_t near_full(const Upstream& upstream, const StreamPoolOptions& options) {
-    if constexpr (ReportsCapacity<Upstream>) {
-      const std::size_t capacity = upstream.capacity(); // 0: unknown (CudaDeviceResource's, failing)
-      const std::size_t p = options.near_full_permille;
-      return p >= 1000 || capacity == 0 ? std::numeric_limits<std::size_t>::max()
-                                        : capacity / 1000 * p + capacity % 1000 * p / 1000;
-    } else {
-      (void)upstream;
-      (void)options;
-      return std::numeric_limits<std::size_t>::max();
-    }
   }
 
   /// A new block: cut from the small blocks' segments, or an upstream allocation of its own.
@@ -462,7 +448,7 @@ private:
   detail::AddressTable<Live> live_;            ///< by address
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;
-  std::size_t near_full_; ///< see near_full()
+  std::size_t near_full_; ///< bytes held past which a cached block serves down to 2/3 of its size
   // The streams seen (saw()), and for the only one, which of its frees its work has passed.
   std::optional<stream_type> only_stream_;
   bool many_streams_ = false;
