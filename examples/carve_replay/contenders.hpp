@@ -296,8 +296,9 @@ inline constexpr std::size_t default_contenders = 6;
 // (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends) and partial-maps
 // (0: the driver maps whole allocations only, and says so, as CUDA documents cuMemMap; 1, the
 // default: parts too);
-// caching-pool takes segment, idle and shared (PoolOptions::segment_size, idle_threshold,
-// shared_segment_size; shared=0 gives every request of segment or more its own). Sizes are
+// caching-pool takes segment, idle, shared and near-full (PoolOptions::segment_size,
+// idle_threshold, shared_segment_size, near_full_permille; shared=0 gives every request of segment
+// or more its own, near-full=1000 never takes a new segment over a free one). Sizes are
 // written as `--capacity` takes them ("8MiB"). Throws std::invalid_argument naming what is wrong.
 inline Contender configured(const std::string& spec) {
   const auto colon = spec.find(':');
@@ -355,6 +356,8 @@ inline Contender configured(const std::string& spec) {
         o.idle_threshold = value;
       } else if (key == "shared") {
         o.shared_segment_size = value;
+      } else if (key == "near-full") {
+        o.near_full_permille = value;
       } else {
         throw unknown(key);
       }

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -146,31 +147,79 @@ TEST_CASE("near a full card a request takes a segment of its own rather than cut
   CachingPool pool(SimulatedCard(11 * MiB), options);
   void* big = *pool.try_allocate(8 * MiB, 256);
   REQUIRE(pool.try_deallocate(big, 8 * MiB, 256)); // a whole free 8 MiB segment, past half the card
+  pool.hold(true); // held: the big segment could not go back for a later request, so it is cut
+  void* h = *pool.try_allocate(2 * MiB, 256);
+  CHECK(h == big);
+  REQUIRE(pool.try_deallocate(h, 2 * MiB, 256));
+  pool.hold(false);
   void* p = *pool.try_allocate(2 * MiB, 256);
   CHECK(p != big); // a segment of its own
-  CHECK(pool.stats().segments == 2);
+  CHECK(pool.stats().upstream_allocations == 2);
+  CHECK(pool.stats().cache_hits == 1);
   CHECK(pool.stats().bytes_cached == 8 * MiB);
   // No room for one more: the free segment is cut after all, and the cache is not given back.
   void* q = *pool.try_allocate(2 * MiB, 256);
   CHECK(q == big);
+  CHECK(pool.stats().cache_hits == 2);
   CHECK(pool.stats().upstream_failures == 1);
   CHECK(pool.stats().upstream_frees == 0);
+  // The 6 MiB left of it is no whole free segment: cut, though a new 1 MiB segment would fit.
+  void* t = *pool.try_allocate(1 * MiB, 256);
+  CHECK(pool.stats().upstream_allocations == 2);
+  REQUIRE(pool.try_deallocate(t, 1 * MiB, 256));
   REQUIRE(pool.try_deallocate(q, 2 * MiB, 256));
+  // Nor is its free first half while a block lives in the second.
+  void* first = *pool.try_allocate(4 * MiB, 256); // under 4x: cut
+  void* second = *pool.try_allocate(4 * MiB, 256);
+  REQUIRE(pool.try_deallocate(first, 4 * MiB, 256));
+  void* u = *pool.try_allocate(1 * MiB, 256);
+  CHECK(u == big);
+  CHECK(pool.stats().upstream_allocations == 2);
+  REQUIRE(pool.try_deallocate(u, 1 * MiB, 256));
+  REQUIRE(pool.try_deallocate(second, 4 * MiB, 256));
   REQUIRE(pool.try_deallocate(p, 2 * MiB, 256));
-  void* r = *pool.try_allocate(3 * MiB, 256); // 8 MiB free segment, under 4x 3 MiB: cut
+  void* r = *pool.try_allocate(3 * MiB, 256); // the whole 8 MiB segment is under 4x 3 MiB: cut
   CHECK(r == big);
   REQUIRE(pool.try_deallocate(r, 3 * MiB, 256));
   CHECK(pool.consistent());
 
-  // Below the line (half the card), or with near_full_permille 1000: the free segment is cut.
+  // A whole free segment no larger than the request's own (segments of 4 MiB): cut.
+  CachingPool coarse(SimulatedCard(9 * MiB),
+                     PoolOptions{.segment_size = 4 * MiB, .shared_segment_size = 0, .near_full_permille = 400});
+  void* c = *coarse.try_allocate(1 * MiB, 256);
+  REQUIRE(coarse.try_deallocate(c, 1 * MiB, 256));
+  CHECK(*coarse.try_allocate(1 * MiB, 256) == c);
+  CHECK(coarse.stats().upstream_allocations == 1);
+
+  // The default line (900 per mille) on a 20 MiB card; with 1000, never; below the line, never.
+  const PoolOptions fine{.segment_size = 1 * MiB, .shared_segment_size = 0};
+  CachingPool by_default(SimulatedCard(20 * MiB), fine);
+  void* d = *by_default.try_allocate(19 * MiB, 256);
+  REQUIRE(by_default.try_deallocate(d, 19 * MiB, 256));
+  CHECK(*by_default.try_allocate(1 * MiB, 256) != d);
+  CachingPool never(SimulatedCard(20 * MiB),
+                    PoolOptions{.segment_size = 1 * MiB, .shared_segment_size = 0, .near_full_permille = 1000});
+  void* e = *never.try_allocate(19 * MiB, 256);
+  REQUIRE(never.try_deallocate(e, 19 * MiB, 256));
+  CHECK(*never.try_allocate(1 * MiB, 256) == e);
   CachingPool roomy(SimulatedCard(32 * MiB), options);
   void* b = *roomy.try_allocate(8 * MiB, 256);
   REQUIRE(roomy.try_deallocate(b, 8 * MiB, 256));
   CHECK(*roomy.try_allocate(2 * MiB, 256) == b);
-  CachingPool never(SimulatedCard(12 * MiB), PoolOptions{.segment_size = 1 * MiB, .near_full_permille = 1000});
-  void* c = *never.try_allocate(8 * MiB, 256);
-  REQUIRE(never.try_deallocate(c, 8 * MiB, 256));
-  CHECK(*never.try_allocate(2 * MiB, 256) == c);
+}
+
+// A card that cannot say its capacity (a remote upstream whose server is gone).
+struct LostCard : SimulatedCard {
+  using SimulatedCard::SimulatedCard;
+  std::size_t capacity() const { throw std::runtime_error("the server is gone"); }
+};
+
+TEST_CASE("an upstream that cannot say its capacity: the pool is made, and never counts itself near full") {
+  CachingPool pool(LostCard(11 * MiB),
+                   PoolOptions{.segment_size = 1 * MiB, .shared_segment_size = 0, .near_full_permille = 500});
+  void* big = *pool.try_allocate(8 * MiB, 256);
+  REQUIRE(pool.try_deallocate(big, 8 * MiB, 256));
+  CHECK(*pool.try_allocate(2 * MiB, 256) == big);
 }
 
 TEST_CASE("bad requests return an error and change nothing") {

@@ -20,9 +20,9 @@
 /// cannot give a shared segment, the request asks for its own first (near a full card a 20 MiB
 /// segment may not fit where the request does, and the cache should not go for that); if the
 /// upstream says no again, the pool returns its free segments and asks once more for exactly the
-/// request (not while held: hold()). Near a full upstream a request does not cut a whole free
-/// segment 4x its size (PoolOptions::near_full_permille). Freed blocks merge with free neighbours
-/// of the same segment.
+/// request (not while held: hold()). Near a full upstream a request takes a new segment, where
+/// there is room, rather than cut a whole free one 4x its size (PoolOptions::near_full_permille).
+/// Freed blocks merge with free neighbours of the same segment.
 /// Ties between equal-sized cached blocks go to the lowest address, so runs are reproducible.
 ///
 /// Shrinking: an upstream allocation can only be returned whole, so the pool releases whole free
@@ -87,7 +87,7 @@ public:
   using upstream_type = Upstream;
 
   /// Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
-  /// segment size a positive multiple of it.
+  /// segment size a positive multiple of it. Asks the upstream its capacity (near_full_permille).
   explicit CachingPool(Upstream upstream, PoolOptions options = {})
       : upstream_(std::move(upstream)), options_(options),
         near_full_(detail::near_full_bytes(upstream_, options.near_full_permille)) {
@@ -352,7 +352,7 @@ private:
   /// or more times its size and larger than the new one (PoolOptions::near_full_permille); nullopt
   /// otherwise, or when the upstream has no room (the cache is not given back for it).
   std::optional<BestFitRanges::Taken> own_segment_near_full(std::size_t size) {
-    const auto best = reserved_ > near_full_ ? ranges_.best_range(size) : std::nullopt;
+    const auto best = reserved_ > near_full_ && !on_hold_ ? ranges_.best_range(size) : std::nullopt;
     const auto segment = best ? by_base_.find(best->start) : by_base_.end();
     if (segment == by_base_.end() || best->bytes != segments_[segment->second].size || best->bytes / 4 < size ||
         best->bytes <= std::max(shared_segment(size), own_segment(size))) {
@@ -475,7 +475,7 @@ private:
   BestFitRanges ranges_;                                    ///< every block: one region per segment
   std::vector<Segment> segments_;                           ///< by region id (ids are reused)
   std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address
-  std::size_t near_full_;                                   ///< see near_full()
+  std::size_t near_full_;                                   ///< bytes held past which near_full_permille applies
   IdleList idle_;
   std::size_t idle_bytes_ = 0;                       ///< the sizes of the segments on the idle list
   detail::AddressTable<BestFitRanges::Handle> live_; ///< live blocks by address

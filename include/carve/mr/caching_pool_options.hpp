@@ -37,34 +37,38 @@ struct PoolOptions {
   /// the cache goes back. 0, or no more than twice segment_size: no such requests.
   std::size_t shared_segment_size = std::size_t{20} << 20;
   /// Once the pool holds more than this share (per mille) of its upstream's capacity, a request
-  /// whose best fit is a wholly free segment 4 or more times its size takes a segment of its own
-  /// where the upstream has room, rather than cut the big one: its rest could serve only smaller
-  /// requests while the block lives, and near a full card a later large request found no room
-  /// (carve_replay: ResNet-50 ran on a 22.359 GiB card, 21.742 with this, PyTorch's model on
-  /// 22.115). The capacity is read when the pool is made; 1000 or more, or an upstream that reports
-  /// no capacity (or 0): never.
+  /// whose best fit is a wholly free segment 4 or more times its size, and larger than the segment
+  /// the request would get, takes that new segment where the upstream has room, rather than cut the
+  /// big one: its rest could serve only smaller requests while the block lives, and near a full
+  /// card a later large request found no room (carve_replay: ResNet-50 ran on a 22.359 GiB card,
+  /// 21.742 with this, PyTorch's model on 22.115). Not while held (hold()), where the big segment
+  /// could not go back if a later request needed its memory. The capacity is read when the pool is
+  /// made; 1000 or more, or an upstream that reports no capacity (0, or throws): never. Each pool of
+  /// a StreamCachingPool weighs its own bytes against the whole card.
   std::size_t near_full_permille = 900;
 };
 
 /// A CachingPool's counters at one moment (CachingPool::stats()).
 struct PoolStats {
-  std::size_t bytes_in_use = 0;           ///< in live blocks (rounded to the granularity)
-  std::size_t bytes_cached = 0;           ///< in free blocks kept for reuse
-  std::size_t bytes_reserved = 0;         ///< held from the upstream: in use + cached
-  std::size_t peak_in_use = 0;            ///< the most bytes_in_use has been
-  std::size_t peak_reserved = 0;          ///< the most bytes_reserved has been
-  std::size_t live_blocks = 0;            ///< blocks handed out and not yet freed
-  std::size_t cached_blocks = 0;          ///< free blocks kept for reuse
-  std::size_t segments = 0;               ///< upstream allocations currently held
-  std::size_t largest_cached_block = 0;   ///< the largest request the cache alone could serve
-  std::uint64_t allocations = 0;          ///< successful allocate calls
-  std::uint64_t deallocations = 0;        ///< successful deallocate calls
-  std::uint64_t cache_hits = 0;           ///< allocations served without asking the upstream
+  std::size_t bytes_in_use = 0;         ///< in live blocks (rounded to the granularity)
+  std::size_t bytes_cached = 0;         ///< in free blocks kept for reuse
+  std::size_t bytes_reserved = 0;       ///< held from the upstream: in use + cached
+  std::size_t peak_in_use = 0;          ///< the most bytes_in_use has been
+  std::size_t peak_reserved = 0;        ///< the most bytes_reserved has been
+  std::size_t live_blocks = 0;          ///< blocks handed out and not yet freed
+  std::size_t cached_blocks = 0;        ///< free blocks kept for reuse
+  std::size_t segments = 0;             ///< upstream allocations currently held
+  std::size_t largest_cached_block = 0; ///< the largest request the cache alone could serve
+  std::uint64_t allocations = 0;        ///< successful allocate calls
+  std::uint64_t deallocations = 0;      ///< successful deallocate calls
+  std::uint64_t cache_hits =
+      0; ///< allocations served from the cache (near a full upstream, after it refused a new segment)
   std::uint64_t splits = 0;               ///< cached blocks cut to size (the rest stayed cached)
   std::uint64_t merges = 0;               ///< freed blocks joined with a free neighbour
   std::uint64_t upstream_allocations = 0; ///< segments taken from the upstream
   std::uint64_t upstream_frees = 0;       ///< segments given back to it
-  std::uint64_t upstream_failures = 0; ///< upstream said no (to a shared segment, or then the pool trimmed and retried)
+  std::uint64_t upstream_failures =
+      0; ///< upstream said no (to a shared segment, to a new segment near full, or then the pool trimmed and retried)
 
   /// How scattered the cache is: 0 when all cached bytes form one block (or nothing is cached),
   /// approaching 1 as they split into many small blocks. 1 - largest cached block / cached bytes.

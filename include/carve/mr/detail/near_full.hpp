@@ -10,13 +10,18 @@
 namespace carve::detail {
 
 // `permille` of the upstream's capacity, read now; max() (never) for 1000 or more, or where the
-// upstream reports no capacity, or 0 (CudaDeviceResource's when cudaMemGetInfo fails).
+// upstream reports no capacity, reports 0 (CudaDeviceResource's when cudaMemGetInfo fails) or
+// throws asking (a remote upstream's lost connection): the pools' constructors and their callers'
+// noexcept paths must not fail for a hint.
 template <class Upstream>
-std::size_t near_full_bytes(const Upstream& upstream, std::size_t permille) {
+std::size_t near_full_bytes(const Upstream& upstream, std::size_t permille) noexcept {
   if constexpr (ReportsCapacity<Upstream>) {
-    const std::size_t capacity = upstream.capacity();
-    if (permille < 1000 && capacity != 0) {
-      return capacity / 1000 * permille + capacity % 1000 * permille / 1000;
+    try {
+      const std::size_t capacity = permille < 1000 ? upstream.capacity() : 0;
+      if (capacity != 0) {
+        return capacity / 1000 * permille + capacity % 1000 * permille / 1000;
+      }
+    } catch (...) {
     }
   }
   (void)upstream;

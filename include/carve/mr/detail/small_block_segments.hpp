@@ -45,7 +45,9 @@ public:
         segments_(ResourceRef<Upstream>(upstream),
                   PoolOptions{.granularity = options.granularity,
                               .segment_size = std::max(std::size_t{2} << 20, options.granularity),
-                              .shared_segment_size = 0}) {}
+                              .shared_segment_size = 0,
+                              // Its blocks are at most its segment: no free segment is 4x one.
+                              .near_full_permille = 1000}) {}
 
   /// Whether a block of `size` bytes (a multiple of the granularity) at `alignment` is cut here.
   bool cuts(std::size_t size, std::size_t alignment) const noexcept {
