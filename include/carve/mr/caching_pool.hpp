@@ -128,11 +128,12 @@ public:
     try {
       const std::lock_guard lock(mutex_);
       auto taken = own_segment_near_full(size);
-      if (!taken && (taken = take_cached(size))) {
-        ++counters_.cache_hits;
-      } else if (!taken && !(taken = take_new_segment(size))) {
-        return cuda::std::unexpected(Errc::no_space);
+      if (!taken) {
+        taken = take_cached(size);
+        counters_.cache_hits += taken ? 1u : 0u;
       }
+      if (!taken) taken = take_new_segment(size);
+      if (!taken) return cuda::std::unexpected(Errc::no_space);
       try {
         live_.insert(taken->start, taken->handle);
       } catch (const std::bad_alloc&) {

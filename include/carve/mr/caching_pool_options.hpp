@@ -61,14 +61,14 @@ struct PoolStats {
   std::size_t largest_cached_block = 0; ///< the largest request the cache alone could serve
   std::uint64_t allocations = 0;        ///< successful allocate calls
   std::uint64_t deallocations = 0;      ///< successful deallocate calls
-  std::uint64_t cache_hits =
-      0; ///< allocations served from the cache (near a full upstream, after it refused a new segment)
+  /// Allocations served from the cache (near a full upstream, some after it refused a new segment).
+  std::uint64_t cache_hits = 0;
   std::uint64_t splits = 0;               ///< cached blocks cut to size (the rest stayed cached)
   std::uint64_t merges = 0;               ///< freed blocks joined with a free neighbour
   std::uint64_t upstream_allocations = 0; ///< segments taken from the upstream
   std::uint64_t upstream_frees = 0;       ///< segments given back to it
-  std::uint64_t upstream_failures =
-      0; ///< upstream said no (to a shared segment, to a new segment near full, or then the pool trimmed and retried)
+  /// Refusals by the upstream: of a shared segment, of a new segment near full, or once the pool trimmed and retried.
+  std::uint64_t upstream_failures = 0;
 
   /// How scattered the cache is: 0 when all cached bytes form one block (or nothing is cached),
   /// approaching 1 as they split into many small blocks. 1 - largest cached block / cached bytes.
