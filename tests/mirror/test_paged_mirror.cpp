@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -715,6 +716,40 @@ TEST_CASE("compute grants backed by green contexts (twin): SMs and memory return
   CHECK(mirror.dispatch().empty()); // reclaims first
   CHECK(mirror.held_grants() == 0);
   CHECK(mirror.free_bytes() == free_before + 256 * KiB);
+}
+
+// A partitioner whose partitions go idle at their third poll: work that finishes between two
+// polls of one dispatch, as a real stream's can.
+struct IdleAtThirdPoll {
+  using stream_type = carve::NoStream;
+  struct partition_type {
+    std::shared_ptr<int> polls;
+  };
+  carve::SmLayout layout(std::uint32_t, std::uint32_t units) const noexcept { return {1, units, true}; }
+  carve::Result<partition_type> create(std::uint32_t, carve::SlotRange) {
+    return partition_type{std::make_shared<int>(0)};
+  }
+  carve::NoStream stream(const partition_type&) const noexcept { return {}; }
+  bool idle(const partition_type& p) { return ++*p.polls >= 3; }
+  void destroy(const partition_type&) noexcept {}
+};
+static_assert(carve::SmPartitioner<IdleAtThirdPoll>);
+
+TEST_CASE("a grant whose work finishes during a dispatch returns its memory with its units") {
+  HostBackend devices;
+  add_cards(devices, {{1 * MiB, 8}});
+  PagedMirror<HostBackend, carve::FillPlacement, carve::FirstFit, IdleAtThirdPoll> mirror(devices,
+                                                                                          {.page_size = 64 * KiB});
+  const std::size_t free_before = mirror.free_bytes();
+  REQUIRE(mirror.submit({.bytes = 256 * KiB, .priority = 1, .compute_units = 4}));
+  const auto grants = mirror.dispatch();
+  REQUIRE(grants.size() == 1);
+  REQUIRE(mirror.release(grants[0])); // poll 1: still running
+  CHECK(mirror.dispatch().empty());   // the dispatcher's own polls may find the work done
+  (void)mirror.reclaim();
+  CHECK(mirror.held_grants() == 0);
+  CHECK(mirror.allocation_count() == 0);
+  CHECK(mirror.free_bytes() == free_before);
 }
 
 TEST_CASE("ViewPlacement: the reader's pages first, then peers by load bandwidth, on six real machines") {

@@ -5,6 +5,7 @@
 #include <carve/mr/simulated_card.hpp>
 #include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_events.hpp>
+#include <support/counting_streams.hpp>
 #include <support/errors.hpp>
 
 #include <doctest/doctest.h>
@@ -81,6 +82,35 @@ TEST_CASE("frees waiting on other streams: one whose stream throws stays, the re
   CHECK(waiting.size() == 2);
   CHECK(waiting.any_of([](int b) { return b == 10; }));
   CHECK(waiting.any_of([](int b) { return b == 30; }));
+}
+
+TEST_CASE("held (a stream capture): a free on another stream records its event only when the hold ends") {
+  SimulatedStreams streams(2);
+  int recorded = 0;
+  carve::StreamCachingPool<SimulatedCard, carve::test::CountingStreams> pool(
+      SimulatedCard(16 * MiB), {}, carve::test::CountingStreams{&streams, &recorded});
+  void* x = *pool.try_allocate(s0, 4 * KiB, 512);
+  pool.hold(true);     // s1 may be capturing a graph: an event recorded there would never be recorded
+  streams.enqueue(s1); // s1's kernel reads x
+  REQUIRE(pool.try_deallocate(s1, x, 4 * KiB, 512));
+  CHECK(pool.stats().pending_frees == 1);
+  streams.complete(s1);
+  void* y = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(y != x); // no event says s1 passed the free
+  CHECK(recorded == 0);
+  pool.hold(false);
+  streams.enqueue(s1); // more work on s1: the event recorded now comes after it
+  void* z = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(z != x);
+  CHECK(recorded == 1);
+  streams.complete(s1);
+  void* w = *pool.try_allocate(s0, 4 * KiB, 512);
+  CHECK(w == x);
+  CHECK(pool.stats().pending_frees == 0);
+  for (void* p : {y, z, w}) {
+    REQUIRE(pool.try_deallocate(s0, p, 4 * KiB, 512));
+  }
+  CHECK(pool.consistent());
 }
 
 TEST_CASE("a block serves only the stream it was allocated on, which may reuse it at once") {

@@ -5,6 +5,7 @@
 #include <carve/mr/trace_resource.hpp>
 #include <carve/vmm/expandable_pool.hpp>
 #include <carve/vmm/host_memory_mapper.hpp>
+#include <support/counting_streams.hpp>
 #include <support/errors.hpp>
 
 #include <doctest/doctest.h>
@@ -74,20 +75,7 @@ TEST_CASE("a freed block: at once on its own stream, on another only after the f
   CHECK(pool.upstream().used_bytes() == 0);
 }
 
-// SimulatedStreams that count the events recorded on them (an event is a driver call on a GPU).
-struct CountingStreams {
-  using stream_type = SimulatedStream;
-  using event_type = SimulatedStreams::event_type;
-  SimulatedStreams* streams;
-  int* recorded;
-  carve::Result<event_type> record(SimulatedStream s) {
-    ++*recorded;
-    return streams->record(s);
-  }
-  bool completed(event_type e) const { return streams->completed(e); }
-  void release(event_type e) noexcept { streams->release(e); }
-};
-static_assert(carve::StreamEvents<CountingStreams>);
+using carve::test::CountingStreams;
 
 TEST_CASE("one stream: its frees record no events; one event answers for them all when asked") {
   SimulatedStreams streams(2);
@@ -151,6 +139,37 @@ TEST_CASE("held, the pool records no event to ask whether the lone stream passed
   pool.hold(false);
   CHECK(*pool.try_allocate(4 * KiB, 256) == p); // asked now: s0 has run its work
   CHECK(recorded == 1);
+}
+
+TEST_CASE("held with two streams in use: a free records no event until the hold ends") {
+  SimulatedStreams streams(2);
+  int recorded = 0;
+  carve::StreamOrderedPool<SimulatedCard, CountingStreams> pool(SimulatedCard(1 << 20), {},
+                                                                CountingStreams{&streams, &recorded});
+  pool.deallocate(s0, *pool.try_allocate(s0, 4 * KiB, 256), 4 * KiB, 256);
+  void* p = *pool.try_allocate(s1, 8 * KiB, 256); // the second stream: each free records its own event
+  const int before = recorded;
+  pool.hold(true); // s1 may be capturing a graph
+  streams.enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, p, 8 * KiB, 256));
+  CHECK(recorded == before);
+  streams.complete(s1);
+  void* q = *pool.try_allocate(s0, 8 * KiB, 256);
+  CHECK(q != p); // no event says s1 passed the free
+  CHECK(recorded == before);
+  void* r = *pool.try_allocate(s1, 8 * KiB, 256);
+  CHECK(r == p); // its own stream takes it at once
+  streams.enqueue(s1);
+  REQUIRE(pool.try_deallocate(s1, r, 8 * KiB, 256));
+  CHECK(recorded == before);
+  pool.hold(false); // the free's event now, after the kernel
+  CHECK(recorded == before + 1);
+  void* t = *pool.try_allocate(s0, 8 * KiB, 256);
+  CHECK(t != p);
+  streams.complete(s1);
+  CHECK(*pool.try_allocate(s0, 8 * KiB, 256) == p);
+  pool.deallocate(s0, q, 8 * KiB, 256);
+  pool.deallocate(s0, t, 8 * KiB, 256);
 }
 
 // CountingStreams that can wait for an event (as CudaStreams can): waiting runs the stream's work.

@@ -602,6 +602,35 @@ TEST_CASE("held mappings: nothing is unmapped, by the line, the threshold, trim 
   CHECK(pool.consistent());
 }
 
+TEST_CASE("held: a block freed on another stream records its event only when the hold ends") {
+  using StreamPool = ExpandablePool<HostMemoryMapper, CountingStreams>;
+  const carve::SimulatedStream s0{0};
+  const carve::SimulatedStream s1{1};
+  StreamPool pool(mapper(), small({.growth_divisor = 0}));
+  void* a = *pool.try_allocate(s0, granule, 512);
+  pool.hold(true); // s1 may be capturing a graph: an event recorded there would never be recorded
+  pool.streams().inner.enqueue(s1);
+  pool.deallocate(s1, a, granule, 512);
+  CHECK(pool.stats().pending_frees == 1);
+  pool.streams().inner.complete(s1);
+  void* b = *pool.try_allocate(s0, granule, 512);
+  CHECK(b != a); // no event says s1 passed the free
+  CHECK(*pool.streams().held == 0);
+  pool.hold(false);
+  pool.streams().inner.enqueue(s1); // the event recorded now comes after this work
+  void* c = *pool.try_allocate(s0, granule, 512);
+  CHECK(c != a);
+  CHECK(*pool.streams().held == 1);
+  pool.streams().inner.complete(s1);
+  void* d = *pool.try_allocate(s0, granule, 512);
+  CHECK(d == a);
+  CHECK(*pool.streams().held == 0);
+  for (void* p : {b, c, d}) {
+    pool.deallocate(s0, p, granule, 512);
+  }
+  CHECK(pool.consistent());
+}
+
 TEST_CASE("headroom: memory freed on a stream whose work has not run is never unmapped for it") {
   using StreamPool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
   StreamPool pool(mapper(), small({.growth_divisor = 0, .headroom_permille = 0}), carve::SimulatedStreams(1));

@@ -83,9 +83,8 @@ public:
   /// does not fit now stays queued (and, in strict priority order, holds back the ones behind it).
   std::vector<ResourceGrant> dispatch() {
     const std::lock_guard control(self().control_);
-    reclaim_locked();
     std::vector<ResourceGrant> out;
-    dispatcher_.dispatch([&](const ComputeGrant& g) {
+    const auto admit = [&](const ComputeGrant& g) {
       const auto pending = pending_bytes_.find(g.ticket);
       if (pending == pending_bytes_.end()) {
         return false; // every queued ticket has its bytes: submit() records them together
@@ -99,7 +98,9 @@ public:
       granted_memory_.emplace(g.ticket, *memory);
       out.push_back({g, *memory, bytes});
       return true;
-    });
+    };
+    // The dispatcher takes back finished grants before it serves: their memory goes with them.
+    dispatcher_.dispatch(admit, [&](const ComputeGrant& g) { free_memory_of(g); });
     return out;
   }
 
@@ -196,13 +197,18 @@ private:
   std::size_t reclaim_locked() {
     const std::vector<ComputeGrant> done = dispatcher_.reclaim();
     for (const ComputeGrant& g : done) {
-      const auto it = granted_memory_.find(g.ticket);
-      if (it != granted_memory_.end()) {
-        self().free_granted(it->second);
-        granted_memory_.erase(it);
-      }
+      free_memory_of(g);
     }
     return done.size();
+  }
+
+  // A grant taken back: its memory returns to the mirror. Under the lock.
+  void free_memory_of(const ComputeGrant& g) {
+    const auto it = granted_memory_.find(g.ticket);
+    if (it != granted_memory_.end()) {
+      self().free_granted(it->second);
+      granted_memory_.erase(it);
+    }
   }
 
   PriorityDispatcher<Partitioner> dispatcher_;

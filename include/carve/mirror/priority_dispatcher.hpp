@@ -136,10 +136,13 @@ public:
   /// candidate grant is then offered to admit(grant): when it returns false the grant is taken
   /// back and the request stays queued (as if it did not fit), e.g. because its memory could not
   /// be placed. A partition the partitioner cannot create counts as not fitting too (last_error()
-  /// says why). Returns the accepted grants, in order.
-  template <class Admit>
-  std::vector<ComputeGrant> dispatch(Admit&& admit) {
-    (void)reclaim();
+  /// says why). Each grant taken back first is passed to reclaimed(grant), so that whatever the
+  /// caller tied to it (PagedMirror: its memory) goes with it. Returns the accepted grants, in order.
+  template <class Admit, class Reclaimed>
+  std::vector<ComputeGrant> dispatch(Admit&& admit, Reclaimed&& reclaimed) {
+    for (const ComputeGrant& g : reclaim()) {
+      reclaimed(g);
+    }
     std::vector<ComputeGrant> granted;
     for (auto it = queue_.begin(); it != queue_.end();) {
       const ComputeRequest r = it->second;
@@ -160,6 +163,11 @@ public:
       it = queue_.erase(it);
     }
     return granted;
+  }
+  /// dispatch(admit, reclaimed) for a caller that ties nothing to its grants.
+  template <class Admit>
+  std::vector<ComputeGrant> dispatch(Admit&& admit) {
+    return dispatch(std::forward<Admit>(admit), [](const ComputeGrant&) {});
   }
   /// dispatch(admit) admitting every grant.
   std::vector<ComputeGrant> dispatch() {

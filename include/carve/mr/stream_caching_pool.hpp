@@ -169,10 +169,11 @@ public:
     return cuda::std::unexpected(Errc::not_allocated);
   }
 
-  /// While `held`, a refused request does not take memory from the other streams' pools (which
-  /// records events on their streams) but is refused, and no stream's pool gives memory back by
-  /// itself (CachingPool::hold): for a CUDA stream capture, into which such an event would fall
-  /// and during which PyTorch's allocator frees nothing either. hold(true) returns once a release
+  /// While `held`, no event is recorded (a free on another stream than its block's waits for the
+  /// end of the hold to record its event), a refused request does not take memory from the other
+  /// streams' pools but is refused, and no stream's pool gives memory back by itself
+  /// (CachingPool::hold): for a CUDA stream capture, into which such an event would fall and
+  /// during which PyTorch's allocator frees nothing either. hold(true) returns once a release
   /// from the other streams under way has ended, so a capture begun after it sees none of that
   /// release's calls.
   void hold(bool held) noexcept {
@@ -410,7 +411,7 @@ private:
                                         std::size_t alignment) noexcept {
     try {
       const std::lock_guard lock(events_);
-      deferred_.add(streams_, Deferred{p, bytes, alignment, owner}, freed_on);
+      deferred_.add(streams_, Deferred{p, bytes, alignment, owner}, freed_on, !held_.load(std::memory_order_relaxed));
       pending_.fetch_add(1, std::memory_order_release);
       cross_stream_frees_.fetch_add(1, std::memory_order_relaxed);
       return {};
@@ -438,7 +439,7 @@ private:
             home += d.owner == into ? 1u : 0u;
             return true;
           },
-          wait);
+          wait, !held_.load(std::memory_order_relaxed));
     } catch (const std::exception&) { // an event could not be recorded: those frees wait for a later call
     }
     pending_.store(deferred_.size(), std::memory_order_release);

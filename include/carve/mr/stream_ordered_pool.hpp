@@ -24,8 +24,9 @@
 /// refusal, the idle threshold), one event recorded then answers for every free before it; trim()
 /// and a refusal wait for it where the Streams can. Once a second stream has used the pool, each
 /// free records its own event, so another stream may reuse a block as soon as its stream passes the
-/// free. So the lone stream must stay valid while blocks it freed are cached (the pool may record
-/// on it later), on the device current when the pool is used (CudaStreams).
+/// free. While held (hold(): a CUDA graph capture) no event is recorded; a free's own event is
+/// recorded at the end of the hold. So the lone stream must stay valid while blocks it freed are
+/// cached (the pool may record on it later), on the device current when the pool is used (CudaStreams).
 ///
 /// Blocks are cached whole, keyed by their size (a request rounded up to `granularity`); a cached
 /// block serves requests between half its size and its size (2/3 near a full card:
@@ -48,8 +49,8 @@
 /// cached block whose event has completed went back to it (as PyTorch frees its cache and retries
 /// before failing; while held, without that), and no cached block fits. A refused request makes no block; the cached
 /// blocks it gave back to the upstream in trying stay given back. A free whose own event cannot be recorded keeps its
-/// block with its stream (reused there, never elsewhere). Thread-safe (one lock). Host-only: the streams are driven
-/// from the host, whatever memory the upstream hands out.
+/// block with its stream (reused there; elsewhere only if a later hold's end records one). Thread-safe (one lock).
+/// Host-only: the streams are driven from the host, whatever memory the upstream hands out.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -139,14 +140,20 @@ public:
 
   /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
   /// when the upstream refuses a request (which is then refused); trim() still does what it is
-  /// asked. Events are recorded only at frees, on the freeing stream: a block freed while one
-  /// stream was all the pool had seen, whose stream has not been asked about yet, waits for the
-  /// end of the hold to go to another user. For a CUDA stream capture, during which PyTorch's
-  /// allocator frees nothing either.
+  /// asked. No event is recorded: a block freed on a stream meanwhile serves that stream at once
+  /// and waits for the end of the hold, when its event is recorded, to go to another user. For a
+  /// CUDA stream capture: an event recorded into a capture is never recorded on the stream.
   void hold(bool held) noexcept {
     const std::lock_guard lock(mutex_);
     on_hold_ = held;
     small_.hold(held);
+    if (!held && many_streams_) {
+      for (auto& [size, c] : cached_) {
+        if (c.freed_on && !c.event && !(*c.freed_on == *only_stream_)) { // the lone stream's fence answers for it
+          record_event(c);
+        }
+      }
+    }
   }
 
   /// Whether `p` lies in a block this pool holds from its upstream (handed out or cached).
@@ -181,7 +188,7 @@ private:
     void* address = nullptr;
     std::size_t alignment = 0;           ///< what the upstream was asked for (Live::upstream_alignment)
     std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere
-    std::optional<event_type> event;     ///< recorded at the free; nullopt when none is needed
+    std::optional<event_type> event;     ///< recorded at the free (while held: at its end); nullopt when none is needed
     std::uint64_t free_number = 0;       ///< which free it was (the pool's count of frees)
   };
   using Cache = std::multimap<std::size_t, Cached>;
@@ -224,10 +231,11 @@ private:
     if (!c.freed_on) {
       return true; // a synchronous free
     }
-    // Freed while its stream was the only one, with no event of its own: the stream's fence says.
+    // Freed on the first stream the pool saw, with no event of its own: that stream's fence says.
     // While held it records none: the stream may be capturing a graph, and an event recorded into
     // a capture is never recorded on the stream, so a query would say complete. Another stream's
-    // free without an event is one whose event could not be recorded: never.
+    // free without an event is one made while held (its event comes at the end of the hold) or one
+    // whose event could not be recorded: not yet.
     return *c.freed_on == *only_stream_ &&
            fence_.settled(streams_, *c.freed_on, c.free_number, frees_, wait, !on_hold_);
   }
@@ -240,6 +248,16 @@ private:
       only_stream_ = stream;
     } else if (!(*only_stream_ == *stream)) {
       many_streams_ = true;
+    }
+  }
+  /// Records the event another stream waits for before it takes `c`, on the stream that freed
+  /// it. Without one (out of host memory, or the Streams refused) the block stays with that stream.
+  void record_event(Cached& c) noexcept {
+    try {
+      if (auto e = streams_.record(*c.freed_on)) {
+        c.event = *e;
+      }
+    } catch (const std::bad_alloc&) {
     }
   }
   void drop_event(Cached& c) noexcept {
@@ -375,13 +393,8 @@ private:
       saw(stream);
       const auto cached =
           cached_.emplace(size, Cached{p, (*found)->upstream_alignment, stream, std::nullopt, ++frees_});
-      if (stream && many_streams_) { // recorded once the block is filed, so that the event cannot be lost
-        try {
-          if (auto e = streams_.record(*stream)) {
-            cached->second.event = *e;
-          }
-        } catch (const std::bad_alloc&) {
-        } // no event: the block stays with its stream (see take)
+      if (stream && many_streams_ && !on_hold_) { // recorded once the block is filed, so that the event cannot be lost
+        record_event(cached->second);
       }
       live_.erase(address);
       stats_.bytes_in_use -= size;

@@ -97,8 +97,7 @@ public:
     s_->options = resolved(options, *g);
   }
 
-  /// Takes over the other's reservations and blocks; the other may only be destroyed or assigned to.
-  ExpandablePool(ExpandablePool&&) noexcept = default;
+  ExpandablePool(ExpandablePool&&) noexcept = default; ///< the other may only be destroyed or assigned to
   /// Closes this pool (as its destructor does), then takes over the other's.
   ExpandablePool& operator=(ExpandablePool&& other) noexcept {
     if (this != &other) {
@@ -164,9 +163,10 @@ public:
     return s_->grant(device);
   }
 
-  /// While `held`, the pool unmaps nothing: not for the headroom line, the release threshold,
-  /// trim() or the retry under pressure (which then refuses). For a CUDA stream capture: the
-  /// unmapping and the events that tell when it is safe must not land in the graph. Mapping goes on.
+  /// While `held`, the pool unmaps nothing (not for the headroom line, the release threshold,
+  /// trim() or the retry under pressure, which then refuses) and records no event (a block freed
+  /// on another stream waits for the end of the hold to record its event). For a CUDA stream
+  /// capture: the unmapping and the events must not land in the graph. Mapping goes on.
   void hold(bool held) noexcept {
     const std::lock_guard lock(s_->mutex);
     s_->held = held;
@@ -192,12 +192,8 @@ public:
   bool owns(const void* p) const noexcept {
     const std::lock_guard lock(s_->mutex);
     const auto a = reinterpret_cast<std::uintptr_t>(p);
-    for (const auto& space : s_->spaces) {
-      if (space->memory.backed(a, 1)) {
-        return true;
-      }
-    }
-    return false;
+    return std::any_of(s_->spaces.begin(), s_->spaces.end(),
+                       [a](const auto& space) { return space->memory.backed(a, 1); });
   }
   /// What it may still hand out: max_reserved_bytes less the bytes in live blocks (a hint).
   std::size_t free_bytes() const {
@@ -301,7 +297,7 @@ private:
       if (!stream || (space.stream && *space.stream == *stream)) {
         freed = space.free.give(block.handle);
       } else {
-        s_->pending.add(s_->streams, Freed{block.handle, block.space}, *stream);
+        s_->pending.add(s_->streams, Freed{block.handle, block.space}, *stream, !s_->held);
       }
     } catch (const std::bad_alloc&) { // the pool's tables could not grow: the block stays live
       return cuda::std::unexpected(Errc::no_space);
@@ -474,10 +470,11 @@ private:
 
   // Frees whose streams' work has completed become free memory (may throw: CrossStreamFrees::collect).
   void collect_pending() {
-    s_->pending.collect(s_->streams, [&](const Freed& f) {
+    const auto home = [&](const Freed& f) {
       note_free(f.space, s_->spaces[f.space]->free.give(f.handle));
       return true;
-    });
+    };
+    s_->pending.collect(s_->streams, home, false, !s_->held); // no event recorded while held
   }
 
   // Gives back its events, first waiting (where it can) for work that may still use freed memory.

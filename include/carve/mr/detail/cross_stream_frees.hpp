@@ -24,33 +24,38 @@ public:
   using stream_type = typename Streams::stream_type;
 
   // `block` freed on `stream`. Throws std::bad_alloc (nothing changes; no event is lost). A
-  // recording that fails is tried again at the next collect.
-  void add(Streams& streams, Block block, const stream_type& stream) {
+  // recording that fails, or that `may_record` forbids (the pool is held: `stream` may be
+  // capturing a graph, and an event recorded into a capture is never recorded on the stream), is
+  // made at a later collect that may record.
+  void add(Streams& streams, Block block, const stream_type& stream, bool may_record = true) {
     if (waiting_.size() == waiting_.capacity()) {
       waiting_.reserve(std::max<std::size_t>(8, 2 * waiting_.capacity()));
     }
     Waiting w{std::move(block), stream, std::nullopt};
-    if (auto e = streams.record(stream)) {
-      w.event = *e;
+    if (may_record) {
+      if (auto e = streams.record(stream)) {
+        w.event = *e;
+      }
     }
     waiting_.push_back(std::move(w)); // room was made: cannot throw, so the event is not lost
   }
 
   // Offers each block whose freeing stream has passed its free to `freed(block)`, which answers
   // whether it is done with the block (false: it stays, to be offered again later); with `wait`,
-  // first waits for each event where the Streams can. Returns how many it was done with. A block
-  // whose Streams throw (std::bad_alloc where a recording that failed cannot be made now) stays,
-  // the others are still offered, and the first exception is thrown at the end.
+  // first waits for each event where the Streams can. Events not yet recorded are recorded now
+  // where `may_record` (see add). Returns how many it was done with. A block whose Streams throw
+  // (std::bad_alloc where a recording that failed cannot be made now) stays, the others are still
+  // offered, and the first exception is thrown at the end.
   template <class Freed>
-  requires std::is_invocable_r_v<bool, Freed&, const Block&> std::size_t collect(Streams& streams, Freed&& freed,
-                                                                                 bool wait = false) {
+  requires std::is_invocable_r_v<bool, Freed&, const Block&> std::size_t
+  collect(Streams& streams, Freed&& freed, bool wait = false, bool may_record = true) {
     std::size_t taken = 0;
     std::exception_ptr failed;
     for (std::size_t i = 0; i < waiting_.size();) {
       Waiting& w = waiting_[i];
       bool passed = false;
       try {
-        passed = has_passed(streams, w, wait);
+        passed = has_passed(streams, w, wait, may_record);
       } catch (...) {
         if (!failed) {
           failed = std::current_exception();
@@ -96,12 +101,13 @@ private:
   struct Waiting {
     Block block;
     stream_type stream;
-    std::optional<typename Streams::event_type> event; // nullopt: recording failed, tried again later
+    std::optional<typename Streams::event_type> event; // nullopt: not recorded yet (failed, or held)
   };
 
-  // Whether `w`'s freeing stream has run past its free (recording its event now if that failed).
-  static bool has_passed(Streams& streams, Waiting& w, bool wait) {
-    if (!w.event) {
+  // Whether `w`'s freeing stream has run past its free (recording its event now if it has none
+  // and `may_record`).
+  static bool has_passed(Streams& streams, Waiting& w, bool wait, bool may_record) {
+    if (!w.event && may_record) {
       if (auto e = streams.record(w.stream)) {
         w.event = *e;
       }
