@@ -300,17 +300,21 @@ private:
       unrouted = stream_capturing(stream);
       return unrouted ? nullptr : take(stream, bytes);
     }
+    void* p = nullptr;
     try {
-      if (void* p = privates_.reuse(*id, stream, bytes)) {
-        return p;
+      if (void* kept = privates_.reuse(*id, stream, bytes)) {
+        return kept;
       }
-      void* p = take(stream, bytes);
+      p = take(stream, bytes);
       if (p != nullptr && !privates_.adopt(*id, p, bytes, stream)) {
         (void)give(stream, p, bytes); // its pool was released meanwhile
         return nullptr;
       }
       return p;
-    } catch (const std::bad_alloc&) { // adopt() changes nothing when it throws: see give above
+    } catch (const std::bad_alloc&) { // adopt() changes nothing when it throws: the block goes back
+      if (p != nullptr) {
+        (void)give(stream, p, bytes);
+      }
       return nullptr;
     }
   }
@@ -340,8 +344,12 @@ private:
           return {};
         }
       }
-      const auto [freed, block] = privates_.free(p, stream);
+      const auto [freed, block] = privates_.free(p, stream, bytes);
       switch (freed) {
+      case PrivatePools<cudaStream_t>::Freed::twice:
+        return cuda::std::unexpected(Errc::not_allocated);
+      case PrivatePools<cudaStream_t>::Freed::wrong_size:
+        return cuda::std::unexpected(Errc::invalid_size);
       case PrivatePools<cudaStream_t>::Freed::kept:
         forget_uses(p);
         return {};

@@ -31,7 +31,7 @@ TEST_CASE("a capture's blocks stay in its pool, reused by its later requests in 
   REQUIRE(pools.adopt(graph, at(0x10000), 8 * KiB, 0));
   REQUIRE(pools.adopt(graph, at(0x20000), 64 * KiB, 0));
   CHECK(pools.bytes() == 72 * KiB);
-  auto [freed, block] = pools.free(at(0x10000), 0);
+  auto [freed, block] = pools.free(at(0x10000), 0, 8 * KiB);
   CHECK(freed == Freed::kept);
   CHECK(block.bytes == 8 * KiB);
   CHECK(pools.holds(at(0x10000)));
@@ -40,13 +40,14 @@ TEST_CASE("a capture's blocks stay in its pool, reused by its later requests in 
   CHECK(pools.reuse(graph, 0, 3 * KiB) == nullptr); // under half the block: not pinned by it
   CHECK(pools.reuse(graph, 0, 9 * KiB) == nullptr); // too large
   CHECK(pools.reuse(graph, 0, 5 * KiB) == at(0x10000));
-  CHECK(pools.reuse(graph, 0, 5 * KiB) == nullptr); // in use again
-  CHECK(pools.free(at(0x10000), 0).first == Freed::kept);
-  CHECK(pools.free(at(0x30000), 0).first == Freed::not_private);
+  CHECK(pools.reuse(graph, 0, 5 * KiB) == nullptr);                      // in use again
+  CHECK(pools.free(at(0x10000), 0, 8 * KiB).first == Freed::wrong_size); // it was asked for as 5 KiB
+  CHECK(pools.free(at(0x10000), 0, 5 * KiB).first == Freed::kept);
+  CHECK(pools.free(at(0x30000), 0, KiB).first == Freed::not_private);
   CHECK(pools.bytes() == 72 * KiB);
 }
 
-TEST_CASE("a block freed twice to its pool, or adopted twice, changes nothing") {
+TEST_CASE("a block freed twice to its pool, freed with another size, or adopted twice, changes nothing") {
   Pools pools;
   CHECK_FALSE(pools.adopt(graph, at(0x10000), KiB, 0)); // not open
   pools.open(graph);
@@ -54,8 +55,11 @@ TEST_CASE("a block freed twice to its pool, or adopted twice, changes nothing") 
   CHECK_FALSE(pools.adopt(graph, at(0x10000), KiB, 0));
   pools.open(other);
   CHECK_FALSE(pools.adopt(other, at(0x10000), KiB, 0)); // one pool per block
-  CHECK(pools.free(at(0x10000), 0).first == Freed::kept);
-  CHECK(pools.free(at(0x10000), 0).first == Freed::not_private); // already free in its pool
+  CHECK(pools.free(at(0x10000), 0, 2 * KiB).first == Freed::wrong_size);
+  CHECK(pools.free(at(0x10000), 0, KiB).first == Freed::kept);
+  CHECK(pools.free(at(0x10000), 0, KiB).first == Freed::twice); // already free in its pool
+  CHECK(pools.reuse(graph, 0, KiB) == at(0x10000));             // kept once, so handed out once
+  CHECK(pools.reuse(graph, 0, KiB) == nullptr);
   CHECK(pools.bytes() == KiB);
 }
 
@@ -66,10 +70,10 @@ TEST_CASE("released: free blocks go back at once, blocks in use as they are free
   REQUIRE(pools.adopt(graph, at(0x10000), 4 * KiB, 0));
   REQUIRE(pools.adopt(graph, at(0x20000), 2 * KiB, 1));
   REQUIRE(pools.adopt(graph, at(0x30000), 16 * KiB, 0)); // a static output, still held
-  CHECK(pools.free(at(0x10000), 0).first == Freed::kept);
-  REQUIRE(pools.reuse(graph, 0, 3 * KiB) == at(0x10000)); // served a smaller request ...
-  CHECK(pools.free(at(0x10000), 2).first == Freed::kept); // ... and freed on stream 2
-  CHECK(pools.free(at(0x20000), 1).first == Freed::kept);
+  CHECK(pools.free(at(0x10000), 0, 4 * KiB).first == Freed::kept);
+  REQUIRE(pools.reuse(graph, 0, 3 * KiB) == at(0x10000));          // served a smaller request ...
+  CHECK(pools.free(at(0x10000), 2, 3 * KiB).first == Freed::kept); // ... and freed on stream 2
+  CHECK(pools.free(at(0x20000), 1, 2 * KiB).first == Freed::kept);
   CHECK(pools.release(graph).empty()); // one user left
   const auto back = pools.release(graph);
   REQUIRE(back.size() == 2);
@@ -81,7 +85,7 @@ TEST_CASE("released: free blocks go back at once, blocks in use as they are free
   }
   CHECK(total == 6 * KiB); // 4 KiB as made, not the 3 KiB it served last
   CHECK(pools.pools() == 1);
-  const auto [freed, block] = pools.free(at(0x30000), 0);
+  const auto [freed, block] = pools.free(at(0x30000), 0, 16 * KiB);
   CHECK(freed == Freed::give_back);
   CHECK(block.bytes == 16 * KiB);
   CHECK(pools.pools() == 0);
@@ -105,7 +109,7 @@ TEST_CASE("threads: graphs of their own capture, replay-free and release over on
           if (!mine.empty() && rng() % 3 == 0) { // a temporary dies inside the capture
             const auto [p, bytes] = mine.back();
             mine.pop_back();
-            wrong = wrong || pools.free(p, t).first != Freed::kept;
+            wrong = wrong || pools.free(p, t, bytes).first != Freed::kept;
             continue;
           }
           const std::size_t bytes = (rng() % 16 + 1) * KiB;
@@ -125,7 +129,7 @@ TEST_CASE("threads: graphs of their own capture, replay-free and release over on
           card.deallocate(b.p, b.bytes, 256);
         }
         for (const auto& [p, bytes] : mine) { // its outputs die later
-          const auto [freed, block] = pools.free(p, t);
+          const auto [freed, block] = pools.free(p, t, bytes);
           wrong = wrong || freed != Freed::give_back;
           card.deallocate(block.p, block.bytes, 256);
         }

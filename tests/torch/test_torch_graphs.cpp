@@ -91,6 +91,36 @@ TEST_CASE("each stack: a graph's blocks are its own until it is released") {
   }
 }
 
+TEST_CASE("each stack: a graph's block freed twice, or with another size, is refused and changes nothing") {
+  for (const PoolKind kind : kinds) {
+    CAPTURE(name(kind));
+    Capture c(kind);
+    auto& s = c.s;
+    const PrivatePoolId id{1, 0};
+    c.begin(id);
+    void* temp = s->allocate(c.graph, 2 * MiB);
+    REQUIRE(temp != nullptr);
+    CHECK(s->deallocate(c.graph, temp, MiB).error() == carve::Errc::invalid_size);
+    REQUIRE(s->deallocate(c.graph, temp, 2 * MiB));
+    CHECK(s->deallocate(c.graph, temp, 2 * MiB).error() == carve::Errc::not_allocated);
+    c.end(id);
+    CHECK(s->books().live.now() == 0);
+    void* eager = s->allocate(c.other, 2 * MiB); // the graph's pool keeps its block: never handed out here
+    CHECK(eager != temp);
+    c.begin(id);
+    void* again = s->allocate(c.graph, 2 * MiB);
+    CHECK(again == temp); // kept once, so handed out once
+    REQUIRE(s->deallocate(c.graph, again, 2 * MiB));
+    c.end(id);
+    s->release_pool(id); // both graphs captured into the pool are destroyed
+    s->release_pool(id);
+    REQUIRE(s->deallocate(c.other, eager, 2 * MiB));
+    s->empty_cache();
+    CHECK(s->books().live.now() == 0);
+    CHECK(s->books().reserved.now() == 0);
+  }
+}
+
 TEST_CASE("each stack: during a capture nothing goes back to the device and other frees wait") {
   for (const PoolKind kind : kinds) {
     CAPTURE(name(kind));

@@ -609,6 +609,28 @@ TEST_CASE("depth and size cost no C++ stack and no memory beyond the input's") {
   CHECK(levels == depth);
   // A million MARKs, never closed.
   CHECK(error(std::string(depth, '(') + "N.") == "t.pickle: byte 1000001: STOP with a MARK still open");
+  // 100,000 memo indices far beyond the input's size, 4 KiB apart, each stored and read back into
+  // one list: the far memo is ordered, so no choice of indices makes a PUT or GET cost more than
+  // log n (a hash map's buckets can be filled by a pickle that picks its indices).
+  constexpr std::uint32_t far = 100'000;
+  const auto le32 = [](std::uint32_t v) {
+    return std::string{static_cast<char>(v & 0xff), static_cast<char>((v >> 8) & 0xff),
+                       static_cast<char>((v >> 16) & 0xff), static_cast<char>(v >> 24)};
+  };
+  const auto index = [](std::uint32_t i) { return (std::uint32_t{1} << 30) + i * 4096; };
+  std::string many;
+  for (std::uint32_t i = 0; i < far; ++i) {
+    many += "J" + le32(i) + "r" + le32(index(i)) + "0"; // BININT i, LONG_BINPUT, POP
+  }
+  many += "](";
+  for (std::uint32_t i = far; i-- > 0;) {
+    many += "j" + le32(index(i)); // LONG_BINGET, last stored first
+  }
+  many += "e.";
+  const PickleDocument m = read(many);
+  REQUIRE(m.items(m.root()).size() == far);
+  CHECK(m.integer(m.items(m.root())[0]) == far - 1);
+  CHECK(m.integer(m.items(m.root())[far - 1]) == 0);
   // A length field of 2^63 is compared with the bytes left, not allocated.
   CHECK(error("\x8d\x00\x00\x00\x00\x00\x00\x00\x80."sv) ==
         "t.pickle: byte 0: truncated: BINUNICODE8 needs 9223372036854775808 bytes, and 1 is left");

@@ -7,7 +7,7 @@
 /// graphs.open(id);                                      // capture begins allocating to pool `id`
 /// void* p = graphs.reuse(id, stream, bytes);            // a block the pool holds free, or null
 /// if (p == nullptr) { p = take(stream, bytes); graphs.adopt(id, p, bytes); }   // from the owner's pool
-/// auto [freed, block] = graphs.free(p, stream);         // kept: it stays the graph's
+/// auto [freed, block] = graphs.free(p, stream, bytes);  // kept: it stays the graph's
 /// for (auto b : graphs.release(id)) { give(b.stream, b.p, b.bytes); }   // the graph is gone
 /// @endcode
 ///
@@ -27,8 +27,9 @@
 /// pool released with blocks still in use hands each back as it is freed.
 ///
 /// Errors: adopt() refuses (false, nothing changes) a pool not open or a block some pool already
-/// holds. Thread-safe (one lock); the tables' own allocations may throw std::bad_alloc, with
-/// nothing changed.
+/// holds; free() refuses (nothing changes) a block its pool holds free already (freed twice) and a
+/// size other than the one its user asked for. Thread-safe (one lock); the tables' own allocations
+/// may throw std::bad_alloc, with nothing changed.
 #pragma once
 
 #include <cstddef>
@@ -61,6 +62,8 @@ public:
     not_private, ///< no pool holds it: the owner frees it as usual
     kept,        ///< its pool keeps it for later requests of the pool
     give_back,   ///< its pool was released: the owner gives `block` back to its pool now
+    twice,       ///< its pool holds it free already: a second free, refused (nothing changes)
+    wrong_size,  ///< not the size its user asked for: refused (nothing changes)
   };
 
   /// Capture begins allocating to pool `id` (made on first use): one more user of it.
@@ -84,6 +87,7 @@ public:
         Owned& owned = live_.at(p);
         owned.free = false;
         owned.stream = stream;
+        owned.requested = bytes;
         ++pool->second.live;
         free.erase(it);
         return p;
@@ -100,19 +104,23 @@ public:
     if (pool == pools_.end() || pool->second.users == 0 || live_.count(p) != 0) {
       return false;
     }
-    live_.emplace(p, Owned{id, bytes, stream});
+    live_.emplace(p, Owned{id, bytes, bytes, stream});
     ++pool->second.live;
     bytes_ += bytes;
     return true;
   }
 
-  /// A free of `p` on `stream`: kept by its pool, handed back (its pool was released), or not
-  /// private at all. `block` is the block as its owner's pool made it (empty for not_private).
-  std::pair<Freed, Block> free(void* p, Stream stream) {
+  /// A free of `p` (`bytes` as its user asked for it) on `stream`: kept by its pool, handed back
+  /// (its pool was released), not private at all, or refused (twice, wrong_size). `block` is the
+  /// block as its owner's pool made it (empty unless kept or give_back).
+  std::pair<Freed, Block> free(void* p, Stream stream, std::size_t bytes) {
     const std::lock_guard lock(mutex_);
     const auto owned = live_.find(p);
-    if (owned == live_.end() || owned->second.free) {
+    if (owned == live_.end()) {
       return {Freed::not_private, Block{}};
+    }
+    if (owned->second.free || owned->second.requested != bytes) {
+      return {owned->second.free ? Freed::twice : Freed::wrong_size, Block{}};
     }
     const auto pool = pools_.find(owned->second.id);
     const Block block{p, owned->second.bytes, stream};
@@ -177,7 +185,8 @@ private:
   };
   struct Owned {
     PrivatePoolId id;
-    std::size_t bytes = 0;
+    std::size_t bytes = 0;     ///< as the owner's pool made it
+    std::size_t requested = 0; ///< as its present user asked for it (reuse() hands out larger blocks)
     Stream stream{};
     bool free = false;
   };

@@ -41,14 +41,14 @@
 /// signed; malformed text (a number, a quoted string, UTF-8).
 ///
 /// Cost: one pass, nothing recursive, so neither nesting depth nor cycles can exhaust the C++
-/// stack. Memory is O(input size), at most about 45 bytes per input byte (a pickle of one-byte
-/// opcodes, each a 24-byte value in an array that grows by doubling; a real snapshot takes about
-/// 3): every opcode adds at most one value; the containers' items are kept in two arrays, not an
-/// allocation each; a length is checked against the bytes left before anything is allocated;
-/// and the memo is an array for indices below the input's size (picklers write 0, 1, 2, ...) and
-/// a hash map for the others, so neither a MEMOIZE per byte nor a LONG_BINPUT index of 2^32 - 1
-/// costs more than a few bytes. A caller bounds the memory by bounding the input (read_trace_file
-/// in carve/trace/trace_file.hpp refuses a file above 4 GiB unless told otherwise).
+/// stack. Memory is O(input size), at most about 80 bytes per input byte (a pickle of one-byte
+/// opcodes, each a 24-byte value in an array that grows by doubling, the old array and the new
+/// both held while it moves; a real snapshot takes about 3): every opcode adds at most one value; the containers' items
+/// are kept in two arrays, not an allocation each; a length is checked against the bytes left before anything is
+/// allocated; and the memo is an array for indices below the input's size (picklers write 0, 1, 2, ...) and an ordered
+/// map for the others, so neither a MEMOIZE per byte nor a LONG_BINPUT index of 2^32 - 1 costs more than a few bytes. A
+/// caller bounds the memory by bounding the input (read_trace_file in carve/trace/trace_file.hpp refuses a file above 4
+/// GiB unless told otherwise).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -60,10 +60,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -115,15 +115,6 @@ private:
     doc_.join_batches(doc_.entries_, entry_batches_, true);
     return std::move(doc_);
   }
-
-  /// Memo indices mixed before bucketing, so that indices a pickle picks (multiples of the bucket
-  /// count, say) do not pile into one bucket.
-  struct MemoHash {
-    std::size_t operator()(std::uint64_t k) const noexcept {
-      k = (k ^ (k >> 33)) * 0xff51afd7ed558ccdULL;
-      return static_cast<std::size_t>(k ^ (k >> 33));
-    }
-  };
 
   /// One opcode, `op_`, its argument read from `pos_` on. False, with `error_` set, when it fails.
   bool step() {
@@ -477,11 +468,11 @@ private:
   std::string error_;    ///< what the failed step found wrong
   PickleDocument doc_;
   std::vector<Id> stack_;
-  std::vector<std::size_t> marks_;                           ///< stack positions, in order
-  static constexpr Id unset = UINT32_MAX;                    ///< in the memo: nothing stored (no value's Id)
-  std::vector<Id> memo_;                                     ///< by index, those below the input's size
-  std::unordered_map<std::uint64_t, Id, MemoHash> far_memo_; ///< the others
-  std::uint64_t memo_size_ = 0;                              ///< indices stored: MEMOIZE's next
+  std::vector<std::size_t> marks_;        ///< stack positions, in order
+  static constexpr Id unset = UINT32_MAX; ///< in the memo: nothing stored (no value's Id)
+  std::vector<Id> memo_;                  ///< by index, those below the input's size
+  std::map<std::uint64_t, Id> far_memo_;  ///< the others: ordered, so no choice of indices costs more than log n
+  std::uint64_t memo_size_ = 0;           ///< indices stored: MEMOIZE's next
   std::vector<PickleDocument::Batch> item_batches_, entry_batches_;
 };
 

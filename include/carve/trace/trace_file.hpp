@@ -14,7 +14,7 @@
 /// than the limit.
 ///
 /// The limit: the whole file is read into memory, and decoding it takes more (the pickle reader
-/// up to about 45 bytes per byte of input, about 3 for a real snapshot: see
+/// up to about 80 bytes per byte of input, about 3 for a real snapshot: see
 /// carve/trace/pickle_reader.hpp), so a file above `max_bytes` (max_trace_file_bytes, 4 GiB,
 /// unless the caller passes another) is refused before it is read, or as soon as it passes the
 /// limit when its size cannot be known in advance (a pipe, a device).
@@ -53,7 +53,7 @@ inline TraceFormat trace_format(std::string_view head) noexcept {
 /// The largest trace file read_whole_file and read_trace_file read unless told otherwise: 4 GiB.
 /// Real snapshots are megabytes to hundreds of megabytes; a larger file is most likely not a trace
 /// (a disk image, /dev/zero). The limit bounds memory only loosely, a pickle of 4 GiB taking some
-/// 12 GiB to decode if it is a real snapshot and up to about 180 GiB if it is hostile: a caller
+/// 12 GiB to decode if it is a real snapshot and up to about 320 GiB if it is hostile: a caller
 /// short of memory passes a smaller one.
 inline constexpr std::uint64_t max_trace_file_bytes = std::uint64_t{4} << 30;
 
