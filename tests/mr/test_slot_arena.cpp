@@ -248,6 +248,28 @@ TEST_CASE("sharded and run-time-sized slots serve arenas too") {
   CHECK(pages.free_bytes() == pages.capacity());
 }
 
+TEST_CASE("arenas compare equal only where a block of one may be freed through the other") {
+  static_assert(carve::SharesSlots<carve::ConcurrentSlotAllocatorRef<128>> &&
+                carve::SharesSlots<carve::ShardedSlotAllocator<32, 4>>);
+  static_assert(!carve::SharesSlots<carve::SlotAllocator<128>> && !carve::SharesSlots<carve::DynamicSlotAllocator<>> &&
+                !carve::SharesSlots<carve::ConcurrentSlotAllocator<128>>);
+  Heap heap;
+  // A copy of an arena over a SlotAllocator holds free slots of its own: another arena.
+  SlotArena<carve::SlotAllocator<128>> own(heap.bytes, sizeof heap.bytes, slot);
+  const SlotArena<carve::SlotAllocator<128>> copy = own;
+  CHECK(own == own);
+  CHECK_FALSE(own == copy);
+  // Copies of an arena over a handle share its slots: a block from one frees through the other.
+  std::vector<carve::bits::word> words(carve::BorrowedSlotWords<128>::word_count);
+  carve::ConcurrentSlotAllocatorRef<128> ref(carve::BorrowedSlotWords<128>(words.data()));
+  ref.reset();
+  SlotArena<carve::ConcurrentSlotAllocatorRef<128>> shared(heap.bytes, sizeof heap.bytes, slot, ref);
+  SlotArena<carve::ConcurrentSlotAllocatorRef<128>> handle = shared;
+  CHECK(shared == handle);
+  void* p = handle.allocate(slot, 8);
+  CHECK(shared.try_deallocate(p, slot, 8));
+}
+
 TEST_CASE("a segregator sends small requests to a slot arena and the rest to a pool, through pmr too") {
   Heap heap;
   using Arena = SlotArena<carve::SlotAllocator<128>>;

@@ -267,6 +267,37 @@ void check_batches(std::mt19937_64& rng) {
 
 } // namespace
 
+namespace {
+// Policies that break the FitPolicy contract, as a policy written outside carve could.
+struct AlwaysFirstSlot {
+  template <std::uint32_t N>
+  constexpr cuda::std::optional<std::uint32_t> find(const carve::SlotBitmap<N>&, std::uint32_t) const {
+    return 0u;
+  }
+};
+struct PastTheEnd {
+  template <std::uint32_t N>
+  constexpr cuda::std::optional<std::uint32_t> find(const carve::SlotBitmap<N>&, std::uint32_t) const {
+    return N - 1;
+  }
+};
+} // namespace
+
+TEST_CASE("a policy's run that is not free, or runs past the end, is invalid_placement and taken from no one") {
+  carve::SlotBitmap<64> units[2];
+  const std::uint32_t sizes[] = {4, 4};
+  BatchPlacement out[2];
+  carve::place_batch<64>(units, sizes, out, AlwaysFirstSlot{}, carve::FirstFittingCu{});
+  CHECK(out[0] == BatchPlacement(CuPlacement{0, {0, 4}}));
+  CHECK(out[1] == BatchPlacement(cuda::std::unexpected(Errc::invalid_placement))); // slot 0 is taken
+  CHECK(units[0].free_count() == 60);
+  carve::SlotBitmap<64> fresh[1];
+  carve::place_batch<64>(fresh, cuda::std::span<const std::uint32_t>(sizes, 1), out, PastTheEnd{},
+                         carve::FirstFittingCu{});
+  CHECK(out[0] == BatchPlacement(cuda::std::unexpected(Errc::invalid_placement)));
+  CHECK(fresh[0].free_count() == 64);
+}
+
 TEST_CASE("evaluate_cu reports the policy's start, the unit's free slots and the distance to an end") {
   std::mt19937_64 rng(3);
   for (int t = 0; t < 300; ++t) {

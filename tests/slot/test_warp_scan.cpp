@@ -306,3 +306,9 @@ TEST_CASE("a block of fewer than 32 warps over several rounds places every start
     }
   }
 }
+
+TEST_CASE("a simulated block has 1 to 32 warps, as a device block does") {
+  CHECK_THROWS_AS(carve::HostBlock{0}, carve::Exception);
+  CHECK_THROWS_AS(carve::HostBlock{33}, carve::Exception);
+  CHECK(carve::HostBlock{32}.warps() == 32);
+}

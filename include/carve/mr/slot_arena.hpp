@@ -23,7 +23,10 @@
 /// slot start of this arena or a run that is not taken (not_allocated, out_of_range).
 ///
 /// Slots is any carve::SlotSource, held by value: a ConcurrentSlotAllocator serves many threads,
-/// a SlotAllocator one owner, a DynamicSlotAllocator a size chosen at run time. Host and device
+/// a SlotAllocator one owner, a DynamicSlotAllocator a size chosen at run time. So a copy of the
+/// arena shares its slots only where Slots is a handle (SharesSlots); over any other it is a second
+/// arena over the same bytes with free slots of its own, never to serve beside the first (move it
+/// instead; the two compare unequal). Host and device
 /// wherever Slots is. A default-constructed arena holds nothing (every request: no_space) until
 /// reset(base, bytes, slot_bytes) points it at its bytes, so it can be declared __shared__ and set
 /// up by one thread.
@@ -193,9 +196,16 @@ public:
   /// The slot allocator.
   CARVE_HOST_DEVICE constexpr const Slots& slots() const noexcept { return slots_; }
 
-  /// Equal only to itself.
+  /// Whether a block from one may be freed through the other: arenas over the same bytes whose
+  /// slot allocators share their slots (SharesSlots: copies of one handle); over any other slot
+  /// allocator, only itself (a copy holds free slots of its own over the same bytes, so the two
+  /// must never serve side by side).
   friend CARVE_HOST_DEVICE bool operator==(const SlotArena& a, const SlotArena& b) noexcept {
-    return a.base_ == b.base_ && a.slot_bytes_ == b.slot_bytes_;
+    if constexpr (SharesSlots<Slots>) {
+      return a.base_ == b.base_ && a.slot_bytes_ == b.slot_bytes_;
+    } else {
+      return &a == &b;
+    }
   }
 
 private:

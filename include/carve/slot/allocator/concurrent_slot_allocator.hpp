@@ -80,6 +80,8 @@ public:
   using policy_type = shared_fit_t<Fit, N, Scope>;
   /// Which threads may share the allocator (block, device or system).
   static constexpr cuda::thread_scope scope = Scope;
+  /// Copies share their slots where the words are borrowed (SharesSlots); owned words are not copied.
+  static constexpr bool shares_slots = !cuda::std::is_same_v<Words, OwnedSlotWords<N>>;
 
   static_assert(!RemembersPlacements<policy_type> || SharesPlacements<policy_type>,
                 "ConcurrentSlotAllocator shares one policy object among all its threads and cannot report "

@@ -66,6 +66,7 @@ public:
   static constexpr std::uint32_t shard_slots = ShardSlots;                       ///< slots per shard
   static constexpr std::uint32_t words_per_shard = bits::word_count(ShardSlots); ///< words per shard
   static constexpr std::uint32_t word_count = words_per_shard * Shards;          ///< the storage it needs
+  static constexpr bool shares_slots = true; ///< a handle: its copies share the words (SharesSlots)
 
   /// `words` holds word_count 8-byte-aligned words; call reset() once before sharing it. `home`:
   /// the shard this handle's allocate(m) tries first (its SM, block or thread group; taken modulo

@@ -40,6 +40,14 @@ concept SlotSource = requires(S& slots, const S& cslots, std::uint32_t m, SlotRa
   slots.reset();
 };
 
+/// A slot source whose copies share one set of slots (a handle on borrowed words, as
+/// ConcurrentSlotAllocatorRef and ShardedSlotAllocator are), where a copy of any other (a
+/// SlotAllocator, a DynamicSlotAllocator) holds slots of its own: it says `shares_slots = true`.
+template <class S>
+concept SharesSlots = requires {
+  requires S::shares_slots;
+};
+
 /// The check every slot source's allocate(m) makes first: invalid_size for m == 0, no_space for
 /// more slots than the `most` it could ever hold in one run.
 [[nodiscard]] CARVE_HOST_DEVICE constexpr cuda::std::expected<void, Errc>

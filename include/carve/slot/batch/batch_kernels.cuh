@@ -75,8 +75,8 @@ __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const s
     }
     const CuCandidate best = block_best(rule, mine, scratch);
     if (threadIdx.x == 0) {
-      out[r] = placement_of(best, m);
-      if (best.fits) {
+      out[r] = best.fits ? checked_placement(best, m, bitmaps[best.cu]) : placement_of(best, m);
+      if (out[r]) {
         bitmaps[best.cu].occupy({best.start, m});
       }
     }

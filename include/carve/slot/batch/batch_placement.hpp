@@ -37,7 +37,8 @@ struct CuPlacement {
   }
 };
 
-/// A request's outcome: where it went, or invalid_size (m == 0) / no_space (no unit fits, m > N included).
+/// A request's outcome: where it went, or invalid_size (m == 0) / no_space (no unit fits, m > N
+/// included) / invalid_placement (the policy picked a run that is not free on the chosen unit).
 using BatchPlacement = cuda::std::expected<CuPlacement, Errc>;
 
 /// What unit `cu` would do with a request for m slots.
@@ -46,7 +47,7 @@ requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr CuCandidate
 evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::uint32_t m) noexcept {
   const cuda::std::optional<std::uint32_t> start = fit.find(bitmap, m);
   const std::uint32_t s = start ? *start : 0;
-  const std::uint32_t from_top = N - s - m;
+  const std::uint32_t from_top = s <= N - m ? N - s - m : 0; // a start past N - m is refused at placement
   return {cu, start.has_value(), s, bitmap.free_count(), s < from_top ? s : from_top};
 }
 
@@ -57,6 +58,19 @@ evaluate_cu(const Fit& fit, const SlotBitmap<N>& bitmap, std::uint32_t cu, std::
     return cuda::std::unexpected(Errc::no_space);
   }
   return CuPlacement{best.cu, {best.start, m}};
+}
+
+/// placement_of(best, m), checked against the chosen unit's bitmap before it is taken: a policy
+/// written outside carve could pick a run that is not free or runs past N, and taking it would hand
+/// a slot out twice (invalid_placement, as SlotAllocator says).
+template <std::uint32_t N>
+[[nodiscard]] CARVE_HOST_DEVICE constexpr BatchPlacement checked_placement(const CuCandidate& best, std::uint32_t m,
+                                                                           const SlotBitmap<N>& unit) noexcept {
+  const BatchPlacement p = placement_of(best, m);
+  if (p && (best.start > N - m || unit.free_count(p->range) != m)) {
+    return cuda::std::unexpected(Errc::invalid_placement);
+  }
+  return p;
 }
 
 /// Places every request in order and records each outcome; `out` holds sizes.size() entries.
@@ -76,7 +90,7 @@ requires FitPolicyFor<Fit, N> CARVE_HOST_DEVICE constexpr void place_batch(cuda:
       const CuCandidate c = evaluate_cu(fit, bitmaps[cu], cu, m);
       best = rule.better(c, best) ? c : best;
     }
-    out[r] = placement_of(best, m);
+    out[r] = best.fits ? checked_placement(best, m, bitmaps[best.cu]) : placement_of(best, m);
     if (out[r]) {
       bitmaps[out[r]->cu].occupy(out[r]->range);
     }

@@ -16,6 +16,7 @@
 
 #include <carve/core/bits.hpp>
 #include <carve/core/config.hpp>
+#include <carve/core/error.hpp>
 #include <carve/slot/policy/fit_policy.hpp>
 #include <carve/slot/search/run_search.hpp>
 #include <carve/slot/search/run_segment.hpp>
@@ -24,6 +25,8 @@
 #include <cuda/std/array>
 #include <cuda/std/cstdint>
 #include <cuda/std/optional>
+
+#include <string>
 
 namespace carve {
 
@@ -163,9 +166,18 @@ CARVE_HOST_DEVICE RunSegment warp_summarize(const Warp& warp, const Words& words
   return total;
 }
 
-/// A block of `warps()` warps, simulated on the host.
+/// A block of `warps()` warps, simulated on the host: 1 to 32, as a device block of at most 1024
+/// threads has (the first warp reduces one segment per warp in its 32 lanes).
 struct HostBlock {
   std::uint32_t warp_count; ///< warps in the simulated block
+
+  /// Throws carve::Exception (invalid_argument) for 0 warps or more than 32.
+  explicit HostBlock(std::uint32_t warps) : warp_count(warps) {
+    if (warps == 0 || warps > warp_lanes) {
+      throw Exception(Errc::invalid_argument,
+                      "carve::HostBlock: " + std::to_string(warps) + " warps, where a block has 1 to 32");
+    }
+  }
 
   /// Warps in the block.
   constexpr std::uint32_t warps() const { return warp_count; }

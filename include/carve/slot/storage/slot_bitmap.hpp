@@ -116,7 +116,7 @@ public:
     }
     SlotBitmap starts = *this;
     std::uint32_t len = 1;
-    while (2 * len <= m) {
+    while (len <= m / 2) { // 2 * len would wrap at len = 2^31
       starts.and_shifted_down(len);
       len *= 2;
     }
