@@ -225,12 +225,14 @@ TEST_CASE("an upstream that cannot say its capacity: the pool is made, and never
 TEST_CASE("bad requests return an error and change nothing") {
   CachingPool pool(SimulatedCard(4 * MiB), PoolOptions{.granularity = 512, .segment_size = 1 * MiB});
   void* p = *pool.try_allocate(1000, 256);
+  pool.deallocate(*pool.try_allocate(MiB, 256), MiB, 256); // a whole free segment, cached
   const auto before = pool.stats();
   CHECK(pool.try_allocate(0, 256).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(64, 1024).error() == Errc::no_space); // an alignment above the granularity: a fallback's
   CHECK(pool.try_allocate(64, 3).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(SIZE_MAX, 256).error() == Errc::invalid_size); // overflows when rounded
-  CHECK(pool.try_allocate(5 * MiB, 256).error() == Errc::no_space);
+  CHECK(pool.try_allocate(5 * MiB, 256).error() == Errc::no_space);      // above the card: the cache stays
+  CHECK(pool.try_allocate(SIZE_MAX - 4096, 256).error() == Errc::no_space);
   int on_stack = 0;
   CHECK(pool.try_deallocate(&on_stack, 4, 256).error() == Errc::not_allocated);
   CHECK(pool.try_deallocate(nullptr, 4, 256).error() == Errc::not_allocated);
@@ -239,6 +241,8 @@ TEST_CASE("bad requests return an error and change nothing") {
   const auto after = pool.stats();
   CHECK(after.bytes_in_use == before.bytes_in_use);
   CHECK(after.bytes_reserved == before.bytes_reserved);
+  CHECK(after.upstream_failures == before.upstream_failures);
+  CHECK(after.upstream_frees == before.upstream_frees);
   CHECK(after.live_blocks == 1);
   REQUIRE(pool.try_deallocate(p, 1000, 256));
   CHECK(pool.try_deallocate(p, 1000, 256).error() == Errc::not_allocated); // double free
@@ -345,6 +349,7 @@ TEST_CASE("held (a stream capture): nothing goes back by itself; a request the c
   REQUIRE(pool.try_deallocate(a, seg, 256)); // past the threshold, but held: cached
   REQUIRE(pool.try_deallocate(b, seg, 256));
   CHECK(pool.free_bytes() == 2 * seg);
+  CHECK(pool.largest_allocation() == seg);                          // the free segments are not given back while held
   CHECK(pool.try_allocate(2 * seg, 256).error() == Errc::no_space); // the cache would fit it: not given back
   CHECK(pool.stats().upstream_frees == 0);
   CHECK(pool.trim() == 2 * seg); // asked for: done

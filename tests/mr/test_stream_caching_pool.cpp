@@ -329,9 +329,11 @@ TEST_CASE("misuse is refused and changes nothing") {
   CHECK(pool.try_allocate(s0, 0, 512).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 1024).error() == Errc::no_space); // above the granularity
+  CHECK(pool.stats().pools == 1); // the synchronous calls' only: a bad request makes s0 none
   CHECK(pool.try_allocate(s0, 9 * MiB, 512).error() == Errc::no_space);
   CHECK(pool.try_allocate(s0, ~std::size_t{0}, 512).error() == Errc::invalid_size); // overflows when rounded
   CHECK(pool.try_allocate(0, 512).error() == Errc::invalid_size);
+  CHECK(pool.stats().pools == 2); // s0's, made by the request its card refused
   CHECK_THROWS_ERRC(Errc::no_space, (void)pool.allocate(s1, 9 * MiB, 512));
   void* p = *pool.try_allocate(s0, 1 * KiB, 512);
   int local = 0;

@@ -89,7 +89,7 @@ public:
   /// Throws carve::Exception (invalid_argument) unless the granularity is a power of two and the
   /// segment size a positive multiple of it. Asks the upstream its capacity (near_full_permille).
   explicit CachingPool(Upstream upstream, PoolOptions options = {})
-      : upstream_(std::move(upstream)), options_(options),
+      : upstream_(std::move(upstream)), options_(options), capacity_(detail::upstream_capacity(upstream_)),
         near_full_(detail::near_full_bytes(upstream_, options.near_full_permille)) {
     const std::size_t g = options_.granularity;
     if (g == 0 || (g & (g - 1)) != 0 || options_.segment_size == 0 || options_.segment_size % g != 0) {
@@ -110,10 +110,10 @@ public:
     }
   }
 
-  /// Errors (nothing changes): invalid_size for 0 bytes, an alignment that is not a power of
+  /// Errors (no block is made): invalid_size for 0 bytes, an alignment that is not a power of
   /// two or a size that overflows when rounded to the granularity; no_space for an alignment above
-  /// the granularity, or when neither the cache nor the upstream (after the cache is returned to
-  /// it) can hold the request.
+  /// the granularity or a request above the upstream's capacity (nothing changes), or when neither
+  /// the cache nor the upstream (after the cache is returned to it, which stays returned) can hold it.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
     if (!valid_request(bytes, alignment)) {
       return cuda::std::unexpected(Errc::invalid_size);
@@ -122,9 +122,8 @@ public:
       return cuda::std::unexpected(Errc::no_space);
     }
     const std::size_t size = rounded(bytes, alignment);
-    if (size == 0) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
+    if (size == 0) return cuda::std::unexpected(Errc::invalid_size);
+    if (size > capacity_ || own_segment(size) == 0) return cuda::std::unexpected(Errc::no_space); // never fits
     try {
       const std::lock_guard lock(mutex_);
       auto taken = own_segment_near_full(size);
@@ -251,11 +250,11 @@ public:
 
   /// The largest request that would succeed now, assuming the upstream's free memory is in one
   /// piece (true for SimulatedCard, nearly so for a GPU's virtual address space): the largest
-  /// cached block, or the upstream's free memory plus the whole free segments the pool would
-  /// return to it first.
+  /// cached block, or the upstream's free memory plus (unless held) the whole free segments the
+  /// pool would return to it first.
   std::size_t largest_allocation() const {
     const std::lock_guard lock(mutex_);
-    std::size_t from_upstream = upstream_.free_bytes() + idle_bytes_;
+    std::size_t from_upstream = upstream_.free_bytes() + (on_hold_ ? 0 : idle_bytes_);
     from_upstream -= from_upstream % options_.granularity;
     return std::max(ranges_.largest(), from_upstream);
   }
@@ -476,6 +475,7 @@ private:
   BestFitRanges ranges_;                                    ///< every block: one region per segment
   std::vector<Segment> segments_;                           ///< by region id (ids are reused)
   std::map<std::uintptr_t, BestFitRanges::Region> by_base_; ///< segments held now, by base address
+  std::size_t capacity_;                                    ///< the upstream's, when made (max(): unknown)
   std::size_t near_full_;                                   ///< bytes held past which near_full_permille applies
   IdleList idle_;
   std::size_t idle_bytes_ = 0;                       ///< the sizes of the segments on the idle list

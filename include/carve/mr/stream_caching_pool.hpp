@@ -285,6 +285,9 @@ private:
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(const std::optional<stream_type>& stream, std::size_t bytes,
                                                       std::size_t alignment) noexcept {
+    if (!valid_request(bytes, alignment) || alignment > options_.granularity) { // before a stream's pool is made
+      return cuda::std::unexpected(valid_request(bytes, alignment) ? Errc::no_space : Errc::invalid_size);
+    }
     if (pending_.load(std::memory_order_acquire) != 0) {
       collect(false, nullptr);
     }
