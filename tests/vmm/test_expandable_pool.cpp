@@ -163,6 +163,14 @@ struct RefusingMapper : HostMemoryMapper {
     }
     return HostMemoryMapper::map(va, bytes, h, offset);
   }
+  // Unmaps refused before they succeed (a driver in trouble).
+  std::shared_ptr<int> unmaps_refused = std::make_shared<int>(0);
+  carve::Result<void> unmap(void* va, std::size_t bytes) {
+    if ((*unmaps_refused)-- > 0) {
+      return carve::fail(Errc::device_error, "cuMemUnmap: CUDA_ERROR_UNKNOWN (simulated)");
+    }
+    return HostMemoryMapper::unmap(va, bytes);
+  }
   // Grants to a device other than 0 (closing one is never refused).
   std::shared_ptr<int> peer_grants_left = std::make_shared<int>(1 << 30);
   carve::Result<void> set_access(void* va, std::size_t bytes, int device, carve::Access access) {
@@ -924,6 +932,21 @@ TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, ea
   void* whole = *cut.try_allocate(3 * granule, 512);
   CHECK(cut.stats().chunks == 3);
   cut.deallocate(whole, 3 * granule, 512);
+  CHECK(cut.trim() == 3 * granule);
+  // The undo of the pieces made is refused too: they stay mapped, counted, and go at the next unmap.
+  *refusing.creates_left = 1;
+  *refusing.unmaps_refused = 1;
+  CHECK(cut.try_allocate(2 * granule, 512).error() == Errc::no_space);
+  CHECK(cut.stats().bytes_reserved == refusing.physical_count() * granule);
+  CHECK(cut.consistent());
+  *refusing.creates_left = 1 << 30;
+  void* after = *cut.try_allocate(granule, 512); // the device is well again: served
+  cut.deallocate(after, granule, 512);
+  const std::size_t held = cut.stats().bytes_reserved;
+  CHECK(held != 0);
+  CHECK(cut.trim() == held); // everything idle goes, the piece the undo left among it
+  CHECK(cut.stats().bytes_reserved == 0);
+  CHECK(refusing.physical_count() == 0);
   // Below one granule it is one granule.
   Pool fine(m, small({.growth_divisor = 0, .max_chunk_bytes = 1, .headroom_permille = SIZE_MAX}));
   void* y = *fine.try_allocate(3 * granule, 512);

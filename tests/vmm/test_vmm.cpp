@@ -98,6 +98,9 @@ int touch_expecting_fault(void* p, bool write) {
 TEST_CASE("HostMemoryMapper: options it refuses") {
   CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = 0}); }) == Errc::invalid_argument);
   CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = 1000}); }) == Errc::invalid_argument);
+  // Three pages: a multiple of the page, but reservations align to it, so it must be a power of two.
+  CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = 3 * carve::os_page_size()}); }) ==
+        Errc::invalid_argument);
   CHECK(carve::test::thrown_code([] { HostMemoryMapper({.granularity = granule, .device_count = 0}); }) ==
         Errc::invalid_argument);
   CHECK(carve::test::thrown_code([] {
@@ -411,6 +414,14 @@ TEST_CASE("HostMemoryMapper: three devices' memory in one reservation, rights pe
         did_not_fault);
   REQUIRE(m.unmap(base, 3 * granule));
   REQUIRE(m.free_reservation(base, 3 * granule));
+}
+
+TEST_CASE("DeviceGranules: granules of a power-of-two multiple of the device's, as views align to them") {
+  HostMemoryMapper m({.granularity = granule});
+  CHECK(carve::test::thrown_code([&] { carve::DeviceGranules<HostMemoryMapper>(m, 0, 12 * granule, 3 * granule); }) ==
+        Errc::invalid_argument);
+  const carve::DeviceGranules<HostMemoryMapper> pairs(m, 0, 12 * granule, 2 * granule);
+  CHECK(m.physical_count() == 6);
 }
 
 TEST_CASE("VmmCard: allocations of whole granules, exported as descriptors another mapping shares") {

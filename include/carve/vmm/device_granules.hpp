@@ -43,19 +43,20 @@ public:
 
   /// Creates `bytes` (rounded down to whole granules) on `device` through `mapper` (a copy is
   /// kept; a mapper's copies share its tables), one physical allocation per `granule` bytes (0:
-  /// the mapper's granularity; else a multiple of it: larger granules, fewer driver calls, and a
-  /// view maps whole ones). Throws carve::Exception: invalid_argument when `granule` is not a
-  /// multiple of the mapper's granularity or not one granule fits in `bytes`; the mapper's error
-  /// when it refuses (nothing is left behind).
+  /// the mapper's granularity; else a power-of-two multiple of it, as views are reserved aligned to
+  /// it: larger granules, fewer driver calls, and a view maps whole ones). Throws carve::Exception:
+  /// invalid_argument when `granule` is not such a multiple or not one granule fits in `bytes`; the
+  /// mapper's error when it refuses (nothing is left behind).
   DeviceGranules(Mapper mapper, int device, std::size_t bytes, std::size_t granule = 0)
       : mapper_(std::move(mapper)), device_(device) {
     const auto g = mapper_.granularity(device);
     if (!g) {
       throw Exception(g.error().code, "carve::DeviceGranules: " + g.error().message);
     }
-    if (granule % *g != 0) {
+    if (granule % *g != 0 || (granule & (granule - 1)) != 0) {
       throw Exception(Errc::invalid_argument, "carve::DeviceGranules: a granule of " + std::to_string(granule) +
-                                                  " bytes is not a multiple of the device's " + std::to_string(*g));
+                                                  " bytes is not a power-of-two multiple of the device's " +
+                                                  std::to_string(*g));
     }
     granularity_ = granule == 0 ? *g : granule;
     const std::size_t count = bytes / granularity_;

@@ -41,11 +41,11 @@
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
 /// an alignment above the device's granularity, a full address space, or physical memory
 /// refused by the device or by max_reserved_bytes after idle chunks were unmapped (the message of
-/// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes):
-/// not_allocated, invalid_size. Thread-safe (one lock; driver calls are made under it). Movable, not
-/// copyable; a moved-from pool may only be destroyed or assigned to. Destruction waits for the
-/// streams' work on freed blocks (where the Streams can) and unmaps everything: blocks still out
-/// are invalid with it.
+/// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes): not_allocated
+/// for a pointer that is no live block, invalid_size for bytes that do not round to its size.
+/// Thread-safe (one lock; driver calls are made under it). Movable, not copyable; a moved-from pool
+/// may only be destroyed or assigned to. Destruction waits for the streams' work on freed blocks
+/// (where the Streams can) and unmaps everything: blocks still out are invalid with it.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -80,8 +80,7 @@ class ExpandablePool : public StreamOrderedSpellings<ExpandablePool<Mapper, Stre
 public:
   /// The name misuse reports give.
   static constexpr const char* resource_name = "carve::ExpandablePool::deallocate";
-  /// The stream type the stream-ordered spellings name.
-  using stream_type = typename Streams::stream_type;
+  using stream_type = typename Streams::stream_type; ///< the stream type the stream-ordered spellings name
 
   /// Nothing reserved yet (the first allocation on each stream reserves its addresses); where the options
   /// lend, the mapper is asked whether it maps part of an allocation. Throws carve::Exception: the mapper's
@@ -114,8 +113,7 @@ public:
                                                               std::size_t alignment) noexcept {
     return take(stream, bytes, alignment);
   }
-  /// Frees `p` for work queued on `stream` after the work that used it. Errors (nothing changes):
-  /// not_allocated when `p` is not a live block; invalid_size when `bytes` does not round to its size.
+  /// Frees `p` for work queued on `stream` after the work that used it. Errors: see try_deallocate.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
                                                                std::size_t alignment) noexcept {
     return give(stream, p, bytes, alignment);
@@ -259,10 +257,12 @@ private:
           break; // the address space is full: unmapping changes nothing
         }
         std::optional<Result<std::size_t>> added; // empty: the tables could not grow, nothing was mapped
+        std::optional<std::size_t> mapped;        // the reservation's memory before back()
         try {
           const std::size_t need = space.memory.unbacked_bytes(taken->start, size); // idle chunks are not under it
           make_headroom(need, size);
           lend_holes(space, taken->start, size, need);
+          mapped = space.memory.mapped_bytes();
           added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
         } catch (const std::bad_alloc&) {
         }
@@ -271,6 +271,9 @@ private:
           note_allocation(index, taken->start, size, **added);
           return reinterpret_cast<void*>(taken->start);
         }
+        // A back() that failed and whose undo the mapper refused left chunks mapped: idle, counted.
+        s_->reserved += mapped ? space.memory.mapped_bytes() - *mapped : 0;
+        s_->stats.peak_reserved = std::max(s_->stats.peak_reserved, s_->reserved);
         space.free.give(taken->handle);
         if (release_idle(true) == 0) {
           break; // nothing to unmap: another attempt would fail the same way

@@ -74,13 +74,14 @@ public:
   static constexpr int every_device = -1;
 
   /// A mapper with nothing allocated. Throws carve::Exception (invalid_argument) for a granularity
-  /// that is 0 or not a multiple of the OS page, a device_count below 1, or a cpu_device that is
-  /// neither a device nor every_device.
+  /// that is not a power of two at least the OS page (a device's is: reservations align to it), a
+  /// device_count below 1, or a cpu_device that is neither a device nor every_device.
   explicit HostMemoryMapper(HostMapperOptions options = {}) : state_(std::make_shared<State>(options)) {
     state_->cpu_device = options.cpu_device;
-    if (options.granularity == 0 || options.granularity % os_page_size() != 0) {
-      throw Exception(Errc::invalid_argument, "carve::HostMemoryMapper: granularity " +
-                                                  std::to_string(options.granularity) + " is not a multiple of the " +
+    const std::size_t g = options.granularity;
+    if (g < os_page_size() || (g & (g - 1)) != 0) {
+      throw Exception(Errc::invalid_argument, "carve::HostMemoryMapper: granularity " + std::to_string(g) +
+                                                  " is not a power of two at least the " +
                                                   std::to_string(os_page_size()) + "-byte page");
     }
     if (options.device_count < 1 || options.cpu_device < every_device || options.cpu_device >= options.device_count) {

@@ -96,7 +96,13 @@ public:
         state_->last_failure = std::move(placed.error().message);
         (void)state_->mapper.release(*h);
       } else {
-        state_->segments.emplace(reinterpret_cast<std::uintptr_t>(placed->base), Segment{*h, *placed, -1});
+        try {
+          state_->segments.emplace(reinterpret_cast<std::uintptr_t>(placed->base), Segment{*h, *placed, -1});
+        } catch (const std::bad_alloc&) { // not recorded: not kept
+          (void)unplace_physical(state_->mapper, *placed);
+          (void)state_->mapper.release(*h);
+          throw;
+        }
         return placed->base;
       }
     } catch (const std::bad_alloc&) {
