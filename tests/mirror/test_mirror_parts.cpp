@@ -2,6 +2,7 @@
 // word walk, page bits, the page table and segment cutting, placement policies, the dispatcher.
 #include "slot/reference.hpp"
 #include "support/errors.hpp"
+#include "support/topology_data.hpp"
 
 #include <carve/mirror.hpp>
 
@@ -178,6 +179,30 @@ TEST_CASE("placement policies on device states") {
   CHECK(carve::FillPlacement{}.place({.pages = 13, .page_size = 4096, .priority = 0, .near = {}}, states).error() ==
         Errc::no_space);
   CHECK(stripe.place({.pages = 13, .page_size = 4096, .priority = 0, .near = {}}, states).error() == Errc::no_space);
+}
+
+TEST_CASE("PickerPlacement: a refused request leaves nothing in the history that steers later ones") {
+  // GPU0 cannot map GPU5's memory; GPU3 and GPU4 are equally near it, one page free on each.
+  const auto make = [] {
+    carve::BandwidthWeightedPicker<carve::WeightedScore> picker(carve::test::dgx1(), {},
+                                                                [](int r, int l) { return !(r == 0 && l == 5); });
+    return carve::PickerPlacement<carve::WeightedScore>(picker, 0, 64);
+  };
+  constexpr std::size_t page = 2 << 20;
+  std::vector<carve::DevicePageState> devices(8, carve::DevicePageState{0, 100, true});
+  devices[3].free_pages = 1;
+  devices[4].free_pages = 1;
+  devices[5].free_pages = 10;
+  auto fresh = make();
+  const auto first = fresh.place({.pages = 1, .page_size = page}, devices);
+  REQUIRE(first);
+  auto refused = make();
+  auto only_gpu3 = devices;
+  only_gpu3[4].free_pages = 0;
+  CHECK(refused.place({.pages = 5, .page_size = page}, only_gpu3).error() == Errc::no_space);
+  const auto after = refused.place({.pages = 1, .page_size = page}, devices);
+  REQUIRE(after);
+  CHECK((*after)[0].device == (*first)[0].device); // as if the refused request had never come
 }
 
 TEST_CASE("PriorityDispatcher: priority order, strict or backfilling, partitions of units") {

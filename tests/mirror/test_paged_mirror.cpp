@@ -555,7 +555,7 @@ TEST_CASE("higher-priority allocations are copied first on every device") {
   CHECK(recording.copies[1].second == mirror.locate(low)->page * 4 * KiB);
 }
 
-TEST_CASE("a failed copy leaves its pages dirty for the next sync") {
+TEST_CASE("a failed sync leaves its pages dirty for the next; a failed fetch leaves clean pages clean") {
   struct Flaky {
     HostBackend& inner;
     bool fail_waits = false;
@@ -592,6 +592,14 @@ TEST_CASE("a failed copy leaves its pages dirty for the next sync") {
   CHECK(mirror.dirty_pages() == 2);
   flaky.fail_waits = false;
   CHECK(mirror.sync()->pages == 2);
+  // A failed fetch: a page written on the host stays dirty; the clean ones stay clean, so the next
+  // sync pushes nothing half-fetched over what the devices hold.
+  REQUIRE(mirror.write(p, "x", 1));
+  flaky.fail_waits = true;
+  CHECK(mirror.fetch(p, 16 * KiB).error() == Errc::device_error);
+  CHECK(mirror.dirty_pages() == 1);
+  flaky.fail_waits = false;
+  CHECK(mirror.sync()->pages == 1);
 }
 
 TEST_CASE("sync while other threads store: a page stored to during a sync is copied by the next one") {

@@ -336,21 +336,28 @@ private:
           }
           continue;
         }
+        // Recorded, reported, then counted in the history: whatever throws first (out of host
+        // memory) leaves the block with its lender and nothing recorded.
+        const auto address = reinterpret_cast<std::uintptr_t>(*block);
+        bool recorded = false;
         try {
-          lent_.emplace(reinterpret_cast<std::uintptr_t>(*block), Lent{pick->card, requester, bytes, alignment});
+          recorded = lent_.emplace(address, Lent{pick->card, requester, bytes, alignment}).second;
+          if (on_decision_) {
+            BorrowDecision d{requester, pick->card, bytes, pick->bandwidth_gbps, pick->hops, seen, {}};
+            for (int c = 0; c < card_count(); ++c) {
+              d.bandwidths.push_back(picker_.bandwidth(requester, c));
+            }
+            on_decision_(d);
+          }
+          if (pick->card != requester) {
+            history_.record(requester, pick->card, bytes);
+          }
         } catch (...) {
+          if (recorded) {
+            lent_.erase(address);
+          }
           lender.deallocate(*block, bytes, alignment);
           throw;
-        }
-        if (pick->card != requester) {
-          history_.record(requester, pick->card, bytes);
-        }
-        if (on_decision_) {
-          BorrowDecision d{requester, pick->card, bytes, pick->bandwidth_gbps, pick->hops, seen, {}};
-          for (int c = 0; c < card_count(); ++c) {
-            d.bandwidths.push_back(picker_.bandwidth(requester, c));
-          }
-          on_decision_(d);
         }
         return BorrowHandle{pick->card, requester, *block, bytes, alignment};
       }

@@ -136,6 +136,7 @@ public:
     }
     DynamicSlotAllocator<Fit>& d = *devices_[device];
     while (pages != 0) {
+      runs.reserve(runs.size() + 1); // before the slots are taken: recording them cannot fail
       auto r = d.allocate(pages);
       if (!r) {
         r = d.allocate(std::min(pages, d.largest_free_run()));
@@ -149,6 +150,20 @@ public:
         runs.push_back({device, *r});
       }
       pages -= r->count;
+    }
+  }
+
+  /// The device pages of every chunk of `plan` (take_device), appended to `runs`, for the host
+  /// pages `host`. When it throws (out of host memory, or a device that lost pages), what it took
+  /// and `host` are given back.
+  void take_plan(const PlacementPlan& plan, SlotRange host, std::vector<MirrorRun>& runs) {
+    try {
+      for (const PlacementChunk& c : plan) {
+        take_device(c.device, c.pages, runs); // each run recorded before the next is taken
+      }
+    } catch (...) {
+      give_back(host, runs);
+      throw;
     }
   }
 

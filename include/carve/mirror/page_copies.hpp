@@ -127,6 +127,8 @@ template <MirrorBackend Backend>
     return report;
   }
   report.discarded_dirty_pages = tracker.dirty_count(pages);
+  const bool mixed = report.discarded_dirty_pages != 0 && report.discarded_dirty_pages != pages.count;
+  const std::vector<bool> was_dirty = mixed ? tracker.dirty_pages(pages) : std::vector<bool>();
   const auto start = std::chrono::steady_clock::now();
   tracker.prepare_host_write(pages);
   cuda::std::expected<void, Errc> result;
@@ -149,7 +151,14 @@ template <MirrorBackend Backend>
   }
   report.copy_time = std::chrono::steady_clock::now() - start;
   if (!result) {
-    tracker.mark_dirty(pages);
+    // A page that was clean stays clean, however much of it was copied: the devices hold its
+    // data, and a sync must never push a half-fetched page over them. A dirty one stays dirty.
+    if (!mixed) {
+      report.discarded_dirty_pages != 0 ? tracker.mark_dirty(pages) : tracker.mark_clean(pages);
+    }
+    for (std::uint32_t i = 0; mixed && i < pages.count; ++i) { // page by page: a failure's path only
+      was_dirty[i] ? tracker.mark_dirty({pages.first + i, 1}) : tracker.mark_clean({pages.first + i, 1});
+    }
     return cuda::std::unexpected(result.error());
   }
   tracker.mark_clean(pages);

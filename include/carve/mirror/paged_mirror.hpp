@@ -25,13 +25,13 @@
 /// MirrorComputeGrants (carve/mirror/compute_grants.hpp).
 ///
 /// With MirrorOptions::device_view each allocation also has one device pointer over all its pages
-/// (device_pointer; carve/mirror/device_view.hpp). The mirror is a carve::MemoryResource.
-/// Errors come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment that is
-/// not a power of two), no_space (more than the whole mirror could ever hold, an alignment above
-/// the page size, not enough free pages now), out_of_range (a range that is not inside one
-/// allocation, an unknown device), not_allocated (a pointer that is not an allocation),
-/// device_error (a copy failed: the pages stay dirty). Construction throws carve::Exception
-/// (invalid_argument for a bad page size or no usable device; what the kernel refused).
+/// (device_pointer; carve/mirror/device_view.hpp). The mirror is a carve::MemoryResource. Errors
+/// come back as carve::Errc and change nothing: invalid_size (0 bytes, an alignment not a power of
+/// two), no_space (more than the mirror could ever hold, an alignment above the page size, too few
+/// free pages now, or host memory), out_of_range (a range not inside one allocation, an unknown
+/// device), not_allocated (not an allocation), device_error (a copy failed: sync's pages stay
+/// dirty). Construction throws carve::Exception (invalid_argument for a bad page size or no usable
+/// device; what the kernel refused).
 ///
 /// Thread safety: write(), mark_dirty(), is_dirty(), locate(), segments() and plain stores may come
 /// from any number of threads, also while another thread syncs; a page stored to during a sync is
@@ -220,7 +220,8 @@ public:
 
   /// Replaces the host copy of the pages of [p, p + n) with what the devices hold (after device code
   /// wrote them). Host writes to those pages not yet synced are lost; the report counts the pages.
-  /// Errors: out_of_range, device_error (the host copy may then be partly updated; it stays dirty).
+  /// Errors: out_of_range, device_error (the host copy may then be partly updated: pages that were
+  /// dirty stay dirty, the others stay clean, so no sync pushes a half-fetched page to the devices).
   [[nodiscard]] cuda::std::expected<FetchReport, Errc> fetch(const void* p, std::size_t n) {
     const std::lock_guard control(control_);
     const std::shared_lock lock(allocations_mutex_);
@@ -371,9 +372,7 @@ private:
       return cuda::std::unexpected(host.error()); // free pages exist, but no contiguous host range
     }
     Allocation a{*host, bytes, priority, {}};
-    for (const PlacementChunk& c : *plan) {
-      pages_.take_device(c.device, c.pages, a.runs);
-    }
+    pages_.take_plan(*plan, *host, a.runs); // when it throws, nothing is left taken
     if (tracker_.commit(a.pages) != 0) {
       give_back(a);
       return cuda::std::unexpected(Errc::no_space); // the kernel refused the host memory
@@ -394,34 +393,40 @@ private:
     }
     for (const MirrorRun& r : a.runs) {
       if (!backend_.zero(r.device, device_offset(r.device_pages.first), bytes_of(r.device_pages.count))) {
-        wait_all();
-        release_host(a);
-        give_back(a);
+        undo(a);
         return cuda::std::unexpected(Errc::device_error);
       }
     }
     if (options_.device_view) {
       auto view = map_allocation_view(backend_, a.runs, page_size_);
       if (!view) {
-        wait_all();
-        release_host(a);
-        give_back(a);
+        undo(a);
         return cuda::std::unexpected(view.error().code);
       }
       a.view = *view;
     }
     void* address = host_address(a.pages.first);
     const std::unique_lock lock(allocations_mutex_);
-    allocations_.emplace(a.pages.first, std::move(a));
+    try {
+      allocations_.emplace(a.pages.first, std::move(a)); // a node that cannot be made moves nothing
+    } catch (const std::bad_alloc&) {
+      undo(a);
+      throw;
+    }
     return address;
+  }
+
+  // What allocate_locked took for `a`, given back once the zeroing queued for it has run.
+  void undo(const Allocation& a) {
+    wait_all();
+    release_host(a);
+    give_back(a);
   }
 
   void give_back(const Allocation& a) noexcept { pages_.give_back(a.pages, a.runs); }
 
   void release_host(const Allocation& a) {
-    if (a.view.base != nullptr) {
-      unmap_allocation_view(backend_, a.view);
-    }
+    if (a.view.base != nullptr) unmap_allocation_view(backend_, a.view);
     if constexpr (HostMemoryObserver<Backend>) {
       backend_.host_released(host_address(a.pages.first), bytes_of(a.pages.count));
     }

@@ -64,6 +64,7 @@ public:
       cards[d] = {bytes, bytes};
     }
     PlacementPlan plan;
+    std::vector<std::pair<int, std::size_t>> borrowed; // into the history once the plan is whole
     std::uint32_t left = r.pages;
     // First the whole request in one piece, then one device at a time in the picker's order of
     // preference (asking for a single page finds the best device that has any room).
@@ -81,11 +82,14 @@ public:
       const auto take = static_cast<std::uint32_t>(std::min<std::size_t>(left, cards[d].free_bytes / r.page_size));
       detail::append(plan, static_cast<std::uint32_t>(d), take);
       if (history_ && !pick->local) {
-        history_->record(requester, pick->card, std::size_t{take} * r.page_size);
+        borrowed.emplace_back(pick->card, std::size_t{take} * r.page_size);
       }
       cards[d] = {};
       left -= take;
       ask = r.page_size;
+    }
+    for (const auto& [card, bytes] : borrowed) {
+      history_->record(requester, card, bytes);
     }
     return plan;
   }

@@ -43,6 +43,7 @@
 #include <memory>
 #include <stdexcept>
 #include <system_error>
+#include <vector>
 
 namespace carve {
 
@@ -210,6 +211,15 @@ public:
       }
     }
     flush();
+  }
+
+  /// Which pages of `pages` are dirty, page by page, as the last dirty_count() of them found.
+  std::vector<bool> dirty_pages(SlotRange pages) const {
+    std::vector<bool> out(pages.count);
+    for (std::uint32_t i = 0; i < pages.count; ++i) {
+      out[i] = dirty_.test(pages.first + i);
+    }
+    return out;
   }
 
   /// Dirty pages within `pages` as this tracker knows them now (userfaultfd: after a scan).
