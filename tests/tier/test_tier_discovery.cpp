@@ -133,6 +133,13 @@ TEST_CASE("broken sysfs data is reported with the file") {
   fake_node(sys.path, 0, "0-x", 1 << 20, 1 << 20);
   CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("malformed id list '0-x'"),
                        carve::Exception);
+  // Trailing text on either end, and a range up to INT_MAX (which once looped past it), are malformed.
+  for (const char* list : {"0x-3", "0-3x", "0-2147483647"}) {
+    CAPTURE(list);
+    fake_node(sys.path, 0, list, 1 << 20, 1 << 20);
+    CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("malformed id list"),
+                         carve::Exception);
+  }
   fake_node(sys.path, 0, "0-3", 1 << 20, 1 << 20);
   fs::remove(sys.path / "devices/system/node/node0/meminfo");
   CHECK_THROWS_WITH_AS(carve::discover_memory_nodes(sys.path), doctest::Contains("cannot read"), carve::Exception);

@@ -283,6 +283,12 @@ TEST_CASE("sizes as people write them") {
   CHECK_THROWS_WITH_AS(carve::parse_bytes("1.2.3GB"), "size '1.2.3GB': malformed number", carve::Exception);
   CHECK_THROWS_WITH_AS(carve::parse_bytes("5 parsecs"), doctest::Contains("unknown unit"), carve::Exception);
   CHECK_THROWS_WITH_AS(carve::parse_bytes("99999999999TiB"), "size '99999999999TiB': too large", carve::Exception);
+  // Whole numbers to the last byte, where a double would round: 2^53 + 1, and 2^64 - 1 itself.
+  CHECK(carve::parse_bytes("9007199254740993") == 9007199254740993ull);
+  CHECK(carve::parse_bytes("18446744073709551615") == std::numeric_limits<std::uint64_t>::max());
+  CHECK(carve::parse_bytes("16777215 TiB") == (std::uint64_t{1} << 40) * 16777215);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("18446744073709551616"), doctest::Contains("too large"), carve::Exception);
+  CHECK_THROWS_WITH_AS(carve::parse_bytes("16777216TiB"), doctest::Contains("too large"), carve::Exception);
 }
 
 } // namespace test_tier_planner

@@ -7,14 +7,17 @@
 #include <carve/tier/spill_tier.hpp>
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace carve {
 
-/// The bytes `text` names, rounded to a whole byte; spaces around the number and unit are allowed.
+/// The bytes `text` names: a whole number exactly, a fraction ("1.5 TiB") rounded to a whole byte;
+/// spaces around the number and unit are allowed.
 /// Throws carve::Exception (invalid_argument) naming the text for anything else: no number, an
 /// unknown unit, a negative size, or one past 2^64 - 1.
 inline std::uint64_t parse_bytes(std::string_view text) {
@@ -34,16 +37,6 @@ inline std::uint64_t parse_bytes(std::string_view text) {
   if (end == i) {
     throw bad("expected a number");
   }
-  double value = 0;
-  try {
-    std::size_t used = 0;
-    value = std::stod(s.substr(i, end - i), &used);
-    if (used != end - i) {
-      throw bad("malformed number");
-    }
-  } catch (const std::logic_error&) {
-    throw bad("malformed number");
-  }
   std::string unit;
   for (std::size_t k = end; k < s.size(); ++k) {
     if (!std::isspace(static_cast<unsigned char>(s[k]))) {
@@ -52,19 +45,50 @@ inline std::uint64_t parse_bytes(std::string_view text) {
   }
   struct Unit {
     const char* name;
-    double bytes;
+    std::uint64_t bytes;
   };
-  static constexpr Unit units[] = {
-      {"", 1},     {"B", 1},    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12}};
+  static constexpr Unit units[] = {{"", 1},
+                                   {"B", 1},
+                                   {"KiB", std::uint64_t{1} << 10},
+                                   {"MiB", std::uint64_t{1} << 20},
+                                   {"GiB", std::uint64_t{1} << 30},
+                                   {"TiB", std::uint64_t{1} << 40},
+                                   {"kB", 1'000},
+                                   {"KB", 1'000},
+                                   {"MB", 1'000'000},
+                                   {"GB", 1'000'000'000},
+                                   {"TB", 1'000'000'000'000}};
+  const std::string_view number(s.data() + i, end - i);
   for (const Unit& u : units) {
-    if (unit == u.name) {
-      const double bytes = std::round(value * u.bytes);
-      if (bytes >= 18446744073709551616.0) {
+    if (unit != u.name) {
+      continue;
+    }
+    if (number.find('.') == std::string_view::npos) { // whole: exact to the last byte
+      std::uint64_t whole = 0;
+      const auto [at, ec] = std::from_chars(number.data(), number.data() + number.size(), whole);
+      if (ec == std::errc::result_out_of_range || (ec == std::errc{} && whole > UINT64_MAX / u.bytes)) {
         throw bad("too large");
       }
-      return static_cast<std::uint64_t>(bytes);
+      if (ec != std::errc{} || at != number.data() + number.size()) {
+        throw bad("malformed number");
+      }
+      return whole * u.bytes;
     }
+    double value = 0;
+    try {
+      std::size_t used = 0;
+      value = std::stod(std::string(number), &used);
+      if (used != number.size()) {
+        throw bad("malformed number");
+      }
+    } catch (const std::logic_error&) {
+      throw bad("malformed number");
+    }
+    const double bytes = std::round(value * static_cast<double>(u.bytes));
+    if (bytes >= 18446744073709551616.0) {
+      throw bad("too large");
+    }
+    return static_cast<std::uint64_t>(bytes);
   }
   throw bad("unknown unit (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)");
 }

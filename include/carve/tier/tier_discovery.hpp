@@ -63,10 +63,16 @@ inline std::vector<int> parse_list(const std::string& text, const std::filesyste
     }
     const std::size_t dash = part.find('-');
     try {
-      std::size_t used = 0;
-      const int lo = std::stoi(part.substr(0, dash), &used);
-      const int hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
-      if (lo < 0 || hi < lo || (dash == std::string::npos && used != part.size())) {
+      // Ids and ranges as the kernel writes them (at most max_listed_id): "0x-3", "0-3x" or a
+      // range of two billion ids is malformed, not a loop that runs for minutes.
+      constexpr int max_listed_id = 1 << 20;
+      std::size_t used_lo = 0;
+      std::size_t used_hi = 0;
+      const std::string lo_text = part.substr(0, dash);
+      const std::string hi_text = dash == std::string::npos ? lo_text : part.substr(dash + 1);
+      const int lo = std::stoi(lo_text, &used_lo);
+      const int hi = std::stoi(hi_text, &used_hi);
+      if (lo < 0 || hi < lo || hi > max_listed_id || used_lo != lo_text.size() || used_hi != hi_text.size()) {
         throw Exception(Errc::invalid_argument, "");
       }
       for (int id = lo; id <= hi; ++id) {
