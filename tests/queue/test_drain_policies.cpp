@@ -270,6 +270,34 @@ TEST_CASE("priority tag: one queue ordered by (tag, arrival)") {
   }
 }
 
+TEST_CASE("a request put back is the head its policy sees: tags order it, aging reaches it") {
+  ScriptedClock::set(0);
+  SUBCASE("priority tag: the small request put back goes before the larger ones") {
+    Queue<carve::PriorityTag> q(thresholds({128, 512}), 16);
+    push_all(q, {{small, 1}, {medium, 11}, {medium, 12}, {large, 21}});
+    auto first = q.try_pop();
+    REQUIRE(first);
+    REQUIRE(first->id == 1);
+    REQUIRE(q.try_push_front(std::move(*first))); // not placeable yet
+    CHECK(drain_all(q) == Order{1, 11, 12, 21});
+  }
+  SUBCASE("strict priority with aging: a large request put back is served once older than the bound") {
+    Queue<carve::StrictPriority> q(thresholds({128, 512}), 64, carve::StrictPriority::with_aging(100));
+    push_all(q, {{large, 21}});
+    auto large_one = q.try_pop();
+    REQUIRE(large_one);
+    REQUIRE(q.try_push_front(std::move(*large_one))); // stamped now: 1
+    std::uint64_t served_at = 0;
+    for (std::uint64_t i = 0; i < 1000 && served_at == 0; ++i) {
+      push_all(q, {{small, 1000 + i}}); // a steady stream of small requests
+      const auto r = q.try_pop();
+      REQUIRE(r);
+      served_at = r->id == 21 ? ScriptedClock::now() : 0;
+    }
+    CHECK(served_at == 102); // age 101 > 100, as for a request never put back
+  }
+}
+
 TEST_CASE("policies refuse parameters that do not fit the tiers") {
   using carve::DeficitRoundRobin;
   using carve::PriorityTag;

@@ -149,7 +149,7 @@ public:
   }
 
   /// Errors (nothing changes): not_allocated when `p` is not a live block of this pool (never
-  /// allocated, or freed already); invalid_size when `bytes` does not match its allocation.
+  /// allocated, or freed already); invalid_size when `bytes` does not round to its block's size.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                                std::size_t alignment) noexcept {
     const std::lock_guard lock(mutex_);

@@ -30,12 +30,13 @@ public:
   CARVE_HOST_DEVICE std::uint32_t tier_count() const noexcept { return lanes_.built(); }
   /// Whether this pop already found `tier` empty.
   CARVE_HOST_DEVICE bool known_empty(std::uint32_t tier) const noexcept { return ((tried_ >> tier) & 1U) != 0; }
-  /// The stamp of the oldest request in `tier`'s lane (a hint; requests put back are not
-  /// looked at), or nullopt when its head is not visible or the lane cannot peek.
+  /// The stamp of the request `tier`'s next pop takes (a hint): the oldest put back (stamped when
+  /// it was put back), else the oldest in its lane; nullopt when no head is visible or the lane
+  /// cannot peek.
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t>
   head_stamp(std::uint32_t tier) const noexcept {
     if constexpr (PeekableLane<L, T>) {
-      return lanes_.lane(tier).front_stamp();
+      return lanes_.head_stamp(tier);
     } else {
       return cuda::std::nullopt;
     }
@@ -43,7 +44,7 @@ public:
   /// head_stamp() into `stamp`, or false (detail::head_stamp_into uses it where a view has it).
   CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool head_stamp_into(std::uint32_t tier, std::uint64_t& stamp) const noexcept {
     if constexpr (requires(const L& l, std::uint64_t& s) { l.peek_stamp(s); }) {
-      return lanes_.lane(tier).peek_stamp(stamp);
+      return lanes_.head_stamp_into(tier, stamp);
     } else {
       const cuda::std::optional<std::uint64_t> s = head_stamp(tier);
       stamp = s.value_or(0);

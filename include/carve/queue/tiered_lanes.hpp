@@ -20,6 +20,7 @@
 #include <cuda/std/cstddef>
 #include <cuda/std/cstdint>
 #include <cuda/std/expected>
+#include <cuda/std/optional>
 #include <cuda/std/span>
 #include <cuda/std/utility>
 #include <nv/target>
@@ -134,6 +135,23 @@ public:
       }
     }
     return pop_lane(lane(tier), held, stamp) ? Took::lane : Took::nothing;
+  }
+
+  // The stamp of the request take() would pop from `tier` next (one put back first), or nullopt
+  // when neither lane shows a head; for lanes that can peek (PeekableLane).
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE cuda::std::optional<std::uint64_t>
+  head_stamp(std::uint32_t tier) const noexcept {
+    if (fronted_.load(cuda::std::memory_order_acquire) != 0) {
+      if (const auto s = front(tier).front_stamp()) {
+        return s;
+      }
+    }
+    return lane(tier).front_stamp();
+  }
+  // head_stamp() into `stamp`, or false, through the lanes' peek_stamp (no optional on the way).
+  CARVE_HOST_DEVICE CARVE_QUEUE_INLINE bool head_stamp_into(std::uint32_t tier, std::uint64_t& stamp) const noexcept {
+    return (fronted_.load(cuda::std::memory_order_acquire) != 0 && front(tier).peek_stamp(stamp)) ||
+           lane(tier).peek_stamp(stamp);
   }
 
   // Requests `tier` handed out, and those it took in (pushed and put back).
