@@ -468,6 +468,9 @@ const char* carve_torch_stats_json(int device) {
 }
 
 void carve_torch_guard_captures(int on) {
+  // Under the builders' lock: a stack being built reads the flag before it is published, and
+  // must not read the old one and then miss this loop.
+  const std::lock_guard lock(registry().build);
   guard_captures_on().store(on != 0, std::memory_order_relaxed);
   for (auto& slot : registry().stacks) {
     if (DeviceStack* s = slot.load(std::memory_order_acquire)) {

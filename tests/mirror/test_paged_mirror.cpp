@@ -752,6 +752,10 @@ TEST_CASE("a grant whose work finishes during a dispatch returns its memory with
   REQUIRE(mirror.submit({.bytes = 256 * KiB, .priority = 1, .compute_units = 4}));
   const auto grants = mirror.dispatch();
   REQUIRE(grants.size() == 1);
+  // A grant's memory goes back with the grant, never on its own (its address could be reused
+  // before the grant is taken back, and the grant would then free someone else's allocation).
+  CHECK(mirror.try_deallocate(grants[0].address).error() == Errc::not_allocated);
+  CHECK(mirror.try_deallocate(grants[0].address, 256 * KiB, 1).error() == Errc::not_allocated);
   REQUIRE(mirror.release(grants[0])); // poll 1: still running
   CHECK(mirror.dispatch().empty());   // the dispatcher's own polls may find the work done
   (void)mirror.reclaim();

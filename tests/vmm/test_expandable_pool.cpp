@@ -171,11 +171,15 @@ struct RefusingMapper : HostMemoryMapper {
     }
     return HostMemoryMapper::unmap(va, bytes);
   }
-  // Grants to a device other than 0 (closing one is never refused).
+  // Grants to a device other than 0 (closing one is never refused), and to device 0 refused first.
   std::shared_ptr<int> peer_grants_left = std::make_shared<int>(1 << 30);
+  std::shared_ptr<int> own_grants_refused = std::make_shared<int>(0);
   carve::Result<void> set_access(void* va, std::size_t bytes, int device, carve::Access access) {
     if (device != 0 && access != carve::Access::none && (*peer_grants_left)-- <= 0) {
       return carve::fail(Errc::device_error, "cuMemSetAccess: CUDA_ERROR_INVALID_DEVICE (simulated)");
+    }
+    if (device == 0 && access != carve::Access::none && (*own_grants_refused)-- > 0) {
+      return carve::fail(Errc::device_error, "cuMemSetAccess: CUDA_ERROR_UNKNOWN (simulated)");
     }
     return HostMemoryMapper::set_access(va, bytes, device, access);
   }
@@ -946,6 +950,20 @@ TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, ea
   CHECK(held != 0);
   CHECK(cut.trim() == held); // everything idle goes, the piece the undo left among it
   CHECK(cut.stats().bytes_reserved == 0);
+  CHECK(refusing.physical_count() == 0);
+  // A chunk the device cannot open, whose unmap is refused too: kept mapped (counted) out of every
+  // block's way, and unmapped once the mapper lets it go.
+  *refusing.own_grants_refused = 1;
+  *refusing.unmaps_refused = 1;
+  CHECK(cut.try_allocate(granule, 512).error() == Errc::no_space);
+  CHECK(refusing.mapping_count() == 1);
+  CHECK(cut.stats().bytes_reserved == refusing.physical_count() * granule);
+  CHECK(cut.consistent());
+  void* fine_now = *cut.try_allocate(granule, 512); // maps where the stuck chunk was, once it is unmapped
+  CHECK(refusing.mapping_count() == 1);
+  CHECK(cut.stats().bytes_reserved == granule);
+  cut.deallocate(fine_now, granule, 512);
+  CHECK(cut.trim() == granule);
   CHECK(refusing.physical_count() == 0);
   // Below one granule it is one granule.
   Pool fine(m, small({.growth_divisor = 0, .max_chunk_bytes = 1, .headroom_permille = SIZE_MAX}));

@@ -28,6 +28,7 @@
 
 #include <cuda/std/expected>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -183,6 +184,12 @@ public:
   }
 
 protected:
+  /// Whether `p` is the memory of a grant held now (it goes back with the grant, not through the
+  /// mirror's try_deallocate). Under the mirror's lock.
+  bool holds_grant_memory(const void* p) const noexcept {
+    return std::any_of(granted_memory_.begin(), granted_memory_.end(), [p](const auto& g) { return g.second == p; });
+  }
+
   /// The scheduler over `devices`' compute units, grants served in `order` and backed by `partitioner`.
   MirrorComputeGrants(const std::vector<DeviceInfo>& devices, DispatchOrder order, Partitioner partitioner)
       : dispatcher_(devices, order, std::move(partitioner)) {}

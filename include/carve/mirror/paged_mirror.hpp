@@ -148,15 +148,22 @@ public:
   }
 
   /// Frees an allocation whole. Errors (nothing changes): not_allocated when `p` is not an address
-  /// try_allocate returned (or was freed already); invalid_size when `bytes` is not its size.
+  /// try_allocate returned (or was freed already, or is a grant's memory, which goes back with its
+  /// grant); invalid_size when `bytes` is not its size.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
                                                                std::size_t alignment) noexcept {
     const std::lock_guard control(control_);
+    if (this->holds_grant_memory(p)) {
+      return cuda::std::unexpected(Errc::not_allocated); // it goes back with its grant
+    }
     return deallocate_locked(p, bytes, alignment);
   }
   /// The same without naming the size, which the mirror knows.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p) noexcept {
     const std::lock_guard control(control_);
+    if (this->holds_grant_memory(p)) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
     return deallocate_locked(p, std::nullopt, 1);
   }
   /// try_deallocate; a misuse (an address it never gave, a wrong size) stops the program
@@ -268,8 +275,7 @@ public:
     return n;
   }
 
-  /// Bytes per page.
-  std::size_t page_size() const noexcept { return page_size_; }
+  std::size_t page_size() const noexcept { return page_size_; } ///< bytes per page
   /// Bytes the mirror holds: every available device's whole pages.
   std::size_t capacity() const noexcept { return bytes_of(pages_.host_count()); }
   /// Bytes in free device pages, all devices together.
@@ -277,10 +283,8 @@ public:
     const std::lock_guard control(control_);
     return bytes_of(pages_.free_total());
   }
-  /// Devices the backend reported, usable or not.
-  std::size_t device_count() const noexcept { return devices_.size(); }
-  /// The devices, as the backend described them at construction.
-  const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
+  std::size_t device_count() const noexcept { return devices_.size(); } ///< devices the backend reported, usable or not
+  const std::vector<DeviceInfo>& devices() const noexcept { return devices_; } ///< as the backend described them
   /// Pages on `device`; 0 for an unknown or unavailable one.
   std::uint32_t device_pages(std::uint32_t device) const noexcept { return pages_.device_count(device); }
   /// Free pages on `device`; 0 for an unknown or unavailable one.
@@ -293,14 +297,10 @@ public:
     const std::shared_lock lock(allocations_mutex_);
     return allocations_.size();
   }
-  /// How dirty pages are found (the mechanism `options.tracking` led to).
-  TrackingMechanism tracking_mechanism() const noexcept { return tracker_.mechanism(); }
-  /// The reserved host range: every allocation lies inside it.
-  const std::byte* host_base() const noexcept { return tracker_.base(); }
-  /// The backend.
-  Backend& backend() noexcept { return backend_; }
-  /// The placement policy (with any state it keeps).
-  const Placement& placement() const noexcept { return placement_; }
+  TrackingMechanism tracking_mechanism() const noexcept { return tracker_.mechanism(); } ///< how dirty pages are found
+  const std::byte* host_base() const noexcept { return tracker_.base(); } ///< the start of every allocation's range
+  Backend& backend() noexcept { return backend_; }                        ///< the backend
+  const Placement& placement() const noexcept { return placement_; }      ///< the placement policy, with its state
 
   /// Why try_allocate(bytes) fails: "cannot allocate 3.0 GiB: the mirror holds 2.0 GiB (1.5 GiB free:
   /// card 0 0.5 GiB, card 1 1.0 GiB)".

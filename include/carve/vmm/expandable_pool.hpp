@@ -266,13 +266,14 @@ private:
           added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
         } catch (const std::bad_alloc&) {
         }
+        // What back() mapped, less what it unmapped of mappings the mapper had refused to undo (a
+        // failed back() may leave such chunks mapped itself: idle, counted).
+        s_->reserved = mapped ? s_->reserved - *mapped + space.memory.mapped_bytes() : s_->reserved;
         if (added && *added) {
           s_->live.insert(taken->start, Live{size, taken->handle, index});
-          note_allocation(index, taken->start, size, **added);
+          note_allocation(index, taken->start, size);
           return reinterpret_cast<void*>(taken->start);
         }
-        // A back() that failed and whose undo the mapper refused left chunks mapped: idle, counted.
-        s_->reserved += mapped ? space.memory.mapped_bytes() - *mapped : 0;
         s_->stats.peak_reserved = std::max(s_->stats.peak_reserved, s_->reserved);
         space.free.give(taken->handle);
         if (release_idle(true) == 0) {
@@ -409,12 +410,11 @@ private:
     return freed;
   }
 
-  void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t added) {
+  void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size) {
     ExpandablePoolStats& st = s_->stats;
     ++st.allocations;
     st.bytes_in_use += size;
     st.peak_in_use = std::max(st.peak_in_use, st.bytes_in_use);
-    s_->reserved += added;
     st.peak_reserved = std::max(st.peak_reserved, s_->reserved);
     if (tracks_idle()) { // chunks under the new block are in use again
       s_->spaces[space]->memory.for_each_chunk_in(

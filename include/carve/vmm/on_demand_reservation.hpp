@@ -23,16 +23,19 @@
 /// with no memory of its own, whose owner keeps the granules it maps again unused until it is
 /// unmapped and next_returned() hands them back.
 ///
-/// Errors (nothing changes: chunks made by a failed back are unmapped again): the mapper's Error
-/// (no_space when the device is out of memory), no_space when the limit would be passed,
-/// out_of_range for a range outside the reservation; back() throws std::bad_alloc, with nothing
-/// changed, only when its own bookkeeping cannot grow. Not thread-safe: its owner holds the lock.
+/// Errors (nothing changes: chunks made by a failed back are unmapped again; one the mapper
+/// refuses to unmap stays mapped, counted in mapped_bytes() but out of every block's way, until a
+/// later back() or release_within unmaps it): the mapper's Error (no_space when the device is out
+/// of memory), no_space when the limit would be passed, out_of_range for a range outside the
+/// reservation; back() throws std::bad_alloc, with nothing changed, only when its own bookkeeping
+/// cannot grow. Not thread-safe: its owner holds the lock.
 /// Movable, not copyable; destruction unmaps every chunk and frees the reservation.
 #pragma once
 
 #include <carve/core/checked_math.hpp>
 #include <carve/core/error.hpp>
 #include <carve/vmm/detail/granule_table.hpp>
+#include <carve/vmm/detail/stuck_mappings.hpp>
 #include <carve/vmm/mapping_counts.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
@@ -80,7 +83,7 @@ public:
   OnDemandReservation(OnDemandReservation&& other) noexcept
       : mapper_(std::move(other.mapper_)), device_(other.device_), base_(std::exchange(other.base_, 0)),
         bytes_(std::exchange(other.bytes_, 0)), granule_(other.granule_), shift_(other.shift_),
-        table_(std::move(other.table_)), returned_(std::move(other.returned_)),
+        table_(std::move(other.table_)), returned_(std::move(other.returned_)), stuck_(std::move(other.stuck_)),
         second_mappings_(other.second_mappings_), mapped_(std::exchange(other.mapped_, 0)), peers_(other.peers_),
         counts_(other.counts_), last_failure_(std::move(other.last_failure_)) {}
   OnDemandReservation& operator=(OnDemandReservation&&) = delete;
@@ -92,7 +95,7 @@ public:
     if (base_ == 0) {
       return;
     }
-    (void)release_within(base_, bytes_);
+    (void)release_within(base_, bytes_); // stuck mappings too
     (void)mapper_.free_reservation(reinterpret_cast<void*>(base_), bytes_);
   }
 
@@ -109,6 +112,7 @@ public:
     if (table_.one_chunk(first, last) || table_.covered(first, last)) {
       return std::size_t{0}; // the common case: a block inside memory already mapped
     }
+    mapped_ -= stuck_.unmap(mapper_, counts_); // one stuck under these addresses would refuse them
     const ChunkRule rule = make_rule();
     const std::size_t total = bytes_ / granule_;
     const std::size_t min_granules = std::max<std::size_t>(1, rule.min_bytes / granule_);
@@ -171,6 +175,7 @@ public:
     }
     if (auto ok = map_open(t, n, *home->second.handle, (f - home->first) * granule_); !ok) {
       table_.chunks.erase(t);
+      stick(t, n, std::nullopt);
       return refused(ok.error());
     }
     table_.mark(t, n);
@@ -205,7 +210,8 @@ public:
     }
     const std::size_t first = (addr - base_ + granule_ - 1) / granule_;
     const std::size_t end = std::min(bytes_, addr - base_ + std::min(bytes, bytes_ - (addr - base_))) / granule_;
-    std::size_t released = 0;
+    std::size_t released = stuck_.unmap(mapper_, counts_);
+    mapped_ -= released;
     for (auto it = table_.chunks.lower_bound(first);
          it != table_.chunks.end() && it->first + it->second.granules <= end;) {
       const std::size_t size = it->second.granules * granule_;
@@ -332,7 +338,9 @@ public:
   const std::string& last_failure() const noexcept { return last_failure_; }
 
   /// Whether the granule table and the chunks agree. For tests.
-  bool consistent() const { return table_.total == bytes_ / granule_ && table_.consistent(granule_, mapped_); }
+  bool consistent() const {
+    return table_.total == bytes_ / granule_ && table_.consistent(granule_, mapped_ - stuck_.held_bytes());
+  }
 
 private:
   using Table = detail::GranuleTable<typename Mapper::physical_handle>;
@@ -363,8 +371,10 @@ private:
     }
     if (auto ok = map_open(g, n, *h, 0); !ok) {
       table_.chunks.erase(g);
-      ++counts_.releases;
-      (void)mapper_.release(*h);
+      if (!stick(g, n, *h)) {
+        ++counts_.releases;
+        (void)mapper_.release(*h);
+      }
       return refused(ok.error());
     }
     table_.chunks.find(g)->second.handle = *h;
@@ -380,6 +390,7 @@ private:
       if (!chunk.handle) {
         returned_.reserve(returned_.size() + second_mappings_ + 1);
       }
+      stuck_.make_room(); // for a mapping the mapper then refuses to undo
       table_.add(g, chunk);
       return {};
     } catch (const std::bad_alloc&) {
@@ -396,7 +407,7 @@ private:
       auto ok = mapper_.map(at(g), n * granule_, h, offset);
       if (ok && !(ok = open(g, n))) {
         ++counts_.unmaps;
-        (void)mapper_.unmap(at(g), n * granule_);
+        left_mapped_ = !mapper_.unmap(at(g), n * granule_);
       }
       return ok;
     } catch (const std::bad_alloc&) { // the mapper's refusal could not be told
@@ -438,6 +449,17 @@ private:
     }
   }
 
+  // After a failed map_open whose cleanup the mapper refused: the mapping is kept (detail::
+  // StuckMappings), its own memory counted as mapped; says whether it was.
+  bool stick(std::size_t g, std::size_t n, std::optional<typename Mapper::physical_handle> memory) noexcept {
+    if (!std::exchange(left_mapped_, false)) {
+      return false;
+    }
+    mapped_ += memory ? n * granule_ : 0;
+    stuck_.keep(at(g), n * granule_, memory);
+    return true;
+  }
+
   cuda::std::unexpected<Error> refused(Error e) {
     ++counts_.failures;
     try {
@@ -456,7 +478,9 @@ private:
   unsigned shift_ = 0;                                           ///< log2(granule_)
   Table table_;                                                  ///< by first granule
   std::vector<std::pair<std::uintptr_t, std::size_t>> returned_; ///< next_returned()'s
+  detail::StuckMappings<Mapper> stuck_;                          ///< mappings the mapper refused to undo
   std::size_t second_mappings_ = 0;                              ///< lend()'s, mapped now
+  bool left_mapped_ = false;                                     ///< map_open's last cleanup was refused
   std::size_t mapped_ = 0;
   std::uint64_t peers_ = 0; ///< bit d: device d is granted every chunk (grant)
   MappingCounts counts_;

@@ -161,7 +161,10 @@ public:
   }
 
   /// Errors: invalid_size (empty range), out_of_range (past N or wrapping), not_allocated (a slot
-  /// of the range is free: a double free), status().
+  /// of the range is free: a double free), status(). Racing frees of one range: exactly one
+  /// succeeds. A free racing a double free of another range that overlaps it (misuse in both
+  /// callers) may release its words below the overlap and still answer not_allocated: putting them
+  /// back could take slots another thread has claimed since.
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> deallocate(SlotRange r) noexcept {
     if (r.count == 0) {
       return cuda::std::unexpected(Errc::invalid_size);
