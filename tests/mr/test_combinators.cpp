@@ -263,6 +263,29 @@ TEST_CASE("LimitResource: no_space past the budget, and the resource never sees 
   CHECK(loose.free_bytes() == 100);
 }
 
+TEST_CASE("budgets and counts are each their own: equal only to themselves, a bad free counted nowhere") {
+  BudgetResource a(1 << 20);
+  carve::LimitResource<Ref> tenant(carve::ref(a), 4096);
+  carve::LimitResource<Ref> other(carve::ref(a), 4096);
+  CHECK(tenant == tenant);
+  CHECK_FALSE(tenant == other); // a block counted in one must not go back through the other
+  const carve::LimitResource<Ref> copy = tenant;
+  CHECK_FALSE(copy == tenant);
+  carve::StatsResource<Ref> counted(carve::ref(a));
+  CHECK_FALSE(counted == carve::StatsResource<Ref>(carve::ref(a)));
+  // Over a pool that checks a free before it is made, a refused one never touches the count (it
+  // took bytes it never held, and an allocation meanwhile kept the wrapped count as its peak).
+  carve::StatsResource<carve::CachingPool<carve::SimulatedCard>> pool(carve::SimulatedCard(8 << 20));
+  void* p = pool.allocate(1000, 256);
+  int local = 0;
+  CHECK(pool.try_deallocate(&local, 1000, 256).error() == Errc::not_allocated);
+  CHECK(pool.stats().bytes_in_use == 1000);
+  CHECK(pool.stats().failed == 1);
+  CHECK(pool.try_deallocate(p, 1000, 256));
+  CHECK(pool.stats().bytes_in_use == 0);
+  CHECK(pool.stats().peak_bytes == 1000);
+}
+
 TEST_CASE("one pool under several stacks through carve::ref") {
   carve::CachingPool pool(carve::SimulatedCard(4 << 20), {.granularity = 256, .segment_size = 64 << 10});
   using PoolRef = ResourceRef<decltype(pool)>;

@@ -13,7 +13,12 @@
 /// budget, and the budget is never exceeded, not even for a moment. free_bytes is what is left of
 /// the budget (or of the resource, when that is less); capacity is the budget (or the resource's
 /// capacity, when that is less). owns, trim and try_deallocate pass through where the resource
-/// has them.
+/// has them: so over a shared resource (a ResourceRef) owns answers for all of its memory, and such
+/// a budget must not be a FallbackResource's primary over memory its fallback draws from too (the
+/// fallback's blocks would come back through this budget). Frees must name the bytes and alignment
+/// their allocation did, as every resource's do: a resource below that accepts others leaves the
+/// count off by the difference. Each budget is its own object: a copy counts apart (so copies
+/// compare unequal, and each is equal only to itself).
 #pragma once
 
 #include <carve/core/config.hpp>
@@ -139,10 +144,9 @@ public:
   /// The resource behind the budget.
   CARVE_HOST_DEVICE constexpr const R& upstream() const noexcept { return r_; }
 
-  /// Equal when the resources are and the budgets are the same size.
-  friend CARVE_HOST_DEVICE constexpr bool
-  operator==(const LimitResource& a, const LimitResource& b) noexcept requires cuda::std::equality_comparable<R> {
-    return a.r_ == b.r_ && a.budget_ == b.budget_;
+  /// Equal only to itself: a block counted in one budget must not go back through another.
+  friend CARVE_HOST_DEVICE constexpr bool operator==(const LimitResource& a, const LimitResource& b) noexcept {
+    return &a == &b;
   }
 
   /// Declares every CCCL memory property the resource declares.

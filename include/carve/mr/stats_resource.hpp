@@ -91,12 +91,28 @@ public:
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc>
   try_deallocate(void* p, cuda::std::size_t bytes,
                  cuda::std::size_t alignment) noexcept requires ChecksDeallocation<R> {
-    counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);
+    // A free the resource refuses never reaches the count: a bad one would take from it bytes it
+    // never held, and an allocation meanwhile would see the count wrapped (and keep it as its peak).
+    // Where the resource can say beforehand, the bytes leave first (never counted more, as in
+    // deallocate); else only once it has taken the block back.
+    constexpr bool checks_first = requires { r_.check_deallocate(p, bytes, alignment); };
+    if constexpr (checks_first) {
+      if (const auto ok = r_.check_deallocate(p, bytes, alignment); !ok) {
+        counter(counts_.failed).fetch_add(1, cuda::std::memory_order_relaxed);
+        return ok;
+      }
+      counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);
+    }
     const cuda::std::expected<void, Errc> r = r_.try_deallocate(p, bytes, alignment);
     if (r) {
+      if constexpr (!checks_first) {
+        counter(counts_.bytes_in_use).fetch_sub(bytes, cuda::std::memory_order_relaxed);
+      }
       counter(counts_.deallocations).fetch_add(1, cuda::std::memory_order_relaxed);
     } else {
-      counter(counts_.bytes_in_use).fetch_add(bytes, cuda::std::memory_order_relaxed);
+      if constexpr (checks_first) { // freed meanwhile by another thread (a racing double free)
+        counter(counts_.bytes_in_use).fetch_add(bytes, cuda::std::memory_order_relaxed);
+      }
       counter(counts_.failed).fetch_add(1, cuda::std::memory_order_relaxed);
     }
     return r;
@@ -126,10 +142,9 @@ public:
   /// The resource counted.
   CARVE_HOST_DEVICE constexpr const R& upstream() const noexcept { return r_; }
 
-  /// Equal when the resources are (the counts are not compared).
-  friend CARVE_HOST_DEVICE constexpr bool
-  operator==(const StatsResource& a, const StatsResource& b) noexcept requires cuda::std::equality_comparable<R> {
-    return a.r_ == b.r_;
+  /// Equal only to itself: a block counted here must not go back through another's counts.
+  friend CARVE_HOST_DEVICE constexpr bool operator==(const StatsResource& a, const StatsResource& b) noexcept {
+    return &a == &b;
   }
 
   /// Declares every CCCL memory property the resource declares.

@@ -198,6 +198,9 @@ public:
       return 0;
     }
     const std::lock_guard lock(mutex_);
+    if (holding_.load(std::memory_order_acquire)) { // held while this call waited for the lock
+      return 0;
+    }
     std::size_t made = 0;
     for (std::size_t i = 0; i < held_.size();) {
       Held& h = held_[i];
