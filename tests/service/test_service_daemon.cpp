@@ -173,6 +173,50 @@ TEST_CASE("the idle policy closes clients that hold nothing, never one holding m
   CHECK(server.stop() == 0);
 }
 
+TEST_CASE("the idle policy never closes a client that waits for a WaitReclaimed answer") {
+  ServedProcess server(dgx1({"--idle-timeout", "300ms"}));
+  AllocationClient holder = connect(server);
+  const auto r = holder.lease(64 * KiB, 0, 256); // holds memory: stays connected
+  REQUIRE(r);
+  AllocationClient waiter = connect(server); // holds nothing, but waits
+  const auto started = std::chrono::steady_clock::now();
+  const auto waited = waiter.wait_reclaimed_client(holder.server().client_id, 1500ms);
+  REQUIRE_FALSE(waited);
+  CHECK(waited.error().code == Errc::timed_out);
+  CHECK(waited.error().message.find("still connected after 1500 ms") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - started >= 1500ms);
+  CHECK(waiter.connected());
+  CHECK(holder.free(r->ptr));
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a connection refused for good is read no more, and rejected once, while its error waits") {
+  ServedProcess server(dgx1({"--idle-timeout", "200ms"}));
+  AllocationClient observer = connect(server);
+  const auto held = observer.lease(64 * KiB, 0, 256); // never idle
+  REQUIRE(held);
+  RawConnection slow(server.socket());
+  REQUIRE(slow.send(svc::Request{svc::Hello{"slow"}}, 1));
+  REQUIRE(slow.receive());
+  // It never reads: its replies fill the socket, then the server's queue, and the server stops
+  // reading it. Then a fatal error (Hello twice), and an Allocate that must not be served.
+  std::uint32_t seq = 2;
+  for (int i = 0; i < 400; ++i) {
+    (void)svc::send_message(slow.fd(), svc::encode(svc::Request{svc::StatsRequest{}}, seq++), -1, true);
+  }
+  (void)svc::send_message(slow.fd(), svc::encode(svc::Request{svc::Hello{"again"}}, seq++), -1, true);
+  (void)svc::send_message(slow.fd(), svc::encode(svc::Request{svc::Allocate{4096, 0}}, seq++), -1, true);
+  const auto before = observer.stats();
+  REQUIRE(before);
+  std::this_thread::sleep_for(1s); // five idle deadlines
+  const auto after = observer.stats();
+  REQUIRE(after);
+  CHECK(after->allocations == before->allocations);
+  CHECK(after->rejected_messages <= before->rejected_messages + 1);
+  CHECK(observer.free(held->ptr));
+  CHECK(server.stop() == 0);
+}
+
 TEST_CASE("timeouts are checked settings") {
   // Each text, and the time it must parse to (nullopt: refused). Parsing that merely does not
   // throw is not enough: a unit read wrongly would still parse.

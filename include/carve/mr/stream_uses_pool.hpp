@@ -120,10 +120,11 @@ public:
     }
   }
 
-  /// `p`, a block of this pool, is also used by work queued on `stream`: its free will wait for
-  /// the work `stream` has queued by then. Naming the block's own stream, or a stream named
-  /// already, changes nothing. Errors: not_allocated where the pool can tell (owns) that `p` is
-  /// not its memory; no_space out of host memory (nothing recorded).
+  /// `p`, a block of this pool (the address allocate returned, as a tensor's storage names it: the
+  /// free that waits is the free of that address), is also used by work queued on `stream`: its
+  /// free will wait for the work `stream` has queued by then. Naming the block's own stream, or a
+  /// stream named already, changes nothing. Errors: not_allocated where the pool can tell (owns)
+  /// that `p` is not its memory; no_space out of host memory (nothing recorded).
   [[nodiscard]] cuda::std::expected<void, Errc> record_stream(void* p, stream_type stream) noexcept {
     if constexpr (requires(const Pool& pool) { pool.owns(p); }) {
       if (p == nullptr || !pool_.owns(p)) {

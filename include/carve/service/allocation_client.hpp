@@ -302,8 +302,9 @@ private:
     }
     request.timeout_ms = static_cast<std::uint32_t>(timeout.count());
     const std::lock_guard lock(state_->mutex);
-    // The reply comes when the wait ends: give it that long on top of the usual reply timeout.
-    state_->extra_wait = timeout;
+    // The reply comes when the wait ends: give it that long on top of the usual reply timeout,
+    // and the server's deadline tick (at most a second) besides.
+    state_->extra_wait = timeout + std::chrono::seconds(1);
     auto r = state_->call_for<Reclaimed>(request);
     state_->extra_wait = std::chrono::milliseconds{0};
     if (!r) {

@@ -278,7 +278,7 @@ private:
         } else {
           watching = true;
         }
-      } else if (options_.idle_timeout.count() > 0 && !service_.holds_memory(id)) {
+      } else if (options_.idle_timeout.count() > 0 && !service_.holds_memory(id) && !service_.waiting(id)) {
         if (now - c.last_request >= options_.idle_timeout) {
           service_.reject(id, Errc::timed_out,
                           "idle for " + std::to_string(options_.idle_timeout.count()) +
@@ -419,7 +419,11 @@ private:
         continue;
       }
       const ClientId to = o.to;
+      const bool close_after = o.close_after;
       it->second.queue.push_back(std::move(o));
+      // An error that ends the connection: nothing more is read from it or sent to it, and no
+      // deadline rejects it again while that error waits for room in its socket.
+      it->second.closing = it->second.closing || close_after;
       flush(to, it->second);
     }
     out.clear();

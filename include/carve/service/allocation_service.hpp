@@ -204,6 +204,8 @@ public:
     const auto it = clients_.find(client);
     return it != clients_.end() && (!it->second.regions.empty() || !it->second.mappings.empty());
   }
+  /// Whether `client` waits for a WaitReclaimed answer (it is not idle then).
+  bool waiting(ClientId client) const { return waits_.waiting(client); }
 
   /// The cards served.
   int card_count() const noexcept { return allocator_.card_count(); }

@@ -75,6 +75,10 @@ public:
 
   /// Whether some wait is not answered yet.
   bool pending() const noexcept { return !waits_.empty(); }
+  /// Whether `waiter` waits for an answer.
+  bool waiting(ClientId waiter) const {
+    return std::any_of(waits_.begin(), waits_.end(), [waiter](const Wait& w) { return w.waiter == waiter; });
+  }
 
 private:
   std::vector<Wait> waits_;

@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -109,12 +110,15 @@ struct ServerConfig {
 
 namespace detail {
 
-inline std::uint64_t config_count(std::string_view key, std::string_view value, std::uint64_t min) {
+inline std::uint64_t config_count(std::string_view key, std::string_view value, std::uint64_t min,
+                                  std::uint64_t max = UINT64_MAX) {
   std::uint64_t n = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc{} || end != value.data() + value.size() || n < min) {
-    throw Exception(Errc::invalid_argument, std::string(key) + ": '" + std::string(value) +
-                                                "' is not a whole number >= " + std::to_string(min));
+  if (ec != std::errc{} || end != value.data() + value.size() || n < min || n > max) {
+    throw Exception(Errc::invalid_argument,
+                    std::string(key) + ": '" + std::string(value) + "' is not a whole number " +
+                        (max == UINT64_MAX ? ">= " + std::to_string(min)
+                                           : "from " + std::to_string(min) + " to " + std::to_string(max)));
   }
   return n;
 }
@@ -189,7 +193,7 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     }
     (type == "nvlink" ? c.bandwidths.nvlink : type == "pcie" ? c.bandwidths.pcie : c.bandwidths.inter_socket) = *gbps;
   } else if (key == "max-hops") {
-    c.max_hops = static_cast<int>(config_count(k, value, 1));
+    c.max_hops = static_cast<int>(config_count(k, value, 1, INT_MAX));
   } else if (key == "backend") {
     if (value == "shared-memory") {
       c.backend = Backend::shared_memory;
