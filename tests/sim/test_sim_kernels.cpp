@@ -168,6 +168,8 @@ TEST_CASE("kernel types parse from text and print back") {
   CHECK(carve::test::thrown_message([] {
           KernelType::parse("gemm size=4 mean=9 colour=red", "--kernel");
         }).rfind("--kernel: kernel gemm: unknown word 'colour=red'", 0) == 0);
+  CHECK(carve::test::thrown_message([] { KernelType::parse("gemm size=4 mean=9 weight=1e308", "x"); }) ==
+        "x: kernel gemm: weight must be positive and at most 1e12"); // the weights' sum stays finite
   CHECK(carve::test::thrown_message([] { builtin_mix("decode", "--kernels"); }) ==
         "--kernels: unknown kernel mix 'decode' (built in: inference, long-tail, training)");
 }

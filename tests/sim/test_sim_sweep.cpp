@@ -28,6 +28,13 @@ std::vector<Workgroup> small_workload(std::uint64_t seed) {
 
 } // namespace
 
+TEST_CASE("a progress callback that throws: the sweep's threads are joined and the exception comes back") {
+  SweepOptions o;
+  o.threads = 2;
+  o.progress = [](std::size_t, std::size_t) { throw std::runtime_error("progress bar broke"); };
+  CHECK_THROWS_WITH_AS(sweep(policies(), {1, 2, 3, 4}, small_workload, o), "progress bar broke", std::runtime_error);
+}
+
 TEST_CASE("a sweep on two threads gives what one thread gives") {
   const std::vector<std::uint64_t> seeds = {1, 2, 3, 4, 5, 6, 7};
   SweepOptions one;

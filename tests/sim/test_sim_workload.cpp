@@ -119,6 +119,14 @@ TEST_CASE("bad distributions say what is wrong and where") {
         "x: 'bimodal 1 2 3 4 1.5': probability must lie in [0, 1]");
   CHECK(carve::test::thrown_message([] { Distribution::parse("geometric 0.5", "x"); }) ==
         "x: 'geometric 0.5': the mean must be at least 1");
+  // Draws above MAX are redrawn: a mean far above it would redraw (nearly) for ever.
+  CHECK(carve::test::thrown_message([] { Distribution::parse("geometric 1e16", "x"); }) ==
+        "x: 'geometric 1e16': the mean must be at most 1000 times MAX");
+  CHECK(carve::test::thrown_message([] { Distribution::parse("geometric 1e9 128", "x"); }) ==
+        "x: 'geometric 1e9 128': the mean must be at most 1000 times MAX");
+  carve::sim::Rng rng(1);
+  const Distribution wide = Distribution::parse("geometric 1e12", "x"); // 1 - 1/mean is not 1 in log1p
+  CHECK(wide.draw(rng) >= 1);
   CHECK(carve::test::thrown_message([] { Distribution::parse("fixed 2x", "x"); }) ==
         "x: value '2x' is not a whole number");
   CHECK(carve::test::thrown_message([] { Distribution::parse("", "x"); }) ==

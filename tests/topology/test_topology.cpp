@@ -218,6 +218,12 @@ TEST_CASE("description mistakes give a parse error with the line") {
   CHECK(description_error_line("gpu GPU0\nteleport GPU0\n") == 2);
   CHECK(description_error_line("gpu A ordinal 1\ngpu B ordinal 2\n") == 2); // gap at 0
   CHECK(description_error_line("gpu A ordinal x\n") == 1);
+  // An ordinal of 10^9 is a gap, found without a table of 10^9 GPUs; link counts that add up
+  // past 2^31 - 1 are refused, not wrapped; an escape left open ends at its line's end.
+  CHECK(description_error_line("gpu A\ngpu B ordinal 999999999\n") == 2);
+  CHECK(description_error_line("gpu A\ngpu B\nlink A B nvlink x999999999\nlink A B nvlink x999999999\n"
+                               "link A B nvlink x999999999\n") == 5);
+  CHECK(description_error_line("cpu A\n\x1b[1\n#c\ncpu B\nbogus\n") == 5);
   const Topology t = Topology::from_description("bandwidth nvlink 50\ngpu A ordinal 1\ngpu B\nlink A B nvlink x3\n");
   CHECK(t.node(t.gpu(1)).name == "A");
   CHECK(t.node(t.gpu(0)).name == "B");

@@ -11,10 +11,11 @@
 /// };
 /// @endcode
 ///
-/// Scores compare lexicographically (primary, then secondary). Equal scores are broken the same
-/// way for every strategy: wider path, then fewer hops, then more free memory, then the lower
-/// card ordinal; so a decision never depends on iteration order or on floating-point noise in
-/// the strategy. Semantic requirements: both functions are pure (same candidate, same answer)
+/// Scores compare lexicographically (primary, then secondary), exactly. Equal scores are broken
+/// the same way for every strategy: wider path, then fewer hops, then more free memory, then the
+/// lower card ordinal; so a decision never depends on iteration order. Scores meant to tie must be
+/// computed to tie (two quotients equal on paper may differ in their last bit, and the larger
+/// wins). Semantic requirements: both functions are pure (same candidate, same answer)
 /// and cheap, since a pick is meant to take well under a microsecond.
 #pragma once
 

@@ -20,7 +20,7 @@ inline constexpr cuda::std::uint32_t word_bits = 64;
 /// A word whose 64 slots are all free.
 inline constexpr word all_ones = ~word{0};
 
-/// Words needed to hold `slots` slots.
+/// Words needed to hold `slots` slots (below 2^38: the count must fit 32 bits).
 CARVE_HOST_DEVICE constexpr cuda::std::uint32_t word_count(cuda::std::uint64_t slots) noexcept {
   return static_cast<cuda::std::uint32_t>((slots + word_bits - 1) / word_bits);
 }
@@ -30,7 +30,7 @@ CARVE_HOST_DEVICE constexpr word low_mask(cuda::std::uint32_t n) noexcept {
   return n >= word_bits ? all_ones : (word{1} << n) - 1;
 }
 
-/// Bits [lo, lo + n) set, for lo + n <= 64.
+/// Bits [lo, lo + n) set, for lo < 64 and lo + n <= 64.
 CARVE_HOST_DEVICE constexpr word range_mask(cuda::std::uint32_t lo, cuda::std::uint32_t n) noexcept {
   return low_mask(n) << lo;
 }

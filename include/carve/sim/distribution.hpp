@@ -65,8 +65,8 @@ public:
     case Kind::geometric:
       for (;;) {
         // Inverse CDF of the geometric distribution on 1, 2, ... with success probability 1/mean.
-        const double q = 1.0 - 1.0 / p_;
-        const double k = q <= 0.0 ? 1.0 : std::ceil(std::log(1.0 - rng.unit()) / std::log(q));
+        // log1p: log(1 - 1/mean) without 1 - 1/mean rounding to 1 for a large mean.
+        const double k = p_ <= 1.0 ? 1.0 : std::ceil(std::log(1.0 - rng.unit()) / std::log1p(-1.0 / p_));
         if (k >= 1.0 && k <= static_cast<double>(hi_)) {
           return static_cast<std::uint32_t>(k);
         }
@@ -156,7 +156,12 @@ inline Distribution Distribution::parse(std::string_view text, const std::string
     if (mean < 1.0) {
       throw input_error(where, line, "'" + std::string(text) + "': the mean must be at least 1");
     }
-    return words.size() == 3 ? geometric(mean, value(2)) : geometric(mean);
+    const auto max = words.size() == 3 ? value(2) : std::numeric_limits<std::uint32_t>::max();
+    // Draws above MAX are redrawn: past 1000 times MAX, fewer than 1 in 1000 draws would be kept.
+    if (mean > 1000.0 * max) {
+      throw input_error(where, line, "'" + std::string(text) + "': the mean must be at most 1000 times MAX");
+    }
+    return geometric(mean, max);
   }
   if (words[0] == "fixed") {
     need(2, 2, "'fixed V'");

@@ -125,8 +125,8 @@ inline KernelType KernelType::parse(std::string_view text, const std::string& wh
       }
     } else if (key == "weight") {
       k.weight = detail::parse_real(value, "weight", where, line);
-      if (k.weight <= 0) {
-        throw input_error(where, line, "kernel " + k.name + ": weight must be positive");
+      if (k.weight <= 0 || k.weight > 1e12) { // kernels' weights are summed: bounded, the sum stays finite
+        throw input_error(where, line, "kernel " + k.name + ": weight must be positive and at most 1e12");
       }
     } else {
       throw input_error(where, line,

@@ -136,25 +136,31 @@ inline std::vector<std::vector<SweepCell>> sweep(const std::vector<PolicyRunner>
 
   unsigned threads = options.threads != 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(seeds.size(), 1)));
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < threads; ++k) {
-    pool.emplace_back(worker);
-  }
-  if (options.progress) {
-    // The calling thread reports progress while the pool works, then joins in.
-    std::thread last(worker);
-    const std::size_t total = seeds.size() * policies.size();
-    while (done < total && !failed) {
-      options.progress(done, total);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    // jthreads: whatever throws here (a progress callback, a thread that cannot start), every
+    // thread started is joined on the way out, with `failed` set so that they stop soon.
+    std::vector<std::jthread> pool;
+    try {
+      for (unsigned k = 1; k < threads; ++k) {
+        pool.emplace_back(worker);
+      }
+      if (options.progress) {
+        // The calling thread reports progress while the pool works, then joins in.
+        pool.emplace_back(worker);
+        const std::size_t total = seeds.size() * policies.size();
+        while (done < total && !failed) {
+          options.progress(done, total);
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        pool.back().join();
+        options.progress(done, total);
+      } else {
+        worker();
+      }
+    } catch (...) {
+      failed = true;
+      throw;
     }
-    last.join();
-    options.progress(done, total);
-  } else {
-    worker();
-  }
-  for (std::thread& t : pool) {
-    t.join();
   }
   if (error) {
     std::rethrow_exception(error);

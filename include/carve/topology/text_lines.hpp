@@ -27,9 +27,11 @@ inline std::vector<TextLine> split_lines(std::string_view text) {
       current.clear();
     } else if (c == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
       i += 2;
-      while (i < text.size() && !((text[i] >= 'A' && text[i] <= 'Z') || (text[i] >= 'a' && text[i] <= 'z'))) {
+      while (i < text.size() && text[i] != '\n' &&
+             !((text[i] >= 'A' && text[i] <= 'Z') || (text[i] >= 'a' && text[i] <= 'z'))) {
         ++i;
       }
+      i -= i < text.size() && text[i] == '\n' ? 1U : 0U; // an escape left open ends at its line's end
     } else if (c != '\r') {
       current.push_back(c);
     }

@@ -339,6 +339,10 @@ public:
     for (Link& l : links_) {
       if (l.type == type && ((l.a == a && l.b == b) || (l.a == b && l.b == a))) {
         if (l.per_link_gbps == per_link) {
+          if (count > std::numeric_limits<int>::max() - l.count) {
+            throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: more than 2^31 - 1 links between " +
+                                                        nodes_[a.value].name + " and " + nodes_[b.value].name);
+          }
           l.count += count;
         } else { // links of different widths: one link as wide as all of them
           l.per_link_gbps = l.bandwidth() + per_link * count;
@@ -378,15 +382,16 @@ public:
     t.links_ = links_;
     t.bandwidths_ = bandwidths_;
     t.options_ = options;
+    // Ordinals must be 0..gpus-1: one past that leaves a gap below it, found by the check after
+    // (so a hostile ordinal of 10^9 costs nothing).
+    const auto gpus = static_cast<std::size_t>(
+        std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.kind == NodeKind::gpu; }));
+    t.gpus_.resize(gpus);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      const int ordinal = nodes_[i].ordinal;
-      if (nodes_[i].kind != NodeKind::gpu) {
-        continue;
+      const auto ordinal = static_cast<std::size_t>(nodes_[i].ordinal);
+      if (nodes_[i].kind == NodeKind::gpu && ordinal < gpus) {
+        t.gpus_[ordinal] = NodeId{static_cast<std::uint32_t>(i)};
       }
-      if (static_cast<std::size_t>(ordinal) >= t.gpus_.size()) {
-        t.gpus_.resize(static_cast<std::size_t>(ordinal) + 1);
-      }
-      t.gpus_[static_cast<std::size_t>(ordinal)] = NodeId{static_cast<std::uint32_t>(i)};
     }
     for (std::size_t o = 0; o < t.gpus_.size(); ++o) {
       if (!t.gpus_[o]) {
