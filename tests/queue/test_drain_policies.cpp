@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -268,6 +269,11 @@ TEST_CASE("priority tag: one queue ordered by (tag, arrival)") {
     CHECK(q.try_push(Request::make(large, 22)));
     CHECK(q.stats().tier[2].rejected == 1);
   }
+}
+
+TEST_CASE("the default clock saturates a bound past 2^64 ticks rather than overflow") {
+  CHECK(carve::QueueClock::ticks_from_ns(std::numeric_limits<std::uint64_t>::max()) > 0);
+  CHECK(carve::QueueClock::ticks_from_ns(0) == 0);
 }
 
 TEST_CASE("a request put back is the head its policy sees: tags order it, aging reaches it") {

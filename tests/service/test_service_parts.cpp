@@ -592,6 +592,8 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(error({"--topology", "smi:x"}) == "--topology: 'smi:x' is not nvidia-smi:FILE, description:FILE or cuda");
   CHECK(error({"--max-clients", "0"}) == "--max-clients: '0' is not a whole number >= 1");
   CHECK(error({"--max-hops", "4294967297"}) == "--max-hops: '4294967297' is not a whole number from 1 to 2147483647");
+  CHECK(error({"--history-window", "99999999999"}) ==
+        "--history-window: '99999999999' is not a whole number from 1 to 16777216");
   CHECK(error({"--bandwidth", "nvlink"}) ==
         "--bandwidth: 'nvlink' is not nvlink=GBPS, pcie=GBPS or inter_socket=GBPS (GB/s per link)");
   CHECK(error({"--backend", "gpu"}) == "--backend: 'gpu' is not shared-memory, host-vmm, cuda or cuda-ipc");

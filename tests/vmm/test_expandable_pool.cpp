@@ -614,6 +614,22 @@ TEST_CASE("held mappings: nothing is unmapped, by the line, the threshold, trim 
   CHECK(pool.consistent());
 }
 
+TEST_CASE("idle chunks: a hole mapped a second time is listed, to unmap in turn, but holds no memory") {
+  carve::detail::IdleChunks idle;
+  idle.fell_idle(0, 0x10000, 4 * KiB, 1);
+  idle.fell_idle(0, 0x30000, 8 * KiB, 2, /*own_memory=*/false);
+  CHECK(idle.bytes() == 4 * KiB); // what the release threshold weighs: memory, not mappings
+  REQUIRE(idle.oldest());
+  CHECK(idle.oldest()->start == 0x10000);
+  idle.drop_oldest();
+  CHECK(idle.bytes() == 0);
+  REQUIRE(idle.oldest());
+  CHECK(idle.oldest()->bytes == 8 * KiB);
+  idle.unmapped(0, 0x30000, 8 * KiB);
+  CHECK_FALSE(idle.oldest());
+  CHECK(idle.bytes() == 0);
+}
+
 TEST_CASE("held: a block freed on another stream records its event only when the hold ends") {
   using StreamPool = ExpandablePool<HostMemoryMapper, CountingStreams>;
   const carve::SimulatedStream s0{0};

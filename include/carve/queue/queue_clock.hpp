@@ -64,8 +64,12 @@ struct QueueClock {
 
   /// `ns` nanoseconds in ticks (for bounds given in nanoseconds, such as an aging bound).
   CARVE_HOST_DEVICE static std::uint64_t ticks_from_ns(std::uint64_t ns) noexcept {
-    NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return ns;),
-                      (return static_cast<std::uint64_t>(static_cast<double>(ns) / host_ns_per_tick());))
+    // Past 2^64 ticks (a bound of centuries, or a tick shorter than a nanosecond) it saturates:
+    // converting such a double to an integer would be undefined.
+    NV_IF_ELSE_TARGET(NV_IS_DEVICE, (return ns;), ({
+                        const double ticks = static_cast<double>(ns) / host_ns_per_tick();
+                        return ticks >= 18446744073709551616.0 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(ticks);
+                      }))
   }
 
 private:

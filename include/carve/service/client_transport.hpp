@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -154,7 +155,8 @@ private:
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       pollfd p{socket_.get(), POLLIN, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+      // poll takes an int of milliseconds: a longer wait is made of waits of at most INT_MAX.
+      const int ready = ::poll(&p, 1, static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX)));
       if (ready < 0 && errno == EINTR) {
         continue;
       }

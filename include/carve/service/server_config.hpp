@@ -23,7 +23,7 @@
 ///   card-memory N=SIZE     of card N only
 ///   strategy TEXT          largest-bandwidth | threshold-most-free[:...] | weighted-score[:...]
 ///                          (as parse_strategy reads them)
-///   history-window N       borrows the weighted strategy remembers (default 1024)
+///   history-window N       borrows the weighted strategy remembers (default 1024, at most 2^24)
 ///   max-clients N          connections served at once (default 256)
 ///   handshake-timeout TIME a connection must say Hello within it (default 5s; 0: no limit)
 ///   idle-timeout TIME      close clients that hold no memory and sent nothing for it (default 0: never)
@@ -226,7 +226,7 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
       throw Exception(Errc::invalid_argument, std::string("strategy: ") + e.what());
     }
   } else if (key == "history-window") {
-    c.service.history_window = config_count(k, value, 1);
+    c.service.history_window = config_count(k, value, 1, std::uint64_t{1} << 24); // reserved up front
   } else if (key == "max-clients") {
     c.max_clients = config_count(k, value, 1);
   } else if (key == "handshake-timeout") {

@@ -430,7 +430,7 @@ private:
     }
     s_->spaces[space]->memory.for_each_chunk_in(span.start, span.bytes, [&](std::uintptr_t start, std::size_t bytes) {
       if (start >= span.start && start + bytes <= span.start + span.bytes) {
-        s_->idle.fell_idle(space, start, bytes, s_->frees);
+        s_->idle.fell_idle(space, start, bytes, s_->frees, !s_->spaces[space]->memory.lent_at(start));
       }
     });
     while (!s_->held && s_->idle.bytes() > s_->options.release_threshold) {

@@ -31,11 +31,14 @@ public:
     std::uint64_t since = 0; ///< the pool's free count when it fell idle
   };
 
-  // A chunk no block touches now. A chunk the tables have no room for is not listed: trim() and
-  // the retry under pressure still find it by looking at the free ranges.
-  void fell_idle(std::uint32_t space, std::uintptr_t start, std::size_t bytes, std::uint64_t since) noexcept {
+  // A chunk no block touches now; `own_memory`: false for a hole mapped a second time, which is
+  // listed (to be unmapped in turn) but holds no memory of its own, so bytes() leaves it out. A
+  // chunk the tables have no room for is not listed: trim() and the retry under pressure still
+  // find it by looking at the free ranges.
+  void fell_idle(std::uint32_t space, std::uintptr_t start, std::size_t bytes, std::uint64_t since,
+                 bool own_memory = true) noexcept {
     try {
-      const auto [it, added] = chunks_.try_emplace({space, start}, since, bytes);
+      const auto [it, added] = chunks_.try_emplace({space, start}, Entry{since, bytes, own_memory ? bytes : 0});
       if (!added) {
         return;
       }
@@ -45,7 +48,7 @@ public:
         chunks_.erase(it);
         return;
       }
-      bytes_ += bytes;
+      bytes_ += it->second.counted;
     } catch (const std::bad_alloc&) {
     }
   }
@@ -68,7 +71,7 @@ public:
       return std::nullopt;
     }
     const auto& [since, space, start] = *by_age_.begin();
-    return Chunk{space, start, chunks_.find({space, start})->second.second, since};
+    return Chunk{space, start, chunks_.find({space, start})->second.bytes, since};
   }
   // Takes the chunk oldest() names off the list.
   void drop_oldest() noexcept {
@@ -77,16 +80,21 @@ public:
       forget(chunks_.find({space, start}));
     }
   }
-  // Bytes in the listed chunks.
+  // Bytes of memory in the listed chunks (holes mapped a second time hold none).
   std::size_t bytes() const noexcept { return bytes_; }
 
 private:
   using Key = std::pair<std::uint32_t, std::uintptr_t>;
-  using Map = std::map<Key, std::pair<std::uint64_t, std::size_t>>; // -> (since, bytes)
+  struct Entry {
+    std::uint64_t since;
+    std::size_t bytes;   ///< what it maps
+    std::size_t counted; ///< of that, memory of its own
+  };
+  using Map = std::map<Key, Entry>;
 
   Map::iterator forget(Map::iterator it) noexcept {
-    by_age_.erase({it->second.first, it->first.first, it->first.second});
-    bytes_ -= it->second.second;
+    by_age_.erase({it->second.since, it->first.first, it->first.second});
+    bytes_ -= it->second.counted;
     return chunks_.erase(it);
   }
 
