@@ -23,6 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -54,15 +56,19 @@ constexpr const char* usage = R"(usage: carve-served [--key value]...
 Times: 200ms, 5s, 10min. Under systemd (NOTIFY_SOCKET set) it reports READY=1 and STOPPING=1.
 )";
 
-void (*stop_server)(void*) = nullptr;
-void* running_server = nullptr;
-int notify_fd = -1; // the service manager's socket, or -1
+// What the signal handler reads: lock-free atomics, which a handler may read (plain globals it
+// may not), set before the handler is installed.
+std::atomic<void (*)(void*)> stop_server{nullptr};
+std::atomic<void*> running_server{nullptr};
+std::atomic<int> notify_fd{-1}; // the service manager's socket, or -1
 
 extern "C" void on_signal(int) {
-  if (stop_server != nullptr) {
-    (void)carve::service::notify_service_manager(notify_fd, "STOPPING=1"); // one send(2)
-    stop_server(running_server); // AllocationServer::request_stop: one write(2) to an eventfd
+  const int saved = errno; // the code the signal interrupted may be about to read it
+  if (const auto stop = stop_server.load()) {
+    (void)carve::service::notify_service_manager(notify_fd.load(), "STOPPING=1"); // one send(2)
+    stop(running_server.load()); // AllocationServer::request_stop: one write(2) to an eventfd
   }
+  errno = saved;
 }
 
 // The soft limit up to the hard one: a descriptor per live segment adds up, and the hard limit

@@ -623,6 +623,13 @@ TEST_CASE("malformed, truncated, oversized and unknown messages get an error or 
     CHECK(huge->message.find("no card can hold") == 0);
   }
   {
+    // Unknown, with sequence 0 (reserved for notices): its error, sequence 0, ends the connection.
+    RawConnection raw(server.socket());
+    REQUIRE(hello(raw));
+    REQUIRE(raw.send(header(svc::protocol_magic, svc::protocol_version, 0x0999, 0, 0)));
+    expect_closed_after_error(raw, Errc::bad_message, "unknown message type 2457");
+  }
+  {
     // Random damage to valid messages from a few connections: errors and closed connections
     // only; the server keeps serving and its pools stay consistent.
     std::mt19937 rng(11);

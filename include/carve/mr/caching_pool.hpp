@@ -212,8 +212,9 @@ public:
   }
 
   /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not
-  /// when the upstream refuses a request (which is then refused); trim() still does what it is
-  /// asked. For a CUDA stream capture, during which PyTorch's allocator frees nothing either.
+  /// when the upstream refuses a request (asked once more for exactly its size, then refused);
+  /// trim() still does what it is asked. For a CUDA stream capture, during which PyTorch's
+  /// allocator frees nothing either.
   void hold(bool held) noexcept {
     const std::lock_guard lock(mutex_);
     on_hold_ = held;

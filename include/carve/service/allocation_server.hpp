@@ -24,7 +24,7 @@
 ///   does not stay readable and spin the loop; when even that fails it stops watching the
 ///   listener for backoff_interval;
 /// - descriptors sent to the server, oversized messages and anything that does not decode get an
-///   error reply and a closed connection (unknown message types only an error reply);
+///   error reply and a closed connection (unknown message types, sequence 0 aside, only an error reply);
 /// - request_stop() makes run() stop accepting (the socket file goes, new clients see no server),
 ///   keep answering the clients already connected and send the replies it owes until nothing is
 ///   left or drain_timeout has passed, then return; the destructor tells every client the server

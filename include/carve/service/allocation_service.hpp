@@ -25,7 +25,7 @@
 /// Rules it enforces: the first message is Hello; a request's sequence is not 0 (Unmapped aside);
 /// a client frees and queries only the regions it allocated (permission_denied otherwise;
 /// not_allocated for an id nobody holds); a message that does not decode gets an ErrorReply and,
-/// unless it was merely of an unknown type after Hello, the connection is closed after it;
+/// unless it was merely of an unknown type after Hello (not numbered 0), the connection is closed after it;
 /// nothing a client sends can corrupt the cards' accounting or another client's regions. A
 /// client that disconnects has all its regions freed and all its leases dropped.
 ///
@@ -123,8 +123,9 @@ public:
     auto decoded = decode_request(message);
     if (!decoded) {
       ++counters_.rejected;
+      // Sequence 0 is reserved for notices, and an error in reply to it says the connection ends.
       send(out, client, ErrorReply{decoded.error().code, decoded.error().message}, decoded.error().sequence,
-           decoded.error().fatal || !c.greeted);
+           decoded.error().fatal || !c.greeted || decoded.error().sequence == 0);
       return;
     }
     const std::uint32_t seq = decoded->sequence;
