@@ -285,8 +285,11 @@ private:
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(const std::optional<stream_type>& stream, std::size_t bytes,
                                                       std::size_t alignment) noexcept {
-    if (!valid_request(bytes, alignment) || alignment > options_.granularity) { // before a stream's pool is made
-      return cuda::std::unexpected(valid_request(bytes, alignment) ? Errc::no_space : Errc::invalid_size);
+    if (!valid_request(bytes, alignment)) { // checked before a stream's pool is made for it
+      return cuda::std::unexpected(Errc::invalid_size);
+    }
+    if (alignment > options_.granularity) {
+      return cuda::std::unexpected(Errc::no_space);
     }
     if (pending_.load(std::memory_order_acquire) != 0) {
       collect(false, nullptr);
