@@ -342,6 +342,7 @@ target_fields() { # target_fields <program> < output
 #                           PyTorch checks oom, graphs, devices and training, also named alone);
 #                           they run in that order whatever order the variable names them in
 #   CARVE_GPU_SCRIPT_SECONDS        bound on each PyTorch check (default 600)
+#   CARVE_GPU_TRAINING_MODELS       the training check's models (default gpt2,resnet50,varlen)
 #   CARVE_GPU_SANITIZERS, CARVE_GPU_SANITIZER_SECONDS   see the sanitizers part below
 gpu_part() { # gpu_part <name>: whether CARVE_GPU_PARTS asks for it (`torch` is oom, graphs, devices and training)
   local parts=" ${CARVE_GPU_PARTS-tests bench torch sanitizers} " # set but empty: none
@@ -532,7 +533,7 @@ gpu_torch() {
       printf '\nno carve_replay in the build (fmt not found): no predictions\n' >>"$report"
     fi
     torch_check gpu_training_step gpu_training_step.py --library "$library" "${replay[@]}" --report "$report" \
-      --keep-snapshots "$report_dir"
+      --keep-snapshots "$report_dir" --models "${CARVE_GPU_TRAINING_MODELS:-gpt2,resnet50,varlen}"
   else
     printf '\nskipped gpu_training_step: python3 cannot import transformers and timm here\n' >>"$report"
   fi

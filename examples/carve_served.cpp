@@ -48,6 +48,8 @@ constexpr const char* usage = R"(usage: carve-served [--key value]...
                           | weighted-score[:free=W,bandwidth=W,history=W]
   --history-window N      borrows the weighted strategy remembers
   --max-clients N         connections at once
+  --max-unread-descriptors N
+                          per client, descriptors sent and not yet read before the next waits
   --handshake-timeout T   a connection must say Hello within T (default 5s; 0: no limit)
   --idle-timeout T        close clients that hold no memory and sent nothing for T (default 0: never)
   --drain-timeout T       after SIGTERM, how long owed replies may take (default 2s)

@@ -20,6 +20,7 @@
 #include <carve/service/protocol_layout.hpp>
 #include <carve/service/protocol_messages.hpp>
 #include <carve/service/reclaim_waits.hpp>
+#include <carve/service/reply_queue.hpp>
 #include <carve/service/segment_devices.hpp>
 #include <carve/service/segment_mapping.hpp>
 #include <carve/service/server_config.hpp>

@@ -271,7 +271,7 @@ def _library_in_use(library=None):
 def memory_stats(device=0, *, library=None):
     """carve's figures for `device` as a dict: reserved_bytes, peak_reserved_bytes, live_bytes,
     peak_live_bytes, live_blocks, mallocs, frees, device_calls, device_failures, failures,
-    lending_refused, ..."""
+    lending_refused, lent_bytes, ..."""
     return _library_in_use(library).stats(device)
 
 

@@ -446,6 +446,7 @@ const char* carve_torch_stats_json(int device) {
       device >= 0 && device < max_devices ? load(registry().refused[slot(device)]) : std::uint64_t{0};
   append(json, "failures", load(b.failures) + refused);
   json += s != nullptr && s->lending_refused() ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
+  append(json, "lent_bytes", s != nullptr ? s->lent_bytes() : 0);
   for (const auto& [key, value] :
        {std::pair{"max_reserved_bytes", c.stack.max_reserved},
         std::pair{"idle_threshold_bytes", c.stack.idle_threshold}, std::pair{"max_chunk_bytes", c.stack.max_chunk}}) {

@@ -140,6 +140,8 @@ public:
   // pool was made, or seen in a refusal: the expandable pool's ExpandablePoolStats::lending_refused;
   // the other pools lend nothing): carve_replay predicts such a run with expandable-pool:partial-maps=0.
   virtual bool lending_refused() const noexcept { return false; }
+  // Holes the expandable pool has mapped a second time now (ExpandablePoolStats::lent_bytes); 0 for the others.
+  virtual std::size_t lent_bytes() const noexcept { return 0; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its
   // size in `bytes`; null where this stack took no such allocation (the expandable pool maps).

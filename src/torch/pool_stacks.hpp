@@ -124,6 +124,13 @@ public:
       return false;
     }
   }
+  std::size_t lent_bytes() const noexcept override {
+    try {
+      return pool_.pool().stats().lent_bytes;
+    } catch (const std::system_error&) {
+      return 0;
+    }
+  }
 
 private:
   using Uses = typename BackendStack<Backend, ExpandablePoolOver<Backend>>::Uses;

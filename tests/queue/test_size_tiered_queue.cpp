@@ -422,6 +422,11 @@ TEST_CASE("the room for requests put back is bounded, and a refusal leaves the r
     REQUIRE(big.try_push_front(Request::make(1, i)));
   }
   CHECK(big.try_push_front(Request::make(1, 64)).error() == Errc::full);
+  // A put-back lane found full reopens with room to spare: 64 / 16 + 1 = 5 requests must leave it.
+  for (int popped = 1; popped <= 5; ++popped) {
+    REQUIRE(big.try_pop());
+    CHECK(big.try_push_front(Request::make(1, 100)).has_value() == (popped == 5));
+  }
 }
 
 } // namespace test_size_tiered_queue

@@ -215,8 +215,9 @@ public:
     return service::send_message(fd_.get(), bytes, pass_fd) == 0;
   }
   bool send(const service::Request& r, std::uint32_t seq) { return send(service::encode(r, seq)); }
-  // The next message, or nullopt when the server closed the connection (or 5 s passed).
-  std::optional<service::Decoded<service::Reply>> receive() {
+  // The next message, or nullopt when the server closed the connection (or 5 s passed); the
+  // descriptors that came with it are counted into `descriptors` when given, and closed.
+  std::optional<service::Decoded<service::Reply>> receive(std::size_t* descriptors = nullptr) {
     pollfd p{fd_.get(), POLLIN, 0};
     if (::poll(&p, 1, 5000) <= 0) {
       return std::nullopt;
@@ -226,6 +227,9 @@ public:
     const auto r = service::receive_message(fd_.get(), buffer, fds);
     if (r.closed || r.error != 0) {
       return std::nullopt;
+    }
+    if (descriptors != nullptr) {
+      *descriptors += fds.size();
     }
     auto d = service::decode_reply(std::span<const std::uint8_t>(buffer.data(), r.size));
     if (!d) {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -214,6 +215,50 @@ TEST_CASE("a connection refused for good is read no more, and rejected once, whi
   CHECK(after->allocations == before->allocations);
   CHECK(after->rejected_messages <= before->rejected_messages + 1);
   CHECK(observer.free(held->ptr));
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a client that does not read is sent at most max-unread-descriptors segments; the rest follow as it reads") {
+  ServedProcess server(dgx1({"--max-unread-descriptors", "4"}));
+  RawConnection slow(server.socket());
+  REQUIRE(slow.send(svc::Request{svc::Hello{"slow"}}, 1));
+  REQUIRE(slow.receive());
+  constexpr std::uint32_t asked = 12;
+  for (std::uint32_t seq = 2; seq < 2 + asked; ++seq) {
+    REQUIRE(slow.send(svc::Request{svc::Allocate{64 * KiB, 0}}, seq)); // each region a segment of its own
+  }
+  // Another client is served meanwhile: the bound is per connection.
+  AllocationClient other = connect(server);
+  const auto lease = other.lease(64 * KiB, 0, 256);
+  REQUIRE(lease);
+  // Once the server has made all thirteen regions, what the slow client's socket holds is settled:
+  // four were sent as they were made and the rest are held back until it reads.
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;;) {
+    const auto stats = other.stats();
+    REQUIRE(stats);
+    if (stats->live_regions == asked + 1 || std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::this_thread::sleep_for(100ms); // five retries of the held-back replies
+  int queued_bytes = 0;
+  REQUIRE(::ioctl(slow.fd(), FIONREAD, &queued_bytes) == 0); // a sequenced-packet socket: every message's bytes
+  std::size_t descriptors = 0;
+  std::size_t first_four = 0;
+  for (std::uint32_t seq = 2; seq < 2 + asked; ++seq) {
+    const auto r = slow.receive(&descriptors);
+    REQUIRE(r);
+    CHECK(r->sequence == seq);
+    REQUIRE(std::holds_alternative<svc::Allocated>(r->body));
+    CHECK(std::get<svc::Allocated>(r->body).new_mapping);
+    if (seq < 6) {
+      first_four += svc::encode(r->body, seq).size();
+    }
+  }
+  CHECK(static_cast<std::size_t>(queued_bytes) == first_four); // no more than four were in flight
+  CHECK(descriptors == asked);                                 // and none was lost
+  CHECK(other.free(lease->ptr));
   CHECK(server.stop() == 0);
 }
 

@@ -8,12 +8,21 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <array>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 // In a namespace of its own: the area's test files compile as one translation unit.
@@ -36,7 +45,119 @@ M reply_as(const Outgoing& o) {
   return std::get<M>(d->body);
 }
 
+// A connected SOCK_SEQPACKET pair, as the server's connections are: [0] the server's end.
+std::array<UniqueFd, 2> socket_pair() {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) == 0);
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+// A one-byte reply numbered `n`, with a descriptor of its own when `with_fd`.
+Outgoing numbered(std::uint8_t n, bool with_fd, bool close_after = false) {
+  Outgoing o{0, {n}, UniqueFd(), close_after};
+  if (with_fd) {
+    o.fd = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    REQUIRE(o.fd);
+  }
+  return o;
+}
+
+// What the peer can read now: each message's number, and how many came with a descriptor.
+struct Read {
+  std::vector<std::uint8_t> numbers;
+  std::size_t descriptors = 0;
+};
+Read read_now(int fd, std::size_t at_most = SIZE_MAX) {
+  Read r;
+  std::array<std::uint8_t, 8> buffer{};
+  while (r.numbers.size() < at_most) {
+    std::vector<UniqueFd> fds;
+    const ReceivedMessage m = receive_message(fd, buffer, fds, true);
+    if (m.error != 0 || m.closed) {
+      break;
+    }
+    r.numbers.push_back(buffer[0]);
+    r.descriptors += fds.size();
+  }
+  return r;
+}
+
 } // namespace
+
+TEST_CASE("ReplyQueue: in order, at most max_unread descriptors the peer has not read, the rest when it has") {
+  auto [server, client] = socket_pair();
+  detail::ReplyQueue q;
+  using Stop = detail::ReplyQueue::Stop;
+  for (std::uint8_t n = 0; n < 10; ++n) {
+    q.push(numbered(n, n != 5)); // 5 carries none, and still waits behind 4
+  }
+  CHECK(q.send(server.get(), 3) == Stop::held_back);
+  CHECK(q.held_back());
+  CHECK(q.size() == 7);
+  CHECK(q.unread_descriptors() == 3);
+  const Read first = read_now(client.get(), 2);
+  CHECK(first.numbers == std::vector<std::uint8_t>{0, 1});
+  CHECK(q.send(server.get(), 3) == Stop::held_back); // message 2 is unread yet
+  const Read second = read_now(client.get());
+  CHECK(second.numbers == std::vector<std::uint8_t>{2});
+  CHECK(first.descriptors + second.descriptors == 3);
+  CHECK(q.send(server.get(), 3) == Stop::held_back); // 3 to 6 went (5 without one); 7 waits
+  CHECK(read_now(client.get()).numbers == std::vector<std::uint8_t>{3, 4, 5, 6});
+  CHECK(q.send(server.get(), 3) == Stop::sent_all);
+  CHECK_FALSE(q.held_back());
+  const Read last = read_now(client.get());
+  CHECK(last.numbers == std::vector<std::uint8_t>{7, 8, 9});
+  CHECK(last.descriptors == 3);
+  // A reply that ends the connection drops what is queued after it.
+  q.push(numbered(10, false, true));
+  q.push(numbered(11, true));
+  CHECK(q.send(server.get(), 3) == Stop::ended);
+  CHECK(q.empty());
+  CHECK(read_now(client.get()).numbers == std::vector<std::uint8_t>{10});
+  client.reset(); // a peer gone: the send fails and ends the connection
+  q.push(numbered(12, false));
+  CHECK(q.send(server.get(), 3) == Stop::ended);
+}
+
+TEST_CASE("ReplyQueue: a send the system refuses for descriptors in flight waits, and goes once they are read") {
+  // Linux bounds the descriptors a user has in flight by RLIMIT_NOFILE (root is exempt). The
+  // check runs in a child that lowers its limit and, run as root, becomes a user of its own; the
+  // count is the user's across processes, so the first send may already be refused.
+  const pid_t child = carve::test::fork_child([] {
+    auto [server, client] = socket_pair();
+    detail::ReplyQueue q;
+    for (std::uint8_t n = 0; n < 40; ++n) {
+      q.push(numbered(n, true)); // 40 open descriptors, made before the limit drops
+    }
+    const rlimit low{16, 16};
+    const uid_t unused = 54321;
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0 ||
+        (::geteuid() == 0 && (::setgroups(0, nullptr) != 0 || ::setgid(unused) != 0 || ::setuid(unused) != 0))) {
+      return 77;
+    }
+    using Stop = detail::ReplyQueue::Stop;
+    if (q.send(server.get(), 1000) != Stop::held_back || q.empty()) {
+      return 1; // refused and closed, or never refused
+    }
+    std::size_t received = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (received < 40 && std::chrono::steady_clock::now() < deadline) {
+      received += read_now(client.get()).descriptors;
+      if (q.send(server.get(), 1000) == Stop::ended) {
+        return 2;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return received == 40 && q.empty() ? 0 : 3;
+  });
+  REQUIRE(child > 0);
+  const int code = carve::test::wait_exit(child);
+  if (code == 77) {
+    MESSAGE("skipped: cannot give up root or lower the descriptor limit here");
+    return;
+  }
+  CHECK(code == 0);
+}
 
 TEST_CASE("AnyStrategy decides as the strategy it holds") {
   const auto& topo = carve::test::dgx1();
@@ -567,7 +688,8 @@ TEST_CASE("carve-served's settings from flags and a file") {
                          "card-memory 3=512MiB\n"
                          "bandwidth nvlink=25\n"
                          "\n"
-                         "max-clients 8\n";
+                         "max-clients 8\n"
+                         "max-unread-descriptors 3\n";
   const std::vector<std::string_view> args{"--config", file.c_str(), "--socket=/tmp/s/x.sock", "--max-clients", "16"};
   const ServerConfig c = parse_server_args(args);
   CHECK(c.topology == "description:/etc/machine.txt");
@@ -578,6 +700,8 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(c.max_clients == 16); // the flag after --config wins
   CHECK(c.socket_path == "/tmp/s/x.sock");
   CHECK(c.server_options().max_clients == 16);
+  CHECK(c.server_options().max_unread_descriptors == 3);
+  CHECK(ServerConfig{}.server_options().max_unread_descriptors == 64);
 
   const auto error = [](std::vector<std::string_view> a) {
     try {
@@ -591,6 +715,7 @@ TEST_CASE("carve-served's settings from flags and a file") {
   CHECK(error({"topology"}) == "unexpected argument 'topology' (settings are --key value)");
   CHECK(error({"--topology", "smi:x"}) == "--topology: 'smi:x' is not nvidia-smi:FILE, description:FILE or cuda");
   CHECK(error({"--max-clients", "0"}) == "--max-clients: '0' is not a whole number >= 1");
+  CHECK(error({"--max-unread-descriptors", "0"}) == "--max-unread-descriptors: '0' is not a whole number >= 1");
   CHECK(error({"--max-hops", "4294967297"}) == "--max-hops: '4294967297' is not a whole number from 1 to 2147483647");
   CHECK(error({"--history-window", "99999999999"}) ==
         "--history-window: '99999999999' is not a whole number from 1 to 16777216");

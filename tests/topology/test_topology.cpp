@@ -182,6 +182,28 @@ TEST_CASE("builder mistakes throw and change nothing") {
   CHECK(t.node(g1).name == "GPU1");
 }
 
+TEST_CASE("a topology holds at most max_nodes nodes and max_links links: a huge description is refused, not tabled") {
+  TopologyBuilder b;
+  for (std::size_t i = 0; i < TopologyBuilder::max_nodes; ++i) {
+    b.add_cpu("N" + std::to_string(i));
+  }
+  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_cpu("one more"));
+  CHECK(b.node_count() == TopologyBuilder::max_nodes);
+  std::size_t links = 0;
+  for (std::uint32_t a = 0; links < TopologyBuilder::max_links; ++a) {
+    for (std::uint32_t c = a + 1; c < TopologyBuilder::max_nodes && links < TopologyBuilder::max_links; ++c, ++links) {
+      b.add_link(NodeId{a}, NodeId{c}, LinkType::pcie);
+    }
+  }
+  CHECK_THROWS_ERRC(carve::Errc::invalid_argument, b.add_link(NodeId{1000}, NodeId{1001}, LinkType::pcie));
+  b.add_link(NodeId{0}, NodeId{1}, LinkType::pcie); // a parallel link is no new one
+  std::string text;
+  for (std::size_t i = 0; i <= TopologyBuilder::max_nodes; ++i) {
+    text += "cpu C" + std::to_string(i) + "\n";
+  }
+  CHECK(description_error_line(text) == TopologyBuilder::max_nodes + 1);
+}
+
 TEST_CASE("two CPUs and eight GPUs in PCIe pairs, joined by NVLink, from a description") {
   const Topology t = Topology::from_description(carve::test::topology_text("seed_fig1.txt"));
   REQUIRE(t.gpu_count() == 8);

@@ -6,6 +6,7 @@
 
 #include <carve/mr.hpp>
 #include <carve/vmm.hpp>
+#include <carve/vmm/detail/partial_map_probe.hpp>
 
 #include <doctest/doctest.h>
 
@@ -1093,6 +1094,64 @@ TEST_CASE("lending: a mapper that maps whole allocations only says so, and the p
   pool.deallocate(d, 3 * page, 512);
   pool.deallocate(e, 5 * page, 512);
   CHECK(pool.consistent());
+}
+
+TEST_CASE(
+    "the partial-map probe: yes where parts map and show the allocation's bytes, no with the reason, else an error") {
+  constexpr std::size_t page = 4 * KiB;
+  const auto options = [](bool parts) {
+    return carve::HostMapperOptions{
+        .granularity = page, .cpu_device = HostMemoryMapper::every_device, .maps_partial_allocations = parts};
+  };
+  const auto fill = [](void* va, std::uint8_t byte, std::size_t bytes) {
+    std::memset(va, byte, bytes);
+    return carve::Result<void>();
+  };
+  const auto read = [](const void* va, std::uint8_t* out, std::size_t bytes) {
+    std::memcpy(out, va, bytes);
+    return carve::Result<void>();
+  };
+  for (const bool parts : {true, false}) {
+    CAPTURE(parts);
+    HostMemoryMapper m(options(parts));
+    const auto answer = carve::detail::probe_partial_maps(m, 0, fill, read);
+    REQUIRE(answer);
+    CHECK(answer->maps == parts);
+    CHECK(answer->why.find(parts ? "" : "whole allocations only") != std::string::npos);
+    CHECK(m.mapping_count() == 0); // nothing left mapped
+  }
+  // A driver that takes the offset and maps the allocation's start instead is a no, not a yes.
+  struct IgnoresOffsets : HostMemoryMapper {
+    using HostMemoryMapper::HostMemoryMapper;
+    carve::Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t = 0) {
+      return HostMemoryMapper::map(va, bytes, h, 0);
+    }
+  };
+  IgnoresOffsets wrong(options(true));
+  const auto fooled = carve::detail::probe_partial_maps(wrong, 0, fill, read);
+  REQUIRE(fooled);
+  CHECK_FALSE(fooled->maps);
+  CHECK(fooled->why == "map: 8192 bytes from offset 4096 mapped, but they do not show the allocation's bytes there");
+  CHECK(wrong.mapping_count() == 0);
+  // A fill that fails, or a device out of memory, is no answer.
+  HostMemoryMapper m(options(true));
+  const auto broken = carve::detail::probe_partial_maps(
+      m, 0, [](void*, std::uint8_t, std::size_t) { return carve::fail(Errc::device_error, "cudaMemset: lost"); }, read);
+  REQUIRE_FALSE(broken);
+  CHECK(broken.error().message == "cudaMemset: lost");
+  CHECK(m.mapping_count() == 0);
+  struct NoMemoryForParts : HostMemoryMapper {
+    using HostMemoryMapper::HostMemoryMapper;
+    carve::Result<void> map(void* va, std::size_t bytes, physical_handle h, std::size_t offset = 0) {
+      return offset == 0 && bytes == 3 * page ? HostMemoryMapper::map(va, bytes, h, 0)
+                                              : carve::fail(Errc::no_space, "cuMemMap: CUDA_ERROR_OUT_OF_MEMORY");
+    }
+  };
+  NoMemoryForParts full(options(true));
+  const auto none = carve::detail::probe_partial_maps(full, 0, fill, read);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == Errc::no_space);
+  CHECK(full.mapping_count() == 0);
 }
 
 TEST_CASE("lending: a pool that never lends does not ask the mapper") {

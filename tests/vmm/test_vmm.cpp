@@ -820,6 +820,46 @@ TEST_CASE("device view: unreachable pairs, foreign pointers, bad page sizes and 
   REQUIRE(no_view.try_deallocate(p));
 }
 
+namespace {
+// Every pair can map each other, but switching device 1 onto device 0's memory fails (a driver
+// out of peer slots, say).
+struct RefusesOneToZero {
+  int calls = 0;
+  bool can_access(int, int) const noexcept { return true; }
+  carve::Result<void> enable(int requester, int lender) {
+    ++calls;
+    if (requester == 1 && lender == 0) {
+      return carve::fail(Errc::unsupported, "no peer slot left");
+    }
+    return {};
+  }
+};
+} // namespace
+
+TEST_CASE("device view: a device whose peer switch-on was refused is never told it can use a view") {
+  HostMemoryMapper m = three_devices();
+  carve::VmmMirrorBackend<HostMemoryMapper, RefusesOneToZero> devices(m);
+  for (int d = 0; d < 3; ++d) {
+    devices.register_device(d, 4 * granule);
+  }
+  carve::PagedMirror mirror(devices, {.page_size = granule, .device_view = true});
+  auto* first = static_cast<std::byte*>(*mirror.try_allocate(2 * granule, 1)); // device 0's pages
+  auto* d0 = static_cast<std::byte*>(*mirror.device_pointer(first, 0));
+  CHECK(*m.access(d0, 1) == Access::none); // the view was not opened to device 1
+  CHECK(*m.access(d0, 2) == Access::read_write);
+  const auto refused = mirror.device_pointer(first, 1);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == Errc::unsupported);
+  CHECK(mirror.device_pointer(first, 2));
+  const int asked = devices.peer().calls;
+  auto* second = static_cast<std::byte*>(*mirror.try_allocate(2 * granule, 1)); // device 0 again
+  CHECK(devices.peer().calls == asked); // the refused pair is not asked again, nor the enabled one
+  CHECK(*m.access(*mirror.device_pointer(second, 0), 1) == Access::none);
+  CHECK_FALSE(mirror.device_pointer(second, 1));
+  REQUIRE(mirror.try_deallocate(second));
+  REQUIRE(mirror.try_deallocate(first));
+}
+
 TEST_CASE("device view: memory another process exported is registered as a device and used through the view") {
   // The exporter (another process, or another node with fabric handles on CUDA) and this process
   // have mappers of their own; only descriptors pass between them.

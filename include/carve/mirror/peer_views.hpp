@@ -6,7 +6,10 @@
 /// allocation's runs; PeerViews decides which devices may use the view (those that reach every
 /// run's owner, by the `Peer` policy: AlwaysMapped, SimulatedPeerAccess, CudaPeerAccess), switches
 /// each (user, owner) pair on through the policy the first time it is needed, and maps the view
-/// (map_granule_view). Thread-safe: map and unmap serialise on an internal lock.
+/// (map_granule_view). A pair the policy refuses stays refused for this object's life, even where
+/// the refusal might pass (a driver out of peer slots): no later view opens to it, so reaches()
+/// can say no for it and be right about every view, old and new. Thread-safe: every call
+/// serialises on an internal lock.
 #pragma once
 
 #include <carve/borrow/peer_access.hpp>
@@ -36,10 +39,11 @@ public:
   /// No pair switched on yet.
   explicit PeerViews(Peer peer) : peer_(std::move(peer)) {}
 
-  /// Whether `from` reaches `to`'s memory (a device always reaches its own; an unavailable one nothing).
-  bool reaches(std::span<const Memory> devices, std::size_t from, std::size_t to) const noexcept {
-    return from < devices.size() && to < devices.size() && devices[from] != nullptr && devices[to] != nullptr &&
-           (from == to || peer_.can_access(devices[from]->device(), devices[to]->device()));
+  /// Whether `from` reaches `to`'s memory (a device always reaches its own; an unavailable one
+  /// nothing; a pair whose enable() the policy refused, never).
+  bool reaches(std::span<const Memory> devices, std::size_t from, std::size_t to) const {
+    const std::lock_guard lock(mutex_);
+    return reaches_locked(devices, from, to);
   }
 
   /// `runs` back to back in a new range, read/write for every device that reaches every run's
@@ -81,39 +85,51 @@ public:
   const Peer& peer() const noexcept { return peer_; }
 
 private:
+  enum class Pair : unsigned char { untried, enabled, refused };
+
+  bool reaches_locked(std::span<const Memory> devices, std::size_t from, std::size_t to) const noexcept {
+    return from < devices.size() && to < devices.size() && devices[from] != nullptr && devices[to] != nullptr &&
+           (from == to ||
+            (pair(from, to) != Pair::refused && peer_.can_access(devices[from]->device(), devices[to]->device())));
+  }
+  Pair pair(std::size_t user, std::size_t owner) const noexcept {
+    return user < pairs_.size() && owner < pairs_.size() ? pairs_[user][owner] : Pair::untried;
+  }
   void grow(std::size_t n) {
-    if (enabled_.size() < n) {
-      for (auto& row : enabled_) {
-        row.resize(n, false);
+    if (pairs_.size() < n) {
+      for (auto& row : pairs_) {
+        row.resize(n, Pair::untried);
       }
-      enabled_.resize(n, std::vector<bool>(n, false));
+      pairs_.resize(n, std::vector<Pair>(n, Pair::untried));
     }
   }
   bool reaches_all(std::span<const Memory> devices, std::size_t d, const std::vector<bool>& owner) const noexcept {
     for (std::size_t o = 0; o < owner.size(); ++o) {
-      if (owner[o] && !reaches(devices, d, o)) {
+      if (owner[o] && !reaches_locked(devices, d, o)) {
         return false;
       }
     }
     return devices[d] != nullptr;
   }
-  // Switches on every (d, owner) pair not on yet; false when the policy refuses one.
+  // Switches on every (d, owner) pair not on yet; false when the policy refuses one (which is
+  // then never asked again: reaches_locked says no for it from now on).
   bool enable_pairs(std::span<const Memory> devices, std::size_t d, const std::vector<bool>& owner) {
     for (std::size_t o = 0; o < owner.size(); ++o) {
-      if (!owner[o] || o == d || enabled_[d][o]) {
+      if (!owner[o] || o == d || pairs_[d][o] == Pair::enabled) {
         continue;
       }
       if (!peer_.enable(devices[d]->device(), devices[o]->device())) {
+        pairs_[d][o] = Pair::refused;
         return false;
       }
-      enabled_[d][o] = true;
+      pairs_[d][o] = Pair::enabled;
     }
     return true;
   }
 
   Peer peer_;
-  std::mutex mutex_;
-  std::vector<std::vector<bool>> enabled_; // [user][owner]: switched on through peer_
+  mutable std::mutex mutex_;
+  std::vector<std::vector<Pair>> pairs_; // [user][owner]: what peer_.enable answered
 };
 
 } // namespace carve

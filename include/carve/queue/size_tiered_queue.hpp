@@ -171,8 +171,10 @@ public:
   /// head of its tier: the tier's next pop returns it before anything pushed meanwhile (requests
   /// put back earlier come first). Accepted after close() too, since the request was already in
   /// the queue; a pop reports closed only once these are gone as well. Never blocks. Errors: full
-  /// (the tier already holds requeue_capacity such requests; the request stays in `request`),
-  /// status(). Not counted against the tier's capacity: it held the request before.
+  /// (the request stays in `request`): the tier holds requeue_capacity such requests, or held
+  /// that many and its put-back lane has not reopened yet (RingLanes: an MpmcRing found full takes
+  /// the next only once capacity / 16 + 1 cells are free, 5 of 64); status(). Not counted against the
+  /// tier's capacity: it held the request before.
   [[nodiscard]] CARVE_HOST_DEVICE cuda::std::expected<void, Errc> try_push_front(T&& request) noexcept {
     if (status_ != 0) {
       return cuda::std::unexpected(static_cast<Errc>(status_));

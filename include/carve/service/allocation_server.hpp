@@ -13,7 +13,9 @@
 /// - each connection's peer credentials (SO_PEERCRED) are recorded; a peer of another user
 ///   (other than root) is refused, even if the socket's mode was loosened by hand;
 /// - replies a client does not read in time are queued; a client with too much queued stops being
-///   read from until it catches up, so one slow client cannot make the server grow without bound;
+///   read from until it catches up, so one slow client cannot make the server grow without bound,
+///   nor take every descriptor the server may have in flight: at max_unread_descriptors sent and
+///   not read, its next waits until it reads (reply_queue.hpp), retried every 20 ms;
 /// - a client that hangs up or dies has all its regions reclaimed at once;
 /// - a connection that has not said Hello within handshake_timeout is refused (timed_out) and
 ///   closed, so silent connections cannot hold the max_clients slots; with idle_timeout set, so
@@ -40,6 +42,7 @@
 #include <carve/service/descriptor_reserve.hpp>
 #include <carve/service/event_loop.hpp>
 #include <carve/service/protocol.hpp>
+#include <carve/service/reply_queue.hpp>
 #include <carve/service/server_options.hpp>
 #include <carve/service/unix_socket.hpp>
 #include <carve/topology/topology.hpp>
@@ -54,7 +57,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -144,7 +146,7 @@ private:
 
   struct Connection {
     UniqueFd fd;
-    std::deque<Outgoing> queue;                 // replies the socket could not take yet
+    detail::ReplyQueue queue;                   // replies the socket did not take yet, or held back
     std::uint32_t armed = EPOLLIN | EPOLLRDHUP; // the events epoll watches for it
     bool closing = false;                       // close once the queue is sent
     Clock::time_point accepted{};
@@ -232,26 +234,25 @@ private:
     backoff_.arm_once(options_.backoff_interval);
   }
 
-  // The deadlines (handshakes, idleness, WaitReclaimed) are checked on a periodic tick, a
-  // fraction of the shortest timeout, and only while something could expire: an idle server
-  // does not wake up.
+  // The deadlines (handshakes, idleness, WaitReclaimed) are checked, and queues held back
+  // retried, on a periodic tick, and only while something could expire or is held back: an idle
+  // server does not wake up.
   std::chrono::milliseconds tick_interval() const {
-    std::chrono::milliseconds shortest{0};
-    for (const auto t : {options_.handshake_timeout, options_.idle_timeout}) {
-      if (t.count() > 0 && (shortest.count() == 0 || t < shortest)) {
-        shortest = t;
-      }
+    if (any_held_back()) {
+      return std::chrono::milliseconds{20}; // a client that has read its descriptors gets the next soon
     }
-    return shortest.count() == 0
-               ? std::chrono::milliseconds{50} // WaitReclaimed deadlines alone
-               : std::clamp(shortest / 8, std::chrono::milliseconds{5}, std::chrono::milliseconds{1000});
+    return detail::deadline_tick(options_);
   }
+  // Ticks at tick_interval() while anything needs it (a tick slower than that is re-armed).
   void start_ticking() {
-    if (ticking_ ||
-        (options_.handshake_timeout.count() == 0 && options_.idle_timeout.count() == 0 && !service_.waits_pending())) {
+    const auto interval = tick_interval();
+    const bool ticking = tick_.period().count() != 0;
+    if ((ticking && interval >= tick_.period()) ||
+        (options_.handshake_timeout.count() == 0 && options_.idle_timeout.count() == 0 && !service_.waits_pending() &&
+         !any_held_back())) {
       return;
     }
-    ticking_ = tick_.arm_every(tick_interval());
+    (void)tick_.arm_every(interval);
   }
 
   void expire() {
@@ -260,6 +261,7 @@ private:
     std::vector<Outgoing> out;
     std::vector<ClientId> ids;
     bool watching = false;
+    retry_held_back();
     for (const auto& [id, c] : connections_) {
       if (!c.closing) {
         ids.push_back(id);
@@ -271,32 +273,21 @@ private:
         continue;
       }
       const Connection& c = it->second;
-      if (!service_.greeted(id)) {
-        if (options_.handshake_timeout.count() > 0 && now - c.accepted >= options_.handshake_timeout) {
-          service_.reject(id, Errc::timed_out,
-                          "no Hello within " + std::to_string(options_.handshake_timeout.count()) + " ms", out);
-        } else {
-          watching = true;
-        }
-      } else if (options_.idle_timeout.count() > 0 && !service_.holds_memory(id) && !service_.waiting(id)) {
-        if (now - c.last_request >= options_.idle_timeout) {
-          service_.reject(id, Errc::timed_out,
-                          "idle for " + std::to_string(options_.idle_timeout.count()) +
-                              " ms without holding memory; reconnect to continue",
-                          out);
-        } else {
-          watching = true;
-        }
-      } else if (options_.idle_timeout.count() > 0) {
-        watching = true;
+      const bool may_idle = service_.greeted(id) && !service_.holds_memory(id) && !service_.waiting(id);
+      const detail::Deadline d =
+          detail::check_deadline(options_, service_.greeted(id), may_idle, now - c.accepted, now - c.last_request);
+      if (d.expired) {
+        service_.reject(id, Errc::timed_out, *d.expired, out);
       }
+      watching = watching || d.watching;
       dispatch(out);
     }
     service_.expire_waits(now, out);
     dispatch(out);
-    if (!watching && !service_.waits_pending()) {
+    if (!watching && !service_.waits_pending() && !any_held_back()) { // a dispatch above may hold one back
       tick_.disarm();
-      ticking_ = false;
+    } else if (tick_interval() > tick_.period()) { // nothing held back any more
+      (void)tick_.arm_every(tick_interval());
     }
   }
 
@@ -420,7 +411,7 @@ private:
       }
       const ClientId to = o.to;
       const bool close_after = o.close_after;
-      it->second.queue.push_back(std::move(o));
+      it->second.queue.push(std::move(o));
       // An error that ends the connection: nothing more is read from it or sent to it, and no
       // deadline rejects it again while that error waits for room in its socket.
       it->second.closing = it->second.closing || close_after;
@@ -430,18 +421,8 @@ private:
   }
 
   void flush(ClientId id, Connection& c) {
-    while (!c.queue.empty()) {
-      Outgoing& o = c.queue.front();
-      const int e = send_message(c.fd.get(), o.bytes, o.fd.get(), true);
-      if (e == EAGAIN || e == EWOULDBLOCK) {
-        break;
-      }
-      const bool close_after = o.close_after;
-      c.queue.pop_front();
-      if (e != 0 || close_after) {
-        c.closing = true;
-        c.queue.clear();
-      }
+    if (c.queue.send(c.fd.get(), options_.max_unread_descriptors) == detail::ReplyQueue::Stop::ended) {
+      c.closing = true;
     }
     if (c.closing && c.queue.empty()) {
       std::vector<Outgoing> out;
@@ -450,14 +431,36 @@ private:
       return;
     }
     // A client that does not read its replies is not read from until it does; the socket is
-    // watched for room while replies wait.
+    // watched for room while replies wait, and the tick retries a queue held back.
     const std::uint32_t want =
         (c.queue.size() < options_.max_queued_replies && !c.closing ? EPOLLIN | EPOLLRDHUP : 0u) |
-        (c.queue.empty() ? 0u : EPOLLOUT);
+        (c.queue.empty() || c.queue.held_back() ? 0u : EPOLLOUT);
     if (want != c.armed) {
       c.armed = want;
       epoll_.watch(c.fd.get(), id, want, EPOLL_CTL_MOD);
     }
+    if (c.queue.held_back()) {
+      start_ticking();
+    }
+  }
+
+  // Flushes every queue held back.
+  void retry_held_back() {
+    std::vector<ClientId> ids;
+    for (const auto& [id, c] : connections_) {
+      if (c.queue.held_back()) {
+        ids.push_back(id);
+      }
+    }
+    for (const ClientId id : ids) {
+      if (const auto it = connections_.find(id); it != connections_.end()) {
+        flush(id, it->second);
+      }
+    }
+  }
+  bool any_held_back() const {
+    return std::any_of(connections_.begin(), connections_.end(),
+                       [](const auto& entry) { return entry.second.queue.held_back(); });
   }
 
   void close(ClientId id, std::vector<Outgoing>& out) {
@@ -475,12 +478,11 @@ private:
   UniqueFd listener_;
   detail::EventFd stop_;
   detail::Epoll epoll_;
-  detail::TimerFd tick_;              // deadlines of connections
+  detail::TimerFd tick_;              // deadlines of connections, queues held back
   detail::TimerFd backoff_;           // re-watch the listener after running out of descriptors
   detail::DescriptorReserve reserve_; // /dev/null, given up to refuse a connection when descriptors run out
   ino_t socket_inode_ = 0;
   bool stopping_ = false;
-  bool ticking_ = false;
   bool paused_ = false;
   std::unordered_map<ClientId, Connection> connections_;
   std::vector<std::uint8_t> buffer_ = std::vector<std::uint8_t>(max_request_size);

@@ -77,6 +77,8 @@ public:
   bool arm_every(std::chrono::milliseconds interval) noexcept { return set(interval, interval); }
   /// Expires no more.
   void disarm() noexcept { (void)set(std::chrono::milliseconds{0}, std::chrono::milliseconds{0}); }
+  /// The interval it expires every (arm_every); 0 when disarmed or armed once.
+  std::chrono::milliseconds period() const noexcept { return period_; }
   /// Reads the expirations, so that the descriptor is not readable until the next one.
   void consume() noexcept {
     std::uint64_t expirations = 0;
@@ -94,10 +96,15 @@ private:
     itimerspec t{};
     t.it_value = timespec_of(first);
     t.it_interval = timespec_of(interval);
-    return ::timerfd_settime(fd_.get(), 0, &t, nullptr) == 0;
+    if (::timerfd_settime(fd_.get(), 0, &t, nullptr) != 0) {
+      return false;
+    }
+    period_ = interval;
+    return true;
   }
 
   UniqueFd fd_;
+  std::chrono::milliseconds period_{0};
 };
 
 /// An eventfd another thread or a signal handler can wake the loop with.

@@ -25,6 +25,8 @@
 ///                          (as parse_strategy reads them)
 ///   history-window N       borrows the weighted strategy remembers (default 1024, at most 2^24)
 ///   max-clients N          connections served at once (default 256)
+///   max-unread-descriptors N  per client, segment descriptors sent that it has not read yet
+///                          before its next one waits (default 64)
 ///   handshake-timeout TIME a connection must say Hello within it (default 5s; 0: no limit)
 ///   idle-timeout TIME      close clients that hold no memory and sent nothing for it (default 0: never)
 ///   drain-timeout TIME     after a stop (SIGTERM), how long the server keeps answering (default 2s)
@@ -84,6 +86,7 @@ struct ServerConfig {
   std::map<int, std::uint64_t> card_memory_of;        ///< card-memory N=SIZE: capacities that differ
   ServiceOptions service{};                           ///< strategy and history-window
   std::size_t max_clients = 256;                      ///< max-clients
+  std::size_t max_unread_descriptors = ServerOptions{}.max_unread_descriptors;     ///< max-unread-descriptors
   std::chrono::milliseconds handshake_timeout = ServerOptions{}.handshake_timeout; ///< handshake-timeout
   std::chrono::milliseconds idle_timeout = ServerOptions{}.idle_timeout;           ///< idle-timeout
   std::chrono::milliseconds drain_timeout = ServerOptions{}.drain_timeout;         ///< drain-timeout
@@ -101,6 +104,7 @@ struct ServerConfig {
     o.socket_path = socket_path;
     o.service = service;
     o.max_clients = max_clients;
+    o.max_unread_descriptors = max_unread_descriptors;
     o.handshake_timeout = handshake_timeout;
     o.idle_timeout = idle_timeout;
     o.drain_timeout = drain_timeout;
@@ -229,6 +233,8 @@ inline void apply_setting(ServerConfig& c, std::string_view key, std::string_vie
     c.service.history_window = config_count(k, value, 1, std::uint64_t{1} << 24); // reserved up front
   } else if (key == "max-clients") {
     c.max_clients = config_count(k, value, 1);
+  } else if (key == "max-unread-descriptors") {
+    c.max_unread_descriptors = config_count(k, value, 1);
   } else if (key == "handshake-timeout") {
     c.handshake_timeout = detail::config_duration(k, value);
   } else if (key == "idle-timeout") {

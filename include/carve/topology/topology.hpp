@@ -275,9 +275,16 @@ private:
 /// Builds a Topology node by node and link by link. Every mistake throws carve::Exception and
 /// leaves the builder unchanged: out_of_range for a node id it did not hand out, invalid_argument
 /// for the rest (a duplicate name or ordinal, a non-positive bandwidth or count, a link from a node
-/// to itself).
+/// to itself, more than max_nodes nodes or max_links links).
 class TopologyBuilder {
 public:
+  /// The most nodes a topology holds: it keeps a path for every pair (24 MiB at this many), and a
+  /// machine, even a rack of 72 GPUs with its switches, NICs and sockets, has a few hundred.
+  static constexpr std::size_t max_nodes = 1024;
+  /// The most distinct links (each a pair and a type; parallel ones count once): path search is
+  /// nodes x links per layer, and adding one looks through those before it.
+  static constexpr std::size_t max_links = 16384;
+
   /// No nodes yet; links without an explicit bandwidth get `bw`'s figure for their type.
   explicit TopologyBuilder(LinkBandwidths bw = {}) : bandwidths_(bw) {
     check_bandwidth(bw.nvlink);
@@ -352,6 +359,10 @@ public:
         return;
       }
     }
+    if (links_.size() == max_links) {
+      throw Exception(Errc::invalid_argument,
+                      "carve::TopologyBuilder: more than " + std::to_string(max_links) + " distinct links");
+    }
     links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
   }
 
@@ -410,6 +421,10 @@ private:
     }
     if (find(name)) {
       throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: node name " + name + " used twice");
+    }
+    if (nodes_.size() == max_nodes) {
+      throw Exception(Errc::invalid_argument,
+                      "carve::TopologyBuilder: more than " + std::to_string(max_nodes) + " nodes");
     }
     nodes_.push_back(Node{kind, std::move(name), -1, std::nullopt, {}});
     return NodeId{static_cast<std::uint32_t>(nodes_.size() - 1)};

@@ -46,6 +46,7 @@
 #include <carve/mr/cuda_current_device.hpp>
 #include <carve/mr/device_uuid.hpp>
 #include <carve/mr/segment_export.hpp>
+#include <carve/vmm/detail/partial_map_probe.hpp>
 #include <carve/vmm/physical_memory_mapper.hpp>
 
 #include <cuda.h>
@@ -58,6 +59,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -317,71 +320,50 @@ public:
                              : fail(Errc::unsupported, d.missing);
   }
 
-  /// Whether cuMemMap places part of an allocation on `device` (TellsPartialMaps). CUDA documents
-  /// that its offset "currently must be zero", so the driver is asked, once per device (the first
-  /// 64), kind of memory (fabric or not) and process, the way ExpandablePool lends a hole: a
-  /// two-granule allocation is mapped whole, and while it is, its first granule (offset 0) and its
-  /// second (offset one granule) are mapped a second time each at scratch granules and opened to
-  /// the device (about a dozen VMM calls). A part's map or opening refused for any reason but out
-  /// of memory is the answer no. Errors: the driver's where the question could not be put (out of
-  /// memory, no driver, the whole allocation not mapped) or a scratch mapping would not unmap (then
-  /// it is left, not freed under the mapping); nothing is kept then. Compiled here; asked on a GPU
-  /// by test_expandable_pool_cuda, which has not yet run this probe.
+  /// Whether cuMemMap places part of an allocation on `device` (TellsPartialMaps): the answer of
+  /// partial_map_answer(device). Errors: as there.
   [[nodiscard]] Result<bool> maps_partial_allocations(int device) {
-    static std::array<std::array<std::atomic<std::uint8_t>, 64>, 2> known{}; // 0: not asked, 1: no, 2: yes
+    return partial_map_answer(device).transform([](const detail::PartialMapAnswer& a) { return a.maps; });
+  }
+
+  /// What the driver says about mapping part of an allocation on `device`, asked once per device
+  /// (the first 64), kind of memory (fabric or not) and process, the way ExpandablePool lends a
+  /// hole (detail::probe_partial_maps: about twenty calls, and a check through the parts of what
+  /// was written through the whole; CUDA documents that cuMemMap's offset "currently must be
+  /// zero"). For a no, `why` names the call the driver refused, or what the part showed. Errors
+  /// (nothing kept, asked again next time): the driver's where the question could not be put.
+  /// Compiled here; asked on a GPU by test_expandable_pool_cuda.
+  [[nodiscard]] Result<detail::PartialMapAnswer> partial_map_answer(int device) {
+    static std::mutex asking;
+    static std::array<std::array<std::optional<detail::PartialMapAnswer>, 64>, 2> known;
     const bool kept = device >= 0 && device < static_cast<int>(known[0].size());
-    std::atomic<std::uint8_t>& answer = known[options_.fabric ? 1 : 0][kept ? static_cast<std::size_t>(device) : 0];
-    if (const std::uint8_t k = kept ? answer.load(std::memory_order_acquire) : 0; k != 0) {
-      return k == 2;
+    const std::lock_guard lock(asking);
+    auto& answer = known[options_.fabric ? 1 : 0][kept ? static_cast<std::size_t>(device) : 0];
+    if (kept && answer) {
+      return *answer;
     }
-    const auto g = granularity(device);
-    if (!g) {
-      return cuda::std::unexpected(g.error());
-    }
-    const auto h = create(device, 2 * *g);
-    if (!h) {
-      return cuda::std::unexpected(h.error());
-    }
-    const auto va = reserve(4 * *g, *g);
-    if (!va) {
-      (void)release(*h);
-      return cuda::std::unexpected(va.error());
-    }
-    const auto at = [&](std::size_t granules) { return static_cast<void*>(static_cast<char*>(*va) + granules * *g); };
-    // A refusal of a part is the answer no, whatever the driver's reason, as the pool reads a lend
-    // it refuses; out of memory is no answer.
-    const auto answered = [](const Error& e) {
-      return e.code != Errc::no_space ? Result<bool>(false) : Result<bool>(cuda::std::unexpect, e);
+    const detail::CudaCurrentDevice current(device); // the runtime's fills and reads run on the device's context
+    const auto runtime = [](const char* call, cudaError_t e) -> Result<void> {
+      if (e == cudaSuccess) {
+        return Result<void>();
+      }
+      cudaGetLastError(); // not sticky: later calls need not see it
+      return fail(Errc::device_error, std::string(call) + ": " + cudaGetErrorName(e));
     };
-    Result<bool> parts = true;
-    if (auto whole = map(at(0), 2 * *g, *h, 0); !whole) {
-      parts = cuda::std::unexpected(whole.error()); // no part asked about yet
-    } else {
-      for (const std::size_t part : {std::size_t{0}, std::size_t{1}}) {
-        void* const second = at(2 + part);
-        if (auto mapped = map(second, *g, *h, part * *g); !mapped) {
-          parts = answered(mapped.error());
-          break;
-        }
-        const auto opened = set_access(second, *g, device, Access::read_write);
-        if (auto unmapped = unmap(second, *g); !unmapped) {
-          return cuda::std::unexpected(unmapped.error());
-        }
-        if (!opened) {
-          parts = answered(opened.error());
-          break;
-        }
-      }
-      if (auto unmapped = unmap(at(0), 2 * *g); !unmapped) {
-        return cuda::std::unexpected(unmapped.error());
-      }
+    auto asked = detail::probe_partial_maps(
+        *this, device,
+        [&](void* va, std::uint8_t byte, std::size_t bytes) {
+          return runtime("cudaMemset", cudaMemset(va, byte, bytes)).and_then([&] {
+            return runtime("cudaDeviceSynchronize", cudaDeviceSynchronize());
+          });
+        },
+        [&](const void* va, std::uint8_t* out, std::size_t bytes) {
+          return runtime("cudaMemcpy", cudaMemcpy(out, va, bytes, cudaMemcpyDeviceToHost));
+        });
+    if (asked && kept) {
+      answer = *asked;
     }
-    (void)free_reservation(*va, 4 * *g);
-    (void)release(*h);
-    if (parts && kept) {
-      answer.store(*parts ? 2 : 1, std::memory_order_release);
-    }
-    return parts;
+    return asked;
   }
 
   /// cuMemUnmap of whole mappings.
