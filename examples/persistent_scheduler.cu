@@ -50,13 +50,17 @@ __global__ void run_items(const Item* items, std::uint32_t item_count, const std
     const Item item = items[index];
     const std::uint32_t m = (item.bins * 4 + slot_bytes - 1) / slot_bytes;
 
-    // Lane 0 takes the scratch; when the arena is full, other warps are about to free theirs.
+    // Lane 0 takes the scratch; when the arena is full, other warps are about to free theirs. Any
+    // other refusal (more slots than the arena has) would never pass: waiting for it would hang.
     std::uint32_t first = 0;
     if (lane == 0) {
       for (auto r = scratch.allocate(m);; r = scratch.allocate(m)) {
         if (r) {
           first = r->first;
           break;
+        }
+        if (r.error() != carve::Errc::no_space) {
+          __trap(); // the launch fails, and the host's check says so
         }
         __nanosleep(200);
       }

@@ -8,6 +8,7 @@ import ctypes
 import glob
 import json
 import os
+import re
 import threading
 
 POOLS = ("expandable", "stream-ordered", "caching")
@@ -51,13 +52,24 @@ def find_oom_library(library_path):
     return beside if os.path.isfile(beside) else None
 
 
+# The sizes libcarve_torch reads: digits, then K, M, G or T (alone, or with B or iB), or B.
+_SIZE = re.compile(r"([0-9]+)(?:([KMGT])(?:i?B)?|B)?")
+_SHIFTS = {None: 0, "K": 10, "M": 20, "G": 30, "T": 40}
+
+
 def _size_setting(name, value):
+    """`value` as the library reads it, checked here by the library's own rules: the library reads
+    its settings once per process, so a size it would refuse must never reach it."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TypeError(f"carve_gpu: {name} must be a byte count (int) or a size such as '8G', not {value!r}")
     if isinstance(value, int) and value < 0:
         raise ValueError(f"carve_gpu: {name} must not be negative, not {value}")
+    match = _SIZE.fullmatch(str(value))
+    if not match or int(match.group(1)) << _SHIFTS[match.group(2)] >= 1 << 64:
+        raise ValueError(f"carve_gpu: {name} must be a byte count below 2**64, or a size such as '8G' or '512MiB', "
+                         f"not {value!r}")
     return str(value)
 
 
@@ -188,7 +200,7 @@ class CarveLibrary:
         """Why this thread's last malloc returned None ("CUDA out of memory. Tried to allocate ..."),
         or None when none has."""
         message = self.lib.carve_torch_last_refusal()
-        return message.decode() if message else None
+        return message.decode(errors="backslashreplace") if message else None
 
     def empty_cache(self):
         self.lib.carve_torch_empty_cache()
@@ -215,7 +227,7 @@ class CarveLibrary:
     def config_error(self):
         """None, or what is wrong with the CARVE_TORCH_* variables the library read."""
         message = self.lib.carve_torch_config_error()
-        return message.decode() if message else None
+        return message.decode(errors="backslashreplace") if message else None
 
     def host_stream_enqueue(self, stream):
         """Host backend test hook: one piece of work queued on `stream`."""
@@ -254,10 +266,16 @@ def load(library=None, pool="expandable", backend=None, max_reserved=None, idle_
                 raise RuntimeError(f"carve_gpu: {path} is already loaded in this process with {before}; its "
                                    f"settings are read once, so {settings} cannot take effect (start a new process)")
             return lib
+        before_load = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)  # options not given keep what the environment says
         lib = CarveLibrary(path)
         error = lib.config_error()
-        if error:
+        if error:  # a variable set outside these options: the process keeps it, its children need not
+            for k, v in before_load.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
             raise ValueError(error)
         _loaded[path] = (lib, settings)
         return lib

@@ -96,6 +96,7 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     torch = _import_torch()
     if "allocator" in _installed:
         _library.load(library, pool=pool, max_reserved=max_reserved, idle_threshold=idle_threshold)
+        _guard_graphs(torch, _installed["allocator"], _installed["library"])  # again, if the first use() failed there
         return _installed["allocator"]
     if torch.cuda.is_initialized():
         raise RuntimeError("carve_gpu.torch.use(): CUDA was already initialised by PyTorch's own allocator (a "
@@ -109,6 +110,13 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     except RuntimeError as e:
         raise RuntimeError("carve_gpu.torch.use(): PyTorch refused to install carve's allocator: " + str(e)) from e
     _installed.update(allocator=allocator, library=lib)
+    _guard_graphs(torch, allocator, lib)
+    return allocator
+
+
+def _guard_graphs(torch, allocator, lib):
+    """Inductor compiles without CUDA graph trees, and a capture that fails is ended in carve's
+    pools: both wrappers install once, so use() runs this again where an earlier call stopped."""
     try:
         import importlib
         importlib.import_module("torch._inductor.config")  # the wrapper reads torch._inductor.config
@@ -119,7 +127,6 @@ def use(pool="expandable", *, library=None, max_reserved=None, idle_threshold=No
     # PyTorch 2.1 (the stream form of the pool hooks) resets a graph without clearing its flags.
     end_failed_captures(torch.cuda.CUDAGraph, lib, lambda: torch.cuda.current_stream().cuda_stream,
                         reset_releases=hasattr(allocator._allocator, "set_begin_allocate_to_pool"))
-    return allocator
 
 
 def end_failed_captures(graph_class, lib, current_stream, reset_releases=True):

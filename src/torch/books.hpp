@@ -97,6 +97,14 @@ struct Books {
   std::atomic<std::uint64_t> failures{0};                    // carve_torch_malloc calls that returned null
   std::size_t cap = std::numeric_limits<std::size_t>::max(); // the most `reserved` may reach
   Segments segments;                                         // what CountingUpstream took, by base
+
+  // Blocks handed out and not freed: read while other threads allocate and free, so the two
+  // counts may be of different moments; never below 0.
+  std::uint64_t live_blocks() const noexcept {
+    const std::uint64_t out = frees.load(std::memory_order_relaxed);
+    const std::uint64_t in = mallocs.load(std::memory_order_relaxed);
+    return in > out ? in - out : 0;
+  }
 };
 
 inline void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }

@@ -246,11 +246,9 @@ std::string refusal_start(std::size_t bytes, int device) {
 // Why a pool refused: what carve holds and did, and what to try.
 std::string refusal(int device, std::size_t bytes, std::size_t released, const carve::torch::Books& b,
                     const Config& c) {
-  std::string text =
-      refusal_start(bytes, device) + "carve's " + pool_name(c.stack.pool) + " pool holds " +
-      torch_size(b.reserved.now()) + " reserved, " + torch_size(b.live.now()) + " of it in " +
-      std::to_string(b.mallocs.load(std::memory_order_relaxed) - b.frees.load(std::memory_order_relaxed)) +
-      " live blocks";
+  std::string text = refusal_start(bytes, device) + "carve's " + pool_name(c.stack.pool) + " pool holds " +
+                     torch_size(b.reserved.now()) + " reserved, " + torch_size(b.live.now()) + " of it in " +
+                     std::to_string(b.live_blocks()) + " live blocks";
   const bool capped = c.stack.max_reserved != std::numeric_limits<std::size_t>::max();
   if (capped) {
     text += ", under its cap of " + torch_size(c.stack.max_reserved) + " (max_reserved)";
@@ -437,7 +435,7 @@ const char* carve_torch_stats_json(int device) {
   append(json, "peak_reserved_bytes", b.reserved.peak());
   append(json, "live_bytes", b.live.now());
   append(json, "peak_live_bytes", b.live.peak());
-  append(json, "live_blocks", load(b.mallocs) - load(b.frees));
+  append(json, "live_blocks", b.live_blocks());
   append(json, "mallocs", load(b.mallocs));
   append(json, "frees", load(b.frees));
   append(json, "device_calls", load(b.device_calls));
@@ -456,11 +454,19 @@ const char* carve_torch_stats_json(int device) {
   }
   if (!error.empty()) {
     json += ",\"error\":\"";
-    for (const char ch : error) {
+    for (const char ch : error) { // bytes of a setting echoed back need not be UTF-8: \u00XX keeps it JSON
+      const auto byte = static_cast<unsigned char>(ch);
       if (ch == '"' || ch == '\\') {
         json += '\\';
       }
-      json += static_cast<unsigned char>(ch) < 0x20 ? ' ' : ch;
+      if (byte >= 0x80) {
+        constexpr const char* hex = "0123456789abcdef";
+        json += "\\u00";
+        json += hex[byte >> 4];
+        json += hex[byte & 0xf];
+      } else {
+        json += byte < 0x20 ? ' ' : ch;
+      }
     }
     json += '"';
   }

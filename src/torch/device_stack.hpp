@@ -219,10 +219,17 @@ private:
       return false;
     }
     underway_.erase(it);
-    if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+    // The hold goes first: a request that sees no capture must find the pools unheld, or near the
+    // cap it would be refused while memory it could reclaim is there (captures_ changes only under
+    // graphs_).
+    const bool last = captures_.load(std::memory_order_relaxed) == 1;
+    if (last) {
+      hold(false);
+    }
+    captures_.fetch_sub(1, std::memory_order_acq_rel);
+    if (!last) {
       return true;
     }
-    hold(false);
     for (const PrivateBlock& b : waited_) {
       if (const Freed r = give(b.stream, b.p, b.bytes); !r) {
         report_misuse("carve_torch_free", b.p, b.bytes, r.error()); // checked now that it could be

@@ -72,6 +72,8 @@ using DeviceTypes = ProbeList<
     Probe<carve::BoundaryNearestFit>, Probe<carve::FirstFit>, Probe<carve::LastFit>,
     Probe<carve::ReleaseAlignedPlacements<128>>, Probe<carve::SharedReleaseAlignedPlacements<128, block>>,
     Probe<carve::RunTimePredictor<8>>,
+    Probe<carve::RunTimePredictorSettings, &carve::RunTimePredictorSettings::estimate,
+          &carve::RunTimePredictorSettings::weight, &carve::RunTimePredictorSettings::quantile>,
     // Slot allocators of every policy and scope, over owned and borrowed words, and sharded.
     Probe<carve::SlotAllocator<128>>, Probe<carve::SlotAllocator<128, carve::FirstFit>>,
     Probe<carve::SlotAllocator<128, carve::LastFit>>, Probe<carve::SlotAllocator<128, carve::BestFit>>,
@@ -89,9 +91,10 @@ using DeviceTypes = ProbeList<
     // Arenas and every combinator over them, alone and stacked as the guides stack them.
     Probe<Local>, Probe<Global>, Probe<carve::SlotArena<carve::ConcurrentSlotAllocatorRef<4096>>>,
     Probe<carve::SlotArena<carve::SlotAllocator<128>>>, Probe<carve::SlotArena<Sharded>>,
-    Probe<carve::LimitResource<Global>>, Probe<carve::LimitResource<Local, block>>, Probe<carve::StatsResource<Global>>,
-    Probe<Counted>, Probe<carve::FallbackResource<Local, Global>>, Probe<carve::Segregator<512, Counted, Global>>,
-    Probe<Stack>, Probe<carve::ResourceRef<Global>>, Probe<carve::FallbackResource<Local, carve::ResourceRef<Global>>>,
+    Probe<carve::SlotArena<carve::ShardedSlotAllocator<256, 8, carve::FirstFit>>>, Probe<carve::LimitResource<Global>>,
+    Probe<carve::LimitResource<Local, block>>, Probe<carve::StatsResource<Global>>, Probe<Counted>,
+    Probe<carve::FallbackResource<Local, Global>>, Probe<carve::Segregator<512, Counted, Global>>, Probe<Stack>,
+    Probe<carve::ResourceRef<Global>>, Probe<carve::FallbackResource<Local, carve::ResourceRef<Global>>>,
     Probe<ResourceStats, &ResourceStats::allocations, &ResourceStats::deallocations, &ResourceStats::bytes_in_use,
           &ResourceStats::peak_bytes, &ResourceStats::failed>,
     // Queues: the queue with each drain policy, its parts, and what it reports.

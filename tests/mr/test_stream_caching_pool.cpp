@@ -13,11 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 // In a namespace of its own: the area's test files compile as one translation unit.
@@ -324,14 +326,100 @@ TEST_CASE("trim gives back what every settled stream caches, never a stream's wi
   CHECK(plain.upstream().used_bytes() == 0);
 }
 
+TEST_CASE("hold(true) returns only once a collection about to record its event has recorded it") {
+  PausingStreams::Signals signals;
+  carve::StreamCachingPool<SimulatedCard, PausingStreams> pool(SimulatedCard(8 * MiB), {}, PausingStreams{&signals});
+  void* x = *pool.try_allocate(1, 4 * KiB, 512);
+  pool.hold(true);
+  REQUIRE(pool.try_deallocate(0, x, 4 * KiB, 512)); // freed on stream 0 while held: no event yet
+  pool.hold(false);
+  void* y = nullptr;
+  std::thread collecting([&] { // its collection records the free's event on stream 0, pausing
+    const auto r = pool.try_allocate(1, 4 * KiB, 512);
+    y = r ? *r : nullptr;
+  });
+  while (!signals.recording) {
+    std::this_thread::yield();
+  }
+  std::thread capture([&] {
+    pool.hold(true);
+    signals.held = true;
+  });
+  collecting.join();
+  capture.join();
+  CHECK_FALSE(signals.held_while_recording);
+  pool.hold(false);
+  REQUIRE(y != nullptr);
+  REQUIRE(pool.try_deallocate(1, y, 4 * KiB, 512));
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("held (a stream capture): trim records no event and keeps the streams' caches") {
+  SimulatedStreams streams(2);
+  int recorded = 0;
+  carve::StreamCachingPool<SimulatedCard, carve::test::CountingStreams> pool(
+      SimulatedCard(16 * MiB), {}, carve::test::CountingStreams{&streams, &recorded});
+  void* a = *pool.try_allocate(s0, 1 * MiB, 512);
+  void* c = *pool.try_allocate(1 * MiB, 512); // the synchronous calls' pool
+  REQUIRE(pool.try_deallocate(s0, a, 1 * MiB, 512));
+  REQUIRE(pool.try_deallocate(c, 1 * MiB, 512));
+  pool.hold(true);
+  CHECK(pool.trim() == 2 * MiB); // the synchronous pool's callers have synchronised
+  CHECK(recorded == 0);
+  CHECK(pool.upstream().used_bytes() == 2 * MiB);
+  pool.hold(false);
+  CHECK(pool.trim() == 2 * MiB);
+  CHECK(recorded == 1);
+}
+
+namespace {
+// SimulatedStreams whose next recording on stream 0, once the event is made, runs `meddle` before
+// it returns: another thread's work on that stream, queued after the event.
+struct MeddlingStreams {
+  using stream_type = SimulatedStream;
+  using event_type = SimulatedStreams::event_type;
+  SimulatedStreams* streams;
+  std::function<void()>* meddle;
+  carve::Result<event_type> record(SimulatedStream s) {
+    auto e = streams->record(s);
+    if (s == s0 && *meddle) {
+      std::exchange(*meddle, nullptr)();
+    }
+    return e;
+  }
+  bool completed(event_type e) const { return streams->completed(e); }
+  void release(event_type e) noexcept { streams->release(e); }
+};
+} // namespace
+
+TEST_CASE("trim never gives back a segment a block went back to after the stream's work was checked") {
+  SimulatedStreams streams(2);
+  std::function<void()> meddle;
+  carve::StreamCachingPool<SimulatedCard, MeddlingStreams> pool(SimulatedCard(16 * MiB), {},
+                                                                MeddlingStreams{&streams, &meddle});
+  void* a = *pool.try_allocate(s0, 1 * MiB, 512);
+  REQUIRE(pool.try_deallocate(s0, a, 1 * MiB, 512)); // s0's 2 MiB segment, idle
+  meddle = [&] { // between trim's check of s0 and its release: a kernel on s0 uses the segment again
+    void* b = *pool.try_allocate(s0, 1 * MiB, 512);
+    CHECK(b == a);
+    streams.enqueue(s0);
+    REQUIRE(pool.try_deallocate(s0, b, 1 * MiB, 512)); // freed on s0 for work queued after it
+  };
+  CHECK(pool.trim() == 0);
+  CHECK(pool.upstream().used_bytes() == 2 * MiB); // still s0's: its kernel may be reading it
+  streams.complete(s0);
+  CHECK(pool.trim() == 2 * MiB);
+}
+
 TEST_CASE("misuse is refused and changes nothing") {
   Pool pool(SimulatedCard(8 * MiB), {}, SimulatedStreams(2));
   CHECK(pool.try_allocate(s0, 0, 512).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(s0, 64, 3).error() == Errc::invalid_size);
-  CHECK(pool.try_allocate(s0, 64, 1024).error() == Errc::no_space); // above the granularity
-  CHECK(pool.stats().pools == 1); // the synchronous calls' only: a bad request makes s0 none
+  CHECK(pool.try_allocate(s0, 64, 1024).error() == Errc::no_space);                 // above the granularity
+  CHECK(pool.try_allocate(s1, ~std::size_t{0}, 512).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.stats().pools == 1); // the synchronous calls' only: a bad request makes s0 or s1 none
   CHECK(pool.try_allocate(s0, 9 * MiB, 512).error() == Errc::no_space);
-  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 512).error() == Errc::invalid_size); // overflows when rounded
+  CHECK(pool.try_allocate(s0, ~std::size_t{0}, 512).error() == Errc::invalid_size);
   CHECK(pool.try_allocate(0, 512).error() == Errc::invalid_size);
   CHECK(pool.stats().pools == 2); // s0's, made by the request its card refused
   CHECK_THROWS_ERRC(Errc::no_space, (void)pool.allocate(s1, 9 * MiB, 512));
@@ -450,9 +538,16 @@ TEST_CASE("threads, each on its stream, handing a quarter of their blocks to the
   constexpr unsigned threads = 4;
   Pool pool(SimulatedCard(64 * MiB), {.granularity = 512, .segment_size = 256 * KiB}, SimulatedStreams(threads));
   std::atomic<int> overwritten{0};
+  // Each block carries a byte of its own (its thread and its number there), so a block handed to
+  // two callers at once shows the other's bytes.
+  struct Block {
+    unsigned char* p;
+    std::size_t bytes;
+    unsigned char tag;
+  };
   struct Handoff {
     std::mutex mutex;
-    std::vector<std::pair<unsigned char*, std::size_t>> blocks;
+    std::vector<Block> blocks;
   };
   std::vector<Handoff> handoffs(threads);
   std::vector<std::thread> workers;
@@ -460,45 +555,43 @@ TEST_CASE("threads, each on its stream, handing a quarter of their blocks to the
     workers.emplace_back([&, t] {
       std::mt19937 rng(t + 1);
       const SimulatedStream mine{t};
-      const auto tag = [](const unsigned char* p) {
-        return static_cast<unsigned char>(reinterpret_cast<std::uintptr_t>(p) >> 9);
-      };
-      const auto release = [&](unsigned char* p, std::size_t bytes) {
-        for (std::size_t k = 0; k < bytes; ++k) {
-          if (p[k] != tag(p)) {
+      const auto release = [&](const Block& b) {
+        for (std::size_t k = 0; k < b.bytes; ++k) {
+          if (b.p[k] != b.tag) {
             ++overwritten;
             break;
           }
         }
         pool.streams().enqueue(mine);
-        CHECK(pool.try_deallocate(mine, p, bytes, 512));
+        CHECK(pool.try_deallocate(mine, b.p, b.bytes, 512));
       };
-      std::vector<std::pair<unsigned char*, std::size_t>> held;
+      std::vector<Block> held;
       for (int i = 0; i < 1500; ++i) {
         if (held.size() < 8 && rng() % 2 == 0) {
           const std::size_t bytes = 64 + rng() % (32 * KiB);
           const auto p = pool.try_allocate(mine, bytes, 512);
           REQUIRE(p);
-          auto* b = static_cast<unsigned char*>(*p);
-          std::memset(b, tag(b), bytes);
+          const Block b{static_cast<unsigned char*>(*p), bytes,
+                        static_cast<unsigned char>(t + threads * static_cast<unsigned>(i % 61))};
+          std::memset(b.p, b.tag, bytes);
           if (rng() % 4 == 0) { // the next thread frees it, on its own stream
             Handoff& next = handoffs[(t + 1) % threads];
             const std::lock_guard lock(next.mutex);
-            next.blocks.emplace_back(b, bytes);
+            next.blocks.push_back(b);
           } else {
-            held.emplace_back(b, bytes);
+            held.push_back(b);
           }
         } else if (!held.empty()) {
-          release(held.back().first, held.back().second);
+          release(held.back());
           held.pop_back();
         }
-        std::vector<std::pair<unsigned char*, std::size_t>> given;
+        std::vector<Block> given;
         {
           const std::lock_guard lock(handoffs[t].mutex);
           given.swap(handoffs[t].blocks);
         }
-        for (const auto& [p, bytes] : given) {
-          release(p, bytes);
+        for (const Block& b : given) {
+          release(b);
         }
         if (rng() % 8 == 0) {
           pool.streams().complete(mine);
@@ -507,8 +600,8 @@ TEST_CASE("threads, each on its stream, handing a quarter of their blocks to the
           pool.trim();
         }
       }
-      for (const auto& [p, bytes] : held) {
-        release(p, bytes);
+      for (const Block& b : held) {
+        release(b);
       }
       pool.streams().complete(mine);
     });
@@ -517,8 +610,8 @@ TEST_CASE("threads, each on its stream, handing a quarter of their blocks to the
     w.join();
   }
   for (Handoff& h : handoffs) { // handed to a thread that had finished
-    for (const auto& [p, bytes] : h.blocks) {
-      REQUIRE(pool.try_deallocate(p, bytes, 512));
+    for (const Block& b : h.blocks) {
+      REQUIRE(pool.try_deallocate(b.p, b.bytes, 512));
     }
   }
   CHECK(overwritten == 0);

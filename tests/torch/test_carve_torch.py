@@ -805,6 +805,12 @@ def check_messages():
     check(type(broken) is RuntimeError and "illegal memory access" in broken.args[0],
           f"a broken device under CuPy: {broken!r}")
     raises(TypeError, "max_reserved must be a byte count", library.settings_for, max_reserved=1.5)
+    # A size the library would refuse is refused before the library is loaded (it reads its settings
+    # once per process, so one bad value would stay for good): by the library's own grammar.
+    for bad in ("8X", " 8G", "8GiBs", "1.5G", "", "16777216T", 1 << 64):
+        raises(ValueError, "must be a byte count below 2**64", library.settings_for, max_reserved=bad)
+    for good in ("8G", "512MiB", "64KB", "4096B", "16777215T", (1 << 64) - 1):
+        check(library.settings_for(idle_threshold=good)["CARVE_TORCH_IDLE_THRESHOLD"] == str(good), f"{good!r}")
     raises(FileNotFoundError, "which is not a file", library.find_library, "/nonexistent/libcarve_torch.so")
     raises(ValueError, "not libcarve_torch statistics", library.parse_stats, "[1, 2]")
     check(library.parse_stats(b'{"reserved_bytes": 5}') == {"reserved_bytes": 5}, "parse_stats")

@@ -34,21 +34,19 @@
 /// fragmented the cache is.
 ///
 /// Bookkeeping: every block is a range of a BestFitRanges with one region per segment (so blocks
-/// never merge across segments), live blocks are found by address in an open-addressing table, and
-/// whole free segments wait on a list in the order they fell free, their bytes kept as a running
-/// sum. So a call costs O(log n) in the cached blocks (BestFitRanges' size classes and their
-/// ordered trees), however fragmented the cache is, plus O(log segments) for each segment taken
-/// from or given back to the upstream; a deallocation that leaves the cache over the threshold
-/// with no whole free segment to give back costs nothing more (bench_pool_fragmentation: 1k to
-/// 100k cached blocks).
+/// never merge across segments), live blocks are found by address in an open-addressing table,
+/// and whole free segments wait on a list in the order they fell free, their bytes kept as a
+/// running sum. So a call costs O(log n) in the cached blocks, however fragmented the cache is,
+/// plus O(log segments) for each segment taken from or given back to the upstream; a deallocation
+/// that leaves the cache over the threshold with no whole free segment to give back costs nothing
+/// more (bench_pool_fragmentation: 1k to 100k cached blocks).
 ///
 /// The pool is a carve::MemoryResource over any carve::UpstreamResource (so pools stack on
-/// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also
-/// satisfies carve::SynchronousResource (what CCCL's
-/// cuda::mr::synchronous_resource requires, checked on every build) and CCCL's own concept where
-/// `<cuda/memory_resource>` is available (resource in CCCL 3.0, synchronous_resource from 3.1; see
-/// carve/mr/cuda_mr.hpp), and forwards its upstream's properties (host_accessible for
-/// SimulatedCard, device_accessible for CudaDeviceResource).
+/// borrowed memory, spill shares, or other pools), and thread-safe (one mutex). It also satisfies
+/// carve::SynchronousResource (what CCCL's cuda::mr::synchronous_resource requires, checked on
+/// every build) and CCCL's own concept where `<cuda/memory_resource>` is available (carve/mr/
+/// cuda_mr.hpp), and forwards its upstream's properties (host_accessible for SimulatedCard,
+/// device_accessible for CudaDeviceResource).
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -205,10 +203,12 @@ public:
   /// cache is at or below `keep_cached` or no whole free segment is left. So it releases whole
   /// segments only, never part of one: the cache can end below `keep_cached` (by less than the
   /// last segment released) or above it (by free blocks in segments still partly in use).
-  /// Returns the bytes released (the sizes of the segments returned).
-  std::size_t trim(std::size_t keep_cached = 0) {
+  /// With `frees_seen` (stats().deallocations read before), nothing goes if a block was freed
+  /// since: for a caller that made sure the work on the blocks freed until then has run
+  /// (StreamCachingPool). Returns the bytes released (the sizes of the segments returned).
+  std::size_t trim(std::size_t keep_cached = 0, std::optional<std::uint64_t> frees_seen = std::nullopt) {
     const std::lock_guard lock(mutex_);
-    return release_free_segments(keep_cached);
+    return frees_seen && *frees_seen != counters_.deallocations ? 0 : release_free_segments(keep_cached);
   }
 
   /// While `held`, nothing goes back to the upstream by itself: not beyond idle_threshold, not

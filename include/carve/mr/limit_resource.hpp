@@ -18,7 +18,9 @@
 /// fallback's blocks would come back through this budget). Frees must name the bytes and alignment
 /// their allocation did, as every resource's do: a resource below that accepts others leaves the
 /// count off by the difference. Each budget is its own object: a copy counts apart (so copies
-/// compare unequal, and each is equal only to itself).
+/// compare unequal, and each is equal only to itself). A kernel parameter is such a copy, one per
+/// thread that allocates through it: to share one budget in a kernel, keep it in global or shared
+/// memory and pass carve::ref to it.
 #pragma once
 
 #include <carve/core/config.hpp>

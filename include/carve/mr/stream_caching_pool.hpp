@@ -73,6 +73,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -141,14 +142,14 @@ public:
 
   /// Brings home the frees made on other streams and gives every stream's whole free segments back
   /// to the upstream, each once its stream's queued work has run (waiting for it where the Streams
-  /// can; a stream whose work has not run keeps its pool's segments). Returns the bytes released.
+  /// can; a stream whose work has not run, or whose pool took a free meanwhile, keeps its pool's
+  /// segments; while held, only the synchronous calls' pool gives any back). Returns the bytes
+  /// released.
   std::size_t trim() noexcept {
     collect(true, nullptr);
     std::size_t released = 0;
     for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (settled(*s)) {
-        released += s->pool.trim();
-      }
+      released += trim_settled(*s);
     }
     return released;
   }
@@ -174,11 +175,12 @@ public:
   /// streams' pools but is refused, and no stream's pool gives memory back by itself
   /// (CachingPool::hold): for a CUDA stream capture, into which such an event would fall and
   /// during which PyTorch's allocator frees nothing either. hold(true) returns once a release
-  /// from the other streams under way has ended, so a capture begun after it sees none of that
-  /// release's calls.
+  /// from the other streams, a collection or a free on another stream under way has ended, so a
+  /// capture begun after it sees none of their calls.
   void hold(bool held) noexcept {
     const std::lock_guard lock(pressure_);
-    const std::lock_guard grow(grow_); // a pool made meanwhile is held too (pool_for)
+    const std::lock_guard grow(grow_);     // a pool made meanwhile is held too (pool_for)
+    const std::lock_guard events(events_); // a collection or free about to record an event ends first
     held_.store(held, std::memory_order_relaxed);
     for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
       s->pool.hold(held);
@@ -285,7 +287,8 @@ private:
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(const std::optional<stream_type>& stream, std::size_t bytes,
                                                       std::size_t alignment) noexcept {
-    if (!valid_request(bytes, alignment)) { // checked before a stream's pool is made for it
+    // Checked before a stream's pool is made for it, rounding included.
+    if (!valid_request(bytes, alignment) || bytes > std::numeric_limits<std::size_t>::max() - options_.granularity) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
     if (alignment > options_.granularity) {
@@ -365,12 +368,24 @@ private:
     return made;
   }
 
+  // `s`'s pool's whole free segments back to the upstream once the work queued on its stream so
+  // far has run (waited for where the Streams can; never while held, when no event is recorded),
+  // and only if no block went back to that pool meanwhile: one freed after the wait may still be
+  // in use by work queued after it. The bytes released.
+  std::size_t trim_settled(StreamPool& s) noexcept {
+    const std::uint64_t frees = s.pool.stats().deallocations;
+    return settled(s) ? s.pool.trim(0, frees) : 0;
+  }
+
   // Whether the work queued on `s`'s stream so far has run, waiting for it where the Streams can.
   bool settled(const StreamPool& s) noexcept {
     if (!s.stream) {
       return true; // the synchronous calls' callers have synchronised
     }
     const std::lock_guard lock(events_);
+    if (held_.load(std::memory_order_relaxed)) {
+      return false;
+    }
     try {
       auto e = streams_.record(*s.stream);
       if (!e) {
@@ -399,9 +414,7 @@ private:
     const std::size_t home = collect(true, own);
     std::size_t released = 0;
     for (StreamPool* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
-      if (s != own && settled(*s)) {
-        released += s->pool.trim();
-      }
+      released += s != own ? trim_settled(*s) : 0;
     }
     bytes_given_back_.fetch_add(released, std::memory_order_relaxed);
     return home != 0 || released != 0;

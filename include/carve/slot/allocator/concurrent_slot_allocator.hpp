@@ -26,7 +26,8 @@
 /// finds nothing, or one whose run the words no longer show free, the next search starts from
 /// fresh words; a search that runs bracketed (below) reads the live words themselves. Some thread
 /// always wins a contested word, so the allocator is lock-free; no slot is ever held by two
-/// callers, because a bit is taken only by the fetch_and that saw it free.
+/// callers, because a bit is taken only by the fetch_and that saw it free (for callers that free
+/// only what they own: see deallocate).
 ///
 /// Hinted policies (hinted_fit_policy.hpp) take `allocate(m, hint)` here as on SlotAllocator. A
 /// policy that remembers its placements (ReleaseAlignedFit) is held in its shared form
@@ -43,7 +44,10 @@
 /// bits are partly free. A double free of a range that is still free changes nothing and returns
 /// not_allocated; of two threads freeing the same range at once, exactly one succeeds. (As with
 /// any allocator, a double free that arrives after the slots were handed out again cannot be
-/// told from a real free.)
+/// told from a real free. Nor can one that arrives while a losing claim holds those free slots
+/// for the moment before it gives them back: one bit per slot cannot say who holds it, so that
+/// free succeeds and the claim's give-back may later free slots another caller has taken. A
+/// double free is the caller's bug; the guarantee above is for callers that free what they own.)
 #pragma once
 
 #include <carve/core/bits.hpp>

@@ -54,11 +54,19 @@ __device__ CuCandidate block_best(const Rule& rule, CuCandidate mine, CuCandidat
   return best;
 }
 
-/// launch_place_batch's kernel: one block of whole warps (at most 1024 threads).
+/// launch_place_batch's kernel: one block of whole warps (at most 1024 threads). Launched any
+/// other way (several blocks would each place every request), every placement is invalid_argument.
 template <std::uint32_t N, class Fit, CuChoiceRule Rule>
 __global__ void place_batch(SlotBitmap<N>* bitmaps, std::uint32_t units, const std::uint32_t* sizes,
                             std::uint32_t requests, BatchPlacement* out, Fit fit, Rule rule) {
   __shared__ CuCandidate scratch[32];
+  if (gridDim.x != 1 || gridDim.y != 1 || gridDim.z != 1 || blockDim.y != 1 || blockDim.z != 1 ||
+      blockDim.x % 32 != 0) { // the same in every thread: all leave together
+    for (std::uint32_t r = threadIdx.x; blockIdx.x == 0 && r < requests; r += blockDim.x) {
+      out[r] = cuda::std::unexpected(Errc::invalid_argument);
+    }
+    return;
+  }
   for (std::uint32_t r = 0; r < requests; ++r) {
     const std::uint32_t m = sizes[r];
     if (m == 0 || m > N || units == 0) {
