@@ -234,6 +234,22 @@ struct PausingStreams {
   bool completed(int) const { return true; }
   void release(int) noexcept {}
 };
+
+// Once `under_way` is recording on stream 0, another thread holds `pool`; whether the recording
+// saw the hold (hold(true) must wait for it to end first).
+template <class P>
+bool held_while_recording(P& pool, PausingStreams::Signals& signals, std::thread& under_way) {
+  while (!signals.recording) {
+    std::this_thread::yield();
+  }
+  std::thread capture([&] {
+    pool.hold(true);
+    signals.held = true;
+  });
+  under_way.join();
+  capture.join();
+  return signals.held_while_recording;
+}
 } // namespace
 
 TEST_CASE("hold(true) returns only once a release from the other streams under way has ended") {
@@ -246,16 +262,7 @@ TEST_CASE("hold(true) returns only once a release from the other streams under w
     const auto r = pool.try_allocate(1, 6 * MiB, 512);
     b = r ? *r : nullptr;
   });
-  while (!signals.recording) {
-    std::this_thread::yield();
-  }
-  std::thread capture([&] {
-    pool.hold(true);
-    signals.held = true;
-  });
-  pressed.join();
-  capture.join();
-  CHECK_FALSE(signals.held_while_recording);
+  CHECK_FALSE(held_while_recording(pool, signals, pressed));
   REQUIRE(b != nullptr); // the release was under way before the hold: it finished
   pool.hold(false);
   REQUIRE(pool.try_deallocate(1, b, 6 * MiB, 512));
@@ -338,16 +345,7 @@ TEST_CASE("hold(true) returns only once a collection about to record its event h
     const auto r = pool.try_allocate(1, 4 * KiB, 512);
     y = r ? *r : nullptr;
   });
-  while (!signals.recording) {
-    std::this_thread::yield();
-  }
-  std::thread capture([&] {
-    pool.hold(true);
-    signals.held = true;
-  });
-  collecting.join();
-  capture.join();
-  CHECK_FALSE(signals.held_while_recording);
+  CHECK_FALSE(held_while_recording(pool, signals, collecting));
   pool.hold(false);
   REQUIRE(y != nullptr);
   REQUIRE(pool.try_deallocate(1, y, 4 * KiB, 512));
