@@ -56,7 +56,7 @@ public:
     }
     if (const cudaError_t r = cudaEventRecord(e, stream.get()); r != cudaSuccess) {
       cudaGetLastError();
-      spare_.push_back(e);
+      release(e); // kept, or destroyed where there is no room to keep it
       return fail(Errc::unsupported, std::string("cudaEventRecord: ") + cudaGetErrorString(r));
     }
     return e;

@@ -38,10 +38,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -282,7 +284,7 @@ public:
   /// machine, even a rack of 72 GPUs with its switches, NICs and sockets, has a few hundred.
   static constexpr std::size_t max_nodes = 1024;
   /// The most distinct links (each a pair and a type; parallel ones count once): path search is
-  /// nodes x links per layer, and adding one looks through those before it.
+  /// nodes x links per layer.
   static constexpr std::size_t max_links = 16384;
 
   /// No nodes yet; links without an explicit bandwidth get `bw`'s figure for their type.
@@ -343,27 +345,33 @@ public:
     if (label.empty()) {
       label = std::string(to_string(type));
     }
-    for (Link& l : links_) {
-      if (l.type == type && ((l.a == a && l.b == b) || (l.a == b && l.b == a))) {
-        if (l.per_link_gbps == per_link) {
-          if (count > std::numeric_limits<int>::max() - l.count) {
-            throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: more than 2^31 - 1 links between " +
-                                                        nodes_[a.value].name + " and " + nodes_[b.value].name);
-          }
-          l.count += count;
-        } else { // links of different widths: one link as wide as all of them
-          l.per_link_gbps = l.bandwidth() + per_link * count;
-          l.count = 1;
+    const auto key = std::tuple(std::min(a.value, b.value), std::max(a.value, b.value), type);
+    if (const auto found = link_of_.find(key); found != link_of_.end()) {
+      Link& l = links_[found->second];
+      if (l.per_link_gbps == per_link) {
+        if (count > std::numeric_limits<int>::max() - l.count) {
+          throw Exception(Errc::invalid_argument, "carve::TopologyBuilder: more than 2^31 - 1 links between " +
+                                                      nodes_[a.value].name + " and " + nodes_[b.value].name);
         }
-        l.label += "+" + label;
-        return;
+        l.count += count;
+      } else { // links of different widths: one link as wide as all of them
+        l.per_link_gbps = l.bandwidth() + per_link * count;
+        l.count = 1;
       }
+      l.label += "+" + label;
+      return;
     }
     if (links_.size() == max_links) {
       throw Exception(Errc::invalid_argument,
                       "carve::TopologyBuilder: more than " + std::to_string(max_links) + " distinct links");
     }
     links_.push_back(Link{a, b, type, count, per_link, std::move(label)});
+    try {
+      link_of_.emplace(key, links_.size() - 1);
+    } catch (...) {
+      links_.pop_back(); // the builder is left as it was
+      throw;
+    }
   }
 
   /// A node added so far, to fill in details (NUMA node, CPU affinity); throws carve::Exception
@@ -452,6 +460,7 @@ private:
   LinkBandwidths bandwidths_;
   std::vector<Node> nodes_;
   std::vector<Link> links_;
+  std::map<std::tuple<std::uint32_t, std::uint32_t, LinkType>, std::size_t> link_of_; // (lower, higher, type): index
 };
 
 } // namespace carve
