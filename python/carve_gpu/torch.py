@@ -275,16 +275,31 @@ def _library_in_use(library=None):
     return _installed.get("library") or _library.loaded(library)
 
 
+def _device_index(device):
+    """`device` as PyTorch's memory functions take it (an index, "cuda:1", a torch.device, or None
+    for the current device) as an index."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if device is not None and not isinstance(device, str) and not hasattr(device, "type"):
+        raise TypeError(f"carve_gpu: a device is an index, 'cuda:N' or a torch.device, not {device!r}")
+    torch = _import_torch()
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"carve_gpu: {device} is not a CUDA device")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def memory_stats(device=0, *, library=None):
-    """carve's figures for `device` as a dict: reserved_bytes, peak_reserved_bytes, live_bytes,
-    peak_live_bytes, live_blocks, mallocs, frees, device_calls, device_failures, failures,
-    lending_refused, lent_bytes, ..."""
-    return _library_in_use(library).stats(device)
+    """carve's figures for `device` (as PyTorch's memory functions take it; None: the current
+    device) as a dict: reserved_bytes, peak_reserved_bytes, live_bytes, peak_live_bytes,
+    live_blocks, mallocs, frees, device_calls, device_failures, failures, lending_refused,
+    lent_bytes, ..."""
+    return _library_in_use(library).stats(_device_index(device))
 
 
 def reset_peak_memory_stats(device=0, *, library=None):
-    """Starts carve's peaks of `device` again from what is held now."""
-    _library_in_use(library).reset_peak(device)
+    """Starts carve's peaks of `device` (as memory_stats takes it) again from what is held now."""
+    _library_in_use(library).reset_peak(_device_index(device))
 
 
 def empty_cache(*, library=None):

@@ -835,9 +835,15 @@ def check_messages():
     # Figures need no settings: they come from the library as loaded (caching here), never an error.
     check(library.loaded(LIBRARY) is lib, "loaded() is the library as loaded, whatever its settings")
     try:
-        import torch  # noqa: F401  (only to learn whether PyTorch is here)
+        import torch
     except ImportError:
         raises(ImportError, "carve_gpu.torch needs PyTorch", carve_gpu.torch.use)
+    else:  # a device named as PyTorch's memory functions take it
+        for same in (1, "cuda:1", torch.device("cuda", 1)):
+            check(carve_gpu.torch.memory_stats(same, library=LIBRARY) == lib.stats(1), f"memory_stats({same!r})")
+        carve_gpu.torch.reset_peak_memory_stats(torch.device("cuda:1"), library=LIBRARY)
+        raises(ValueError, "is not a CUDA device", carve_gpu.torch.memory_stats, "cpu", library=LIBRARY)
+        raises(TypeError, "a device is an index", carve_gpu.torch.memory_stats, 1.5, library=LIBRARY)
     print("messages: bad settings, bad frees and carve_gpu's errors say what is wrong")
 
 
