@@ -332,7 +332,8 @@ public:
   /// was written through the whole; CUDA documents that cuMemMap's offset "currently must be
   /// zero"). For a no, `why` names the call the driver refused, or what the part showed. Errors
   /// (nothing kept, asked again next time): the driver's where the question could not be put.
-  /// Compiled here; asked on a GPU by test_expandable_pool_cuda.
+  /// Compiled here and checked over host mappers; no card has answered it yet
+  /// (test_expandable_pool_cuda asks it on a GPU).
   [[nodiscard]] Result<detail::PartialMapAnswer> partial_map_answer(int device) {
     static std::mutex asking;
     static std::array<std::array<std::optional<detail::PartialMapAnswer>, 64>, 2> known;
