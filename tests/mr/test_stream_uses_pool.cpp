@@ -191,13 +191,36 @@ TEST_CASE_TEMPLATE("a free the pool would refuse is refused before it is held, a
   CHECK(t.pool.used_elsewhere(t.p, compute)); // still named: the right free waits for `side`
   int stranger = 0;
   CHECK(t.pool.record_stream(&stranger, side).error() == Errc::not_allocated); // not the pool's memory
+  CHECK(t.pool.record_stream(nullptr, side).error() == Errc::not_allocated);
   CHECK(t.pool.check_deallocate(t.p, 16 * KiB, 256));
   t.work.enqueue(side);
   REQUIRE(t.pool.try_deallocate(compute, t.p, 16 * KiB, 256));
   CHECK(t.pool.check_deallocate(t.p, 16 * KiB, 256).error() == Errc::not_allocated);
   CHECK(t.pool.stats().held_frees == 1);
+  CHECK(t.pool.record_stream(t.p, other).error() == Errc::not_allocated); // its free is held: no block now
   t.work.complete(side);
   CHECK(t.pool.collect() == 1);
+}
+
+TEST_CASE_TEMPLATE("an address inside a block names no block: refused, nothing recorded, the block's free not held",
+                   Over, OrderedOver<SharedStreams>, CachingOver<SharedStreams>, ExpandableOver<SharedStreams>) {
+  OneBlock<Over> t;
+  void* inside = static_cast<char*>(t.p) + 4 * KiB; // the pool's memory, but no free would ever name it
+  REQUIRE(t.pool.owns(inside));
+  const auto named = t.pool.record_stream(inside, side);
+  REQUIRE_FALSE(named);
+  CHECK(named.error() == Errc::not_allocated);
+  CHECK(t.pool.stats().blocks_with_uses == 0); // no entry left behind
+  void* q = *t.pool.try_allocate(compute, 16 * KiB, 256);
+  t.work.enqueue(side);
+  REQUIRE(t.pool.record_stream(q, side)); // a block's own address is named as before
+  REQUIRE(t.pool.try_deallocate(compute, q, 16 * KiB, 256));
+  CHECK(t.pool.stats().held_frees == 1);
+  REQUIRE(t.pool.try_deallocate(compute, t.p, 16 * KiB, 256));
+  CHECK(t.pool.stats().held_frees == 1); // p was never named: freed at once
+  t.work.complete(side);
+  CHECK(t.pool.collect() == 1);
+  CHECK(t.pool.stats().blocks_with_uses == 0);
 }
 
 TEST_CASE("a free made while held records its events after the hold, so they cover the work queued meanwhile") {

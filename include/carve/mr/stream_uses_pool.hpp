@@ -120,18 +120,21 @@ public:
     }
   }
 
-  /// `p`, a block of this pool (the address allocate returned, as a tensor's storage names it: the
-  /// free that waits is the free of that address), is also used by work queued on `stream`: its
+  /// `p`, a live block of this pool (the address allocate returned, as a tensor's storage names it:
+  /// the free that waits is the free of that address), is also used by work queued on `stream`: its
   /// free will wait for the work `stream` has queued by then. Naming the block's own stream, or a
-  /// stream named already, changes nothing. Errors: not_allocated where the pool can tell (owns)
-  /// that `p` is not its memory; no_space out of host memory (nothing recorded).
+  /// stream named already, changes nothing. Errors (nothing recorded): not_allocated for an address
+  /// that is no live block's start (an address inside a block, whose name no free would find, or a
+  /// block whose free is held already), as PyTorch refuses one; no_space out of host memory.
   [[nodiscard]] cuda::std::expected<void, Errc> record_stream(void* p, stream_type stream) noexcept {
-    if constexpr (requires(const Pool& pool) { pool.owns(p); }) {
-      if (p == nullptr || !pool_.owns(p)) {
-        return cuda::std::unexpected(Errc::not_allocated);
-      }
+    // The pool knows its live blocks: a wrong size is invalid_size, no block at all not_allocated.
+    if (const auto live = pool_.check_deallocate(p, 1, 1); !live && live.error() == Errc::not_allocated) {
+      return live;
     }
     const std::lock_guard lock(mutex_);
+    if (holds(p)) {
+      return cuda::std::unexpected(Errc::not_allocated);
+    }
     try {
       std::vector<stream_type>& streams = uses_[p];
       any_uses_.store(true, std::memory_order_release);
