@@ -111,7 +111,8 @@ public:
   /// A block on `stream`. Errors: see the top of this header.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
                                                               std::size_t alignment) noexcept {
-    return take(stream, bytes, alignment);
+    Errc why = Errc::no_space;
+    return detail::allocation_answer(take(stream, bytes, alignment, why), why);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors: see try_deallocate.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(stream_type stream, void* p, std::size_t bytes,
@@ -123,11 +124,13 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(s_->mutex);
-    return live_block(p, bytes, alignment).transform([](const Live*) {});
+    const Errc why = refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment);
+    return why == Errc{} ? done : cuda::std::unexpected(why);
   }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    return take(std::nullopt, bytes, alignment);
+    Errc why = Errc::no_space;
+    return detail::allocation_answer(take(std::nullopt, bytes, alignment, why), why);
   }
   /// The synchronous free: the caller has synchronised, so the block is free at once.
   [[nodiscard]] cuda::std::expected<void, Errc> try_deallocate(void* p, std::size_t bytes,
@@ -233,21 +236,21 @@ private:
   using Live = typename State::Live;
   using Freed = typename State::Freed;
 
-  [[nodiscard]] cuda::std::expected<void*, Errc> take(std::optional<stream_type> stream, std::size_t bytes,
-                                                      std::size_t alignment) noexcept {
-    if (!valid_request(bytes, alignment)) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
-    const std::size_t size = rounded(bytes);
-    if (size == 0 || alignment > s_->granule) { // overflow: no resource could serve it
-      return cuda::std::unexpected(size == 0 ? Errc::invalid_size : Errc::no_space);
+  // A block, or null with `why` set (no_space unless it says otherwise). The answer leaves in a
+  // register: an expected built here would be stored in pieces and read back whole, a stall per call.
+  [[nodiscard]] void* take(std::optional<stream_type> stream, std::size_t bytes, std::size_t alignment,
+                           Errc& why) noexcept {
+    const std::size_t size = valid_request(bytes, alignment) ? rounded(bytes) : 0;
+    if (size == 0 || alignment > s_->granule) { // invalid, or overflows when rounded: no resource could serve it
+      why = size == 0 ? Errc::invalid_size : Errc::no_space;
+      return nullptr;
     }
     try {
       const std::lock_guard lock(s_->mutex);
       collect_pending();
       const std::uint32_t index = s_->space_for(stream);
       if (index == State::no_space) {
-        return cuda::std::unexpected(Errc::no_space);
+        return nullptr;
       }
       s_->live.make_room(); // once memory is mapped for the block, recording it cannot fail
       Space& space = *s_->spaces[index];
@@ -280,52 +283,46 @@ private:
           break; // nothing to unmap: another attempt would fail the same way
         }
       }
-      return cuda::std::unexpected(Errc::no_space);
+      return nullptr;
     } catch (const std::bad_alloc&) { // the pool's own tables could not grow
-      return cuda::std::unexpected(Errc::no_space);
+      return nullptr;
     }
   }
 
   [[nodiscard]] cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
                                                      std::size_t alignment) noexcept {
     const std::lock_guard lock(s_->mutex);
-    const auto found = live_block(p, bytes, alignment);
-    if (!found) {
-      return cuda::std::unexpected(found.error());
-    }
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
-    const Live block = **found;
+    const Live* found = s_->live.find(addr);
+    if (const Errc why = refusal(found, bytes, alignment); why != Errc{}) {
+      return cuda::std::unexpected(why);
+    }
+    const Live block = *found;
     Space& space = *s_->spaces[block.space];
-    std::optional<BestFitRanges::Span> freed;
-    try {
-      if (!stream || (space.stream && *space.stream == *stream)) {
-        freed = space.free.give(block.handle);
-      } else {
+    const bool now = !stream || (space.stream && *space.stream == *stream);
+    if (!now) {
+      try {
         s_->pending.add(s_->streams, Freed{block.handle, block.space}, *stream, !s_->held);
+      } catch (const std::bad_alloc&) { // the pool's tables could not grow: the block stays live
+        return cuda::std::unexpected(Errc::no_space);
       }
-    } catch (const std::bad_alloc&) { // the pool's tables could not grow: the block stays live
-      return cuda::std::unexpected(Errc::no_space);
     }
     s_->live.erase(addr);
     ++s_->frees;
     ++s_->stats.deallocations;
     s_->stats.bytes_in_use -= block.size;
-    if (freed) {
-      note_free(block.space, *freed);
+    if (now) {
+      note_free(block.space, space.free.give(block.handle));
     }
     return done;
   }
 
-  // The live block at `p`, if `bytes` and `alignment` are its own. Under the lock.
-  cuda::std::expected<const Live*, Errc> live_block(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
-    const Live* found = s_->live.find(reinterpret_cast<std::uintptr_t>(p));
-    if (found == nullptr) {
-      return cuda::std::unexpected(Errc::not_allocated);
-    }
-    if (!valid_request(bytes, alignment) || rounded(bytes) != found->size) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
-    return found;
+  // Why `found` (the live block at an address, null for none) may not be freed as `bytes` at
+  // `alignment`: not_allocated, invalid_size, or Errc{} (no reason) when it may.
+  Errc refusal(const Live* found, std::size_t bytes, std::size_t alignment) const noexcept {
+    return found == nullptr                                                   ? Errc::not_allocated
+           : valid_request(bytes, alignment) && rounded(bytes) == found->size ? Errc{}
+                                                                              : Errc::invalid_size;
   }
 
   // `bytes` rounded up to the granularity (a power of two); 0 when that overflows.
@@ -424,7 +421,7 @@ private:
 
   // With a finite release_threshold: chunks wholly in the free `span` join the idle list, and the
   // least recently idle go while it holds too much and their streams' work has run (never waits).
-  void note_free(std::uint32_t space, BestFitRanges::Span span) noexcept {
+  void note_free(std::uint32_t space, const BestFitRanges::Span& span) noexcept {
     if (!tracks_idle()) {
       return;
     }
