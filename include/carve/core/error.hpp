@@ -42,6 +42,11 @@ struct Error {
 template <class T>
 using Result = cuda::std::expected<T, Error>;
 
+/// A success on the device-path kind, to return by copy from a hot host path: a function that
+/// returns `{}` builds its answer in pieces on the stack, and GCC reads it back whole before those
+/// stores land (a stall per call).
+inline constexpr cuda::std::expected<void, Errc> succeeded{};
+
 /// The failed Result for `code` and `message`: `return carve::fail(Errc::invalid_argument, "...");`.
 inline cuda::std::unexpected<Error> fail(Errc code, std::string message) {
   return cuda::std::unexpected(Error{code, std::move(message)});

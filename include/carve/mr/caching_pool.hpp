@@ -171,7 +171,7 @@ public:
     if (!on_hold_ && ranges_.free_bytes() > options_.idle_threshold) {
       release_free_segments(options_.idle_threshold);
     }
-    return success;
+    return succeeded;
   }
 
   /// What try_deallocate(p, bytes, alignment) would say now, without freeing anything: success,
@@ -187,7 +187,7 @@ public:
     if (!valid_request(bytes, alignment) || rounded(bytes, alignment) != ranges_.size(*found)) {
       return cuda::std::unexpected(Errc::invalid_size);
     }
-    return success;
+    return succeeded;
   }
 
   /// deallocate cannot report an error (it is noexcept), so misuse ends the program with a
@@ -313,8 +313,6 @@ private:
     std::uint32_t first = none; ///< least recently freed
     std::uint32_t last = none;
   };
-  // A success, copied whole (built in place, GCC reloads it before its stores land).
-  static constexpr cuda::std::expected<void, Errc> success{};
 
   static void* to_ptr(std::uintptr_t a) noexcept { return reinterpret_cast<void*>(a); }
   static std::uintptr_t to_addr(void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }

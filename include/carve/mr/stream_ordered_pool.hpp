@@ -66,6 +66,7 @@
 #include <carve/mr/stream_ordered_pool_options.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -118,7 +119,8 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(mutex_);
-    return live_block(p, bytes, alignment).transform([](const Live*) {});
+    const Errc why = refusal(live_.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment);
+    return why == Errc{} ? succeeded : cuda::std::unexpected(why);
   }
 
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
@@ -303,7 +305,11 @@ private:
     const std::size_t whole = pick->first;
     live_.insert(reinterpret_cast<std::uintptr_t>(p), Live{whole, bytes, alignment, pick->second.alignment});
     drop_event(pick->second);
-    cached_.erase(pick);
+    if (spare_count_ < spare_nodes_.size()) { // kept for the next free: no allocation there
+      spare_nodes_[spare_count_++] = cached_.extract(pick);
+    } else {
+      cached_.erase(pick);
+    }
     stats_.bytes_cached -= whole;
     stats_.bytes_in_use += whole;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.bytes_in_use);
@@ -311,12 +317,9 @@ private:
   }
 
   [[nodiscard]] cuda::std::expected<void*, Errc> take(std::size_t bytes, std::size_t alignment,
-                                                      std::optional<stream_type> stream) noexcept {
-    if (const auto ok = check_request(bytes, alignment); !ok) {
-      return cuda::std::unexpected(ok.error());
-    }
-    const std::size_t size = round_up(bytes, options_.granularity);
-    if (size == 0) { // overflows when rounded: no resource could serve it
+                                                      const std::optional<stream_type>& stream) noexcept {
+    const std::size_t size = valid_request(bytes, alignment) ? round_up(bytes, options_.granularity) : 0;
+    if (size == 0) { // invalid, or overflows when rounded: no resource could serve it
       return cuda::std::unexpected(Errc::invalid_size);
     }
     try {
@@ -368,31 +371,31 @@ private:
     }
   }
 
-  // The live block at `p`, if `bytes` and `alignment` are its own. Under the lock.
-  cuda::std::expected<const Live*, Errc> live_block(void* p, std::size_t bytes, std::size_t alignment) const noexcept {
-    const Live* found = live_.find(reinterpret_cast<std::uintptr_t>(p));
-    if (found == nullptr) {
-      return cuda::std::unexpected(Errc::not_allocated);
-    }
-    if (found->bytes != bytes || found->alignment != alignment) {
-      return cuda::std::unexpected(Errc::invalid_size);
-    }
-    return found;
+  // Why `found` (the live block at an address, null for none) may not be freed as `bytes` at
+  // `alignment`: not_allocated, invalid_size, or Errc{} (no reason) when it may.
+  static Errc refusal(const Live* found, std::size_t bytes, std::size_t alignment) noexcept {
+    return found == nullptr                                         ? Errc::not_allocated
+           : found->bytes == bytes && found->alignment == alignment ? Errc{}
+                                                                    : Errc::invalid_size;
   }
 
   [[nodiscard]] cuda::std::expected<void, Errc> give(void* p, std::size_t bytes, std::size_t alignment,
-                                                     std::optional<stream_type> stream) noexcept {
+                                                     const std::optional<stream_type>& stream) noexcept {
     try {
       const std::lock_guard lock(mutex_);
-      const auto found = live_block(p, bytes, alignment);
-      if (!found) {
-        return cuda::std::unexpected(found.error());
-      }
       const auto address = reinterpret_cast<std::uintptr_t>(p);
-      const std::size_t size = (*found)->size;
+      const Live* found = live_.find(address);
+      if (const Errc why = refusal(found, bytes, alignment); why != Errc{}) {
+        return cuda::std::unexpected(why);
+      }
+      const std::size_t size = found->size;
       saw(stream);
-      const auto cached =
-          cached_.emplace(size, Cached{p, (*found)->upstream_alignment, stream, std::nullopt, ++frees_});
+      // Filled in its node: a Cached built on the stack is stored in pieces and copied whole, a stall.
+      const auto cached = file(size);
+      cached->second.address = p;
+      cached->second.alignment = found->upstream_alignment;
+      cached->second.freed_on = stream;
+      cached->second.free_number = ++frees_;
       if (stream && many_streams_ && !on_hold_) { // recorded once the block is filed, so that the event cannot be lost
         record_event(cached->second);
       }
@@ -403,10 +406,21 @@ private:
         stats_.idle_releases += released_blocks(options_.idle_threshold);
         small_.trim();
       }
-      return {};
+      return succeeded;
     } catch (const std::exception&) {
       return cuda::std::unexpected(Errc::no_space);
     }
+  }
+
+  // A cached entry of `size` (its Cached to fill), in a node a hand-out left where there is one.
+  typename Cache::iterator file(std::size_t size) {
+    if (spare_count_ == 0) {
+      return cached_.emplace(size, Cached{});
+    }
+    typename Cache::node_type node = std::move(spare_nodes_[--spare_count_]);
+    node.key() = size;
+    node.mapped().event.reset();
+    return cached_.insert(std::move(node));
   }
 
   // What release_ready gave back: the blocks' bytes, and of them those that went to the upstream
@@ -456,8 +470,10 @@ private:
   Streams streams_;
   StreamPoolOptions options_;
   mutable std::mutex mutex_;
-  bool on_hold_ = false;                       ///< hold(): nothing goes back by itself
-  Cache cached_;                               ///< by block size
+  bool on_hold_ = false;                                  ///< hold(): nothing goes back by itself
+  Cache cached_;                                          ///< by block size
+  std::array<typename Cache::node_type, 64> spare_nodes_; ///< entries' nodes hand-outs left, to reuse
+  std::size_t spare_count_ = 0;
   detail::AddressTable<Live> live_;            ///< by address
   std::map<std::uintptr_t, std::size_t> held_; ///< every block from the upstream (live or cached): start -> size
   StreamPoolStats stats_;

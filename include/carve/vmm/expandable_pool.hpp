@@ -125,7 +125,7 @@ public:
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(s_->mutex);
     const Errc why = refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment);
-    return why == Errc{} ? done : cuda::std::unexpected(why);
+    return why == Errc{} ? succeeded : cuda::std::unexpected(why);
   }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -238,7 +238,7 @@ private:
 
   // A block, or null with `why` set (no_space unless it says otherwise). The answer leaves in a
   // register: an expected built here would be stored in pieces and read back whole, a stall per call.
-  [[nodiscard]] void* take(std::optional<stream_type> stream, std::size_t bytes, std::size_t alignment,
+  [[nodiscard]] void* take(const std::optional<stream_type>& stream, std::size_t bytes, std::size_t alignment,
                            Errc& why) noexcept {
     const std::size_t size = valid_request(bytes, alignment) ? rounded(bytes) : 0;
     if (size == 0 || alignment > s_->granule) { // invalid, or overflows when rounded: no resource could serve it
@@ -289,8 +289,8 @@ private:
     }
   }
 
-  [[nodiscard]] cuda::std::expected<void, Errc> give(std::optional<stream_type> stream, void* p, std::size_t bytes,
-                                                     std::size_t alignment) noexcept {
+  [[nodiscard]] cuda::std::expected<void, Errc> give(const std::optional<stream_type>& stream, void* p,
+                                                     std::size_t bytes, std::size_t alignment) noexcept {
     const std::lock_guard lock(s_->mutex);
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const Live* found = s_->live.find(addr);
@@ -314,7 +314,7 @@ private:
     if (now) {
       note_free(block.space, space.free.give(block.handle));
     }
-    return done;
+    return succeeded;
   }
 
   // Why `found` (the live block at an address, null for none) may not be freed as `bytes` at
@@ -330,9 +330,6 @@ private:
     const std::size_t g = s_->options.granularity;
     return bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
   }
-
-  // A success, copied whole (built in place, GCC reloads it before its stores land: a stall per free).
-  static constexpr cuda::std::expected<void, Errc> done{};
 
   // How much a chunk for a block of `size` maps: growth_divisor's share of what is held, but not
   // past the headroom line; never past the cap.
