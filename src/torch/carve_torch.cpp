@@ -379,7 +379,10 @@ void carve_torch_record_stream(void* ptr, cudaStream_t stream) {
       return;
     }
   }
-  std::fprintf(stderr, "carve_torch_record_stream(%p): not a block of libcarve_torch; nothing recorded\n", ptr);
+  std::fprintf(stderr,
+               "carve_torch_record_stream(%p): not a live block of libcarve_torch (never handed out, freed already, "
+               "or inside a block); nothing recorded\n",
+               ptr);
 }
 
 void carve_torch_empty_cache(void) {

@@ -125,8 +125,9 @@ public:
   }
 
   // Tensor.record_stream: `p`, a block of this stack, is also used by work queued on `stream`, so
-  // its free waits for that work (the pool's StreamUsesPool). not_allocated where `p` is not this
-  // stack's memory; no_space out of host memory (nothing recorded).
+  // its free waits for that work (the pool's StreamUsesPool). not_allocated where `p` is no live
+  // block's start (not this stack's memory, inside a block, or freed already); no_space out of host
+  // memory (nothing recorded either way).
   virtual Done record_stream(void* p, cudaStream_t stream) noexcept = 0;
 
   // Lets device `peer`'s kernels and copies read and write this device's blocks: empty when done

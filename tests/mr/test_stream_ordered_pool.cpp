@@ -75,6 +75,62 @@ TEST_CASE("a freed block: at once on its own stream, on another only after the f
   CHECK(pool.upstream().used_bytes() == 0);
 }
 
+TEST_CASE("a hundred entries cached, handed out and cached again: each reused entry says what its own free said") {
+  // Hand-outs keep up to 64 entries' nodes for later frees; the rest are made anew. A node that
+  // held a free on s0 with its event, reused for a synchronous free, must carry neither.
+  constexpr std::size_t n = 100;
+  constexpr std::size_t bytes = 32 * KiB;
+  Pool pool(SimulatedCard(16 << 20), {}, SimulatedStreams(2));
+  void* other = *pool.try_allocate(s1, bytes, 256); // a second stream: frees on s0 record events
+  std::vector<void*> blocks;
+  for (std::size_t i = 0; i < n; ++i) {
+    blocks.push_back(*pool.try_allocate(s0, bytes, 256));
+  }
+  for (void* b : blocks) {
+    REQUIRE(pool.try_deallocate(s0, b, bytes, 256));
+  }
+  std::vector<void*> again;
+  for (std::size_t i = 0; i < n; ++i) {
+    again.push_back(*pool.try_allocate(s0, bytes, 256));
+  }
+  CHECK(pool.stats().same_stream_reuses == n);
+  CHECK(pool.stats().bytes_in_use == (n + 1) * bytes);
+  pool.streams().enqueue(s0); // a kernel on s0 still uses every block
+  const std::vector<void*> on_s0(again.begin(), again.begin() + n / 2);
+  const std::vector<void*> at_once(again.begin() + n / 2, again.end());
+  for (void* b : on_s0) {
+    REQUIRE(pool.try_deallocate(s0, b, bytes, 256));
+  }
+  for (void* b : at_once) {
+    REQUIRE(pool.try_deallocate(b, bytes, 256)); // synchronous: reusable anywhere at once
+  }
+  CHECK(pool.stats().bytes_cached == n * bytes);
+  std::vector<void*> taken;
+  for (std::size_t i = 0; i < n; ++i) {
+    taken.push_back(*pool.try_allocate(s1, bytes, 256));
+  }
+  for (void* b : on_s0) { // not before s0 has run past its free
+    CHECK(std::find(taken.begin(), taken.end(), b) == taken.end());
+  }
+  for (void* b : at_once) {
+    CHECK(std::find(taken.begin(), taken.end(), b) != taken.end());
+  }
+  pool.streams().complete(s0);
+  for (std::size_t i = 0; i < n / 2; ++i) {
+    taken.push_back(*pool.try_allocate(s1, bytes, 256)); // now the ones freed on s0
+  }
+  for (void* b : on_s0) {
+    CHECK(std::find(taken.begin(), taken.end(), b) != taken.end());
+  }
+  for (void* b : taken) {
+    REQUIRE(pool.try_deallocate(b, bytes, 256));
+  }
+  REQUIRE(pool.try_deallocate(other, bytes, 256));
+  pool.trim();
+  CHECK(pool.stats().bytes_cached == 0);
+  CHECK(pool.upstream().used_bytes() == 0);
+}
+
 using carve::test::CountingStreams;
 
 TEST_CASE("one stream: its frees record no events; one event answers for them all when asked") {

@@ -2,6 +2,7 @@
 // another stream (record_stream) is not handed out again, on any stream, until that stream has
 // run the work it had queued by the free; then the pool's own rules apply. Refusals, a capture's
 // hold, streams on which no event can be recorded, and four threads at once.
+#include <carve/mr/address_only_card.hpp>
 #include <carve/mr/stream_caching_pool.hpp>
 #include <carve/mr/stream_ordered_pool.hpp>
 #include <carve/mr/stream_uses_pool.hpp>
@@ -198,6 +199,7 @@ TEST_CASE_TEMPLATE("a free the pool would refuse is refused before it is held, a
   CHECK(t.pool.check_deallocate(t.p, 16 * KiB, 256).error() == Errc::not_allocated);
   CHECK(t.pool.stats().held_frees == 1);
   CHECK(t.pool.record_stream(t.p, other).error() == Errc::not_allocated); // its free is held: no block now
+  CHECK(t.pool.stats().blocks_with_uses == 0);                            // nothing recorded for it
   t.work.complete(side);
   CHECK(t.pool.collect() == 1);
 }
@@ -221,6 +223,30 @@ TEST_CASE_TEMPLATE("an address inside a block names no block: refused, nothing r
   t.work.complete(side);
   CHECK(t.pool.collect() == 1);
   CHECK(t.pool.stats().blocks_with_uses == 0);
+}
+
+TEST_CASE_TEMPLATE("a block freed already names no block; the smallest block names itself", Over,
+                   OrderedOver<SharedStreams>, CachingOver<SharedStreams>, ExpandableOver<SharedStreams>) {
+  OneBlock<Over> t;
+  REQUIRE(t.pool.try_deallocate(compute, t.p, 16 * KiB, 256)); // cached by the pool, or given back
+  CHECK(t.pool.record_stream(t.p, side).error() == Errc::not_allocated);
+  CHECK(t.pool.stats().blocks_with_uses == 0);
+  void* tiny = *t.pool.try_allocate(compute, 1, 1); // a size and alignment the pool's check is asked about
+  t.work.enqueue(side);
+  REQUIRE(t.pool.record_stream(tiny, side));
+  REQUIRE(t.pool.try_deallocate(compute, tiny, 1, 1));
+  CHECK(t.pool.stats().held_frees == 1);
+  t.work.complete(side);
+  CHECK(t.pool.collect() == 1);
+}
+
+TEST_CASE("a free on another stream that the caching pool holds for that stream's work names no block") {
+  OneBlock<CachingOver<SharedStreams>> t;
+  t.work.enqueue(other); // work on `other` may still read p
+  REQUIRE(t.pool.try_deallocate(other, t.p, 16 * KiB, 256));
+  CHECK(t.pool.record_stream(t.p, side).error() == Errc::not_allocated); // freed already, waiting
+  CHECK(t.pool.stats().blocks_with_uses == 0);
+  t.work.complete(other);
 }
 
 TEST_CASE("a free made while held records its events after the hold, so they cover the work queued meanwhile") {
@@ -328,12 +354,16 @@ TEST_CASE("the one-argument form, default Streams, and the synchronous spellings
 
 TEST_CASE("with no stream named, the adaptor serves exactly what its pool alone would") {
   // What lets carve_replay measure libcarve_torch's pools without the adaptor: the replay names no
-  // stream (a snapshot's frees are replayed where PyTorch made them).
-  using Caching = carve::StreamCachingPool<SimulatedCard, SimulatedStreams>;
-  Caching alone(SimulatedCard(8 << 20), carve::PoolOptions{}, SimulatedStreams(3));
+  // stream (a snapshot's frees are replayed where PyTorch made them). Over address-only cards, as
+  // in the replay: their addresses fall alike in their own ranges, where a SimulatedCard's come
+  // from the heap, whose history (the tests before this one) orders them differently, and the
+  // pools break ties between equal free blocks by address.
+  using Caching = carve::StreamCachingPool<carve::AddressOnlyCard, SimulatedStreams>;
+  Caching alone(carve::AddressOnlyCard(8 << 20), carve::PoolOptions{}, SimulatedStreams(3));
   carve::StreamUsesPool<Caching> wrapped(
       std::piecewise_construct,
-      std::forward_as_tuple(SimulatedCard(8 << 20), carve::PoolOptions{}, SimulatedStreams(3)), SimulatedStreams(3));
+      std::forward_as_tuple(carve::AddressOnlyCard(8 << 20), carve::PoolOptions{}, SimulatedStreams(3)),
+      SimulatedStreams(3));
   std::mt19937 random(7);
   struct Live {
     void* a;

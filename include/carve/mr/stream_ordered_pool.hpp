@@ -186,7 +186,7 @@ public:
 
 private:
   using event_type = typename Streams::event_type;
-  struct Cached {
+  struct Cached { // give() fills every field: file() may hand it a node of an earlier entry
     void* address = nullptr;
     std::size_t alignment = 0;           ///< what the upstream was asked for (Live::upstream_alignment)
     std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere

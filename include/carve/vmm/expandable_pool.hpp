@@ -111,7 +111,7 @@ public:
   /// A block on `stream`. Errors: see the top of this header.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(stream_type stream, std::size_t bytes,
                                                               std::size_t alignment) noexcept {
-    Errc why = Errc::no_space;
+    Errc why{};
     return detail::allocation_answer(take(stream, bytes, alignment, why), why);
   }
   /// Frees `p` for work queued on `stream` after the work that used it. Errors: see try_deallocate.
@@ -129,7 +129,7 @@ public:
   }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
-    Errc why = Errc::no_space;
+    Errc why{};
     return detail::allocation_answer(take(std::nullopt, bytes, alignment, why), why);
   }
   /// The synchronous free: the caller has synchronised, so the block is free at once.
@@ -236,13 +236,13 @@ private:
   using Live = typename State::Live;
   using Freed = typename State::Freed;
 
-  // A block, or null with `why` set (no_space unless it says otherwise). The answer leaves in a
-  // register: an expected built here would be stored in pieces and read back whole, a stall per call.
+  // A block, or null with `why` set. The answer leaves in a register: an expected built here
+  // would be stored in pieces and read back whole, a stall per call.
   [[nodiscard]] void* take(const std::optional<stream_type>& stream, std::size_t bytes, std::size_t alignment,
                            Errc& why) noexcept {
     const std::size_t size = valid_request(bytes, alignment) ? rounded(bytes) : 0;
+    why = size == 0 ? Errc::invalid_size : Errc::no_space; // the answer to every null from here on
     if (size == 0 || alignment > s_->granule) { // invalid, or overflows when rounded: no resource could serve it
-      why = size == 0 ? Errc::invalid_size : Errc::no_space;
       return nullptr;
     }
     try {
