@@ -47,6 +47,19 @@ using Result = cuda::std::expected<T, Error>;
 /// stores land (a stall per call).
 inline constexpr cuda::std::expected<void, Errc> succeeded{};
 
+namespace detail {
+// A hot path's answer built where it is returned, from plain values that leave a callee in
+// registers: success for `why` == Errc{} (no reason), else the error.
+inline cuda::std::expected<void, Errc> answered(Errc why) noexcept {
+  return why == Errc{} ? succeeded : cuda::std::unexpected(why);
+}
+// The same for an allocation: the block, or (null) the reason there is none. `why` by reference,
+// so that `allocation_answer(take(..., why), why)` reads it once take() has set it.
+inline cuda::std::expected<void*, Errc> allocation_answer(void* p, const Errc& why) noexcept {
+  return p != nullptr ? cuda::std::expected<void*, Errc>(p) : cuda::std::unexpected(why);
+}
+} // namespace detail
+
 /// The failed Result for `code` and `message`: `return carve::fail(Errc::invalid_argument, "...");`.
 inline cuda::std::unexpected<Error> fail(Errc code, std::string message) {
   return cuda::std::unexpected(Error{code, std::move(message)});

@@ -119,8 +119,7 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(mutex_);
-    const Errc why = refusal(live_.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment);
-    return why == Errc{} ? succeeded : cuda::std::unexpected(why);
+    return detail::answered(refusal(live_.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment));
   }
 
   /// The synchronous form (carve::MemoryResource): only blocks whose events have completed.
@@ -186,7 +185,7 @@ public:
 
 private:
   using event_type = typename Streams::event_type;
-  struct Cached { // give() fills every field: file() may hand it a node of an earlier entry
+  struct Cached { // hand_out() drops a kept node's event, give() fills the rest: nothing stale
     void* address = nullptr;
     std::size_t alignment = 0;           ///< what the upstream was asked for (Live::upstream_alignment)
     std::optional<stream_type> freed_on; ///< nullopt: freed synchronously, reusable anywhere
@@ -419,7 +418,6 @@ private:
     }
     typename Cache::node_type node = std::move(spare_nodes_[--spare_count_]);
     node.key() = size;
-    node.mapped().event.reset();
     return cached_.insert(std::move(node));
   }
 

@@ -124,8 +124,7 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(s_->mutex);
-    const Errc why = refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment);
-    return why == Errc{} ? succeeded : cuda::std::unexpected(why);
+    return detail::answered(refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment));
   }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {

@@ -4,7 +4,6 @@
 // stats() and consistent() report. The pool's rules are in carve/vmm/expandable_pool.hpp.
 #pragma once
 
-#include <carve/core/errc.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/cross_stream_frees.hpp>
@@ -13,8 +12,6 @@
 #include <carve/vmm/detail/idle_chunks.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
-
-#include <cuda/std/expected>
 
 #include <cstddef>
 #include <cstdint>
@@ -25,12 +22,6 @@
 #include <vector>
 
 namespace carve::detail {
-
-// An allocation's answer from a block (null: none) and the reason there is none. `why` by
-// reference, so that `allocation_answer(take(..., why), why)` reads it once take() has set it.
-inline cuda::std::expected<void*, Errc> allocation_answer(void* p, const Errc& why) noexcept {
-  return p != nullptr ? cuda::std::expected<void*, Errc>(p) : cuda::std::unexpected(why);
-}
 
 // An ExpandablePool's tables (behind one pointer, so the pool moves as a pointer does).
 template <class Mapper, class Streams>
