@@ -47,6 +47,7 @@ struct Options {
   bool smallest_card = true;
   double scale = 1.0; // every block's size times this: what if the batch were larger?
   int repeat = 5;
+  int again = 0; // runs of the requests after the first (carve::replay::replay_again)
 };
 
 struct BadInput {
@@ -91,6 +92,8 @@ Options parse(int argc, char** argv) {
       o.device = whole_number(a, value(i, a));
     } else if (a == "--repeat") {
       o.repeat = static_cast<int>(std::clamp<std::uint64_t>(whole_number(a, value(i, a)), 1, 1000));
+    } else if (a == "--again") {
+      o.again = static_cast<int>(std::clamp<std::uint64_t>(whole_number(a, value(i, a)), 0, 1000));
     } else if (a == "--scale") {
       const std::string text = value(i, a);
       std::size_t used = 0;
@@ -121,7 +124,7 @@ Options parse(int argc, char** argv) {
       }
     } else if (a == "--help" || a == "-h") {
       throw BadInput{"usage: carve_replay TRACE [--allocators a,b,...|list] [--device N] [--capacity BYTES] "
-                     "[--scale F] [--svg FILE] [--json] [--repeat N] [--no-smallest-card]"};
+                     "[--scale F] [--svg FILE] [--json] [--repeat N] [--again N] [--no-smallest-card]"};
     } else if (a.rfind("--", 0) == 0) {
       throw BadInput{"unknown flag '" + a + "'"};
     } else if (o.trace.empty()) {
@@ -183,6 +186,9 @@ int run(const Options& o) {
     }
     return 0;
   }
+  if (o.json && o.again > 0) {
+    throw BadInput{"--again prints in the table only (without --json)"};
+  }
   if (o.trace.empty()) {
     throw BadInput{"no trace given (usage: carve_replay TRACE [options]; --help)"};
   }
@@ -226,6 +232,7 @@ int run(const Options& o) {
                       rep.peak_live,
                       true,
                       std::nullopt,
+                      {},
                       {}});
   if (t->recorded) {
     carve::replay::Row r{"pytorch-recorded",
@@ -237,6 +244,7 @@ int run(const Options& o) {
                          std::nullopt,
                          true,
                          std::nullopt,
+                         {},
                          {}};
     if (!o.svg.empty()) {
       std::uint64_t now = t->recorded->start_bytes;
@@ -262,9 +270,17 @@ int run(const Options& o) {
         if (!run.from_recorded_start) {
           break; // the recorded segments do not hold the start blocks: nothing to check against
         }
-        rep.seeded_model = carve::replay::Row{
-            "pytorch-model", c.description, run.peak_reserved, run.device_calls,   run.start_device_calls,
-            std::nullopt,    std::nullopt,  run.completed,     run.failed_request, {}};
+        rep.seeded_model = carve::replay::Row{"pytorch-model",
+                                              c.description,
+                                              run.peak_reserved,
+                                              run.device_calls,
+                                              run.start_device_calls,
+                                              std::nullopt,
+                                              std::nullopt,
+                                              run.completed,
+                                              run.failed_request,
+                                              {},
+                                              {}};
       }
     }
   }
@@ -284,7 +300,7 @@ int run(const Options& o) {
   for (int round = 0; round < o.repeat; ++round) {
     for (std::size_t i = 0; i < contenders.size(); ++i) {
       const auto subject = contenders[i].make(card, streams.count);
-      auto run = carve::replay::replay(*t, streams, *subject);
+      auto run = carve::replay::replay(*t, streams, *subject, false, false, round == 0 ? o.again : 0);
       ns[i].push_back(run.ns_per_op);
       if (round == 0) {
         first[i] = std::move(run);
@@ -303,7 +319,8 @@ int run(const Options& o) {
                          std::nullopt,
                          first[i].completed,
                          first[i].failed_request,
-                         {}};
+                         {},
+                         first[i].again};
     if (o.smallest_card && first[i].completed && !o.capacity) {
       r.smallest_card = carve::replay::smallest_card(*t, streams, c, rep.peak_live, first[i].peak_reserved, card,
                                                      carve::replay::device_granule);

@@ -59,6 +59,16 @@ struct Contender {
   std::function<std::unique_ptr<Subject>(std::uint64_t capacity, std::uint32_t streams)> make;
 };
 
+// One more run of a trace's requests after the first (replay's `again`): the blocks the trace
+// both allocates and frees, allocated and freed again in the same order, while the blocks it left
+// live stay. A longer run of the same steps, for what an allocator does after many of them.
+struct AgainRun {
+  std::uint64_t peak_reserved = 0; // the most it reserved during this run
+  std::uint64_t peak_live = 0;     // the most bytes live during this run
+  std::uint64_t device_calls = 0;  // made during this run
+  bool completed = false;
+};
+
 // What one replay saw.
 struct Run {
   bool completed = false;
@@ -69,13 +79,55 @@ struct Run {
   double ns_per_op = 0;                      // host time per allocate+free, device calls taken out
   bool from_recorded_start = false;          // the start blocks were placed as the recording had them
   std::vector<std::uint64_t> reserved_after; // per request, when asked for
+  std::vector<AgainRun> again;               // the runs after the first, when asked for
 };
+
+// The requests of `t` again, `times` times, after replay() ran them once through `s` (`at`: where
+// each block is now, null when not live; `live`: the bytes live now): see AgainRun.
+inline std::vector<AgainRun> replay_again(const trace::AllocationTrace& t, const StreamNumbers& streams, Subject& s,
+                                          std::vector<void*>& at, std::uint64_t live, int times) {
+  std::vector<char> freed(t.blocks.size(), 0);
+  for (const trace::TraceRequest& q : t.requests) {
+    freed[q.block] = q.allocate ? freed[q.block] : 1;
+  }
+  std::vector<AgainRun> runs;
+  for (int k = 0; k < times; ++k) {
+    AgainRun run{s.reserved(), live, s.device_calls(), true};
+    for (const trace::TraceRequest& q : t.requests) {
+      const trace::TraceBlock& b = t.blocks[q.block];
+      if (q.block < t.start_blocks || freed[q.block] == 0) {
+        continue; // a start block freed is not allocated again; a block never freed stays live
+      }
+      if (q.allocate) {
+        at[q.block] = s.allocate(b.bytes, streams.of_block[q.block]);
+        if (at[q.block] == nullptr) {
+          run.completed = false;
+          break;
+        }
+        live += b.bytes;
+      } else {
+        s.free(at[q.block], b.bytes, streams.of_block[q.block]);
+        at[q.block] = nullptr;
+        live -= b.bytes;
+      }
+      run.peak_reserved = std::max(run.peak_reserved, s.reserved());
+      run.peak_live = std::max(run.peak_live, live);
+    }
+    run.device_calls = s.device_calls() - run.device_calls;
+    runs.push_back(run);
+    if (!run.completed) {
+      break;
+    }
+  }
+  return runs;
+}
 
 // Replays `t` through `s`: the start blocks first (placed as the recording had them, with
 // `from_recorded_start`, where `s` can), then the requests. Stops at the first refusal. With
-// `curve`, records the reserved bytes after every request (slower: off for timing).
+// `curve`, records the reserved bytes after every request (slower: off for timing). With `again`,
+// runs the requests that many more times after the first, untimed (replay_again).
 inline Run replay(const trace::AllocationTrace& t, const StreamNumbers& streams, Subject& s, bool curve = false,
-                  bool from_recorded_start = false) {
+                  bool from_recorded_start = false, int again = 0) {
   Run run;
   std::vector<void*> at(t.blocks.size(), nullptr);
   const auto start = std::chrono::steady_clock::now();
@@ -115,6 +167,13 @@ inline Run replay(const trace::AllocationTrace& t, const StreamNumbers& streams,
   run.device_calls = s.device_calls() - run.start_device_calls;
   const double allocations = static_cast<double>(std::max<std::uint64_t>(1, t.blocks.size()));
   run.ns_per_op = std::max(0.0, elapsed - static_cast<double>(s.device_ns())) / allocations;
+  if (again > 0 && run.completed) {
+    std::uint64_t live = 0;
+    for (std::uint32_t i = 0; i < at.size(); ++i) {
+      live += at[i] != nullptr ? t.blocks[i].bytes : 0;
+    }
+    run.again = replay_again(t, streams, s, at, live, again);
+  }
   // Blocks still live go back, so the allocator is torn down from a clean state.
   for (std::uint32_t i = 0; i < at.size(); ++i) {
     if (at[i] != nullptr) {

@@ -33,6 +33,7 @@ struct Row {
   bool completed = true;                       // ran to the end on the card it was given
   std::optional<std::uint64_t> failed_request; // with --capacity: the first request refused
   std::vector<std::uint64_t> reserved_after;   // for the plot
+  std::vector<AgainRun> again;                 // with --again: the runs after the first
 };
 
 // expandable-pool at one setting of a knob (headroom, lending, allocation size): what carve_replay
@@ -149,6 +150,43 @@ inline std::vector<std::string> goal_lines(const Report& rep) {
   return out;
 }
 
+// The allocator column's width: the longest name, and at least 26.
+inline std::size_t name_width(const Report& rep) {
+  std::size_t width = 26;
+  for (const Row& r : rep.rows) {
+    width = std::max(width, r.name.size() + 1);
+  }
+  return width;
+}
+
+// With --again: each allocator over the longer run, against the most bytes live in it.
+inline void print_again(const Report& rep) {
+  const auto ran = std::find_if(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return !r.again.empty(); });
+  if (ran == rep.rows.end()) {
+    return;
+  }
+  fmt::print("\nThe same requests {} more time{} (--again: the blocks the trace allocates and frees, allocated and "
+             "freed again in order; the blocks it leaves live stay): what each allocator reserves after many steps\n",
+             ran->again.size(), ran->again.size() == 1 ? "" : "s");
+  const std::size_t width = name_width(rep);
+  fmt::print("{:<{}} {:>13} {:>11} {:>14} {:>14}\n", "allocator", width, "peak reserved", "x peak live",
+             "calls, 1st run", "calls, last run");
+  for (const Row& r : rep.rows) {
+    if (r.again.empty()) {
+      continue;
+    }
+    std::uint64_t reserved = 0;
+    std::uint64_t live = 1;
+    for (const AgainRun& a : r.again) {
+      reserved = std::max(reserved, a.peak_reserved);
+      live = std::max(live, a.peak_live);
+    }
+    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>14} {:>14}{}\n", r.name, width, gib(reserved),
+               static_cast<double>(reserved) / static_cast<double>(live), r.again.front().device_calls,
+               r.again.back().device_calls, r.again.back().completed ? "" : "  did not complete on this card");
+  }
+}
+
 inline void print_table(const Report& rep) {
   const trace::AllocationTrace& t = *rep.trace;
   fmt::print("{}: {} allocations, {} blocks ({}) live at the start, peak live {}, {} stream{}\n", t.source,
@@ -157,10 +195,7 @@ inline void print_table(const Report& rep) {
   if (rep.capacity) {
     fmt::print("on a card of {} ({} bytes)\n", gib(*rep.capacity), *rep.capacity);
   }
-  std::size_t width = 26;
-  for (const Row& r : rep.rows) {
-    width = std::max(width, r.name.size() + 1);
-  }
+  const std::size_t width = name_width(rep);
   fmt::print("\n{:<{}} {:>13} {:>11} {:>13} {:>10} {:>14}\n", "allocator", width, "peak reserved", "x peak live",
              "device calls", "ns/op", "smallest card");
   const double live = static_cast<double>(std::max<std::uint64_t>(1, rep.peak_live));
@@ -217,6 +252,7 @@ inline void print_table(const Report& rep) {
        "allocation size over a driver that maps whole allocations only (ExpandablePoolOptions::max_chunk_bytes, "
        "carve_replay --allocators expandable-pool:partial-maps=0:max-chunk=BYTES)",
        "max chunk", ExpandablePoolOptions{}.max_chunk_bytes, [](std::size_t v) { return gib(v); });
+  print_again(rep);
   const auto goals = rep.capacity ? std::vector<std::string>{} : goal_lines(rep); // goals are for a roomy card
   if (!goals.empty()) {
     fmt::print("\n");
