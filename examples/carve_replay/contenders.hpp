@@ -293,7 +293,8 @@ inline constexpr std::size_t default_contenders = 6;
 
 // A pool with options of the user's, written `name:key=value:key=value`: expandable-pool takes growth
 // (ExpandablePoolOptions::growth_divisor), min-chunk, max-chunk, release (release_threshold, bytes), headroom
-// (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends) and partial-maps
+// (headroom_permille; `none` for no line), lend (lend_min_bytes; `none` never lends), home
+// (bring_holes_home: 1 brings lent holes home) and partial-maps
 // (0: the driver maps whole allocations only, and says so, as CUDA documents cuMemMap; 1, the
 // default: parts too);
 // caching-pool takes segment, idle, shared and near-full (PoolOptions::segment_size,
@@ -339,6 +340,8 @@ inline Contender configured(const std::string& spec) {
         o.headroom_permille = value;
       } else if (key == "lend") {
         o.lend_min_bytes = value;
+      } else if (key == "home") {
+        o.bring_holes_home = value != 0;
       } else if (key == "partial-maps") {
         partial_maps = value != 0;
       } else {

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 // In a namespace of its own: the area's test files compile as one translation unit.
@@ -149,6 +150,25 @@ TEST_CASE("take_at takes exactly the range asked for, only where it is free, and
   CHECK(span.start == 0x18000);
   CHECK(span.bytes == 8 * KiB); // c and the take after it are its neighbours
   CHECK(r.consistent());
+}
+
+TEST_CASE("for_each_range_near visits every range that overlaps a window, walking out from a taken one") {
+  BestFitRanges r(0x10000, 64 * KiB);
+  const auto a = r.take(8 * KiB);  // [0x10000, 0x12000)
+  const auto b = r.take(8 * KiB);  // [0x12000, 0x14000)
+  const auto c = r.take(16 * KiB); // [0x14000, 0x18000); the rest free
+  REQUIRE((a && b && c));
+  r.give(b->handle); // [0x12000, 0x14000) free between a and c
+  std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> seen;
+  const auto visit = [&](std::uintptr_t start, std::size_t bytes, bool free) { seen.emplace_back(start, bytes, free); };
+  r.for_each_range_near(c->handle, 0x11000, 0x19000, visit); // from c back to a, and on into the free end
+  CHECK(seen == decltype(seen){{0x10000, 8 * KiB, false},
+                               {0x12000, 8 * KiB, true},
+                               {0x14000, 16 * KiB, false},
+                               {0x18000, 32 * KiB, true}});
+  seen.clear();
+  r.for_each_range_near(a->handle, 0x14000, 0x18000, visit); // exactly c: its free neighbours left out
+  CHECK(seen == decltype(seen){{0x14000, 16 * KiB, false}});
 }
 
 TEST_CASE("aligned takes leave the pad free, and regions never merge") {

@@ -902,6 +902,84 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
   CHECK(pool.consistent());
 }
 
+TEST_CASE("bring_holes_home: once no block touches a hole's chunk nor its second mapping, the hole comes home") {
+  // a, b (then the hole) and c fill one chunk; d past the line takes the hole's memory. Kept lent
+  // after d and the chunk's blocks die, the hole would cut the chunk in two for good.
+  for (const bool chunk_first : {true, false}) {
+    CAPTURE(chunk_first);
+    HostMemoryMapper m = mapper();
+    Pool pool(
+        m,
+        small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * granule, .bring_holes_home = true}));
+    void* x = *pool.try_allocate(8 * granule, 512);
+    const auto base = static_cast<unsigned char*>(x);
+    pool.deallocate(x, 8 * granule, 512);
+    void* a = *pool.try_allocate(2 * granule, 512);
+    void* b = *pool.try_allocate(2 * granule, 512);
+    void* c = *pool.try_allocate(2 * granule, 512);
+    pool.deallocate(b, 2 * granule, 512);
+    void* d = *pool.try_allocate(4 * granule, 512);
+    REQUIRE(pool.stats().lent_bytes == 2 * granule);
+    // Whichever dies last, the chunk's blocks or d, brings the hole home; not before.
+    if (chunk_first) {
+      pool.deallocate(a, 2 * granule, 512);
+      pool.deallocate(c, 2 * granule, 512);
+      CHECK(pool.stats().lent_bytes == 2 * granule); // d still uses the hole's memory
+      pool.deallocate(d, 4 * granule, 512);
+    } else {
+      pool.deallocate(d, 4 * granule, 512);
+      pool.deallocate(a, 2 * granule, 512);
+      CHECK(pool.stats().lent_bytes == 2 * granule); // c still pins the chunk
+      pool.deallocate(c, 2 * granule, 512);
+    }
+    auto st = pool.stats();
+    CHECK(st.lent_bytes == 0);
+    CHECK(st.holes_home == 1);
+    CHECK(st.unmaps == 1);                   // the second mapping; the chunk's memory stays mapped where it lives
+    CHECK(st.bytes_reserved == 8 * granule); // d lay on the chunk's end and the hole's memory: none new
+    CHECK(pool.consistent());
+    void* whole = *pool.try_allocate(8 * granule, 512); // the chunk is one free range again
+    CHECK(static_cast<unsigned char*>(whole) == base);
+    CHECK(pool.stats().maps == st.maps);
+    std::memset(whole, 7, 8 * granule);
+    pool.deallocate(whole, 8 * granule, 512);
+    pool.trim();
+    CHECK(pool.stats().bytes_reserved == 0);
+    CHECK(m.mapping_count() == 0);
+    CHECK(m.physical_count() == 0);
+  }
+}
+
+TEST_CASE("bring_holes_home: not while the stream's work may still use the second mapping") {
+  // SimulatedStreams cannot wait: a free whose stream has work queued leaves the hole lent (an
+  // unmap under a running kernel faults); CudaStreams waits for the work instead.
+  using StreamPool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
+  StreamPool pool(
+      mapper(),
+      small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * granule, .bring_holes_home = true}),
+      carve::SimulatedStreams(1));
+  const carve::SimulatedStream s0{0};
+  void* x = *pool.try_allocate(s0, 8 * granule, 512);
+  pool.deallocate(s0, x, 8 * granule, 512);
+  void* a = *pool.try_allocate(s0, 2 * granule, 512);
+  void* b = *pool.try_allocate(s0, 2 * granule, 512);
+  void* c = *pool.try_allocate(s0, 2 * granule, 512);
+  pool.deallocate(s0, b, 2 * granule, 512);
+  void* d = *pool.try_allocate(s0, 4 * granule, 512);
+  REQUIRE(pool.stats().lent_bytes == 2 * granule);
+  pool.deallocate(s0, a, 2 * granule, 512);
+  pool.deallocate(s0, c, 2 * granule, 512);
+  pool.streams().enqueue(s0); // a kernel still reading d
+  pool.deallocate(s0, d, 4 * granule, 512);
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  CHECK(pool.stats().unmaps == 0);
+  pool.streams().complete(s0);
+  pool.trim(); // the work has run: trim unmaps the second mapping, then the chunk
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(pool.consistent());
+}
+
 TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, each unmapped on its own") {
   // For a driver that maps whole allocations only: no hole can be lent there, so the granules a
   // dead block leaves between live ones go back to the device where whole allocations lie there.
@@ -1209,17 +1287,20 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
   // granules keep the bytes checked after every step few (and the test quick under sanitizers).
   // Chunks cut into allocations of two pages (max_chunk_bytes) run the same steps.
   constexpr std::size_t page = 4 * KiB;
-  for (const int run : {0, 1, 2, 3}) {
+  for (const int run : {0, 1, 2, 3, 4, 5, 6, 7}) {
     const bool threshold = (run & 1) != 0;
     const bool cut = (run & 2) != 0;
+    const bool home = (run & 4) != 0; // holes come home too (bring_holes_home)
     CAPTURE(threshold);
     CAPTURE(cut);
+    CAPTURE(home);
     HostMemoryMapper m({.granularity = page});
     Pool pool(m, small({.growth_divisor = 0,
                         .max_chunk_bytes = cut ? 2 * page : SIZE_MAX,
                         .release_threshold = threshold ? 4 * page : SIZE_MAX,
                         .headroom_permille = 0,
-                        .lend_min_bytes = 3 * page}));
+                        .lend_min_bytes = 3 * page,
+                        .bring_holes_home = home}));
     std::mt19937_64 rng(29);
     struct Block {
       unsigned char* p;
@@ -1257,6 +1338,7 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
     }
     CHECK(intact);
     CHECK(most_lent > 0); // holes were lent, so the check above covered them
+    CHECK((pool.stats().holes_home > 0) == home);
     CHECK(pool.consistent());
     for (const Block& blk : live) {
       pool.deallocate(blk.p, blk.bytes, 512);

@@ -183,6 +183,22 @@ public:
   /// How long a taken range is.
   std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
 
+  /// Calls `visit(start, bytes, free)` for every range, free or taken, of taken range `h`'s region
+  /// that overlaps [lo, hi), walking the address order out from `h` (for an owner that counts what
+  /// lies around a range it keeps). `visit` must not change the ranges.
+  template <class Visit>
+  void for_each_range_near(Handle h, std::uintptr_t lo, std::uintptr_t hi, Visit&& visit) const {
+    std::uint32_t n = h;
+    while (nodes_[n].prev != none && nodes_[n].start > lo) {
+      n = nodes_[n].prev;
+    }
+    for (; n != none && nodes_[n].start < hi; n = nodes_[n].next) {
+      if (nodes_[n].start + nodes_[n].bytes > lo) {
+        visit(nodes_[n].start, nodes_[n].bytes, nodes_[n].free);
+      }
+    }
+  }
+
   /// The free range take(bytes, alignment) would cut from, left as it is; nullopt when none fits.
   std::optional<Span> best_range(std::size_t bytes, std::size_t alignment = 1) const noexcept {
     const std::uint32_t n = best_fit(bytes, alignment);

@@ -11,41 +11,37 @@
 /// twin.trim();                                  // unmaps every idle chunk
 /// @endcode
 ///
-/// A caching pool over cudaMalloc holds segments: memory it cannot give back while any block in
-/// it lives, and cannot join with its neighbours, so what it reserves follows the history of its
-/// splits. Here the addresses are one reservation per stream (OnDemandReservation), so every free
-/// range joins its neighbours and a request is placed best fit over the whole range, smallest hole
-/// first, lowest address among equals; the untouched end is the largest range and is used last.
-/// Physical memory is separate: a block's granules are mapped when it lands on them, in chunks
-/// (ExpandablePoolOptions::growth_divisor says how large), and a chunk is unmapped only when no
-/// block touches it and the pool lets it go: when the device refuses memory (then the request is
-/// retried), on trim(), beyond release_threshold, or to stay under the headroom line: the running
-/// peak of live bytes plus headroom_permille of it. A chunk stops at that line; a request that
-/// must map past it first unmaps idle chunks, highest addresses first (best fit reaches them
-/// last), and a large one (lend_min_bytes) then maps holes, the unused granules of chunks live
-/// blocks pin, a second time before it maps new memory (detail/hole_lending.hpp). What is mapped
-/// is the live blocks, the holes, idle chunks the streams' work has not passed and the headroom.
+/// A caching pool over cudaMalloc holds segments it cannot give back while any block in them
+/// lives, nor join with their neighbours. Here the addresses are one reservation per stream
+/// (OnDemandReservation): every free range joins its neighbours, and a request is placed best fit
+/// (smallest hole first, lowest address among equals; the untouched end is used last). Memory is
+/// separate: a block's granules are mapped where it lands, in chunks (growth_divisor says how
+/// large), and a chunk is unmapped only once no block touches it: when the device refuses memory
+/// (then the request is retried), on trim(), beyond release_threshold, or to stay under the
+/// headroom line (the running peak of live bytes plus headroom_permille of it). A chunk stops at
+/// the line; a request that must map past it first unmaps idle chunks, highest addresses first,
+/// and a large one (lend_min_bytes) then maps holes, unused granules of chunks live blocks pin, a
+/// second time (detail/hole_lending.hpp); once no block touches a hole's chunk nor the second
+/// mappings of its holes, they are unmapped and the chunk is whole again.
 ///
 /// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
-/// at once (stream order makes it safe); freed on another stream T, it waits for an event recorded
-/// on T at the free; freed synchronously, it is free at once. Memory moves between streams by
-/// unmapping idle chunks in one reservation and mapping new ones in another, and a chunk is
-/// unmapped only once its stream's work queued before the frees that left it idle has run: trim(),
-/// the retry under pressure, the headroom line (when the chunks whose streams have run are not
-/// enough) and destruction wait for that where the Streams can (StreamEventsThatWait:
-/// CudaStreams); the release threshold never waits, and unmaps such a chunk at a later free. The
-/// synchronous spellings have a reservation of their own; the default SynchronousStreams has one
-/// stream whose events are always complete.
+/// at once; freed on another stream T, it waits for an event recorded on T at the free; freed
+/// synchronously, it is free at once. Memory moves between streams by unmapping idle chunks in one
+/// reservation and mapping new ones in another. Nothing is unmapped before its stream's work
+/// queued before the frees that left it unused has run: trim(), the retry under pressure, the
+/// headroom line, holes coming home and destruction wait for that where the Streams can
+/// (StreamEventsThatWait: CudaStreams); the release threshold never waits (it unmaps such a chunk
+/// at a later free). The synchronous spellings have a reservation of their own.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
-/// an alignment above the device's granularity, a full address space, or physical memory
-/// refused by the device or by max_reserved_bytes after idle chunks were unmapped (the message of
-/// the mapper's last refusal is in last_failure()). try_deallocate (nothing changes): not_allocated
-/// for a pointer that is no live block, invalid_size for bytes that do not round to its size.
-/// Thread-safe (one lock; driver calls are made under it). Movable, not copyable; a moved-from pool
-/// may only be destroyed or assigned to. Destruction waits for the streams' work on freed blocks
-/// (where the Streams can) and unmaps everything: blocks still out are invalid with it.
+/// an alignment above the device's granularity, a full address space, or physical memory refused
+/// by the device or by max_reserved_bytes after idle chunks were unmapped (the mapper's last
+/// refusal is in last_failure()). try_deallocate (nothing changes): not_allocated for a pointer
+/// that is no live block, invalid_size for bytes that do not round to its size. Thread-safe (one
+/// lock; driver calls are made under it). Movable, not copyable; a moved-from pool may only be
+/// destroyed or assigned to. Destruction waits for the streams' work on freed blocks (where the
+/// Streams can) and unmaps everything: blocks still out are invalid with it.
 #pragma once
 
 #include <carve/core/error.hpp>
@@ -273,6 +269,7 @@ private:
         s_->reserved = mapped ? s_->reserved - *mapped + space.memory.mapped_bytes() : s_->reserved;
         if (added && *added) {
           s_->live.insert(taken->start, Live{size, taken->handle, index});
+          space.watched.add(taken->start, size);
           note_allocation(index, taken->start, size);
           return reinterpret_cast<void*>(taken->start);
         }
@@ -311,7 +308,7 @@ private:
     ++s_->stats.deallocations;
     s_->stats.bytes_in_use -= block.size;
     if (now) {
-      note_free(block.space, space.free.give(block.handle));
+      release(block.space, block.handle);
     }
     return succeeded;
   }
@@ -347,11 +344,9 @@ private:
                                  s_->options.headroom_permille);
   }
 
-  // Before `need` more bytes are mapped for a block of `size`: while that would pass the headroom
-  // line, unmaps idle chunks (wholly in a free range, their stream's work run), highest addresses
-  // first, since best fit reaches them last. If the chunks whose streams have run are not enough,
-  // it waits (where the Streams can) for the others': on a GPU the host runs ahead, so an event
-  // recorded now has rarely completed, and without the wait the line would not hold.
+  // Before `need` more bytes are mapped for a block of `size` past the headroom line: unmaps idle
+  // chunks, highest addresses first (best fit reaches them last), those whose stream's work has run,
+  // then (waiting where the Streams can: the host runs ahead of a GPU) the others.
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
@@ -364,7 +359,7 @@ private:
         Space& space = *s_->spaces[i];
         const std::size_t found = idle.size();
         detail::find_idle_chunks(space.free, space.memory, i, idle);
-        if (idle.size() != found && !settled(space, s_->frees, wait)) { // asked only where it matters
+        if (idle.size() != found && !s_->settled(space, s_->frees, wait)) { // asked only where it matters
           idle.resize(found);
         }
       }
@@ -379,7 +374,7 @@ private:
   void lend_holes(Space& space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
     if (need != 0 && size >= s_->options.lend_min_bytes && !s_->lending_refused &&
         s_->reserved + need > headroom_line(size)) {
-      (void)detail::lend_holes(space.free, space.memory, space.lent, addr, size, s_->lending_refused);
+      (void)detail::lend_holes(space.free, space.memory, space.lent, space.watched, addr, size, s_->lending_refused);
     }
   }
 
@@ -394,13 +389,28 @@ private:
       s_->idle.unmapped(space, start, bytes);
     }
     while (const auto hole = s.memory.next_returned()) {
-      if (const auto it = s.lent.find(hole->first); it != s.lent.end()) {
-        const auto kept = it->second;
-        s.lent.erase(it);
-        note_free(space, s.free.give(kept));
+      if (const auto kept = detail::hole_returned(s.memory, s.lent, s.watched, hole->first)) {
+        note_free(space, s.free.give(*kept));
       }
     }
     return freed;
+  }
+
+  // A block's range free again: lent holes whose chunk and second mappings no block touches now
+  // come home (detail::find_homecomings), once the stream's work on the freed blocks has run
+  // (waited for where the Streams can: an unmap under a running kernel faults).
+  void release(std::uint32_t index, BestFitRanges::Handle handle) noexcept {
+    Space& space = *s_->spaces[index];
+    const std::uintptr_t addr = space.free.start(handle);
+    const std::size_t size = space.free.size(handle);
+    const bool homecomings = s_->homecomings(space, addr, size);
+    note_free(index, space.free.give(handle));
+    if (homecomings && !s_->held && s_->settled(space, s_->frees, true)) {
+      for (const auto& [at, bytes] : s_->homecoming) {
+        unmap_within(index, at, bytes);
+        ++s_->stats.holes_home;
+      }
+    }
   }
 
   void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size) {
@@ -428,19 +438,12 @@ private:
     });
     while (!s_->held && s_->idle.bytes() > s_->options.release_threshold) {
       const auto oldest = s_->idle.oldest();
-      if (!oldest || !settled(*s_->spaces[oldest->space], oldest->since, false)) {
+      if (!oldest || !s_->settled(*s_->spaces[oldest->space], oldest->since, false)) {
         break;
       }
       s_->idle.drop_oldest(); // even when the mapper refuses to unmap it: the loop must end
       unmap_within(oldest->space, oldest->start, oldest->bytes);
     }
-  }
-
-  // Whether memory of `space` freed by free number `since` may be unmapped: its stream's work
-  // before that free has run (StreamFence). `wait`: block until then, where the Streams can.
-  bool settled(Space& space, std::uint64_t since, bool wait) noexcept {
-    // The synchronous reservation: every free came after the caller synchronised.
-    return !space.stream || space.fence.settled(s_->streams, *space.stream, since, s_->frees, wait);
   }
 
   bool tracks_idle() const noexcept { return s_->options.release_threshold != std::numeric_limits<std::size_t>::max(); }
@@ -452,7 +455,7 @@ private:
     std::size_t released = 0;
     for (std::uint32_t i = 0; !s_->held && i < s_->spaces.size(); ++i) {
       Space& space = *s_->spaces[i];
-      for (std::size_t lent = SIZE_MAX; settled(space, s_->frees, wait) && lent != space.lent.size();) {
+      for (std::size_t lent = SIZE_MAX; s_->settled(space, s_->frees, wait) && lent != space.lent.size();) {
         lent = space.lent.size();
         std::vector<detail::IdleChunks::Chunk> idle;
         detail::find_idle_chunks(space.free, space.memory, i, idle); // unmapping changes the ranges
@@ -467,7 +470,7 @@ private:
   // Frees whose streams' work has completed become free memory (may throw: CrossStreamFrees::collect).
   void collect_pending() {
     const auto home = [&](const Freed& f) {
-      note_free(f.space, s_->spaces[f.space]->free.give(f.handle));
+      release(f.space, f.handle);
       return true;
     };
     s_->pending.collect(s_->streams, home, false, !s_->held); // no event recorded while held
@@ -479,7 +482,7 @@ private:
       return;
     }
     for (auto& space : s_->spaces) {
-      (void)settled(*space, s_->frees, true);
+      (void)s_->settled(*space, s_->frees, true);
       space->fence.close(s_->streams);
     }
     s_->pending.close(s_->streams);

@@ -183,6 +183,10 @@ public:
     return {};
   }
 
+  /// Where the memory of the second mapping that starts at `addr` (lent_at) lives: the `from` lend() had.
+  std::uintptr_t lent_from(std::uintptr_t addr) const noexcept {
+    return base_ + table_.chunks.find((addr - base_) >> shift_)->second.home * granule_;
+  }
   /// Whether the chunk that starts at `addr` is a second mapping lend() made.
   bool lent_at(std::uintptr_t addr) const noexcept {
     const auto it = addr < base_ ? table_.chunks.end() : table_.chunks.find((addr - base_) >> shift_);

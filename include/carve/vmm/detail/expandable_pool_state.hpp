@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@ struct ExpandablePoolState {
     BestFitRanges free;
     StreamFence<Streams> fence; // which frees the stream's work has passed
     LentHoles lent;             // holes mapped a second time, kept out of best fit's way
+    WatchedChunks watched;      // lent holes' chunks and second mappings, with their blocks
   };
   struct Live {
     std::size_t size = 0;             // rounded to the granularity
@@ -59,7 +61,8 @@ struct ExpandablePoolState {
   std::vector<std::unique_ptr<Space>> spaces;
   AddressTable<Live> live;
   CrossStreamFrees<Streams, Freed> pending;
-  IdleChunks idle;         // kept only with a finite release_threshold
+  IdleChunks idle;                                                // kept only with a finite release_threshold
+  std::vector<std::pair<std::uintptr_t, std::size_t>> homecoming; // find_homecomings' answer, reused
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
   bool held = false;            // hold(): nothing is unmapped
@@ -89,8 +92,37 @@ struct ExpandablePoolState {
     }
     const std::uintptr_t base = memory->base();
     const std::size_t size = memory->bytes();
-    spaces.push_back(std::make_unique<Space>(Space{stream, std::move(*memory), BestFitRanges(base, size), {}, {}}));
+    spaces.push_back(std::make_unique<Space>(Space{stream,
+                                                   std::move(*memory),
+                                                   BestFitRanges(base, size),
+                                                   {},
+                                                   {},
+                                                   WatchedChunks(base, granule, options.bring_holes_home)}));
     return static_cast<std::uint32_t>(spaces.size() - 1);
+  }
+
+  // Whether memory of `space` freed by free number `since` may be unmapped: its stream's work
+  // before that free has run (StreamFence). `wait`: block until then, where the Streams can. The
+  // synchronous reservation's frees all came after the caller synchronised.
+  bool settled(Space& space, std::uint64_t since, bool wait) noexcept {
+    return !space.stream || space.fence.settled(streams, *space.stream, since, frees, wait);
+  }
+
+  // A block of [addr, addr + size) in `space` is gone: whether lent holes may now come home, the
+  // second mappings to unmap for them in `homecoming` (find_homecomings). Where the list cannot
+  // grow, none (those holes stay lent for now).
+  bool homecomings(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
+    homecoming.clear();
+    try {
+      if (space.watched.remove(addr, size)) {
+        space.watched.for_each_unused_in(addr, size, [&](std::uintptr_t emptied) {
+          find_homecomings(space.memory, space.lent, space.watched, emptied, homecoming);
+        });
+      }
+    } catch (const std::bad_alloc&) {
+      homecoming.clear();
+    }
+    return !homecoming.empty();
   }
 
   // ExpandablePool::grant_access for a device in [0, 64), under the lock.
@@ -119,8 +151,8 @@ struct ExpandablePoolState {
       out.chunks += space->memory.chunk_count();
       out.address_space_bytes += space->memory.bytes();
       out.free_ranges += space->free.count();
-      for (const auto& [hole, kept] : space->lent) {
-        out.lent_bytes += space->free.size(kept);
+      for (const auto& [start, hole] : space->lent) {
+        out.lent_bytes += hole.bytes;
       }
       out.add_calls(space->memory.counts());
     }

@@ -7,19 +7,28 @@
 
 #include <carve/core/errc.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
+#include <carve/vmm/detail/watched_chunks.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <new>
+#include <optional>
 #include <utility>
 #include <vector>
 
 namespace carve::detail {
 
-// The ranges lent now: each hole's first address -> the taken range that keeps blocks out of it.
-using LentHoles = std::map<std::uintptr_t, BestFitRanges::Handle>;
+// A hole lent now: the taken range that keeps blocks out of it, and where its second mapping is.
+struct LentHole {
+  BestFitRanges::Handle kept = 0;
+  std::uintptr_t at = 0;
+  std::size_t bytes = 0;
+};
+// The holes lent now, by first address.
+using LentHoles = std::map<std::uintptr_t, LentHole>;
 
 // The holes of `memory` (an OnDemandReservation) under `free`'s ranges: whole granules of chunks
 // with memory of their own that a free range covers only in part (a chunk wholly free is idle, to
@@ -45,6 +54,33 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
   return holes;
 }
 
+// Watches the second mapping [at, at + bytes) of the hole at `hole` (kept out of use by `kept`),
+// lent to the block at `block` (taken, not yet counted), and the hole's chunk, with the blocks in
+// it now (taken ranges that are no lent hole): where a free may bring holes home. Where the tables cannot grow, the
+// hole stays lent until its second mapping is unmapped some other way (trim, the headroom line).
+template <class Memory>
+void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles& lent, WatchedChunks& watched,
+                std::uintptr_t block, std::uintptr_t hole, BestFitRanges::Handle kept, std::uintptr_t at,
+                std::size_t bytes) noexcept {
+  if (!watched.on()) {
+    return;
+  }
+  try {
+    watched.watch(at, bytes, 0);
+    memory.for_each_chunk_in(hole, 1, [&](std::uintptr_t c, std::size_t n) {
+      if (!watched.watched(c)) { // its blocks: the taken ranges in it, less its lent holes and the new block
+        std::size_t taken = 0;
+        free.for_each_range_near(kept, c, c + n, [&](std::uintptr_t start, std::size_t, bool is_free) {
+          taken += is_free || start == block ? 0u : 1u;
+        });
+        const auto holes = std::distance(lent.lower_bound(c), lent.lower_bound(c + n));
+        watched.watch(c, n, taken - static_cast<std::size_t>(holes));
+      }
+    });
+  } catch (const std::bad_alloc&) {
+  }
+}
+
 // Maps holes of `memory` under the unmapped granules of the block [addr, addr + size) (taken from
 // `free` already), each hole's range taken from `free` and recorded in `lent`; returns the bytes
 // lent. Lending only saves memory: when anything fails it stops, leaving the rest of the block to
@@ -52,8 +88,8 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
 // second mapping (CUDA documents that cuMemMap's offset must be 0, and a mapper that cannot tell
 // beforehand says so here), not when the tables could not grow or the device was out of memory.
 template <class Memory>
-std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std::uintptr_t addr, std::size_t size,
-                       bool& refused) noexcept {
+std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, WatchedChunks& watched,
+                       std::uintptr_t addr, std::size_t size, bool& refused) noexcept {
   const std::size_t g = memory.granule();
   std::size_t done = 0;
   try {
@@ -79,7 +115,7 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
         bool lent_now = false;
         Errc why = Errc::no_space;
         try {
-          const auto entry = lent.emplace(hole->first, kept->handle);
+          const auto entry = lent.emplace(hole->first, LentHole{kept->handle, at, n});
           if (entry.second) {
             const auto mapped = memory.lend(at, hole->first, n);
             lent_now = mapped.has_value();
@@ -99,6 +135,7 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
           refused = memory.counts().failures != failures && why != Errc::no_space;
           return done;
         }
+        watch_lent(free, memory, lent, watched, addr, hole->first, kept->handle, at, n);
         done += n;
         at += n;
         hole->first += n;
@@ -108,6 +145,57 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, std
   } catch (const std::bad_alloc&) {
   }
   return done;
+}
+
+// The second mapping of the hole at `start` was unmapped: it is lent no more, and neither its
+// second mapping nor (where no other hole of it is lent) its chunk is watched. Returns the range
+// that kept its addresses out of use, to give back; nullopt for a hole not lent.
+template <class Memory>
+std::optional<BestFitRanges::Handle> hole_returned(const Memory& memory, LentHoles& lent, WatchedChunks& watched,
+                                                   std::uintptr_t start) noexcept {
+  const auto it = lent.find(start);
+  if (it == lent.end()) {
+    return std::nullopt;
+  }
+  const auto kept = it->second.kept;
+  watched.forget(it->second.at);
+  lent.erase(it);
+  memory.for_each_chunk_in(start, 1, [&](std::uintptr_t c, std::size_t n) {
+    if (const auto next = lent.lower_bound(c); next == lent.end() || next->first >= c + n) {
+      watched.forget(c);
+    }
+  });
+  return kept;
+}
+
+// The second mappings (start, bytes) to unmap so that lent holes come home, now that the watched
+// chunk at `emptied` (a chunk whose holes are lent, or a second mapping) has no block: appended to
+// `out` (which lists any home once). A chunk's holes come home together, once no block touches
+// the chunk nor the second mapping of any of its lent holes. That frees no memory (the chunk is
+// still mapped where it lives) but makes the chunk one free range again: a second mapping left
+// after the block it was lent to dies keeps its hole's addresses out of use, so the chunk stays
+// cut in pieces step after step, and larger blocks map new memory beside it. Throws
+// std::bad_alloc (where `out` cannot grow).
+template <class Memory>
+void find_homecomings(const Memory& memory, const LentHoles& lent, const WatchedChunks& watched, std::uintptr_t emptied,
+                      std::vector<std::pair<std::uintptr_t, std::size_t>>& out) {
+  std::uintptr_t home = 0;
+  std::size_t bytes = 0;
+  memory.for_each_chunk_in(memory.lent_at(emptied) ? memory.lent_from(emptied) : emptied, 1,
+                           [&](std::uintptr_t c, std::size_t n) { home = c, bytes = n; });
+  const auto first = lent.lower_bound(home);
+  if (first == lent.end() || first->first >= home + bytes || !watched.unused(home) ||
+      std::any_of(out.begin(), out.end(), [&](const auto& m) { return m.first == first->second.at; })) {
+    return; // no hole of its own is lent, a block touches it, or it is listed already
+  }
+  const std::size_t listed = out.size();
+  for (auto it = first; it != lent.end() && it->first < home + bytes; ++it) {
+    if (!watched.unused(it->second.at)) {
+      out.resize(listed);
+      return;
+    }
+    out.emplace_back(it->second.at, it->second.bytes);
+  }
 }
 
 } // namespace carve::detail
