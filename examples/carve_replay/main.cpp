@@ -219,6 +219,7 @@ int run(const Options& o) {
   rep.start_live = t->start_live_bytes();
   rep.streams = streams.count;
   rep.capacity = o.capacity;
+  rep.again = o.again;
 
   // A card no allocator can outgrow on this trace, unless it fails even there.
   const std::uint64_t roomy = std::max<std::uint64_t>(4 * rep.peak_live, std::uint64_t{1} << 30);

@@ -56,6 +56,7 @@ struct Report {
   std::vector<SettingPoint> headroom;          // expandable-pool's reserve against calls, when it ran
   std::vector<SettingPoint> lending;           // the same against lend_min_bytes
   std::vector<SettingPoint> whole_allocations; // against max_chunk_bytes, over a driver without partial maps
+  int again = 0;                               // --again: the runs after the first
 
   const Row* find(const std::string& name) const {
     const auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; });
@@ -161,16 +162,15 @@ inline std::size_t name_width(const Report& rep) {
 
 // With --again: each allocator over the longer run, against the most bytes live in it.
 inline void print_again(const Report& rep) {
-  const auto ran = std::find_if(rep.rows.begin(), rep.rows.end(), [](const Row& r) { return !r.again.empty(); });
-  if (ran == rep.rows.end()) {
+  if (rep.again == 0) {
     return;
   }
   fmt::print("\nThe same requests {} more time{} (--again: the blocks the trace allocates and frees, allocated and "
              "freed again in order; the blocks it leaves live stay): what each allocator reserves after many steps\n",
-             ran->again.size(), ran->again.size() == 1 ? "" : "s");
+             rep.again, rep.again == 1 ? "" : "s");
   const std::size_t width = name_width(rep);
-  fmt::print("{:<{}} {:>13} {:>11} {:>14} {:>14}\n", "allocator", width, "peak reserved", "x peak live",
-             "calls, 1st run", "calls, last run");
+  fmt::print("{:<{}} {:>13} {:>11} {:>16} {:>11}\n", "allocator", width, "peak reserved", "x peak live",
+             "calls, 1st again", "calls, last");
   for (const Row& r : rep.rows) {
     if (r.again.empty()) {
       continue;
@@ -181,7 +181,7 @@ inline void print_again(const Report& rep) {
       reserved = std::max(reserved, a.peak_reserved);
       live = std::max(live, a.peak_live);
     }
-    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>14} {:>14}{}\n", r.name, width, gib(reserved),
+    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>16} {:>11}{}\n", r.name, width, gib(reserved),
                static_cast<double>(reserved) / static_cast<double>(live), r.again.front().device_calls,
                r.again.back().device_calls, r.again.back().completed ? "" : "  did not complete on this card");
   }

@@ -950,14 +950,17 @@ TEST_CASE("bring_holes_home: once no block touches a hole's chunk nor its second
   }
 }
 
-TEST_CASE("bring_holes_home: not while the stream's work may still use the second mapping") {
-  // SimulatedStreams cannot wait: a free whose stream has work queued leaves the hole lent (an
-  // unmap under a running kernel faults); CudaStreams waits for the work instead.
-  using StreamPool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
-  StreamPool pool(
+// A pool on SimulatedStreams that brings holes home, with one hole lent on stream 0: a chunk of
+// eight granules held a, a hole and c, and d past the line borrowed the hole; a and c are freed
+// since, so only d stands between the hole and home. Returns d (four granules).
+using HomePool = ExpandablePool<HostMemoryMapper, carve::SimulatedStreams>;
+HomePool home_pool(std::uint32_t streams) {
+  return HomePool(
       mapper(),
       small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * granule, .bring_holes_home = true}),
-      carve::SimulatedStreams(1));
+      carve::SimulatedStreams(streams));
+}
+void* lend_a_hole(HomePool& pool) {
   const carve::SimulatedStream s0{0};
   void* x = *pool.try_allocate(s0, 8 * granule, 512);
   pool.deallocate(s0, x, 8 * granule, 512);
@@ -969,6 +972,15 @@ TEST_CASE("bring_holes_home: not while the stream's work may still use the secon
   REQUIRE(pool.stats().lent_bytes == 2 * granule);
   pool.deallocate(s0, a, 2 * granule, 512);
   pool.deallocate(s0, c, 2 * granule, 512);
+  return d;
+}
+
+TEST_CASE("bring_holes_home: not while the stream's work may still use the second mapping") {
+  // SimulatedStreams cannot wait: a free whose stream has work queued leaves the hole lent (an
+  // unmap under a running kernel faults); CudaStreams waits for the work instead.
+  HomePool pool = home_pool(1);
+  const carve::SimulatedStream s0{0};
+  void* d = lend_a_hole(pool);
   pool.streams().enqueue(s0); // a kernel still reading d
   pool.deallocate(s0, d, 4 * granule, 512);
   CHECK(pool.stats().lent_bytes == 2 * granule);
@@ -978,6 +990,28 @@ TEST_CASE("bring_holes_home: not while the stream's work may still use the secon
   CHECK(pool.stats().lent_bytes == 0);
   CHECK(pool.stats().bytes_reserved == 0);
   CHECK(pool.consistent());
+}
+
+TEST_CASE("bring_holes_home: a borrower freed on another stream counts until its free is collected") {
+  HomePool pool = home_pool(2);
+  const carve::SimulatedStream s0{0};
+  const carve::SimulatedStream s1{1};
+  void* d = lend_a_hole(pool);
+  pool.streams().enqueue(s1); // s1 still reads d
+  pool.deallocate(s1, d, 4 * granule, 512);
+  CHECK(pool.stats().pending_frees == 1);
+  CHECK(pool.stats().lent_bytes == 2 * granule); // d still holds its second mapping
+  CHECK(pool.consistent());
+  pool.streams().complete(s1);
+  void* e = *pool.try_allocate(s0, granule, 512); // collects d's free, which brings the hole home
+  auto st = pool.stats();
+  CHECK(st.pending_frees == 0);
+  CHECK(st.lent_bytes == 0);
+  CHECK(st.holes_home == 1);
+  CHECK(pool.consistent());
+  pool.deallocate(s0, e, granule, 512);
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
 }
 
 TEST_CASE("max_chunk_bytes: a chunk is made of allocations that size at most, each unmapped on its own") {

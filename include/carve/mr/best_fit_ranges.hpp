@@ -184,8 +184,9 @@ public:
   std::size_t size(Handle h) const noexcept { return nodes_[h].bytes; }
 
   /// Calls `visit(start, bytes, free)` for every range, free or taken, of taken range `h`'s region
-  /// that overlaps [lo, hi), walking the address order out from `h` (for an owner that counts what
-  /// lies around a range it keeps). `visit` must not change the ranges.
+  /// (that region only) that overlaps [lo, hi), walking the address order out from `h`, which need
+  /// not lie in [lo, hi) (for an owner that counts what lies around a range it keeps). `visit`
+  /// must not change the ranges.
   template <class Visit>
   void for_each_range_near(Handle h, std::uintptr_t lo, std::uintptr_t hi, Visit&& visit) const {
     std::uint32_t n = h;

@@ -21,8 +21,9 @@
 /// headroom line (the running peak of live bytes plus headroom_permille of it). A chunk stops at
 /// the line; a request that must map past it first unmaps idle chunks, highest addresses first,
 /// and a large one (lend_min_bytes) then maps holes, unused granules of chunks live blocks pin, a
-/// second time (detail/hole_lending.hpp); once no block touches a hole's chunk nor the second
-/// mappings of its holes, they are unmapped and the chunk is whole again.
+/// second time (detail/hole_lending.hpp); with bring_holes_home, once no block touches a hole's
+/// chunk nor the second mappings of its holes, those are unmapped and the chunk is whole again.
+/// What is mapped: the live blocks, the holes, idle chunks and the headroom.
 ///
 /// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
 /// at once; freed on another stream T, it waits for an event recorded on T at the free; freed
@@ -31,7 +32,8 @@
 /// queued before the frees that left it unused has run: trim(), the retry under pressure, the
 /// headroom line, holes coming home and destruction wait for that where the Streams can
 /// (StreamEventsThatWait: CudaStreams); the release threshold never waits (it unmaps such a chunk
-/// at a later free). The synchronous spellings have a reservation of their own.
+/// at a later free). The synchronous spellings have a reservation of their own; the default
+/// SynchronousStreams has one stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
@@ -397,19 +399,20 @@ private:
   }
 
   // A block's range free again: lent holes whose chunk and second mappings no block touches now
-  // come home (detail::find_homecomings), once the stream's work on the freed blocks has run
-  // (waited for where the Streams can: an unmap under a running kernel faults).
+  // come home (bring_holes_home), once the stream's work on the freed blocks has run (waited for
+  // here where the Streams can: an unmap under a running kernel faults).
   void release(std::uint32_t index, BestFitRanges::Handle handle) noexcept {
     Space& space = *s_->spaces[index];
     const std::uintptr_t addr = space.free.start(handle);
     const std::size_t size = space.free.size(handle);
-    const bool homecomings = s_->homecomings(space, addr, size);
+    const bool going_home = s_->find_homeward(space, addr, size);
     note_free(index, space.free.give(handle));
-    if (homecomings && !s_->held && s_->settled(space, s_->frees, true)) {
-      for (const auto& [at, bytes] : s_->homecoming) {
+    if (going_home && !s_->held && s_->settled(space, s_->frees, true)) {
+      const std::size_t lent = space.lent.size();
+      for (const auto& [at, bytes] : s_->homeward) {
         unmap_within(index, at, bytes);
-        ++s_->stats.holes_home;
       }
+      s_->stats.holes_home += lent - space.lent.size(); // those the mapper unmapped
     }
   }
 

@@ -64,14 +64,17 @@ struct ExpandablePoolOptions {
   /// snapshot of one's own. max(): never lend.
   std::size_t lend_min_bytes = std::size_t{1} << 30;
   /// Once no block touches a lent hole's chunk nor the second mappings of its holes, unmap those
-  /// second mappings, so the chunk is one free range again (it stays mapped where it lives; the
-  /// unmap waits for the stream's work, where the Streams can). Without it, a second mapping
-  /// outlives the block it was lent to and keeps its hole's addresses out of use, so after many
-  /// training steps the chunks around them stay cut and the reserve drifts up: GPT-2 small from
-  /// 1.005x to 1.016x after some 25 steps, held at 1.005x with it (carve_replay --again,
-  /// docs/replay.md). Its price where holes are lent: counting the blocks on their chunks and about
-  /// 30 more driver calls a step, 15-20% more host time per allocate+free on GPT-2. Off by default
-  /// until that is cut.
+  /// second mappings, so the chunk is one free range again (it stays mapped where it lives).
+  /// Without it, a second mapping outlives the block it was lent to and keeps its hole's addresses
+  /// out of use, so after many training steps the chunks around them stay cut and the reserve
+  /// drifts up: GPT-2 small from 1.005x to 1.016x after some 25 steps, held at 1.005x with it
+  /// (carve_replay --again, docs/replay.md). Its price where holes are lent: counting the blocks
+  /// on their chunks, about 30 more driver calls a step (GPT-2), 15-20% more host time per
+  /// allocate+free there, and at the free that brings holes home a wait for the stream's work
+  /// (where the Streams can; an unmap under a running kernel faults), which the replay's figures
+  /// leave out. A homecoming the pool cannot make then (held, or the stream still busy where the
+  /// Streams cannot wait) waits for trim() or the headroom line. Off by default until it is
+  /// cheaper.
   bool bring_holes_home = false;
 };
 

@@ -183,7 +183,8 @@ public:
     return {};
   }
 
-  /// Where the memory of the second mapping that starts at `addr` (lent_at) lives: the `from` lend() had.
+  /// Where the memory of the second mapping that starts at `addr` lives (the `from` lend() had);
+  /// only for an `addr` where lent_at() holds.
   std::uintptr_t lent_from(std::uintptr_t addr) const noexcept {
     return base_ + table_.chunks.find((addr - base_) >> shift_)->second.home * granule_;
   }

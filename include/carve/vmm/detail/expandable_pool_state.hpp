@@ -61,8 +61,8 @@ struct ExpandablePoolState {
   std::vector<std::unique_ptr<Space>> spaces;
   AddressTable<Live> live;
   CrossStreamFrees<Streams, Freed> pending;
-  IdleChunks idle;                                                // kept only with a finite release_threshold
-  std::vector<std::pair<std::uintptr_t, std::size_t>> homecoming; // find_homecomings' answer, reused
+  IdleChunks idle;                                              // kept only with a finite release_threshold
+  std::vector<std::pair<std::uintptr_t, std::size_t>> homeward; // find_homeward's answer, reused
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
   bool held = false;            // hold(): nothing is unmapped
@@ -109,20 +109,20 @@ struct ExpandablePoolState {
   }
 
   // A block of [addr, addr + size) in `space` is gone: whether lent holes may now come home, the
-  // second mappings to unmap for them in `homecoming` (find_homecomings). Where the list cannot
-  // grow, none (those holes stay lent for now).
-  bool homecomings(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
-    homecoming.clear();
+  // second mappings to unmap for them in `homeward` (find_homecomings). Where the list cannot
+  // grow, none (those holes stay lent until trim() or the headroom line).
+  bool find_homeward(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
+    homeward.clear();
     try {
       if (space.watched.remove(addr, size)) {
         space.watched.for_each_unused_in(addr, size, [&](std::uintptr_t emptied) {
-          find_homecomings(space.memory, space.lent, space.watched, emptied, homecoming);
+          find_homecomings(space.memory, space.lent, space.watched, emptied, homeward);
         });
       }
     } catch (const std::bad_alloc&) {
-      homecoming.clear();
+      homeward.clear();
     }
-    return !homecoming.empty();
+    return !homeward.empty();
   }
 
   // ExpandablePool::grant_access for a device in [0, 64), under the lock.
@@ -173,6 +173,19 @@ struct ExpandablePoolState {
     });
     std::size_t mapped = 0;
     std::size_t taken_ranges = 0;
+    for (std::uint32_t i = 0; i < spaces.size(); ++i) { // each watched chunk counts the blocks on it
+      spaces[i]->watched.for_each([&](std::uintptr_t start, std::size_t bytes, std::size_t users) {
+        const auto on = [&](std::uintptr_t a, std::size_t n) { return a < start + bytes && a + n > start; };
+        std::size_t blocks = 0;
+        live.for_each([&](std::uintptr_t a, const Live& b) { blocks += b.space == i && on(a, b.size) ? 1u : 0u; });
+        (void)pending.any_of([&](const Freed& f) {
+          const BestFitRanges& r = spaces[f.space]->free;
+          blocks += f.space == i && on(r.start(f.handle), r.size(f.handle)) ? 1u : 0u;
+          return false;
+        });
+        ok = ok && blocks == users;
+      });
+    }
     for (const auto& space : spaces) {
       ok = ok && space->free.consistent() && space->memory.consistent();
       mapped += space->memory.mapped_bytes();

@@ -56,8 +56,9 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
 
 // Watches the second mapping [at, at + bytes) of the hole at `hole` (kept out of use by `kept`),
 // lent to the block at `block` (taken, not yet counted), and the hole's chunk, with the blocks in
-// it now (taken ranges that are no lent hole): where a free may bring holes home. Where the tables cannot grow, the
-// hole stays lent until its second mapping is unmapped some other way (trim, the headroom line).
+// it now (its taken ranges, less its lent holes and that block): where a free may bring holes
+// home. Where the tables cannot grow, the hole stays lent until its second mapping is unmapped
+// some other way (trim, the headroom line).
 template <class Memory>
 void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles& lent, WatchedChunks& watched,
                 std::uintptr_t block, std::uintptr_t hole, BestFitRanges::Handle kept, std::uintptr_t at,
@@ -174,8 +175,9 @@ std::optional<BestFitRanges::Handle> hole_returned(const Memory& memory, LentHol
 // the chunk nor the second mapping of any of its lent holes. That frees no memory (the chunk is
 // still mapped where it lives) but makes the chunk one free range again: a second mapping left
 // after the block it was lent to dies keeps its hole's addresses out of use, so the chunk stays
-// cut in pieces step after step, and larger blocks map new memory beside it. Throws
-// std::bad_alloc (where `out` cannot grow).
+// cut in pieces step after step, and larger blocks map new memory beside it. They wait for the
+// whole chunk: while a block still pins it, a hole brought home would be a hole again, its memory
+// of use to no one. Throws std::bad_alloc (where `out` cannot grow).
 template <class Memory>
 void find_homecomings(const Memory& memory, const LentHoles& lent, const WatchedChunks& watched, std::uintptr_t emptied,
                       std::vector<std::pair<std::uintptr_t, std::size_t>>& out) {

@@ -23,7 +23,7 @@ public:
       : base_(base), shift_(static_cast<unsigned>(std::countr_zero(granule))), on_(on) {}
 
   // Watches the chunk [start, start + bytes) (no other watched chunk overlaps it), which `users`
-  // blocks touch now. Throws std::bad_alloc (nothing changes).
+  // blocks touch now. Throws std::bad_alloc (then it is not watched).
   void watch(std::uintptr_t start, std::size_t bytes, std::size_t users) {
     if (!on_) {
       return;
@@ -32,7 +32,7 @@ public:
     if (last / 64 >= bits_.size()) {
       bits_.resize(last / 64 + 1);
     }
-    chunks_.insert(after(start), Watched{start, bytes, users});
+    chunks_.insert(after(chunks_, start), Watched{start, bytes, users});
     mark(start, bytes, true);
   }
   // Whether it watches at all.
@@ -69,6 +69,13 @@ public:
       }
     });
   }
+  // Calls `visit(start, bytes, users)` for every watched chunk, by start (for a check of the counts).
+  template <class Visit>
+  void for_each(Visit&& visit) const {
+    for (const Watched& w : chunks_) {
+      visit(w.start, w.bytes, w.users);
+    }
+  }
   // Whether the watched chunk that starts at `start` has no block; false for a chunk not watched.
   bool unused(std::uintptr_t start) const noexcept {
     const auto it = find(start);
@@ -83,9 +90,10 @@ private:
   };
   using Chunks = std::vector<Watched>;
 
-  // The first chunk that starts after `addr`.
-  Chunks::iterator after(std::uintptr_t addr) noexcept {
-    return std::upper_bound(chunks_.begin(), chunks_.end(), addr,
+  // The first chunk of `chunks` (const or not) that starts after `addr`.
+  template <class Of>
+  static auto after(Of& chunks, std::uintptr_t addr) noexcept -> decltype(chunks.begin()) {
+    return std::upper_bound(chunks.begin(), chunks.end(), addr,
                             [](std::uintptr_t a, const Watched& w) { return a < w.start; });
   }
   Chunks::const_iterator find(std::uintptr_t start) const noexcept {
@@ -106,8 +114,7 @@ private:
       visit(chunks[self.last_]);
       return;
     }
-    auto it = std::upper_bound(chunks.begin(), chunks.end(), addr,
-                               [](std::uintptr_t a, const Watched& w) { return a < w.start; });
+    auto it = after(chunks, addr);
     if (it != chunks.begin() && std::prev(it)->start + std::prev(it)->bytes > addr) {
       --it;
     }
