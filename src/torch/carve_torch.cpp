@@ -448,6 +448,7 @@ const char* carve_torch_stats_json(int device) {
   append(json, "failures", load(b.failures) + refused);
   json += s != nullptr && s->lending_refused() ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
   append(json, "lent_bytes", s != nullptr ? s->lent_bytes() : 0);
+  json += c.stack.holes_home ? ",\"bring_holes_home\":true" : ",\"bring_holes_home\":false";
   for (const auto& [key, value] :
        {std::pair{"max_reserved_bytes", c.stack.max_reserved},
         std::pair{"idle_threshold_bytes", c.stack.idle_threshold}, std::pair{"max_chunk_bytes", c.stack.max_chunk}}) {

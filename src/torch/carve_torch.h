@@ -15,6 +15,8 @@
  *   CARVE_TORCH_MAX_CHUNK       the expandable pool: the most one physical allocation holds (same
  *                               units; ExpandablePoolOptions::max_chunk_bytes), for a driver that
  *                               maps whole allocations only; default no limit
+ *   CARVE_TORCH_HOLES_HOME      the expandable pool: 1 brings lent holes home
+ *                               (ExpandablePoolOptions::bring_holes_home), for long runs; default 0
  *   CARVE_TORCH_BACKEND         cuda (default) | host: the host twin (see the test hooks below)
  *
  * Bad values end the process at the first call with a message saying which; call

@@ -96,6 +96,13 @@ inline Config read_config() {
     bad("this libcarve_torch was built without the CUDA toolkit: only CARVE_TORCH_BACKEND=host works");
   }
 #endif
+  if (const auto home = var("CARVE_TORCH_HOLES_HOME")) {
+    if (*home == "0" || *home == "1") {
+      c.stack.holes_home = *home == "1";
+    } else {
+      bad("CARVE_TORCH_HOLES_HOME=" + *home + " is not 0 or 1");
+    }
+  }
   for (const auto& [name, field] : {std::pair{"CARVE_TORCH_MAX_RESERVED", &c.stack.max_reserved},
                                     std::pair{"CARVE_TORCH_IDLE_THRESHOLD", &c.stack.idle_threshold},
                                     std::pair{"CARVE_TORCH_MAX_CHUNK", &c.stack.max_chunk}}) {

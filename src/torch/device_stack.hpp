@@ -40,6 +40,7 @@ struct StackOptions {
   std::size_t max_reserved = std::numeric_limits<std::size_t>::max(); // per device
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
   std::size_t max_chunk = std::numeric_limits<std::size_t>::max(); // the expandable pool's max_chunk_bytes
+  bool holes_home = false;                                         // the expandable pool's bring_holes_home
 };
 
 // One device's pool behind the C functions (its kind: pool_stacks.hpp), and the private pools of

@@ -142,6 +142,7 @@ private:
     out.max_reserved_bytes = o.max_reserved;
     out.release_threshold = o.idle_threshold;
     out.max_chunk_bytes = o.max_chunk;
+    out.bring_holes_home = o.holes_home;
     return out;
   }
   Uses& pool() noexcept override { return pool_; }

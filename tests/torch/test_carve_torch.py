@@ -342,6 +342,21 @@ def worker_max_chunk(pool):
     print(f"{pool}: max chunk 2 MiB: {stats['device_calls']} device calls for a block of 8 MiB")
 
 
+def worker_holes_home(pool):
+    """CARVE_TORCH_HOLES_HOME=1: the stats say the setting under every pool, and blocks come and go
+    as before."""
+    os.environ["CARVE_TORCH_HOLES_HOME"] = "1"
+    lib = load(pool)
+    blocks = [lib.malloc(size * MiB, 0, 0) for size in (3, 5, 2)]
+    check(all(blocks), "three blocks")
+    stats = lib.stats(0)
+    check(stats["bring_holes_home"] is True, f"the setting: {stats}")
+    for p, size in zip(blocks, (3, 5, 2)):
+        lib.free(p, size * MiB, 0, 0)
+    check(lib.stats(0)["live_blocks"] == 0, f"blocks left: {lib.stats(0)}")
+    print(f"{pool}: holes home: the setting in the stats")
+
+
 def worker_devices(pool):
     """Two devices in one process: the expandable pool opens each device's memory to the other from
     the second device's first allocation on; the other pools hand out cudaMalloc memory, which the
@@ -745,6 +760,8 @@ def check_messages():
                  "CARVE_TORCH_MAX_RESERVED=lots is not a size")
     expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_BACKEND="tpu"),
                  "CARVE_TORCH_BACKEND=tpu is no backend")
+    expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_HOLES_HOME="yes"),
+                 "CARVE_TORCH_HOLES_HOME=yes is not 0 or 1")
     probe = subprocess.run([sys.executable, "-c", PRELUDE + "lib.carve_torch_config_error.restype = ctypes.c_char_p\n"
                             "print(lib.carve_torch_config_error().decode())", LIBRARY], capture_output=True,
                            text=True, env=bad, timeout=60)
@@ -926,18 +943,19 @@ def main():
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
                    "record": worker_record_stream, "hooks": worker_hooks, "failed-capture": worker_failed_capture,
                    "no-driver": worker_no_driver, "devices": worker_devices,
-                   "max-chunk": worker_max_chunk}
+                   "max-chunk": worker_max_chunk, "holes-home": worker_holes_home}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     env = dict(os.environ)
-    for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD", "CARVE_TORCH_MAX_CHUNK"):
+    for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD", "CARVE_TORCH_MAX_CHUNK",
+                 "CARVE_TORCH_HOLES_HOME"):
         env.pop(name, None)
     failed = []
     for pool in POOLS:
         for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver",
-                     "devices", "max-chunk"):
+                     "devices", "max-chunk", "holes-home"):
             result = run_worker(kind, pool, env)
             sys.stdout.write(result.stdout)
             if result.returncode != 0:
