@@ -18,16 +18,13 @@ namespace carve::detail {
 // Watched chunks, with their blocks. Not thread-safe: the pool holds its lock.
 class WatchedChunks {
 public:
-  // `on` false: watches nothing (watch() does nothing), so a pool that keeps lent holes pays nothing.
+  // `on` false: its owner watches nothing (see on()), so a pool that keeps lent holes pays nothing.
   WatchedChunks(std::uintptr_t base, std::size_t granule, bool on) noexcept
       : base_(base), shift_(static_cast<unsigned>(std::countr_zero(granule))), on_(on) {}
 
   // Watches the chunk [start, start + bytes) (no other watched chunk overlaps it), which `users`
   // blocks touch now. Throws std::bad_alloc (then it is not watched).
   void watch(std::uintptr_t start, std::size_t bytes, std::size_t users) {
-    if (!on_) {
-      return;
-    }
     const std::size_t last = (start + bytes - 1 - base_) >> shift_;
     if (last / 64 >= bits_.size()) {
       bits_.resize(last / 64 + 1);
@@ -35,7 +32,7 @@ public:
     chunks_.insert(after(chunks_, start), Watched{start, bytes, users});
     mark(start, bytes, true);
   }
-  // Whether it watches at all.
+  // Whether its owner should watch at all (hole_lending.hpp's watch_lent asks).
   bool on() const noexcept { return on_; }
   // Whether the chunk that starts at `start` is watched.
   bool watched(std::uintptr_t start) const noexcept { return find(start) != chunks_.end(); }
@@ -104,21 +101,14 @@ private:
   Chunks::iterator find(std::uintptr_t start) noexcept {
     return chunks_.begin() + (std::as_const(*this).find(start) - chunks_.cbegin());
   }
-  // Visits the chunks of `self` (const or not) that [addr, addr + bytes) touches. A block mostly
-  // lies inside the chunk the last one did: that is looked at first.
+  // Visits the chunks of `self` (const or not) that [addr, addr + bytes) touches.
   template <class Self, class Visit>
   static void for_each_in(Self& self, std::uintptr_t addr, std::size_t bytes, Visit&& visit) {
     auto& chunks = self.chunks_;
-    if (self.last_ < chunks.size() && chunks[self.last_].start <= addr &&
-        addr + bytes <= chunks[self.last_].start + chunks[self.last_].bytes) {
-      visit(chunks[self.last_]);
-      return;
-    }
     auto it = after(chunks, addr);
     if (it != chunks.begin() && std::prev(it)->start + std::prev(it)->bytes > addr) {
       --it;
     }
-    self.last_ = static_cast<std::size_t>(it - chunks.begin());
     for (; it != chunks.end() && it->start < addr + bytes; ++it) {
       visit(*it);
     }
@@ -151,7 +141,6 @@ private:
   Chunks chunks_;                   // by start
   std::vector<std::uint64_t> bits_; // one bit a granule: 1 where a watched chunk lies
   bool on_;
-  mutable std::size_t last_ = 0; // the chunk the last block touched first
 };
 
 } // namespace carve::detail
