@@ -2,7 +2,8 @@
 // pools beside the model of PyTorch's caching allocator (both modes), in one run, over the same
 // address-only card or address-only HostMemoryMapper (the VMM driver's host twin without memory),
 // with the device calls' time taken out so that bookkeeping is compared with bookkeeping. The
-// target: every carve pool at most 1.0x pytorch-model.
+// target: every carve pool at most 1.0x pytorch-model. The expandable pool with bring_holes_home,
+// off by default while it misses that, is timed beside them.
 //
 //   bench_replay                          the shared real snapshot (../shared/traces), else the
 //                                         test's own small snapshot
@@ -63,9 +64,14 @@ int main(int argc, char** argv) {
   static const replay::StreamNumbers streams = replay::number_streams(t);
   std::printf("bench_replay: %s, %llu allocations\n", path.c_str(), static_cast<unsigned long long>(t.blocks.size()));
 
-  const std::vector<std::string> names = {"caching-pool", "stream-ordered-pool", "expandable-pool", "pytorch-model",
-                                          "pytorch-expandable-model"};
-  static const std::vector<replay::Contender> all = replay::all_contenders();
+  // expandable-pool:home=1: ExpandablePoolOptions::bring_holes_home, off by default, beside the default.
+  const std::vector<std::string> names = {"caching-pool",  "stream-ordered-pool",      "expandable-pool",
+                                          "pytorch-model", "pytorch-expandable-model", "expandable-pool:home=1"};
+  static const std::vector<replay::Contender> all = [] {
+    auto contenders = replay::all_contenders();
+    contenders.push_back(replay::configured("expandable-pool:home=1"));
+    return contenders;
+  }();
   const std::uint64_t card = std::max<std::uint64_t>(4 * t.peak_live_bytes(), std::uint64_t{1} << 30);
   for (const std::string& name : names) {
     const replay::Contender* c = nullptr;
@@ -90,8 +96,8 @@ int main(int argc, char** argv) {
   run_with_medians(argc, argv, collector);
   std::printf("\nhost cost per allocate+free on %s (device calls taken out), each beside pytorch-model:\n",
               path.c_str());
-  for (const std::string& name :
-       {std::string("caching-pool"), std::string("stream-ordered-pool"), std::string("expandable-pool")}) {
+  for (const std::string& name : {std::string("caching-pool"), std::string("stream-ordered-pool"),
+                                  std::string("expandable-pool"), std::string("expandable-pool:home=1")}) {
     print_overhead(collector, name + " / pytorch-model", timed(name), timed("pytorch-model"), 1.0);
   }
   print_overhead(collector, "expandable-pool / pytorch-expandable-model", timed("expandable-pool"),

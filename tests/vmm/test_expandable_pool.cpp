@@ -975,21 +975,62 @@ void* lend_a_hole(HomePool& pool) {
   return d;
 }
 
-TEST_CASE("bring_holes_home: not while the stream's work may still use the second mapping") {
-  // SimulatedStreams cannot wait: a free whose stream has work queued leaves the hole lent (an
-  // unmap under a running kernel faults); CudaStreams waits for the work instead.
+TEST_CASE("bring_holes_home: a free never waits; a later allocation brings the hole home once the work has run") {
   HomePool pool = home_pool(1);
   const carve::SimulatedStream s0{0};
   void* d = lend_a_hole(pool);
-  pool.streams().enqueue(s0); // a kernel still reading d
+  pool.streams().enqueue(s0); // a kernel still reading d: an unmap now would fault
   pool.deallocate(s0, d, 4 * granule, 512);
   CHECK(pool.stats().lent_bytes == 2 * granule);
   CHECK(pool.stats().unmaps == 0);
+  void* e = *pool.try_allocate(s0, 4 * granule, 512); // the work still runs: the hole stays lent
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  pool.deallocate(s0, e, 4 * granule, 512);
   pool.streams().complete(s0);
-  pool.trim(); // the work has run: trim unmaps the second mapping, then the chunk
-  CHECK(pool.stats().lent_bytes == 0);
-  CHECK(pool.stats().bytes_reserved == 0);
+  void* f = *pool.try_allocate(s0, 4 * granule, 512); // it has run: home first, then f
+  const auto st = pool.stats();
+  CHECK(st.lent_bytes == 0);
+  CHECK(st.holes_home == 1);
   CHECK(pool.consistent());
+  pool.deallocate(s0, f, 4 * granule, 512);
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
+}
+
+TEST_CASE("bring_holes_home: a block on the chunk before the work has run keeps the hole lent") {
+  HomePool pool = home_pool(1);
+  const carve::SimulatedStream s0{0};
+  void* d = lend_a_hole(pool);
+  pool.streams().enqueue(s0);
+  pool.deallocate(s0, d, 4 * granule, 512);
+  void* e = *pool.try_allocate(s0, granule, 512); // best fit: the chunk's two free granules
+  pool.streams().complete(s0);
+  void* f = *pool.try_allocate(s0, granule, 512); // the work has run, but e pins the chunk
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  CHECK(pool.stats().holes_home == 0);
+  pool.deallocate(s0, e, granule, 512);
+  CHECK(pool.stats().holes_home == 0);  // f still pins it
+  pool.deallocate(s0, f, granule, 512); // nothing queued since: home at this free
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(pool.stats().holes_home == 1);
+  CHECK(pool.consistent());
+}
+
+TEST_CASE("bring_holes_home: not while held; the first allocation after the hold brings it home") {
+  HomePool pool = home_pool(1);
+  const carve::SimulatedStream s0{0};
+  void* d = lend_a_hole(pool);
+  pool.hold(true); // a capture: nothing is unmapped
+  pool.deallocate(s0, d, 4 * granule, 512);
+  void* e = *pool.try_allocate(s0, 4 * granule, 512);
+  CHECK(pool.stats().lent_bytes == 2 * granule);
+  pool.deallocate(s0, e, 4 * granule, 512);
+  pool.hold(false);
+  void* f = *pool.try_allocate(s0, 4 * granule, 512);
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(pool.stats().holes_home == 1);
+  CHECK(pool.consistent());
+  pool.deallocate(s0, f, 4 * granule, 512);
 }
 
 TEST_CASE("bring_holes_home: a borrower freed on another stream counts until its free is collected") {

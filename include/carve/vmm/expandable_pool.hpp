@@ -30,9 +30,9 @@
 /// synchronously, it is free at once. Memory moves between streams by unmapping idle chunks in one
 /// reservation and mapping new ones in another. Nothing is unmapped before its stream's work
 /// queued before the frees that left it unused has run: trim(), the retry under pressure, the
-/// headroom line, holes coming home and destruction wait for that where the Streams can
-/// (StreamEventsThatWait: CudaStreams); the release threshold never waits (it unmaps such a chunk
-/// at a later free). The synchronous spellings have a reservation of their own; the default
+/// headroom line and destruction wait for that where the Streams can (StreamEventsThatWait:
+/// CudaStreams); the release threshold and holes coming home never wait (they unmap at a later
+/// free or allocation). The synchronous spellings have a reservation of their own; the default
 /// SynchronousStreams has one stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
@@ -122,7 +122,7 @@ public:
   [[nodiscard]] cuda::std::expected<void, Errc> check_deallocate(void* p, std::size_t bytes,
                                                                  std::size_t alignment) const noexcept {
     const std::lock_guard lock(s_->mutex);
-    return detail::answered(refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment));
+    return detail::answered(s_->refusal(s_->live.find(reinterpret_cast<std::uintptr_t>(p)), bytes, alignment));
   }
   /// The synchronous form: a block from the synchronous reservation.
   [[nodiscard]] cuda::std::expected<void*, Errc> try_allocate(std::size_t bytes, std::size_t alignment) noexcept {
@@ -209,11 +209,7 @@ public:
   /// Why the mapper last refused (empty when it never did).
   std::string last_failure() const {
     const std::lock_guard lock(s_->mutex);
-    std::string why;
-    for (const auto& space : s_->spaces) {
-      why = space->memory.last_failure().empty() ? why : space->memory.last_failure();
-    }
-    return why;
+    return s_->last_failure();
   }
 
   /// Checks every invariant: each reservation's ranges tile it (BestFitRanges::consistent), every
@@ -237,7 +233,7 @@ private:
   // would be stored in pieces and read back whole, a stall per call.
   [[nodiscard]] void* take(const std::optional<stream_type>& stream, std::size_t bytes, std::size_t alignment,
                            Errc& why) noexcept {
-    const std::size_t size = valid_request(bytes, alignment) ? rounded(bytes) : 0;
+    const std::size_t size = valid_request(bytes, alignment) ? s_->rounded(bytes) : 0;
     why = size == 0 ? Errc::invalid_size : Errc::no_space; // the answer to every null from here on
     if (size == 0 || alignment > s_->granule) { // invalid, or overflows when rounded: no resource could serve it
       return nullptr;
@@ -245,6 +241,7 @@ private:
     try {
       const std::lock_guard lock(s_->mutex);
       collect_pending();
+      bring_deferred_homes();
       const std::uint32_t index = s_->space_for(stream);
       if (index == State::no_space) {
         return nullptr;
@@ -292,7 +289,7 @@ private:
     const std::lock_guard lock(s_->mutex);
     const auto addr = reinterpret_cast<std::uintptr_t>(p);
     const Live* found = s_->live.find(addr);
-    if (const Errc why = refusal(found, bytes, alignment); why != Errc{}) {
+    if (const Errc why = s_->refusal(found, bytes, alignment); why != Errc{}) {
       return cuda::std::unexpected(why);
     }
     const Live block = *found;
@@ -315,42 +312,22 @@ private:
     return succeeded;
   }
 
-  // Why `found` (the live block at an address, null for none) may not be freed as `bytes` at
-  // `alignment`: not_allocated, invalid_size, or Errc{} (no reason) when it may.
-  Errc refusal(const Live* found, std::size_t bytes, std::size_t alignment) const noexcept {
-    return found == nullptr                                                   ? Errc::not_allocated
-           : valid_request(bytes, alignment) && rounded(bytes) == found->size ? Errc{}
-                                                                              : Errc::invalid_size;
-  }
-
-  // `bytes` rounded up to the granularity (a power of two); 0 when that overflows.
-  std::size_t rounded(std::size_t bytes) const noexcept {
-    const std::size_t g = s_->options.granularity;
-    return bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
-  }
-
   // How much a chunk for a block of `size` maps: growth_divisor's share of what is held, but not
   // past the headroom line; never past the cap.
   ChunkRule chunk_rule(std::size_t size) const noexcept {
     const ExpandablePoolOptions& o = s_->options;
     const std::size_t grown = o.growth_divisor == 0 ? 0 : s_->reserved / o.growth_divisor;
-    const std::size_t line = headroom_line(size);
+    const std::size_t line = s_->headroom_line(size);
     const std::size_t room = line > s_->reserved ? line - s_->reserved : 0;
     const std::size_t limit = o.max_reserved_bytes > s_->reserved ? o.max_reserved_bytes - s_->reserved : 0;
     return ChunkRule{std::min(std::max(o.min_chunk_bytes, grown), room), limit, o.max_chunk_bytes};
-  }
-
-  // The most the pool maps before it unmaps idle chunks to map more, for a block of `size`.
-  std::size_t headroom_line(std::size_t size) const noexcept {
-    return detail::headroom_line(std::max(s_->stats.peak_in_use, s_->stats.bytes_in_use + size),
-                                 s_->options.headroom_permille);
   }
 
   // Before `need` more bytes are mapped for a block of `size` past the headroom line: unmaps idle
   // chunks, highest addresses first (best fit reaches them last), those whose stream's work has run,
   // then (waiting where the Streams can: the host runs ahead of a GPU) the others.
   void make_headroom(std::size_t need, std::size_t size) noexcept {
-    const std::size_t line = headroom_line(size);
+    const std::size_t line = s_->headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
     for (const bool wait : {false, true}) {
       if (need == 0 || fits() || s_->held) {
@@ -375,7 +352,7 @@ private:
   // Past the headroom line, a block of lend_min_bytes or more that needs memory maps holes first.
   void lend_holes(Space& space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
     if (need != 0 && size >= s_->options.lend_min_bytes && !s_->lending_refused &&
-        s_->reserved + need > headroom_line(size)) {
+        s_->reserved + need > s_->headroom_line(size)) {
       (void)detail::lend_holes(space.free, space.memory, space.lent, space.watched, addr, size, s_->lending_refused);
     }
   }
@@ -398,22 +375,42 @@ private:
     return freed;
   }
 
-  // A block's range free again: lent holes whose chunk and second mappings no block touches now
-  // come home (bring_holes_home), once the stream's work on the freed blocks has run (waited for
-  // here where the Streams can: an unmap under a running kernel faults).
+  // A block's range free again. Lent holes whose chunk and second mappings no block touches now
+  // come home (bring_holes_home) once the stream's work on the freed blocks has run (an unmap
+  // under a running kernel faults): at this free where it has, else at a later allocation
+  // (bring_deferred_homes). A free never waits for it.
   void release(std::uint32_t index, BestFitRanges::Handle handle) noexcept {
     Space& space = *s_->spaces[index];
-    const std::uintptr_t addr = space.free.start(handle);
-    const std::size_t size = space.free.size(handle);
-    const bool going_home = s_->find_homeward(space, addr, size);
+    const bool ready = s_->find_ready_homes(space, space.free.start(handle), space.free.size(handle));
     note_free(index, space.free.give(handle));
-    if (going_home && !s_->held && s_->settled(space, s_->frees, true)) {
-      const std::size_t lent = space.lent.size();
-      for (const auto& [at, bytes] : s_->homeward) {
-        unmap_within(index, at, bytes);
-      }
-      s_->stats.holes_home += lent - space.lent.size(); // those the mapper unmapped
+    const bool now = ready && !s_->held && s_->settled(space, s_->frees, false);
+    for (const std::uintptr_t home : s_->homes) { // empty unless ready
+      now ? bring_home(index, home) : s_->defer_home(index, home);
     }
+  }
+
+  // Unmaps the second mappings of the holes of the chunk at `home` in `space`, if it is still ready.
+  void bring_home(std::uint32_t space, std::uintptr_t home) noexcept {
+    Space& s = *s_->spaces[space];
+    const std::size_t lent = s.lent.size();
+    for (const auto& [at, bytes] : s_->find_homeward(s, home)) {
+      unmap_within(space, at, bytes);
+    }
+    s_->stats.holes_home += lent - s.lent.size(); // those the mapper unmapped
+  }
+
+  // The homecomings deferred at frees whose streams' work has run since (never waits).
+  void bring_deferred_homes() noexcept {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < s_->deferred.size(); ++i) {
+      const auto d = s_->deferred[i];
+      if (s_->held || !s_->settled(*s_->spaces[d.space], d.since, false)) {
+        s_->deferred[kept++] = d;
+      } else {
+        bring_home(d.space, d.home);
+      }
+    }
+    s_->deferred.resize(kept);
   }
 
   void note_allocation(std::uint32_t space, std::uintptr_t addr, std::size_t size) {

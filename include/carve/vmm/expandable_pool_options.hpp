@@ -68,13 +68,14 @@ struct ExpandablePoolOptions {
   /// Without it, a second mapping outlives the block it was lent to and keeps its hole's addresses
   /// out of use, so after many training steps the chunks around them stay cut and the reserve
   /// drifts up: GPT-2 small from 1.005x to 1.016x after some 25 steps, held at 1.005x with it
-  /// (carve_replay --again, docs/replay.md). Its price where holes are lent: counting the blocks
-  /// on their chunks, about 30 more driver calls a step (GPT-2), 15-20% more host time per
-  /// allocate+free there, and at the free that brings holes home a wait for the stream's work
-  /// (where the Streams can; an unmap under a running kernel faults), which the replay's figures
-  /// leave out. A homecoming the pool cannot make then (held, or the stream still busy where the
-  /// Streams cannot wait) waits for trim() or the headroom line. Off by default until it is
-  /// cheaper.
+  /// (carve_replay --again on the host, docs/replay.md). The unmap waits for the stream's work on
+  /// the freed blocks (an unmap under a running kernel faults) but never at a free: where that work
+  /// has not run at the free that left the chunk unused, the first allocation after it has brings
+  /// the holes home (if no block has landed on the chunk since); while held, the first after the
+  /// hold. Its price where holes are lent: counting the blocks on their chunks and about 30 more
+  /// driver calls a step (GPT-2), some 15% more host time per allocate+free there (bench_replay:
+  /// 1.16x-1.18x pytorch-model's on GPT-2, against 0.99x-1.04x without). Off by default until it
+  /// is cheaper.
   bool bring_holes_home = false;
 };
 

@@ -4,21 +4,26 @@
 // stats() and consistent() report. The pool's rules are in carve/vmm/expandable_pool.hpp.
 #pragma once
 
+#include <carve/core/errc.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
 #include <carve/mr/detail/address_table.hpp>
 #include <carve/mr/detail/cross_stream_frees.hpp>
 #include <carve/mr/detail/stream_fence.hpp>
+#include <carve/mr/memory_resource.hpp>
 #include <carve/vmm/detail/hole_lending.hpp>
 #include <carve/vmm/detail/idle_chunks.hpp>
 #include <carve/vmm/expandable_pool_options.hpp>
 #include <carve/vmm/on_demand_reservation.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,7 +66,14 @@ struct ExpandablePoolState {
   std::vector<std::unique_ptr<Space>> spaces;
   AddressTable<Live> live;
   CrossStreamFrees<Streams, Freed> pending;
-  IdleChunks idle;                                              // kept only with a finite release_threshold
+  IdleChunks idle;    // kept only with a finite release_threshold
+  struct Homecoming { // a chunk whose holes may come home once its stream's work passes free `since`
+    std::uint32_t space = 0;
+    std::uintptr_t home = 0;
+    std::uint64_t since = 0;
+  };
+  std::vector<Homecoming> deferred;                             // ready at a free whose stream's work had not run
+  std::vector<std::uintptr_t> homes;                            // find_ready_homes's answer, reused
   std::vector<std::pair<std::uintptr_t, std::size_t>> homeward; // find_homeward's answer, reused
   std::uint64_t frees = 0; // successful frees so far: the clock that chunks and fences are timed by
   std::size_t reserved = 0;
@@ -108,21 +120,77 @@ struct ExpandablePoolState {
     return !space.stream || space.fence.settled(streams, *space.stream, since, frees, wait);
   }
 
-  // A block of [addr, addr + size) in `space` is gone: whether lent holes may now come home, the
-  // second mappings to unmap for them in `homeward` (find_homecomings). Where the list cannot
-  // grow, none (those holes stay lent until trim() or the headroom line).
-  bool find_homeward(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
-    homeward.clear();
+  // A block of [addr, addr + size) in `space` is gone: whether chunks whose holes are lent may
+  // bring them home now, those chunks in `homes`. Where the list cannot grow, none (their holes
+  // stay lent until trim() or the headroom line).
+  bool find_ready_homes(Space& space, std::uintptr_t addr, std::size_t size) noexcept {
+    homes.clear();
     try {
       if (space.watched.remove(addr, size)) {
-        space.watched.for_each_unused_in(addr, size, [&](std::uintptr_t emptied) {
-          find_homecomings(space.memory, space.lent, space.watched, emptied, homeward);
+        space.watched.for_each_ready_in(addr, size, [&](std::uintptr_t home) {
+          if (std::find(homes.begin(), homes.end(), home) == homes.end()) {
+            homes.push_back(home);
+          }
         });
       }
     } catch (const std::bad_alloc&) {
+      homes.clear();
+    }
+    return !homes.empty();
+  }
+  // The second mappings (start, bytes) to unmap so that the holes of the chunk at `home` come
+  // home (find_homecomings): none where it is no longer ready or the list cannot grow.
+  const std::vector<std::pair<std::uintptr_t, std::size_t>>& find_homeward(Space& space, std::uintptr_t home) noexcept {
+    homeward.clear();
+    try {
+      find_homecomings(space.memory, space.lent, space.watched, home, homeward);
+    } catch (const std::bad_alloc&) {
       homeward.clear();
     }
-    return !homeward.empty();
+    return homeward;
+  }
+  // The chunk at `home` of spaces[space] is ready to bring its holes home at free number `frees`
+  // (now), but the stream's work may still use them: later. Where the list cannot grow, its holes
+  // stay lent until trim() or the headroom line.
+  void defer_home(std::uint32_t space, std::uintptr_t home) noexcept {
+    for (Homecoming& d : deferred) {
+      if (d.space == space && d.home == home) {
+        d.since = frees;
+        return;
+      }
+    }
+    try {
+      deferred.push_back(Homecoming{space, home, frees});
+    } catch (const std::bad_alloc&) {
+    }
+  }
+
+  // Why `found` (the live block at an address, null for none) may not be freed as `bytes` at
+  // `alignment`: not_allocated, invalid_size, or Errc{} (no reason) when it may.
+  Errc refusal(const Live* found, std::size_t bytes, std::size_t alignment) const noexcept {
+    return found == nullptr                                                   ? Errc::not_allocated
+           : valid_request(bytes, alignment) && rounded(bytes) == found->size ? Errc{}
+                                                                              : Errc::invalid_size;
+  }
+
+  // `bytes` rounded up to the granularity (a power of two); 0 when that overflows.
+  std::size_t rounded(std::size_t bytes) const noexcept {
+    const std::size_t g = options.granularity;
+    return bytes > std::numeric_limits<std::size_t>::max() - (g - 1) ? 0 : (bytes + g - 1) & ~(g - 1);
+  }
+
+  // The most the pool maps before it unmaps idle chunks to map more, for a block of `size`.
+  std::size_t headroom_line(std::size_t size) const noexcept {
+    return detail::headroom_line(std::max(stats.peak_in_use, stats.bytes_in_use + size), options.headroom_permille);
+  }
+
+  // ExpandablePool::last_failure, under the lock: the last reservation's whose mapper refused.
+  std::string last_failure() const {
+    std::string why;
+    for (const auto& space : spaces) {
+      why = space->memory.last_failure().empty() ? why : space->memory.last_failure();
+    }
+    return why;
   }
 
   // ExpandablePool::grant_access for a device in [0, 64), under the lock.
@@ -174,17 +242,19 @@ struct ExpandablePoolState {
     std::size_t mapped = 0;
     std::size_t taken_ranges = 0;
     for (std::uint32_t i = 0; i < spaces.size(); ++i) { // each watched chunk counts the blocks on it
-      spaces[i]->watched.for_each([&](std::uintptr_t start, std::size_t bytes, std::size_t users) {
-        const auto on = [&](std::uintptr_t a, std::size_t n) { return a < start + bytes && a + n > start; };
-        std::size_t blocks = 0;
-        live.for_each([&](std::uintptr_t a, const Live& b) { blocks += b.space == i && on(a, b.size) ? 1u : 0u; });
-        (void)pending.any_of([&](const Freed& f) {
-          const BestFitRanges& r = spaces[f.space]->free;
-          blocks += f.space == i && on(r.start(f.handle), r.size(f.handle)) ? 1u : 0u;
-          return false;
-        });
-        ok = ok && blocks == users;
-      });
+      const bool busy_right =
+          spaces[i]->watched.for_each([&](std::uintptr_t start, std::size_t bytes, std::size_t users) {
+            const auto on = [&](std::uintptr_t a, std::size_t n) { return a < start + bytes && a + n > start; };
+            std::size_t blocks = 0;
+            live.for_each([&](std::uintptr_t a, const Live& b) { blocks += b.space == i && on(a, b.size) ? 1u : 0u; });
+            (void)pending.any_of([&](const Freed& f) {
+              const BestFitRanges& r = spaces[f.space]->free;
+              blocks += f.space == i && on(r.start(f.handle), r.size(f.handle)) ? 1u : 0u;
+              return false;
+            });
+            ok = ok && blocks == users;
+          });
+      ok = ok && busy_right;
     }
     for (const auto& space : spaces) {
       ok = ok && space->free.consistent() && space->memory.consistent();

@@ -54,11 +54,11 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> find_holes(const BestFitRang
   return holes;
 }
 
-// Watches the second mapping [at, at + bytes) of the hole at `hole` (kept out of use by `kept`),
-// lent to the block at `block` (taken, not yet counted), and the hole's chunk, with the blocks in
-// it now (its taken ranges, less its lent holes and that block): where a free may bring holes
-// home. Where the tables cannot grow, the hole stays lent until its second mapping is unmapped
-// some other way (trim, the headroom line).
+// Watches the chunk of the hole at `hole` (kept out of use by `kept`), with the blocks in it now
+// (its taken ranges, less its lent holes and the block at `block`, taken but not yet counted), and
+// the second mapping [at, at + bytes) of that hole, lent to that block: where a free may bring
+// holes home. Where the tables cannot grow, the hole stays lent until its second mapping is
+// unmapped some other way (trim, the headroom line).
 template <class Memory>
 void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles& lent, WatchedChunks& watched,
                 std::uintptr_t block, std::uintptr_t hole, BestFitRanges::Handle kept, std::uintptr_t at,
@@ -67,7 +67,6 @@ void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles
     return;
   }
   try {
-    watched.watch(at, bytes, 0);
     memory.for_each_chunk_in(hole, 1, [&](std::uintptr_t c, std::size_t n) {
       if (!watched.watched(c)) { // its blocks: the taken ranges in it, less its lent holes and the new block
         std::size_t taken = 0;
@@ -75,8 +74,9 @@ void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles
           taken += is_free || start == block ? 0u : 1u;
         });
         const auto holes = std::distance(lent.lower_bound(c), lent.lower_bound(c + n));
-        watched.watch(c, n, taken - static_cast<std::size_t>(holes));
+        watched.watch_home(c, n, taken - static_cast<std::size_t>(holes));
       }
+      watched.watch_second(at, bytes, c);
     });
   } catch (const std::bad_alloc&) {
   }
@@ -169,30 +169,27 @@ std::optional<BestFitRanges::Handle> hole_returned(const Memory& memory, LentHol
   return kept;
 }
 
-// The second mappings (start, bytes) to unmap so that lent holes come home, now that the watched
-// chunk at `emptied` (a chunk whose holes are lent, or a second mapping) has no block: appended to
-// `out` (which lists any home once). A chunk's holes come home together, once no block touches
-// the chunk nor the second mapping of any of its lent holes. That frees no memory (the chunk is
-// still mapped where it lives) but makes the chunk one free range again: a second mapping left
-// after the block it was lent to dies keeps its hole's addresses out of use, so the chunk stays
-// cut in pieces step after step, and larger blocks map new memory beside it. They wait for the
-// whole chunk: while a block still pins it, a hole brought home would be a hole again, its memory
-// of use to no one. Throws std::bad_alloc (where `out` cannot grow).
+// The second mappings (start, bytes) to unmap so that the holes of the chunk at `home` come home,
+// now that no block touches that chunk nor any of its second mappings (WatchedChunks::ready):
+// appended to `out` (which lists any home once). That frees no memory (the chunk is still mapped
+// where it lives) but makes the chunk one free range again: a second mapping left after the block
+// it was lent to dies keeps its hole's addresses out of use, so the chunk stays cut in pieces step
+// after step, and larger blocks map new memory beside it. They wait for the whole chunk: while a
+// block still pins it, a hole brought home would be a hole again, its memory of use to no one.
+// Throws std::bad_alloc (where `out` cannot grow).
 template <class Memory>
-void find_homecomings(const Memory& memory, const LentHoles& lent, const WatchedChunks& watched, std::uintptr_t emptied,
+void find_homecomings(const Memory& memory, const LentHoles& lent, const WatchedChunks& watched, std::uintptr_t home,
                       std::vector<std::pair<std::uintptr_t, std::size_t>>& out) {
-  std::uintptr_t home = 0;
   std::size_t bytes = 0;
-  memory.for_each_chunk_in(memory.lent_at(emptied) ? memory.lent_from(emptied) : emptied, 1,
-                           [&](std::uintptr_t c, std::size_t n) { home = c, bytes = n; });
+  memory.for_each_chunk_in(home, 1, [&](std::uintptr_t, std::size_t n) { bytes = n; });
   const auto first = lent.lower_bound(home);
-  if (first == lent.end() || first->first >= home + bytes || !watched.unused(home) ||
+  if (first == lent.end() || first->first >= home + bytes || !watched.ready(home) ||
       std::any_of(out.begin(), out.end(), [&](const auto& m) { return m.first == first->second.at; })) {
     return; // no hole of its own is lent, a block touches it, or it is listed already
   }
   const std::size_t listed = out.size();
   for (auto it = first; it != lent.end() && it->first < home + bytes; ++it) {
-    if (!watched.unused(it->second.at)) {
+    if (!watched.unused(it->second.at)) { // not watched: it stays lent (watch_lent could not)
       out.resize(listed);
       return;
     }

@@ -1,16 +1,16 @@
 // carve/vmm/detail/watched_chunks.hpp — the chunks of a reservation whose holes are lent and the
 // second mappings of those holes, each with the number of blocks that touch it: what tells an
-// ExpandablePool when holes may come home (hole_lending.hpp: find_homecomings). They are few (a
-// sorted array), and a bitmap of their granules makes the common case, a block that touches none,
-// a few word tests.
+// ExpandablePool when a chunk's holes may come home (hole_lending.hpp: find_homecomings), which is
+// once no block touches the chunk nor any of its second mappings. Every allocation and free asks
+// which of them its block touches, so that is a few word tests (a bitmap marks the granules they
+// lie on, a table by granule names the chunk on each marked one), and whether a chunk's holes may
+// come home is kept current as blocks come and go, not searched for.
 #pragma once
 
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
-#include <utility>
 #include <vector>
 
 namespace carve::detail {
@@ -22,124 +22,208 @@ public:
   WatchedChunks(std::uintptr_t base, std::size_t granule, bool on) noexcept
       : base_(base), shift_(static_cast<unsigned>(std::countr_zero(granule))), on_(on) {}
 
-  // Watches the chunk [start, start + bytes) (no other watched chunk overlaps it), which `users`
-  // blocks touch now. Throws std::bad_alloc (then it is not watched).
-  void watch(std::uintptr_t start, std::size_t bytes, std::size_t users) {
-    const std::size_t last = (start + bytes - 1 - base_) >> shift_;
-    if (last / 64 >= bits_.size()) {
-      bits_.resize(last / 64 + 1);
-    }
-    chunks_.insert(after(chunks_, start), Watched{start, bytes, users});
-    mark(start, bytes, true);
-  }
   // Whether its owner should watch at all (hole_lending.hpp's watch_lent asks).
   bool on() const noexcept { return on_; }
-  // Whether the chunk that starts at `start` is watched.
-  bool watched(std::uintptr_t start) const noexcept { return find(start) != chunks_.end(); }
-  // Stops watching the chunk that starts at `start` (nothing for one not watched).
-  void forget(std::uintptr_t start) noexcept {
-    if (const auto it = find(start); it != chunks_.end()) {
-      mark(it->start, it->bytes, false);
-      chunks_.erase(it);
+
+  // Watches the chunk [start, start + bytes) whose holes are lent (whole granules, overlapping no
+  // other watched chunk), which `users` blocks touch now. Throws std::bad_alloc (then it is not
+  // watched).
+  void watch_home(std::uintptr_t start, std::size_t bytes, std::size_t users) {
+    (void)add_chunk(start, bytes, users, none);
+  }
+  // Watches the second mapping [at, at + bytes) of a hole of the watched chunk at `home`; no block
+  // touches it yet. Throws std::bad_alloc (then it is not watched).
+  void watch_second(std::uintptr_t at, std::size_t bytes, std::uintptr_t home) {
+    const Watched* h = find(home);
+    if (h != nullptr && h->home == none) {
+      (void)add_chunk(at, bytes, 0, static_cast<std::uint32_t>(h - chunks_.data()));
     }
   }
+  // Whether the chunk (or second mapping) that starts at `start` is watched.
+  bool watched(std::uintptr_t start) const noexcept { return find(start) != nullptr; }
+  // Stops watching the chunk or second mapping that starts at `start` (nothing for one not watched).
+  // A chunk goes after its second mappings.
+  void forget(std::uintptr_t start) noexcept {
+    Watched* w = find(start);
+    if (w == nullptr) {
+      return;
+    }
+    if (w->home != none && w->users != 0) {
+      --chunks_[w->home].busy;
+    }
+    const auto slot = static_cast<std::uint32_t>(w - chunks_.data());
+    const std::size_t first = granule_of(w->start), last = granule_of(w->start + w->bytes - 1);
+    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(first),
+              owner_.begin() + static_cast<std::ptrdiff_t>(last + 1), none);
+    mark(first, last, false);
+    *w = Watched{};
+    w->users = free_slot_; // a free slot: bytes 0, users the next free slot
+    free_slot_ = slot;
+    covered_ = --count_ == 0 ? 0 : covered_;
+  }
+
   // A block of [addr, addr + bytes) now touches the watched chunks it lies on.
   void add(std::uintptr_t addr, std::size_t bytes) noexcept {
-    if (touches(addr, bytes)) {
-      for_each_in(*this, addr, bytes, [](Watched& w) { ++w.users; });
-    }
-  }
-  // A block added before is gone; whether a watched chunk it touched has no block left.
-  bool remove(std::uintptr_t addr, std::size_t bytes) noexcept {
-    bool emptied = false;
-    if (touches(addr, bytes)) {
-      for_each_in(*this, addr, bytes, [&](Watched& w) { emptied |= --w.users == 0; });
-    }
-    return emptied;
-  }
-  // Calls `visit(start)` for each watched chunk that [addr, addr + bytes) touches and no block does.
-  template <class Visit>
-  void for_each_unused_in(std::uintptr_t addr, std::size_t bytes, Visit&& visit) const {
-    for_each_in(*this, addr, bytes, [&](const Watched& w) {
-      if (w.users == 0) {
-        visit(w.start);
+    for_each_in(addr, bytes, [&](Watched& w) {
+      if (w.users++ == 0 && w.home != none) {
+        ++chunks_[w.home].busy;
       }
     });
   }
-  // Calls `visit(start, bytes, users)` for every watched chunk, by start (for a check of the counts).
-  template <class Visit>
-  void for_each(Visit&& visit) const {
-    for (const Watched& w : chunks_) {
-      visit(w.start, w.bytes, w.users);
-    }
+  // A block added before is gone; whether a chunk it touched (or whose second mapping it touched)
+  // may now bring its holes home (ready()).
+  bool remove(std::uintptr_t addr, std::size_t bytes) noexcept {
+    bool freed = false;
+    for_each_in(addr, bytes, [&](Watched& w) {
+      if (--w.users != 0) {
+        return;
+      }
+      if (w.home == none) {
+        freed |= w.busy == 0;
+      } else {
+        Watched& home = chunks_[w.home];
+        freed |= --home.busy == 0 && home.users == 0;
+      }
+    });
+    return freed;
   }
-  // Whether the watched chunk that starts at `start` has no block; false for a chunk not watched.
+  // Calls `visit(home)` for each chunk that may bring its holes home, among those [addr, addr +
+  // bytes) touches and those whose second mappings it touches (a chunk may be visited twice).
+  template <class Visit>
+  void for_each_ready_in(std::uintptr_t addr, std::size_t bytes, Visit&& visit) {
+    for_each_in(addr, bytes, [&](const Watched& w) {
+      const Watched& home = w.home == none ? w : chunks_[w.home];
+      if (home.users == 0 && home.busy == 0) {
+        visit(home.start);
+      }
+    });
+  }
+  // Whether no block touches the watched chunk at `home`, nor any of its watched second mappings;
+  // false for a chunk not watched.
+  bool ready(std::uintptr_t home) const noexcept {
+    const Watched* w = find(home);
+    return w != nullptr && w->home == none && w->users == 0 && w->busy == 0;
+  }
+  // Whether the watched chunk or second mapping at `start` has no block; false for one not watched.
   bool unused(std::uintptr_t start) const noexcept {
-    const auto it = find(start);
-    return it != chunks_.end() && it->users == 0;
+    const Watched* w = find(start);
+    return w != nullptr && w->users == 0;
+  }
+  // Calls `visit(start, bytes, users)` for every watched chunk and second mapping, in no order, and
+  // returns whether each chunk's count of second mappings with blocks is right (for a check).
+  template <class Visit>
+  bool for_each(Visit&& visit) const {
+    std::vector<std::uint32_t> busy(chunks_.size());
+    for (const Watched& w : chunks_) {
+      if (w.bytes != 0) {
+        visit(w.start, w.bytes, w.users);
+        busy[w.home == none ? 0 : w.home] += w.home != none && w.users != 0 ? 1u : 0u;
+      }
+    }
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      if (chunks_[i].bytes != 0 && chunks_[i].home == none && chunks_[i].busy != busy[i]) {
+        return false;
+      }
+    }
+    return true;
   }
 
 private:
+  static constexpr std::uint32_t none = UINT32_MAX;
   struct Watched {
-    std::uintptr_t start;
-    std::size_t bytes;
-    std::size_t users;
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0;     // 0: a free slot
+    std::size_t users = 0;     // blocks on it; in a free slot, the next free slot
+    std::uint32_t home = none; // a second mapping's chunk; none for a chunk
+    std::uint32_t busy = 0;    // a chunk's second mappings that blocks touch
   };
-  using Chunks = std::vector<Watched>;
 
-  // The first chunk of `chunks` (const or not) that starts after `addr`.
-  template <class Of>
-  static auto after(Of& chunks, std::uintptr_t addr) noexcept -> decltype(chunks.begin()) {
-    return std::upper_bound(chunks.begin(), chunks.end(), addr,
-                            [](std::uintptr_t a, const Watched& w) { return a < w.start; });
-  }
-  Chunks::const_iterator find(std::uintptr_t start) const noexcept {
-    const auto it = std::lower_bound(chunks_.begin(), chunks_.end(), start,
-                                     [](const Watched& w, std::uintptr_t a) { return w.start < a; });
-    return it != chunks_.end() && it->start == start ? it : chunks_.end();
-  }
-  Chunks::iterator find(std::uintptr_t start) noexcept {
-    return chunks_.begin() + (std::as_const(*this).find(start) - chunks_.cbegin());
-  }
-  // Visits the chunks of `self` (const or not) that [addr, addr + bytes) touches.
-  template <class Self, class Visit>
-  static void for_each_in(Self& self, std::uintptr_t addr, std::size_t bytes, Visit&& visit) {
-    auto& chunks = self.chunks_;
-    auto it = after(chunks, addr);
-    if (it != chunks.begin() && std::prev(it)->start + std::prev(it)->bytes > addr) {
-      --it;
+  std::size_t granule_of(std::uintptr_t addr) const noexcept { return (addr - base_) >> shift_; }
+
+  std::uint32_t add_chunk(std::uintptr_t start, std::size_t bytes, std::size_t users, std::uint32_t home) {
+    const std::size_t last = granule_of(start + bytes - 1);
+    if (last >= owner_.size()) {
+      bits_.resize(last / 64 + 1);
+      owner_.resize(bits_.size() * 64, none);
     }
-    for (; it != chunks.end() && it->start < addr + bytes; ++it) {
-      visit(*it);
+    std::uint32_t slot = free_slot_;
+    if (slot == none) {
+      chunks_.push_back(Watched{});
+      slot = static_cast<std::uint32_t>(chunks_.size() - 1);
+    } else {
+      free_slot_ = static_cast<std::uint32_t>(chunks_[slot].users);
     }
+    chunks_[slot] = Watched{start, bytes, users, home, 0};
+    std::fill(owner_.begin() + static_cast<std::ptrdiff_t>(granule_of(start)),
+              owner_.begin() + static_cast<std::ptrdiff_t>(last + 1), slot);
+    mark(granule_of(start), last, true);
+    ++count_;
+    covered_ = owner_.size() << shift_;
+    return slot;
   }
-  void mark(std::uintptr_t start, std::size_t bytes, bool on) noexcept {
-    for (std::size_t g = (start - base_) >> shift_, last = (start + bytes - 1 - base_) >> shift_; g <= last; ++g) {
-      const std::uint64_t bit = std::uint64_t{1} << (g % 64);
-      bits_[g / 64] = on ? bits_[g / 64] | bit : bits_[g / 64] & ~bit;
+
+  const Watched* find(std::uintptr_t start) const noexcept {
+    if (start - base_ >= covered_) {
+      return nullptr;
     }
+    const std::uint32_t slot = owner_[granule_of(start)];
+    return slot != none && chunks_[slot].start == start ? &chunks_[slot] : nullptr;
   }
-  // Whether [addr, addr + bytes) touches a watched granule.
-  bool touches(std::uintptr_t addr, std::size_t bytes) const noexcept {
-    if (chunks_.empty() || addr < base_) {
-      return false;
+  Watched* find(std::uintptr_t start) noexcept {
+    return const_cast<Watched*>(static_cast<const WatchedChunks&>(*this).find(start));
+  }
+
+  // Visits each watched chunk [addr, addr + bytes) touches, once: the bitmap a word at a time,
+  // past each chunk found.
+  template <class Visit>
+  void for_each_in(std::uintptr_t addr, std::size_t bytes, Visit&& visit) {
+    const std::uintptr_t offset = addr - base_; // below base_, it wraps past the table
+    if (offset >= covered_) {
+      return;
     }
-    const std::size_t first = (addr - base_) >> shift_;
-    const std::size_t last = std::min((addr + bytes - 1 - base_) >> shift_, bits_.size() * 64 - 1);
-    for (std::size_t g = first; g <= last; g = (g / 64 + 1) * 64) {
-      const std::uint64_t word = bits_[g / 64] >> (g % 64);
-      const std::size_t span = std::min<std::size_t>(64 - g % 64, last - g + 1);
-      if ((span == 64 ? word : word & ((std::uint64_t{1} << span) - 1)) != 0) {
-        return true;
+    const std::size_t last = std::min((offset + bytes - 1) >> shift_, owner_.size() - 1);
+    if (last == offset >> shift_) { // inside one granule, as most blocks are: the table alone
+      if (const std::uint32_t slot = owner_[last]; slot != none) {
+        visit(chunks_[slot]);
       }
+      return;
     }
-    return false;
+    for (std::size_t g = offset >> shift_; g <= last;) {
+      std::size_t word = g / 64;
+      std::uint64_t bits = bits_[word] & (~std::uint64_t{0} << (g % 64));
+      while (bits == 0) {
+        if (++word > last / 64) {
+          return;
+        }
+        bits = bits_[word];
+      }
+      g = word * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+      if (g > last) {
+        return;
+      }
+      Watched& w = chunks_[owner_[g]];
+      visit(w);
+      g = granule_of(w.start + w.bytes - 1) + 1;
+    }
+  }
+  // Sets (or clears) the bits of granules [first, last].
+  void mark(std::size_t first, std::size_t last, bool on) noexcept {
+    for (std::size_t word = first / 64; word <= last / 64; ++word) {
+      const std::size_t lo = word == first / 64 ? first % 64 : 0;
+      const std::size_t hi = word == last / 64 ? last % 64 : 63;
+      const std::uint64_t mask = (~std::uint64_t{0} >> (63 - hi)) & (~std::uint64_t{0} << lo);
+      bits_[word] = on ? bits_[word] | mask : bits_[word] & ~mask;
+    }
   }
 
   std::uintptr_t base_;
-  unsigned shift_;                  // log2 of the granule
-  Chunks chunks_;                   // by start
-  std::vector<std::uint64_t> bits_; // one bit a granule: 1 where a watched chunk lies
+  unsigned shift_;                   // log2 of the granule
+  std::vector<Watched> chunks_;      // by slot; freed slots are reused
+  std::vector<std::uint64_t> bits_;  // by granule from base_: 1 where a watched chunk lies
+  std::vector<std::uint32_t> owner_; // by granule from base_: the slot of the chunk on it, or none
+  std::uint32_t free_slot_ = none;   // the first free slot of chunks_
+  std::size_t count_ = 0;            // chunks and second mappings watched now
+  std::size_t covered_ = 0;          // bytes from base_ the table covers; 0 while nothing is watched
   bool on_;
 };
 
