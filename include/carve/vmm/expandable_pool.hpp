@@ -1,7 +1,6 @@
 /// @file carve/vmm/expandable_pool.hpp
 /// A pool whose physical memory follows its live blocks: best fit over one address reservation
-/// per stream, physical memory mapped where requests land and unmapped where whole chunks fall
-/// idle.
+/// per stream, memory mapped where requests land and unmapped where whole chunks fall idle.
 ///
 /// @code
 /// carve::ExpandablePool<carve::CudaMemoryMapper> pool(carve::CudaMemoryMapper{}, {.device = 0});
@@ -10,7 +9,6 @@
 /// twin.deallocate(p, 3 << 20, 256);             // free; the memory stays mapped for reuse
 /// twin.trim();                                  // unmaps every idle chunk
 /// @endcode
-///
 /// A caching pool over cudaMalloc holds segments it cannot give back while any block in them
 /// lives, nor join with their neighbours. Here the addresses are one reservation per stream
 /// (OnDemandReservation): every free range joins its neighbours, and a request is placed best fit
@@ -249,31 +247,37 @@ private:
       s_->live.make_room(); // once memory is mapped for the block, recording it cannot fail
       Space& space = *s_->spaces[index];
       for (int attempt = 0; attempt < 2; ++attempt) {
-        const auto taken = space.free.take(size, std::max(alignment, s_->options.granularity));
-        if (!taken) {
+        const auto found = space.free.take(size, std::max(alignment, s_->options.granularity));
+        if (!found) {
           break; // the address space is full: unmapping changes nothing
         }
-        std::optional<Result<std::size_t>> added; // empty: the tables could not grow, nothing was mapped
-        std::optional<std::size_t> mapped;        // the reservation's memory before back()
+        const std::uintptr_t start = found->start;          // field by field: a whole copy of the
+        const BestFitRanges::Handle handle = found->handle; // optional, written in pieces, stalls
+        std::optional<Result<std::size_t>> added;           // empty: the tables could not grow, nothing was mapped
+        std::optional<std::size_t> mapped;                  // the reservation's memory before back()
         try {
-          const std::size_t need = space.memory.unbacked_bytes(taken->start, size); // idle chunks are not under it
-          make_headroom(need, size);
-          lend_holes(space, taken->start, size, need);
-          mapped = space.memory.mapped_bytes();
-          added.emplace(space.memory.back(taken->start, size, [this, size] { return chunk_rule(size); }));
+          const std::size_t need = space.memory.unbacked_bytes(start, size); // idle chunks are not under it
+          if (need == 0) { // as for most blocks: the memory is mapped already
+            added.emplace(std::size_t{0});
+          } else {
+            make_headroom(need, size);
+            lend_holes(space, start, size, need);
+            mapped = space.memory.mapped_bytes();
+            added.emplace(space.memory.back(start, size, [this, size] { return chunk_rule(size); }));
+          }
         } catch (const std::bad_alloc&) {
         }
         // What back() mapped, less what it unmapped of mappings the mapper had refused to undo (a
         // failed back() may leave such chunks mapped itself: idle, counted).
         s_->reserved = mapped ? s_->reserved - *mapped + space.memory.mapped_bytes() : s_->reserved;
         if (added && *added) {
-          s_->live.insert(taken->start, Live{size, taken->handle, index});
-          space.watched.add(taken->start, size);
-          note_allocation(index, taken->start, size);
-          return reinterpret_cast<void*>(taken->start);
+          s_->live.insert(start, Live{size, handle, index});
+          space.watched.add(start, size);
+          note_allocation(index, start, size);
+          return reinterpret_cast<void*>(start);
         }
         s_->stats.peak_reserved = std::max(s_->stats.peak_reserved, s_->reserved);
-        space.free.give(taken->handle);
+        space.free.give(handle);
         if (release_idle(true) == 0) {
           break; // nothing to unmap: another attempt would fail the same way
         }

@@ -51,31 +51,36 @@ struct ExpandablePoolOptions {
   /// those whose stream's work has run, waiting for it, where the Streams can, when those whose
   /// work has run already are not enough), and a growth chunk stops at the line.
   /// Lower keeps the card smaller and costs driver calls when memory moves between sizes; carve_replay
-  /// prints both at a few settings for a recorded snapshot. The default, 5 (0.5%), holds reserve
-  /// within 1.01x the peak live bytes with about twice PyTorch's segment calls on a training step.
-  /// max(): never unmap for it (grow by growth_divisor alone).
-  std::size_t headroom_permille = 5;
+  /// prints both at a few settings for a recorded snapshot. The default, 1 (0.1%), holds reserve at
+  /// 1.001x-1.004x the peak live bytes on the four real snapshots carve has, at 2.1x-2.6x PyTorch's
+  /// segment calls; a tight line also brings lending (below) in sooner, which keeps a long run's
+  /// reserve from drifting: GPT-2 small holds 1.006x over 20 more runs of its steps at 0.1%, where
+  /// 0.5% drifts to 1.03x (docs/replay.md). max(): never unmap for it (grow by growth_divisor
+  /// alone).
+  std::size_t headroom_permille = 1;
   /// A block at least this large that must map memory past the headroom line first maps, a second
   /// time, the unused granules inside chunks live blocks pin (holes, which cost their memory until
   /// their chunk's last block dies), and takes their own addresses out of use until that second
-  /// mapping goes. One driver call per hole, so it pays for large blocks: the default, 1 GiB, lends
-  /// to the few largest blocks of a training step (its logits) and nothing else on the snapshots
-  /// carve has (docs/replay.md gives the figures); carve_replay prints other settings against a
-  /// snapshot of one's own. max(): never lend.
-  std::size_t lend_min_bytes = std::size_t{1} << 30;
+  /// mapping goes. One driver call per hole, so it pays for large blocks: the default, 512 MiB,
+  /// lends to the few largest blocks of a training step (a transformer's logits, a convolutional
+  /// network's first activations) and nothing else on the snapshots carve has; at 256 MiB GPT-2
+  /// small's mid-sized blocks borrow too, for more calls and a higher reserve (docs/replay.md gives
+  /// the figures). carve_replay prints other settings against a snapshot of one's own. max(): never
+  /// lend.
+  std::size_t lend_min_bytes = std::size_t{512} << 20;
   /// Once no block touches a lent hole's chunk nor the second mappings of its holes, unmap those
   /// second mappings, so the chunk is one free range again (it stays mapped where it lives).
   /// Without it, a second mapping outlives the block it was lent to and keeps its hole's addresses
-  /// out of use, so after many training steps the chunks around them stay cut and the reserve
-  /// drifts up: GPT-2 small from 1.005x to 1.016x after some 25 steps, held at 1.005x with it
-  /// (carve_replay --again on the host, docs/replay.md). The unmap waits for the stream's work on
-  /// the freed blocks (an unmap under a running kernel faults) but never at a free: where that work
+  /// out of use, so the chunk around it stays cut. The unmap waits for the stream's work on the
+  /// freed blocks (an unmap under a running kernel faults) but never at a free: where that work
   /// has not run at the free that left the chunk unused, the first allocation after it has brings
   /// the holes home (if no block has landed on the chunk since); while held, the first after the
-  /// hold. Its price where holes are lent: counting the blocks on their chunks and about 30 more
-  /// driver calls a step (GPT-2), some 15% more host time per allocate+free there (bench_replay:
-  /// 1.16x-1.18x pytorch-model's on GPT-2, against 0.99x-1.04x without). Off by default until it
-  /// is cheaper.
+  /// hold. Off by default: at the 0.5% headroom line it held GPT-2 small at 1.005x over some 25
+  /// more steps where the pool drifted to 1.016x, but at the default 0.1% line the pool holds
+  /// 1.006x without it and 1.012x-1.017x with it (the variable-length model: 1.008x without, 1.005x
+  /// with; carve_replay --again on the host, docs/replay.md), and counting the blocks on lent
+  /// chunks costs host time where holes are lent (bench_replay: 1.14x pytorch-model's on GPT-2,
+  /// 0.94x without).
   bool bring_holes_home = false;
 };
 

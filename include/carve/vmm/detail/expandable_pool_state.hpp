@@ -93,6 +93,11 @@ struct ExpandablePoolState {
         return i;
       }
     }
+    return add_space(stream);
+  }
+  // space_for's first use of `stream`: kept out of line, so the search above inlines into every
+  // allocation.
+  [[gnu::noinline]] std::uint32_t add_space(const std::optional<stream_type>& stream) {
     auto memory = OnDemandReservation<Mapper>::reserve(mapper, options.device, options.address_space_bytes);
     if (!memory) {
       return no_space;
@@ -135,6 +140,9 @@ struct ExpandablePoolState {
       }
     } catch (const std::bad_alloc&) {
       homes.clear();
+      for (Homecoming& d : deferred) { // one may be a chunk just left unused: not before this free's work
+        d.since = spaces[d.space].get() == &space ? frees : d.since;
+      }
     }
     return !homes.empty();
   }
