@@ -327,14 +327,14 @@ private:
     return ChunkRule{std::min(std::max(o.min_chunk_bytes, grown), room), limit, o.max_chunk_bytes};
   }
 
-  // Before `need` more bytes are mapped for a block of `size` past the headroom line: unmaps idle
+  // Before `need` (> 0) more bytes are mapped for a block of `size` past the headroom line: unmaps idle
   // chunks, highest addresses first (best fit reaches them last), those whose stream's work has run,
   // then (waiting where the Streams can: the host runs ahead of a GPU) the others.
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = s_->headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
     for (const bool wait : {false, true}) {
-      if (need == 0 || fits() || s_->held) {
+      if (fits() || s_->held) {
         return;
       }
       std::vector<detail::IdleChunks::Chunk> idle;
@@ -353,10 +353,10 @@ private:
     }
   }
 
-  // Past the headroom line, a block of lend_min_bytes or more that needs memory maps holes first.
+  // Past the headroom line, a block of lend_min_bytes or more that needs memory (`need` > 0) maps
+  // holes first.
   void lend_holes(Space& space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
-    if (need != 0 && size >= s_->options.lend_min_bytes && !s_->lending_refused &&
-        s_->reserved + need > s_->headroom_line(size)) {
+    if (size >= s_->options.lend_min_bytes && !s_->lending_refused && s_->reserved + need > s_->headroom_line(size)) {
       (void)detail::lend_holes(space.free, space.memory, space.lent, space.watched, addr, size, s_->lending_refused);
     }
   }

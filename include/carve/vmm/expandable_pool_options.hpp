@@ -50,13 +50,13 @@ struct ExpandablePoolOptions {
   /// than that, it unmaps idle chunks (highest addresses first, where best fit reaches last; only
   /// those whose stream's work has run, waiting for it, where the Streams can, when those whose
   /// work has run already are not enough), and a growth chunk stops at the line.
-  /// Lower keeps the card smaller and costs driver calls when memory moves between sizes; carve_replay
-  /// prints both at a few settings for a recorded snapshot. The default, 1 (0.1%), holds reserve at
-  /// 1.001x-1.004x the peak live bytes on the four real snapshots carve has, at 2.1x-2.6x PyTorch's
-  /// segment calls; a tight line also brings lending (below) in sooner, which keeps a long run's
-  /// reserve from drifting: GPT-2 small holds 1.006x over 20 more runs of its steps at 0.1%, where
-  /// 0.5% drifts to 1.03x (docs/replay.md). max(): never unmap for it (grow by growth_divisor
-  /// alone).
+  /// Lower keeps the card smaller and costs driver calls when memory moves between sizes;
+  /// carve_replay prints both at a few settings for a recorded snapshot. The default, 1 (0.1%),
+  /// holds reserve at 1.001x-1.004x the peak live bytes in the host replay of the four real
+  /// snapshots carve has (not yet run on a card), at 2.1x-2.6x PyTorch's segment calls; a tight
+  /// line also brings lending (below) in sooner, which keeps a long run's reserve from drifting:
+  /// GPT-2 small holds 1.006x over 20 more runs of its steps at 0.1%, where 0.5% drifts to 1.03x
+  /// (docs/replay.md). max(): never unmap for it (grow by growth_divisor alone).
   std::size_t headroom_permille = 1;
   /// A block at least this large that must map memory past the headroom line first maps, a second
   /// time, the unused granules inside chunks live blocks pin (holes, which cost their memory until

@@ -141,7 +141,9 @@ struct ExpandablePoolState {
     } catch (const std::bad_alloc&) {
       homes.clear();
       for (Homecoming& d : deferred) { // one may be a chunk just left unused: not before this free's work
-        d.since = spaces[d.space].get() == &space ? frees : d.since;
+        if (spaces[d.space].get() == &space) {
+          d.since = frees;
+        }
       }
     }
     return !homes.empty();
