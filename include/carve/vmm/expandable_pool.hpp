@@ -261,7 +261,7 @@ private:
             added.emplace(std::size_t{0});
           } else {
             make_headroom(need, size);
-            lend_holes(space, start, size, need);
+            lend_holes(index, start, size, need);
             mapped = space.memory.mapped_bytes();
             added.emplace(space.memory.back(start, size, [this, size] { return chunk_rule(size); }));
           }
@@ -355,19 +355,19 @@ private:
 
   // Past the headroom line, a block of lend_min_bytes or more that needs memory (`need` > 0) maps
   // holes first.
-  void lend_holes(Space& space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
+  void lend_holes(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
     if (size >= s_->options.lend_min_bytes && !s_->lending_refused && s_->reserved + need > s_->headroom_line(size)) {
-      (void)detail::lend_holes(space.free, space.memory, space.lent, space.watched, addr, size, s_->lending_refused);
+      s_->lend_holes(space, addr, size);
     }
   }
 
   // Unmaps the chunks of `space` wholly in [start, start + bytes), a range no block touches, and
-  // frees the holes whose second mappings go with them; returns the bytes unmapped.
-  std::size_t unmap_within(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
+  // frees the holes whose second mappings go with them (their chunks may then go too, past
+  // release_threshold); what goes comes off s_->reserved.
+  void unmap_within(std::uint32_t space, std::uintptr_t start, std::size_t bytes) noexcept {
     Space& s = *s_->spaces[space];
     const std::size_t chunks = s.memory.chunk_count();
-    const std::size_t freed = s.memory.release_within(start, bytes);
-    s_->reserved -= freed;
+    s_->reserved -= s.memory.release_within(start, bytes);
     if (s.memory.chunk_count() != chunks) { // second mappings too, though they free no memory
       s_->idle.unmapped(space, start, bytes);
     }
@@ -376,7 +376,6 @@ private:
         note_free(space, s.free.give(*kept));
       }
     }
-    return freed;
   }
 
   // A block's range free again. Lent holes whose chunk and second mappings no block touches now
@@ -456,7 +455,7 @@ private:
   // stream's work on freed blocks has run (`wait`: waiting for it where the Streams can); returns
   // the bytes unmapped. Holes given back can leave their chunks idle: then it goes round again.
   std::size_t release_idle(bool wait) noexcept {
-    std::size_t released = 0;
+    const std::size_t before = s_->reserved;
     for (std::uint32_t i = 0; !s_->held && i < s_->spaces.size(); ++i) {
       Space& space = *s_->spaces[i];
       for (std::size_t lent = SIZE_MAX; s_->settled(space, s_->frees, wait) && lent != space.lent.size();) {
@@ -464,11 +463,11 @@ private:
         std::vector<detail::IdleChunks::Chunk> idle;
         detail::find_idle_chunks(space.free, space.memory, i, idle); // unmapping changes the ranges
         for (const auto& chunk : idle) {
-          released += unmap_within(i, chunk.start, chunk.bytes);
+          unmap_within(i, chunk.start, chunk.bytes);
         }
       }
     }
-    return released;
+    return before - s_->reserved;
   }
 
   // Frees whose streams' work has completed become free memory (may throw: CrossStreamFrees::collect).

@@ -148,6 +148,12 @@ struct ExpandablePoolState {
     }
     return !homes.empty();
   }
+  // Maps holes of spaces[space] under the unmapped granules of the block [addr, addr + size)
+  // (detail::lend_holes); returns the bytes lent.
+  std::size_t lend_holes(std::uint32_t space, std::uintptr_t addr, std::size_t size) noexcept {
+    Space& s = *spaces[space];
+    return detail::lend_holes(s.free, s.memory, s.lent, s.watched, idle, space, addr, size, lending_refused);
+  }
   // The second mappings (start, bytes) to unmap so that the holes of the chunk at `home` come
   // home (find_homecomings): none where it is no longer ready or the list cannot grow.
   const std::vector<std::pair<std::uintptr_t, std::size_t>>& find_homeward(Space& space, std::uintptr_t home) noexcept {
@@ -271,6 +277,13 @@ struct ExpandablePoolState {
       mapped += space->memory.mapped_bytes();
       taken_ranges += space->free.taken();
       taken += space->lent.size();
+      for (const auto& hole : space->lent) { // its chunk stays mapped while its memory is lent
+        const std::uintptr_t end = hole.first + hole.second.bytes;
+        space->memory.for_each_chunk_in(hole.first, 1, [&](std::uintptr_t c, std::size_t n) {
+          ok = ok && !space->memory.lent_at(c) && end <= c + n;
+        });
+        ok = ok && space->memory.backed(hole.first, hole.second.bytes);
+      }
     }
     return ok && taken == taken_ranges && in_use == stats.bytes_in_use && mapped == reserved;
   }

@@ -7,6 +7,7 @@
 
 #include <carve/core/errc.hpp>
 #include <carve/mr/best_fit_ranges.hpp>
+#include <carve/vmm/detail/idle_chunks.hpp>
 #include <carve/vmm/detail/watched_chunks.hpp>
 
 #include <algorithm>
@@ -83,14 +84,17 @@ void watch_lent(const BestFitRanges& free, const Memory& memory, const LentHoles
 }
 
 // Maps holes of `memory` under the unmapped granules of the block [addr, addr + size) (taken from
-// `free` already), each hole's range taken from `free` and recorded in `lent`; returns the bytes
-// lent. Lending only saves memory: when anything fails it stops, leaving the rest of the block to
-// new memory, and what it lent so far stays lent. `refused` is set when the mapper refused a
-// second mapping (CUDA documents that cuMemMap's offset must be 0, and a mapper that cannot tell
-// beforehand says so here), not when the tables could not grow or the device was out of memory.
+// `free` already), each hole's range taken from `free` and recorded in `lent`, and its chunk taken
+// off `idle` (as reservation `space`'s): a chunk listed idle until the block's own range cut it may
+// lend its rest, and if the block then fails to map the rest of its own, that chunk stays cut, its
+// memory lent, and must not be unmapped as idle. Returns the bytes lent. Lending only saves memory:
+// when anything fails it stops, leaving the rest of the block to new memory, and what it lent so
+// far stays lent. `refused` is set when the mapper refused a second mapping (CUDA documents that
+// cuMemMap's offset must be 0, and a mapper that cannot tell beforehand says so here), not when the
+// tables could not grow or the device was out of memory.
 template <class Memory>
-std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, WatchedChunks& watched,
-                       std::uintptr_t addr, std::size_t size, bool& refused) noexcept {
+std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, WatchedChunks& watched, IdleChunks& idle,
+                       std::uint32_t space, std::uintptr_t addr, std::size_t size, bool& refused) noexcept {
   const std::size_t g = memory.granule();
   std::size_t done = 0;
   try {
@@ -137,6 +141,7 @@ std::size_t lend_holes(BestFitRanges& free, Memory& memory, LentHoles& lent, Wat
           return done;
         }
         watch_lent(free, memory, lent, watched, addr, hole->first, kept->handle, at, n);
+        memory.for_each_chunk_in(hole->first, 1, [&](std::uintptr_t c, std::size_t) { idle.in_use(space, c); });
         done += n;
         at += n;
         hole->first += n;
