@@ -3,6 +3,7 @@
 // mapped, no block lands on memory another stream's queued work still uses, nothing is unmapped
 // under queued work, and the tables stay consistent.
 #include "support/late_stream_work.hpp"
+#include "support/refusing_mapper.hpp"
 
 #include <carve/mr/stream_events.hpp>
 #include <carve/vmm/expandable_pool.hpp>
@@ -12,9 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <random>
-#include <vector>
 
 // In a namespace of its own: the area's test files may compile as one translation unit.
 namespace test_expandable_pool_late_work {
@@ -29,20 +28,12 @@ namespace {
 
 constexpr std::size_t page = 4096; // the granule: pages keep every byte checked after every step cheap
 
-// The host twin of a device that runs out of memory when told to.
-struct DeviceThatRunsOut : HostMemoryMapper {
-  using HostMemoryMapper::HostMemoryMapper;
-  std::shared_ptr<bool> out = std::make_shared<bool>(false);
-  carve::Result<physical_handle> create(int device, std::size_t bytes) {
-    if (*out) {
-      return carve::fail(Errc::no_space, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (simulated)");
-    }
-    return HostMemoryMapper::create(device, bytes);
-  }
-};
-static_assert(carve::PhysicalMemoryMapper<DeviceThatRunsOut>);
+// A device that runs out of memory while told to (creates_left 0), and has room again (the most).
+using carve::test::RefusingMapper;
+constexpr int out_of_memory = 0;
+constexpr int room = 1 << 30;
 
-using Pool = carve::ExpandablePool<DeviceThatRunsOut, SimulatedStreams>;
+using Pool = carve::ExpandablePool<RefusingMapper, SimulatedStreams>;
 
 ExpandablePoolOptions small(ExpandablePoolOptions o) {
   o.address_space_bytes = std::size_t{16} << 20;
@@ -52,7 +43,7 @@ ExpandablePoolOptions small(ExpandablePoolOptions o) {
 } // namespace
 
 TEST_CASE("a chunk whose holes a refused block borrowed is not unmapped as idle") {
-  DeviceThatRunsOut device({.granularity = page});
+  RefusingMapper device({.granularity = page});
   Pool pool(device,
             small({.growth_divisor = 0, .release_threshold = page, .headroom_permille = 0, .lend_min_bytes = page}),
             SimulatedStreams(2));
@@ -72,9 +63,9 @@ TEST_CASE("a chunk whose holes a refused block borrowed is not unmapped as idle"
 
   // Three pages at [0, 3) cut C, whose last page is lent to [0, 1) (the line is passed: nothing idle
   // can go, both streams' work is queued); the device then refuses the page left to map.
-  *device.out = true;
+  *device.creates_left = out_of_memory;
   CHECK(pool.try_allocate(s0, 3 * page, 512).error() == Errc::no_space);
-  *device.out = false;
+  *device.creates_left = room;
   CHECK(pool.stats().lent_bytes == page);
   CHECK(pool.consistent());
 
@@ -102,7 +93,7 @@ TEST_CASE("random blocks on streams whose work runs late: nothing disturbed, not
     CAPTURE(seed);
     std::mt19937_64 rng(seed);
     const auto streams = static_cast<std::uint32_t>(1 + seed % 3);
-    DeviceThatRunsOut device({.granularity = page});
+    RefusingMapper device({.granularity = page});
     Pool pool(device,
               small({.growth_divisor = seed % 2 == 0 ? 8u : 0u,
                      .max_chunk_bytes = seed % 4 < 2 ? 2 * page : SIZE_MAX,
@@ -113,7 +104,7 @@ TEST_CASE("random blocks on streams whose work runs late: nothing disturbed, not
               SimulatedStreams(streams));
     carve::test::LateStreamWork work(pool, streams);
     work.random_steps(rng, 3000, {.small = 2 * page, .large = 9 * page}, [&](int step) {
-      *device.out = rng() % 16 == 0;
+      *device.creates_left = rng() % 16 == 0 ? out_of_memory : room;
       work.for_each_queued([&](const unsigned char* p, std::size_t bytes) { // its memory stays mapped
         REQUIRE((pool.owns(p) && pool.owns(p + bytes - 1)));
       });
@@ -121,7 +112,7 @@ TEST_CASE("random blocks on streams whose work runs late: nothing disturbed, not
         REQUIRE(pool.consistent());
       }
     });
-    *device.out = false;
+    *device.creates_left = room;
     CHECK(work.intact());
     pool.trim();
     CHECK(pool.consistent());

@@ -279,10 +279,10 @@ struct ExpandablePoolState {
       taken += space->lent.size();
       for (const auto& hole : space->lent) { // its chunk stays mapped while its memory is lent
         const std::uintptr_t end = hole.first + hole.second.bytes;
-        space->memory.for_each_chunk_in(hole.first, 1, [&](std::uintptr_t c, std::size_t n) {
-          ok = ok && !space->memory.lent_at(c) && end <= c + n;
-        });
-        ok = ok && space->memory.backed(hole.first, hole.second.bytes);
+        bool home = false;
+        space->memory.for_each_chunk_in(
+            hole.first, 1, [&](std::uintptr_t c, std::size_t n) { home = !space->memory.lent_at(c) && end <= c + n; });
+        ok = ok && home;
       }
     }
     return ok && taken == taken_ranges && in_use == stats.bytes_in_use && mapped == reserved;
