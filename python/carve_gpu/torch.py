@@ -293,7 +293,8 @@ def memory_stats(device=0, *, library=None):
     """carve's figures for `device` (as PyTorch's memory functions take it; None: the current
     device) as a dict: reserved_bytes, peak_reserved_bytes, live_bytes, peak_live_bytes,
     live_blocks, mallocs, frees, device_calls, device_failures, failures, lending_refused,
-    lent_bytes, ..."""
+    lent_bytes, stream_waits (the expandable pool's host syncs with a stream before it unmapped
+    memory that stream's work used), ..."""
     return _library_in_use(library).stats(_device_index(device))
 
 

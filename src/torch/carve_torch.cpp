@@ -446,8 +446,10 @@ const char* carve_torch_stats_json(int device) {
   const std::uint64_t refused =
       device >= 0 && device < max_devices ? load(registry().refused[slot(device)]) : std::uint64_t{0};
   append(json, "failures", load(b.failures) + refused);
-  json += s != nullptr && s->lending_refused() ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
-  append(json, "lent_bytes", s != nullptr ? s->lent_bytes() : 0);
+  const DeviceStack::MappingFigures mapping = s != nullptr ? s->mapping_figures() : DeviceStack::MappingFigures{};
+  json += mapping.lending_refused ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
+  append(json, "lent_bytes", mapping.lent_bytes);
+  append(json, "stream_waits", mapping.stream_waits);
   json += c.stack.holes_home ? ",\"bring_holes_home\":true" : ",\"bring_holes_home\":false";
   for (const auto& [key, value] :
        {std::pair{"max_reserved_bytes", c.stack.max_reserved},

@@ -138,12 +138,16 @@ public:
   // The right `peer` has on this device's memory at `p`: 0 none, 1 read, 2 read and write; -1 where
   // the stack cannot say (no mapping of its own there: cudaMalloc memory, or not its block).
   virtual int access(const void* /*p*/, int /*peer*/) const noexcept { return -1; }
-  // Whether the pool lends no holes because the driver maps whole allocations only (asked when the
-  // pool was made, or seen in a refusal: the expandable pool's ExpandablePoolStats::lending_refused;
-  // the other pools lend nothing): carve_replay predicts such a run with expandable-pool:partial-maps=0.
-  virtual bool lending_refused() const noexcept { return false; }
-  // Holes the expandable pool has mapped a second time now (ExpandablePoolStats::lent_bytes); 0 for the others.
-  virtual std::size_t lent_bytes() const noexcept { return 0; }
+  // What only the expandable pool has to say (its ExpandablePoolStats); all zero for the others.
+  struct MappingFigures {
+    // The pool lends no holes because the driver maps whole allocations only (asked when the pool
+    // was made, or seen in a refusal): carve_replay predicts such a run with
+    // expandable-pool:partial-maps=0.
+    bool lending_refused = false;
+    std::size_t lent_bytes = 0;     // holes mapped a second time now
+    std::uint64_t stream_waits = 0; // host syncs with a stream before unmapping memory its work used
+  };
+  virtual MappingFigures mapping_figures() const noexcept { return {}; }
 
   // The base of the device allocation (a cudaMalloc segment of a caching stack) that holds `p`, its
   // size in `bytes`; null where this stack took no such allocation (the expandable pool maps).

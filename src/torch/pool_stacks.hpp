@@ -117,18 +117,12 @@ public:
       return -1;
     }
   }
-  bool lending_refused() const noexcept override {
+  DeviceStack::MappingFigures mapping_figures() const noexcept override {
     try {
-      return pool_.pool().stats().lending_refused;
+      const ExpandablePoolStats s = pool_.pool().stats();
+      return {s.lending_refused, s.lent_bytes, s.stream_waits};
     } catch (const std::system_error&) { // the lock could not be taken
-      return false;
-    }
-  }
-  std::size_t lent_bytes() const noexcept override {
-    try {
-      return pool_.pool().stats().lent_bytes;
-    } catch (const std::system_error&) {
-      return 0;
+      return {};
     }
   }
 

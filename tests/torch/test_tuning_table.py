@@ -60,13 +60,20 @@ def main():
     carve = {"lending_refused": True, "peak_reserved": 10, "peak_allocated": 10, "step_ms": 1.0, "loss": 1.0,
              "batch": 1, "predicted": 10}
     base = dict(carve, lending_refused=False, peak_reserved=20, predicted=None)
-    run = dict(carve, peak_reserved=cut, peak_allocated=cut, predicted=cut, device_calls=7, loss=1.5)
-    table, goals, failed = step.judge([("m", {"pytorch": base, "expandable_segments": base, "carve": carve,
+    run = dict(carve, peak_reserved=cut, peak_allocated=cut, predicted=cut, device_calls=7, loss=1.5,
+               later_device_calls=3.0, later_stream_waits=1.0)
+    timed = dict(carve, later_device_calls=12.0, later_stream_waits=None)  # stats without the waits
+    table, goals, failed = step.judge([("m", {"pytorch": base, "expandable_segments": base, "carve": timed,
                                               step.CUT: run})])
     line = next((g for g in goals if "CARVE_TORCH_MAX_CHUNK=8M" in g), "")
-    if (not any(f"| {step.CUT} |" in row for row in table) or "7 device calls" not in line
+    later = "(each step after the first: 3 driver calls, 1 host waits for a stream)"
+    if (not any(f"| {step.CUT} |" in row for row in table) or f"7 device calls {later}" not in line
             or not line.endswith(f"predicted {cut} bytes (met)") or not any(step.CUT in f for f in failed)):
         print(f"FAILED: the cut run's row, line or loss check: {table}, {line!r}, {failed}")
+        return 1
+    timing = next((g for g in goals if "step time" in g and "CARVE_TORCH" not in g), "")
+    if "(each step after the first: 12 driver calls, 0 host waits for a stream): met" not in timing:
+        print(f"FAILED: the step time's line does not say what later steps cost: {timing!r}")
         return 1
     print(f"a driver that maps whole allocations only: the cut run is predicted as {step.replayed_cut()}, "
           f"{cut} bytes, and its loss is checked")

@@ -667,12 +667,16 @@ TEST_CASE("headroom: where the streams can wait, idle chunks whose stream is sti
   CHECK(pool.streams().waits == 0);
   void* big = *pool.try_allocate(s0, 3 * granule, 512); // past the line (4 granules): `a`'s chunk must go
   CHECK(pool.streams().waits == 1);
+  CHECK(pool.stats().stream_waits == 1); // the pool counts the host sync it made
   CHECK(pool.streams().streams.pending(s0) == 0);
   CHECK(pool.stats().unmaps > 0);
   CHECK(pool.stats().bytes_reserved == 4 * granule);
   CHECK(pool.stats().peak_reserved == 4 * granule);
   pool.deallocate(s0, big, 3 * granule, 512);
   pool.deallocate(s0, keep, granule, 512);
+  CHECK(pool.trim() == 4 * granule); // the stream's work has run: trim unmaps without waiting
+  CHECK(pool.streams().waits == 1);
+  CHECK(pool.stats().stream_waits == 1);
   CHECK(pool.consistent());
 }
 
@@ -688,6 +692,7 @@ TEST_CASE("headroom: a reservation whose stream has run is used before one is wa
   pool.deallocate(a, 2 * granule, 512);                 // idle, settled
   void* big = *pool.try_allocate(s0, 2 * granule, 512); // line 4 granules: unmapping `a`'s chunk is enough
   CHECK(pool.streams().waits == 0);
+  CHECK(pool.stats().stream_waits == 0);
   CHECK(pool.stats().bytes_reserved <= 4 * granule);
   pool.deallocate(s0, big, 2 * granule, 512);
   pool.deallocate(s0, keep, granule, 512);

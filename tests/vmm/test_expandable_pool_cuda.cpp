@@ -4,8 +4,8 @@
 // and unmapped by the driver, and the test's own snapshot replayed on the card beside the host twin
 // (HostMemoryMapper with the card's granularity), which must reserve and call the driver exactly
 // as the card does: the replay's prediction checked against the real thing; the shared real
-// snapshot too, where it is beside the repository; and a hole lent to a large block, written through
-// one address and read through the other.
+// snapshot too, where it is beside the repository; a hole lent to a large block, written through
+// one address and read through the other; and what the driver's calls cost per chunk size.
 #include "support/device_test.hpp"
 
 #include <carve/trace/trace_file.hpp>
@@ -182,6 +182,41 @@ void lending_on_card(std::size_t g) {
   expect(pool.stats().bytes_reserved == 0 && pool.stats().lent_bytes == 0, "nothing mapped after trim");
 }
 
+// What the driver calls a pool makes cost on this card, per chunk size: a chunk mapped (create,
+// map, set_access) and unmapped (unmap, release), the mean of 16 rounds after one to warm up. With
+// each step's driver calls (the training-step check's report) it prices the headroom line and
+// ExpandablePoolOptions::max_chunk_bytes on a card.
+void driver_call_prices(std::size_t g) {
+  carve::CudaMemoryMapper driver;
+  for (const std::size_t bytes : {g, 4 * g, 32 * g}) {
+    const auto va = driver.reserve(bytes, g);
+    expect(va.has_value(), "addresses for one chunk");
+    if (!va) {
+      return;
+    }
+    double map_us = 0;
+    double unmap_us = 0;
+    constexpr int rounds = 16;
+    for (int round = 0; round <= rounds; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      const auto h = driver.create(0, bytes);
+      const bool mapped =
+          h && driver.map(*va, bytes, *h) && driver.set_access(*va, bytes, 0, carve::Access::read_write);
+      const auto middle = std::chrono::steady_clock::now();
+      const bool unmapped = (!mapped || driver.unmap(*va, bytes)) && (!h || driver.release(*h));
+      const auto end = std::chrono::steady_clock::now();
+      expect(mapped && unmapped, "a chunk created, mapped, opened, unmapped and released");
+      if (round > 0) { // the first round warms the driver up
+        map_us += std::chrono::duration<double, std::micro>(middle - start).count() / rounds;
+        unmap_us += std::chrono::duration<double, std::micro>(end - middle).count() / rounds;
+      }
+    }
+    std::printf("a chunk of %zu MiB: %.1f us to create, map and open it, %.1f us to unmap and release it\n",
+                bytes >> 20, map_us, unmap_us);
+    expect(driver.free_reservation(*va, bytes).has_value(), "the addresses go back");
+  }
+}
+
 } // namespace
 
 int main() {
@@ -194,7 +229,9 @@ int main() {
   } else {
     carve::test::skip_without_device();
     on_gpu();
-    lending_on_card(*carve::CudaMemoryMapper{}.granularity(0));
+    const std::size_t g = *carve::CudaMemoryMapper{}.granularity(0);
+    lending_on_card(g);
+    driver_call_prices(g);
   }
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
   return failures == 0 ? 0 : 1;

@@ -136,6 +136,11 @@ struct ExpandablePoolStats {
   std::uint64_t peer_refusals = 0;     ///< chunks the driver refused to open to a granted device (kept, closed to it)
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
+  /// Times the pool blocked the calling thread until a stream's work had run, so that it could
+  /// unmap memory that work used (the headroom line, trim(), the retry under pressure): a host
+  /// sync with the device each (where the Streams can wait: CudaStreams), which lets the device
+  /// run dry while the host catches up, as PyTorch's num_sync_all_streams counts for its own.
+  std::uint64_t stream_waits = 0;
   /// The mapper cannot map part of an allocation (CUDA documents that cuMemMap's offset must be 0):
   /// it said so when the pool was made (TellsPartialMaps), or refused a hole's second mapping for
   /// any reason but a want of memory, and no hole is lent from then on.

@@ -43,7 +43,8 @@ public:
         covers_ = frees;
       }
       if constexpr (StreamEventsThatWait<Streams>) {
-        if (wait) {
+        if (wait && !streams.completed(*event_)) { // a host sync with the device: counted
+          ++waits_;
           streams.wait(*event_);
         }
       }
@@ -56,6 +57,8 @@ public:
     }
     return since <= settled_;
   }
+  // How often settled() blocked the caller until the stream's work ran (a host sync with the device).
+  std::uint64_t waits() const noexcept { return waits_; }
   // Gives the event back.
   void close(Streams& streams) noexcept {
     if (event_) {
@@ -68,6 +71,7 @@ private:
   std::uint64_t settled_ = 0; // the stream's work before this many frees has run
   std::optional<typename Streams::event_type> event_;
   std::uint64_t covers_ = 0; // what settled_ moves on to when event_ completes
+  std::uint64_t waits_ = 0;
 };
 
 } // namespace carve::detail

@@ -239,6 +239,7 @@ struct ExpandablePoolState {
         out.lent_bytes += hole.bytes;
       }
       out.add_calls(space->memory.counts());
+      out.stream_waits += space->fence.waits();
     }
     return out;
   }
