@@ -1,14 +1,15 @@
-// Random blocks on SimulatedStreams whose work runs late, as a GPU's runs behind the host: each
-// block's first kernel writes its pattern, and the kernel queued before its free checks that pattern
-// and overwrites it, both run only when the test completes its stream's work. A block may be freed on
-// another stream once its first kernel has run (as after an event). What a stream-ordered pool must
-// never do under it: hand memory that another stream's queued work still uses to a new block, or
-// disturb a block's bytes before its last kernel.
+// Random blocks on SimulatedStreams (or WaitingSimulatedStreams) whose work runs late, as a GPU's runs behind the host:
+// each block's first kernel writes its pattern, and the kernel queued before its free checks that pattern and
+// overwrites it, both run only when the test completes its stream's work. A block may be freed on another stream once
+// its first kernel has run (as after an event). What a stream-ordered pool must never do under it: hand memory that
+// another stream's queued work still uses to a new block, or disturb a block's bytes before its last kernel.
 //
 //   carve::test::LateStreamWork work(pool, 2);
 //   work.random_steps(rng, 3000, {.small = 2 * page, .large = 9 * page}, [&](int step) { ... });
 //   CHECK(work.intact());
 #pragma once
+
+#include "support/waiting_streams.hpp"
 
 #include <carve/mr/stream_events.hpp>
 
@@ -35,7 +36,13 @@ struct BlockSizes {
 template <class Pool>
 class LateStreamWork {
 public:
-  LateStreamWork(Pool& pool, std::uint32_t streams) : pool_(pool), queued_(streams, 0), work_(streams) {}
+  LateStreamWork(Pool& pool, std::uint32_t streams) : pool_(pool), queued_(streams, 0), work_(streams) {
+    if constexpr (requires { pool.streams().ran; }) { // the pool's waits run kernels too
+      pool_.streams().ran = [this](std::uint32_t s) { run(s); };
+    }
+  }
+  LateStreamWork(const LateStreamWork&) = delete; // the streams call back into this one
+  LateStreamWork& operator=(const LateStreamWork&) = delete;
 
   // `steps` random steps: allocate on a random stream (queuing the block's first kernel), free a
   // random live block (queuing the kernel before it on the stream it is freed on), run some of a

@@ -4,6 +4,7 @@
 #include "support/errors.hpp"
 #include "support/refusing_mapper.hpp"
 #include "support/resident_memory.hpp"
+#include "support/waiting_streams.hpp"
 
 #include <carve/mr.hpp>
 #include <carve/vmm.hpp>
@@ -678,6 +679,44 @@ TEST_CASE("headroom: where the streams can wait, idle chunks whose stream is sti
   CHECK(pool.streams().waits == 1);
   CHECK(pool.stats().stream_waits == 1);
   CHECK(pool.consistent());
+}
+
+TEST_CASE("headroom: a chunk is unmapped once the work before its last free has run, not all the work queued since") {
+  ExpandablePool<HostMemoryMapper, carve::test::WaitingSimulatedStreams> pool(
+      mapper(), small({.growth_divisor = 0, .headroom_permille = 0}), carve::test::WaitingSimulatedStreams(1));
+  const carve::SimulatedStream s0{0};
+  // The first time, the pool has no event after `a`'s free (it records them once it has had to
+  // wait): it waits for everything queued. The second time, for the kernel before `a`'s free only.
+  for (const std::uint64_t left : {0u, 40u}) {
+    CAPTURE(left);
+    void* a = *pool.try_allocate(s0, 2 * granule, 512);
+    void* keep = *pool.try_allocate(s0, 512, 512); // keep and wall pin the granule after `a`'s chunk
+    void* filler = *pool.try_allocate(s0, granule - 1024, 512);
+    void* wall = *pool.try_allocate(s0, 512, 512);
+    REQUIRE(static_cast<char*>(keep) == static_cast<char*>(a) + 2 * granule);
+    pool.streams().enqueue(s0); // a kernel reading `a`
+    pool.deallocate(s0, a, 2 * granule, 512);
+    pool.deallocate(s0, filler, granule - 1024, 512); // its hole: where best fit puts the blocks below
+    for (int i = 0; i < 40; ++i) { // later kernels and frees on the same stream, away from `a`'s chunk
+      void* t = *pool.try_allocate(s0, 512, 512);
+      pool.streams().enqueue(s0);
+      pool.deallocate(s0, t, 512, 512);
+    }
+    REQUIRE(pool.streams().pending(s0) == 41);
+    const auto waits = pool.stats().stream_waits;
+    void* big = *pool.try_allocate(s0, 3 * granule, 512); // past the line: `a`'s chunk must go
+    CHECK(pool.stats().stream_waits == waits + 1);
+    CHECK(pool.streams().pending(s0) == left);
+    CHECK(pool.stats().bytes_reserved == 4 * granule);
+    CHECK(pool.stats().peak_reserved == 4 * granule);
+    pool.deallocate(s0, big, 3 * granule, 512);
+    pool.deallocate(s0, keep, 512, 512);
+    pool.deallocate(s0, wall, 512, 512);
+    CHECK(pool.consistent());
+    pool.streams().complete(s0);
+    CHECK(pool.trim() == 4 * granule);
+  }
+  CHECK(pool.stats().stream_waits == 2);
 }
 
 TEST_CASE("headroom: a reservation whose stream has run is used before one is waited for") {

@@ -85,41 +85,59 @@ TEST_CASE("a chunk whose holes a refused block borrowed is not unmapped as idle"
   CHECK(pool.consistent());
 }
 
+// One seed of LateStreamWork's random steps over a pool on `Streams`; the pool's waits.
+template <class Streams>
+std::uint64_t run_seed(unsigned seed) {
+  std::mt19937_64 rng(seed);
+  const auto streams = static_cast<std::uint32_t>(1 + seed % 3);
+  RefusingMapper device({.granularity = page});
+  carve::ExpandablePool<RefusingMapper, Streams> pool(device,
+                                                      small({.growth_divisor = seed % 2 == 0 ? 8u : 0u,
+                                                             .max_chunk_bytes = seed % 4 < 2 ? 2 * page : SIZE_MAX,
+                                                             .release_threshold = 4 * page,
+                                                             .headroom_permille = seed % 5 == 0 ? 50u : 1u,
+                                                             .lend_min_bytes = 3 * page,
+                                                             .bring_holes_home = seed % 3 != 0}),
+                                                      Streams(streams));
+  carve::test::LateStreamWork work(pool, streams);
+  work.random_steps(rng, 3000, {.small = 2 * page, .large = 9 * page}, [&](int step) {
+    *device.creates_left = rng() % 16 == 0 ? out_of_memory : room;
+    work.for_each_queued([&](const unsigned char* p, std::size_t bytes) { // its memory stays mapped
+      REQUIRE((pool.owns(p) && pool.owns(p + bytes - 1)));
+    });
+    if (step % 25 == 0) {
+      REQUIRE(pool.consistent());
+    }
+  });
+  *device.creates_left = room;
+  CHECK(work.intact());
+  pool.trim();
+  CHECK(pool.consistent());
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(pool.stats().lent_bytes == 0);
+  CHECK(device.mapping_count() == 0);
+  return pool.stats().stream_waits;
+}
+
 TEST_CASE("random blocks on streams whose work runs late: nothing disturbed, nothing unmapped under work") {
   // LateStreamWork's random steps, with lending, holes coming home, a release threshold and a
   // device that runs out by turns, on one to three streams. Seeds 28, 47, 62 and 77 unmapped a chunk
   // whose holes were lent while lending left it on the idle list.
   for (const unsigned seed : {7u, 20u, 28u, 44u, 47u, 62u, 77u, 93u}) {
     CAPTURE(seed);
-    std::mt19937_64 rng(seed);
-    const auto streams = static_cast<std::uint32_t>(1 + seed % 3);
-    RefusingMapper device({.granularity = page});
-    Pool pool(device,
-              small({.growth_divisor = seed % 2 == 0 ? 8u : 0u,
-                     .max_chunk_bytes = seed % 4 < 2 ? 2 * page : SIZE_MAX,
-                     .release_threshold = 4 * page,
-                     .headroom_permille = seed % 5 == 0 ? 50u : 1u,
-                     .lend_min_bytes = 3 * page,
-                     .bring_holes_home = seed % 3 != 0}),
-              SimulatedStreams(streams));
-    carve::test::LateStreamWork work(pool, streams);
-    work.random_steps(rng, 3000, {.small = 2 * page, .large = 9 * page}, [&](int step) {
-      *device.creates_left = rng() % 16 == 0 ? out_of_memory : room;
-      work.for_each_queued([&](const unsigned char* p, std::size_t bytes) { // its memory stays mapped
-        REQUIRE((pool.owns(p) && pool.owns(p + bytes - 1)));
-      });
-      if (step % 25 == 0) {
-        REQUIRE(pool.consistent());
-      }
-    });
-    *device.creates_left = room;
-    CHECK(work.intact());
-    pool.trim();
-    CHECK(pool.consistent());
-    CHECK(pool.stats().bytes_reserved == 0);
-    CHECK(pool.stats().lent_bytes == 0);
-    CHECK(device.mapping_count() == 0);
+    CHECK(run_seed<SimulatedStreams>(seed) == 0); // these streams cannot be waited on
   }
+}
+
+TEST_CASE("the same where the pool waits for the streams' work (as over CUDA streams)") {
+  // The headroom line then unmaps a chunk once the work before its last free has run: the work
+  // queued after it stays queued, and must find its memory mapped and its bytes intact.
+  std::uint64_t waits = 0;
+  for (const unsigned seed : {3u, 7u, 28u, 44u, 47u, 62u, 77u, 93u}) {
+    CAPTURE(seed);
+    waits += run_seed<carve::test::WaitingSimulatedStreams>(seed);
+  }
+  CHECK(waits > 100); // the pool waited, and the work it left queued ran later
 }
 
 } // namespace test_expandable_pool_late_work

@@ -29,9 +29,11 @@
 /// reservation and mapping new ones in another. Nothing is unmapped before its stream's work
 /// queued before the frees that left it unused has run: trim(), the retry under pressure, the
 /// headroom line and destruction wait for that where the Streams can (StreamEventsThatWait:
-/// CudaStreams); the release threshold and holes coming home never wait (they unmap at a later
-/// free or allocation). The synchronous spellings have a reservation of their own; the default
-/// SynchronousStreams has one stream whose events are always complete.
+/// CudaStreams), the line after its first wait for the work before a chunk's last free only (on
+/// events recorded every few frees: the device keeps what was queued after); the release
+/// threshold and holes coming home never wait (they unmap at a later free or allocation). The
+/// synchronous spellings have a reservation of their own; the default SynchronousStreams has one
+/// stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for
@@ -329,7 +331,7 @@ private:
 
   // Before `need` (> 0) more bytes are mapped for a block of `size` past the headroom line: unmaps idle
   // chunks, highest addresses first (best fit reaches them last), those whose stream's work has run,
-  // then (waiting where the Streams can: the host runs ahead of a GPU) the others.
+  // then the others, each once the work before its last free has run (waiting where the Streams can).
   void make_headroom(std::size_t need, std::size_t size) noexcept {
     const std::size_t line = s_->headroom_line(size);
     const auto fits = [&] { return s_->reserved <= line && need <= line - s_->reserved; };
@@ -337,18 +339,11 @@ private:
       if (fits() || s_->held) {
         return;
       }
-      std::vector<detail::IdleChunks::Chunk> idle;
-      for (std::uint32_t i = 0; i < s_->spaces.size(); ++i) {
-        Space& space = *s_->spaces[i];
-        const std::size_t found = idle.size();
-        detail::find_idle_chunks(space.free, space.memory, i, idle);
-        if (idle.size() != found && !s_->settled(space, s_->frees, wait)) { // asked only where it matters
-          idle.resize(found);
-        }
-      }
-      std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.start > b.start; });
+      const auto idle = s_->idle_chunks(wait);
       for (auto chunk = idle.begin(); chunk != idle.end() && !fits(); ++chunk) {
-        unmap_within(chunk->space, chunk->start, chunk->bytes);
+        if (!wait || s_->chunk_settled(*s_->spaces[chunk->space], chunk->start, chunk->bytes)) {
+          unmap_within(chunk->space, chunk->start, chunk->bytes);
+        }
       }
     }
   }
@@ -385,6 +380,7 @@ private:
   void release(std::uint32_t index, BestFitRanges::Handle handle) noexcept {
     Space& space = *s_->spaces[index];
     const bool ready = s_->find_ready_homes(space, space.free.start(handle), space.free.size(handle));
+    s_->note_release(space, space.free.start(handle), space.free.size(handle));
     note_free(index, space.free.give(handle));
     const bool now = ready && !s_->held && s_->settled(space, s_->frees, false);
     for (const std::uintptr_t home : s_->homes) { // empty unless ready

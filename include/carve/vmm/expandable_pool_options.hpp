@@ -47,9 +47,9 @@ struct ExpandablePoolOptions {
   std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
   /// Mapped memory the pool allows itself above the most bytes its live blocks have ever held
   /// (the running peak, this request included), in thousandths of that peak: before it maps more
-  /// than that, it unmaps idle chunks (highest addresses first, where best fit reaches last; only
-  /// those whose stream's work has run, waiting for it, where the Streams can, when those whose
-  /// work has run already are not enough), and a growth chunk stops at the line.
+  /// than that, it unmaps idle chunks (highest addresses first, where best fit reaches last; first
+  /// those whose stream's work has run, then, where the Streams can wait, each once the work
+  /// queued before its last free has run), and a growth chunk stops at the line.
   /// Lower keeps the card smaller and costs driver calls when memory moves between sizes;
   /// carve_replay prints both at a few settings for a recorded snapshot. The default, 1 (0.1%),
   /// holds reserve at 1.001x-1.004x the peak live bytes in the host replay of the four real
