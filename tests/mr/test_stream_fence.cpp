@@ -2,6 +2,8 @@
 // free an idle range must wait for): a wait ends at the oldest event after the free asked about,
 // events recorded every few frees are given back once passed, the newest is replaced when too many
 // are outstanding, and the free log forgets what the stream has passed.
+#include "support/waiting_streams.hpp"
+
 #include <carve/mr/detail/stream_fence.hpp>
 #include <carve/mr/stream_events.hpp>
 #include <carve/vmm/detail/recent_frees.hpp>
@@ -17,28 +19,16 @@ using carve::SimulatedStream;
 
 namespace {
 
-// One simulated stream whose wait runs its work up to the event only, counting what it holds.
-struct Streams {
-  using stream_type = SimulatedStream;
-  using event_type = carve::SimulatedStreams::event_type;
-
+// One stream whose wait runs its work up to the event only, counting the events the fence holds.
+struct Streams : carve::test::WaitingSimulatedStreams {
+  Streams() : WaitingSimulatedStreams(1) {}
   carve::Result<event_type> record(stream_type s) {
     ++held;
-    return inner.record(s);
+    return WaitingSimulatedStreams::record(s);
   }
-  bool completed(event_type e) const { return inner.completed(e); }
   void release(event_type) noexcept { --held; }
-  void wait(event_type e) noexcept {
-    const std::uint64_t done = queued - inner.pending(SimulatedStream{0});
-    inner.complete(SimulatedStream{0}, e.position > done ? e.position - done : 0);
-  }
-  void enqueue() {
-    inner.enqueue(SimulatedStream{0});
-    ++queued;
-  }
+  void enqueue() { WaitingSimulatedStreams::enqueue(SimulatedStream{0}); }
 
-  carve::SimulatedStreams inner{1};
-  std::uint64_t queued = 0;
   int held = 0;
 };
 static_assert(carve::StreamEventsThatWait<Streams>);
@@ -59,14 +49,14 @@ TEST_CASE("a wait ends at the oldest event after the free asked about, not at th
   CHECK(fence.waits() == 0);
   CHECK(fence.settled(streams, s0, 5, 40, true)); // waits for the event after free 17
   CHECK(fence.waits() == 1);
-  CHECK(streams.inner.pending(s0) == 23);
+  CHECK(streams.pending(s0) == 23);
   CHECK(fence.settled_through() == 17);
   CHECK(streams.held == 1);                        // the two passed are given back
   CHECK(fence.settled(streams, s0, 12, 40, true)); // passed already: no wait
   CHECK(fence.waits() == 1);
   CHECK(fence.settled(streams, s0, 38, 40, true)); // after the newest event: one recorded now
   CHECK(fence.waits() == 2);
-  CHECK(streams.inner.pending(s0) == 0);
+  CHECK(streams.pending(s0) == 0);
   CHECK(streams.held == 0);
 }
 
@@ -86,7 +76,7 @@ TEST_CASE("events the stream has passed are given back at the next mark; the new
   }
   CHECK(streams.held <= 64);
   CHECK(fence.settled(streams, s0, 999, 999, true)); // the newest covers every free
-  CHECK(streams.inner.pending(s0) == 0);
+  CHECK(streams.pending(s0) == 0);
   CHECK(streams.held == 0);
   streams.enqueue();
   fence.mark(streams, s0, 1000, 4);

@@ -185,7 +185,7 @@ void lending_on_card(std::size_t g) {
 // What the driver calls a pool makes cost on this card, per chunk size: a chunk mapped (create,
 // map, set_access) and unmapped (unmap, release), the mean of 16 rounds after one to warm up. With
 // each step's driver calls (the training-step check's report) it prices the headroom line and
-// ExpandablePoolOptions::max_chunk_bytes on a card.
+// ExpandablePoolOptions::max_chunk_bytes on a card (not yet run on one).
 void driver_call_prices(std::size_t g) {
   carve::CudaMemoryMapper driver;
   for (const std::size_t bytes : {g, 4 * g, 32 * g}) {

@@ -30,10 +30,10 @@
 /// queued before the frees that left it unused has run: trim(), the retry under pressure, the
 /// headroom line and destruction wait for that where the Streams can (StreamEventsThatWait:
 /// CudaStreams), the line after its first wait for the work before a chunk's last free only (on
-/// events recorded every few frees: the device keeps what was queued after); the release
-/// threshold and holes coming home never wait (they unmap at a later free or allocation). The
-/// synchronous spellings have a reservation of their own; the default SynchronousStreams has one
-/// stream whose events are always complete.
+/// events recorded every few frees: the device keeps what was queued after; checked over
+/// simulated streams, not yet on a card); the release threshold and holes coming home never wait
+/// (they unmap at a later free or allocation). The synchronous spellings have a reservation of
+/// their own; the default SynchronousStreams has one stream whose events are always complete.
 ///
 /// Errors (no block is made and nothing is lost; the idle chunks unmapped in trying stay
 /// unmapped): invalid_size (check_request, or a size that overflows when rounded); no_space for

@@ -56,6 +56,7 @@ public:
     if (!streams.completed(marks_[i].event)) {
       return false;
     }
+    settled_ = marks_[i].covers;
     drop(streams, i + 1); // the stream ran in order: the older events have completed too
     return true;
   }
@@ -68,9 +69,7 @@ public:
       return;
     }
     retire(streams, frees);
-    if (count_ == 0 || frees - marks_[count_ - 1].covers >= every) {
-      (void)record(streams, stream, frees);
-    }
+    (void)record(streams, stream, frees);
   }
 
   // The frees the stream's work is known to have passed: free numbers up to this one.
@@ -79,7 +78,7 @@ public:
   std::uint64_t waits() const noexcept { return waits_; }
 
   // Gives the events back.
-  void close(Streams& streams) noexcept { drop(streams, count_, false); }
+  void close(Streams& streams) noexcept { drop(streams, count_); }
 
 private:
   static constexpr std::size_t most = 64; // events outstanding at once: the newest is replaced beyond
@@ -95,13 +94,10 @@ private:
     while (done < count_ && settled_ < since && streams.completed(marks_[done].event)) {
       settled_ = marks_[done++].covers;
     }
-    drop(streams, done, false);
+    drop(streams, done);
   }
-  // Gives back the oldest `n` events; `passed`: the stream has run past them.
-  void drop(Streams& streams, std::size_t n, bool passed = true) noexcept {
-    if (passed && n != 0) {
-      settled_ = marks_[n - 1].covers;
-    }
+  // Gives back the oldest `n` events.
+  void drop(Streams& streams, std::size_t n) noexcept {
     for (std::size_t k = 0; k < n; ++k) {
       streams.release(marks_[k].event);
     }
