@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
@@ -160,7 +161,9 @@ inline std::size_t name_width(const Report& rep) {
   return width;
 }
 
-// With --again: each allocator over the longer run, against the most bytes live in it.
+// With --again: each allocator over the longer run, against the most bytes live in it (what a card
+// must hold), and its runs one by one: the median run's reserve against that run's live bytes, how
+// many runs passed 1.01x (a worst case may be one run in many), and device calls per run.
 inline void print_again(const Report& rep) {
   if (rep.again == 0) {
     return;
@@ -169,21 +172,30 @@ inline void print_again(const Report& rep) {
              "freed again in order; the blocks it leaves live stay): what each allocator reserves after many steps\n",
              rep.again, rep.again == 1 ? "" : "s");
   const std::size_t width = name_width(rep);
-  fmt::print("{:<{}} {:>13} {:>11} {:>16} {:>11}\n", "allocator", width, "peak reserved", "x peak live",
-             "calls, 1st again", "calls, last");
+  fmt::print("{:<{}} {:>13} {:>11} {:>11} {:>12} {:>16} {:>11} {:>13}\n", "allocator", width, "peak reserved",
+             "x peak live", "median run", "runs > 1.01x", "calls, 1st again", "calls, last", "calls per run");
   for (const Row& r : rep.rows) {
     if (r.again.empty()) {
       continue;
     }
     std::uint64_t reserved = 0;
     std::uint64_t live = 1;
+    std::uint64_t calls = 0;
+    std::vector<double> ratios; // each run's peak reserved over its peak live
     for (const AgainRun& a : r.again) {
       reserved = std::max(reserved, a.peak_reserved);
       live = std::max(live, a.peak_live);
+      calls += a.device_calls;
+      ratios.push_back(static_cast<double>(a.peak_reserved) /
+                       static_cast<double>(std::max<std::uint64_t>(a.peak_live, 1)));
     }
-    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>16} {:>11}{}\n", r.name, width, gib(reserved),
-               static_cast<double>(reserved) / static_cast<double>(live), r.again.front().device_calls,
-               r.again.back().device_calls, r.again.back().completed ? "" : "  did not complete on this card");
+    const auto over = std::count_if(ratios.begin(), ratios.end(), [](double x) { return x > 1.01; });
+    const auto middle = ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2);
+    std::nth_element(ratios.begin(), middle, ratios.end());
+    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>10.3f}x {:>12} {:>16} {:>11} {:>13.0f}{}\n", r.name, width, gib(reserved),
+               static_cast<double>(reserved) / static_cast<double>(live), *middle, over, r.again.front().device_calls,
+               r.again.back().device_calls, static_cast<double>(calls) / static_cast<double>(r.again.size()),
+               r.again.back().completed ? "" : "  did not complete on this card");
   }
 }
 
