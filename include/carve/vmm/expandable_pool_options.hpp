@@ -54,11 +54,11 @@ struct ExpandablePoolOptions {
   /// carve_replay prints both at a few settings for a recorded snapshot. The default, 1 (0.1%),
   /// holds reserve at 1.001x-1.004x the peak live bytes in the host replay of the four real
   /// snapshots carve has (not yet run on a card), at 2.1x-2.6x PyTorch's segment calls; a tight
-  /// line also brings lending (below) in sooner, which keeps a long run's reserve from drifting:
-  /// GPT-2 small holds 1.006x over 20 more runs of its steps at 0.1%, where 0.5% drifts to 1.03x;
-  /// over 300 the median run holds 1.002x, but a block that passes the line while nothing is idle
-  /// lifts one run in fifteen above 1.01x, the worst to 1.028x (docs/replay.md). max(): never
-  /// unmap for it (grow by growth_divisor alone).
+  /// line also brings lending (below) in sooner, which keeps a long run's typical reserve from
+  /// drifting: GPT-2 small holds 1.006x over 20 more runs of its steps at 0.1%, where 0.5% drifts
+  /// to 1.03x; over 300 the median run holds 1.002x, but a block that passes the line while
+  /// nothing is idle lifts one run in fifteen above 1.01x, the worst to 1.028x (host replay,
+  /// docs/replay.md). max(): never unmap for it (grow by growth_divisor alone).
   std::size_t headroom_permille = 1;
   /// A block at least this large that must map memory past the headroom line first maps, a second
   /// time, the unused granules inside chunks live blocks pin (holes, which cost their memory until
