@@ -234,7 +234,8 @@ int run(const Options& o) {
                       true,
                       std::nullopt,
                       {},
-                      {}});
+                      {},
+                      std::nullopt});
   if (t->recorded) {
     carve::replay::Row r{"pytorch-recorded",
                          "what PyTorch's allocator reserved when the trace was recorded",
@@ -246,7 +247,8 @@ int run(const Options& o) {
                          true,
                          std::nullopt,
                          {},
-                         {}};
+                         {},
+                         std::nullopt};
     if (!o.svg.empty()) {
       std::uint64_t now = t->recorded->start_bytes;
       std::size_t step = 0;
@@ -281,7 +283,8 @@ int run(const Options& o) {
                                               run.completed,
                                               run.failed_request,
                                               {},
-                                              {}};
+                                              {},
+                                              std::nullopt};
       }
     }
   }
@@ -321,10 +324,19 @@ int run(const Options& o) {
                          first[i].completed,
                          first[i].failed_request,
                          {},
-                         first[i].again};
+                         first[i].again,
+                         std::nullopt};
     if (o.smallest_card && first[i].completed && !o.capacity) {
       r.smallest_card = carve::replay::smallest_card(*t, streams, c, rep.peak_live, first[i].peak_reserved, card,
                                                      carve::replay::device_granule);
+      if (o.again > 0 && !first[i].again.empty() && first[i].again.back().completed) {
+        std::uint64_t worst = first[i].peak_reserved;
+        for (const carve::replay::AgainRun& a : first[i].again) {
+          worst = std::max(worst, a.peak_reserved);
+        }
+        r.smallest_card_again = carve::replay::smallest_card(*t, streams, c, rep.peak_live, worst, card,
+                                                             carve::replay::device_granule, o.again);
+      }
     }
     if (!o.svg.empty()) {
       const auto subject = c.make(card, streams.count);

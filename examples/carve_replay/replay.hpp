@@ -183,28 +183,31 @@ inline Run replay(const trace::AllocationTrace& t, const StreamNumbers& streams,
   return run;
 }
 
-// Whether the whole stream runs on a card of `capacity` bytes.
+// Whether the whole stream runs on a card of `capacity` bytes, and `again` more times after it.
 inline bool fits(const trace::AllocationTrace& t, const StreamNumbers& streams, const Contender& c,
-                 std::uint64_t capacity) {
+                 std::uint64_t capacity, int again = 0) {
   const auto subject = c.make(capacity, streams.count);
-  return replay(t, streams, *subject).completed;
+  const Run run = replay(t, streams, *subject, false, false, again);
+  return run.completed && run.again.size() == static_cast<std::size_t>(again) &&
+         (again == 0 || run.again.back().completed);
 }
 
-// The smallest card, to `step` bytes, on which the stream runs: bisection between `floor` (below
-// which nothing can run: the peak of live bytes) and `hint` (the allocator's peak on a roomy card),
-// or `roomy` where the hint does not run. Whether a stream runs need not be monotone in the capacity
-// (an allocator's choices change with what it is refused), so the answer is a capacity that runs
-// with one `step` less that does not.
+// The smallest card, to `step` bytes, on which the stream runs (and `again` more times after it):
+// bisection between `floor` (below which nothing can run: the peak of live bytes) and `hint` (the
+// allocator's peak on a roomy card), or `roomy` where the hint does not run. Whether a stream runs
+// need not be monotone in the capacity (an allocator's choices change with what it is refused), so
+// the answer is a capacity that runs with one `step` less that does not.
 inline std::uint64_t smallest_card(const trace::AllocationTrace& t, const StreamNumbers& streams, const Contender& c,
-                                   std::uint64_t floor, std::uint64_t hint, std::uint64_t roomy, std::uint64_t step) {
+                                   std::uint64_t floor, std::uint64_t hint, std::uint64_t roomy, std::uint64_t step,
+                                   int again = 0) {
   std::uint64_t bad = floor > step ? (floor - 1) / step * step : 0; // a multiple of step below the floor
   std::uint64_t good = (std::max(hint, floor) + step - 1) / step * step;
-  if (!fits(t, streams, c, good)) {
+  if (!fits(t, streams, c, good, again)) {
     good = (roomy + step - 1) / step * step;
   }
   while (good - bad > step) {
     const std::uint64_t mid = bad + (good - bad) / step / 2 * step;
-    if (fits(t, streams, c, mid)) {
+    if (fits(t, streams, c, mid, again)) {
       good = mid;
     } else {
       bad = mid;

@@ -31,10 +31,11 @@ struct Row {
   std::optional<std::uint64_t> start_device_calls;
   std::optional<double> ns_per_op;
   std::optional<std::uint64_t> smallest_card;
-  bool completed = true;                       // ran to the end on the card it was given
-  std::optional<std::uint64_t> failed_request; // with --capacity: the first request refused
-  std::vector<std::uint64_t> reserved_after;   // for the plot
-  std::vector<AgainRun> again;                 // with --again: the runs after the first
+  bool completed = true;                            // ran to the end on the card it was given
+  std::optional<std::uint64_t> failed_request;      // with --capacity: the first request refused
+  std::vector<std::uint64_t> reserved_after;        // for the plot
+  std::vector<AgainRun> again;                      // with --again: the runs after the first
+  std::optional<std::uint64_t> smallest_card_again; // with --again: the card the first run and the rest run on
 };
 
 // expandable-pool at one setting of a knob (headroom, lending, allocation size): what carve_replay
@@ -163,7 +164,8 @@ inline std::size_t name_width(const Report& rep) {
 
 // With --again: each allocator over the longer run, against the most bytes live in it (what a card
 // must hold), and its runs one by one: the median run's reserve against that run's live bytes, how
-// many runs passed 1.01x (a worst case may be one run in many), and device calls per run.
+// many runs passed 1.01x (a worst case may be one run in many), device calls per run, and the
+// smallest card the whole run fits (an allocator refused memory may do better than its worst run).
 inline void print_again(const Report& rep) {
   if (rep.again == 0) {
     return;
@@ -172,8 +174,9 @@ inline void print_again(const Report& rep) {
              "freed again in order; the blocks it leaves live stay): what each allocator reserves after many steps\n",
              rep.again, rep.again == 1 ? "" : "s");
   const std::size_t width = name_width(rep);
-  fmt::print("{:<{}} {:>13} {:>11} {:>11} {:>12} {:>16} {:>11} {:>13}\n", "allocator", width, "peak reserved",
-             "x peak live", "median run", "runs > 1.01x", "calls, 1st again", "calls, last", "calls per run");
+  fmt::print("{:<{}} {:>13} {:>11} {:>11} {:>12} {:>16} {:>11} {:>13} {:>13}\n", "allocator", width, "peak reserved",
+             "x peak live", "median run", "runs > 1.01x", "calls, 1st again", "calls, last", "calls per run",
+             "smallest card");
   for (const Row& r : rep.rows) {
     if (r.again.empty()) {
       continue;
@@ -192,10 +195,31 @@ inline void print_again(const Report& rep) {
     const auto over = std::count_if(ratios.begin(), ratios.end(), [](double x) { return x > 1.01; });
     const auto middle = ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2);
     std::nth_element(ratios.begin(), middle, ratios.end());
-    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>10.3f}x {:>12} {:>16} {:>11} {:>13.0f}{}\n", r.name, width, gib(reserved),
-               static_cast<double>(reserved) / static_cast<double>(live), *middle, over, r.again.front().device_calls,
-               r.again.back().device_calls, static_cast<double>(calls) / static_cast<double>(r.again.size()),
+    fmt::print("{:<{}} {:>13} {:>10.3f}x {:>10.3f}x {:>12} {:>16} {:>11} {:>13.0f} {:>13}{}\n", r.name, width,
+               gib(reserved), static_cast<double>(reserved) / static_cast<double>(live), *middle, over,
+               r.again.front().device_calls, r.again.back().device_calls,
+               static_cast<double>(calls) / static_cast<double>(r.again.size()),
+               r.smallest_card_again ? gib(*r.smallest_card_again) : "-",
                r.again.back().completed ? "" : "  did not complete on this card");
+  }
+  // The card a long run needs: carve's pools against PyTorch's model, and expandable-pool against
+  // PyTorch's expandable segments.
+  const auto against = [&](const Row& r, const char* name) {
+    const Row* other = rep.find(name);
+    if (r.smallest_card_again && other && other->smallest_card_again) {
+      fmt::print("{} runs them all on a {} card, {} on {} (goal: no larger): {}\n", r.name, gib(*r.smallest_card_again),
+                 name, gib(*other->smallest_card_again),
+                 *r.smallest_card_again <= *other->smallest_card_again ? "met" : "MISSED");
+    }
+  };
+  fmt::print("\n");
+  for (const Row& r : rep.rows) {
+    if (r.name.rfind("pytorch", 0) != 0 && r.name != "no-cache") {
+      against(r, "pytorch-model");
+    }
+    if (r.name == "expandable-pool") {
+      against(r, "pytorch-expandable-model");
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -140,6 +141,48 @@ struct ReferencePool {
 };
 
 using carve::test::RefusingMapper;
+
+// One chunk of 8 granules: a at [0, 2) and c at [4, 6) pin it around a hole at [2, 4), where b
+// was; its end, [6, 8), is free and mapped.
+struct PinnedHole {
+  unsigned char* base;
+  void* a;
+  void* c;
+};
+PinnedHole pin_a_hole(Pool& pool) {
+  const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+  void* x = *pool.try_allocate(8 * granule, 512);
+  pool.deallocate(x, 8 * granule, 512);
+  void* a = *pool.try_allocate(2 * granule, 512); // a, b and c refill the chunk from its start
+  void* b = *pool.try_allocate(2 * granule, 512);
+  void* c = *pool.try_allocate(2 * granule, 512);
+  REQUIRE((at(a) == at(x) && at(b) == at(x) + 2 * granule && at(c) == at(x) + 4 * granule));
+  pool.deallocate(b, 2 * granule, 512);
+  return {at(x), a, c};
+}
+
+// d, four granules at 6 on the chunk's end and two past it, holds the hole's memory there, and a
+// and c keep their bytes.
+void check_lent_to(const PinnedHole& h, void* d) {
+  const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+  std::memset(h.a, 1, 2 * granule);
+  std::memset(h.c, 3, 2 * granule);
+  std::memset(d, 4, 4 * granule);
+  CHECK(h.base[2 * granule] == 4);
+  CHECK((at(h.a)[2 * granule - 1] == 1 && at(h.c)[0] == 3 && at(h.c)[2 * granule - 1] == 3));
+}
+
+// Frees `blocks`, trims, and checks that nothing is left mapped.
+void free_all(Pool& pool, const HostMemoryMapper& m, std::initializer_list<std::pair<void*, std::size_t>> blocks) {
+  for (auto [p, n] : blocks) {
+    pool.deallocate(p, n, 512);
+  }
+  pool.trim();
+  CHECK(pool.stats().bytes_reserved == 0);
+  CHECK(m.mapping_count() == 0);
+  CHECK(m.physical_count() == 0);
+  CHECK(pool.consistent());
+}
 
 } // namespace
 
@@ -849,14 +892,8 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
   HostMemoryMapper m = mapper(); // copies share the tables
   Pool pool(m, small({.growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * granule}));
   const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
-  void* x = *pool.try_allocate(8 * granule, 512); // one chunk of 8 granules
-  const auto base = at(x);
-  pool.deallocate(x, 8 * granule, 512);
-  void* a = *pool.try_allocate(2 * granule, 512); // a, b and c refill the chunk from its start
-  void* b = *pool.try_allocate(2 * granule, 512);
-  void* c = *pool.try_allocate(2 * granule, 512);
-  REQUIRE((at(a) == base && at(b) == base + 2 * granule && at(c) == base + 4 * granule));
-  pool.deallocate(b, 2 * granule, 512); // a hole: a and c pin its chunk
+  const PinnedHole h = pin_a_hole(pool);
+  const auto [base, a, c] = h;
   CHECK(pool.stats().creates == 1);
 
   // d lands on the chunk's free end and two granules past it: those are the hole, mapped again.
@@ -869,11 +906,7 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
   CHECK(st.creates == 1);
   CHECK(st.maps == 2);
   CHECK(pool.consistent());
-  std::memset(a, 1, 2 * granule);
-  std::memset(c, 3, 2 * granule);
-  std::memset(d, 4, 4 * granule);
-  CHECK(base[2 * granule] == 4); // the hole's memory is d's last two granules
-  CHECK((at(a)[2 * granule - 1] == 1 && at(c)[0] == 3 && at(c)[2 * granule - 1] == 3));
+  check_lent_to(h, d);
 
   // The hole's own addresses are out of best fit's way while d holds its memory.
   void* e = *pool.try_allocate(granule, 512);
@@ -889,13 +922,63 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
   void* f = *pool.try_allocate(2 * granule, 512);
   CHECK(at(f) == base + 2 * granule);
   CHECK(pool.stats().creates == 2);
-  for (auto [p, n] : {std::pair{a, 2 * granule}, {c, 2 * granule}, {e, granule}, {f, 2 * granule}}) {
+  free_all(pool, m, {{a, 2 * granule}, {c, 2 * granule}, {e, granule}, {f, 2 * granule}});
+}
+
+TEST_CASE("lending under pressure: a block of any size the cap refuses maps holes; failing, it leaves none lent") {
+  // lend_min_bytes is 512 MiB: no block here lends until it is refused.
+  HostMemoryMapper m = mapper();
+  Pool pool(m, small({.max_reserved_bytes = 8 * granule, .growth_divisor = 0}));
+  const PinnedHole h = pin_a_hole(pool); // its chunk is the cap
+
+  // Six granules land at 6 and need four more than the cap allows; the hole covers two of them,
+  // the cap refuses the rest, and the hole's second mapping goes again with the refusal.
+  CHECK(pool.try_allocate(6 * granule, 512).error() == Errc::no_space);
+  auto st = pool.stats();
+  CHECK(st.lent_bytes == 0);
+  CHECK(st.bytes_reserved == 8 * granule);
+  CHECK(st.creates == 1);
+  CHECK(pool.consistent());
+
+  // Four granules land at 6 and need two: refused by the cap, then mapped on the hole.
+  void* d = *pool.try_allocate(4 * granule, 512);
+  CHECK(static_cast<unsigned char*>(d) == h.base + 6 * granule);
+  st = pool.stats();
+  CHECK(st.lent_bytes == 2 * granule);
+  CHECK(st.bytes_reserved == 8 * granule);
+  CHECK(st.creates == 1);
+  CHECK(pool.consistent());
+  check_lent_to(h, d);
+  CHECK(pool.try_allocate(granule, 512).error() == Errc::no_space); // no hole left, nothing idle
+  CHECK(pool.stats().bytes_in_use == 8 * granule);
+  free_all(pool, m, {{h.a, 2 * granule}, {h.c, 2 * granule}, {d, 4 * granule}});
+}
+
+TEST_CASE("lending under pressure: a block the device has no memory for maps holes; none, and it is refused once") {
+  RefusingMapper m({.granularity = granule});
+  ExpandablePool<RefusingMapper> pool(m, small({.growth_divisor = 0}));
+  void* x = *pool.try_allocate(6 * granule, 512);
+  pool.deallocate(x, 6 * granule, 512);
+  void* a = *pool.try_allocate(granule, 512);
+  void* b = *pool.try_allocate(3 * granule, 512);
+  void* c = *pool.try_allocate(granule, 512);
+  pool.deallocate(b, 3 * granule, 512);           // holes at [1, 4) and [5, 6)
+  *m.creates_left = 0;                            // the device is full
+  void* d = *pool.try_allocate(4 * granule, 512); // at 5: three granules more, on the larger hole
+  CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 5 * granule);
+  CHECK(pool.stats().lent_bytes == 3 * granule);
+  CHECK(pool.stats().mapper_failures == 1);
+  std::memset(d, 5, 4 * granule);
+  CHECK(pool.try_allocate(granule, 512).error() == Errc::no_space); // no hole left: no second try
+  CHECK(pool.stats().mapper_failures == 2);
+  CHECK(pool.last_failure().find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
+  CHECK(pool.consistent());
+  *m.creates_left = 1 << 30;
+  for (auto [p, n] : {std::pair{a, granule}, {c, granule}, {d, 4 * granule}}) {
     pool.deallocate(p, n, 512);
   }
   pool.trim();
-  CHECK(pool.stats().bytes_reserved == 0);
   CHECK(m.mapping_count() == 0);
-  CHECK(m.physical_count() == 0);
   CHECK(pool.consistent());
 }
 
@@ -1357,17 +1440,21 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
   // Idle chunks kept, or unmapped past a small threshold and at trim() every 97 steps: second
   // mappings fall idle and go like chunks, and must leave no trace on the idle list. Pages as
   // granules keep the bytes checked after every step few (and the test quick under sanitizers).
-  // Chunks cut into allocations of two pages (max_chunk_bytes) run the same steps.
+  // Chunks cut into allocations of two pages (max_chunk_bytes) run the same steps, and so does a
+  // pool whose cap refuses some requests: those change nothing, and small blocks borrow holes.
   constexpr std::size_t page = 4 * KiB;
-  for (const int run : {0, 1, 2, 3, 4, 5, 6, 7}) {
+  for (int run = 0; run < 16; ++run) {
     const bool threshold = (run & 1) != 0;
     const bool cut = (run & 2) != 0;
     const bool home = (run & 4) != 0; // holes come home too (bring_holes_home)
+    const std::size_t cap = (run & 8) != 0 ? 40 * page : SIZE_MAX;
     CAPTURE(threshold);
     CAPTURE(cut);
     CAPTURE(home);
+    CAPTURE(cap);
     HostMemoryMapper m({.granularity = page});
-    Pool pool(m, small({.growth_divisor = 0,
+    Pool pool(m, small({.max_reserved_bytes = cap,
+                        .growth_divisor = 0,
                         .max_chunk_bytes = cut ? 2 * page : SIZE_MAX,
                         .release_threshold = threshold ? 4 * page : SIZE_MAX,
                         .headroom_permille = 0,
@@ -1382,12 +1469,22 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
     std::vector<Block> live;
     std::vector<unsigned char> expected(8 * page);
     std::size_t most_lent = 0;
+    int refused = 0;
+    int small_borrowed = 0; // blocks below lend_min_bytes that borrowed holes, refused memory first
     bool intact = true;
     for (int step = 0; step < 3000 && intact; ++step) {
       if (live.size() < 24 && (live.empty() || rng() % 2 == 0)) {
         const std::size_t bytes = (rng() % 4 == 0 ? 3 * page + rng() % (5 * page) : 1 + rng() % (2 * page));
+        const auto before = pool.stats();
         const auto p = pool.try_allocate(bytes, 512);
-        REQUIRE(p);
+        if (!p) {
+          REQUIRE(cap != SIZE_MAX);
+          CHECK(p.error() == Errc::no_space);
+          CHECK(pool.stats().bytes_in_use == before.bytes_in_use);
+          ++refused;
+          continue;
+        }
+        small_borrowed += bytes < 3 * page && pool.stats().lent_bytes > before.lent_bytes ? 1 : 0;
         const auto fill = static_cast<unsigned char>(step);
         std::memset(*p, fill, bytes);
         live.push_back({static_cast<unsigned char*>(*p), bytes, fill});
@@ -1401,6 +1498,7 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
         intact = intact && std::memcmp(blk.p, expected.data(), blk.bytes) == 0;
       }
       most_lent = std::max(most_lent, pool.stats().lent_bytes);
+      CHECK(pool.stats().bytes_reserved <= cap);
       if (threshold && step % 97 == 0) {
         pool.trim();
       }
@@ -1411,6 +1509,7 @@ TEST_CASE("lending: random blocks keep their bytes, and every hole comes back") 
     CHECK(intact);
     CHECK(most_lent > 0); // holes were lent, so the check above covered them
     CHECK((pool.stats().holes_home > 0) == home);
+    CHECK((refused > 0 && small_borrowed > 0) == (cap != SIZE_MAX));
     CHECK(pool.consistent());
     for (const Block& blk : live) {
       pool.deallocate(blk.p, blk.bytes, 512);

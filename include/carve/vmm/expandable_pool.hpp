@@ -14,13 +14,14 @@
 /// (OnDemandReservation): every free range joins its neighbours, and a request is placed best fit
 /// (smallest hole first, lowest address among equals; the untouched end is used last). Memory is
 /// separate: a block's granules are mapped where it lands, in chunks (growth_divisor says how
-/// large), and a chunk is unmapped only once no block touches it: when the device refuses memory
-/// (then the request is retried), on trim(), beyond release_threshold, or to stay under the
-/// headroom line (the running peak of live bytes plus headroom_permille of it). A chunk stops at
-/// the line; a request that must map past it first unmaps idle chunks, highest addresses first,
-/// and a large one (lend_min_bytes) then maps holes, unused granules of chunks live blocks pin, a
-/// second time (detail/hole_lending.hpp); with bring_holes_home, once no block touches a hole's
-/// chunk nor the second mappings of its holes, those are unmapped and the chunk is whole again.
+/// large), and a chunk is unmapped only once no block touches it: on trim(), beyond
+/// release_threshold, when the device refuses memory, or to stay under the headroom line (the
+/// running peak of live bytes plus headroom_permille of it). A chunk stops at the line; a request
+/// that must map past it first unmaps idle chunks, highest addresses first, and a large one
+/// (lend_min_bytes) then maps holes, unused granules of chunks live blocks pin, a second time
+/// (detail/hole_lending.hpp); a request the device refuses is retried after idle chunks are
+/// unmapped, mapping holes first whatever its size. With bring_holes_home, once no block touches a
+/// hole's chunk nor the second mappings of its holes, those are unmapped and the chunk is whole again.
 /// What is mapped: the live blocks, the holes, idle chunks and the headroom.
 ///
 /// Streams: a block allocated on stream S comes from S's reservation; freed on S, S may reuse it
@@ -248,6 +249,7 @@ private:
       }
       s_->live.make_room(); // once memory is mapped for the block, recording it cannot fail
       Space& space = *s_->spaces[index];
+      bool lending_tried = false;
       for (int attempt = 0; attempt < 2; ++attempt) {
         const auto found = space.free.take(size, std::max(alignment, s_->options.granularity));
         if (!found) {
@@ -263,7 +265,7 @@ private:
             added.emplace(std::size_t{0});
           } else {
             make_headroom(need, size);
-            lend_holes(index, start, size, need);
+            lending_tried = s_->lend_holes(index, start, size, need, attempt > 0) || lending_tried;
             mapped = space.memory.mapped_bytes();
             added.emplace(space.memory.back(start, size, [this, size] { return chunk_rule(size); }));
           }
@@ -280,8 +282,10 @@ private:
         }
         s_->stats.peak_reserved = std::max(s_->stats.peak_reserved, s_->reserved);
         space.free.give(handle);
-        if (release_idle(true) == 0) {
-          break; // nothing to unmap: another attempt would fail the same way
+        // Refused: idle chunks are unmapped (the holes lent to the block with them), and the block
+        // tries again, mapping holes first whatever its size.
+        if (release_idle(true) == 0 && (lending_tried || !s_->lends() || !s_->has_holes(index))) {
+          break; // another attempt would fail the same way
         }
       }
       return nullptr;
@@ -345,14 +349,6 @@ private:
           unmap_within(chunk->space, chunk->start, chunk->bytes);
         }
       }
-    }
-  }
-
-  // Past the headroom line, a block of lend_min_bytes or more that needs memory (`need` > 0) maps
-  // holes first.
-  void lend_holes(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t need) noexcept {
-    if (size >= s_->options.lend_min_bytes && !s_->lending_refused && s_->reserved + need > s_->headroom_line(size)) {
-      s_->lend_holes(space, addr, size);
     }
   }
 

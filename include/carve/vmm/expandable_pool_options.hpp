@@ -67,8 +67,9 @@ struct ExpandablePoolOptions {
   /// lends to the few largest blocks of a training step (a transformer's logits, a convolutional
   /// network's first activations) and nothing else on the snapshots carve has; at 256 MiB GPT-2
   /// small's mid-sized blocks borrow too, for more calls and a higher reserve (docs/replay.md gives
-  /// the figures). carve_replay prints other settings against a snapshot of one's own. max(): never
-  /// lend.
+  /// the figures). carve_replay prints other settings against a snapshot of one's own. A block of
+  /// any size that the device (or max_reserved_bytes) refuses memory maps holes when it tries again:
+  /// on a full card, what live blocks leave unused still holds it. max(): never lend, not even then.
   std::size_t lend_min_bytes = std::size_t{512} << 20;
   /// Once no block touches a lent hole's chunk nor the second mappings of its holes, unmap those
   /// second mappings, so the chunk is one free range again (it stays mapped where it lives).

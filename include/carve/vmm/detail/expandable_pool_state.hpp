@@ -170,6 +170,20 @@ struct ExpandablePoolState {
   // this many frees after its last one (one event per 16 frees: ~70 per GPT-2 training step).
   static constexpr std::uint64_t mark_every = 16;
 
+  // Whether the options lend and the mapper has not refused it.
+  bool lends() const noexcept {
+    return options.lend_min_bytes != std::numeric_limits<std::size_t>::max() && !lending_refused;
+  }
+  // Whether spaces[space] has holes to lend (false where the list cannot grow).
+  bool has_holes(std::uint32_t space) const noexcept {
+    try {
+      const Space& s = *spaces[space];
+      return !find_holes(s.free, s.memory).empty();
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+  }
+
   // A block of [addr, addr + size) in `space` is gone: whether chunks whose holes are lent may
   // bring them home now, those chunks in `homes`. Where the list cannot grow, none (their holes
   // stay lent until trim() or the headroom line).
@@ -194,10 +208,18 @@ struct ExpandablePoolState {
     return !homes.empty();
   }
   // Maps holes of spaces[space] under the unmapped granules of the block [addr, addr + size)
-  // (detail::lend_holes); returns the bytes lent.
-  std::size_t lend_holes(std::uint32_t space, std::uintptr_t addr, std::size_t size) noexcept {
+  // (detail::lend_holes) where they are due: past the headroom line for a block of lend_min_bytes
+  // or more that needs `need` bytes mapped, and for any block the device has refused memory
+  // (`refused`): on a full card, what live blocks leave unused still holds it. Returns whether it
+  // tried.
+  bool lend_holes(std::uint32_t space, std::uintptr_t addr, std::size_t size, std::size_t need, bool refused) noexcept {
+    const bool large = size >= options.lend_min_bytes && reserved + need > headroom_line(size);
+    if (!(large || refused) || !lends()) {
+      return false;
+    }
     Space& s = *spaces[space];
-    return detail::lend_holes(s.free, s.memory, s.lent, s.watched, idle, space, addr, size, lending_refused);
+    detail::lend_holes(s.free, s.memory, s.lent, s.watched, idle, space, addr, size, lending_refused);
+    return true;
   }
   // The second mappings (start, bytes) to unmap so that the holes of the chunk at `home` come
   // home (find_homecomings): none where it is no longer ready or the list cannot grow.
