@@ -4,8 +4,9 @@
 // and unmapped by the driver, and the test's own snapshot replayed on the card beside the host twin
 // (HostMemoryMapper with the card's granularity), which must reserve and call the driver exactly
 // as the card does: the replay's prediction checked against the real thing; the shared real
-// snapshot too, where it is beside the repository; a hole lent to a large block, written through
-// one address and read through the other; and what the driver's calls cost per chunk size.
+// snapshot too, where it is beside the repository; a hole lent to a large block, and to a small
+// one past a cap, written through one address and read through the other; and what the driver's
+// calls cost per chunk size.
 #include "support/device_test.hpp"
 
 #include <carve/trace/trace_file.hpp>
@@ -121,13 +122,17 @@ void on_gpu() {
 // at two addresses. CUDA documents that cuMemMap's offset must be 0; the mapper asks the driver
 // whether it maps part of an allocation, and the test says what it answered. Yes: the hole serves
 // the block. No: the pool never tries, and the block maps new memory with no call refused. The
-// answer must agree with what the driver does: a yes whose lend is refused fails.
-void lending_on_card(std::size_t g) {
+// answer must agree with what the driver does: a yes whose lend is refused fails. `capped`: the
+// pool may hold the chunk's 8 granules only and lends at its default lend_min_bytes (512 MiB), so
+// the block borrows the hole once the cap refuses it, or without partial maps is refused itself.
+void lending_on_card(std::size_t g, bool capped) {
   carve::CudaMemoryMapper driver;
   const auto answer = driver.partial_map_answer(0);
   if (!answer) {
     std::printf("the driver could not be asked whether it maps part of an allocation: %s\n",
                 answer.error().message.c_str());
+  } else if (capped) {
+    std::printf("under a cap of 8 granules:\n");
   } else if (answer->maps) {
     std::printf("the driver maps part of an allocation (an offset other than 0, or fewer bytes than it holds), "
                 "and the parts show the allocation's bytes\n");
@@ -139,8 +144,13 @@ void lending_on_card(std::size_t g) {
   expect(answer.has_value(), "the driver answers whether it maps part of an allocation");
   const auto parts = driver.maps_partial_allocations(0);
   expect(parts.has_value() && answer && *parts == answer->maps, "the answer is kept");
-  carve::ExpandablePool<carve::CudaMemoryMapper> pool(
-      driver, {.device = 0, .growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * g});
+  carve::ExpandablePoolOptions options{
+      .device = 0, .growth_divisor = 0, .headroom_permille = 0, .lend_min_bytes = 4 * g};
+  if (capped) {
+    options.max_reserved_bytes = 8 * g;
+    options.lend_min_bytes = carve::ExpandablePoolOptions{}.lend_min_bytes;
+  }
+  carve::ExpandablePool<carve::CudaMemoryMapper> pool(driver, options);
   expect(pool.stats().lending_refused == !(parts && *parts), "the pool lends exactly where the driver said yes");
   void* x = pool.allocate(8 * g, 512); // one chunk of 8 granules
   pool.deallocate(x, 8 * g, 512);
@@ -149,35 +159,43 @@ void lending_on_card(std::size_t g) {
   void* c = pool.allocate(2 * g, 512);
   pool.deallocate(b, 2 * g, 512); // a hole that a and c pin
   carve::test::check(cudaMemset(a, 0x11, 2 * g), "cudaMemset");
-  void* d = pool.allocate(4 * g, 512); // the chunk's free end and two granules past it
+  const auto got = pool.try_allocate(4 * g, 512); // the chunk's free end and two granules past it
   const auto s = pool.stats();
   const auto* base = static_cast<const char*>(x);
-  expect(a == x && static_cast<const char*>(c) == base + 4 * g && static_cast<const char*>(d) == base + 6 * g,
-         "the blocks land best fit from the chunk's start: a, the hole, c, then d over granules 6 to 9");
-  carve::test::check(cudaMemset(d, 0x5a, 4 * g), "cudaMemset");
-  carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  const auto hole = carve::test::to_host(static_cast<const unsigned char*>(x) + 2 * g, 2 * g);
-  const auto kept = carve::test::to_host(static_cast<const unsigned char*>(a), 2 * g);
+  expect(a == x && static_cast<const char*>(c) == base + 4 * g, "the blocks land best fit from the chunk's start");
   expect(s.mapper_failures == 0, "no driver call refused");
+  void* d = got ? *got : nullptr;
   if (parts && *parts) {
+    expect(static_cast<const char*>(d) == base + 6 * g, "d lands over granules 6 to 9");
+    carve::test::check(cudaMemset(d, 0x5a, 4 * g), "cudaMemset");
+    carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto hole = carve::test::to_host(static_cast<const unsigned char*>(x) + 2 * g, 2 * g);
     std::printf("a hole lent: %zu bytes mapped a second time, %zu bytes reserved for blocks spanning 10 granules\n",
                 s.lent_bytes, s.bytes_reserved);
     expect(s.lent_bytes == 2 * g && s.bytes_reserved == 8 * g, "the hole served the block, no new memory");
     expect(std::all_of(hole.begin(), hole.end(), [](unsigned char v) { return v == 0x5a; }),
            "what the device wrote through the block is in the hole's memory");
     expect(!s.lending_refused, "a pool that lent says lending is on");
+  } else if (capped) {
+    std::printf("no hole lent: the block past the cap is refused\n");
+    expect(!got && got.error() == carve::Errc::no_space && s.bytes_reserved == 8 * g, "refused, nothing changed");
   } else {
     std::printf("no hole lent (%zu bytes reserved for blocks spanning 10 granules): carve_replay's "
                 "expandable-pool:partial-maps=0 replays this driver\n",
                 s.bytes_reserved);
+    expect(static_cast<const char*>(d) == base + 6 * g, "d lands over granules 6 to 9");
     expect(s.lent_bytes == 0 && s.bytes_reserved == 10 * g, "the block maps new memory");
   }
+  carve::test::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto kept = carve::test::to_host(static_cast<const unsigned char*>(a), 2 * g);
   expect(std::all_of(kept.begin(), kept.end(), [](unsigned char v) { return v == 0x11; }), "its neighbour is intact");
   expect(pool.consistent(), "the pool's books agree");
   for (void* p : {a, c}) {
     pool.deallocate(p, 2 * g, 512);
   }
-  pool.deallocate(d, 4 * g, 512);
+  if (d != nullptr) {
+    pool.deallocate(d, 4 * g, 512);
+  }
   pool.trim();
   expect(pool.stats().bytes_reserved == 0 && pool.stats().lent_bytes == 0, "nothing mapped after trim");
 }
@@ -230,7 +248,8 @@ int main() {
     carve::test::skip_without_device();
     on_gpu();
     const std::size_t g = *carve::CudaMemoryMapper{}.granularity(0);
-    lending_on_card(g);
+    lending_on_card(g, false);
+    lending_on_card(g, true);
     driver_call_prices(g);
   }
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
