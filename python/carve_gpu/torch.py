@@ -294,7 +294,8 @@ def memory_stats(device=0, *, library=None):
     device) as a dict: reserved_bytes, peak_reserved_bytes, live_bytes, peak_live_bytes,
     live_blocks, mallocs, frees, device_calls, device_failures, failures, lending_refused,
     lent_bytes, stream_waits (the expandable pool's host syncs with a stream before it unmapped
-    memory that stream's work used), ..."""
+    memory that stream's work used), refusals_served (requests the device or the cap refused that
+    the expandable pool's retry served: the card was full), ..."""
     return _library_in_use(library).stats(_device_index(device))
 
 

@@ -450,6 +450,7 @@ const char* carve_torch_stats_json(int device) {
   json += mapping.lending_refused ? ",\"lending_refused\":true" : ",\"lending_refused\":false";
   append(json, "lent_bytes", mapping.lent_bytes);
   append(json, "stream_waits", mapping.stream_waits);
+  append(json, "refusals_served", mapping.refusals_served);
   json += c.stack.holes_home ? ",\"bring_holes_home\":true" : ",\"bring_holes_home\":false";
   for (const auto& [key, value] :
        {std::pair{"max_reserved_bytes", c.stack.max_reserved},

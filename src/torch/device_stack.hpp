@@ -144,8 +144,9 @@ public:
     // was made, or seen in a refusal): carve_replay predicts such a run with
     // expandable-pool:partial-maps=0.
     bool lending_refused = false;
-    std::size_t lent_bytes = 0;     // holes mapped a second time now
-    std::uint64_t stream_waits = 0; // host syncs with a stream before unmapping memory its work used
+    std::size_t lent_bytes = 0;        // holes mapped a second time now
+    std::uint64_t stream_waits = 0;    // host syncs with a stream before unmapping memory its work used
+    std::uint64_t refusals_served = 0; // requests the device or the cap refused that the pool's retry served
   };
   virtual MappingFigures mapping_figures() const noexcept { return {}; }
 

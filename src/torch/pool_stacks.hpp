@@ -120,7 +120,7 @@ public:
   DeviceStack::MappingFigures mapping_figures() const noexcept override {
     try {
       const ExpandablePoolStats s = pool_.pool().stats();
-      return {s.lending_refused, s.lent_bytes, s.stream_waits};
+      return {s.lending_refused, s.lent_bytes, s.stream_waits, s.refusals_served};
     } catch (const std::system_error&) { // the lock could not be taken
       return {};
     }

@@ -607,6 +607,7 @@ TEST_CASE("the C functions: host backend, expandable by default, threads, stats 
   CHECK(json.find("\"lending_refused\":false") != std::string::npos); // the host twin maps parts of allocations
   CHECK(json.find("\"lent_bytes\":0,") != std::string::npos);         // nothing is held, so no hole is lent
   CHECK(json.find("\"stream_waits\":0,") != std::string::npos);       // every stream's work ran before its frees
+  CHECK(json.find("\"refusals_served\":0,") != std::string::npos);    // nothing was refused
   carve_torch_reset_peak(1);
   CHECK(std::string(carve_torch_stats_json(1)).find("\"peak_reserved_bytes\":0,") != std::string::npos);
   CHECK(std::string(carve_torch_stats_json(-1)).find("\"error\":\"libcarve_torch: no device -1\"") !=

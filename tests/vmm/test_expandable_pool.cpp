@@ -604,8 +604,9 @@ TEST_CASE("held mappings: nothing is unmapped, by the line, the threshold, trim 
   CHECK(pool.try_allocate(3 * granule, 512).error() == Errc::no_space); // past the cap: would need an unmap
   CHECK(pool.stats().unmaps == 0);
   pool.hold(false);                               // the capture ended
-  void* b = *pool.try_allocate(3 * granule, 512); // the retry unmaps a's idle chunk
+  void* b = *pool.try_allocate(3 * granule, 512); // the headroom line unmaps a's idle chunk now
   CHECK(pool.stats().unmaps == 1);
+  CHECK(pool.stats().refusals_served == 0); // so the cap never refused it
   CHECK(pool.stats().bytes_reserved == 4 * granule);
   pool.deallocate(b, 3 * granule, 512);
   pool.deallocate(keep, granule, 512);
@@ -947,6 +948,7 @@ TEST_CASE("lending under pressure: a block of any size the cap refuses maps hole
   CHECK(st.lent_bytes == 2 * granule);
   CHECK(st.bytes_reserved == 8 * granule);
   CHECK(st.creates == 1);
+  CHECK(st.refusals_served == 1);
   CHECK(pool.consistent());
   check_lent_to(h, d);
   CHECK(pool.try_allocate(granule, 512).error() == Errc::no_space); // no hole left, nothing idle
@@ -968,9 +970,11 @@ TEST_CASE("lending under pressure: a block the device has no memory for maps hol
   CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 5 * granule);
   CHECK(pool.stats().lent_bytes == 3 * granule);
   CHECK(pool.stats().mapper_failures == 1);
+  CHECK(pool.stats().refusals_served == 1);
   std::memset(d, 5, 4 * granule);
   CHECK(pool.try_allocate(granule, 512).error() == Errc::no_space); // no hole left: no second try
   CHECK(pool.stats().mapper_failures == 2);
+  CHECK(pool.stats().refusals_served == 1);
   CHECK(pool.last_failure().find("CUDA_ERROR_OUT_OF_MEMORY") != std::string::npos);
   CHECK(pool.consistent());
   *m.creates_left = 1 << 30;

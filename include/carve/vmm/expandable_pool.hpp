@@ -278,6 +278,7 @@ private:
           s_->live.insert(start, Live{size, handle, index});
           space.watched.add(start, size);
           note_allocation(index, start, size);
+          s_->stats.refusals_served += attempt > 0 ? 1 : 0;
           return reinterpret_cast<void*>(start);
         }
         s_->stats.peak_reserved = std::max(s_->stats.peak_reserved, s_->reserved);

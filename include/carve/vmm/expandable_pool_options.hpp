@@ -139,6 +139,9 @@ struct ExpandablePoolStats {
   std::uint64_t peer_refusals = 0;     ///< chunks the driver refused to open to a granted device (kept, closed to it)
   std::uint64_t releases = 0;          ///< handles released (cuMemRelease, one per create)
   std::uint64_t mapper_failures = 0;   ///< driver calls refused (then idle memory was unmapped and the request retried)
+  /// Requests the device or max_reserved_bytes refused that the retry then served (on memory idle
+  /// chunks gave back, or on holes lent whatever the block's size): how often the card was full.
+  std::uint64_t refusals_served = 0;
   /// Times the pool blocked the calling thread until a stream's work had run, so that it could
   /// unmap memory that work used (the headroom line, trim(), the retry under pressure): a host
   /// sync with the device each (where the Streams can wait: CudaStreams), which lets the device
