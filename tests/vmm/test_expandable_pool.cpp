@@ -161,10 +161,16 @@ PinnedHole pin_a_hole(Pool& pool) {
   return {at(x), a, c};
 }
 
-// d, four granules at 6 on the chunk's end and two past it, holds the hole's memory there, and a
-// and c keep their bytes.
-void check_lent_to(const PinnedHole& h, void* d) {
+// d, four granules at 6 on the chunk's end and two past it, holds the hole's memory there with no
+// new memory mapped, and a and c keep their bytes.
+void check_lent_to(const Pool& pool, const PinnedHole& h, void* d) {
   const auto at = [](void* p) { return static_cast<unsigned char*>(p); };
+  CHECK(at(d) == h.base + 6 * granule);
+  const auto st = pool.stats();
+  CHECK(st.bytes_reserved == 8 * granule);
+  CHECK(st.lent_bytes == 2 * granule);
+  CHECK(st.creates == 1);
+  CHECK(pool.consistent());
   std::memset(h.a, 1, 2 * granule);
   std::memset(h.c, 3, 2 * granule);
   std::memset(d, 4, 4 * granule);
@@ -899,15 +905,9 @@ TEST_CASE("lending: a large block past the headroom line maps the holes live blo
 
   // d lands on the chunk's free end and two granules past it: those are the hole, mapped again.
   void* d = *pool.try_allocate(4 * granule, 512);
-  CHECK(at(d) == base + 6 * granule);
-  auto st = pool.stats();
-  CHECK(st.bytes_reserved == 8 * granule); // no new memory
-  CHECK(st.peak_reserved == 8 * granule);
-  CHECK(st.lent_bytes == 2 * granule);
-  CHECK(st.creates == 1);
-  CHECK(st.maps == 2);
-  CHECK(pool.consistent());
-  check_lent_to(h, d);
+  check_lent_to(pool, h, d);
+  CHECK(pool.stats().peak_reserved == 8 * granule);
+  CHECK(pool.stats().maps == 2);
 
   // The hole's own addresses are out of best fit's way while d holds its memory.
   void* e = *pool.try_allocate(granule, 512);
@@ -935,7 +935,7 @@ TEST_CASE("lending under pressure: a block of any size the cap refuses maps hole
   // Six granules land at 6 and need four more than the cap allows; the hole covers two of them,
   // the cap refuses the rest, and the hole's second mapping goes again with the refusal.
   CHECK(pool.try_allocate(6 * granule, 512).error() == Errc::no_space);
-  auto st = pool.stats();
+  const auto st = pool.stats();
   CHECK(st.lent_bytes == 0);
   CHECK(st.bytes_reserved == 8 * granule);
   CHECK(st.creates == 1);
@@ -943,14 +943,8 @@ TEST_CASE("lending under pressure: a block of any size the cap refuses maps hole
 
   // Four granules land at 6 and need two: refused by the cap, then mapped on the hole.
   void* d = *pool.try_allocate(4 * granule, 512);
-  CHECK(static_cast<unsigned char*>(d) == h.base + 6 * granule);
-  st = pool.stats();
-  CHECK(st.lent_bytes == 2 * granule);
-  CHECK(st.bytes_reserved == 8 * granule);
-  CHECK(st.creates == 1);
-  CHECK(st.refusals_served == 1);
-  CHECK(pool.consistent());
-  check_lent_to(h, d);
+  check_lent_to(pool, h, d);
+  CHECK(pool.stats().refusals_served == 1);
   CHECK(pool.try_allocate(granule, 512).error() == Errc::no_space); // no hole left, nothing idle
   CHECK(pool.stats().bytes_in_use == 8 * granule);
   free_all(pool, m, {{h.a, 2 * granule}, {h.c, 2 * granule}, {d, 4 * granule}});
