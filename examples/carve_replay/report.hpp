@@ -162,6 +162,15 @@ inline std::size_t name_width(const Report& rep) {
   return width;
 }
 
+// With --again: the most `r` reserved in the runs after the first.
+inline std::uint64_t most_reserved_again(const Row& r) {
+  std::uint64_t reserved = 0;
+  for (const AgainRun& a : r.again) {
+    reserved = std::max(reserved, a.peak_reserved);
+  }
+  return reserved;
+}
+
 // With --again: each allocator over the longer run, against the most bytes live in it (what a card
 // must hold), and its runs one by one: the median run's reserve against that run's live bytes, how
 // many runs passed 1.01x (a worst case may be one run in many), device calls per run, and the
@@ -181,12 +190,11 @@ inline void print_again(const Report& rep) {
     if (r.again.empty()) {
       continue;
     }
-    std::uint64_t reserved = 0;
+    const std::uint64_t reserved = most_reserved_again(r);
     std::uint64_t live = 1;
     std::uint64_t calls = 0;
     std::vector<double> ratios; // each run's peak reserved over its peak live
     for (const AgainRun& a : r.again) {
-      reserved = std::max(reserved, a.peak_reserved);
       live = std::max(live, a.peak_live);
       calls += a.device_calls;
       ratios.push_back(static_cast<double>(a.peak_reserved) /
@@ -202,8 +210,9 @@ inline void print_again(const Report& rep) {
                r.smallest_card_again ? gib(*r.smallest_card_again) : "-",
                r.again.back().completed ? "" : "  did not complete on this card");
   }
-  // The card a long run needs: carve's pools against PyTorch's model, and expandable-pool against
-  // PyTorch's expandable segments.
+  // The card a long run needs: carve's pools against PyTorch's model, and expandable-pool (at any
+  // setting) against PyTorch's expandable segments; on a roomy card, the most it reserves in the
+  // runs after the first against the same.
   const auto against = [&](const Row& r, const char* name) {
     const Row* other = rep.find(name);
     if (r.smallest_card_again && other && other->smallest_card_again) {
@@ -212,13 +221,21 @@ inline void print_again(const Report& rep) {
                  *r.smallest_card_again <= *other->smallest_card_again ? "met" : "MISSED");
     }
   };
+  const Row* segments = rep.find("pytorch-expandable-model");
+  const bool roomy = !rep.capacity && segments && !segments->again.empty() && segments->again.back().completed;
   fmt::print("\n");
   for (const Row& r : rep.rows) {
     if (r.name.rfind("pytorch", 0) != 0 && r.name != "no-cache") {
       against(r, "pytorch-model");
     }
-    if (r.name == "expandable-pool") {
+    if (r.name.rfind("expandable-pool", 0) == 0) {
       against(r, "pytorch-expandable-model");
+      if (roomy && !r.again.empty() && r.again.back().completed) {
+        fmt::print("{} reserves at most {} in the {} runs after the first, pytorch-expandable-model {} (goal: no "
+                   "more): {}\n",
+                   r.name, gib(most_reserved_again(r)), rep.again, gib(most_reserved_again(*segments)),
+                   most_reserved_again(r) <= most_reserved_again(*segments) ? "met" : "MISSED");
+      }
     }
   }
 }

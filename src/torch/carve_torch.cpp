@@ -454,7 +454,8 @@ const char* carve_torch_stats_json(int device) {
   json += c.stack.holes_home ? ",\"bring_holes_home\":true" : ",\"bring_holes_home\":false";
   for (const auto& [key, value] :
        {std::pair{"max_reserved_bytes", c.stack.max_reserved},
-        std::pair{"idle_threshold_bytes", c.stack.idle_threshold}, std::pair{"max_chunk_bytes", c.stack.max_chunk}}) {
+        std::pair{"idle_threshold_bytes", c.stack.idle_threshold}, std::pair{"max_chunk_bytes", c.stack.max_chunk},
+        std::pair{"lend_min_bytes", c.stack.lend_min}}) {
     json += ",\"";
     json += key;
     json += value == std::numeric_limits<std::size_t>::max() ? "\":null" : "\":" + std::to_string(value);

@@ -17,6 +17,9 @@
  *                               maps whole allocations only; default no limit
  *   CARVE_TORCH_HOLES_HOME      the expandable pool: 1 brings lent holes home
  *                               (ExpandablePoolOptions::bring_holes_home), for long runs; default 0
+ *   CARVE_TORCH_LEND_MIN        the expandable pool: the least size of a block that borrows holes
+ *                               past the headroom line (same units; lend_min_bytes); default 512M.
+ *                               With CARVE_TORCH_HOLES_HOME=1, 64M holds long runs lowest
  *   CARVE_TORCH_BACKEND         cuda (default) | host: the host twin (see the test hooks below)
  *
  * Bad values end the process at the first call with a message saying which; call

@@ -103,9 +103,10 @@ inline Config read_config() {
       bad("CARVE_TORCH_HOLES_HOME=" + *home + " is not 0 or 1");
     }
   }
-  for (const auto& [name, field] : {std::pair{"CARVE_TORCH_MAX_RESERVED", &c.stack.max_reserved},
-                                    std::pair{"CARVE_TORCH_IDLE_THRESHOLD", &c.stack.idle_threshold},
-                                    std::pair{"CARVE_TORCH_MAX_CHUNK", &c.stack.max_chunk}}) {
+  for (const auto& [name, field] :
+       {std::pair{"CARVE_TORCH_MAX_RESERVED", &c.stack.max_reserved},
+        std::pair{"CARVE_TORCH_IDLE_THRESHOLD", &c.stack.idle_threshold},
+        std::pair{"CARVE_TORCH_MAX_CHUNK", &c.stack.max_chunk}, std::pair{"CARVE_TORCH_LEND_MIN", &c.stack.lend_min}}) {
     if (const auto text = var(name)) {
       if (const auto bytes = parse_bytes(*text)) {
         *field = *bytes;

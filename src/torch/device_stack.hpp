@@ -12,6 +12,7 @@
 #include <carve/core/errc.hpp>
 #include <carve/core/misuse.hpp>
 #include <carve/mr/private_pools.hpp>
+#include <carve/vmm/expandable_pool_options.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +41,7 @@ struct StackOptions {
   std::size_t max_reserved = std::numeric_limits<std::size_t>::max(); // per device
   std::size_t idle_threshold = std::numeric_limits<std::size_t>::max();
   std::size_t max_chunk = std::numeric_limits<std::size_t>::max(); // the expandable pool's max_chunk_bytes
+  std::size_t lend_min = ExpandablePoolOptions{}.lend_min_bytes;   // the expandable pool's lend_min_bytes
   bool holes_home = false;                                         // the expandable pool's bring_holes_home
 };
 

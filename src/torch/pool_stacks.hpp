@@ -136,6 +136,7 @@ private:
     out.max_reserved_bytes = o.max_reserved;
     out.release_threshold = o.idle_threshold;
     out.max_chunk_bytes = o.max_chunk;
+    out.lend_min_bytes = o.lend_min;
     out.bring_holes_home = o.holes_home;
     return out;
   }

@@ -357,6 +357,33 @@ def worker_holes_home(pool):
     print(f"{pool}: holes home: the setting in the stats")
 
 
+def worker_lend_min(pool):
+    """CARVE_TORCH_LEND_MIN: a block of 128 MiB that must map memory past the headroom line while a
+    hole of 62 MiB sits in a chunk a live block pins borrows that hole at 64M (62 MiB lent, 132 MiB
+    held for 132 MiB live) and not at the default 512M (194 MiB held); the stats say the setting
+    under every pool. The worker runs once with the variable and once without."""
+    lend_min = os.environ.get("CARVE_TORCH_LEND_MIN")
+    lib = load(pool)
+    first = lib.malloc(64 * MiB, 0, 0)
+    pin = lib.malloc(2 * MiB, 0, 0)  # after the first block's chunk: keeps its range apart
+    check(first and pin, "the first two blocks")
+    lib.free(first, 64 * MiB, 0, 0)
+    small = lib.malloc(2 * MiB, 0, 0)  # best fit: the start of the first block's range, its chunk now pinned
+    large = lib.malloc(128 * MiB, 0, 0)
+    check(small and large, "the blocks after the free")
+    stats = lib.stats(0)
+    check(stats["lend_min_bytes"] == (64 * MiB if lend_min else 512 * MiB), f"the setting: {stats}")
+    if pool == "expandable":
+        lent, held = (62 * MiB, 132 * MiB) if lend_min else (0, 194 * MiB)
+        check(stats["lent_bytes"] == lent and stats["reserved_bytes"] == held,
+              f"lend_min {lend_min}: {lent >> 20} MiB lent and {held >> 20} MiB held expected: {stats}")
+    for p, size in ((small, 2), (pin, 2), (large, 128)):
+        lib.free(p, size * MiB, 0, 0)
+    check(lib.stats(0)["live_blocks"] == 0, f"blocks left: {lib.stats(0)}")
+    print(f"{pool}: lend min {lend_min or 'default'}: {stats['lent_bytes'] >> 20} MiB lent, "
+          f"{stats['reserved_bytes'] >> 20} MiB held")
+
+
 def worker_devices(pool):
     """Two devices in one process: the expandable pool opens each device's memory to the other from
     the second device's first allocation on; the other pools hand out cudaMalloc memory, which the
@@ -762,6 +789,8 @@ def check_messages():
                  "CARVE_TORCH_BACKEND=tpu is no backend")
     expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_HOLES_HOME="yes"),
                  "CARVE_TORCH_HOLES_HOME=yes is not 0 or 1")
+    expect_abort(PRELUDE + "lib.carve_torch_malloc(4096, 0, None)", dict(env, CARVE_TORCH_LEND_MIN="big"),
+                 "CARVE_TORCH_LEND_MIN=big is not a size")
     probe = subprocess.run([sys.executable, "-c", PRELUDE + "lib.carve_torch_config_error.restype = ctypes.c_char_p\n"
                             "print(lib.carve_torch_config_error().decode())", LIBRARY], capture_output=True,
                            text=True, env=bad, timeout=60)
@@ -943,23 +972,25 @@ def main():
         workers = {"replay": worker_replay, "threads": worker_threads, "streams": worker_streams, "idle": worker_idle,
                    "record": worker_record_stream, "hooks": worker_hooks, "failed-capture": worker_failed_capture,
                    "no-driver": worker_no_driver, "devices": worker_devices,
-                   "max-chunk": worker_max_chunk, "holes-home": worker_holes_home}
+                   "max-chunk": worker_max_chunk, "holes-home": worker_holes_home, "lend-min": worker_lend_min}
         workers[sys.argv[3]](sys.argv[4])
         return
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     env = dict(os.environ)
     for name in ("CARVE_TORCH_POOL", "CARVE_TORCH_MAX_RESERVED", "CARVE_TORCH_IDLE_THRESHOLD", "CARVE_TORCH_MAX_CHUNK",
-                 "CARVE_TORCH_HOLES_HOME"):
+                 "CARVE_TORCH_HOLES_HOME", "CARVE_TORCH_LEND_MIN"):
         env.pop(name, None)
     failed = []
     for pool in POOLS:
         for kind in ("replay", "threads", "streams", "idle", "record", "hooks", "failed-capture", "no-driver",
-                     "devices", "max-chunk", "holes-home"):
-            result = run_worker(kind, pool, env)
-            sys.stdout.write(result.stdout)
-            if result.returncode != 0:
-                failed.append(f"{kind} on {pool} (exit {result.returncode}):\n{result.stderr}")
+                     "devices", "max-chunk", "holes-home", "lend-min"):
+            # lend-min runs twice: with the library's default, then with a setting of its own
+            for settings in ({}, {"CARVE_TORCH_LEND_MIN": "64M"}) if kind == "lend-min" else ({},):
+                result = run_worker(kind, pool, dict(env, **settings))
+                sys.stdout.write(result.stdout)
+                if result.returncode != 0:
+                    failed.append(f"{kind} {settings} on {pool} (exit {result.returncode}):\n{result.stderr}")
     check_messages()
     check_compile_without_trees()
     check_scripts()

@@ -70,6 +70,7 @@ struct ExpandablePoolOptions {
   /// the figures). carve_replay prints other settings against a snapshot of one's own. A block of
   /// any size that the device (or max_reserved_bytes) refuses memory maps holes when it tries again:
   /// on a full card, what live blocks leave unused still holds it. max(): never lend, not even then.
+  /// For a long run, 64 MiB with bring_holes_home (below).
   std::size_t lend_min_bytes = std::size_t{512} << 20;
   /// Once no block touches a lent hole's chunk nor the second mappings of its holes, unmap those
   /// second mappings, so the chunk is one free range again (it stays mapped where it lives).
@@ -83,7 +84,11 @@ struct ExpandablePoolOptions {
   /// 1.006x without it and 1.012x-1.017x with it (the variable-length model: 1.008x without, 1.005x
   /// with; carve_replay --again on the host, docs/replay.md), and counting the blocks on lent
   /// chunks costs host time where holes are lent (bench_replay: 1.14x pytorch-model's on GPT-2,
-  /// 0.94x without).
+  /// 0.94x without). With lend_min_bytes at 64 MiB it is the setting for a long run: what mid-sized
+  /// blocks borrow comes home, so lending to them no longer cuts chunks for good; over 300 more
+  /// runs of each snapshot's steps the worst run holds 1.002x-1.012x peak live (the default:
+  /// 1.001x-1.029x), below PyTorch's expandable segments on each, for more driver calls in the
+  /// first run (GPT-2 small: 1,167 against 491; host replay, docs/replay.md, "For a long run").
   bool bring_holes_home = false;
 };
 
